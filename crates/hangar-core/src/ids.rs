@@ -1,0 +1,219 @@
+//! Identifiers shared across crates.
+//!
+//! Keys that come from users ([`ModelKey`], [`AccountId`]) are validated when
+//! parsed so that every later use can print them into logs, metric labels and
+//! URLs without escaping. Ids the platform mints ([`ReplicaId`],
+//! [`RequestId`]) are opaque.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Why a string is not a valid identifier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdError {
+    /// The string was empty.
+    #[error("{kind} is empty")]
+    Empty {
+        /// Which kind of identifier was being parsed.
+        kind: &'static str,
+    },
+    /// The string was longer than allowed.
+    #[error("{kind} `{value}` is {len} bytes long; the limit is {max}")]
+    TooLong {
+        /// Which kind of identifier was being parsed.
+        kind: &'static str,
+        /// The offending value.
+        value: String,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The string held a character outside the allowed set.
+    #[error("{kind} `{value}` has the character {ch:?} at byte {at}; allowed are ASCII letters, digits and {allowed}")]
+    BadChar {
+        /// Which kind of identifier was being parsed.
+        kind: &'static str,
+        /// The offending value.
+        value: String,
+        /// The first disallowed character.
+        ch: char,
+        /// Its byte offset.
+        at: usize,
+        /// The punctuation that is allowed.
+        allowed: &'static str,
+    },
+    /// A replica id was not 32 lowercase hex digits.
+    #[error("replica id `{0}` is not 32 lowercase hex digits")]
+    BadReplicaId(String),
+}
+
+fn validate(kind: &'static str, value: &str, max: usize, punct: &'static str) -> Result<(), IdError> {
+    if value.is_empty() {
+        return Err(IdError::Empty { kind });
+    }
+    if value.len() > max {
+        return Err(IdError::TooLong { kind, value: value.to_owned(), len: value.len(), max });
+    }
+    if let Some((at, ch)) = value
+        .char_indices()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || punct.contains(c)))
+    {
+        return Err(IdError::BadChar { kind, value: value.to_owned(), ch, at, allowed: punct });
+    }
+    Ok(())
+}
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $max:literal, $punct:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            /// The identifier as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = IdError;
+            fn from_str(s: &str) -> Result<Self, IdError> {
+                validate($kind, s, $max, $punct)?;
+                Ok(Self(s.to_owned()))
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = IdError;
+            fn try_from(s: String) -> Result<Self, IdError> {
+                validate($kind, &s, $max, $punct)?;
+                Ok(Self(s))
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// The key a model is served under, e.g. `meta/llama-3-8b`: ASCII letters,
+    /// digits and `._-/`, at most 128 bytes.
+    ModelKey,
+    "model key",
+    128,
+    "._-/"
+);
+
+string_id!(
+    /// An account (tenant) on whose behalf requests are made: ASCII letters,
+    /// digits and `._-@`, at most 128 bytes.
+    AccountId,
+    "account id",
+    128,
+    "._-@"
+);
+
+/// A replica's id: an opaque 128-bit value printed as 32 lowercase hex digits
+/// (a uuid without dashes). Unique cluster-wide; the placement policy mints
+/// them from its seeded rng so simulated runs are reproducible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ReplicaId(u128);
+
+impl ReplicaId {
+    /// Wraps raw bits, e.g. drawn from a seeded rng.
+    pub const fn from_u128(bits: u128) -> Self {
+        Self(bits)
+    }
+
+    /// The raw bits.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl fmt::Display for ReplicaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl FromStr for ReplicaId {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let ok = s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !ok {
+            return Err(IdError::BadReplicaId(s.to_owned()));
+        }
+        u128::from_str_radix(s, 16).map(Self).map_err(|_| IdError::BadReplicaId(s.to_owned()))
+    }
+}
+
+impl TryFrom<String> for ReplicaId {
+    type Error = IdError;
+    fn try_from(s: String) -> Result<Self, IdError> {
+        s.parse()
+    }
+}
+
+impl From<ReplicaId> for String {
+    fn from(id: ReplicaId) -> String {
+        id.to_string()
+    }
+}
+
+/// A request's id, unique within one server or one simulation run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_key_validation_names_the_problem() {
+        assert!("org/model-1.5b_v2".parse::<ModelKey>().is_ok());
+        let err = "bad key".parse::<ModelKey>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "model key `bad key` has the character ' ' at byte 3; allowed are ASCII letters, digits and ._-/"
+        );
+        assert!(matches!("".parse::<ModelKey>(), Err(IdError::Empty { .. })));
+        assert!(matches!("a".repeat(129).parse::<ModelKey>(), Err(IdError::TooLong { len: 129, .. })));
+    }
+
+    #[test]
+    fn replica_id_round_trips_through_hex_and_serde() {
+        let id = ReplicaId::from_u128(0xdead_beef);
+        let s = id.to_string();
+        assert_eq!(s.len(), 32);
+        assert_eq!(s.parse::<ReplicaId>().unwrap(), id);
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(serde_json::from_str::<ReplicaId>(&json).unwrap(), id);
+        assert!("DEADBEEF".parse::<ReplicaId>().is_err());
+        assert!(serde_json::from_str::<ModelKey>("\"a b\"").is_err());
+    }
+}

@@ -1,0 +1,24 @@
+//! The shared vocabulary of Hangar.
+//!
+//! Every other crate depends inward on this one and on nothing else of the
+//! workspace, so the types here are the words the crates use to talk to each
+//! other: identifiers ([`ModelKey`], [`ReplicaId`], [`AccountId`],
+//! [`RequestId`]) and units ([`ByteSize`], [`Millis`]).
+//!
+//! Nothing here performs I/O or reads a clock; policy crates can use all of it.
+//!
+//! ```
+//! use hangar_core::{ByteSize, ModelKey, ReplicaId};
+//!
+//! let key: ModelKey = "meta/llama-3-8b".parse().unwrap();
+//! let replica = ReplicaId::from_u128(0x2a);
+//! assert_eq!(format!("{key}:{replica}"), "meta/llama-3-8b:0000000000000000000000000000002a");
+//! assert_eq!("80GB".parse::<ByteSize>().unwrap().bytes(), 80_000_000_000);
+//! ```
+#![deny(missing_docs)]
+
+mod ids;
+mod units;
+
+pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
+pub use units::{ByteSize, ByteSizeError, Millis};
