@@ -21,12 +21,20 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Replay a request trace through simulated engines and a router.
+    Sim(cmd::sim::Args),
+    /// Generate request traces.
+    Trace(cmd::trace::Args),
+}
 
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    let result = match cli.command {};
+    let result = match cli.command {
+        Command::Sim(args) => cmd::sim::run(args),
+        Command::Trace(args) => cmd::trace::run(args),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => cmd::report(&err),

@@ -23,12 +23,19 @@ pub(crate) type BlockId = u32;
 
 const NIL: u32 = u32::MAX;
 
+/// One block's bookkeeping, kept together so that an allocation touches one
+/// cache line per block.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    prev: u32,
+    next: u32,
+    ref_cnt: u32,
+    hash: Option<BlockHash>,
+}
+
 #[derive(Debug)]
 pub(crate) struct BlockPool {
-    ref_cnt: Vec<u32>,
-    hash: Vec<Option<BlockHash>>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    blocks: Vec<Block>,
     head: u32,
     tail: u32,
     free_len: u32,
@@ -37,12 +44,8 @@ pub(crate) struct BlockPool {
 
 impl BlockPool {
     pub fn new(num_blocks: u32) -> Self {
-        let n = num_blocks as usize;
         let mut pool = Self {
-            ref_cnt: vec![0; n],
-            hash: vec![None; n],
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
+            blocks: vec![Block { prev: NIL, next: NIL, ref_cnt: 0, hash: None }; num_blocks as usize],
             head: NIL,
             tail: NIL,
             free_len: 0,
@@ -55,7 +58,7 @@ impl BlockPool {
     }
 
     pub fn num_blocks(&self) -> u32 {
-        self.ref_cnt.len() as u32
+        self.blocks.len() as u32
     }
 
     /// Blocks available to [`allocate`](Self::allocate) (free, cached or not).
@@ -69,30 +72,32 @@ impl BlockPool {
     }
 
     pub fn is_free(&self, b: BlockId) -> bool {
-        self.ref_cnt[b as usize] == 0
+        self.blocks[b as usize].ref_cnt == 0
     }
 
     /// Takes a reference on a cached block found by [`lookup`](Self::lookup),
     /// pulling it out of the free queue if nobody held it.
     pub fn touch(&mut self, b: BlockId) {
-        if self.ref_cnt[b as usize] == 0 {
+        if self.blocks[b as usize].ref_cnt == 0 {
             self.unlink(b);
         }
-        self.ref_cnt[b as usize] += 1;
+        self.blocks[b as usize].ref_cnt += 1;
     }
 
     /// Takes `n` blocks from the head of the free queue into `out`, evicting
     /// their cached hashes. The caller checked `n <= free_len()`.
     pub fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>, log: KvLog, events: &mut Vec<KvEvent>) {
         debug_assert!(n <= self.free_len);
+        out.reserve(n as usize);
         for _ in 0..n {
             let b = self.head;
             self.unlink(b);
-            if let Some(h) = self.hash[b as usize].take() {
+            let block = &mut self.blocks[b as usize];
+            block.ref_cnt = 1;
+            if let Some(h) = block.hash.take() {
                 self.cached.remove(&h);
                 log.removed(events, h);
             }
-            self.ref_cnt[b as usize] = 1;
             out.push(b);
         }
     }
@@ -100,7 +105,7 @@ impl BlockPool {
     /// Drops one reference; a block nobody holds joins the free queue's tail
     /// and stays a cache hit until reused.
     pub fn release(&mut self, b: BlockId) {
-        let rc = &mut self.ref_cnt[b as usize];
+        let rc = &mut self.blocks[b as usize].ref_cnt;
         debug_assert!(*rc > 0, "block {b} released more often than taken");
         *rc -= 1;
         if *rc == 0 {
@@ -113,12 +118,17 @@ impl BlockPool {
     /// hash — two requests computed the same prefix at once — or when the
     /// block already has a hash.
     pub fn register(&mut self, b: BlockId, hash: BlockHash) -> bool {
-        if self.hash[b as usize].is_some() || self.cached.contains_key(&hash) {
+        if self.blocks[b as usize].hash.is_some() {
             return false;
         }
-        self.hash[b as usize] = Some(hash);
-        self.cached.insert(hash, b);
-        true
+        match self.cached.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(b);
+                self.blocks[b as usize].hash = Some(hash);
+                true
+            }
+        }
     }
 
     /// Forgets every cached hash of free blocks (e.g. on sleep). In-use blocks
@@ -126,62 +136,65 @@ impl BlockPool {
     pub fn clear_cache(&mut self) {
         let mut b = self.head;
         while b != NIL {
-            if let Some(h) = self.hash[b as usize].take() {
+            if let Some(h) = self.blocks[b as usize].hash.take() {
                 self.cached.remove(&h);
             }
-            b = self.next[b as usize];
+            b = self.blocks[b as usize].next;
         }
     }
 
     fn push_tail(&mut self, b: BlockId) {
-        self.prev[b as usize] = self.tail;
-        self.next[b as usize] = NIL;
-        if self.tail == NIL {
+        let tail = self.tail;
+        let block = &mut self.blocks[b as usize];
+        block.prev = tail;
+        block.next = NIL;
+        if tail == NIL {
             self.head = b;
         } else {
-            self.next[self.tail as usize] = b;
+            self.blocks[tail as usize].next = b;
         }
         self.tail = b;
         self.free_len += 1;
     }
 
     fn unlink(&mut self, b: BlockId) {
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        let Block { prev: p, next: n, .. } = self.blocks[b as usize];
         if p == NIL {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.blocks[p as usize].next = n;
         }
         if n == NIL {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.blocks[n as usize].prev = p;
         }
-        self.prev[b as usize] = NIL;
-        self.next[b as usize] = NIL;
+        let block = &mut self.blocks[b as usize];
+        block.prev = NIL;
+        block.next = NIL;
         self.free_len -= 1;
     }
 
     /// Panics if an invariant of the module docs does not hold.
     #[cfg(test)]
     pub fn check_invariants(&self) {
-        let mut in_queue = vec![false; self.ref_cnt.len()];
+        let mut in_queue = vec![false; self.blocks.len()];
         let mut b = self.head;
         let mut len = 0;
         while b != NIL {
             assert!(!in_queue[b as usize], "block {b} queued twice");
             in_queue[b as usize] = true;
             len += 1;
-            b = self.next[b as usize];
+            b = self.blocks[b as usize].next;
         }
         assert_eq!(len, self.free_len, "free_len disagrees with the queue");
         for (i, &q) in in_queue.iter().enumerate() {
-            assert_eq!(q, self.ref_cnt[i] == 0, "block {i}: free exactly when unreferenced");
+            assert_eq!(q, self.blocks[i].ref_cnt == 0, "block {i}: free exactly when unreferenced");
         }
         for (h, &b) in &self.cached {
-            assert_eq!(self.hash[b as usize], Some(*h));
+            assert_eq!(self.blocks[b as usize].hash, Some(*h));
         }
-        assert_eq!(self.cached.len(), self.hash.iter().filter(|h| h.is_some()).count());
+        assert_eq!(self.cached.len(), self.blocks.iter().filter(|b| b.hash.is_some()).count());
     }
 }
 
