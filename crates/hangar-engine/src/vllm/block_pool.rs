@@ -9,9 +9,18 @@
 //! the tail, and callers free a request's blocks last-first, so the tail of a
 //! prompt is evicted before its shared head — as vLLM does.
 //!
+//! Evicting a block only clears the block's own hash; the stale `cached`
+//! entry pointing at it is left behind and recognised as stale on lookup
+//! (the block no longer carries that hash). This halves the hash-map work of
+//! a block's life, the hottest path of a replay. Stale entries are purged
+//! whenever they would make the map more than twice the pool's size, so
+//! memory stays bounded.
+//!
 //! Invariants (checked by `check_invariants` in tests): a block is in the
 //! free queue exactly when its count is 0; `free_len` is the queue's length;
-//! `cached[h] = b` exactly when `hash[b] = Some(h)`.
+//! every block carrying hash `h` is what `cached[h]` points at.
+
+use std::collections::hash_map::Entry;
 
 use hangar_core::{BlockHash, KvEvent};
 use rustc_hash::FxHashMap;
@@ -49,7 +58,7 @@ impl BlockPool {
             head: NIL,
             tail: NIL,
             free_len: 0,
-            cached: FxHashMap::default(),
+            cached: FxHashMap::with_capacity_and_hasher(2 * num_blocks as usize, Default::default()),
         };
         for b in 0..num_blocks {
             pool.push_tail(b);
@@ -68,7 +77,8 @@ impl BlockPool {
 
     /// The block caching `hash`, if any.
     pub fn lookup(&self, hash: BlockHash) -> Option<BlockId> {
-        self.cached.get(&hash).copied()
+        let b = *self.cached.get(&hash)?;
+        (self.blocks[b as usize].hash == Some(hash)).then_some(b)
     }
 
     pub fn is_free(&self, b: BlockId) -> bool {
@@ -95,7 +105,7 @@ impl BlockPool {
             let block = &mut self.blocks[b as usize];
             block.ref_cnt = 1;
             if let Some(h) = block.hash.take() {
-                self.cached.remove(&h);
+                // The map entry goes stale; see the module docs.
                 log.removed(events, h);
             }
             out.push(b);
@@ -121,14 +131,23 @@ impl BlockPool {
         if self.blocks[b as usize].hash.is_some() {
             return false;
         }
+        if self.cached.len() >= 2 * self.blocks.len() {
+            self.purge_stale();
+        }
         match self.cached.entry(hash) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
-            std::collections::hash_map::Entry::Vacant(v) => {
+            Entry::Occupied(mut e) => {
+                let holder = *e.get();
+                if self.blocks[holder as usize].hash == Some(hash) {
+                    return false;
+                }
+                e.insert(b);
+            }
+            Entry::Vacant(v) => {
                 v.insert(b);
-                self.blocks[b as usize].hash = Some(hash);
-                true
             }
         }
+        self.blocks[b as usize].hash = Some(hash);
+        true
     }
 
     /// Forgets every cached hash of free blocks (e.g. on sleep). In-use blocks
@@ -136,11 +155,16 @@ impl BlockPool {
     pub fn clear_cache(&mut self) {
         let mut b = self.head;
         while b != NIL {
-            if let Some(h) = self.blocks[b as usize].hash.take() {
-                self.cached.remove(&h);
-            }
+            self.blocks[b as usize].hash = None;
             b = self.blocks[b as usize].next;
         }
+        self.purge_stale();
+    }
+
+    /// Drops map entries whose block no longer carries their hash.
+    fn purge_stale(&mut self) {
+        let blocks = &self.blocks;
+        self.cached.retain(|h, b| blocks[*b as usize].hash == Some(*h));
     }
 
     fn push_tail(&mut self, b: BlockId) {
@@ -191,10 +215,12 @@ impl BlockPool {
         for (i, &q) in in_queue.iter().enumerate() {
             assert_eq!(q, self.blocks[i].ref_cnt == 0, "block {i}: free exactly when unreferenced");
         }
-        for (h, &b) in &self.cached {
-            assert_eq!(self.blocks[b as usize].hash, Some(*h));
+        for (i, block) in self.blocks.iter().enumerate() {
+            if let Some(h) = block.hash {
+                assert_eq!(self.cached.get(&h), Some(&(i as u32)), "block {i}'s hash maps back to it");
+            }
         }
-        assert_eq!(self.cached.len(), self.blocks.iter().filter(|b| b.hash.is_some()).count());
+        assert!(self.cached.len() <= 2 * self.blocks.len() + 1, "stale entries are purged");
     }
 }
 
