@@ -76,6 +76,10 @@ pub struct VllmScheduler {
     running: Vec<u32>,
     /// Per pass: (slot, new tokens); kept to reuse its allocation.
     scheduled: Vec<(u32, u32)>,
+    /// The cached blocks found for the waiting queue's head.
+    hits: Vec<BlockId>,
+    /// Per pass: slots of requests that completed.
+    completed: Vec<u32>,
 }
 
 impl VllmScheduler {
@@ -97,6 +101,8 @@ impl VllmScheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             scheduled: Vec::new(),
+            hits: Vec::new(),
+            completed: Vec::new(),
         }
     }
 
@@ -241,7 +247,8 @@ impl VllmScheduler {
             if self.running.len() >= self.max_num_seqs || *budget == 0 {
                 break;
             }
-            let (hits, hits_free) = self.cached_prefix(slot);
+            let hits_free = self.cached_prefix(slot);
+            let hits = self.hits.len() as u32;
             let s = self.seq(slot);
             let computed = hits * self.block_size;
             let remaining = s.num_tokens() - computed;
@@ -258,12 +265,11 @@ impl VllmScheduler {
             }
             let (first, id) = (!s.admitted_before, s.id);
             self.waiting.pop_front();
-            for k in 0..hits {
-                let b = self.pool.lookup(self.seq(slot).hashes[k as usize]).expect("hit was found above");
+            let s = self.slots[slot as usize].as_mut().expect("live slot");
+            for &b in &self.hits {
                 self.pool.touch(b);
-                self.seq_mut(slot).blocks.push(b);
+                s.blocks.push(b);
             }
-            let s = self.seq_mut(slot);
             s.num_computed = computed;
             s.registered = hits;
             s.admitted_before = true;
@@ -275,29 +281,33 @@ impl VllmScheduler {
         }
     }
 
-    /// How many leading blocks of the waiting request at `slot` are cached,
-    /// and how many of those sit in the free queue (a hit on them takes
-    /// them out of it). At least one token is left to compute.
-    fn cached_prefix(&self, slot: u32) -> (u32, u32) {
+    /// Finds the cached leading blocks of the waiting request at `slot` into
+    /// `self.hits` and returns how many of them sit in the free queue (a hit
+    /// on them takes them out of it). At least one token is left to compute.
+    fn cached_prefix(&mut self, slot: u32) -> u32 {
+        self.hits.clear();
         if !self.prefix_caching {
-            return (0, 0);
+            return 0;
         }
-        let s = self.seq(slot);
+        let s = self.slots[slot as usize].as_ref().expect("live slot");
         let max_hits = ((s.num_tokens() - 1) / self.block_size) as usize;
-        let (mut hits, mut free) = (0, 0);
+        let mut free = 0;
         for &h in s.hashes.iter().take(max_hits) {
             match self.pool.lookup(h) {
                 Some(b) => {
-                    hits += 1;
+                    self.hits.push(b);
                     free += u32::from(self.pool.is_free(b));
                 }
                 None => break,
             }
         }
-        (hits, free)
+        free
     }
 
     fn grow(&mut self, slot: u32, n: u32, out: &mut Pass) {
+        if n == 0 {
+            return;
+        }
         let s = self.slots[slot as usize].as_mut().expect("live slot");
         self.pool.allocate(n, &mut s.blocks, self.kv, &mut out.kv_events);
     }
@@ -318,7 +328,8 @@ impl VllmScheduler {
     /// blocks, samples tokens, completes requests and times the pass.
     fn execute(&mut self, scheduled: &[(u32, u32)], out: &mut Pass) {
         let (mut prefill, mut decode) = (PrefillShape::default(), DecodeShape::default());
-        let mut completed_slots = Vec::new();
+        let mut completed_slots = std::mem::take(&mut self.completed);
+        completed_slots.clear();
         for &(slot, new) in scheduled {
             let s = self.slots[slot as usize].as_mut().expect("live slot");
             let steady_decode = new == 1 && s.generated > 0 && s.num_computed + 1 == s.num_tokens();
@@ -357,13 +368,14 @@ impl VllmScheduler {
         out.end_ms = out.start_ms + ms / self.speedup_ratio;
         if !completed_slots.is_empty() {
             self.running.retain(|s| !completed_slots.contains(s));
-            for slot in completed_slots {
+            for &slot in &completed_slots {
                 let id = self.seq(slot).id;
                 self.index.remove(&id);
                 self.release_slot(slot);
                 out.completed.push(id);
             }
         }
+        self.completed = completed_slots;
     }
 
     fn release_slot(&mut self, slot: u32) {
