@@ -18,7 +18,10 @@ pub enum SchedulerKind {
     /// and decode passes, `fifo` or `lpm` admission reserving memory for
     /// future output, decode retraction under memory pressure. Reads the
     /// `sglang` settings; `max_num_batched_tokens` does not apply (SGLang's
-    /// `chunked_prefill_size` bounds a prefill pass).
+    /// `chunked_prefill_size` bounds a prefill pass). With
+    /// `enable_chunked_prefill` off a prompt is never split: a pass still
+    /// takes only prompts that fit in `chunked_prefill_size`, except its
+    /// first, which runs whole.
     Sglang,
 }
 

@@ -43,7 +43,7 @@ struct Log {
     admitted: Vec<(RequestId, u32)>,
     events: Vec<KvEvent>,
     prefill_chunks: Vec<u32>,
-    first_admissions: usize,
+    first_admissions: Vec<RequestId>,
 }
 
 impl Log {
@@ -54,7 +54,7 @@ impl Log {
         self.completed.extend(&pass.completed);
         self.preempted.extend(&pass.preempted);
         self.admitted.extend(pass.admitted.iter().map(|a| (a.request, a.reused_tokens)));
-        self.first_admissions += pass.admitted.iter().filter(|a| a.first).count();
+        self.first_admissions.extend(pass.admitted.iter().filter(|a| a.first).map(|a| a.request));
         self.events.extend(pass.kv_events.iter().cloned());
         if pass.prefill_tokens > 0 {
             self.prefill_chunks.push(pass.prefill_tokens);
@@ -317,7 +317,7 @@ proptest! {
         lpm in any::<bool>(),
         caching in any::<bool>(),
         chunked in any::<bool>(),
-        reqs in proptest::collection::vec((0u32..3, 1u32..24, 0u32..30, 0u8..3), 1..20),
+        reqs in proptest::collection::vec((0u32..3, 1u32..24, 0u32..30, 0u8..3, 0u8..8), 1..20),
     ) {
         let mut config = small(kv_tokens / 4 * 4, page, max_seqs, chunk);
         config.sglang.init_new_token_ratio = ratio;
@@ -328,7 +328,7 @@ proptest! {
         let mut s = sched(&config);
         let mut expected = HashMap::new();
         let (mut pass, mut now, mut log) = (Pass::default(), 0.0, Log::default());
-        for (i, &(family, len, out, gap)) in reqs.iter().enumerate() {
+        for (i, &(family, len, out, gap, abort)) in reqs.iter().enumerate() {
             let tokens: Vec<u32> = (0..len).map(|t| if t < 8 { family } else { 100 + i as u32 }).collect();
             if s.add(req(i as u64, &tokens, out)).is_ok() {
                 expected.insert(RequestId(i as u64), out);
@@ -336,6 +336,18 @@ proptest! {
             for _ in 0..gap {
                 if s.num_running() + s.num_waiting() == 0 { break; }
                 step(&mut s, &mut pass, &mut now, &mut log);
+            }
+            // Now and then abort an earlier request, wherever it is.
+            if abort == 0 && i > 0 {
+                let id = RequestId(i as u64 - 1);
+                if s.abort(id) {
+                    expected.remove(&id);
+                    log.tokens.remove(&id);
+                    log.admitted.retain(|a| a.0 != id);
+                    log.preempted.retain(|p| *p != id);
+                    log.first_admissions.retain(|a| *a != id);
+                }
+                s.check_invariants();
             }
         }
         drain(&mut s, &mut pass, &mut now, &mut log);
@@ -351,7 +363,7 @@ proptest! {
             let retractions = log.preempted.iter().filter(|p| *p == id).count();
             prop_assert_eq!(admissions, 1 + retractions, "request {}", id);
         }
-        prop_assert_eq!(log.first_admissions, expected.len());
+        prop_assert_eq!(log.first_admissions.len(), expected.len());
         // Replaying the events as a router would: stores and removals
         // alternate per block, starting with a store.
         let mut cached = std::collections::HashSet::new();
