@@ -35,6 +35,7 @@
 mod config;
 mod pass;
 mod prompt;
+mod requests;
 mod sglang;
 pub mod timing;
 mod vllm;

@@ -42,11 +42,12 @@ mod radix;
 use std::collections::VecDeque;
 
 use hangar_core::{mix64, BlockHash, KvEvent, RequestId};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::config::{EngineConfig, SglangPolicy};
 use crate::pass::{Admission, KvLog, Pass, TokenEmission};
 use crate::prompt::TokenRun;
+use crate::requests::{RequestTable, Slot};
 use crate::timing::{DecodeShape, PrefillShape, SharedTiming};
 use crate::{AddError, EngineRequest};
 use radix::{Keys, NodeId, RadixCache, ROOT};
@@ -120,9 +121,7 @@ pub struct SglangScheduler {
     tree: RadixCache,
     /// Pages held by requests outside the tree.
     private_pages: u64,
-    slots: Vec<Option<Seq>>,
-    free_slots: Vec<u32>,
-    index: FxHashMap<RequestId, u32>,
+    requests: RequestTable<Seq>,
     waiting: VecDeque<u32>,
     running: Vec<u32>,
     /// The request whose prefill was chunked: it holds memory and continues
@@ -166,9 +165,7 @@ impl SglangScheduler {
             kv: KvLog { enabled: true },
             tree: RadixCache::new(s.page_size, config.block_size),
             private_pages: 0,
-            slots: Vec::new(),
-            free_slots: Vec::new(),
-            index: FxHashMap::default(),
+            requests: RequestTable::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             chunked: None,
@@ -185,12 +182,7 @@ impl SglangScheduler {
     /// while a request's tokens stay strictly below the memory it could
     /// get, so prompt plus output must leave one page of the pool spare.
     pub(crate) fn add(&mut self, req: EngineRequest) -> Result<(), AddError> {
-        if self.index.contains_key(&req.id) {
-            return Err(AddError::Duplicate(req.id));
-        }
-        if req.prompt.block_size() != self.block_size {
-            return Err(AddError::BlockSize { prompt: req.prompt.block_size(), engine: self.block_size });
-        }
+        self.requests.check(&req, self.block_size)?;
         let total = u64::from(req.prompt.len()) + u64::from(req.max_output_tokens);
         let capacity = (self.total_pages * u64::from(self.page_size)).saturating_sub(self.page_size.into());
         if total > capacity {
@@ -209,23 +201,13 @@ impl SglangScheduler {
             blocks: req.prompt.into_blocks(),
             admitted_before: false,
         };
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(seq);
-                s
-            }
-            None => {
-                self.slots.push(Some(seq));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.index.insert(req.id, slot);
+        let slot = self.requests.insert(req.id, seq);
         self.waiting.push_back(slot);
         Ok(())
     }
 
     pub(crate) fn abort(&mut self, id: RequestId) -> bool {
-        let Some(slot) = self.index.remove(&id) else { return false };
+        let Some(slot) = self.requests.forget(id) else { return false };
         if let Some(pos) = self.running.iter().position(|&s| s == slot) {
             self.running.remove(pos);
         } else if self.chunked == Some(slot) {
@@ -234,8 +216,7 @@ impl SglangScheduler {
             self.waiting.remove(pos);
         }
         self.release(slot);
-        self.slots[slot as usize] = None;
-        self.free_slots.push(slot);
+        self.requests.free(slot);
         true
     }
 
@@ -257,12 +238,12 @@ impl SglangScheduler {
         self.kv.cleared(events);
     }
 
-    fn seq(&self, slot: u32) -> &Seq {
-        self.slots[slot as usize].as_ref().expect("live slot")
+    fn seq(&self, slot: Slot) -> &Seq {
+        self.requests.get(slot)
     }
 
-    fn seq_mut(&mut self, slot: u32) -> &mut Seq {
-        self.slots[slot as usize].as_mut().expect("live slot")
+    fn seq_mut(&mut self, slot: Slot) -> &mut Seq {
+        self.requests.get_mut(slot)
     }
 
     fn free_pages(&self) -> u64 {
@@ -324,14 +305,14 @@ impl SglangScheduler {
     /// budget and memory allow; returns whether it did.
     fn try_schedule(
         &mut self,
-        slot: u32,
+        slot: Slot,
         fresh: bool,
         budget: &mut Budget,
         batch: &mut Vec<(u32, u32)>,
         out: &mut Pass,
     ) -> bool {
         let page = self.page_size;
-        let s = self.slots[slot as usize].as_ref().expect("live slot");
+        let s = self.requests.get(slot);
         let (node, held, start) = if !fresh {
             (s.node, s.pages, s.computed)
         } else if self.prefix_caching {
@@ -510,11 +491,11 @@ impl SglangScheduler {
 
     /// Inserts the request's computed full pages into the tree and moves its
     /// lock to the new deepest node; pages the tree already had are freed.
-    fn cache_computed(&mut self, slot: u32, out: &mut Pass) {
+    fn cache_computed(&mut self, slot: Slot, out: &mut Pass) {
         if !self.prefix_caching {
             return;
         }
-        let s = self.slots[slot as usize].as_mut().expect("live slot");
+        let s = self.requests.get_mut(slot);
         let upto = s.computed / self.page_size;
         let locked = self.tree.end(s.node);
         if upto <= locked {
@@ -533,8 +514,8 @@ impl SglangScheduler {
 
     /// Gives back everything the request holds: its private pages are
     /// freed, its tree path unlocked.
-    fn release(&mut self, slot: u32) {
-        let s = self.slots[slot as usize].as_mut().expect("live slot");
+    fn release(&mut self, slot: Slot) {
+        let s = self.requests.get_mut(slot);
         self.private_pages -= u64::from(s.pages - self.tree.end(s.node));
         self.tree.unlock(s.node);
         s.node = ROOT;
@@ -543,7 +524,7 @@ impl SglangScheduler {
 
     /// Retracts a request: its computed pages are cached, its memory
     /// released, and it will recompute from the start. The caller queues it.
-    fn retract(&mut self, slot: u32, out: &mut Pass) {
+    fn retract(&mut self, slot: Slot, out: &mut Pass) {
         self.cache_computed(slot, out);
         self.release(slot);
         let s = self.seq_mut(slot);
@@ -551,13 +532,11 @@ impl SglangScheduler {
         out.preempted.push(s.id);
     }
 
-    fn finish(&mut self, slot: u32, out: &mut Pass) {
+    fn finish(&mut self, slot: Slot, out: &mut Pass) {
         self.cache_computed(slot, out);
         self.release(slot);
-        let id = self.seq(slot).id;
-        self.index.remove(&id);
-        self.slots[slot as usize] = None;
-        self.free_slots.push(slot);
+        let id = self.requests.free(slot).id;
+        self.requests.forget(id);
         out.completed.push(id);
     }
 
