@@ -82,9 +82,16 @@ impl Prompt {
         Ok(Self::from_runs(len, runs, block_size))
     }
 
-    /// A prompt of `len` tokens shared with no other request.
+    /// A prompt of `len` tokens shared with no other request: `len` copies
+    /// of a token id of its own. Prefix sharing only depends on which
+    /// tokens are equal at equal positions, so one run says it all, and
+    /// keeps a long trace prompt as small as its caches' keys.
     pub fn unique(len: u32, block_size: u32, salt: u64) -> Self {
-        let runs = (0..len).map(|i| TokenRun { token: mix64(salt, u64::from(i)), count: 1 }).collect();
+        let runs = if len == 0 {
+            Vec::new()
+        } else {
+            vec![TokenRun { token: mix64(salt, 0x756e_6971), count: len }]
+        };
         Self::from_runs(len, runs, block_size)
     }
 
@@ -234,6 +241,9 @@ mod tests {
         let a = Prompt::unique(256, 64, 1);
         let b = Prompt::unique(256, 64, 2);
         assert!(a.blocks().iter().all(|x| !b.blocks().contains(x)));
+        assert_eq!(a.blocks().len(), 4);
+        assert!(a.blocks().iter().skip(1).all(|x| *x != a.blocks()[0]), "positions still differ");
+        assert_eq!(a.page_key_runs(1).len(), 1);
         let e = Prompt::from_trace(1025, &[1, 2], 512, 64, 0).unwrap_err();
         assert_eq!(e.to_string(), "1025 input tokens need 3 hash ids of 512 tokens, found 2");
         assert_eq!(Prompt::from_trace(10, &[], 512, 64, 0).unwrap().blocks().len(), 0);
