@@ -180,11 +180,11 @@ fn eviction_reports_removed_blocks_lru_first() {
     s.add(req(2, &[2; 8], 1)).unwrap();
     drain(&mut s, &mut pass, &mut now, &mut log);
     assert!(removed(&log.events).is_empty());
-    // 16 cached tokens; a 20-token prompt leaves 12 free: request 1's prefix
-    // (the least recently used) goes, request 2's stays.
+    // 16 cached tokens; a 20-token prompt needs 4 of them: the newest 4 of
+    // request 1's (the least recently used) go, request 2's stay.
     s.add(req(3, &[3; 20], 1)).unwrap();
     drain(&mut s, &mut pass, &mut now, &mut log);
-    assert_eq!(removed(&log.events), Prompt::from_tokens(&[1; 8], 4).blocks());
+    assert_eq!(removed(&log.events), Prompt::from_tokens(&[1; 8], 4).blocks()[1..]);
     s.add(req(4, &[2; 8], 1)).unwrap();
     step(&mut s, &mut pass, &mut now, &mut log);
     assert_eq!(pass.admitted[0].reused_tokens, 7);
