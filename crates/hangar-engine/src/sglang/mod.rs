@@ -413,7 +413,9 @@ impl SglangScheduler {
         }
         out.scheduled_seqs = batch.len() as u32;
         out.prefill_tokens = shape.new_tokens;
-        out.end_ms = out.start_ms + self.timing.prefill_ms(shape) / self.speedup_ratio;
+        if shape.new_tokens > 0 {
+            out.end_ms = out.start_ms + self.timing.prefill_ms(shape) / self.speedup_ratio;
+        }
     }
 
     /// Step 4: one decode pass over the running requests, retracting first
