@@ -14,6 +14,15 @@ pub enum SchedulerKind {
     /// recompute.
     #[default]
     Vllm,
+    /// SGLang: a radix cache of `page_size`-token pages, separate prefill
+    /// and decode passes, `fifo` or `lpm` admission reserving memory for
+    /// future output, decode retraction under memory pressure. Reads the
+    /// `sglang` settings; `max_num_batched_tokens` does not apply (SGLang's
+    /// `chunked_prefill_size` bounds a prefill pass). With
+    /// `enable_chunked_prefill` off a prompt is never split: a pass still
+    /// takes only prompts that fit in `chunked_prefill_size`, except its
+    /// first, which runs whole.
+    Sglang,
 }
 
 /// How an SGLang-style engine orders its waiting queue.
@@ -153,6 +162,11 @@ impl EngineConfig {
         let s = &self.sglang;
         if s.page_size == 0 {
             return invalid("sglang.page_size", "must be at least 1");
+        }
+        if self.scheduler == SchedulerKind::Sglang && self.block_size % s.page_size != 0 {
+            // A KV event block must be whole pages, or one block could be
+            // cached under two request-specific pages.
+            return invalid("sglang.page_size", "must divide block_size");
         }
         if s.chunked_prefill_size == 0 {
             return invalid("sglang.chunked_prefill_size", "must be at least 1");

@@ -35,6 +35,8 @@
 mod config;
 mod pass;
 mod prompt;
+mod requests;
+mod sglang;
 pub mod timing;
 mod vllm;
 
@@ -44,6 +46,7 @@ pub use prompt::{Prompt, PromptError, TokenRun};
 
 use hangar_core::{KvEvent, RequestId};
 
+use sglang::SglangScheduler;
 use vllm::VllmScheduler;
 
 /// A request handed to an engine.
@@ -62,6 +65,9 @@ pub struct EngineRequest {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AddError {
+    /// The prompt has no tokens.
+    #[error("request {0} has an empty prompt")]
+    EmptyPrompt(RequestId),
     /// A live request already has this id.
     #[error("request {0} is already in the engine")]
     Duplicate(RequestId),
@@ -87,6 +93,7 @@ pub enum AddError {
 #[derive(Debug)]
 enum Inner {
     Vllm(VllmScheduler),
+    Sglang(SglangScheduler),
 }
 
 /// One mock engine: a scheduler state machine plus its timing model.
@@ -105,11 +112,13 @@ macro_rules! dispatch {
     ($self:expr, $s:ident => $e:expr) => {
         match &$self.inner {
             Inner::Vllm($s) => $e,
+            Inner::Sglang($s) => $e,
         }
     };
     (mut $self:expr, $s:ident => $e:expr) => {
         match &mut $self.inner {
             Inner::Vllm($s) => $e,
+            Inner::Sglang($s) => $e,
         }
     };
 }
@@ -125,6 +134,7 @@ impl EngineCore {
         let timing = config.build_timing(load)?;
         let inner = match config.scheduler {
             SchedulerKind::Vllm => Inner::Vllm(VllmScheduler::new(config, timing)),
+            SchedulerKind::Sglang => Inner::Sglang(SglangScheduler::new(config, timing)),
         };
         Ok(Self { inner })
     }

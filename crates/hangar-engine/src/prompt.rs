@@ -82,9 +82,16 @@ impl Prompt {
         Ok(Self::from_runs(len, runs, block_size))
     }
 
-    /// A prompt of `len` tokens shared with no other request.
+    /// A prompt of `len` tokens shared with no other request: `len` copies
+    /// of a token id of its own. Prefix sharing only depends on which
+    /// tokens are equal at equal positions, so one run says it all, and
+    /// keeps a long trace prompt as small as its caches' keys.
     pub fn unique(len: u32, block_size: u32, salt: u64) -> Self {
-        let runs = (0..len).map(|i| TokenRun { token: mix64(salt, u64::from(i)), count: 1 }).collect();
+        let runs = if len == 0 {
+            Vec::new()
+        } else {
+            vec![TokenRun { token: mix64(salt, 0x756e_6971), count: len }]
+        };
         Self::from_runs(len, runs, block_size)
     }
 
@@ -137,10 +144,42 @@ impl Prompt {
         &self.runs
     }
 
-    /// One content key per full `page_size`-token page (for radix caches):
-    /// equal keys at equal positions mean equal tokens.
-    pub fn page_keys(&self, page_size: u32) -> Vec<u64> {
-        chunk_contents(&self.runs, page_size).collect()
+    /// The content keys of the prompt's full `page_size`-token pages (for
+    /// radix caches), run-length encoded: each returned run is `count`
+    /// consecutive pages with the key `token`. Equal keys at equal positions
+    /// mean equal tokens. Pages that lie inside one token run share a key, so
+    /// a trace prompt of a few hash ids stays a few runs even with 1-token
+    /// pages; the work is linear in the runs, not the tokens.
+    pub fn page_key_runs(&self, page_size: u32) -> Vec<TokenRun> {
+        let mut out: Vec<TokenRun> = Vec::new();
+        let mut push = |key: u64, count: u32| match out.last_mut() {
+            Some(last) if last.token == key => last.count += count,
+            _ => out.push(TokenRun { token: key, count }),
+        };
+        // A page in progress: tokens still missing and the key folded so far.
+        let (mut need, mut acc) = (0u32, 0u64);
+        for run in &self.runs {
+            let mut left = run.count;
+            if need > 0 {
+                let take = left.min(need);
+                acc = mix64(acc ^ run.token, u64::from(take));
+                need -= take;
+                left -= take;
+                if need == 0 {
+                    push(acc, 1);
+                }
+            }
+            if left >= page_size {
+                // Whole pages inside this run, folded as `chunk_contents` does.
+                push(mix64(u64::from(page_size) ^ run.token, u64::from(page_size)), left / page_size);
+                left %= page_size;
+            }
+            if left > 0 {
+                acc = mix64(u64::from(page_size) ^ run.token, u64::from(left));
+                need = page_size - left;
+            }
+        }
+        out
     }
 }
 
@@ -202,16 +241,41 @@ mod tests {
         let a = Prompt::unique(256, 64, 1);
         let b = Prompt::unique(256, 64, 2);
         assert!(a.blocks().iter().all(|x| !b.blocks().contains(x)));
+        assert_eq!(a.blocks().len(), 4);
+        assert!(a.blocks().iter().skip(1).all(|x| *x != a.blocks()[0]), "positions still differ");
+        assert_eq!(a.page_key_runs(1).len(), 1);
         let e = Prompt::from_trace(1025, &[1, 2], 512, 64, 0).unwrap_err();
         assert_eq!(e.to_string(), "1025 input tokens need 3 hash ids of 512 tokens, found 2");
         assert_eq!(Prompt::from_trace(10, &[], 512, 64, 0).unwrap().blocks().len(), 0);
     }
 
+    fn expand(runs: &[TokenRun]) -> Vec<u64> {
+        runs.iter().flat_map(|r| std::iter::repeat_n(r.token, r.count as usize)).collect()
+    }
+
     #[test]
-    fn page_keys_have_page_granularity() {
+    fn page_key_runs_have_page_granularity() {
         let p = Prompt::from_tokens(&[1, 2, 3, 4, 5], 2);
-        assert_eq!(p.page_keys(1).len(), 5);
-        assert_eq!(p.page_keys(2).len(), 2);
-        assert_eq!(Prompt::from_tokens(&[1, 2, 3], 2).page_keys(2)[0], p.page_keys(2)[0]);
+        assert_eq!(expand(&p.page_key_runs(1)).len(), 5);
+        assert_eq!(expand(&p.page_key_runs(2)).len(), 2);
+        assert_eq!(Prompt::from_tokens(&[1, 2, 3], 2).page_key_runs(2)[0], p.page_key_runs(2)[0]);
+        let trace = Prompt::from_trace(12_000, &(0..24).collect::<Vec<_>>(), 512, 64, 0).unwrap();
+        assert_eq!(trace.page_key_runs(1).len(), 24, "one run per hash id, not per token");
+    }
+
+    proptest::proptest! {
+        /// The run-length keys expand to exactly the per-page keys folded
+        /// page by page, whatever the page size and however runs are cut.
+        #[test]
+        fn page_key_runs_expand_to_per_page_keys(
+            runs in proptest::collection::vec((0u64..4, 1u32..20), 0..12),
+            page in 1u32..9,
+        ) {
+            let raw: Vec<TokenRun> = runs.iter().map(|&(token, count)| TokenRun { token, count }).collect();
+            let len = raw.iter().map(|r| r.count).sum();
+            let p = Prompt::from_runs(len, raw, 4);
+            let per_page: Vec<u64> = chunk_contents(p.runs(), page).collect();
+            proptest::prop_assert_eq!(expand(&p.page_key_runs(page)), per_page);
+        }
     }
 }

@@ -189,3 +189,18 @@ fn kv_event_delay_changes_routing_but_stays_reproducible() {
         prompt.requests.iter().map(|r| r.worker).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn the_sglang_engine_replays_deterministically_too() {
+    let trace = synth_trace(300, 3, 4);
+    let engine = EngineConfig { scheduler: hangar_engine::SchedulerKind::Sglang, ..small_engine() };
+    let cfg = SimConfig { workers: 3, router: kv(), engine, ..SimConfig::default() };
+    let (a, b) = (run(&trace, &cfg), run(&trace, &cfg));
+    assert_eq!(serde_json::to_string(&a.report).unwrap(), serde_json::to_string(&b.report).unwrap());
+    assert_eq!(a.report.engine, "sglang");
+    assert_eq!(a.report.completed, 300);
+    assert!(a.report.prefix_cache_reuse_ratio > 0.3, "{}", a.report.prefix_cache_reuse_ratio);
+    for (r, t) in a.requests.iter().zip(&trace.requests) {
+        assert_eq!(r.emitted_tokens, t.output_len);
+    }
+}

@@ -24,10 +24,10 @@ mod block_pool;
 use std::collections::VecDeque;
 
 use hangar_core::{mix64, BlockHash, RequestId};
-use rustc_hash::FxHashMap;
 
 use crate::config::EngineConfig;
 use crate::pass::{Admission, KvLog, Pass, TokenEmission};
+use crate::requests::RequestTable;
 use crate::timing::{DecodeShape, PrefillShape, SharedTiming};
 use crate::{AddError, EngineRequest};
 use block_pool::{BlockId, BlockPool};
@@ -69,9 +69,7 @@ pub struct VllmScheduler {
     timing: SharedTiming,
     kv: KvLog,
     pool: BlockPool,
-    slots: Vec<Option<Seq>>,
-    free_slots: Vec<u32>,
-    index: FxHashMap<RequestId, u32>,
+    requests: RequestTable<Seq>,
     waiting: VecDeque<u32>,
     running: Vec<u32>,
     /// Per pass: (slot, new tokens); kept to reuse its allocation.
@@ -95,9 +93,7 @@ impl VllmScheduler {
             timing,
             kv: KvLog { enabled: true },
             pool: BlockPool::new(config.num_gpu_blocks),
-            slots: Vec::new(),
-            free_slots: Vec::new(),
-            index: FxHashMap::default(),
+            requests: RequestTable::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             scheduled: Vec::new(),
@@ -111,22 +107,16 @@ impl VllmScheduler {
     }
 
     pub(crate) fn add(&mut self, req: EngineRequest) -> Result<(), AddError> {
-        if self.index.contains_key(&req.id) {
-            return Err(AddError::Duplicate(req.id));
-        }
-        if req.prompt.block_size() != self.block_size {
-            return Err(AddError::BlockSize { prompt: req.prompt.block_size(), engine: self.block_size });
-        }
+        self.requests.check(&req, self.block_size)?;
         let total = u64::from(req.prompt.len()) + u64::from(req.max_output_tokens);
         let capacity = u64::from(self.pool.num_blocks()) * u64::from(self.block_size);
         if total > capacity {
             return Err(AddError::TooLong { tokens: total, capacity });
         }
-        if !self.chunked_prefill && req.prompt.len() > self.max_num_batched_tokens {
-            return Err(AddError::TooLong {
-                tokens: req.prompt.len().into(),
-                capacity: self.max_num_batched_tokens.into(),
-            });
+        // Without chunked prefill a request must fit one pass whole, also
+        // when it is recomputed after preemption with its output so far.
+        if !self.chunked_prefill && total > u64::from(self.max_num_batched_tokens) {
+            return Err(AddError::TooLong { tokens: total, capacity: self.max_num_batched_tokens.into() });
         }
         let seq = Seq {
             id: req.id,
@@ -140,23 +130,13 @@ impl VllmScheduler {
             salt: mix64(req.id.0, 0x6f75_7470_7574),
             admitted_before: false,
         };
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(seq);
-                s
-            }
-            None => {
-                self.slots.push(Some(seq));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.index.insert(req.id, slot);
+        let slot = self.requests.insert(req.id, seq);
         self.waiting.push_back(slot);
         Ok(())
     }
 
     pub(crate) fn abort(&mut self, id: RequestId) -> bool {
-        let Some(slot) = self.index.remove(&id) else { return false };
+        let Some(slot) = self.requests.forget(id) else { return false };
         if let Some(pos) = self.running.iter().position(|&s| s == slot) {
             self.running.remove(pos);
         } else if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
@@ -184,11 +164,11 @@ impl VllmScheduler {
     }
 
     fn seq(&self, slot: u32) -> &Seq {
-        self.slots[slot as usize].as_ref().expect("live slot")
+        self.requests.get(slot)
     }
 
     fn seq_mut(&mut self, slot: u32) -> &mut Seq {
-        self.slots[slot as usize].as_mut().expect("live slot")
+        self.requests.get_mut(slot)
     }
 
     pub(crate) fn step(&mut self, now: f64, out: &mut Pass) {
@@ -265,7 +245,7 @@ impl VllmScheduler {
             }
             let (first, id) = (!s.admitted_before, s.id);
             self.waiting.pop_front();
-            let s = self.slots[slot as usize].as_mut().expect("live slot");
+            let s = self.requests.get_mut(slot);
             for &b in &self.hits {
                 self.pool.touch(b);
                 s.blocks.push(b);
@@ -289,7 +269,7 @@ impl VllmScheduler {
         if !self.prefix_caching {
             return 0;
         }
-        let s = self.slots[slot as usize].as_ref().expect("live slot");
+        let s = self.requests.get(slot);
         let max_hits = ((s.num_tokens() - 1) / self.block_size) as usize;
         let mut free = 0;
         for &h in s.hashes.iter().take(max_hits) {
@@ -308,12 +288,12 @@ impl VllmScheduler {
         if n == 0 {
             return;
         }
-        let s = self.slots[slot as usize].as_mut().expect("live slot");
+        let s = self.requests.get_mut(slot);
         self.pool.allocate(n, &mut s.blocks, self.kv, &mut out.kv_events);
     }
 
     fn preempt(&mut self, slot: u32, out: &mut Pass) {
-        let s = self.slots[slot as usize].as_mut().expect("live slot");
+        let s = self.requests.get_mut(slot);
         for &b in s.blocks.iter().rev() {
             self.pool.release(b);
         }
@@ -331,7 +311,7 @@ impl VllmScheduler {
         let mut completed_slots = std::mem::take(&mut self.completed);
         completed_slots.clear();
         for &(slot, new) in scheduled {
-            let s = self.slots[slot as usize].as_mut().expect("live slot");
+            let s = self.requests.get_mut(slot);
             let steady_decode = new == 1 && s.generated > 0 && s.num_computed + 1 == s.num_tokens();
             if steady_decode {
                 decode.batch += 1;
@@ -370,7 +350,7 @@ impl VllmScheduler {
             self.running.retain(|s| !completed_slots.contains(s));
             for &slot in &completed_slots {
                 let id = self.seq(slot).id;
-                self.index.remove(&id);
+                self.requests.forget(id);
                 self.release_slot(slot);
                 out.completed.push(id);
             }
@@ -379,18 +359,17 @@ impl VllmScheduler {
     }
 
     fn release_slot(&mut self, slot: u32) {
-        let s = self.slots[slot as usize].take().expect("live slot");
+        let s = self.requests.free(slot);
         for &b in s.blocks.iter().rev() {
             self.pool.release(b);
         }
-        self.free_slots.push(slot);
     }
 
     #[cfg(test)]
     fn check_invariants(&self) {
         self.pool.check_invariants();
         assert!(self.running.len() <= self.max_num_seqs);
-        let held: usize = self.slots.iter().flatten().map(|s| s.blocks.len()).sum();
+        let held: usize = self.requests.iter().map(|s| s.blocks.len()).sum();
         assert!(held as u32 >= self.pool.num_blocks() - self.pool.free_len());
         for &slot in &self.running {
             let s = self.seq(slot);

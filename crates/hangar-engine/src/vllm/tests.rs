@@ -213,3 +213,23 @@ proptest! {
         let _ = completed;
     }
 }
+
+#[test]
+fn without_chunked_prefill_a_request_must_fit_one_pass_even_when_recomputed() {
+    // The shrunk proptest case that once stalled: a preempted request had to
+    // recompute prompt + output (15 tokens) in an 11-token pass.
+    let config =
+        EngineConfig { enable_chunked_prefill: false, enable_prefix_caching: false, ..small(8, 2, 11) };
+    let mut s = sched(&config);
+    assert!(s.add(req(1, &[0; 5], 9)).is_err(), "5 + 9 tokens never fit an 11-token pass");
+    s.add(req(2, &[0; 5], 6)).unwrap();
+    s.add(req(3, &[0; 4], 7)).unwrap();
+    let (mut pass, mut now) = (Pass::default(), 0.0);
+    drain(&mut s, &mut pass, &mut now);
+}
+
+#[test]
+fn empty_prompts_are_refused() {
+    let mut s = sched(&small(8, 2, 11));
+    assert_eq!(s.add(req(1, &[], 3)).unwrap_err().to_string(), "request req-1 has an empty prompt");
+}

@@ -105,6 +105,7 @@ enum Policy {
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Engine {
     Vllm,
+    Sglang,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -164,6 +165,7 @@ fn sim_config(args: &Args) -> anyhow::Result<SimConfig> {
     if let Some(e) = args.engine {
         engine.scheduler = match e {
             Engine::Vllm => hangar_engine::SchedulerKind::Vllm,
+            Engine::Sglang => hangar_engine::SchedulerKind::Sglang,
         };
     }
     let set = |field: &mut u32, v: Option<u32>| {
