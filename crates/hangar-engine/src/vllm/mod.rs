@@ -167,9 +167,6 @@ impl VllmScheduler {
         self.requests.get(slot)
     }
 
-    fn seq_mut(&mut self, slot: u32) -> &mut Seq {
-        self.requests.get_mut(slot)
-    }
 
     pub(crate) fn step(&mut self, now: f64, out: &mut Pass) {
         out.reset(now);
