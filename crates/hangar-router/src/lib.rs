@@ -17,8 +17,11 @@
 //!   active_request_weight × requests_w`. `overlap_w` is how many leading
 //!   blocks of the prompt *w* has cached, from its KV events; queued
 //!   prefill blocks are the uncached prompt blocks of *w*'s requests that have
-//!   not produced a first token yet; active blocks are the distinct prompt
-//!   blocks of all of *w*'s requests in flight (shared prefixes count once).
+//!   not produced a first token yet; active blocks are the prompt blocks of
+//!   all of *w*'s requests in flight. Shared prefixes count once per request:
+//!   the term estimates decode work, and a decode step attends over each
+//!   request's whole context whether or not its KV is shared (the timing
+//!   model charges decode by summed context tokens for the same reason).
 //!
 //! ```
 //! use hangar_core::{BlockHash, KvEvent, RequestId};
@@ -128,19 +131,16 @@ pub enum RouteError {
 struct WorkerLoad {
     requests: u32,
     queued_prefill_blocks: u64,
-    /// Reference counts of the prompt blocks of requests in flight.
-    active: FxHashMap<BlockHash, u32>,
-    /// Partial last blocks in flight (never shared).
-    active_partial: u64,
+    /// Prompt blocks (the last partial one included) of requests in flight.
+    active_blocks: u64,
 }
 
 #[derive(Debug)]
 struct InFlight {
     worker: WorkerId,
+    prompt_blocks: u64,
     prefill_blocks: u64,
     prefilling: bool,
-    blocks: Vec<BlockHash>,
-    partial: bool,
 }
 
 /// The router state machine. See the crate docs.
@@ -250,9 +250,8 @@ impl Router {
                 let w = self.pick_min(|l, w| {
                     let ov = f64::from(overlap[w.0 as usize]);
                     let new_prefill = (prompt_blocks as f64 - cfg.overlap_credit * ov).max(0.0);
-                    let active = l.active.len() as f64 + l.active_partial as f64;
                     cfg.prefill_load_scale * (new_prefill + l.queued_prefill_blocks as f64)
-                        + active
+                        + l.active_blocks as f64
                         + cfg.active_request_weight * f64::from(l.requests)
                 });
                 let ov = overlap[w.0 as usize];
@@ -261,21 +260,12 @@ impl Router {
             }
         };
         let prefill_blocks = prompt_blocks.saturating_sub(u64::from(overlap));
-        // Only the KV policy reads active blocks; the others skip the work.
-        let track_blocks = matches!(self.policy, RouterPolicy::Kv(_));
-        let partial = track_blocks && req.prompt_tokens % self.block_size != 0;
         let load = self.load_mut(w);
         load.requests += 1;
         load.queued_prefill_blocks += prefill_blocks;
-        if track_blocks {
-            for h in req.blocks {
-                *load.active.entry(*h).or_insert(0) += 1;
-            }
-            load.active_partial += u64::from(partial);
-        }
-        let blocks = if track_blocks { req.blocks.to_vec() } else { Vec::new() };
+        load.active_blocks += prompt_blocks;
         self.in_flight
-            .insert(req.id, InFlight { worker: w, prefill_blocks, prefilling: true, blocks, partial });
+            .insert(req.id, InFlight { worker: w, prompt_blocks, prefill_blocks, prefilling: true });
         Ok(w)
     }
 
@@ -300,15 +290,7 @@ impl Router {
         if f.prefilling {
             load.queued_prefill_blocks -= f.prefill_blocks;
         }
-        for h in &f.blocks {
-            if let Some(c) = load.active.get_mut(h) {
-                *c -= 1;
-                if *c == 0 {
-                    load.active.remove(h);
-                }
-            }
-        }
-        load.active_partial -= u64::from(f.partial);
+        load.active_blocks -= f.prompt_blocks;
     }
 
     fn pick_round_robin(&mut self) -> WorkerId {

@@ -56,9 +56,8 @@ fn kv_cost_prefers_overlap_until_load_outweighs_it() {
     r.apply_kv_events(WorkerId(1), &[KvEvent::Stored { parent: None, blocks: prompt.clone() }]);
     // Worker 1 caches all 8 blocks: cost 0 + 8 active vs worker 0: 8 + 0.
     assert_eq!(route(&mut r, 1, &prompt), WorkerId(1));
-    // Same prompt again: worker 1 has 8 active (shared blocks count once),
-    // worker 0 would need 8 prefill blocks: 8 vs 8 is a tie; a different
-    // unrelated prompt goes to worker 0 (16 + 0 vs 16 + 8).
+    // An unrelated 16-block prompt goes to worker 0: 16 + 0 there against
+    // 16 + 8 active blocks on worker 1.
     let other = chain(100..116);
     assert_eq!(route(&mut r, 2, &other), WorkerId(0));
     r.prefill_done(RequestId(2));
@@ -102,7 +101,7 @@ fn oracle_costs(r: &Router, prompt: &[BlockHash]) -> Vec<f64> {
                 .take_while(|h| r.index.blocks.get(h).is_some_and(|set| set.contains(w)))
                 .count() as f64;
             let l = r.load(w).unwrap();
-            (prompt.len() as f64 - overlap).max(0.0) + l.queued_prefill_blocks as f64 + l.active.len() as f64
+            (prompt.len() as f64 - overlap).max(0.0) + l.queued_prefill_blocks as f64 + l.active_blocks as f64
         })
         .collect()
 }

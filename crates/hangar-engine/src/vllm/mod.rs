@@ -167,7 +167,6 @@ impl VllmScheduler {
         self.requests.get(slot)
     }
 
-
     pub(crate) fn step(&mut self, now: f64, out: &mut Pass) {
         out.reset(now);
         let mut scheduled = std::mem::take(&mut self.scheduled);
