@@ -114,8 +114,10 @@ enum Kind {
     Arrive(u32),
     /// A worker's pass ends.
     PassEnd(u32),
-    /// Delayed KV events reach the router.
-    Kv(u32, Vec<KvEvent>),
+    /// Delayed KV events reach the router: the worker and the payload's
+    /// index in `Sim::delayed_kv` (kept out of the heap so events stay small
+    /// and cheap to sift).
+    Kv(u32, u32),
     /// Re-check the concurrency window (a follow-up turn became ready).
     Wake,
 }
@@ -148,7 +150,6 @@ impl Ord for Event {
 
 struct Worker {
     engine: EngineCore,
-    pass: Pass,
     busy: bool,
 }
 
@@ -162,6 +163,12 @@ struct Sim<'t> {
     /// known up front and already sorted.
     arrivals: VecDeque<(f64, u32)>,
     workers: Vec<Worker>,
+    /// Each worker's current (or last) pass. Apart from `workers` so a pass
+    /// can be read while the rest of the simulation is updated.
+    passes: Vec<Pass>,
+    /// Payloads of pending delayed KV deliveries; freed slots are reused.
+    delayed_kv: Vec<Vec<KvEvent>>,
+    free_kv: Vec<u32>,
     router: Router,
     kv_router: bool,
     collector: Collector,
@@ -191,7 +198,7 @@ pub fn simulate(
     for w in 0..cfg.workers {
         let mut engine = EngineCore::new(&cfg.engine, &load)?;
         engine.set_kv_events(kv_router);
-        workers.push(Worker { engine, pass: Pass::default(), busy: false });
+        workers.push(Worker { engine, busy: false });
         router.add_worker(WorkerId(w));
     }
     let mut sim = Sim {
@@ -200,6 +207,9 @@ pub fn simulate(
         heap: BinaryHeap::new(),
         seq: 0,
         arrivals: VecDeque::new(),
+        passes: (0..cfg.workers).map(|_| Pass::default()).collect(),
+        delayed_kv: Vec::new(),
+        free_kv: Vec::new(),
         workers,
         router,
         kv_router,
@@ -364,7 +374,11 @@ impl Sim<'_> {
         match kind {
             Kind::Arrive(i) => self.arrive(now, i),
             Kind::PassEnd(w) => self.pass_end(now, w),
-            Kind::Kv(w, events) => self.router.apply_kv_events(WorkerId(w), &events),
+            Kind::Kv(w, slot) => {
+                let events = std::mem::take(&mut self.delayed_kv[slot as usize]);
+                self.router.apply_kv_events(WorkerId(w), &events);
+                self.free_kv.push(slot);
+            }
             Kind::Wake => {
                 if now >= self.pending_wake {
                     self.pending_wake = f64::INFINITY;
@@ -398,10 +412,10 @@ impl Sim<'_> {
     }
 
     fn pass_end(&mut self, now: f64, w: u32) {
-        let worker = &mut self.workers[w as usize];
-        worker.busy = false;
-        let pass = std::mem::take(&mut worker.pass);
-        self.collector.pass(w, &pass);
+        self.workers[w as usize].busy = false;
+        let passes = std::mem::take(&mut self.passes);
+        let pass = &passes[w as usize];
+        self.collector.pass(w, pass);
         for t in &pass.tokens {
             if t.index == 0 {
                 self.router.prefill_done(t.request);
@@ -409,7 +423,17 @@ impl Sim<'_> {
         }
         if self.kv_router && !pass.kv_events.is_empty() {
             if self.cfg.kv_event_delay_ms > 0.0 {
-                self.push(now + self.cfg.kv_event_delay_ms, Kind::Kv(w, pass.kv_events.clone()));
+                let slot = match self.free_kv.pop() {
+                    Some(slot) => {
+                        self.delayed_kv[slot as usize].clone_from(&pass.kv_events);
+                        slot
+                    }
+                    None => {
+                        self.delayed_kv.push(pass.kv_events.clone());
+                        (self.delayed_kv.len() - 1) as u32
+                    }
+                };
+                self.push(now + self.cfg.kv_event_delay_ms, Kind::Kv(w, slot));
             } else {
                 self.router.apply_kv_events(WorkerId(w), &pass.kv_events);
             }
@@ -417,7 +441,7 @@ impl Sim<'_> {
         for &id in &pass.completed {
             self.request_done(now, id.0 as u32);
         }
-        self.workers[w as usize].pass = pass;
+        self.passes = passes;
         self.touched.push(w);
     }
 
@@ -451,12 +475,13 @@ impl Sim<'_> {
             if worker.busy || !worker.engine.has_work() {
                 continue;
             }
-            worker.engine.step(now, &mut worker.pass);
-            if worker.pass.is_idle() {
+            let pass = &mut self.passes[w as usize];
+            worker.engine.step(now, pass);
+            if pass.is_idle() {
                 continue;
             }
             worker.busy = true;
-            let end = worker.pass.end_ms;
+            let end = pass.end_ms;
             self.push(end, Kind::PassEnd(w));
         }
         touched.clear();
