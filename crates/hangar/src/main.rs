@@ -22,6 +22,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run an engine process (the mock LLM engine).
+    Engine(cmd::engine::Args),
     /// Replay a request trace through simulated engines and a router.
     Sim(cmd::sim::Args),
     /// Generate request traces.
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Engine(args) => cmd::engine::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Trace(args) => cmd::trace::run(args),
     };

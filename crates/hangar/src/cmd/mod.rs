@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+pub mod engine;
 pub mod sim;
 pub mod trace;
 

@@ -1,0 +1,415 @@
+//! The HTTP surface: OpenAI-compatible endpoints plus vLLM's health, sleep
+//! and metrics endpoints.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use hangar_core::RequestId;
+use hangar_engine::Prompt;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::driver::{Command, Progress};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::openai::{self, ChatRequest, CompletionRequest, EmbeddingRequest, Input};
+use crate::text;
+
+/// What every handler shares.
+pub(crate) struct AppState {
+    pub model: String,
+    pub block_size: u32,
+    pub embedding_dims: usize,
+    pub default_max_tokens: u32,
+    pub commands: mpsc::UnboundedSender<Command>,
+    pub asleep: watch::Receiver<bool>,
+    pub ready_at: Instant,
+    pub next_id: AtomicU64,
+    pub metrics: Metrics,
+}
+
+type Shared = Arc<AppState>;
+
+pub(crate) fn router(state: Shared, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/sleep", post(sleep))
+        .route("/wake_up", post(wake_up))
+        .route("/is_sleeping", get(is_sleeping))
+        .fallback(|| async {
+            ApiError { status: StatusCode::NOT_FOUND, ..ApiError::bad_request("no such endpoint", None) }
+        })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// A request in the engine: its id, prompt size and output identity, and
+/// the channel its progress arrives on.
+struct Run {
+    id: RequestId,
+    prompt_tokens: u32,
+    fingerprint: u64,
+    progress: mpsc::UnboundedReceiver<Progress>,
+}
+
+impl AppState {
+    fn check_ready(&self) -> Result<(), ApiError> {
+        if Instant::now() < self.ready_at {
+            return Err(ApiError::unavailable("the model is still loading; retry when /health answers 200"));
+        }
+        if *self.asleep.borrow() {
+            return Err(ApiError::unavailable("the engine is asleep; POST /wake_up first"));
+        }
+        Ok(())
+    }
+
+    fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        if model == self.model {
+            Ok(())
+        } else {
+            Err(ApiError::unknown_model(model))
+        }
+    }
+
+    fn submit(&self, tokens: Vec<u32>, max_tokens: u32) -> Result<Run, ApiError> {
+        if tokens.is_empty() {
+            return Err(ApiError::bad_request("the prompt is empty", Some("prompt".into())));
+        }
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let fingerprint = text::fingerprint(&tokens);
+        let prompt_tokens = tokens.len() as u32;
+        let prompt = Prompt::from_tokens(&tokens, self.block_size);
+        self.commands
+            .send(Command::Submit { id, prompt, max_tokens, progress: tx })
+            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+        Ok(Run { id, prompt_tokens, fingerprint, progress: rx })
+    }
+}
+
+fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    b.map_err(|r| ApiError { status: r.status(), ..ApiError::bad_request(r.body_text(), None) })
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn one_choice(n: Option<u32>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::bad_request(
+            format!("n = {n} is not supported; ask for 1 choice"),
+            Some("n".into()),
+        )),
+    }
+}
+
+fn input_tokens(input: Input) -> Vec<u32> {
+    match input {
+        Input::Text(t) => text::tokenize(&t),
+        Input::Tokens(t) => t,
+    }
+}
+
+fn usage(prompt: u32, completion: u32, cached: u32) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// Waits for a run to finish; returns its text, token count and cached
+/// prompt tokens.
+async fn collect(mut run: Run) -> Result<(String, u32, u32), ApiError> {
+    let mut out = String::new();
+    let mut n = 0;
+    while let Some(p) = run.progress.recv().await {
+        match p {
+            Progress::Token(i) => {
+                out.push_str(&text::output_piece(run.fingerprint, i));
+                n += 1;
+            }
+            Progress::Done { cached_tokens } => return Ok((out, n, cached_tokens)),
+            Progress::Refused(why) => return Err(refused(why)),
+        }
+    }
+    Err(ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        ..ApiError::bad_request("the engine stopped", None)
+    })
+}
+
+fn refused(why: String) -> ApiError {
+    ApiError { code: Some("context_length_exceeded"), ..ApiError::bad_request(why, Some("messages".into())) }
+}
+
+/// Streams a run as server-sent events; `chunk(text, finish)` renders one
+/// chunk, the usage chunk and `[DONE]` follow the last.
+fn stream(
+    mut run: Run,
+    include_usage: bool,
+    first: Option<Value>,
+    chunk: impl Fn(&str, Option<&str>) -> Value + Send + 'static,
+    usage_chunk: impl Fn(Value) -> Value + Send + 'static,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    tokio::spawn(async move {
+        let send = |v: Value| tx.send(Event::default().data(v.to_string()));
+        if let Some(first) = first {
+            if send(first).await.is_err() {
+                return;
+            }
+        }
+        let mut n = 0;
+        while let Some(p) = run.progress.recv().await {
+            match p {
+                Progress::Token(i) => {
+                    n += 1;
+                    if send(chunk(&text::output_piece(run.fingerprint, i), None)).await.is_err() {
+                        return; // Client gone: dropping `run` aborts the request.
+                    }
+                }
+                Progress::Done { cached_tokens } => {
+                    let _ = send(chunk("", Some("length"))).await;
+                    if include_usage {
+                        let _ = send(usage_chunk(usage(run.prompt_tokens, n, cached_tokens))).await;
+                    }
+                    let _ = tx.send(Event::default().data("[DONE]")).await;
+                    return;
+                }
+                Progress::Refused(why) => {
+                    let _ = send(json!({"error": {"message": why, "type": "invalid_request_error"}})).await;
+                    return;
+                }
+            }
+        }
+    });
+    let events =
+        futures::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) },
+        );
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+async fn chat(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let b = body(b)?;
+    s.check_ready()?;
+    let req: ChatRequest = openai::parse(&b)?;
+    s.check_model(&req.model)?;
+    one_choice(req.n)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "`messages` must hold at least one message",
+            Some("messages".into()),
+        ));
+    }
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(s.default_max_tokens);
+    if max_tokens == 0 {
+        return Err(ApiError::bad_request("`max_tokens` must be at least 1", Some("max_tokens".into())));
+    }
+    let run = s.submit(text::tokenize(&req.render()), max_tokens)?;
+    let id = format!("chatcmpl-{}", run.id.0);
+    let (model, created) = (s.model.clone(), unix_now());
+    if req.stream {
+        let include_usage = req.stream_options.unwrap_or_default().include_usage;
+        let base = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
+        let (b1, b2, b3) = (base.clone(), base.clone(), base);
+        let first = with(
+            &b1,
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]}),
+        );
+        return Ok(stream(
+            run,
+            include_usage,
+            Some(first),
+            move |t, fin| {
+                let delta = if fin.is_some() { json!({}) } else { json!({"content": t}) };
+                with(
+                    &b2,
+                    json!({"choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": fin}]}),
+                )
+            },
+            move |u| with(&b3, json!({"choices": [], "usage": u})),
+        ));
+    }
+    let prompt_tokens = run.prompt_tokens;
+    let (content, n, cached) = collect(run).await?;
+    Ok(Json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": null, "finish_reason": "length"}],
+        "usage": usage(prompt_tokens, n, cached),
+    }))
+    .into_response())
+}
+
+/// `base` with the fields of `extra` added.
+fn with(base: &Value, extra: Value) -> Value {
+    let mut v = base.clone();
+    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+        m.extend(e);
+    }
+    v
+}
+
+async fn completions(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let b = body(b)?;
+    s.check_ready()?;
+    let req: CompletionRequest = openai::parse(&b)?;
+    s.check_model(&req.model)?;
+    one_choice(req.n)?;
+    let mut inputs = req.prompt.into_inputs();
+    if inputs.len() != 1 {
+        return Err(ApiError::bad_request(
+            format!("{} prompts in one request are not supported; send one", inputs.len()),
+            Some("prompt".into()),
+        ));
+    }
+    let run = s.submit(input_tokens(inputs.remove(0)), req.max_tokens.unwrap_or(16))?;
+    let id = format!("cmpl-{}", run.id.0);
+    let (model, created) = (s.model.clone(), unix_now());
+    let base = json!({"id": id, "object": "text_completion", "created": created, "model": model});
+    if req.stream {
+        let include_usage = req.stream_options.unwrap_or_default().include_usage;
+        let (b1, b2) = (base.clone(), base);
+        return Ok(stream(
+            run,
+            include_usage,
+            None,
+            move |t, fin| {
+                with(
+                    &b1,
+                    json!({"choices": [{"index": 0, "text": t, "logprobs": null, "finish_reason": fin}]}),
+                )
+            },
+            move |u| with(&b2, json!({"choices": [], "usage": u})),
+        ));
+    }
+    let prompt_tokens = run.prompt_tokens;
+    let (text, n, cached) = collect(run).await?;
+    Ok(Json(with(
+        &base,
+        json!({
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}],
+            "usage": usage(prompt_tokens, n, cached),
+        }),
+    ))
+    .into_response())
+}
+
+async fn embeddings(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let b = body(b)?;
+    s.check_ready()?;
+    let req: EmbeddingRequest = openai::parse(&b)?;
+    s.check_model(&req.model)?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!("encoding_format `{other}` is neither `float` nor `base64`"),
+                Some("encoding_format".into()),
+            ))
+        }
+    };
+    let dims = req.dimensions.unwrap_or(s.embedding_dims);
+    if dims == 0 || dims > s.embedding_dims {
+        return Err(ApiError::bad_request(
+            format!("dimensions must be between 1 and {}", s.embedding_dims),
+            Some("dimensions".into()),
+        ));
+    }
+    let inputs = req.input.into_inputs();
+    if inputs.is_empty() {
+        return Err(ApiError::bad_request("`input` is empty", Some("input".into())));
+    }
+    // Every input is a prefill-only request, so embeddings take the time
+    // and batch slots they would on the engine.
+    let mut runs = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let tokens = input_tokens(input);
+        let vector = text::embedding(&tokens, dims);
+        runs.push((s.submit(tokens, 0)?, vector));
+    }
+    let mut data = Vec::with_capacity(runs.len());
+    let mut prompt_tokens = 0;
+    for (i, (run, vector)) in runs.into_iter().enumerate() {
+        prompt_tokens += run.prompt_tokens;
+        collect(run).await?;
+        let embedding = if base64 {
+            let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+        } else {
+            json!(vector)
+        };
+        data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
+    }
+    Ok(Json(json!({
+        "object": "list", "data": data, "model": s.model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }))
+    .into_response())
+}
+
+async fn models(State(s): State<Shared>) -> Json<Value> {
+    Json(
+        json!({"object": "list", "data": [{"id": s.model, "object": "model", "created": 0, "owned_by": "hangar"}]}),
+    )
+}
+
+async fn health(State(s): State<Shared>) -> Response {
+    if Instant::now() < s.ready_at {
+        return ApiError::unavailable("the model is still loading").into_response();
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render()).into_response()
+}
+
+async fn sleep(State(s): State<Shared>) -> Result<Response, ApiError> {
+    let (reply, rx) = oneshot::channel();
+    s.commands.send(Command::Sleep { reply }).map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+    match rx.await {
+        Ok(Ok(())) => Ok(StatusCode::OK.into_response()),
+        Ok(Err(n)) => Err(ApiError {
+            status: StatusCode::CONFLICT,
+            ..ApiError::bad_request(format!("{n} requests are in flight; sleep when idle"), None)
+        }),
+        Err(_) => Err(ApiError::unavailable("the engine has stopped")),
+    }
+}
+
+async fn wake_up(State(s): State<Shared>) -> Result<Response, ApiError> {
+    let (reply, rx) = oneshot::channel();
+    s.commands.send(Command::Wake { reply }).map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+    rx.await.map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn is_sleeping(State(s): State<Shared>) -> Json<Value> {
+    Json(json!({"is_sleeping": *s.asleep.borrow()}))
+}

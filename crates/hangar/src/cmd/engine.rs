@@ -1,0 +1,118 @@
+//! `hangar engine`: run an engine process.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args as ClapArgs, Subcommand};
+use hangar_engine::EngineConfig;
+use hangar_mock_engine::{preset, presets, MockConfig};
+
+use super::read_text;
+
+/// Run an engine process.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the mock LLM engine: an OpenAI-compatible HTTP server driving
+    /// the simulator's engine core in real time (no GPU needed).
+    ///
+    /// Prints `listening on http://HOST:PORT` on standard output once bound,
+    /// so `--port 0` can be used and the port read back. SIGTERM or Ctrl-C
+    /// stops it after the requests in flight.
+    Mock(MockArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct MockArgs {
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Engine preset: default, fast, instant or sglang.
+    #[arg(long, default_value = "default")]
+    preset: String,
+    /// Model name served (what clients put in `model`).
+    #[arg(long, default_value = "mock-llm")]
+    model: String,
+    /// Engine configuration file (TOML), replacing the preset's engine.
+    #[arg(long)]
+    engine_config: Option<PathBuf>,
+    /// Milliseconds the server reports "loading" after start.
+    #[arg(long, default_value_t = 0)]
+    startup_delay_ms: u64,
+    /// Milliseconds `/wake_up` takes.
+    #[arg(long, default_value_t = 0)]
+    wake_delay_ms: u64,
+    /// Output tokens when a request sets no `max_tokens`.
+    #[arg(long, default_value_t = 16)]
+    default_max_tokens: u32,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Command::Mock(a) = args.command;
+    let Some(p) = preset(&a.preset) else {
+        let names: Vec<&str> = presets().iter().map(|p| p.name).collect();
+        bail!("unknown preset `{}`; choose one of {}", a.preset, names.join(", "));
+    };
+    let mut config = MockConfig::from_preset(&p, a.model);
+    if let Some(path) = &a.engine_config {
+        config.engine = toml::from_str::<EngineConfig>(&read_text(path)?)
+            .with_context(|| format!("invalid engine config {}", path.display()))?;
+    }
+    config.startup_delay = Duration::from_millis(a.startup_delay_ms);
+    config.wake_delay = Duration::from_millis(a.wake_delay_ms);
+    config.default_max_tokens = a.default_max_tokens;
+    config.max_body_bytes = a.max_body_bytes;
+    let base = a.engine_config.as_ref().and_then(|p| p.parent().map(PathBuf::from));
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", a.host, a.port))?;
+        let addr = listener.local_addr()?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on http://{addr}")?;
+        out.flush()?;
+        drop(out);
+        tracing::info!(%addr, preset = p.name, "mock engine serving");
+        hangar_mock_engine::serve(
+            config,
+            listener,
+            |path| {
+                let p = base.as_ref().map_or_else(|| PathBuf::from(path), |b| b.join(path));
+                std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+            },
+            shutdown_signal(),
+        )
+        .await?;
+        Ok(())
+    })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,58 @@
+//! `hangar engine mock` as a supervisor runs it: a child process on a free
+//! port, read back from its first line, killed at the end.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// Kills the child even when the test fails.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(args: &[&str]) -> (Guard, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["engine", "mock", "--port", "0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start hangar");
+    let stdout = child.stdout.take().unwrap();
+    let guard = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let url = line.trim().strip_prefix("listening on ").expect("the first line names the address").to_owned();
+    (guard, url)
+}
+
+#[test]
+fn the_mock_engine_process_serves_on_the_port_it_prints() {
+    let (_guard, url) = spawn(&["--preset", "fast", "--model", "demo"]);
+    let models: serde_json::Value =
+        reqwest::blocking::get(format!("{url}/v1/models")).unwrap().json().unwrap();
+    assert_eq!(models["data"][0]["id"], "demo");
+    let r: serde_json::Value = reqwest::blocking::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "demo", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(r["usage"]["completion_tokens"], 3);
+}
+
+#[test]
+fn an_unknown_preset_is_a_clear_error() {
+    let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["engine", "mock", "--preset", "gpt"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("unknown preset `gpt`; choose one of default, fast, instant, sglang"), "{err}");
+}
