@@ -21,12 +21,18 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Dry-run replica placement for a scenario file: decisions, evictions
+    /// and the deployment delta.
+    Plan(cmd::plan::Args),
+}
 
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    let result = match cli.command {};
+    let result = match cli.command {
+        Command::Plan(args) => cmd::plan::run(args),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => cmd::report(&err),
