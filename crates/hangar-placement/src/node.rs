@@ -175,8 +175,9 @@ impl Node {
     }
 
     /// Warm entries that would be dropped, smallest first, so that `size`
-    /// more bytes fit in the cache; `None` if even dropping every entry would
-    /// not make room (then nothing is dropped and the newcomer goes cold).
+    /// more bytes fit in the cache; `None` if even dropping every droppable
+    /// entry would not make room (then nothing is dropped and the newcomer
+    /// goes cold). Dedicated entries are never dropped.
     pub(crate) fn cache_room_for(&self, size: u64) -> Option<Vec<(ModelKey, ReplicaId)>> {
         if size > self.cache_budget {
             return None;
@@ -186,7 +187,7 @@ impl Node {
             return Some(Vec::new());
         }
         let mut shortfall = size - free;
-        let mut entries: Vec<&Deployment> = self.warm_deployments().collect();
+        let mut entries: Vec<&Deployment> = self.warm_deployments().filter(|d| !d.dedicated).collect();
         entries.sort_by_key(|d| (d.size_bytes, d.replica_id));
         let mut drop = Vec::new();
         for d in entries {
