@@ -55,7 +55,7 @@ pub enum Unplaceable {
     /// Nodes are big enough, but the room is held by deployments that may not
     /// be evicted: dedicated ones, ones younger than `min_deployment_age_ms`
     /// (for non-dedicated requests), replicas of the same model, or replicas
-    /// placed earlier in the same call.
+    /// the same call placed or counted as deployed.
     NoRoom,
 }
 

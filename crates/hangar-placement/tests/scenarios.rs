@@ -73,7 +73,10 @@ fn cached_and_free_promotes_the_warm_replica_on_its_node() {
     let before = c.snapshot();
     let out = c.deploy(&[req("mid", 1)], 5, &mut rng());
     let r = &out.models[0].replicas[0];
-    assert_eq!((r.level, r.replica_id, r.node.as_ref().unwrap().as_str()), (CandidateLevel::CachedAndFree, Some(rid(7)), "b"));
+    assert_eq!(
+        (r.level, r.replica_id, r.node.as_ref().unwrap().as_str()),
+        (CandidateLevel::CachedAndFree, Some(rid(7)), "b")
+    );
     assert_eq!(c.node(&"b".parse().unwrap()).unwrap().cache_used(), 0);
     let delta = assert_delta_round_trips(&before, &c.snapshot());
     assert_eq!(delta.from_cache.len(), 1);
@@ -101,7 +104,8 @@ fn cached_and_full_evicts_to_promote_and_the_evicted_goes_warm() {
     let delta = assert_delta_round_trips(&before, &c.snapshot());
     assert_eq!((delta.to_cache.len(), delta.from_cache.len()), (1, 1));
     // The release comes before the claim.
-    let actions: Vec<Action> = delta.by_node()[&"a".parse::<hangar_placement::NodeId>().unwrap()].iter().map(|s| s.action).collect();
+    let actions: Vec<Action> =
+        delta.by_node()[&"a".parse::<hangar_placement::NodeId>().unwrap()].iter().map(|s| s.action).collect();
     assert_eq!(actions, vec![Action::ToCache, Action::FromCache]);
     c.check_invariants().unwrap();
 }
@@ -160,7 +164,10 @@ fn warm_cache_drops_smallest_first_only_when_that_covers_the_shortfall() {
     // 60 GB cached + 70 GB = 130 GB: 30 GB short; dropping 10 then 20 covers it.
     let ev = c.evict_replica(&key("h70"), &rid(4)).unwrap();
     let got: Vec<(u128, Level, Level)> = ev.iter().map(|e| (e.replica_id.as_u128(), e.from, e.to)).collect();
-    assert_eq!(got, vec![(4, Level::Hot, Level::Warm), (1, Level::Warm, Level::Cold), (2, Level::Warm, Level::Cold)]);
+    assert_eq!(
+        got,
+        vec![(4, Level::Hot, Level::Warm), (1, Level::Warm, Level::Cold), (2, Level::Warm, Level::Cold)]
+    );
     assert_eq!(ev[1].cause, EvictionCause::CacheRoom { replica_id: rid(4) });
     let a = c.node(&"a".parse().unwrap()).unwrap();
     assert_eq!(a.cache_used(), 100 * GB);
@@ -261,7 +268,8 @@ fn schedules_dedicate_while_active_and_release_after() {
         "#,
     );
     let schedule =
-        Schedule::new(vec![Window { model_key: key("whole"), replicas: 2, start_ms: 0, end_ms: 10 * HOUR }]).unwrap();
+        Schedule::new(vec![Window { model_key: key("whole"), replicas: 2, start_ms: 0, end_ms: 10 * HOUR }])
+            .unwrap();
     let out = c.apply_schedule(&schedule, 0, &mut rng());
     assert_eq!(out.models[0].hot(), 2);
     assert!(c.replicas_of(&key("whole"), Level::Hot).iter().all(|d| d.dedicated));
@@ -355,4 +363,30 @@ fn the_same_seed_gives_the_same_placement() {
         c.snapshot()
     };
     assert_eq!(run(), run());
+}
+
+#[test]
+fn a_later_model_in_the_batch_never_evicts_what_an_earlier_one_counted() {
+    let mut c = cluster(
+        r#"
+        [[nodes]]
+        id = "a"
+        gpus = 1
+        gpu_memory = "80GB"
+        [models.keep]
+        size = "30GB"
+        [models.small]
+        size = "20GB"
+        "#,
+    );
+    hot(&mut c, "keep", 1, "a", &[0]);
+    // `keep` (larger) is handled first and counts its hot replica; `small`
+    // must not then evict it, old as it is.
+    let out = c.deploy(&[req("keep", 1), req("small", 1)], 10 * HOUR, &mut rng());
+    assert_eq!(out.models[0].replicas[0].level, CandidateLevel::Deployed);
+    assert_eq!(out.models[1].replicas[0].reason, Some(Unplaceable::NoRoom));
+    assert!(out.evictions.is_empty());
+    // Asked alone, `small` may evict it.
+    let out = c.deploy(&[req("small", 1)], 10 * HOUR, &mut rng());
+    assert_eq!(out.models[0].replicas[0].level, CandidateLevel::Full);
 }

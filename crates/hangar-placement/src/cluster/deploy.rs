@@ -44,18 +44,19 @@ struct Ask<'a> {
     size: u64,
     dedicated: bool,
     now: Millis,
-    /// Replicas placed earlier in this call: never evicted by it.
-    placed: &'a BTreeSet<ReplicaId>,
+    /// Replicas this call placed or counted as deployed: never evicted by it
+    /// (else a later model of the batch could undo an earlier one).
+    kept: &'a BTreeSet<ReplicaId>,
     min_age: Millis,
 }
 
 impl Ask<'_> {
-    /// Only non-dedicated deployments of other models, not placed in this
+    /// Only non-dedicated deployments of other models, not kept by this
     /// call, are evictable; a non-dedicated ask also spares the young.
     fn may_evict(&self, d: &Deployment) -> bool {
         !d.dedicated
             && d.model_key != *self.model
-            && !self.placed.contains(&d.replica_id)
+            && !self.kept.contains(&d.replica_id)
             && (self.dedicated || self.now.saturating_sub(d.deployed_at_ms) >= self.min_age)
     }
 }
@@ -101,9 +102,9 @@ impl Cluster {
         order.sort_by_key(|&(k, _, _)| (std::cmp::Reverse(self.model_size(k)), k));
 
         let mut out = DeployOutcome::default();
-        let mut placed = BTreeSet::new();
+        let mut kept = BTreeSet::new();
         for (model, replicas, dedicated) in order {
-            let outcome = self.deploy_model(model, replicas, dedicated, now, rng, &mut placed, &mut out);
+            let outcome = self.deploy_model(model, replicas, dedicated, now, rng, &mut kept, &mut out);
             out.models.push(outcome);
         }
         out.changed |= !out.evictions.is_empty();
@@ -118,7 +119,7 @@ impl Cluster {
         dedicated: bool,
         now: Millis,
         rng: &mut R,
-        placed: &mut BTreeSet<ReplicaId>,
+        kept: &mut BTreeSet<ReplicaId>,
         out: &mut DeployOutcome,
     ) -> ModelOutcome {
         let mut outcome =
@@ -139,9 +140,10 @@ impl Cluster {
                 reason: None,
             })
             .collect();
+        kept.extend(outcome.replicas.iter().filter_map(|r| r.replica_id));
         let missing = (replicas as usize).saturating_sub(outcome.replicas.len());
         for i in 0..missing {
-            let ask = Ask { model, size, dedicated, now, placed, min_age: self.config.min_deployment_age_ms };
+            let ask = Ask { model, size, dedicated, now, kept, min_age: self.config.min_deployment_age_ms };
             let Some(plan) = self.best_plan(&ask, rng) else {
                 // Nothing changed since this attempt, so the rest fail alike.
                 let reason = self.why_not(size);
@@ -151,7 +153,7 @@ impl Cluster {
             let level = plan.level;
             let cost = plan.cost;
             let dep = self.commit(plan, model, dedicated, now, rng, &mut out.evictions);
-            placed.insert(dep.replica_id);
+            kept.insert(dep.replica_id);
             out.changed = true;
             outcome.replicas.push(ReplicaOutcome {
                 replica_id: Some(dep.replica_id),
