@@ -122,7 +122,11 @@ fn bench_group(crit: &mut Criterion, name: &str, fill: f64, sizes: &[usize]) {
         group.bench_with_input(BenchmarkId::from_parameter(nodes), &nodes, |b, _| {
             b.iter_batched(
                 || (base.clone(), ChaCha8Rng::seed_from_u64(3)),
-                |(mut c, mut rng)| c.deploy(&reqs, 2 * HOUR, &mut rng),
+                // Returning the cluster lets criterion drop it untimed.
+                |(mut c, mut rng)| {
+                    let out = c.deploy(&reqs, 2 * HOUR, &mut rng);
+                    (c, out)
+                },
                 BatchSize::LargeInput,
             )
         });
@@ -138,5 +142,9 @@ fn place_full(crit: &mut Criterion) {
     bench_group(crit, "place_100_full_evicting", 1.0, &[100, 1_000]);
 }
 
-criterion_group!(benches, place_half_full, place_full);
+criterion_group! {
+    name = benches;
+    config = Criterion::default();
+    targets = place_half_full, place_full
+}
 criterion_main!(benches);

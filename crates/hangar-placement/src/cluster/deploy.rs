@@ -200,7 +200,20 @@ impl Cluster {
             self.consider_evicting(ni, CandidateLevel::CachedAndFull, Some(id), ask, &mut ties);
         }
         if ties.is_empty() {
-            for ni in 0..self.nodes.len() {
+            // Best-first: nodes by a lower bound on what they must evict, so
+            // the scan stops once no remaining node can match the best set.
+            let mut order: Vec<(u64, usize)> = (0..self.nodes.len())
+                .filter_map(|ni| {
+                    let node = &self.nodes[ni];
+                    let shape = Shape::for_model(&self.config, ask.size, node.gpu_memory())?;
+                    Some((eviction_lower_bound(node, shape)?, ni))
+                })
+                .collect();
+            order.sort_unstable();
+            for (bound, ni) in order {
+                if ties.first().is_some_and(|p| bound > p.cost.bytes) {
+                    break;
+                }
                 self.consider_evicting(ni, CandidateLevel::Full, None, ask, &mut ties);
             }
         }
@@ -394,6 +407,27 @@ fn pick<'t, T, R: Rng + ?Sized>(ties: &'t [T], rng: &mut R) -> Option<&'t T> {
     pick_index(ties.len(), rng).map(|i| &ties[i])
 }
 
+/// A lower bound on the bytes `node` must evict to host `shape`, or `None`
+/// if it never can (too few GPUs). Every evicted tenant costs at least the
+/// bytes it frees, so a share costs at least its shortfall on the emptiest
+/// GPU, and k whole GPUs at least the bytes used on the k least-used GPUs.
+fn eviction_lower_bound(node: &Node, shape: Shape) -> Option<u64> {
+    match shape {
+        Shape::Share { need_free, .. } => {
+            (!node.gpus().is_empty()).then(|| need_free.saturating_sub(node.max_free()))
+        }
+        Shape::Whole { gpus } => {
+            let k = gpus as usize;
+            if k > node.gpus().len() {
+                return None;
+            }
+            let mut used: Vec<u64> = node.gpus().iter().map(|g| g.total_bytes - g.free_bytes).collect();
+            used.select_nth_unstable(k - 1);
+            Some(used[..k].iter().sum())
+        }
+    }
+}
+
 /// The cheapest room `node` can make for `shape` by evicting what `ask`
 /// may evict, costing at most `limit`.
 fn evicting_room(node: &Node, shape: Shape, ask: &Ask<'_>, limit: Option<EvictionCost>) -> Option<Eviction_> {
@@ -414,6 +448,9 @@ fn evicting_room(node: &Node, shape: Shape, ask: &Ask<'_>, limit: Option<Evictio
             let mut limit = limit;
             for g in node.gpus() {
                 let need = need_free.saturating_sub(g.free_bytes);
+                if limit.is_some_and(|l| need > l.bytes) {
+                    continue; // evicting costs at least the bytes freed
+                }
                 let idx: Vec<usize> =
                     on_gpu[g.index as usize].iter().copied().filter(|&t| evictable[t]).collect();
                 let items: Vec<Item> = idx
