@@ -10,6 +10,9 @@
 //!
 //! Run: `cargo bench -p hangar-placement --bench placement`.
 
+// `criterion_group!` defines an undocumented public function.
+#![allow(missing_docs)]
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
@@ -142,9 +145,5 @@ fn place_full(crit: &mut Criterion) {
     bench_group(crit, "place_100_full_evicting", 1.0, &[100, 1_000]);
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default();
-    targets = place_half_full, place_full
-}
+criterion_group!(benches, place_half_full, place_full);
 criterion_main!(benches);

@@ -5,10 +5,13 @@
 //! level by level and stops at the first level that has a candidate, so the
 //! common case (some node has room) costs O(1) per node: each node keeps its
 //! largest free GPU and its count of empty GPUs up to date. Only when no node
-//! has room does it run the exact eviction search (see [`crate::eviction`])
-//! node by node, each node bounded by the best set found so far. Among nodes
-//! that need evictions, the one evicting the fewest bytes (then the fewest
-//! deployments) wins, and ties go to the rng.
+//! has room does it run the exact eviction search (see [`crate::eviction`]),
+//! best-first: nodes are visited in order of a cheap lower bound on the bytes
+//! they must evict (the shortfall on their emptiest GPU for a share, the
+//! bytes used on their k least-used GPUs for k whole GPUs), each search is
+//! bounded by the best set found so far, and the scan stops once the bound
+//! exceeds it. Among nodes that need evictions, the one evicting the fewest
+//! bytes (then the fewest deployments) wins, and ties go to the rng.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,7 +65,7 @@ impl Ask<'_> {
 }
 
 /// Room a node can make by evicting: the reservation, who goes, the cost.
-type Eviction_ = (BTreeMap<u32, u64>, Vec<(ModelKey, ReplicaId)>, EvictionCost);
+type Room = (BTreeMap<u32, u64>, Vec<(ModelKey, ReplicaId)>, EvictionCost);
 
 impl Cluster {
     /// Makes each requested model have at least `replicas` hot replicas.
@@ -430,7 +433,7 @@ fn eviction_lower_bound(node: &Node, shape: Shape) -> Option<u64> {
 
 /// The cheapest room `node` can make for `shape` by evicting what `ask`
 /// may evict, costing at most `limit`.
-fn evicting_room(node: &Node, shape: Shape, ask: &Ask<'_>, limit: Option<EvictionCost>) -> Option<Eviction_> {
+fn evicting_room(node: &Node, shape: Shape, ask: &Ask<'_>, limit: Option<EvictionCost>) -> Option<Room> {
     let tenants: Vec<&Deployment> = node.hot_deployments().collect();
     let mut on_gpu: Vec<Vec<usize>> = vec![Vec::new(); node.gpus().len()];
     for (t, d) in tenants.iter().enumerate() {
@@ -480,6 +483,92 @@ fn evicting_room(node: &Node, shape: Shape, ask: &Ask<'_>, limit: Option<Evictio
             let (chosen, evicted, cost) = min_clear(&clearable, &costs, gpus as usize, limit)?;
             let alloc = chosen.into_iter().map(|g| (g, node.gpus()[g as usize].total_bytes)).collect();
             Some((alloc, names(&evicted), cost))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::cluster::Restore;
+    use crate::config::{ClusterConfig, NodeConfig};
+    use crate::sizing::ModelSpec;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn filled(nodes: &[u32], sizes: &[u64], fill: &[(usize, usize)]) -> Cluster {
+        let config = ClusterConfig {
+            nodes: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &gpus)| NodeConfig {
+                    id: format!("n{i}").parse().unwrap(),
+                    gpus,
+                    gpu_memory: Some(hangar_core::ByteSize::new(80 * GB)),
+                    gpu_kind: None,
+                    virtual_gpus: false,
+                    cpu_cache: hangar_core::ByteSize::new(0),
+                })
+                .collect(),
+            models: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &gb)| {
+                    let spec =
+                        ModelSpec { size: Some(hangar_core::ByteSize::new(gb * GB)), ..Default::default() };
+                    (format!("m{i}").parse().unwrap(), spec)
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut c = Cluster::new(config).unwrap();
+        for (n, &(model, node)) in fill.iter().enumerate() {
+            let _ = c.restore(Restore {
+                model_key: format!("m{}", model % sizes.len()).parse().unwrap(),
+                replica_id: ReplicaId::from_u128(n as u128 + 1),
+                node: format!("n{}", node % nodes.len()).parse().unwrap(),
+                level: Level::Hot,
+                gpus: None,
+                dedicated: n % 7 == 0,
+                deployed_at_ms: (n as u64 % 3) * 1_000_000,
+            });
+        }
+        c
+    }
+
+    proptest! {
+        /// The best-first scan with bounds finds what scanning every node
+        /// without bounds finds.
+        #[test]
+        fn best_first_scan_matches_exhaustive_scan(
+            nodes in prop::collection::vec(1u32..5, 1..6),
+            sizes in prop::collection::vec(1u64..250, 2..6),
+            fill in prop::collection::vec((0usize..8, 0usize..8), 0..60),
+            ask_model in 0usize..6,
+            dedicated: bool,
+        ) {
+            let c = filled(&nodes, &sizes, &fill);
+            let model: ModelKey = format!("m{}", ask_model % sizes.len()).parse().unwrap();
+            let size = c.model_size(&model).unwrap();
+            let kept = BTreeSet::new();
+            let ask = Ask { model: &model, size, dedicated, now: 7_200_000, kept: &kept, min_age: 3_600_000 };
+            let exhaustive = c
+                .nodes
+                .iter()
+                .filter_map(|n| {
+                    let shape = Shape::for_model(&c.config, size, n.gpu_memory())?;
+                    if fits(n, shape) {
+                        return Some(EvictionCost::default());
+                    }
+                    evicting_room(n, shape, &ask, None).map(|r| r.2)
+                })
+                .min();
+            let got = c.best_plan(&ask, &mut ChaCha8Rng::seed_from_u64(1)).map(|p| p.cost);
+            prop_assert_eq!(got, exhaustive);
         }
     }
 }
