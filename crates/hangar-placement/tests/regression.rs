@@ -11,16 +11,13 @@ use hangar_placement::{CandidateLevel, EvictionCost, Level, Unplaceable};
 /// FREE, and the reservation then raised an uncaught error.
 #[test]
 fn failed_fractional_search_is_not_reported_free() {
-    let text = r#"
-        [[nodes]]
-        id = "a"
-        gpus = 2
-        gpu_memory = "80GB"
+    let text = &(node("a", 2, "0B")
+        + r#"
         [models.tenant]
         size = "13333333334"   # share 40 GB: each GPU keeps 40 GB (50 %) free
         [models.mid]
         size = "20GB"          # share 60 GB: fits no GPU as is
-    "#;
+    "#);
     let mut c = cluster(text);
     hot(&mut c, "tenant", 1, "a", &[0]);
     hot(&mut c, "tenant", 2, "a", &[1]);
@@ -44,16 +41,13 @@ fn failed_fractional_search_is_not_reported_free() {
 /// has.
 #[test]
 fn whole_gpu_claim_never_shares_a_gpu_with_a_fractional_tenant() {
-    let text = r#"
-        [[nodes]]
-        id = "a"
-        gpus = 2
-        gpu_memory = "80GB"
+    let text = &(node("a", 2, "0B")
+        + r#"
         [models.small]
         size = "10GB"          # share 30 GB
         [models.whole]
         size = "25GB"          # 75 GB ≥ 64 GB: the whole GPU
-    "#;
+    "#);
     // An empty GPU is taken rather than the one with a tenant.
     let mut c = cluster(text);
     hot(&mut c, "small", 1, "a", &[0]);
@@ -87,11 +81,8 @@ fn whole_gpu_claim_never_shares_a_gpu_with_a_fractional_tenant() {
 /// deployments where one larger one frees enough for fewer bytes.
 #[test]
 fn one_larger_eviction_beats_two_smaller_greedy_ones() {
-    let text = r#"
-        [[nodes]]
-        id = "a"
-        gpus = 1
-        gpu_memory = "80GB"
+    let text = &(node("a", 1, "0B")
+        + r#"
         [models.s15]
         size = "5GB"           # share 15 GB
         [models.s18]
@@ -100,7 +91,7 @@ fn one_larger_eviction_beats_two_smaller_greedy_ones() {
         size = "10GB"          # share 30 GB
         [models.new]
         size = "15GB"          # share 45 GB; 17 GB free, so 28 GB more needed
-    "#;
+    "#);
     let mut c = cluster(text);
     hot(&mut c, "s15", 1, "a", &[0]);
     hot(&mut c, "s18", 2, "a", &[0]);
@@ -117,12 +108,8 @@ fn one_larger_eviction_beats_two_smaller_greedy_ones() {
 /// node while its warm copy still existed, giving two actors one name.
 #[test]
 fn warm_replica_id_is_never_created_on_another_node() {
-    let text = r#"
-        [[nodes]]
-        id = "a"
-        gpus = 1
-        gpu_memory = "80GB"
-        cpu_cache = "100GB"
+    let text = &(node("a", 1, "100GB")
+        + r#"
         [[nodes]]
         id = "b"
         gpus = 1
@@ -131,7 +118,7 @@ fn warm_replica_id_is_never_created_on_another_node() {
         size = "25GB"
         [models.m]
         size = "20GB"
-    "#;
+    "#);
     let mut c = cluster(text);
     // a is held by a young blocker, so the warm copy there cannot be promoted.
     c.deploy(&[req("blocker", 1)], 0, &mut rng());

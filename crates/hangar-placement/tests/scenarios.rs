@@ -113,17 +113,13 @@ fn cached_and_full_evicts_to_promote_and_the_evicted_goes_warm() {
 #[test]
 fn full_evicts_and_the_evicted_goes_cold_when_the_cache_is_too_small() {
     let mut c = cluster(
-        r#"
-        [[nodes]]
-        id = "a"
-        gpus = 1
-        gpu_memory = "80GB"
-        cpu_cache = "10GB"
+        &(node("a", 1, "10GB")
+            + r#"
         [models.old]
         size = "25GB"
         [models.new]
         size = "30GB"
-        "#,
+        "#),
     );
     hot(&mut c, "old", 1, "a", &[0]);
     let before = c.snapshot();
@@ -139,12 +135,8 @@ fn full_evicts_and_the_evicted_goes_cold_when_the_cache_is_too_small() {
 
 #[test]
 fn warm_cache_drops_smallest_first_only_when_that_covers_the_shortfall() {
-    let text = r#"
-        [[nodes]]
-        id = "a"
-        gpus = 1
-        gpu_memory = "80GB"
-        cpu_cache = "100GB"
+    let text = &(node("a", 1, "100GB")
+        + r#"
         [models.w10]
         size = "10GB"
         [models.w20]
@@ -155,7 +147,7 @@ fn warm_cache_drops_smallest_first_only_when_that_covers_the_shortfall() {
         size = "70GB"
         [models.h90]
         size = "79GB"
-    "#;
+    "#);
     let mut c = cluster(text);
     warm(&mut c, "w10", 1, "a");
     warm(&mut c, "w20", 2, "a");
@@ -203,16 +195,13 @@ fn multi_gpu_takes_exactly_the_gpus_it_needs() {
 #[test]
 fn largest_models_are_placed_first() {
     let mut c = cluster(
-        r#"
-        [[nodes]]
-        id = "a"
-        gpus = 2
-        gpu_memory = "80GB"
+        &(node("a", 2, "0B")
+            + r#"
         [models.big]
         size = "160GB"
         [models.mid]
         size = "20GB"
-        "#,
+        "#),
     );
     // Listed small first; the big one still gets both GPUs.
     let out = c.deploy(&[req("mid", 1), req("big", 1)], 0, &mut rng());
@@ -254,18 +243,15 @@ fn dedicated_replicas_are_never_evicted_by_pressure() {
 #[test]
 fn schedules_dedicate_while_active_and_release_after() {
     let mut c = cluster(
-        r#"
-        [[nodes]]
-        id = "a"
-        gpus = 2
-        gpu_memory = "80GB"
+        &(node("a", 2, "0B")
+            + r#"
         [models.whole]
         size = "25GB"
         [models.big]
         size = "160GB"
         [models.mid]
         size = "20GB"
-        "#,
+        "#),
     );
     let schedule =
         Schedule::new(vec![Window { model_key: key("whole"), replicas: 2, start_ms: 0, end_ms: 10 * HOUR }])
@@ -368,16 +354,13 @@ fn the_same_seed_gives_the_same_placement() {
 #[test]
 fn a_later_model_in_the_batch_never_evicts_what_an_earlier_one_counted() {
     let mut c = cluster(
-        r#"
-        [[nodes]]
-        id = "a"
-        gpus = 1
-        gpu_memory = "80GB"
+        &(node("a", 1, "0B")
+            + r#"
         [models.keep]
         size = "30GB"
         [models.small]
         size = "20GB"
-        "#,
+        "#),
     );
     hot(&mut c, "keep", 1, "a", &[0]);
     // `keep` (larger) is handled first and counts its hot replica; `small`

@@ -15,6 +15,11 @@ pub fn cluster(toml_text: &str) -> Cluster {
     Cluster::new(config).expect("test config is valid")
 }
 
+/// TOML for one node of `gpus` × 80 GB GPUs and `cpu_cache` of warm cache.
+pub fn node(id: &str, gpus: u32, cpu_cache: &str) -> String {
+    format!("[[nodes]]\nid = \"{id}\"\ngpus = {gpus}\ngpu_memory = \"80GB\"\ncpu_cache = \"{cpu_cache}\"\n")
+}
+
 pub fn rng() -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(42)
 }
