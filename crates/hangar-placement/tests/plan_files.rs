@@ -151,9 +151,33 @@ fn json_errors_name_the_field_and_line() {
     let e = json_err("{\"seed\": 1} trailing");
     assert!(e.line.is_some(), "{e}");
 
-    // Semantic errors in JSON name the field (lines are TOML-only).
-    let e = json_err(
-        r#"{"nodes": [{"id": "a", "gpus": 1, "gpu_memory": "80GB"}], "deployments": [{"model": "m", "node": "a"}]}"#,
-    );
-    assert_eq!(e.path.to_string(), "deployments[0].model", "{e}");
+    // Errors found while planning are located in JSON too, past strings
+    // with escapes, nested values and scalars.
+    let text = r#"{
+  "seed": 3, "now_ms": 1500,
+  "nodes": [{"id": "a", "gpus": 1, "gpu_memory": "80GB", "cpu_cache": 0},
+            {"id": "b", "gpus": 2, "virtual_gpus": true}],
+  "models": {"m": {"size": "20GB"}}
+}"#;
+    let e = json_err(text);
+    assert_eq!((e.path.to_string(), e.line), ("nodes[1].gpu_memory".into(), Some(4)), "{e}");
+
+    let text = r#"{
+  "nodes": [{"id": "a", "gpus": 1, "gpu_memory": "80GB", "gpu_kind": "H\"100\\", "virtual_gpus": false}],
+  "models": {"m": {"size": "20GB"}, "acme/x": {"parameters": 7, "size": "1GB"}}
+}"#;
+    let e = json_err(text);
+    assert_eq!((e.path.to_string(), e.line), ("models.\"acme/x\"".into(), Some(3)), "{e}");
+
+    let text = r#"{
+  "nodes": [{"id": "a", "gpus": 1, "gpu_memory": "80GB", "gpu_kind": "[{\"}"}],
+  "models": {"m": {"size": "20GB"}},
+  "deployments": [
+    {"model": "m", "node": "a", "gpus": [0], "dedicated": false},
+    {"model": "m",
+     "node": "zzz"}
+  ]
+}"#;
+    let e = json_err(text);
+    assert_eq!((e.path.to_string(), e.line), ("deployments[1].node".into(), Some(7)), "{e}");
 }

@@ -118,3 +118,134 @@ pub(super) fn with_toml_line(mut e: ScenarioError, text: &str) -> ScenarioError 
     }
     e
 }
+
+/// Fills in `e`'s line from where its path sits in the JSON `text` (the
+/// deepest part of the path that exists there). `text` has already parsed
+/// as a scenario, so it is valid JSON.
+pub(super) fn with_json_line(mut e: ScenarioError, text: &str) -> ScenarioError {
+    if e.line.is_some() {
+        return e;
+    }
+    let mut scan = JsonScan { text: text.as_bytes(), pos: 0 };
+    let mut found = None;
+    scan.skip_ws();
+    for seg in e.path.segments() {
+        let Some(start) = scan.enter(seg) else { break };
+        found = Some(start);
+    }
+    if let Some(offset) = found {
+        e.line = Some(line_col(text, offset).0);
+    }
+    e
+}
+
+/// A cursor over valid JSON that can step into a member or element and
+/// skip values.
+struct JsonScan<'a> {
+    text: &'a [u8],
+    pos: usize,
+}
+
+impl JsonScan<'_> {
+    fn skip_ws(&mut self) {
+        while self.text.get(self.pos).is_some_and(u8::is_ascii_whitespace) {
+            self.pos += 1;
+        }
+    }
+
+    /// From the start of an object or array, moves to the start of the
+    /// value `seg` names and returns its offset.
+    fn enter(&mut self, seg: &Segment) -> Option<usize> {
+        let (open, close) = match seg {
+            Segment::Key(_) => (b'{', b'}'),
+            Segment::Index(_) => (b'[', b']'),
+        };
+        if self.text.get(self.pos) != Some(&open) {
+            return None;
+        }
+        self.pos += 1;
+        let mut index = 0;
+        loop {
+            self.skip_ws();
+            match self.text.get(self.pos)? {
+                b',' => {
+                    self.pos += 1;
+                    continue;
+                }
+                c if *c == close => return None,
+                _ => {}
+            }
+            let hit = match seg {
+                Segment::Key(want) => {
+                    let start = self.pos;
+                    self.skip_string()?;
+                    let key: String = serde_json::from_slice(&self.text[start..self.pos]).ok()?;
+                    self.skip_ws();
+                    self.pos += 1; // ':'
+                    self.skip_ws();
+                    key == *want
+                }
+                Segment::Index(want) => {
+                    index += 1;
+                    index - 1 == *want
+                }
+            };
+            if hit {
+                return Some(self.pos);
+            }
+            self.skip_value()?;
+        }
+    }
+
+    fn skip_string(&mut self) -> Option<()> {
+        self.pos += 1; // opening quote
+        loop {
+            match self.text.get(self.pos)? {
+                b'\\' => self.pos += 2,
+                b'"' => {
+                    self.pos += 1;
+                    return Some(());
+                }
+                _ => self.pos += 1,
+            }
+        }
+    }
+
+    fn skip_value(&mut self) -> Option<()> {
+        match self.text.get(self.pos)? {
+            b'"' => self.skip_string(),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match self.text.get(self.pos)? {
+                        b'"' => {
+                            self.skip_string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.pos += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.pos += 1;
+                }
+            }
+            // A number, `true`, `false` or `null`.
+            _ => {
+                while self
+                    .text
+                    .get(self.pos)
+                    .is_some_and(|c| !matches!(c, b',' | b'}' | b']') && !c.is_ascii_whitespace())
+                {
+                    self.pos += 1;
+                }
+                Some(())
+            }
+        }
+    }
+}

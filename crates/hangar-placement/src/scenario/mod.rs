@@ -11,8 +11,7 @@
 //! 3. `requests`: replica requests, deployed together.
 //!
 //! The rng is ChaCha8 seeded with `seed`, so the same file always plans the
-//! same way. Errors name the field (`deployments[2].node`) and, for TOML
-//! files and for every syntax or type error, the line.
+//! same way. Errors name the field (`deployments[2].node`) and the line.
 
 mod locate;
 mod report;
@@ -183,7 +182,7 @@ impl Scenario {
 
     /// Runs the plan: builds the cluster, registers the deployments, applies
     /// evictions, schedule and requests. Errors carry the field but no line;
-    /// [`plan`] adds lines from the source text.
+    /// [`plan`] adds the line from the source text.
     pub fn run(&self) -> Result<PlanReport, ScenarioError> {
         let config = ClusterConfig {
             placement: self.placement.clone(),
@@ -238,7 +237,7 @@ pub fn plan(text: &str, format: Format) -> Result<PlanReport, ScenarioError> {
     let scenario = Scenario::parse(text, format)?;
     scenario.run().map_err(|e| match format {
         Format::Toml => locate::with_toml_line(e, text),
-        Format::Json => e,
+        Format::Json => locate::with_json_line(e, text),
     })
 }
 
