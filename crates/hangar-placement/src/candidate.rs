@@ -1,11 +1,33 @@
 //! How a node could take a replica: the [`CandidateLevel`] ladder and the
 //! [`Shape`] of the reservation the sizing rules give.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
+use hangar_core::{ModelKey, ReplicaId};
 use serde::{Deserialize, Serialize};
 
 use crate::config::PlacementConfig;
+use crate::deployment::NodeId;
+use crate::eviction::EvictionCost;
+
+/// One node's answer to "could you host one more replica of this model?",
+/// from [`Cluster::candidates`](crate::Cluster::candidates).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    /// The node.
+    pub node: NodeId,
+    /// How good it is; `CantAccommodate` when it cannot host the replica.
+    pub level: CandidateLevel,
+    /// The warm replica that would be promoted (`Cached*` levels).
+    pub warm_replica: Option<ReplicaId>,
+    /// GPU index → bytes the replica would reserve.
+    pub gpu_bytes_by_gpu: BTreeMap<u32, u64>,
+    /// The cheapest set to evict first (`*Full` levels).
+    pub evictions: Vec<(ModelKey, ReplicaId)>,
+    /// What that set costs.
+    pub eviction_cost: EvictionCost,
+}
 
 /// How good a node is for a replica; lower is better, and the derived order
 /// is the preference order.

@@ -63,7 +63,7 @@ pub mod scenario;
 mod schedule;
 mod sizing;
 
-pub use candidate::{CandidateLevel, Shape};
+pub use candidate::{Candidate, CandidateLevel, Shape};
 pub use cluster::{Cluster, Restore};
 pub use config::{ClusterConfig, NodeConfig, PlacementConfig, MAX_GPUS_PER_NODE};
 pub use delta::{Action, DeploymentDelta, Snapshot, Step};

@@ -32,16 +32,27 @@ struct World {
     seed: u64,
 }
 
+/// Any cluster, including none at all and nodes without GPUs.
 fn world() -> impl Strategy<Value = World> {
+    world_of(0..5, 0..5, vec![16, 24, 40, 80], 1..200)
+}
+
+/// Clusters where most models fit somewhere, so placements often evict.
+fn busy_world() -> impl Strategy<Value = World> {
+    world_of(1..5, 1..5, vec![40, 80], 1..100)
+}
+
+fn world_of(
+    node_count: std::ops::Range<usize>,
+    gpus: std::ops::Range<u32>,
+    gpu_gb: Vec<u64>,
+    model_gb: std::ops::Range<u64>,
+) -> impl Strategy<Value = World> {
     let nodes = prop::collection::vec(
-        (
-            0u32..5,
-            prop::sample::select(vec![16u64, 24, 40, 80]),
-            prop::sample::select(vec![0u64, 30, 100, 400]),
-        ),
-        0..5,
+        (gpus, prop::sample::select(gpu_gb), prop::sample::select(vec![0u64, 30, 100, 400])),
+        node_count,
     );
-    let models = prop::collection::vec(1u64..200, 1..7);
+    let models = prop::collection::vec(model_gb, 1..7);
     (nodes, models, any::<u64>()).prop_flat_map(|(nodes, models, seed)| {
         let m = models.len();
         let op = prop_oneof![
@@ -221,7 +232,7 @@ fn run(w: &World) -> Result<Snapshot, TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn invariants_hold_after_every_operation(w in world()) {
@@ -231,5 +242,33 @@ proptest! {
     #[test]
     fn the_same_seed_and_operations_give_the_same_cluster(w in world()) {
         prop_assert_eq!(run(&w)?, run(&w)?);
+    }
+
+    /// `deploy` stops early and bounds its search; what it picks must still
+    /// be the best of every node's exhaustive answer.
+    #[test]
+    fn deploy_picks_the_best_candidate(w in busy_world(), pick in 0usize..16, dedicated: bool) {
+        let mut c = build(&w);
+        let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+        let mut now = 0;
+        for op in &w.ops {
+            apply(&mut c, op, &mut now, &mut rng);
+        }
+        let model = model_key(pick % w.models.len());
+        let candidates = c.candidates(&model, dedicated, now);
+        prop_assert_eq!(candidates.len(), c.nodes().len());
+        let hot = c.replicas_of(&model, Level::Hot).len() as u32;
+        let request = ReplicaRequest { model_key: model, replicas: hot + 1, dedicated };
+        let out = c.deploy(&[request], now, &mut rng);
+        let placed = out.models[0].replicas.last().unwrap();
+        let best = candidates.iter().map(|c| c.level).min().unwrap_or(CandidateLevel::CantAccommodate);
+        prop_assert_eq!(placed.level, best);
+        if best != CandidateLevel::CantAccommodate {
+            let cost = candidates.iter().filter(|c| c.level == best).map(|c| c.eviction_cost).min().unwrap();
+            prop_assert_eq!(placed.eviction_cost, cost);
+            prop_assert!(candidates
+                .iter()
+                .any(|c| c.level == best && c.eviction_cost == cost && Some(&c.node) == placed.node.as_ref()));
+        }
     }
 }

@@ -19,7 +19,7 @@ use hangar_core::{Millis, ModelKey, ReplicaId};
 use rand::Rng;
 
 use super::{fraction, Cluster};
-use crate::candidate::{CandidateLevel, Shape};
+use crate::candidate::{Candidate, CandidateLevel, Shape};
 use crate::deployment::{Deployment, Level};
 use crate::eviction::{min_clear, min_cover, Clearable, EvictionCost, Item};
 use crate::node::Node;
@@ -222,6 +222,66 @@ impl Cluster {
         }
         let i = pick_index(ties.len(), rng)?;
         Some(ties.swap_remove(i))
+    }
+
+    /// Every node's best way to host one more replica of `model`, without
+    /// the shortcuts [`Cluster::deploy`] takes (it stops at the first level
+    /// with a candidate and bounds the eviction search): for diagnostics and
+    /// for checking those shortcuts. A node holding a warm replica of the
+    /// model answers with a `Cached*` level. `deploy` picks the lowest level
+    /// here, then the cheapest eviction set, then draws among ties. Empty for
+    /// a model not in the catalogue.
+    pub fn candidates(&self, model: &ModelKey, dedicated: bool, now: Millis) -> Vec<Candidate> {
+        let Some(size) = self.model_size(model) else { return Vec::new() };
+        let kept = BTreeSet::new();
+        let ask =
+            Ask { model, size, dedicated, now, kept: &kept, min_age: self.config.min_deployment_age_ms };
+        let warm: BTreeMap<usize, ReplicaId> = self
+            .replicas_of(model, Level::Warm)
+            .into_iter()
+            .rev()
+            .map(|d| (self.node_index[&d.node], d.replica_id))
+            .collect();
+        let cant = |node: &Node| Candidate {
+            node: node.id().clone(),
+            level: CandidateLevel::CantAccommodate,
+            warm_replica: None,
+            gpu_bytes_by_gpu: BTreeMap::new(),
+            evictions: Vec::new(),
+            eviction_cost: EvictionCost::default(),
+        };
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(ni, node)| {
+                let Some(shape) = Shape::for_model(&self.config, size, node.gpu_memory()) else {
+                    return cant(node);
+                };
+                let cached = warm.get(&ni).copied();
+                let plan = if fits(node, shape) {
+                    let level =
+                        if cached.is_some() { CandidateLevel::CachedAndFree } else { CandidateLevel::Free };
+                    self.free_plan(ni, level, cached, &ask)
+                } else {
+                    let level =
+                        if cached.is_some() { CandidateLevel::CachedAndFull } else { CandidateLevel::Full };
+                    let mut found = Vec::new();
+                    self.consider_evicting(ni, level, cached, &ask, &mut found);
+                    match found.pop() {
+                        Some(plan) => plan,
+                        None => return cant(node),
+                    }
+                };
+                Candidate {
+                    node: node.id().clone(),
+                    level: plan.level,
+                    warm_replica: plan.warm,
+                    gpu_bytes_by_gpu: plan.alloc,
+                    evictions: plan.evict,
+                    eviction_cost: plan.cost,
+                }
+            })
+            .collect()
     }
 
     fn free_plan(&self, ni: usize, level: CandidateLevel, warm: Option<ReplicaId>, ask: &Ask<'_>) -> Plan {
