@@ -10,6 +10,9 @@
 //! * [`Cluster::deploy`] takes [`ReplicaRequest`]s and returns a
 //!   [`DeployOutcome`]: per replica the [`CandidateLevel`] chosen (or why
 //!   not), plus the [`Eviction`]s it caused.
+//! * [`Cluster::candidates`] shows every node's [`Candidate`] for one more
+//!   replica, without `deploy`'s shortcuts (diagnostics, and the oracle the
+//!   property tests hold `deploy` to).
 //! * [`Cluster::evict_replica`] / [`Cluster::evict_model`] demote on demand.
 //! * [`Cluster::apply_schedule`] turns a [`Schedule`] of dedicated windows
 //!   into dedicated requests and frees what left it.
