@@ -1,21 +1,4 @@
-//! [`DeploymentDelta`]: what a node agent must do to go from one cluster
-//! state to another.
-//!
-//! Steps, per replica, between an old and a new [`Snapshot`]:
-//!
-//! | old → new | step |
-//! |---|---|
-//! | absent → HOT | `create` (start the engine, load weights) |
-//! | HOT → WARM, same node | `to_cache` (move weights to CPU memory) |
-//! | WARM → HOT, same node | `from_cache` (move weights back onto the GPUs listed) |
-//! | HOT or WARM → absent | `delete` (stop, free everything) |
-//! | HOT → HOT elsewhere, or other GPUs | `delete` then `create` |
-//! | same place and level, other metadata | `update` (bookkeeping only) |
-//!
-//! Releases come first: [`DeploymentDelta::steps`] yields every `to_cache`
-//! and `delete` before any `from_cache` or `create`, so on each node the GPU
-//! memory a new replica is given has been freed by the time it loads (the
-//! reference runs cache moves synchronously for the same reason).
+//! [`DeploymentDelta`]: the ordered steps between two cluster states.
 
 use std::collections::BTreeMap;
 
@@ -82,8 +65,25 @@ pub struct Step<'a> {
     pub deployment: &'a Deployment,
 }
 
-/// The changes between two [`Snapshot`]s; see the [module docs](self).
-/// Each list is ordered by node, then replica id.
+/// The changes between two [`Snapshot`]s, each list ordered by node, then
+/// replica id.
+///
+///
+/// Steps, per replica, between an old and a new [`Snapshot`]:
+///
+/// | old → new | step |
+/// |---|---|
+/// | absent → HOT | `create` (start the engine, load weights) |
+/// | HOT → WARM, same node | `to_cache` (move weights to CPU memory) |
+/// | WARM → HOT, same node | `from_cache` (move weights back onto the GPUs listed) |
+/// | HOT or WARM → absent | `delete` (stop, free everything) |
+/// | HOT → HOT elsewhere, or other GPUs | `delete` then `create` |
+/// | same place and level, other metadata | `update` (bookkeeping only) |
+///
+/// Releases come first: [`DeploymentDelta::steps`] yields every `to_cache`
+/// and `delete` before any `from_cache` or `create`, so on each node the GPU
+/// memory a new replica is given has been freed by the time it loads (the
+/// reference runs cache moves synchronously for the same reason).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentDelta {
     /// HOT → WARM (new records).

@@ -3,7 +3,7 @@
 //!
 //! Placement needs room in one of two shapes, and each has its own search.
 //!
-//! * **A share of one GPU** ([`min_cover`]): free at least `need` more bytes
+//! * **A share of one GPU** (`min_cover`): free at least `need` more bytes
 //!   on that GPU. Every tenant there is an item whose *benefit* is its bytes
 //!   on this GPU and whose *cost* is all the GPU bytes it holds (a multi-GPU
 //!   tenant costs more than it frees here). This is a minimum-cost cover, a
@@ -14,7 +14,7 @@
 //!   by a whole item); a branch stops when the benefit left cannot cover the
 //!   need, or when `cost so far + need left` (a lower bound, since cost ≥
 //!   benefit for every item) cannot beat the best set found so far.
-//! * **k whole GPUs** ([`min_clear`]): empty k GPUs. The set evicted is the
+//! * **k whole GPUs** (`min_clear`): empty k GPUs. The set evicted is the
 //!   union of the tenants of the GPUs chosen, so the search is over k-subsets
 //!   of the node's GPUs (at most C(16, 8) = 12 870 with the node size limit),
 //!   depth first, cheapest GPUs first, pruned as soon as the running cost

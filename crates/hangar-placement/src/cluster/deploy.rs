@@ -77,9 +77,11 @@ impl Cluster {
     /// holds it when that node is the best candidate (`CachedAndFree`,
     /// `CachedAndFull`); otherwise a fresh id is minted from `rng` and the
     /// warm copy stays cached — a warm id is never created on a second node.
-    /// Placing may evict non-dedicated replicas (see [`Ask`] rules in the
-    /// crate docs); evicted replicas go warm on their node if its cache can
-    /// take them, else cold.
+    /// Placing may evict non-dedicated hot replicas of other models that
+    /// this call neither placed nor counted as deployed, and, for a
+    /// non-dedicated request, only those at least `min_deployment_age_ms`
+    /// old; evicted replicas go warm on their node if its cache can take
+    /// them, else cold.
     ///
     /// A dedicated request also sets the dedicated flag on exactly
     /// `replicas` of the model's hot replicas (the oldest) and clears it on

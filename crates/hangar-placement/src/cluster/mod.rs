@@ -1,16 +1,4 @@
-//! [`Cluster`]: every node's accounting plus a cluster-wide replica index.
-//!
-//! Methods are grouped as quinn-proto groups a connection's: getters,
-//! set-up ([`Cluster::new`], [`Cluster::restore`]), commands
-//! ([`Cluster::deploy`], [`Cluster::apply_schedule`], the `evict_*`
-//! family), and [`Cluster::snapshot`] for diffing. Commands take `now` on the
-//! caller's clock and an rng; nothing here reads a clock or does I/O.
-//!
-//! Invariants after every command (checked by [`Cluster::check_invariants`]
-//! and by the property tests): no GPU is over-committed; on every GPU
-//! `free + Σ reservations = total`; every warm cache fits its budget; each
-//! replica id is unique cluster-wide and is in exactly one of one node's hot
-//! or warm maps.
+//! [`Cluster`]: the fleet's accounting and its placement commands.
 
 mod deploy;
 mod evict;
@@ -55,7 +43,19 @@ pub struct Restore {
     pub deployed_at_ms: Millis,
 }
 
-/// The fleet as placement sees it. See the [module docs](self).
+/// The fleet as placement sees it: every node's accounting plus a cluster-wide replica index.
+///
+/// Methods are grouped as quinn-proto groups a connection's: getters,
+/// set-up ([`Cluster::new`], [`Cluster::restore`]), commands
+/// ([`Cluster::deploy`], [`Cluster::apply_schedule`], the `evict_*`
+/// family), and [`Cluster::snapshot`] for diffing. Commands take `now` on the
+/// caller's clock and an rng; nothing here reads a clock or does I/O.
+///
+/// Invariants after every command (checked by [`Cluster::check_invariants`]
+/// and by the property tests): no GPU is over-committed; on every GPU
+/// `free + Σ reservations = total`; every warm cache fits its budget; each
+/// replica id is unique cluster-wide and is in exactly one of one node's hot
+/// or warm maps.
 #[derive(Debug, Clone)]
 pub struct Cluster {
     config: PlacementConfig,
