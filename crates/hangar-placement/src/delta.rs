@@ -68,7 +68,6 @@ pub struct Step<'a> {
 /// The changes between two [`Snapshot`]s, each list ordered by node, then
 /// replica id.
 ///
-///
 /// Steps, per replica, between an old and a new [`Snapshot`]:
 ///
 /// | old → new | step |
