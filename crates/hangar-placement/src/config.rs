@@ -14,6 +14,10 @@ use crate::sizing::ModelSpec;
 /// whole-GPU eviction search (a choice of k GPUs out of n) small.
 pub const MAX_GPUS_PER_NODE: u32 = 16;
 
+/// Most memory one GPU may declare (1 PB): keeps every byte sum over a
+/// node's GPUs far from overflow.
+pub const MAX_GPU_MEMORY: u64 = 1_000_000_000_000_000;
+
 /// Policy knobs, every one with the reference deployment's default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -117,6 +121,7 @@ impl NodeConfig {
             (0, _) => Ok(0),
             (_, None) => bad("gpu_memory", "is required when `gpus` is above 0 (e.g. \"80GB\")".into()),
             (_, Some(m)) if m.bytes() == 0 => bad("gpu_memory", "must be above 0".into()),
+            (_, Some(m)) if m.bytes() > MAX_GPU_MEMORY => bad("gpu_memory", format!("{m} is more than 1 PB")),
             (_, Some(m)) => Ok(m.bytes()),
         }
     }

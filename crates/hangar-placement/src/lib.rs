@@ -68,7 +68,7 @@ mod sizing;
 
 pub use candidate::{Candidate, CandidateLevel, Shape};
 pub use cluster::{Cluster, Restore};
-pub use config::{ClusterConfig, NodeConfig, PlacementConfig, MAX_GPUS_PER_NODE};
+pub use config::{ClusterConfig, NodeConfig, PlacementConfig, MAX_GPUS_PER_NODE, MAX_GPU_MEMORY};
 pub use delta::{Action, DeploymentDelta, Snapshot, Step};
 pub use deployment::{Deployment, Level, NodeId, NodeIdError};
 pub use error::{ConfigError, DeltaError, EvictError, RestoreError, ScheduleError};

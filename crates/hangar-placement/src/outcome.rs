@@ -122,7 +122,7 @@ impl ModelOutcome {
 
 /// Why a replica was evicted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "cause")]
+#[serde(rename_all = "snake_case", tag = "kind")]
 #[non_exhaustive]
 pub enum EvictionCause {
     /// To make room for this replica.
@@ -167,7 +167,6 @@ pub struct Eviction {
     /// Level after.
     pub to: Level,
     /// Why.
-    #[serde(flatten)]
     pub cause: EvictionCause,
 }
 

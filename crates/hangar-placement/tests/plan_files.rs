@@ -2,7 +2,7 @@
 //! and malformed files get errors naming the field and the line.
 
 use hangar_placement::scenario::{plan, Format, Scenario, ScenarioError};
-use hangar_placement::{CandidateLevel, Level};
+use hangar_placement::{CandidateLevel, DeployOutcome, DeploymentDelta, Level};
 
 const EXAMPLE: &str = include_str!("../../../examples/plan.toml");
 
@@ -33,6 +33,11 @@ fn the_example_scenario_plans_every_kind_of_decision() {
     }
     // The same file plans the same way every time.
     assert_eq!(plan(EXAMPLE, Format::Toml).unwrap(), report);
+    // What a driver sends on (outcomes, deltas) survives JSON unchanged.
+    let json = serde_json::to_string(&report.deploy).unwrap();
+    assert_eq!(serde_json::from_str::<DeployOutcome>(&json).unwrap(), report.deploy);
+    let json = serde_json::to_string(&report.delta).unwrap();
+    assert_eq!(serde_json::from_str::<DeploymentDelta>(&json).unwrap(), report.delta);
 }
 
 #[test]
@@ -89,6 +94,12 @@ fn invalid_values_name_the_field_and_line() {
     let e = toml_err("[[nodes]]\nid = \"a\"\ngpus = 4\n");
     assert_eq!(e.path.to_string(), "nodes[0].gpu_memory", "{e}");
     assert!(e.message.contains("required"), "{e}");
+
+    let e = toml_err("[[nodes]]\nid = \"a\"\ngpus = 1\ngpu_memory = \"2000TB\"\n");
+    assert_eq!((e.path.to_string(), e.line), ("nodes[0].gpu_memory".into(), Some(4)), "{e}");
+
+    let e = toml_err("[[nodes]]\nid = \"a\"\ngpus = 17\ngpu_memory = \"80GB\"\n");
+    assert_eq!((e.path.to_string(), e.line), ("nodes[0].gpus".into(), Some(3)), "{e}");
 
     let e = toml_err(&format!("{NODE}[[nodes]]\nid = \"a\"\n"));
     assert_eq!((e.path.to_string(), e.line), ("nodes[1].id".into(), Some(6)), "{e}");

@@ -37,6 +37,11 @@ fn plan_json_is_machine_readable() {
     assert_eq!(v["seed"], 7);
     assert!(v["delta"]["create"].as_array().is_some_and(|a| !a.is_empty()));
     assert!(v["deploy"]["models"].as_array().is_some_and(|a| !a.is_empty()));
+    // The evicted replica's own key, and the cause's keys apart.
+    let eviction = &v["deploy"]["evictions"][0];
+    assert_eq!(eviction["model_key"], "mistral/mixtral-8x22b");
+    assert_eq!(eviction["cause"]["kind"], "pressure");
+    assert_eq!(eviction["cause"]["model_key"], "meta/llama-3-70b");
 }
 
 #[test]
