@@ -22,6 +22,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Replay a request trace through simulated engines and a router.
+    Sim(cmd::sim::Args),
+    /// Generate request traces.
+    Trace(cmd::trace::Args),
     /// Dry-run replica placement for a scenario file: decisions, evictions
     /// and the deployment delta.
     Plan(cmd::plan::Args),
@@ -31,6 +35,8 @@ fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Sim(args) => cmd::sim::run(args),
+        Command::Trace(args) => cmd::trace::run(args),
         Command::Plan(args) => cmd::plan::run(args),
     };
     match result {

@@ -62,5 +62,5 @@ fn a_missing_scenario_fails_clearly() {
     let out = hangar(&["plan", "/nonexistent/scenario.toml"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("cannot read scenario /nonexistent/scenario.toml"), "{err}");
+    assert!(err.contains("cannot read /nonexistent/scenario.toml"), "{err}");
 }

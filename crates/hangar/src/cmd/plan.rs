@@ -21,8 +21,7 @@ pub struct Args {
 /// Reads the scenario, plans it, prints the report.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let name = args.scenario.display().to_string();
-    let text =
-        std::fs::read_to_string(&args.scenario).with_context(|| format!("cannot read scenario {name}"))?;
+    let text = super::read_text(&args.scenario)?;
     let report =
         plan(&text, Format::guess(&name, &text)).with_context(|| format!("invalid scenario {name}"))?;
     let out = if args.json {
