@@ -142,7 +142,7 @@ fn place_half_full(crit: &mut Criterion) {
 }
 
 fn place_full(crit: &mut Criterion) {
-    bench_group(crit, "place_100_full_evicting", 1.0, &[100, 1_000]);
+    bench_group(crit, "place_100_full_evicting", 1.0, &[100, 1_000, 10_000]);
 }
 
 criterion_group!(benches, place_half_full, place_full);

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use hangar_core::{ModelKey, ReplicaId};
 use serde::Serialize;
 
+use crate::config::MAX_GPUS_PER_NODE;
 use crate::deployment::{Deployment, Level, NodeId};
 
 /// One GPU of a node. `free_bytes + Σ reservations on it = total_bytes`.
@@ -41,7 +42,15 @@ pub struct Node {
     max_free: u64,
     /// GPUs with no tenant: answers "are k whole GPUs free" in O(1).
     empty_gpus: u32,
+    /// Per GPU, its free bytes, and the smallest reservation on it (its total
+    /// when empty: any eviction there frees, and costs, at least this much).
+    /// Kept inline so a cluster-wide scan of eviction bounds reads one
+    /// contiguous record per node instead of chasing pointers.
+    gpu_free: [u64; MAX_GPUS],
+    min_reservation: [u64; MAX_GPUS],
 }
+
+const MAX_GPUS: usize = MAX_GPUS_PER_NODE as usize;
 
 impl Node {
     pub(crate) fn new(id: NodeId, gpus: u32, gpu_memory: u64, kind: String, cache_budget: u64) -> Self {
@@ -64,6 +73,8 @@ impl Node {
             warm: ReplicaMap::new(),
             max_free: 0,
             empty_gpus: 0,
+            gpu_free: [0; MAX_GPUS],
+            min_reservation: [0; MAX_GPUS],
         };
         node.refresh_summary();
         node
@@ -120,9 +131,29 @@ impl Node {
         self.warm.values().flat_map(|m| m.values())
     }
 
+    /// Free bytes per GPU (a copy of the GPUs' `free_bytes`).
+    pub(crate) fn gpu_free(&self) -> &[u64] {
+        &self.gpu_free[..self.gpus.len()]
+    }
+
+    /// Smallest reservation per GPU (its total when it has no tenant).
+    pub(crate) fn min_reservation(&self) -> &[u64] {
+        &self.min_reservation[..self.gpus.len()]
+    }
+
     fn refresh_summary(&mut self) {
         self.max_free = self.gpus.iter().map(|g| g.free_bytes).max().unwrap_or(0);
         self.empty_gpus = self.gpus.iter().filter(|g| g.tenants == 0).count() as u32;
+        for (i, g) in self.gpus.iter().enumerate() {
+            self.gpu_free[i] = g.free_bytes;
+            self.min_reservation[i] = g.total_bytes;
+        }
+        for d in self.hot.values().flat_map(|m| m.values()) {
+            for (&g, &b) in &d.gpu_bytes_by_gpu {
+                let slot = &mut self.min_reservation[g as usize];
+                *slot = (*slot).min(b);
+            }
+        }
     }
 
     /// Reserves `dep`'s GPU bytes and records it hot. The caller has checked

@@ -7,19 +7,22 @@
 //! largest free GPU and its count of empty GPUs up to date. Only when no node
 //! has room does it run the exact eviction search (see [`crate::eviction`]),
 //! best-first: nodes are visited in order of a cheap lower bound on the bytes
-//! they must evict (the shortfall on their emptiest GPU for a share, the
-//! bytes used on their k least-used GPUs for k whole GPUs), each search is
+//! they must evict (for a share, the least over GPUs of the larger of the
+//! shortfall and the smallest reservation there; for k whole GPUs, the bytes
+//! used on the k least-used GPUs), each search is
 //! bounded by the best set found so far, and the scan stops once the bound
 //! exceeds it. Among nodes that need evictions, the one evicting the fewest
 //! bytes (then the fewest deployments) wins, and ties go to the rng.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use rand::Rng;
 
 use super::{fraction, Cluster};
 use crate::candidate::{Candidate, CandidateLevel, Shape};
+use crate::config::MAX_GPUS_PER_NODE;
 use crate::deployment::{Deployment, Level};
 use crate::eviction::{min_clear, min_cover, Clearable, EvictionCost, Item};
 use crate::node::Node;
@@ -207,15 +210,16 @@ impl Cluster {
         if ties.is_empty() {
             // Best-first: nodes by a lower bound on what they must evict, so
             // the scan stops once no remaining node can match the best set.
-            let mut order: Vec<(u64, usize)> = (0..self.nodes.len())
+            // A heap, not a sort: building it is O(n), and only the nodes
+            // visited are popped.
+            let mut order: BinaryHeap<Reverse<(u64, usize)>> = (0..self.nodes.len())
                 .filter_map(|ni| {
                     let node = &self.nodes[ni];
                     let shape = Shape::for_model(&self.config, ask.size, node.gpu_memory())?;
-                    Some((eviction_lower_bound(node, shape)?, ni))
+                    Some(Reverse((eviction_lower_bound(node, shape)?, ni)))
                 })
                 .collect();
-            order.sort_unstable();
-            for (bound, ni) in order {
+            while let Some(Reverse((bound, ni))) = order.pop() {
                 if ties.first().is_some_and(|p| bound > p.cost.bytes) {
                     break;
                 }
@@ -474,19 +478,31 @@ fn pick<'t, T, R: Rng + ?Sized>(ties: &'t [T], rng: &mut R) -> Option<&'t T> {
 
 /// A lower bound on the bytes `node` must evict to host `shape`, or `None`
 /// if it never can (too few GPUs). Every evicted tenant costs at least the
-/// bytes it frees, so a share costs at least its shortfall on the emptiest
-/// GPU, and k whole GPUs at least the bytes used on the k least-used GPUs.
+/// bytes it frees, so a share costs, on its best GPU, at least the shortfall
+/// there and at least the smallest reservation there; k whole GPUs cost at
+/// least the bytes used on the k least-used GPUs.
 fn eviction_lower_bound(node: &Node, shape: Shape) -> Option<u64> {
     match shape {
-        Shape::Share { need_free, .. } => {
-            (!node.gpus().is_empty()).then(|| need_free.saturating_sub(node.max_free()))
-        }
+        Shape::Share { need_free, .. } => node
+            .gpu_free()
+            .iter()
+            .zip(node.min_reservation())
+            .map(|(&free, &smallest)| match need_free.checked_sub(free) {
+                None | Some(0) => 0,
+                Some(short) => short.max(smallest),
+            })
+            .min(),
         Shape::Whole { gpus } => {
             let k = gpus as usize;
-            if k > node.gpus().len() {
+            let free = node.gpu_free();
+            if k > free.len() {
                 return None;
             }
-            let mut used: Vec<u64> = node.gpus().iter().map(|g| g.total_bytes - g.free_bytes).collect();
+            let mut used = [0u64; MAX_GPUS_PER_NODE as usize];
+            let used = &mut used[..free.len()];
+            for (u, f) in used.iter_mut().zip(free) {
+                *u = node.gpu_memory() - f;
+            }
             used.select_nth_unstable(k - 1);
             Some(used[..k].iter().sum())
         }
