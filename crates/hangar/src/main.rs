@@ -28,6 +28,9 @@ enum Command {
     Sim(cmd::sim::Args),
     /// Generate request traces.
     Trace(cmd::trace::Args),
+    /// Dry-run replica placement for a scenario file: decisions, evictions
+    /// and the deployment delta.
+    Plan(cmd::plan::Args),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Engine(args) => cmd::engine::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Trace(args) => cmd::trace::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

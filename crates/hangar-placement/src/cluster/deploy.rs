@@ -1,0 +1,652 @@
+//! [`Cluster::deploy`]: turning "N replicas of model M" into placements.
+//!
+//! For each missing replica every node is judged, and the best
+//! [`CandidateLevel`] wins, ties broken by the caller's rng. The search runs
+//! level by level and stops at the first level that has a candidate, so the
+//! common case (some node has room) costs O(1) per node: each node keeps its
+//! largest free GPU and its count of empty GPUs up to date. Only when no node
+//! has room does it run the exact eviction search (see [`crate::eviction`]),
+//! best-first: nodes are visited in order of a cheap lower bound on the bytes
+//! they must evict (for a share, the least over GPUs of the larger of the
+//! shortfall and the smallest reservation there; for k whole GPUs, the bytes
+//! used on the k least-used GPUs), each search is
+//! bounded by the best set found so far, and the scan stops once the bound
+//! exceeds it. Among nodes that need evictions, the one evicting the fewest
+//! bytes (then the fewest deployments) wins, and ties go to the rng.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use hangar_core::{Millis, ModelKey, ReplicaId};
+use rand::Rng;
+
+use super::{fraction, Cluster};
+use crate::candidate::{Candidate, CandidateLevel, Shape};
+use crate::config::MAX_GPUS_PER_NODE;
+use crate::deployment::{Deployment, Level};
+use crate::eviction::{min_clear, min_cover, Clearable, EvictionCost, Item};
+use crate::node::Node;
+use crate::outcome::{
+    DeployOutcome, Eviction, EvictionCause, ModelOutcome, ReplicaOutcome, ReplicaRequest, Unplaceable,
+};
+use crate::schedule::Schedule;
+
+/// One way to host one more replica.
+#[derive(Debug, Clone)]
+struct Plan {
+    node: usize,
+    level: CandidateLevel,
+    /// The warm replica to promote, if any.
+    warm: Option<ReplicaId>,
+    alloc: BTreeMap<u32, u64>,
+    fraction: f64,
+    evict: Vec<(ModelKey, ReplicaId)>,
+    cost: EvictionCost,
+}
+
+/// The replica being placed, and what it may evict.
+struct Ask<'a> {
+    model: &'a ModelKey,
+    size: u64,
+    dedicated: bool,
+    now: Millis,
+    /// Replicas this call placed or counted as deployed: never evicted by it
+    /// (else a later model of the batch could undo an earlier one).
+    kept: &'a BTreeSet<ReplicaId>,
+    min_age: Millis,
+}
+
+impl Ask<'_> {
+    /// Only non-dedicated deployments of other models, not kept by this
+    /// call, are evictable; a non-dedicated ask also spares the young.
+    fn may_evict(&self, d: &Deployment) -> bool {
+        !d.dedicated
+            && d.model_key != *self.model
+            && !self.kept.contains(&d.replica_id)
+            && (self.dedicated || self.now.saturating_sub(d.deployed_at_ms) >= self.min_age)
+    }
+}
+
+/// Room a node can make by evicting: the reservation, who goes, the cost.
+type Room = (BTreeMap<u32, u64>, Vec<(ModelKey, ReplicaId)>, EvictionCost);
+
+impl Cluster {
+    /// Makes each requested model have at least `replicas` hot replicas.
+    ///
+    /// Models are handled largest first (ties by key), so big models claim
+    /// whole GPUs before small ones fragment them; a model listed twice is
+    /// merged (most replicas, dedicated if either is). For each missing
+    /// replica: a warm replica of the model is promoted on the node that
+    /// holds it when that node is the best candidate (`CachedAndFree`,
+    /// `CachedAndFull`); otherwise a fresh id is minted from `rng` and the
+    /// warm copy stays cached — a warm id is never created on a second node.
+    /// Placing may evict non-dedicated hot replicas of other models that
+    /// this call neither placed nor counted as deployed, and, for a
+    /// non-dedicated request, only those at least `min_deployment_age_ms`
+    /// old; evicted replicas go warm on their node if its cache can take
+    /// them, else cold.
+    ///
+    /// A dedicated request also sets the dedicated flag on exactly
+    /// `replicas` of the model's hot replicas (the oldest) and clears it on
+    /// the rest. Unknown models and unplaceable replicas are reported per
+    /// replica with a reason; the rest of the batch still proceeds.
+    ///
+    /// Never scales down: extra hot replicas are reported `Deployed` and
+    /// stay until an `evict_*` command removes them.
+    pub fn deploy<R: Rng + ?Sized>(
+        &mut self,
+        requests: &[ReplicaRequest],
+        now: Millis,
+        rng: &mut R,
+    ) -> DeployOutcome {
+        let mut merged: BTreeMap<&ModelKey, (u32, bool)> = BTreeMap::new();
+        for r in requests {
+            let e = merged.entry(&r.model_key).or_insert((0, false));
+            e.0 = e.0.max(r.replicas);
+            e.1 |= r.dedicated;
+        }
+        let mut order: Vec<(&ModelKey, u32, bool)> =
+            merged.into_iter().map(|(k, (n, d))| (k, n, d)).collect();
+        order.sort_by_key(|&(k, _, _)| (std::cmp::Reverse(self.model_size(k)), k));
+
+        let mut out = DeployOutcome::default();
+        let mut kept = BTreeSet::new();
+        for (model, replicas, dedicated) in order {
+            let outcome = self.deploy_model(model, replicas, dedicated, now, rng, &mut kept, &mut out);
+            out.models.push(outcome);
+        }
+        out.changed |= !out.evictions.is_empty();
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn deploy_model<R: Rng + ?Sized>(
+        &mut self,
+        model: &ModelKey,
+        replicas: u32,
+        dedicated: bool,
+        now: Millis,
+        rng: &mut R,
+        kept: &mut BTreeSet<ReplicaId>,
+        out: &mut DeployOutcome,
+    ) -> ModelOutcome {
+        let mut outcome =
+            ModelOutcome { model_key: model.clone(), requested: replicas, dedicated, replicas: vec![] };
+        let Some(size) = self.model_size(model) else {
+            outcome.replicas = (0..replicas).map(|_| unplaced(Unplaceable::UnknownModel)).collect();
+            return outcome;
+        };
+        outcome.replicas = self
+            .replicas_of(model, Level::Hot)
+            .into_iter()
+            .map(|d| ReplicaOutcome {
+                replica_id: Some(d.replica_id),
+                node: Some(d.node.clone()),
+                level: CandidateLevel::Deployed,
+                gpu_bytes_by_gpu: d.gpu_bytes_by_gpu.clone(),
+                eviction_cost: EvictionCost::default(),
+                reason: None,
+            })
+            .collect();
+        kept.extend(outcome.replicas.iter().filter_map(|r| r.replica_id));
+        let missing = (replicas as usize).saturating_sub(outcome.replicas.len());
+        for i in 0..missing {
+            let ask = Ask { model, size, dedicated, now, kept, min_age: self.config.min_deployment_age_ms };
+            let Some(plan) = self.best_plan(&ask, rng) else {
+                // Nothing changed since this attempt, so the rest fail alike.
+                let reason = self.why_not(size);
+                outcome.replicas.extend((i..missing).map(|_| unplaced(reason.clone())));
+                break;
+            };
+            let level = plan.level;
+            let cost = plan.cost;
+            let dep = self.commit(plan, model, dedicated, now, rng, &mut out.evictions);
+            kept.insert(dep.replica_id);
+            out.changed = true;
+            outcome.replicas.push(ReplicaOutcome {
+                replica_id: Some(dep.replica_id),
+                node: Some(dep.node.clone()),
+                level,
+                gpu_bytes_by_gpu: dep.gpu_bytes_by_gpu.clone(),
+                eviction_cost: cost,
+                reason: None,
+            });
+        }
+        if dedicated {
+            out.changed |= self.mark_dedicated(model, replicas as usize);
+        }
+        outcome
+    }
+
+    /// The best candidate for one more replica, or `None` (CANT_ACCOMMODATE).
+    fn best_plan<R: Rng + ?Sized>(&self, ask: &Ask<'_>, rng: &mut R) -> Option<Plan> {
+        let warm: Vec<(usize, ReplicaId)> = self
+            .replicas_of(ask.model, Level::Warm)
+            .into_iter()
+            .map(|d| (self.node_index[&d.node], d.replica_id))
+            .collect();
+        let shape = |n: &Node| Shape::for_model(&self.config, ask.size, n.gpu_memory());
+
+        // No eviction: a warm copy first, then any node.
+        let cached: Vec<&(usize, ReplicaId)> = warm
+            .iter()
+            .filter(|(ni, _)| shape(&self.nodes[*ni]).is_some_and(|s| fits(&self.nodes[*ni], s)))
+            .collect();
+        if let Some(&&(ni, id)) = pick(&cached, rng) {
+            return Some(self.free_plan(ni, CandidateLevel::CachedAndFree, Some(id), ask));
+        }
+        let free: Vec<usize> = (0..self.nodes.len())
+            .filter(|&ni| shape(&self.nodes[ni]).is_some_and(|s| fits(&self.nodes[ni], s)))
+            .collect();
+        if let Some(&ni) = pick(&free, rng) {
+            return Some(self.free_plan(ni, CandidateLevel::Free, None, ask));
+        }
+
+        // Evictions needed: again a warm copy first, then any node.
+        let mut ties: Vec<Plan> = Vec::new();
+        for &(ni, id) in &warm {
+            self.consider_evicting(ni, CandidateLevel::CachedAndFull, Some(id), ask, &mut ties);
+        }
+        if ties.is_empty() {
+            // Best-first: nodes by a lower bound on what they must evict, so
+            // the scan stops once no remaining node can match the best set.
+            // A heap, not a sort: building it is O(n), and only the nodes
+            // visited are popped.
+            let mut order: BinaryHeap<Reverse<(u64, usize)>> = (0..self.nodes.len())
+                .filter_map(|ni| {
+                    let node = &self.nodes[ni];
+                    let shape = Shape::for_model(&self.config, ask.size, node.gpu_memory())?;
+                    Some(Reverse((eviction_lower_bound(node, shape)?, ni)))
+                })
+                .collect();
+            while let Some(Reverse((bound, ni))) = order.pop() {
+                if ties.first().is_some_and(|p| bound > p.cost.bytes) {
+                    break;
+                }
+                self.consider_evicting(ni, CandidateLevel::Full, None, ask, &mut ties);
+            }
+        }
+        let i = pick_index(ties.len(), rng)?;
+        Some(ties.swap_remove(i))
+    }
+
+    /// Every node's best way to host one more replica of `model`, without
+    /// the shortcuts [`Cluster::deploy`] takes (it stops at the first level
+    /// with a candidate and bounds the eviction search): for diagnostics and
+    /// for checking those shortcuts. A node holding a warm replica of the
+    /// model answers with a `Cached*` level. `deploy` picks the lowest level
+    /// here, then the cheapest eviction set, then draws among ties. Empty for
+    /// a model not in the catalogue.
+    pub fn candidates(&self, model: &ModelKey, dedicated: bool, now: Millis) -> Vec<Candidate> {
+        let Some(size) = self.model_size(model) else { return Vec::new() };
+        let kept = BTreeSet::new();
+        let ask =
+            Ask { model, size, dedicated, now, kept: &kept, min_age: self.config.min_deployment_age_ms };
+        let warm: BTreeMap<usize, ReplicaId> = self
+            .replicas_of(model, Level::Warm)
+            .into_iter()
+            .rev()
+            .map(|d| (self.node_index[&d.node], d.replica_id))
+            .collect();
+        let cant = |node: &Node| Candidate {
+            node: node.id().clone(),
+            level: CandidateLevel::CantAccommodate,
+            warm_replica: None,
+            gpu_bytes_by_gpu: BTreeMap::new(),
+            evictions: Vec::new(),
+            eviction_cost: EvictionCost::default(),
+        };
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(ni, node)| {
+                let Some(shape) = Shape::for_model(&self.config, size, node.gpu_memory()) else {
+                    return cant(node);
+                };
+                let cached = warm.get(&ni).copied();
+                let plan = if fits(node, shape) {
+                    let level =
+                        if cached.is_some() { CandidateLevel::CachedAndFree } else { CandidateLevel::Free };
+                    self.free_plan(ni, level, cached, &ask)
+                } else {
+                    let level =
+                        if cached.is_some() { CandidateLevel::CachedAndFull } else { CandidateLevel::Full };
+                    let mut found = Vec::new();
+                    self.consider_evicting(ni, level, cached, &ask, &mut found);
+                    match found.pop() {
+                        Some(plan) => plan,
+                        None => return cant(node),
+                    }
+                };
+                Candidate {
+                    node: node.id().clone(),
+                    level: plan.level,
+                    warm_replica: plan.warm,
+                    gpu_bytes_by_gpu: plan.alloc,
+                    evictions: plan.evict,
+                    eviction_cost: plan.cost,
+                }
+            })
+            .collect()
+    }
+
+    fn free_plan(&self, ni: usize, level: CandidateLevel, warm: Option<ReplicaId>, ask: &Ask<'_>) -> Plan {
+        let node = &self.nodes[ni];
+        let shape = Shape::for_model(&self.config, ask.size, node.gpu_memory()).expect("checked by fits");
+        let alloc = self.fit_free(node, shape).expect("checked by fits");
+        Plan {
+            node: ni,
+            level,
+            warm,
+            alloc,
+            fraction: fraction(shape, node.gpu_memory()),
+            evict: Vec::new(),
+            cost: EvictionCost::default(),
+        }
+    }
+
+    /// Adds node `ni`'s cheapest evicting plan to `ties` if it is no worse
+    /// than those already there (and clears them if it is better).
+    fn consider_evicting(
+        &self,
+        ni: usize,
+        level: CandidateLevel,
+        warm: Option<ReplicaId>,
+        ask: &Ask<'_>,
+        ties: &mut Vec<Plan>,
+    ) {
+        let node = &self.nodes[ni];
+        let Some(shape) = Shape::for_model(&self.config, ask.size, node.gpu_memory()) else { return };
+        let limit = ties.first().map(|p| p.cost);
+        let Some((alloc, evict, cost)) = evicting_room(node, shape, ask, limit) else { return };
+        if limit.is_some_and(|l| cost < l) {
+            ties.clear();
+        }
+        ties.push(Plan {
+            node: ni,
+            level,
+            warm,
+            alloc,
+            fraction: fraction(shape, node.gpu_memory()),
+            evict,
+            cost,
+        });
+    }
+
+    /// Carries out a plan: promote or mint, evict, reserve. Returns the new
+    /// hot record.
+    fn commit<R: Rng + ?Sized>(
+        &mut self,
+        plan: Plan,
+        model: &ModelKey,
+        dedicated: bool,
+        now: Millis,
+        rng: &mut R,
+        evictions: &mut Vec<Eviction>,
+    ) -> Deployment {
+        let ni = plan.node;
+        let mut dep = match plan.warm {
+            Some(id) => self.nodes[ni].remove_warm(model, &id).expect("planned from a warm replica"),
+            None => Deployment {
+                model_key: model.clone(),
+                replica_id: self.mint_replica_id(rng),
+                node: self.nodes[ni].id().clone(),
+                level: Level::Hot,
+                gpu_bytes_by_gpu: BTreeMap::new(),
+                gpu_fraction: None,
+                size_bytes: self.models[model],
+                dedicated,
+                deployed_at_ms: now,
+            },
+        };
+        let cause = EvictionCause::Pressure { model_key: model.clone(), replica_id: dep.replica_id };
+        for (m, r) in &plan.evict {
+            self.demote(ni, m, r, cause.clone(), evictions);
+        }
+        dep.level = Level::Hot;
+        dep.gpu_bytes_by_gpu = plan.alloc;
+        dep.gpu_fraction = Some(plan.fraction);
+        dep.dedicated = dedicated;
+        dep.deployed_at_ms = now;
+        self.nodes[ni].insert_hot(dep.clone());
+        self.track(&dep, ni);
+        dep
+    }
+
+    /// Dedicates the `n` oldest hot replicas of `model` and frees the rest;
+    /// true if any flag changed.
+    fn mark_dedicated(&mut self, model: &ModelKey, n: usize) -> bool {
+        let mut hot: Vec<(Millis, ReplicaId, usize)> = self
+            .replicas_of(model, Level::Hot)
+            .into_iter()
+            .map(|d| (d.deployed_at_ms, d.replica_id, self.node_index[&d.node]))
+            .collect();
+        hot.sort();
+        let mut changed = false;
+        for (i, (_, id, ni)) in hot.into_iter().enumerate() {
+            changed |= self.nodes[ni].set_dedicated(model, &id, i < n);
+        }
+        changed
+    }
+
+    /// Why nothing could take a replica of `size` bytes.
+    fn why_not(&self, size: u64) -> Unplaceable {
+        if self.nodes.is_empty() {
+            return Unplaceable::NoNodes;
+        }
+        let with_gpus: Vec<(u32, u32)> = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let shape = Shape::for_model(&self.config, size, n.gpu_memory())?;
+                Some((shape.gpu_count(), n.gpus().len() as u32))
+            })
+            .collect();
+        if with_gpus.is_empty() {
+            return Unplaceable::NoGpus;
+        }
+        if with_gpus.iter().all(|&(need, have)| need > have) {
+            return Unplaceable::TooLarge {
+                size_bytes: size,
+                gpus_needed: with_gpus.iter().map(|w| w.0).min().unwrap_or(0),
+                most_gpus_on_a_node: with_gpus.iter().map(|w| w.1).max().unwrap_or(0),
+            };
+        }
+        Unplaceable::NoRoom
+    }
+
+    /// Applies a dedicated schedule at `now`: replicas of models with no
+    /// active window lose their dedicated flag (an empty schedule frees
+    /// every one), then the active windows are deployed as dedicated
+    /// requests. The outcome's `changed` covers both steps.
+    pub fn apply_schedule<R: Rng + ?Sized>(
+        &mut self,
+        schedule: &Schedule,
+        now: Millis,
+        rng: &mut R,
+    ) -> DeployOutcome {
+        let requests = schedule.requests_at(now);
+        let active: BTreeSet<&ModelKey> = requests.iter().map(|r| &r.model_key).collect();
+        let to_free: Vec<(usize, ModelKey, ReplicaId)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(ni, n)| n.hot_deployments().chain(n.warm_deployments()).map(move |d| (ni, d)))
+            .filter(|(_, d)| d.dedicated && !active.contains(&d.model_key))
+            .map(|(ni, d)| (ni, d.model_key.clone(), d.replica_id))
+            .collect();
+        let mut freed = false;
+        for (ni, model, id) in to_free {
+            freed |= self.nodes[ni].set_dedicated(&model, &id, false);
+        }
+        let mut out = self.deploy(&requests, now, rng);
+        out.changed |= freed;
+        out
+    }
+}
+
+fn unplaced(reason: Unplaceable) -> ReplicaOutcome {
+    ReplicaOutcome {
+        replica_id: None,
+        node: None,
+        level: CandidateLevel::CantAccommodate,
+        gpu_bytes_by_gpu: BTreeMap::new(),
+        eviction_cost: EvictionCost::default(),
+        reason: Some(reason),
+    }
+}
+
+/// Whether `node` has room for `shape` without evicting: O(1).
+fn fits(node: &Node, shape: Shape) -> bool {
+    match shape {
+        Shape::Share { need_free, .. } => node.max_free() >= need_free,
+        Shape::Whole { gpus } => node.empty_gpus() >= gpus,
+    }
+}
+
+fn pick_index<R: Rng + ?Sized>(len: usize, rng: &mut R) -> Option<usize> {
+    match len {
+        0 => None,
+        1 => Some(0),
+        n => Some(rng.random_range(0..n)),
+    }
+}
+
+fn pick<'t, T, R: Rng + ?Sized>(ties: &'t [T], rng: &mut R) -> Option<&'t T> {
+    pick_index(ties.len(), rng).map(|i| &ties[i])
+}
+
+/// A lower bound on the bytes `node` must evict to host `shape`, or `None`
+/// if it never can (too few GPUs). Every evicted tenant costs at least the
+/// bytes it frees, so a share costs, on its best GPU, at least the shortfall
+/// there and at least the smallest reservation there; k whole GPUs cost at
+/// least the bytes used on the k least-used GPUs.
+fn eviction_lower_bound(node: &Node, shape: Shape) -> Option<u64> {
+    match shape {
+        Shape::Share { need_free, .. } => node
+            .gpu_free()
+            .iter()
+            .zip(node.min_reservation())
+            .map(|(&free, &smallest)| match need_free.checked_sub(free) {
+                None | Some(0) => 0,
+                Some(short) => short.max(smallest),
+            })
+            .min(),
+        Shape::Whole { gpus } => {
+            let k = gpus as usize;
+            let free = node.gpu_free();
+            if k > free.len() {
+                return None;
+            }
+            let mut used = [0u64; MAX_GPUS_PER_NODE as usize];
+            let used = &mut used[..free.len()];
+            for (u, f) in used.iter_mut().zip(free) {
+                *u = node.gpu_memory() - f;
+            }
+            used.select_nth_unstable(k - 1);
+            Some(used[..k].iter().sum())
+        }
+    }
+}
+
+/// The cheapest room `node` can make for `shape` by evicting what `ask`
+/// may evict, costing at most `limit`.
+fn evicting_room(node: &Node, shape: Shape, ask: &Ask<'_>, limit: Option<EvictionCost>) -> Option<Room> {
+    let tenants: Vec<&Deployment> = node.hot_deployments().collect();
+    let mut on_gpu: Vec<Vec<usize>> = vec![Vec::new(); node.gpus().len()];
+    for (t, d) in tenants.iter().enumerate() {
+        for &g in d.gpu_bytes_by_gpu.keys() {
+            on_gpu[g as usize].push(t);
+        }
+    }
+    let evictable: Vec<bool> = tenants.iter().map(|d| ask.may_evict(d)).collect();
+    let names = |set: &[usize]| -> Vec<(ModelKey, ReplicaId)> {
+        set.iter().map(|&t| (tenants[t].model_key.clone(), tenants[t].replica_id)).collect()
+    };
+    match shape {
+        Shape::Share { bytes, need_free } => {
+            let mut best: Option<(u32, Vec<usize>, EvictionCost)> = None;
+            let mut limit = limit;
+            for g in node.gpus() {
+                let need = need_free.saturating_sub(g.free_bytes);
+                if limit.is_some_and(|l| need > l.bytes) {
+                    continue; // evicting costs at least the bytes freed
+                }
+                let idx: Vec<usize> =
+                    on_gpu[g.index as usize].iter().copied().filter(|&t| evictable[t]).collect();
+                let items: Vec<Item> = idx
+                    .iter()
+                    .map(|&t| Item {
+                        benefit: tenants[t].gpu_bytes_by_gpu[&g.index],
+                        cost: tenants[t].gpu_bytes(),
+                    })
+                    .collect();
+                let Some((set, cost)) = min_cover(&items, need, limit) else { continue };
+                if best.as_ref().is_none_or(|b| cost < b.2) {
+                    best = Some((g.index, set.into_iter().map(|i| idx[i]).collect(), cost));
+                    limit = Some(cost);
+                }
+            }
+            let (gpu, set, cost) = best?;
+            Some((BTreeMap::from([(gpu, bytes)]), names(&set), cost))
+        }
+        Shape::Whole { gpus } => {
+            let clearable: Vec<Clearable> = node
+                .gpus()
+                .iter()
+                .filter(|g| on_gpu[g.index as usize].iter().all(|&t| evictable[t]))
+                .map(|g| Clearable { gpu: g.index, tenants: on_gpu[g.index as usize].clone() })
+                .collect();
+            let costs: Vec<u64> = tenants.iter().map(|d| d.gpu_bytes()).collect();
+            let (chosen, evicted, cost) = min_clear(&clearable, &costs, gpus as usize, limit)?;
+            let alloc = chosen.into_iter().map(|g| (g, node.gpus()[g as usize].total_bytes)).collect();
+            Some((alloc, names(&evicted), cost))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::cluster::Restore;
+    use crate::config::{ClusterConfig, NodeConfig};
+    use crate::sizing::ModelSpec;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn filled(nodes: &[u32], sizes: &[u64], fill: &[(usize, usize)]) -> Cluster {
+        let config = ClusterConfig {
+            nodes: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &gpus)| NodeConfig {
+                    id: format!("n{i}").parse().unwrap(),
+                    gpus,
+                    gpu_memory: Some(hangar_core::ByteSize::new(80 * GB)),
+                    gpu_kind: None,
+                    virtual_gpus: false,
+                    cpu_cache: hangar_core::ByteSize::new(0),
+                })
+                .collect(),
+            models: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &gb)| {
+                    let spec =
+                        ModelSpec { size: Some(hangar_core::ByteSize::new(gb * GB)), ..Default::default() };
+                    (format!("m{i}").parse().unwrap(), spec)
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut c = Cluster::new(config).unwrap();
+        for (n, &(model, node)) in fill.iter().enumerate() {
+            let _ = c.restore(Restore {
+                model_key: format!("m{}", model % sizes.len()).parse().unwrap(),
+                replica_id: ReplicaId::from_u128(n as u128 + 1),
+                node: format!("n{}", node % nodes.len()).parse().unwrap(),
+                level: Level::Hot,
+                gpus: None,
+                dedicated: n % 7 == 0,
+                deployed_at_ms: (n as u64 % 3) * 1_000_000,
+            });
+        }
+        c
+    }
+
+    proptest! {
+        /// The best-first scan with bounds finds what scanning every node
+        /// without bounds finds.
+        #[test]
+        fn best_first_scan_matches_exhaustive_scan(
+            nodes in prop::collection::vec(1u32..5, 1..6),
+            sizes in prop::collection::vec(1u64..250, 2..6),
+            fill in prop::collection::vec((0usize..8, 0usize..8), 0..60),
+            ask_model in 0usize..6,
+            dedicated: bool,
+        ) {
+            let c = filled(&nodes, &sizes, &fill);
+            let model: ModelKey = format!("m{}", ask_model % sizes.len()).parse().unwrap();
+            let size = c.model_size(&model).unwrap();
+            let kept = BTreeSet::new();
+            let ask = Ask { model: &model, size, dedicated, now: 7_200_000, kept: &kept, min_age: 3_600_000 };
+            let exhaustive = c
+                .nodes
+                .iter()
+                .filter_map(|n| {
+                    let shape = Shape::for_model(&c.config, size, n.gpu_memory())?;
+                    if fits(n, shape) {
+                        return Some(EvictionCost::default());
+                    }
+                    evicting_room(n, shape, &ask, None).map(|r| r.2)
+                })
+                .min();
+            let got = c.best_plan(&ask, &mut ChaCha8Rng::seed_from_u64(1)).map(|p| p.cost);
+            prop_assert_eq!(got, exhaustive);
+        }
+    }
+}

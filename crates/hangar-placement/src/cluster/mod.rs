@@ -1,0 +1,386 @@
+//! [`Cluster`]: the fleet's accounting and its placement commands.
+
+mod deploy;
+mod evict;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use hangar_core::{Millis, ModelKey, ReplicaId};
+
+use crate::candidate::Shape;
+use crate::config::{ClusterConfig, PlacementConfig};
+use crate::delta::Snapshot;
+use crate::deployment::{Deployment, Level, NodeId};
+use crate::error::{ConfigError, RestoreError};
+use crate::node::Node;
+
+/// Where a tracked replica is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Loc {
+    model: ModelKey,
+    node: usize,
+    level: Level,
+}
+
+/// A deployment that already exists, to register with
+/// [`Cluster::restore`] (after a controller restart, or from a scenario).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restore {
+    /// Its model (must be in the catalogue).
+    pub model_key: ModelKey,
+    /// Its id (must be unused).
+    pub replica_id: ReplicaId,
+    /// Its node.
+    pub node: NodeId,
+    /// `Hot` or `Warm`.
+    pub level: Level,
+    /// For a hot one, the GPUs it holds; `None` lets the sizing rules pick
+    /// free ones. The bytes per GPU always follow the sizing rules.
+    pub gpus: Option<Vec<u32>>,
+    /// Whether it is dedicated.
+    pub dedicated: bool,
+    /// When it became hot.
+    pub deployed_at_ms: Millis,
+}
+
+/// The fleet as placement sees it: every node's accounting plus a cluster-wide replica index.
+///
+/// Methods are grouped as quinn-proto groups a connection's: getters,
+/// set-up ([`Cluster::new`], [`Cluster::restore`]), commands
+/// ([`Cluster::deploy`], [`Cluster::apply_schedule`], the `evict_*`
+/// family), and [`Cluster::snapshot`] for diffing. Commands take `now` on the
+/// caller's clock and an rng; nothing here reads a clock or does I/O.
+///
+/// Invariants after every command (checked by [`Cluster::check_invariants`]
+/// and by the property tests): no GPU is over-committed; on every GPU
+/// `free + Σ reservations = total`; every warm cache fits its budget; each
+/// replica id is unique cluster-wide and is in exactly one of one node's hot
+/// or warm maps.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    config: PlacementConfig,
+    models: BTreeMap<ModelKey, u64>,
+    nodes: Vec<Node>,
+    node_index: BTreeMap<NodeId, usize>,
+    replicas: BTreeMap<ReplicaId, Loc>,
+    by_model: BTreeMap<ModelKey, BTreeSet<ReplicaId>>,
+}
+
+impl Cluster {
+    /// Builds an empty cluster (no deployments) from validated config.
+    pub fn new(config: ClusterConfig) -> Result<Self, ConfigError> {
+        config.placement.validate()?;
+        let mut nodes = Vec::with_capacity(config.nodes.len());
+        let mut node_index = BTreeMap::new();
+        for (index, n) in config.nodes.iter().enumerate() {
+            let gpu_memory = n.validated_gpu_memory(index)?;
+            if let Some(&first) = node_index.get(&n.id) {
+                return Err(ConfigError::DuplicateNode { id: n.id.clone(), first, second: index });
+            }
+            node_index.insert(n.id.clone(), index);
+            nodes.push(Node::new(n.id.clone(), n.gpus, gpu_memory, n.kind(), n.cpu_cache.bytes()));
+        }
+        let models = config
+            .models
+            .iter()
+            .map(|(k, spec)| Ok((k.clone(), spec.footprint(k.as_str())?)))
+            .collect::<Result<_, ConfigError>>()?;
+        Ok(Self {
+            config: config.placement,
+            models,
+            nodes,
+            node_index,
+            replicas: BTreeMap::new(),
+            by_model: BTreeMap::new(),
+        })
+    }
+
+    // ---- getters ----
+
+    /// The policy knobs.
+    pub fn config(&self) -> &PlacementConfig {
+        &self.config
+    }
+
+    /// The nodes, in config order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// A node by id.
+    pub fn node(&self, id: &NodeId) -> Option<&Node> {
+        self.node_index.get(id).map(|&i| &self.nodes[i])
+    }
+
+    /// A model's footprint in bytes, if it is in the catalogue.
+    pub fn model_size(&self, model: &ModelKey) -> Option<u64> {
+        self.models.get(model).copied()
+    }
+
+    /// The model catalogue: key → footprint in bytes.
+    pub fn models(&self) -> &BTreeMap<ModelKey, u64> {
+        &self.models
+    }
+
+    /// A hot or warm replica's record.
+    pub fn deployment(&self, replica: &ReplicaId) -> Option<&Deployment> {
+        let loc = self.replicas.get(replica)?;
+        let node = &self.nodes[loc.node];
+        let map = if loc.level == Level::Hot { node.hot() } else { node.warm() };
+        map.get(&loc.model)?.get(replica)
+    }
+
+    /// A model's replicas at `level` (`Hot` or `Warm`), by replica id.
+    pub fn replicas_of(&self, model: &ModelKey, level: Level) -> Vec<&Deployment> {
+        self.by_model
+            .get(model)
+            .into_iter()
+            .flatten()
+            .filter(|id| self.replicas[*id].level == level)
+            .filter_map(|id| self.deployment(id))
+            .collect()
+    }
+
+    /// Every hot and warm deployment, keyed by replica id: the state a
+    /// [`DeploymentDelta`](crate::DeploymentDelta) is computed between.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::from_deployments(
+            self.nodes.iter().flat_map(|n| n.hot_deployments().chain(n.warm_deployments())).cloned(),
+        )
+    }
+
+    // ---- set-up ----
+
+    /// Registers an existing deployment. Hot ones must fit the free room as
+    /// the sizing rules shape them (whole-GPU claims need tenant-free GPUs);
+    /// warm ones must fit the free cache. On error nothing changes.
+    pub fn restore(&mut self, r: Restore) -> Result<ReplicaId, RestoreError> {
+        let size =
+            self.model_size(&r.model_key).ok_or_else(|| RestoreError::UnknownModel(r.model_key.clone()))?;
+        let &ni = self.node_index.get(&r.node).ok_or_else(|| RestoreError::UnknownNode(r.node.clone()))?;
+        if self.replicas.contains_key(&r.replica_id) {
+            return Err(RestoreError::DuplicateReplica(r.replica_id));
+        }
+        let mut dep = Deployment {
+            model_key: r.model_key,
+            replica_id: r.replica_id,
+            node: r.node,
+            level: r.level,
+            gpu_bytes_by_gpu: BTreeMap::new(),
+            gpu_fraction: None,
+            size_bytes: size,
+            dedicated: r.dedicated,
+            deployed_at_ms: r.deployed_at_ms,
+        };
+        let node = &self.nodes[ni];
+        match r.level {
+            Level::Cold => return Err(RestoreError::Cold(Level::Cold)),
+            Level::Warm => {
+                if r.gpus.is_some() {
+                    return Err(RestoreError::WarmWithGpus);
+                }
+                let free = node.cache_budget() - node.cache_used();
+                if size > free {
+                    return Err(RestoreError::CacheFull { node: dep.node, need: size, free });
+                }
+                self.nodes[ni].insert_warm(dep.clone());
+            }
+            Level::Hot => {
+                let shape = Shape::for_model(&self.config, size, node.gpu_memory())
+                    .ok_or_else(|| RestoreError::NoRoom(dep.node.clone()))?;
+                let alloc = match r.gpus {
+                    None => {
+                        self.fit_free(node, shape).ok_or_else(|| RestoreError::NoRoom(dep.node.clone()))?
+                    }
+                    Some(gpus) => check_listed_gpus(node, shape, &gpus)?,
+                };
+                dep.gpu_fraction = Some(fraction(shape, node.gpu_memory()));
+                dep.gpu_bytes_by_gpu = alloc;
+                self.nodes[ni].insert_hot(dep.clone());
+            }
+        }
+        self.track(&dep, ni);
+        Ok(dep.replica_id)
+    }
+
+    // ---- index upkeep ----
+
+    fn track(&mut self, dep: &Deployment, node: usize) {
+        self.replicas.insert(dep.replica_id, Loc { model: dep.model_key.clone(), node, level: dep.level });
+        self.by_model.entry(dep.model_key.clone()).or_default().insert(dep.replica_id);
+    }
+
+    fn untrack(&mut self, model: &ModelKey, replica: &ReplicaId) {
+        self.replicas.remove(replica);
+        if let Some(set) = self.by_model.get_mut(model) {
+            set.remove(replica);
+            if set.is_empty() {
+                self.by_model.remove(model);
+            }
+        }
+    }
+
+    fn mint_replica_id<R: rand::Rng + ?Sized>(&self, rng: &mut R) -> ReplicaId {
+        loop {
+            let id = ReplicaId::from_u128(rng.random());
+            if !self.replicas.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// A reservation for `shape` on `node` without evicting anything: the
+    /// best-fitting GPU (least free room that suffices, lowest index on ties)
+    /// for a share, the lowest-indexed tenant-free GPUs for whole claims.
+    fn fit_free(&self, node: &Node, shape: Shape) -> Option<BTreeMap<u32, u64>> {
+        match shape {
+            Shape::Share { bytes, need_free } => {
+                if node.max_free() < need_free {
+                    return None;
+                }
+                let gpu =
+                    node.gpus().iter().filter(|g| g.free_bytes >= need_free).min_by_key(|g| g.free_bytes)?;
+                Some(BTreeMap::from([(gpu.index, bytes)]))
+            }
+            Shape::Whole { gpus } => {
+                if node.empty_gpus() < gpus {
+                    return None;
+                }
+                let alloc = node
+                    .gpus()
+                    .iter()
+                    .filter(|g| g.tenants == 0)
+                    .take(gpus as usize)
+                    .map(|g| (g.index, g.total_bytes))
+                    .collect();
+                Some(alloc)
+            }
+        }
+    }
+
+    /// Recomputes every account from the deployments and compares it with
+    /// what is stored; `Err` names the first discrepancy. The property tests
+    /// call it after every command; it is public so drivers can too.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut seen = BTreeSet::new();
+        for (ni, node) in self.nodes.iter().enumerate() {
+            let mut reserved = vec![0u64; node.gpus().len()];
+            let mut tenants = vec![0u32; node.gpus().len()];
+            for d in node.hot_deployments() {
+                if d.level != Level::Hot || d.gpu_bytes_by_gpu.is_empty() || d.gpu_fraction.is_none() {
+                    return Err(format!(
+                        "{} on {} is in the hot map but not a hot record",
+                        d.name(),
+                        node.id()
+                    ));
+                }
+                for (&g, &b) in &d.gpu_bytes_by_gpu {
+                    let slot =
+                        reserved.get_mut(g as usize).ok_or(format!("{} names missing GPU {g}", d.name()))?;
+                    *slot += b;
+                    tenants[g as usize] += 1;
+                }
+            }
+            for g in node.gpus() {
+                let r = reserved[g.index as usize];
+                if g.free_bytes + r != g.total_bytes || r > g.total_bytes {
+                    return Err(format!(
+                        "{} GPU {}: free {} + reserved {r} != total {}",
+                        node.id(),
+                        g.index,
+                        g.free_bytes,
+                        g.total_bytes
+                    ));
+                }
+                if g.tenants != tenants[g.index as usize] {
+                    return Err(format!("{} GPU {}: tenant count drifted", node.id(), g.index));
+                }
+            }
+            let cached: u64 = node.warm_deployments().map(|d| d.size_bytes).sum();
+            if cached != node.cache_used() || cached > node.cache_budget() {
+                return Err(format!(
+                    "{}: cache holds {cached}, accounts {}, budget {}",
+                    node.id(),
+                    node.cache_used(),
+                    node.cache_budget()
+                ));
+            }
+            for (level, d) in node
+                .hot_deployments()
+                .map(|d| (Level::Hot, d))
+                .chain(node.warm_deployments().map(|d| (Level::Warm, d)))
+            {
+                if d.level != level || &d.node != node.id() {
+                    return Err(format!(
+                        "{} is filed under {level} on {} but says otherwise",
+                        d.name(),
+                        node.id()
+                    ));
+                }
+                if level == Level::Warm && (!d.gpu_bytes_by_gpu.is_empty() || d.gpu_fraction.is_some()) {
+                    return Err(format!("warm {} still holds GPUs", d.name()));
+                }
+                if !seen.insert(d.replica_id) {
+                    return Err(format!("replica id {} appears twice", d.replica_id));
+                }
+                let expect = Loc { model: d.model_key.clone(), node: ni, level };
+                if self.replicas.get(&d.replica_id) != Some(&expect) {
+                    return Err(format!("index disagrees about {}", d.name()));
+                }
+                if !self.by_model.get(&d.model_key).is_some_and(|s| s.contains(&d.replica_id)) {
+                    return Err(format!("model index misses {}", d.name()));
+                }
+            }
+        }
+        if seen.len() != self.replicas.len()
+            || self.by_model.values().map(BTreeSet::len).sum::<usize>() != seen.len()
+        {
+            return Err("the replica index tracks replicas no node holds".into());
+        }
+        Ok(())
+    }
+}
+
+/// The per-GPU memory fraction a replica of `shape` may use.
+fn fraction(shape: Shape, gpu_memory: u64) -> f64 {
+    match shape {
+        Shape::Share { bytes, .. } => bytes as f64 / gpu_memory as f64,
+        Shape::Whole { .. } => 1.0,
+    }
+}
+
+fn check_listed_gpus(node: &Node, shape: Shape, gpus: &[u32]) -> Result<BTreeMap<u32, u64>, RestoreError> {
+    let mut distinct = gpus.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() != shape.gpu_count() as usize {
+        return Err(RestoreError::GpuCount {
+            node: node.id().clone(),
+            needs: shape.gpu_count(),
+            given: gpus.len(),
+        });
+    }
+    let mut alloc = BTreeMap::new();
+    for gpu in distinct {
+        let g = node.gpus().get(gpu as usize).ok_or_else(|| RestoreError::NoSuchGpu {
+            node: node.id().clone(),
+            gpu,
+            count: node.gpus().len(),
+        })?;
+        let (need, whole) = match shape {
+            Shape::Share { bytes, .. } => (bytes, false),
+            Shape::Whole { .. } => (g.total_bytes, true),
+        };
+        if g.free_bytes < need || (whole && g.tenants > 0) {
+            return Err(RestoreError::GpuFull {
+                node: node.id().clone(),
+                gpu,
+                need,
+                free: g.free_bytes,
+                whole,
+            });
+        }
+        alloc.insert(gpu, need);
+    }
+    Ok(alloc)
+}

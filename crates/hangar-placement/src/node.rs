@@ -1,0 +1,250 @@
+//! One node's resource accounting: its GPUs, its hot deployments, and its
+//! warm cache in CPU memory.
+
+use std::collections::BTreeMap;
+
+use hangar_core::{ModelKey, ReplicaId};
+use serde::Serialize;
+
+use crate::config::MAX_GPUS_PER_NODE;
+use crate::deployment::{Deployment, Level, NodeId};
+
+/// One GPU of a node. `free_bytes + Σ reservations on it = total_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Gpu {
+    /// Index on the node, from 0.
+    pub index: u32,
+    /// Label of the GPU model (`H100`, `virtual`, …).
+    pub kind: String,
+    /// Memory in bytes.
+    pub total_bytes: u64,
+    /// Memory not reserved by any hot deployment.
+    pub free_bytes: u64,
+    /// Hot deployments with a reservation on this GPU.
+    pub tenants: u32,
+}
+
+/// Replica maps keyed model → replica, as the node agent sees them.
+pub type ReplicaMap = BTreeMap<ModelKey, BTreeMap<ReplicaId, Deployment>>;
+
+/// A worker node: GPUs of one size, hot deployments, and the warm cache.
+#[derive(Debug, Clone)]
+pub struct Node {
+    id: NodeId,
+    gpus: Vec<Gpu>,
+    gpu_memory: u64,
+    cache_budget: u64,
+    cache_used: u64,
+    hot: ReplicaMap,
+    warm: ReplicaMap,
+    /// Largest `free_bytes` over the GPUs: answers "does a share fit without
+    /// eviction" in O(1) during candidate evaluation.
+    max_free: u64,
+    /// GPUs with no tenant: answers "are k whole GPUs free" in O(1).
+    empty_gpus: u32,
+    /// Per GPU, its free bytes, and the smallest reservation on it (its total
+    /// when empty: any eviction there frees, and costs, at least this much).
+    /// Kept inline so a cluster-wide scan of eviction bounds reads one
+    /// contiguous record per node instead of chasing pointers.
+    gpu_free: [u64; MAX_GPUS],
+    min_reservation: [u64; MAX_GPUS],
+}
+
+const MAX_GPUS: usize = MAX_GPUS_PER_NODE as usize;
+
+impl Node {
+    pub(crate) fn new(id: NodeId, gpus: u32, gpu_memory: u64, kind: String, cache_budget: u64) -> Self {
+        let gpus = (0..gpus)
+            .map(|index| Gpu {
+                index,
+                kind: kind.clone(),
+                total_bytes: gpu_memory,
+                free_bytes: gpu_memory,
+                tenants: 0,
+            })
+            .collect();
+        let mut node = Self {
+            id,
+            gpus,
+            gpu_memory,
+            cache_budget,
+            cache_used: 0,
+            hot: ReplicaMap::new(),
+            warm: ReplicaMap::new(),
+            max_free: 0,
+            empty_gpus: 0,
+            gpu_free: [0; MAX_GPUS],
+            min_reservation: [0; MAX_GPUS],
+        };
+        node.refresh_summary();
+        node
+    }
+
+    /// The node's id.
+    pub fn id(&self) -> &NodeId {
+        &self.id
+    }
+
+    /// Its GPUs.
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    /// Memory of each of its GPUs (0 without GPUs).
+    pub fn gpu_memory(&self) -> u64 {
+        self.gpu_memory
+    }
+
+    /// Hot deployments, model → replica.
+    pub fn hot(&self) -> &ReplicaMap {
+        &self.hot
+    }
+
+    /// Warm deployments, model → replica.
+    pub fn warm(&self) -> &ReplicaMap {
+        &self.warm
+    }
+
+    /// CPU memory set aside for the warm cache.
+    pub fn cache_budget(&self) -> u64 {
+        self.cache_budget
+    }
+
+    /// CPU memory the warm cache holds now.
+    pub fn cache_used(&self) -> u64 {
+        self.cache_used
+    }
+
+    pub(crate) fn max_free(&self) -> u64 {
+        self.max_free
+    }
+
+    pub(crate) fn empty_gpus(&self) -> u32 {
+        self.empty_gpus
+    }
+
+    pub(crate) fn hot_deployments(&self) -> impl Iterator<Item = &Deployment> {
+        self.hot.values().flat_map(|m| m.values())
+    }
+
+    pub(crate) fn warm_deployments(&self) -> impl Iterator<Item = &Deployment> {
+        self.warm.values().flat_map(|m| m.values())
+    }
+
+    /// Free bytes per GPU (a copy of the GPUs' `free_bytes`).
+    pub(crate) fn gpu_free(&self) -> &[u64] {
+        &self.gpu_free[..self.gpus.len()]
+    }
+
+    /// Smallest reservation per GPU (its total when it has no tenant).
+    pub(crate) fn min_reservation(&self) -> &[u64] {
+        &self.min_reservation[..self.gpus.len()]
+    }
+
+    fn refresh_summary(&mut self) {
+        self.max_free = self.gpus.iter().map(|g| g.free_bytes).max().unwrap_or(0);
+        self.empty_gpus = self.gpus.iter().filter(|g| g.tenants == 0).count() as u32;
+        for (i, g) in self.gpus.iter().enumerate() {
+            self.gpu_free[i] = g.free_bytes;
+            self.min_reservation[i] = g.total_bytes;
+        }
+        for d in self.hot.values().flat_map(|m| m.values()) {
+            for (&g, &b) in &d.gpu_bytes_by_gpu {
+                let slot = &mut self.min_reservation[g as usize];
+                *slot = (*slot).min(b);
+            }
+        }
+    }
+
+    /// Reserves `dep`'s GPU bytes and records it hot. The caller has checked
+    /// the room (plans are computed from this same state), so running out
+    /// here is a bug in the caller.
+    pub(crate) fn insert_hot(&mut self, dep: Deployment) {
+        debug_assert_eq!(dep.level, Level::Hot);
+        for (&gpu, &bytes) in &dep.gpu_bytes_by_gpu {
+            let g = &mut self.gpus[gpu as usize];
+            g.free_bytes = g.free_bytes.checked_sub(bytes).expect("placement plan over-commits a GPU");
+            g.tenants += 1;
+        }
+        self.hot.entry(dep.model_key.clone()).or_default().insert(dep.replica_id, dep);
+        self.refresh_summary();
+    }
+
+    /// Removes a hot deployment and returns its GPU bytes to the GPUs.
+    pub(crate) fn remove_hot(&mut self, model: &ModelKey, replica: &ReplicaId) -> Option<Deployment> {
+        let dep = remove_nested(&mut self.hot, model, replica)?;
+        for (&gpu, &bytes) in &dep.gpu_bytes_by_gpu {
+            let g = &mut self.gpus[gpu as usize];
+            g.free_bytes += bytes;
+            g.tenants -= 1;
+        }
+        self.refresh_summary();
+        Some(dep)
+    }
+
+    /// Flips the dedicated flag of a hot or warm deployment; true if it changed.
+    pub(crate) fn set_dedicated(&mut self, model: &ModelKey, replica: &ReplicaId, dedicated: bool) -> bool {
+        let dep = self
+            .hot
+            .get_mut(model)
+            .and_then(|m| m.get_mut(replica))
+            .or_else(|| self.warm.get_mut(model).and_then(|m| m.get_mut(replica)));
+        match dep {
+            Some(d) if d.dedicated != dedicated => {
+                d.dedicated = dedicated;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes a warm deployment out of the cache, releasing its CPU bytes.
+    pub(crate) fn remove_warm(&mut self, model: &ModelKey, replica: &ReplicaId) -> Option<Deployment> {
+        let dep = remove_nested(&mut self.warm, model, replica)?;
+        self.cache_used -= dep.size_bytes;
+        Some(dep)
+    }
+
+    /// Warm entries that would be dropped, smallest first, so that `size`
+    /// more bytes fit in the cache; `None` if even dropping every droppable
+    /// entry would not make room (then nothing is dropped and the newcomer
+    /// goes cold). Dedicated entries are never dropped.
+    pub(crate) fn cache_room_for(&self, size: u64) -> Option<Vec<(ModelKey, ReplicaId)>> {
+        if size > self.cache_budget {
+            return None;
+        }
+        let free = self.cache_budget - self.cache_used;
+        if size <= free {
+            return Some(Vec::new());
+        }
+        let mut shortfall = size - free;
+        let mut entries: Vec<&Deployment> = self.warm_deployments().filter(|d| !d.dedicated).collect();
+        entries.sort_by_key(|d| (d.size_bytes, d.replica_id));
+        let mut drop = Vec::new();
+        for d in entries {
+            drop.push((d.model_key.clone(), d.replica_id));
+            shortfall = shortfall.saturating_sub(d.size_bytes);
+            if shortfall == 0 {
+                return Some(drop);
+            }
+        }
+        None
+    }
+
+    /// Records a warm deployment; the caller has made room.
+    pub(crate) fn insert_warm(&mut self, dep: Deployment) {
+        debug_assert_eq!(dep.level, Level::Warm);
+        self.cache_used += dep.size_bytes;
+        debug_assert!(self.cache_used <= self.cache_budget);
+        self.warm.entry(dep.model_key.clone()).or_default().insert(dep.replica_id, dep);
+    }
+}
+
+fn remove_nested(map: &mut ReplicaMap, model: &ModelKey, replica: &ReplicaId) -> Option<Deployment> {
+    let inner = map.get_mut(model)?;
+    let dep = inner.remove(replica)?;
+    if inner.is_empty() {
+        map.remove(model);
+    }
+    Some(dep)
+}

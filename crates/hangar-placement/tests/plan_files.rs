@@ -1,0 +1,194 @@
+//! Scenario files: the example plans as documented, JSON plans like TOML,
+//! and malformed files get errors naming the field and the line.
+
+use hangar_placement::scenario::{plan, Format, Scenario, ScenarioError};
+use hangar_placement::{CandidateLevel, DeployOutcome, DeploymentDelta, Level};
+
+const EXAMPLE: &str = include_str!("../../../examples/plan.toml");
+
+#[test]
+fn the_example_scenario_plans_every_kind_of_decision() {
+    let report = plan(EXAMPLE, Format::Toml).unwrap();
+    let levels: Vec<CandidateLevel> = report
+        .schedule
+        .iter()
+        .chain([&report.deploy])
+        .flat_map(|o| &o.models)
+        .flat_map(|m| &m.replicas)
+        .map(|r| r.level)
+        .collect();
+    for level in
+        [CandidateLevel::Deployed, CandidateLevel::CachedAndFree, CandidateLevel::Free, CandidateLevel::Full]
+    {
+        assert!(levels.contains(&level), "{level} missing from {levels:?}");
+    }
+    let evictions: Vec<(String, Level)> =
+        report.all_evictions().map(|e| (e.model_key.to_string(), e.to)).collect();
+    assert!(evictions.contains(&("acme/whisper-large".into(), Level::Warm)));
+    assert!(evictions.contains(&("mistral/mixtral-8x22b".into(), Level::Warm)));
+    assert!(!report.delta.is_empty());
+    let table = report.render_table();
+    for section in ["decisions:", "evictions:", "delta (apply in order):", "nodes after:"] {
+        assert!(table.contains(section), "{section} missing:\n{table}");
+    }
+    // The same file plans the same way every time.
+    assert_eq!(plan(EXAMPLE, Format::Toml).unwrap(), report);
+    // What a driver sends on (outcomes, deltas) survives JSON unchanged.
+    let json = serde_json::to_string(&report.deploy).unwrap();
+    assert_eq!(serde_json::from_str::<DeployOutcome>(&json).unwrap(), report.deploy);
+    let json = serde_json::to_string(&report.delta).unwrap();
+    assert_eq!(serde_json::from_str::<DeploymentDelta>(&json).unwrap(), report.delta);
+}
+
+#[test]
+fn a_json_scenario_plans_like_the_same_toml_one() {
+    let scenario = Scenario::parse(EXAMPLE, Format::Toml).unwrap();
+    let json = serde_json::to_string_pretty(&scenario).unwrap();
+    assert_eq!(Format::guess("x.scenario", &json), Format::Json);
+    assert_eq!(plan(&json, Format::Json).unwrap(), plan(EXAMPLE, Format::Toml).unwrap());
+}
+
+fn toml_err(text: &str) -> ScenarioError {
+    plan(text, Format::Toml).unwrap_err()
+}
+
+fn json_err(text: &str) -> ScenarioError {
+    plan(text, Format::Json).unwrap_err()
+}
+
+const NODE: &str = "[[nodes]]\nid = \"a\"\ngpus = 1\ngpu_memory = \"80GB\"\n";
+
+#[test]
+fn toml_syntax_errors_give_the_line() {
+    let e = toml_err("seed = 1\nnow_ms = \n");
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.to_string().starts_with("line 2"), "{e}");
+}
+
+#[test]
+fn wrong_types_and_unknown_fields_name_the_field_and_line() {
+    let e = toml_err("[[nodes]]\nid = \"a\"\ngpus = \"eight\"\n");
+    assert_eq!((e.path.to_string(), e.line), ("nodes[0].gpus".into(), Some(3)), "{e}");
+
+    let e = toml_err(&format!("{NODE}gpu_mem = \"80GB\"\n"));
+    assert_eq!(e.path.to_string(), "nodes[0].gpu_mem", "{e}");
+    assert!(e.message.contains("gpu_mem"), "{e}");
+    assert_eq!(e.line, Some(5), "{e}");
+
+    let e = toml_err(&format!("{NODE}cpu_cache = \"80 parsecs\"\n"));
+    assert_eq!((e.path.to_string(), e.line), ("nodes[0].cpu_cache".into(), Some(5)), "{e}");
+    assert!(e.message.contains("unknown unit"), "{e}");
+
+    let e = toml_err(&format!("{NODE}[models.\"bad key\"]\nsize = \"1GB\"\n"));
+    assert!(e.message.contains("bad key"), "{e}");
+    assert!(e.line.is_some(), "{e}");
+
+    let e = toml_err(&format!(
+        "{NODE}[models.m]\nsize = \"1GB\"\n[[deployments]]\nmodel = \"m\"\nnode = \"a\"\nreplica = \"xyz\"\n"
+    ));
+    assert_eq!((e.path.to_string(), e.line), ("deployments[0].replica".into(), Some(10)), "{e}");
+}
+
+#[test]
+fn invalid_values_name_the_field_and_line() {
+    let e = toml_err("[[nodes]]\nid = \"a\"\ngpus = 4\n");
+    assert_eq!(e.path.to_string(), "nodes[0].gpu_memory", "{e}");
+    assert!(e.message.contains("required"), "{e}");
+
+    let e = toml_err("[[nodes]]\nid = \"a\"\ngpus = 1\ngpu_memory = \"2000TB\"\n");
+    assert_eq!((e.path.to_string(), e.line), ("nodes[0].gpu_memory".into(), Some(4)), "{e}");
+
+    let e = toml_err("[[nodes]]\nid = \"a\"\ngpus = 17\ngpu_memory = \"80GB\"\n");
+    assert_eq!((e.path.to_string(), e.line), ("nodes[0].gpus".into(), Some(3)), "{e}");
+
+    let e = toml_err(&format!("{NODE}[[nodes]]\nid = \"a\"\n"));
+    assert_eq!((e.path.to_string(), e.line), ("nodes[1].id".into(), Some(6)), "{e}");
+
+    let e = toml_err("[placement]\ngpu_fraction_factor = 0.5\n");
+    assert_eq!((e.path.to_string(), e.line), ("placement.gpu_fraction_factor".into(), Some(2)), "{e}");
+
+    let e = toml_err(&format!("{NODE}[models.\"acme/m\"]\nsize = \"1GB\"\nparameters = \"1B\"\n"));
+    assert_eq!(e.path.to_string(), "models.\"acme/m\"", "{e}");
+    assert_eq!(e.line, Some(5), "{e}");
+}
+
+#[test]
+fn deployments_that_do_not_fit_the_cluster_are_located() {
+    let base = format!("{NODE}[models.m]\nsize = \"20GB\"\n");
+    let deployment = |extra: &str| format!("{base}[[deployments]]\nmodel = \"m\"\nnode = \"a\"\n{extra}");
+
+    let e = toml_err(&format!("{base}[[deployments]]\nmodel = \"m\"\nnode = \"zzz\"\n"));
+    assert_eq!((e.path.to_string(), e.line), ("deployments[0].node".into(), Some(9)), "{e}");
+    assert!(e.message.contains("unknown node `zzz`"), "{e}");
+
+    let e = toml_err(&format!("{base}[[deployments]]\nmodel = \"other\"\nnode = \"a\"\n"));
+    assert_eq!((e.path.to_string(), e.line), ("deployments[0].model".into(), Some(8)), "{e}");
+
+    let e = toml_err(&deployment("gpus = [3]\n"));
+    assert_eq!((e.path.to_string(), e.line), ("deployments[0].gpus".into(), Some(10)), "{e}");
+    assert!(e.message.contains("no GPU 3"), "{e}");
+
+    // Two 60 GB shares do not fit one 80 GB GPU.
+    let twice =
+        format!("{}[[deployments]]\nmodel = \"m\"\nnode = \"a\"\ngpus = [0]\n", deployment("gpus = [0]\n"));
+    let e = toml_err(&twice);
+    assert_eq!((e.path.to_string(), e.line), ("deployments[1].gpus".into(), Some(14)), "{e}");
+
+    let e = toml_err(&deployment("level = \"cold\"\n"));
+    assert_eq!(e.path.to_string(), "deployments[0].level", "{e}");
+
+    let e = toml_err(&deployment("level = \"lukewarm\"\n"));
+    assert_eq!((e.path.to_string(), e.line), ("deployments[0].level".into(), Some(10)), "{e}");
+}
+
+#[test]
+fn bad_schedules_and_evictions_are_located() {
+    let base = format!("{NODE}[models.m]\nsize = \"20GB\"\n");
+    let e = toml_err(&format!("{base}[[schedule]]\nmodel = \"m\"\nstart_ms = 10\nend_ms = 5\n"));
+    assert_eq!((e.path.to_string(), e.line), ("schedule[0]".into(), Some(7)), "{e}");
+    let e = toml_err(&format!("{base}[[evictions]]\nmodel = \"m\"\nreplica = \"{:032x}\"\n", 5));
+    assert_eq!((e.path.to_string(), e.line), ("evictions[0].replica".into(), Some(9)), "{e}");
+    assert!(e.message.contains("not deployed"), "{e}");
+}
+
+#[test]
+fn json_errors_name_the_field_and_line() {
+    let e = json_err("{\"seed\": 1,\n \"nodes\": [\n");
+    assert_eq!(e.line, Some(3), "{e}");
+
+    let e = json_err("{\n  \"nodes\": [\n    {\"id\": \"a\", \"gpus\": -1}\n  ]\n}");
+    assert_eq!((e.path.to_string(), e.line), ("nodes[0].gpus".into(), Some(3)), "{e}");
+
+    let e = json_err("{\"seed\": 1} trailing");
+    assert!(e.line.is_some(), "{e}");
+
+    // Errors found while planning are located in JSON too, past strings
+    // with escapes, nested values and scalars.
+    let text = r#"{
+  "seed": 3, "now_ms": 1500,
+  "nodes": [{"id": "a", "gpus": 1, "gpu_memory": "80GB", "cpu_cache": 0},
+            {"id": "b", "gpus": 2, "virtual_gpus": true}],
+  "models": {"m": {"size": "20GB"}}
+}"#;
+    let e = json_err(text);
+    assert_eq!((e.path.to_string(), e.line), ("nodes[1].gpu_memory".into(), Some(4)), "{e}");
+
+    let text = r#"{
+  "nodes": [{"id": "a", "gpus": 1, "gpu_memory": "80GB", "gpu_kind": "H\"100\\", "virtual_gpus": false}],
+  "models": {"m": {"size": "20GB"}, "acme/x": {"parameters": 7, "size": "1GB"}}
+}"#;
+    let e = json_err(text);
+    assert_eq!((e.path.to_string(), e.line), ("models.\"acme/x\"".into(), Some(3)), "{e}");
+
+    let text = r#"{
+  "nodes": [{"id": "a", "gpus": 1, "gpu_memory": "80GB", "gpu_kind": "[{\"}"}],
+  "models": {"m": {"size": "20GB"}},
+  "deployments": [
+    {"model": "m", "node": "a", "gpus": [0], "dedicated": false},
+    {"model": "m",
+     "node": "zzz"}
+  ]
+}"#;
+    let e = json_err(text);
+    assert_eq!((e.path.to_string(), e.line), ("deployments[1].node".into(), Some(7)), "{e}");
+}

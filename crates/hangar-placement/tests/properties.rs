@@ -1,0 +1,274 @@
+//! Property tests: random clusters, random operation sequences, and the
+//! invariants checked after every operation.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use hangar_core::ReplicaId;
+use hangar_placement::{
+    CandidateLevel, Cluster, ClusterConfig, DeployOutcome, DeploymentDelta, Eviction, EvictionCause, Level,
+    ModelSpec, NodeConfig, ReplicaRequest, Schedule, Snapshot, Window,
+};
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Deploy(Vec<(usize, u32, bool)>),
+    EvictReplica(usize),
+    EvictModel(usize),
+    Schedule(Vec<(usize, u32, u64, u64)>),
+    Advance(u64),
+}
+
+#[derive(Debug, Clone)]
+struct World {
+    nodes: Vec<(u32, u64, u64)>,
+    models: Vec<u64>,
+    ops: Vec<Op>,
+    seed: u64,
+}
+
+/// Any cluster, including none at all and nodes without GPUs.
+fn world() -> impl Strategy<Value = World> {
+    world_of(0..5, 0..5, vec![16, 24, 40, 80], 1..200)
+}
+
+/// Clusters where most models fit somewhere, so placements often evict.
+fn busy_world() -> impl Strategy<Value = World> {
+    world_of(1..5, 1..5, vec![40, 80], 1..100)
+}
+
+fn world_of(
+    node_count: std::ops::Range<usize>,
+    gpus: std::ops::Range<u32>,
+    gpu_gb: Vec<u64>,
+    model_gb: std::ops::Range<u64>,
+) -> impl Strategy<Value = World> {
+    let nodes = prop::collection::vec(
+        (gpus, prop::sample::select(gpu_gb), prop::sample::select(vec![0u64, 30, 100, 400])),
+        node_count,
+    );
+    let models = prop::collection::vec(model_gb, 1..7);
+    (nodes, models, any::<u64>()).prop_flat_map(|(nodes, models, seed)| {
+        let m = models.len();
+        let op = prop_oneof![
+            4 => prop::collection::vec((0..m, 0u32..4, prop::bool::weighted(0.2)), 1..4).prop_map(Op::Deploy),
+            1 => (0usize..64).prop_map(Op::EvictReplica),
+            1 => (0..m).prop_map(Op::EvictModel),
+            1 => prop::collection::vec((0..m, 1u32..3, 0u64..4, 1u64..4), 0..3).prop_map(Op::Schedule),
+            2 => (0u64..3).prop_map(Op::Advance),
+        ];
+        (Just(nodes), Just(models), prop::collection::vec(op, 1..25), Just(seed))
+            .prop_map(|(nodes, models, ops, seed)| World { nodes, models, ops, seed })
+    })
+}
+
+fn model_key(i: usize) -> hangar_core::ModelKey {
+    key(&format!("m{i}"))
+}
+
+fn build(w: &World) -> Cluster {
+    let config = ClusterConfig {
+        nodes: w
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, &(gpus, mem, cache))| NodeConfig {
+                id: format!("n{i}").parse().unwrap(),
+                gpus,
+                gpu_memory: Some(hangar_core::ByteSize::new(mem * GB)),
+                gpu_kind: None,
+                virtual_gpus: i % 2 == 1,
+                cpu_cache: hangar_core::ByteSize::new(cache * GB),
+            })
+            .collect(),
+        models: w
+            .models
+            .iter()
+            .enumerate()
+            .map(|(i, &gb)| {
+                (
+                    model_key(i),
+                    ModelSpec { size: Some(hangar_core::ByteSize::new(gb * GB)), ..Default::default() },
+                )
+            })
+            .collect(),
+        ..Default::default()
+    };
+    Cluster::new(config).unwrap()
+}
+
+/// What an operation did, for the checks.
+struct Step {
+    evictions: Vec<Eviction>,
+    deploys: Vec<DeployOutcome>,
+    /// Models whose dedicated replicas may lose protection in this step
+    /// (they left the schedule).
+    released: BTreeSet<hangar_core::ModelKey>,
+}
+
+fn apply(c: &mut Cluster, op: &Op, now: &mut u64, rng: &mut ChaCha8Rng) -> Step {
+    let mut step = Step { evictions: vec![], deploys: vec![], released: BTreeSet::new() };
+    match op {
+        Op::Deploy(reqs) => {
+            let reqs: Vec<ReplicaRequest> = reqs
+                .iter()
+                .map(|&(m, replicas, dedicated)| ReplicaRequest {
+                    model_key: model_key(m),
+                    replicas,
+                    dedicated,
+                })
+                .collect();
+            step.deploys.push(c.deploy(&reqs, *now, rng));
+        }
+        Op::EvictReplica(pick) => {
+            let all: Vec<(hangar_core::ModelKey, ReplicaId)> =
+                c.snapshot().deployments().values().map(|d| (d.model_key.clone(), d.replica_id)).collect();
+            if !all.is_empty() {
+                let (m, r) = &all[pick % all.len()];
+                step.evictions = c.evict_replica(m, r).unwrap();
+            }
+        }
+        Op::EvictModel(m) => step.evictions = c.evict_model(&model_key(*m)),
+        Op::Schedule(windows) => {
+            let windows: Vec<Window> = windows
+                .iter()
+                .map(|&(m, replicas, start, len)| Window {
+                    model_key: model_key(m),
+                    replicas,
+                    start_ms: start * HOUR,
+                    end_ms: (start + len) * HOUR,
+                })
+                .collect();
+            let schedule = Schedule::new(windows).unwrap();
+            let active: BTreeSet<_> = schedule.requests_at(*now).into_iter().map(|r| r.model_key).collect();
+            step.released = c.snapshot().deployments().values().map(|d| d.model_key.clone()).collect();
+            step.released.retain(|m| !active.contains(m));
+            step.deploys.push(c.apply_schedule(&schedule, *now, rng));
+        }
+        Op::Advance(hours) => *now += hours * HOUR + 1,
+    }
+    step
+}
+
+fn check(before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), TestCaseError> {
+    // Accounting: no GPU over-committed, free + reserved = total, caches in
+    // budget, ids unique, each replica in at most one of hot / warm.
+    c.check_invariants().map_err(TestCaseError::fail)?;
+    let after = c.snapshot();
+
+    // delta(old, new) applied to old = new.
+    let delta = DeploymentDelta::between(before, &after).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut replay = before.clone();
+    delta.apply(&mut replay).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(&replay, &after);
+
+    // Releases precede claims.
+    let actions: Vec<_> = delta.steps().map(|s| s.action).collect();
+    let first_claim = actions
+        .iter()
+        .position(|a| matches!(a, hangar_placement::Action::Create | hangar_placement::Action::FromCache));
+    if let Some(i) = first_claim {
+        prop_assert!(actions[i..]
+            .iter()
+            .all(|a| !matches!(a, hangar_placement::Action::Delete | hangar_placement::Action::ToCache)));
+    }
+
+    // Dedicated deployments are never evicted by pressure (or dropped from
+    // a cache for room), unless the schedule just released their model.
+    let pressure = step
+        .deploys
+        .iter()
+        .flat_map(|d| &d.evictions)
+        .chain(&step.evictions)
+        .filter(|e| !matches!(e.cause, EvictionCause::Explicit));
+    for e in pressure {
+        if let Some(old) = before.deployments().get(&e.replica_id) {
+            prop_assert!(
+                !old.dedicated || step.released.contains(&old.model_key),
+                "dedicated {} evicted by {:?}",
+                old.name(),
+                e.cause
+            );
+        }
+    }
+
+    // Every placed replica is hot where the outcome says.
+    for out in &step.deploys {
+        for m in &out.models {
+            for r in &m.replicas {
+                match r.level {
+                    CandidateLevel::CantAccommodate => prop_assert!(r.reason.is_some()),
+                    level => {
+                        let d = after.deployments().get(&r.replica_id.unwrap());
+                        let d = d.ok_or_else(|| TestCaseError::fail("placed replica missing"))?;
+                        prop_assert_eq!(d.level, Level::Hot);
+                        prop_assert_eq!(Some(&d.node), r.node.as_ref());
+                        if level <= CandidateLevel::Free {
+                            prop_assert_eq!(r.eviction_cost.count, 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(w: &World) -> Result<Snapshot, TestCaseError> {
+    let mut c = build(w);
+    let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+    let mut now = 0;
+    for op in &w.ops {
+        let before = c.snapshot();
+        let step = apply(&mut c, op, &mut now, &mut rng);
+        check(&before, &c, &step)?;
+    }
+    Ok(c.snapshot())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_after_every_operation(w in world()) {
+        run(&w)?;
+    }
+
+    #[test]
+    fn the_same_seed_and_operations_give_the_same_cluster(w in world()) {
+        prop_assert_eq!(run(&w)?, run(&w)?);
+    }
+
+    /// `deploy` stops early and bounds its search; what it picks must still
+    /// be the best of every node's exhaustive answer.
+    #[test]
+    fn deploy_picks_the_best_candidate(w in busy_world(), pick in 0usize..16, dedicated: bool) {
+        let mut c = build(&w);
+        let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+        let mut now = 0;
+        for op in &w.ops {
+            apply(&mut c, op, &mut now, &mut rng);
+        }
+        let model = model_key(pick % w.models.len());
+        let candidates = c.candidates(&model, dedicated, now);
+        prop_assert_eq!(candidates.len(), c.nodes().len());
+        let hot = c.replicas_of(&model, Level::Hot).len() as u32;
+        let request = ReplicaRequest { model_key: model, replicas: hot + 1, dedicated };
+        let out = c.deploy(&[request], now, &mut rng);
+        let placed = out.models[0].replicas.last().unwrap();
+        let best = candidates.iter().map(|c| c.level).min().unwrap_or(CandidateLevel::CantAccommodate);
+        prop_assert_eq!(placed.level, best);
+        if best != CandidateLevel::CantAccommodate {
+            let cost = candidates.iter().filter(|c| c.level == best).map(|c| c.eviction_cost).min().unwrap();
+            prop_assert_eq!(placed.eviction_cost, cost);
+            prop_assert!(candidates
+                .iter()
+                .any(|c| c.level == best && c.eviction_cost == cost && Some(&c.node) == placed.node.as_ref()));
+        }
+    }
+}
