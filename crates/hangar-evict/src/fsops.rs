@@ -1,0 +1,167 @@
+//! Thin, symlink-proof directory primitives relative to open directory
+//! handles: nothing here resolves a path from the root again, so a rename or
+//! a symlink planted mid-sweep cannot redirect an `unlinkat` outside the tree.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use rustix::fs::{self as rfs, AtFlags, Dir, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// Opens directories with `O_NOFOLLOW` and, when the process may (owner or
+/// `CAP_FOWNER`), `O_NOATIME`, so crawling does not dirty every directory
+/// inode on a `strictatime` mount.
+#[derive(Debug)]
+pub(crate) struct Opener {
+    noatime: AtomicBool,
+}
+
+impl Default for Opener {
+    fn default() -> Self {
+        Opener {
+            noatime: AtomicBool::new(true),
+        }
+    }
+}
+
+impl Opener {
+    /// Opens `name` under `parent` as a directory, never through a symlink.
+    pub(crate) fn dir(&self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        if self.noatime.load(Relaxed) {
+            match rfs::openat(parent, name, flags | OFlags::NOATIME, Mode::empty()) {
+                Err(Errno::PERM) => self.noatime.store(false, Relaxed),
+                r => return r.map_err(io::Error::from),
+            }
+        }
+        Ok(rfs::openat(parent, name, flags, Mode::empty())?)
+    }
+
+    /// Opens a directory by path (the cache root; symlinks in the configured
+    /// path itself are the operator's choice).
+    pub(crate) fn root(&self, path: &std::path::Path) -> io::Result<OwnedFd> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        Ok(rfs::open(path, flags, Mode::empty())?)
+    }
+}
+
+/// One directory entry other than `.` and `..`.
+pub(crate) struct Entry {
+    pub(crate) name: CString,
+    pub(crate) kind: FileType,
+}
+
+impl Entry {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.name.to_bytes()
+    }
+
+    pub(crate) fn is_dir(&self) -> bool {
+        self.kind == FileType::Directory
+    }
+}
+
+/// Streams the entries of a directory, resolving `DT_UNKNOWN` with a
+/// no-follow `fstatat`.
+pub(crate) struct Listing {
+    dir: Dir,
+}
+
+impl Listing {
+    pub(crate) fn new(fd: OwnedFd) -> io::Result<Listing> {
+        Ok(Listing { dir: Dir::new(fd)? })
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.dir.fd().expect("Dir::fd is infallible on Linux")
+    }
+
+    /// The next entry, `None` at the end. Errors end the listing.
+    pub(crate) fn next_entry(&mut self) -> Option<io::Result<Entry>> {
+        loop {
+            let e = match self.dir.read()? {
+                Ok(e) => e,
+                Err(err) => return Some(Err(err.into())),
+            };
+            let name = e.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let mut kind = e.file_type();
+            let name = name.to_owned();
+            if kind == FileType::Unknown {
+                match rfs::statat(self.fd(), &name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) => kind = FileType::from_raw_mode(st.st_mode),
+                    Err(Errno::NOENT) => continue,
+                    Err(err) => return Some(Err(err.into())),
+                }
+            }
+            return Some(Ok(Entry { name, kind }));
+        }
+    }
+}
+
+/// What a no-follow `fstatat` says about a file.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileInfo {
+    pub(crate) regular: bool,
+    /// `max(atime, mtime)` in nanoseconds since the epoch.
+    pub(crate) last_use_ns: i64,
+    pub(crate) mtime_ns: i64,
+    pub(crate) blocks: u64,
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; `Ok(None)` if it vanished.
+pub(crate) fn stat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<FileInfo>> {
+    match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(info(&st))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn info(st: &rfs::Stat) -> FileInfo {
+    let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+    let atime = ns(st.st_atime as i64, st.st_atime_nsec as i64);
+    let mtime = ns(st.st_mtime as i64, st.st_mtime_nsec as i64);
+    FileInfo {
+        regular: FileType::from_raw_mode(st.st_mode) == FileType::RegularFile,
+        last_use_ns: atime.max(mtime),
+        mtime_ns: mtime,
+        blocks: st.st_blocks as u64,
+    }
+}
+
+/// Modification time of an open directory.
+pub(crate) fn dir_mtime_ns(fd: impl AsFd) -> io::Result<i64> {
+    Ok(info(&rfs::fstat(fd)?).mtime_ns)
+}
+
+/// `unlinkat(dir, name, 0)`; `Ok(false)` if it had already vanished.
+pub(crate) fn unlink(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+    match rfs::unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `rmdir` relative to `parent`; `Ok(false)` if it is not empty any more or
+/// vanished — a writer got there first, which is fine.
+pub(crate) fn rmdir(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+    match rfs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+        Ok(()) => Ok(true),
+        Err(Errno::NOENT | Errno::NOTEMPTY | Errno::EXIST | Errno::BUSY) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Current time in nanoseconds since the epoch.
+pub(crate) fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
