@@ -39,6 +39,7 @@ pub mod layout;
 mod select;
 mod shutdown;
 mod stats;
+pub mod synth;
 mod usage;
 
 pub use config::{Config, ConfigError, LogLevel, Variable, VARIABLES};
