@@ -20,23 +20,28 @@
 //!
 //! ```no_run
 //! use hangar_evict::{Config, Evictor, Statvfs};
+//! // The daemon: statvfs on PVC_MOUNT_PATH, signals, /metrics, events.
+//! hangar_evict::run(Config::from_env()?)?;
+//!
+//! // Or drive the parts yourself.
 //! let config = Config::from_env()?;
-//! let evictor = Evictor::new(config.clone(), Statvfs::new(&config.pvc_mount_path));
-//! let stop = evictor.shutdown_handle();
-//! stop.on_signals()?;
-//! evictor.run()?;
+//! let mut evictor = Evictor::new(config.clone(), Statvfs::new(&config.pvc_mount_path));
+//! let tick = evictor.tick()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod bench;
 mod crawl;
+mod daemon;
 mod delete;
 mod engine;
 mod fsops;
 mod hysteresis;
 pub mod layout;
 mod select;
+mod services;
 mod shutdown;
 mod stats;
 pub mod synth;
@@ -44,10 +49,12 @@ mod usage;
 
 pub use config::{Config, ConfigError, LogLevel, Variable, VARIABLES};
 pub use crawl::{DirHook, Shard};
+pub use daemon::run;
 pub use delete::Removed;
 pub use engine::{EvictError, EvictReport, Evictor, Stop, Sweep, Tick};
 pub use hysteresis::{Hysteresis, Mode};
 pub use select::{Candidate, Selection};
+pub use services::{event_message, render_metrics, Services, MEDIUM};
 pub use shutdown::Shutdown;
 pub use stats::{human_bytes, Snapshot, Stats};
 pub use usage::{AtimeMode, Statvfs, Usage, UsageSource};

@@ -21,12 +21,20 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// KV-cache disk evictor: a drop-in for llm-d's PVC evictor.
+    Evict(cmd::evict::Args),
+}
 
 fn main() -> ExitCode {
-    init_tracing();
     let cli = Cli::parse();
-    let result = match cli.command {};
+    // `hangar evict` takes its level and log file from its own settings.
+    if !matches!(cli.command, Command::Evict(_)) {
+        init_tracing();
+    }
+    let result = match cli.command {
+        Command::Evict(args) => cmd::evict::run(args),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => cmd::report(&err),

@@ -1,5 +1,7 @@
 //! One module per subcommand. Each exposes `Args` (clap) and `run(args)`.
 
+pub mod evict;
+
 use std::io::ErrorKind;
 use std::process::ExitCode;
 
