@@ -117,6 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Logs to stderr and, with `LOG_FILE_PATH`, appended to that file too; the
 /// level is `RUST_LOG` when set, else `LOG_LEVEL`.
 fn init_logging(level: &str, file: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
     use tracing_subscriber::{fmt, EnvFilter};
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
@@ -133,7 +134,7 @@ fn init_logging(level: &str, file: Option<&std::path::Path>) -> anyhow::Result<(
     };
     tracing_subscriber::registry()
         .with(filter)
-        .with(fmt::layer().with_writer(std::io::stderr))
+        .with(fmt::layer().with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr))
         .with(file_layer)
         .try_init()?;
     Ok(())
