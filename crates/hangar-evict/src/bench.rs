@@ -184,6 +184,10 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     }
     let peak_rss_kib = child.peak_rss_kib()?;
     let (sigterm_exit, clean_exit) = child.terminate()?;
+    let kept_log = opts.work_dir.join(format!("hangar-evict-bench-{files}.log"));
+    if std::fs::copy(&log, &kept_log).is_ok() {
+        tracing::info!(log = %kept_log.display(), "evictor log kept");
+    }
     Ok(Row {
         files,
         start_percent,
@@ -358,6 +362,9 @@ impl Evictor {
         let child = Command::new(exe)
             .arg("evict")
             .env("PVC_MOUNT_PATH", mnt)
+            // Logging only: one status line per second, sweep timings.
+            .env("STATUS_INTERVAL_SECONDS", "1")
+            .env("LOG_LEVEL", "DEBUG")
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(log)

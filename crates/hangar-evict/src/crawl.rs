@@ -280,6 +280,10 @@ struct Crawler<'a> {
     out: Sender<Vec<Candidate>>,
     buf: Vec<Candidate>,
     chunk: usize,
+    /// Counted locally and published per bucket, not per file, so eight
+    /// crawlers do not fight over one cache line.
+    discovered: u64,
+    hot: u64,
 }
 
 impl<'a> Crawler<'a> {
@@ -289,6 +293,8 @@ impl<'a> Crawler<'a> {
             out,
             buf: Vec::with_capacity(chunk),
             chunk,
+            discovered: 0,
+            hot: 0,
         }
     }
 
@@ -298,8 +304,15 @@ impl<'a> Crawler<'a> {
                 break;
             }
             self.bucket(task);
+            self.publish_counts();
         }
         self.flush();
+    }
+
+    fn publish_counts(&mut self) {
+        let stats = self.ctx.input.stats;
+        Stats::add(&stats.discovered, std::mem::take(&mut self.discovered));
+        Stats::add(&stats.hot_skipped, std::mem::take(&mut self.hot));
     }
 
     fn flush(&mut self) {
@@ -372,9 +385,9 @@ impl<'a> Crawler<'a> {
             Ok(_) => return,
             Err(e) => return io_error(input.stats, &shard.path, &e),
         };
-        Stats::add(&input.stats.discovered, 1);
+        self.discovered += 1;
         if info.last_use_ns > self.ctx.hot_cutoff_ns {
-            Stats::add(&input.stats.hot_skipped, 1);
+            self.hot += 1;
             return;
         }
         if info.last_use_ns > self.ctx.cutoff.load(Relaxed) {

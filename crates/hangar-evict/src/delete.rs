@@ -44,9 +44,8 @@ pub(crate) struct Deleter<'a> {
     pub(crate) stats: &'a Stats,
     /// Files used after this instant are never deleted.
     pub(crate) hot_cutoff_ns: i64,
-    /// Directory handles of the previous file, reused when the next file
-    /// lives in the same bucket or leaf.
-    bucket: Option<((u32, u16), OwnedFd)>,
+    /// Handle of the previous file's leaf directory, reused when the next
+    /// file lives in the same one.
     leaf: Option<((u32, u16, layout::Leaf), OwnedFd)>,
 }
 
@@ -64,7 +63,6 @@ impl<'a> Deleter<'a> {
             opener,
             stats,
             hot_cutoff_ns,
-            bucket: None,
             leaf: None,
         }
     }
@@ -128,28 +126,17 @@ impl<'a> Deleter<'a> {
 
     /// The open leaf directory of `c`, or `None` if it vanished.
     fn leaf_dir(&mut self, c: &Candidate) -> io::Result<Option<&OwnedFd>> {
-        let leaf_key = (c.shard, c.bucket, c.leaf);
-        if self.leaf.as_ref().is_some_and(|(k, _)| *k == leaf_key) {
-            return Ok(self.leaf.as_ref().map(|(_, fd)| fd));
-        }
-        let shard = &self.shards[c.shard as usize];
-        let bucket_key = (c.shard, c.bucket);
-        if !self.bucket.as_ref().is_some_and(|(k, _)| *k == bucket_key) {
-            let name = CString::new(shard.layout.bucket_name(c.bucket)).expect("hex has no NUL");
-            self.bucket = None;
-            match self.opener.dir(shard.fd.as_fd(), &name) {
-                Ok(fd) => self.bucket = Some((bucket_key, fd)),
+        let key = (c.shard, c.bucket, c.leaf);
+        if !self.leaf.as_ref().is_some_and(|(k, _)| *k == key) {
+            self.leaf = None;
+            let shard = &self.shards[c.shard as usize];
+            let bucket = shard.layout.bucket_name(c.bucket);
+            let leaf = shard.layout.leaf_name(c.leaf);
+            match self.opener.dir_beneath(shard.fd.as_fd(), &bucket, &leaf) {
+                Ok(fd) => self.leaf = Some((key, fd)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(e),
             }
-        }
-        let bucket = &self.bucket.as_ref().expect("just opened").1;
-        let name = CString::new(shard.layout.leaf_name(c.leaf)).expect("hex has no NUL");
-        self.leaf = None;
-        match self.opener.dir(bucket.as_fd(), &name) {
-            Ok(fd) => self.leaf = Some((leaf_key, fd)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
         }
         Ok(self.leaf.as_ref().map(|(_, fd)| fd))
     }

@@ -21,12 +21,14 @@
 use std::collections::HashSet;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::crawl::{self, DirHook, Shard, SweepInput};
-use crate::delete::{BatchOutcome, Deleter, Removed};
+use crate::delete::{Deleter, Removed};
 use crate::fsops::{self, Opener};
 use crate::hysteresis::{Hysteresis, Mode};
 use crate::select::{Candidate, Selection};
@@ -216,7 +218,7 @@ impl Evictor {
         self.stats.set_usage(usage.percent());
         self.stats
             .deleting
-            .store(mode == Mode::On, std::sync::atomic::Ordering::Relaxed);
+            .store(mode == Mode::On, Relaxed);
         Ok((usage, mode))
     }
 
@@ -231,8 +233,8 @@ impl Evictor {
             self.config.max_candidates,
         );
         Stats::add(&self.stats.sweeps, 1);
-        self.stats.discovered.store(0, std::sync::atomic::Ordering::Relaxed);
-        self.stats.hot_skipped.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.stats.discovered.store(0, Relaxed);
+        self.stats.hot_skipped.store(0, Relaxed);
         let root = self.config.cache_root();
         let input = SweepInput {
             config: &self.config,
@@ -249,7 +251,7 @@ impl Evictor {
         let candidates = selection.into_oldest_first();
         self.stats.queued.store(
             candidates.len() as u64,
-            std::sync::atomic::Ordering::Relaxed,
+            Relaxed,
         );
         tracing::debug!(
             shards = shards.len(),
@@ -266,71 +268,98 @@ impl Evictor {
     }
 
     /// Deletes a sweep's selection oldest first, in batches of
-    /// `DELETION_BATCH_SIZE`, re-measuring usage between batches and stopping
-    /// as soon as it reaches the target or a stop is requested.
+    /// `DELETION_BATCH_SIZE`, re-measuring usage after every batch and
+    /// stopping as soon as it reaches the target or a stop is requested.
+    ///
+    /// `NUM_CRAWLER_PROCESSES` threads take consecutive batches, so at most
+    /// that many batches are in flight when the target is reached, and
+    /// order is kept to within those batches.
     pub fn evict(&mut self, sweep: Sweep) -> Result<EvictReport, EvictError> {
         let hot_ns = self.config.access_time_threshold.as_nanos() as i64;
-        let (config, opener, stats) = (self.config.clone(), self.opener.clone(), self.stats.clone());
-        let mut deleter = Deleter::new(
-            &config,
-            &sweep.shards,
-            &opener,
-            &stats,
-            fsops::now_ns().saturating_sub(hot_ns),
-        );
+        let hot_cutoff_ns = fsops::now_ns().saturating_sub(hot_ns);
+        let batches: Vec<&[Candidate]> = sweep.candidates.chunks(self.config.deletion_batch_size).collect();
+        let threads = self.config.crawler_threads.min(batches.len()).max(1);
+        let next = AtomicUsize::new(0);
+        let reached = AtomicBool::new(false);
+        let deleted = AtomicU64::new(0);
+        let freed = AtomicU64::new(0);
+        let failure: Mutex<Option<io::Error>> = Mutex::new(None);
+        let dry_bytes = AtomicU64::new(self.dry.bytes);
+        let sink = Mutex::new(self.events.as_mut());
+        let dry_reported = Mutex::new(&mut self.dry.reported);
         let started = Instant::now();
-        let mut report = EvictReport {
-            deleted: 0,
-            bytes: 0,
-            usage_percent: 0.0,
-            stopped: Stop::Exhausted,
+        let (config, shards, opener, stats, usage, shutdown) = (
+            &self.config,
+            &sweep.shards,
+            &*self.opener,
+            &*self.stats,
+            &*self.usage,
+            &self.shutdown,
+        );
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    let mut deleter = Deleter::new(config, shards, opener, stats, hot_cutoff_ns);
+                    let mut removed = Vec::new();
+                    while !reached.load(Relaxed) && !shutdown.is_triggered() {
+                        let Some(batch) = batches.get(next.fetch_add(1, Relaxed)) else {
+                            break;
+                        };
+                        let out = deleter.batch(batch, &mut |r| removed.push(r));
+                        stats.queued.fetch_sub(batch.len() as u64, Relaxed);
+                        deleted.fetch_add(out.deleted, Relaxed);
+                        freed.fetch_add(out.bytes, Relaxed);
+                        if let Some(sink) = lock(&sink).as_mut() {
+                            removed.drain(..).for_each(|r| sink(r));
+                        }
+                        removed.clear();
+                        if config.dry_run {
+                            dry_bytes.fetch_add(out.bytes, Relaxed);
+                            lock(&dry_reported)
+                                .extend(batch.iter().map(|c| shards[c.shard as usize].block_fingerprint(c.hash)));
+                        }
+                        match usage.usage() {
+                            Ok(u) => {
+                                let u = u.minus(dry_bytes.load(Relaxed));
+                                stats.set_usage(u.percent());
+                                if u.percent() <= config.target_threshold {
+                                    reached.store(true, Relaxed);
+                                }
+                            }
+                            Err(e) => {
+                                *lock(&failure) = Some(e);
+                                reached.store(true, Relaxed);
+                            }
+                        }
+                        if let Some(rate) = config.max_files_per_second {
+                            let due = Duration::from_secs_f64(deleted.load(Relaxed) as f64 / rate);
+                            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                                shutdown.sleep(wait);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(EvictError::Usage(e));
+        }
+        self.dry.bytes = dry_bytes.into_inner();
+        self.stats.queued.store(0, Relaxed);
+        let (usage, mode) = self.check()?;
+        let stopped = if mode == Mode::Off {
+            Stop::TargetReached
+        } else if self.shutdown.is_triggered() {
+            Stop::Shutdown
+        } else {
+            Stop::Exhausted
         };
-        let mut remaining = sweep.candidates.len() as u64;
-        for batch in sweep.candidates.chunks(self.config.deletion_batch_size) {
-            if self.shutdown.is_triggered() {
-                report.stopped = Stop::Shutdown;
-                break;
-            }
-            let events = &mut self.events;
-            let dry = &mut self.dry;
-            let dry_run = self.config.dry_run;
-            let shards = &sweep.shards;
-            let BatchOutcome { deleted, bytes } = deleter.batch(batch, &mut |r: Removed| {
-                if let Some(sink) = events.as_mut() {
-                    sink(r);
-                }
-            });
-            if dry_run {
-                dry.bytes += bytes;
-                dry.reported
-                    .extend(batch.iter().map(|c| shards[c.shard as usize].block_fingerprint(c.hash)));
-            }
-            remaining -= batch.len() as u64;
-            self.stats
-                .queued
-                .store(remaining, std::sync::atomic::Ordering::Relaxed);
-            report.deleted += deleted;
-            report.bytes += bytes;
-            let (usage, mode) = self.check()?;
-            report.usage_percent = usage.percent();
-            if mode == Mode::Off {
-                report.stopped = Stop::TargetReached;
-                break;
-            }
-            self.pace(started, report.deleted);
-        }
-        self.stats.queued.store(0, std::sync::atomic::Ordering::Relaxed);
-        Ok(report)
-    }
-
-    /// Sleeps as needed to honour `DELETION_MAX_FILES_PER_SECOND`.
-    fn pace(&self, started: Instant, deleted: u64) {
-        if let Some(rate) = self.config.max_files_per_second {
-            let due = Duration::from_secs_f64(deleted as f64 / rate);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                self.shutdown.sleep(wait);
-            }
-        }
+        Ok(EvictReport {
+            deleted: deleted.into_inner(),
+            bytes: freed.into_inner(),
+            usage_percent: usage.percent(),
+            stopped,
+        })
     }
 
     /// One activator decision and, if deletion is ON, one sweep and its
@@ -410,4 +439,10 @@ impl Evictor {
                 source,
             })
     }
+}
+
+/// Locks a mutex, ignoring poisoning: the data are counters and sinks that
+/// stay usable after a panicking holder.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -16,12 +16,14 @@ use rustix::io::Errno;
 #[derive(Debug)]
 pub(crate) struct Opener {
     noatime: AtomicBool,
+    openat2: AtomicBool,
 }
 
 impl Default for Opener {
     fn default() -> Self {
         Opener {
             noatime: AtomicBool::new(true),
+            openat2: AtomicBool::new(true),
         }
     }
 }
@@ -37,6 +39,33 @@ impl Opener {
             }
         }
         Ok(rfs::openat(parent, name, flags, Mode::empty())?)
+    }
+
+    /// Opens the directory `first/second` below `parent` in one `openat2`
+    /// that refuses symlinks anywhere on the way and never leaves `parent`;
+    /// on kernels without `openat2` (before 5.6), one no-follow step at a time.
+    pub(crate) fn dir_beneath(&self, parent: BorrowedFd<'_>, first: &str, second: &str) -> io::Result<OwnedFd> {
+        use rustix::fs::ResolveFlags as R;
+        let cstr = |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        if self.openat2.load(Relaxed) {
+            let path = cstr(format!("{first}/{second}"))?;
+            let resolve = R::NO_SYMLINKS | R::BENEATH | R::NO_MAGICLINKS | R::NO_XDEV;
+            let mut flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            if self.noatime.load(Relaxed) {
+                flags |= OFlags::NOATIME;
+            }
+            match rfs::openat2(parent, &path, flags, Mode::empty(), resolve) {
+                Ok(fd) => return Ok(fd),
+                Err(Errno::NOSYS) => self.openat2.store(false, Relaxed),
+                Err(Errno::PERM) if flags.contains(OFlags::NOATIME) => {
+                    self.noatime.store(false, Relaxed);
+                    return self.dir_beneath(parent, first, second);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mid = self.dir(parent, &cstr(first.to_owned())?)?;
+        self.dir(mid.as_fd(), &cstr(second.to_owned())?)
     }
 
     /// Opens a directory by path (the cache root; symlinks in the configured

@@ -55,6 +55,7 @@ impl Services {
             });
         }
         let (stop_tx, stop_rx) = oneshot::channel();
+        let (flush_tx, flush_rx) = oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
         let batch = config.deletion_batch_size;
@@ -82,7 +83,7 @@ impl Services {
                     };
                     let publisher = match endpoint {
                         Some(ep) => match bind_publisher(&ep).await {
-                            Ok(p) => Some(tokio::spawn(publish(p, events_rx, batch))),
+                            Ok(p) => Some(tokio::spawn(publish(p, events_rx, batch, flush_rx))),
                             Err(e) => {
                                 let _ = ready_tx.send(Err(("event publisher", e)));
                                 return;
@@ -92,8 +93,8 @@ impl Services {
                     };
                     let _ = ready_tx.send(Ok(metrics_addr));
                     let _ = stop_rx.await;
+                    let _ = flush_tx.send(());
                     if let Some(p) = publisher {
-                        // The sender side is dropped by now: flush what is queued.
                         let _ = p.await;
                     }
                 });
@@ -226,27 +227,56 @@ async fn bind_publisher(endpoint: &str) -> io::Result<zeromq::PubSocket> {
     Ok(socket)
 }
 
-async fn publish(mut socket: zeromq::PubSocket, mut rx: mpsc::Receiver<Removed>, batch: usize) {
-    use zeromq::SocketSend;
+/// Publishes removed blocks until told to flush, then sends what is queued
+/// and returns.
+async fn publish(
+    mut socket: zeromq::PubSocket,
+    mut rx: mpsc::Receiver<Removed>,
+    batch: usize,
+    mut flush: oneshot::Receiver<()>,
+) {
     let mut seq: u64 = 0;
     let mut buf = Vec::with_capacity(batch);
-    while rx.recv_many(&mut buf, batch).await > 0 {
-        let mut by_model: BTreeMap<Arc<str>, Vec<u64>> = BTreeMap::new();
-        for r in buf.drain(..) {
-            by_model.entry(r.model).or_default().push(r.hash);
-        }
-        for (model, hashes) in by_model {
-            let msg = match event_message(&model, seq, &hashes) {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot encode BlockRemoved event");
-                    continue;
+    loop {
+        tokio::select! {
+            n = rx.recv_many(&mut buf, batch) => {
+                if n == 0 {
+                    return;
                 }
-            };
-            seq += 1;
-            if let Err(e) = socket.send(msg).await {
-                tracing::warn!(error = %e, "BlockRemoved event not sent");
+                send_grouped(&mut socket, &mut seq, &mut buf).await;
             }
+            _ = &mut flush => {
+                while let Ok(r) = rx.try_recv() {
+                    buf.push(r);
+                    if buf.len() >= batch {
+                        send_grouped(&mut socket, &mut seq, &mut buf).await;
+                    }
+                }
+                send_grouped(&mut socket, &mut seq, &mut buf).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Sends `buf` as one message per model and empties it.
+async fn send_grouped(socket: &mut zeromq::PubSocket, seq: &mut u64, buf: &mut Vec<Removed>) {
+    use zeromq::SocketSend;
+    let mut by_model: BTreeMap<Arc<str>, Vec<u64>> = BTreeMap::new();
+    for r in buf.drain(..) {
+        by_model.entry(r.model).or_default().push(r.hash);
+    }
+    for (model, hashes) in by_model {
+        let msg = match event_message(&model, *seq, &hashes) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode BlockRemoved event");
+                continue;
+            }
+        };
+        *seq += 1;
+        if let Err(e) = socket.send(msg).await {
+            tracing::warn!(error = %e, "BlockRemoved event not sent");
         }
     }
 }
