@@ -403,6 +403,7 @@ impl<'a> Crawler<'a> {
             last_use_ns: info.last_use_ns,
             hash,
             blocks: info.blocks.min(u64::from(u32::MAX)) as u32,
+            ino: info.ino as u32,
             shard: task.shard,
             bucket: task.bucket,
             leaf,

@@ -140,6 +140,7 @@ pub(crate) struct FileInfo {
     pub(crate) last_use_ns: i64,
     pub(crate) mtime_ns: i64,
     pub(crate) blocks: u64,
+    pub(crate) ino: u64,
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; `Ok(None)` if it vanished.
@@ -160,6 +161,7 @@ fn info(st: &rfs::Stat) -> FileInfo {
         last_use_ns: atime.max(mtime),
         mtime_ns: mtime,
         blocks: st.st_blocks as u64,
+        ino: st.st_ino as u64,
     }
 }
 

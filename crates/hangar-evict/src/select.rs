@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 use crate::layout::Leaf;
 
 /// One deletable file, located by shard index and bucket codes instead of a
-/// path (32 bytes).
+/// path (40 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
     /// Last use in nanoseconds since the epoch: `max(atime, mtime)`.
@@ -23,6 +23,8 @@ pub struct Candidate {
     pub hash: u64,
     /// Allocated size in 512-byte blocks (`st_blocks`), what `df` counts.
     pub blocks: u32,
+    /// Inode number (low 32 bits), for deleting in on-disk order.
+    pub ino: u32,
     /// Index of the shard in the sweep's shard table.
     pub shard: u32,
     /// First-level bucket value.
@@ -147,6 +149,7 @@ mod tests {
             last_use_ns,
             hash,
             blocks,
+            ino: 0,
             shard: 0,
             bucket: 0,
             leaf: Leaf { hh: 0, group: None },
