@@ -118,9 +118,7 @@ const BLOCK: usize = 8192;
 const RANKS: u32 = 2;
 
 fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
-    let dir = opts
-        .work_dir
-        .join(format!("hangar-evict-bench-{}-{files}", std::process::id()));
+    let dir = opts.work_dir.join(format!("hangar-evict-bench-{}-{files}", std::process::id()));
     let vol = Volume::create(&dir, files)?;
     let mnt = vol.mnt.clone();
     let root = mnt.join("kv/model-cache/models");
@@ -139,9 +137,7 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     };
     tracing::info!(files, mount = %mnt.display(), "writing tree");
     let started = Instant::now();
-    let plan = spec
-        .write(&root, SystemTime::now(), 4)
-        .map_err(io_err("writing the tree"))?;
+    let plan = spec.write(&root, SystemTime::now(), 4).map_err(io_err("writing the tree"))?;
     rustix::fs::sync();
     let disk = Statvfs::new(&mnt);
     tracing::info!(
@@ -209,25 +205,14 @@ fn usage(disk: &Statvfs) -> Result<Usage, BenchError> {
 
 /// (deleted, (recent total, recent survived), order violations).
 fn survivors(root: &Path, plan: &[BlockFile]) -> (usize, (usize, usize), usize) {
-    let exists: Vec<bool> = plan
-        .iter()
-        .map(|f| root.join(&f.path).symlink_metadata().is_ok())
-        .collect();
+    let exists: Vec<bool> = plan.iter().map(|f| root.join(&f.path).symlink_metadata().is_ok()).collect();
     let deleted = exists.iter().filter(|e| !**e).count();
     let recent_total = plan.iter().filter(|f| f.hot).count();
     let recent_kept = plan.iter().zip(&exists).filter(|(f, e)| f.hot && **e).count();
-    let oldest_kept_cold = plan
-        .iter()
-        .zip(&exists)
-        .filter(|(f, e)| !f.hot && **e)
-        .map(|(f, _)| f.last_use)
-        .min();
+    let oldest_kept_cold =
+        plan.iter().zip(&exists).filter(|(f, e)| !f.hot && **e).map(|(f, _)| f.last_use).min();
     let violations = match oldest_kept_cold {
-        Some(oldest) => plan
-            .iter()
-            .zip(&exists)
-            .filter(|(f, e)| !**e && f.last_use > oldest)
-            .count(),
+        Some(oldest) => plan.iter().zip(&exists).filter(|(f, e)| !**e && f.last_use > oldest).count(),
         None => 0,
     };
     (deleted, (recent_total, recent_kept), violations)
@@ -246,12 +231,8 @@ impl Volume {
     /// 87 % of it, leaving the rest to the ballast.
     fn create(dir: &Path, files: usize) -> Result<Volume, BenchError> {
         std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
-        let mut vol = Volume {
-            dir: dir.to_owned(),
-            img: dir.join("ext4.img"),
-            mnt: dir.join("mnt"),
-            mounted: false,
-        };
+        let mut vol =
+            Volume { dir: dir.to_owned(), img: dir.join("ext4.img"), mnt: dir.join("mnt"), mounted: false };
         std::fs::create_dir_all(&vol.mnt).map_err(io_err("creating the mount point"))?;
         // Leaf directories in use for `files` random hashes over 4096 × 256.
         let leaves_per_rank = 1_048_576.0 * (1.0 - (-(files as f64 / RANKS as f64) / 1_048_576.0).exp());
@@ -279,12 +260,7 @@ impl Volume {
                 .arg(inodes.to_string())
                 .arg(&self.img),
         )?;
-        run_cmd(
-            Command::new("mount")
-                .args(["-o", "loop,strictatime"])
-                .arg(&self.img)
-                .arg(&self.mnt),
-        )?;
+        run_cmd(Command::new("mount").args(["-o", "loop,strictatime"]).arg(&self.img).arg(&self.mnt))?;
         self.mounted = true;
         Ok(())
     }
@@ -299,11 +275,9 @@ impl Volume {
         };
         let path = self.mnt.join(name);
         let file = std::fs::File::create(&path).map_err(io_err(format!("creating {}", path.display())))?;
-        rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes)
-            .map_err(|e| BenchError::Io {
-                what: format!("allocating {} bytes of ballast", bytes),
-                source: e.into(),
-            })?;
+        rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes).map_err(|e| {
+            BenchError::Io { what: format!("allocating {} bytes of ballast", bytes), source: e.into() }
+        })?;
         rustix::fs::fsync(&file).map_err(|e| io_err("fsync ballast")(e.into()))?;
         Ok(())
     }
@@ -336,10 +310,8 @@ impl Drop for Volume {
 
 fn run_cmd(cmd: &mut Command) -> Result<(), BenchError> {
     let line = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| BenchError::Command {
-        command: line.clone(),
-        detail: e.to_string(),
-    })?;
+    let out =
+        cmd.output().map_err(|e| BenchError::Command { command: line.clone(), detail: e.to_string() })?;
     if out.status.success() {
         Ok(())
     } else {
@@ -460,7 +432,17 @@ impl fmt::Display for Report {
         writeln!(
             f,
             "{:>8} {:>6} {:>10} {:>8} {:>9} {:>9} {:>6} {:>9} {:>10} {:>13} {:>10}",
-            "files", "start", "to <=70%", "deleted", "files/s", "peak RSS", "CPU s", "idle CPU", "SIGTERM", "recent kept", "order viol"
+            "files",
+            "start",
+            "to <=70%",
+            "deleted",
+            "files/s",
+            "peak RSS",
+            "CPU s",
+            "idle CPU",
+            "SIGTERM",
+            "recent kept",
+            "order viol"
         )?;
         for r in &self.rows {
             writeln!(

@@ -63,7 +63,7 @@ variables! {
     STATUS_INTERVAL_SECONDS = "STATUS_INTERVAL_SECONDS", "10", "seconds between aggregated status lines";
     METRICS_PORT = "METRICS_PORT", "", "serve Prometheus metrics on this port at /metrics (0 picks a free port)";
     METRICS_ADDRESS = "METRICS_ADDRESS", "0.0.0.0", "address the metrics server binds";
-    MAX_CANDIDATES = "MAX_CANDIDATES", "262144", "most candidates one sweep remembers (32 bytes each); bounds memory";
+    MAX_CANDIDATES = "MAX_CANDIDATES", "262144", "most candidates one sweep remembers (40 bytes each); bounds memory";
     DELETION_MAX_FILES_PER_SECOND = "DELETION_MAX_FILES_PER_SECOND", "0", "deletion rate limit; 0 means unlimited";
     TMP_FILE_TTL_SECONDS = "TMP_FILE_TTL_SECONDS", "3600", "remove leftover <hash>*.tmp files older than this; 0 disables";
 }
@@ -180,9 +180,7 @@ impl Config {
         let target_threshold = get(TARGET_THRESHOLD).percent()?;
         if target_threshold >= cleanup_threshold {
             let raw = get(TARGET_THRESHOLD);
-            return Err(raw.invalid(format!(
-                "must be below CLEANUP_THRESHOLD ({cleanup_threshold})"
-            )));
+            return Err(raw.invalid(format!("must be below CLEANUP_THRESHOLD ({cleanup_threshold})")));
         }
         let rate = get(DELETION_MAX_FILES_PER_SECOND).float(0.0, f64::MAX)?;
         let tmp_ttl = get(TMP_FILE_TTL_SECONDS).seconds()?;
@@ -240,11 +238,7 @@ impl Raw {
     }
 
     fn invalid(&self, reason: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            var: self.var,
-            value: self.value.clone(),
-            reason: reason.into(),
-        }
+        ConfigError::Invalid { var: self.var, value: self.value.clone(), reason: reason.into() }
     }
 
     fn optional(&self) -> Option<String> {
@@ -252,9 +246,7 @@ impl Raw {
     }
 
     fn parsed<T: std::str::FromStr>(&self, what: &str) -> Result<T, ConfigError> {
-        self.value
-            .parse()
-            .map_err(|_| self.invalid(format!("expected {what}")))
+        self.value.parse().map_err(|_| self.invalid(format!("expected {what}")))
     }
 
     fn float(&self, min: f64, max: f64) -> Result<f64, ConfigError> {
@@ -342,11 +334,7 @@ impl Raw {
 }
 
 fn default_of(var: &str) -> &'static str {
-    VARIABLES
-        .iter()
-        .find(|v| v.name == var)
-        .map(|v| v.default)
-        .unwrap_or_default()
+    VARIABLES.iter().find(|v| v.name == var).map(|v| v.default).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -355,10 +343,8 @@ mod tests {
     use std::collections::HashMap;
 
     fn with(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(|k| map.get(k).cloned())
     }
 

@@ -107,12 +107,7 @@ pub(crate) fn sweep(input: &SweepInput<'_>, selection: Selection) -> (Vec<Shard>
 fn crawl(input: &SweepInput<'_>, shards: &[Shard], mut selection: Selection) -> Selection {
     let cutoff = AtomicI64::new(i64::MAX);
     let hot_ns = input.config.access_time_threshold.as_nanos() as i64;
-    let ctx = Ctx {
-        input,
-        shards,
-        cutoff: &cutoff,
-        hot_cutoff_ns: input.now_ns.saturating_sub(hot_ns),
-    };
+    let ctx = Ctx { input, shards, cutoff: &cutoff, hot_cutoff_ns: input.now_ns.saturating_sub(hot_ns) };
     let chunk = CHUNK.min(input.config.file_queue_maxsize);
     let capacity = (input.config.file_queue_maxsize / chunk).max(1);
     std::thread::scope(|scope| {
@@ -165,10 +160,7 @@ fn crawl(input: &SweepInput<'_>, shards: &[Shard], mut selection: Selection) -> 
                 if !entry.is_dir() {
                     continue;
                 }
-                let task = Task {
-                    shard: shard_idx as u32,
-                    bucket,
-                };
+                let task = Task { shard: shard_idx as u32, bucket };
                 loop {
                     select! {
                         send(task_tx, task) -> r => { if r.is_err() { break 'feed } break }
@@ -208,9 +200,7 @@ fn shard_listing(input: &SweepInput<'_>, shard: &Shard) -> Option<Listing> {
             return None;
         }
     };
-    Listing::new(fd)
-        .map_err(|e| io_error(input.stats, &shard.path, &e))
-        .ok()
+    Listing::new(fd).map_err(|e| io_error(input.stats, &shard.path, &e)).ok()
 }
 
 /// Joins crawler `idx` after it ended; if it panicked, counts a restart
@@ -242,12 +232,10 @@ fn spawn_crawler<'scope, 'env>(
     exit: Sender<usize>,
     chunk: usize,
 ) -> io::Result<ScopedJoinHandle<'scope, ()>> {
-    std::thread::Builder::new()
-        .name(format!("evict-crawl-{idx}"))
-        .spawn_scoped(scope, move || {
-            let _exit = ExitNotice { idx, tx: exit };
-            Crawler::new(ctx, out, chunk).run(&tasks);
-        })
+    std::thread::Builder::new().name(format!("evict-crawl-{idx}")).spawn_scoped(scope, move || {
+        let _exit = ExitNotice { idx, tx: exit };
+        Crawler::new(ctx, out, chunk).run(&tasks);
+    })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -288,14 +276,7 @@ struct Crawler<'a> {
 
 impl<'a> Crawler<'a> {
     fn new(ctx: &'a Ctx<'a>, out: Sender<Vec<Candidate>>, chunk: usize) -> Self {
-        Crawler {
-            ctx,
-            out,
-            buf: Vec::with_capacity(chunk),
-            chunk,
-            discovered: 0,
-            hot: 0,
-        }
+        Crawler { ctx, out, buf: Vec::with_capacity(chunk), chunk, discovered: 0, hot: 0 }
     }
 
     fn run(mut self, tasks: &Receiver<Task>) {
@@ -393,10 +374,7 @@ impl<'a> Crawler<'a> {
         if info.last_use_ns > self.ctx.cutoff.load(Relaxed) {
             return; // newer than everything the selection still wants
         }
-        if input
-            .exclude
-            .is_some_and(|seen| seen.contains(&shard.block_fingerprint(hash)))
-        {
+        if input.exclude.is_some_and(|seen| seen.contains(&shard.block_fingerprint(hash))) {
             return;
         }
         self.buf.push(Candidate {
@@ -484,7 +462,15 @@ fn find_shards(input: &SweepInput<'_>, root: &OwnedFd) -> Vec<Shard> {
         let Ok(name) = entry.to_str() else { continue };
         if let Some((base, model)) = layout::parse_current_rank_dir(name) {
             let model = model_name(input, root.as_fd(), base).unwrap_or_else(|| model.to_owned());
-            push_shard(input, &mut shards, root.as_fd(), &entry, PathBuf::from(name), Layout::Current { bucket_len }, model);
+            push_shard(
+                input,
+                &mut shards,
+                root.as_fd(),
+                &entry,
+                PathBuf::from(name),
+                Layout::Current { bucket_len },
+                model,
+            );
         } else if let Ok(fd) = input.opener.dir(root.as_fd(), &entry) {
             legacy(input, &mut shards, &fd, PathBuf::from(name), 1);
         }
@@ -519,7 +505,15 @@ fn legacy(input: &SweepInput<'_>, shards: &mut Vec<Shard>, dir: &OwnedFd, model:
                             .join(par.to_str().unwrap_or_default())
                             .join(rank.to_str().unwrap_or_default())
                             .join(dtype_name);
-                        push_shard(input, shards, rank_fd.as_fd(), &dtype, path, Layout::Legacy, model_name.clone());
+                        push_shard(
+                            input,
+                            shards,
+                            rank_fd.as_fd(),
+                            &dtype,
+                            path,
+                            Layout::Legacy,
+                            model_name.clone(),
+                        );
                     }
                 }
             }
@@ -543,13 +537,7 @@ fn push_shard(
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             path.hash(&mut h);
-            shards.push(Shard {
-                fingerprint: h.finish(),
-                path,
-                layout,
-                model: model.into(),
-                fd,
-            })
+            shards.push(Shard { fingerprint: h.finish(), path, layout, model: model.into(), fd })
         }
         Err(e) => io_error(input.stats, &path, &e),
     }
@@ -595,13 +583,7 @@ fn model_name(input: &SweepInput<'_>, root: BorrowedFd<'_>, base: &str) -> Optio
     let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC;
     let fd = rustix::fs::openat(&dir, c"config.json", flags, rustix::fs::Mode::empty()).ok()?;
     let mut text = String::new();
-    std::fs::File::from(fd)
-        .take(1 << 16)
-        .read_to_string(&mut text)
-        .ok()?;
+    std::fs::File::from(fd).take(1 << 16).read_to_string(&mut text).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v.get("model_name")
-        .or_else(|| v.get("model"))
-        .and_then(|m| m.as_str())
-        .map(str::to_owned)
+    v.get("model_name").or_else(|| v.get("model")).and_then(|m| m.as_str()).map(str::to_owned)
 }

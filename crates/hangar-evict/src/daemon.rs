@@ -38,9 +38,7 @@ pub fn run(config: Config) -> Result<(), EvictError> {
         "evictor started"
     );
     let shutdown = Shutdown::new();
-    shutdown
-        .on_signals()
-        .map_err(|source| EvictError::Start { what: "signal handler", source })?;
+    shutdown.on_signals().map_err(|source| EvictError::Start { what: "signal handler", source })?;
     let mut evictor = Evictor::new(config.clone(), disk).with_shutdown(shutdown);
     let services = Services::start(&config, evictor.stats())?;
     if let Some(sink) = services.removed_sink() {

@@ -57,14 +57,7 @@ impl<'a> Deleter<'a> {
         stats: &'a Stats,
         hot_cutoff_ns: i64,
     ) -> Self {
-        Deleter {
-            config,
-            shards,
-            opener,
-            stats,
-            hot_cutoff_ns,
-            leaf: None,
-        }
+        Deleter { config, shards, opener, stats, hot_cutoff_ns, leaf: None }
     }
 
     /// Processes `batch` in order; `removed` receives each removed block.
@@ -75,10 +68,7 @@ impl<'a> Deleter<'a> {
                 Ok(Some(bytes)) => {
                     out.deleted += 1;
                     out.bytes += bytes;
-                    removed(Removed {
-                        model: self.shards[c.shard as usize].model.clone(),
-                        hash: c.hash,
-                    });
+                    removed(Removed { model: self.shards[c.shard as usize].model.clone(), hash: c.hash });
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -127,7 +117,7 @@ impl<'a> Deleter<'a> {
     /// The open leaf directory of `c`, or `None` if it vanished.
     fn leaf_dir(&mut self, c: &Candidate) -> io::Result<Option<&OwnedFd>> {
         let key = (c.shard, c.bucket, c.leaf);
-        if !self.leaf.as_ref().is_some_and(|(k, _)| *k == key) {
+        if self.leaf.as_ref().is_none_or(|(k, _)| *k != key) {
             self.leaf = None;
             let shard = &self.shards[c.shard as usize];
             let bucket = shard.layout.bucket_name(c.bucket);

@@ -36,8 +36,8 @@ use crate::shutdown::Shutdown;
 use crate::stats::Stats;
 use crate::usage::{Usage, UsageSource};
 
-/// Extra bytes a sweep selects beyond the exact overshoot, so that rounding
-/// and metadata blocks do not force a second sweep.
+/// Extra share of the volume a sweep selects beyond the exact overshoot, so
+/// that rounding and metadata blocks do not force a second sweep.
 const BUDGET_MARGIN: f64 = 0.01;
 /// Longest wait between sweeps that found nothing deletable.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -87,10 +87,7 @@ impl Sweep {
 
     /// Selected files relative to the cache root, oldest first.
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.candidates
-            .iter()
-            .map(|c| self.shards[c.shard as usize].file_path(c))
-            .collect()
+        self.candidates.iter().map(|c| self.shards[c.shard as usize].file_path(c)).collect()
     }
 
     /// The shards (model/rank directories) the sweep found.
@@ -237,9 +234,7 @@ impl Evictor {
         let usage = self.usage.usage().map_err(EvictError::Usage)?.minus(self.dry.bytes);
         let mode = self.hysteresis.observe(usage.percent());
         self.stats.set_usage(usage.percent());
-        self.stats
-            .deleting
-            .store(mode == Mode::On, Relaxed);
+        self.stats.deleting.store(mode == Mode::On, Relaxed);
         Ok((usage, mode))
     }
 
@@ -248,11 +243,8 @@ impl Evictor {
     pub fn sweep(&mut self, usage: Usage) -> Sweep {
         let need = usage.bytes_above(self.config.target_threshold);
         let budget_bytes = need + (usage.capacity_bytes() as f64 * BUDGET_MARGIN) as u64;
-        let selection = Selection::new(
-            budget_bytes,
-            self.config.file_queue_min_size,
-            self.config.max_candidates,
-        );
+        let selection =
+            Selection::new(budget_bytes, self.config.file_queue_min_size, self.config.max_candidates);
         Stats::add(&self.stats.sweeps, 1);
         self.stats.discovered.store(0, Relaxed);
         self.stats.hot_skipped.store(0, Relaxed);
@@ -270,10 +262,7 @@ impl Evictor {
         let started = Instant::now();
         let (shards, selection) = crawl::sweep(&input, selection);
         let candidates = selection.into_oldest_first();
-        self.stats.queued.store(
-            candidates.len() as u64,
-            Relaxed,
-        );
+        self.stats.queued.store(candidates.len() as u64, Relaxed);
         tracing::debug!(
             shards = shards.len(),
             selected = candidates.len(),
@@ -281,12 +270,7 @@ impl Evictor {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "sweep done"
         );
-        Sweep {
-            shards,
-            candidates,
-            budget_bytes,
-            need_bytes: need,
-        }
+        Sweep { shards, candidates, budget_bytes, need_bytes: need }
     }
 
     /// Deletes a sweep's selection oldest first, in batches of
@@ -311,14 +295,8 @@ impl Evictor {
         let sink = Mutex::new(self.events.as_mut());
         let dry_reported = Mutex::new(&mut self.dry.reported);
         let started = Instant::now();
-        let (config, shards, opener, stats, usage, shutdown) = (
-            &self.config,
-            &sweep.shards,
-            &*self.opener,
-            &*self.stats,
-            &*self.usage,
-            &self.shutdown,
-        );
+        let (config, shards, opener, stats, usage, shutdown) =
+            (&self.config, &sweep.shards, &*self.opener, &*self.stats, &*self.usage, &self.shutdown);
         std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| {
@@ -333,13 +311,14 @@ impl Evictor {
                         deleted.fetch_add(out.deleted, Relaxed);
                         freed.fetch_add(out.bytes, Relaxed);
                         if let Some(sink) = lock(&sink).as_mut() {
-                            removed.drain(..).for_each(|r| sink(r));
+                            removed.drain(..).for_each(sink);
                         }
                         removed.clear();
                         if config.dry_run {
                             dry_bytes.fetch_add(out.bytes, Relaxed);
-                            lock(&dry_reported)
-                                .extend(batch.iter().map(|c| shards[c.shard as usize].block_fingerprint(c.hash)));
+                            lock(&dry_reported).extend(
+                                batch.iter().map(|c| shards[c.shard as usize].block_fingerprint(c.hash)),
+                            );
                         }
                         match usage.usage() {
                             Ok(u) => {
@@ -390,9 +369,7 @@ impl Evictor {
     pub fn tick(&mut self) -> Result<Tick, EvictError> {
         let (usage, mode) = self.check()?;
         if mode == Mode::Off {
-            return Ok(Tick::Idle {
-                usage_percent: usage.percent(),
-            });
+            return Ok(Tick::Idle { usage_percent: usage.percent() });
         }
         let sweep = self.sweep(usage);
         if sweep.is_empty() {

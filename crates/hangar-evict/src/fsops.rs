@@ -21,10 +21,7 @@ pub(crate) struct Opener {
 
 impl Default for Opener {
     fn default() -> Self {
-        Opener {
-            noatime: AtomicBool::new(true),
-            openat2: AtomicBool::new(true),
-        }
+        Opener { noatime: AtomicBool::new(true), openat2: AtomicBool::new(true) }
     }
 }
 
@@ -44,7 +41,12 @@ impl Opener {
     /// Opens the directory `first/second` below `parent` in one `openat2`
     /// that refuses symlinks anywhere on the way and never leaves `parent`;
     /// on kernels without `openat2` (before 5.6), one no-follow step at a time.
-    pub(crate) fn dir_beneath(&self, parent: BorrowedFd<'_>, first: &str, second: &str) -> io::Result<OwnedFd> {
+    pub(crate) fn dir_beneath(
+        &self,
+        parent: BorrowedFd<'_>,
+        first: &str,
+        second: &str,
+    ) -> io::Result<OwnedFd> {
         use rustix::fs::ResolveFlags as R;
         let cstr = |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
         if self.openat2.load(Relaxed) {
@@ -152,6 +154,8 @@ pub(crate) fn stat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<FileIn
     }
 }
 
+// `stat` field types differ between targets; the casts are no-ops on x86_64 only.
+#[allow(clippy::unnecessary_cast)]
 fn info(st: &rfs::Stat) -> FileInfo {
     let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
     let atime = ns(st.st_atime as i64, st.st_atime_nsec as i64);

@@ -23,11 +23,7 @@ impl Hysteresis {
     /// Starts OFF. `target` must be below `cleanup` (the config ensures it).
     pub fn new(cleanup: f64, target: f64) -> Hysteresis {
         debug_assert!(target < cleanup);
-        Hysteresis {
-            cleanup,
-            target,
-            mode: Mode::Off,
-        }
+        Hysteresis { cleanup, target, mode: Mode::Off }
     }
 
     /// Feeds one usage percentage and returns the mode it leaves.

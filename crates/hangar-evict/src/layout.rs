@@ -47,10 +47,7 @@ impl Layout {
 
     /// Parses a first-level bucket name (`abc`) into its value.
     pub fn parse_bucket(self, name: &[u8]) -> Option<u16> {
-        (name.len() == self.bucket_len())
-            .then(|| parse_hex(name))
-            .flatten()
-            .map(|v| v as u16)
+        (name.len() == self.bucket_len()).then(|| parse_hex(name)).flatten().map(|v| v as u16)
     }
 
     /// Formats a first-level bucket value back into its name.
@@ -67,10 +64,7 @@ impl Layout {
             Layout::Current { .. } => {
                 let digits = name[2..].strip_prefix(b"_g")?;
                 let group = parse_decimal(digits)?;
-                Some(Leaf {
-                    hh,
-                    group: Some(group),
-                })
+                Some(Leaf { hh, group: Some(group) })
             }
         }
     }
@@ -150,9 +144,7 @@ pub fn is_legacy_rank_dir(name: &str) -> bool {
 pub fn is_dtype_dir(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
 }
 
 fn is_decimal(s: &str) -> bool {
@@ -163,8 +155,7 @@ fn parse_decimal(s: &[u8]) -> Option<u32> {
     if s.is_empty() || s.len() > 9 || !s.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    s.iter()
-        .try_fold(0u32, |acc, d| Some(acc * 10 + u32::from(d - b'0')))
+    s.iter().try_fold(0u32, |acc, d| Some(acc * 10 + u32::from(d - b'0')))
 }
 
 /// Lowercase hex only, as FileMapper writes it; at most 16 digits.

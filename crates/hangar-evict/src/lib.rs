@@ -31,8 +31,8 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod config;
 pub mod bench;
+pub mod config;
 mod crawl;
 mod daemon;
 mod delete;

@@ -4,7 +4,7 @@
 //! of the least recently used ones and drops the newest as soon as the rest
 //! still cover the byte budget (what must be freed to reach the target), so
 //! it ends holding the *smallest set of oldest files* that frees enough —
-//! never more than `max_count` entries of 32 bytes, whatever the tree size.
+//! never more than `max_count` entries of 40 bytes, whatever the tree size.
 //! The current newest key ([`Selection::cutoff`]) is published to crawlers so
 //! they skip files that could not get in without sending them.
 
@@ -109,8 +109,7 @@ impl Selection {
     pub fn cutoff(&self) -> Option<i64> {
         let full = self.heap.len() >= self.max_count
             || (self.heap.len() >= self.min_count && self.bytes >= self.budget_bytes);
-        full.then(|| self.heap.peek().map(|c| c.last_use_ns))
-            .flatten()
+        full.then(|| self.heap.peek().map(|c| c.last_use_ns)).flatten()
     }
 
     /// Candidates kept so far.

@@ -41,18 +41,10 @@ impl Services {
     /// Starts what `config` asks for; returns once sockets are bound, so a
     /// port conflict is an error at start.
     pub fn start(config: &Config, stats: Arc<Stats>) -> Result<Services, EvictError> {
-        let metrics = config
-            .metrics_port
-            .map(|port| SocketAddr::new(config.metrics_address, port));
+        let metrics = config.metrics_port.map(|port| SocketAddr::new(config.metrics_address, port));
         let endpoint = config.storage_events_endpoint.clone();
         if metrics.is_none() && endpoint.is_none() {
-            return Ok(Services {
-                stop: None,
-                thread: None,
-                events: None,
-                metrics_addr: None,
-                stats,
-            });
+            return Ok(Services { stop: None, thread: None, events: None, metrics_addr: None, stats });
         }
         let (stop_tx, stop_rx) = oneshot::channel();
         let (flush_tx, flush_rx) = oneshot::channel::<()>();
@@ -99,10 +91,7 @@ impl Services {
                     }
                 });
             })
-            .map_err(|source| EvictError::Start {
-                what: "service thread",
-                source,
-            })?;
+            .map_err(|source| EvictError::Start { what: "service thread", source })?;
         match ready_rx.recv() {
             Ok(Ok(metrics_addr)) => Ok(Services {
                 stop: Some(stop_tx),
@@ -192,13 +181,21 @@ pub fn render_metrics(s: &Snapshot) -> String {
     let mut reg = prometheus_client::registry::Registry::with_prefix("hangar_evict");
     reg.register("usage_percent", "Disk usage as df reports it", ConstGauge::new(s.usage_percent));
     reg.register("deleting", "1 while deletion is ON", ConstGauge::new(i64::from(s.deleting)));
-    reg.register("discovered_files", "Block files seen by the current sweep", ConstGauge::new(s.discovered as i64));
+    reg.register(
+        "discovered_files",
+        "Block files seen by the current sweep",
+        ConstGauge::new(s.discovered as i64),
+    );
     reg.register("queued_files", "Selected files waiting for the deleter", ConstGauge::new(s.queued as i64));
     let counters: [(&str, &str, u64); 10] = [
         ("sweeps", "Sweeps started", s.sweeps),
         ("deleted_files", "Files deleted (reported, in a dry run)", s.deleted),
         ("freed_bytes", "Bytes freed", s.bytes_freed),
-        ("spared_files", "Selected files spared because they were used after selection", s.spared_recently_used),
+        (
+            "spared_files",
+            "Selected files spared because they were used after selection",
+            s.spared_recently_used,
+        ),
         ("vanished_files", "Selected files that vanished before deletion", s.vanished),
         ("removed_dirs", "Empty directories removed", s.dirs_removed),
         ("removed_tmp_files", "Stale temporary files removed", s.tmp_removed),
@@ -219,10 +216,7 @@ async fn bind_publisher(endpoint: &str) -> io::Result<zeromq::PubSocket> {
     // libzmq spells "all interfaces" as `*`; the native implementation wants an address.
     let endpoint = endpoint.replacen("tcp://*:", "tcp://0.0.0.0:", 1);
     let mut socket = zeromq::PubSocket::new();
-    let bound = socket
-        .bind(&endpoint)
-        .await
-        .map_err(|e| io::Error::other(format!("{endpoint}: {e}")))?;
+    let bound = socket.bind(&endpoint).await.map_err(|e| io::Error::other(format!("{endpoint}: {e}")))?;
     tracing::info!(endpoint = %bound, "publishing BlockRemoved events");
     Ok(socket)
 }
@@ -282,7 +276,11 @@ async fn send_grouped(socket: &mut zeromq::PubSocket, seq: &mut u64, buf: &mut V
 }
 
 /// One multipart event message: topic, sequence number, msgpack payload.
-pub fn event_message(model: &str, seq: u64, hashes: &[u64]) -> Result<zeromq::ZmqMessage, rmp_serde::encode::Error> {
+pub fn event_message(
+    model: &str,
+    seq: u64,
+    hashes: &[u64],
+) -> Result<zeromq::ZmqMessage, rmp_serde::encode::Error> {
     let ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -302,12 +300,7 @@ mod tests {
 
     #[test]
     fn metrics_render_current_figures() {
-        let s = Snapshot {
-            usage_percent: 72.5,
-            deleting: true,
-            deleted: 42,
-            ..Snapshot::default()
-        };
+        let s = Snapshot { usage_percent: 72.5, deleting: true, deleted: 42, ..Snapshot::default() };
         let text = render_metrics(&s);
         assert!(text.contains("hangar_evict_usage_percent 72.5"), "{text}");
         assert!(text.contains("hangar_evict_deleting 1"), "{text}");

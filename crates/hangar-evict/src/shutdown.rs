@@ -59,14 +59,12 @@ impl Shutdown {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
         let this = self.clone();
-        std::thread::Builder::new()
-            .name("evict-signals".into())
-            .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
-                    tracing::info!(signal = sig, "stop requested; finishing the current batch");
-                    this.trigger();
-                }
-            })
+        std::thread::Builder::new().name("evict-signals".into()).spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "stop requested; finishing the current batch");
+                this.trigger();
+            }
+        })
     }
 }
 

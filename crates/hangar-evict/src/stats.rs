@@ -87,8 +87,7 @@ impl Stats {
 
     /// Records the latest usage figure.
     pub fn set_usage(&self, percent: f64) {
-        self.usage_centi_percent
-            .store((percent * 100.0).round() as u64, Relaxed);
+        self.usage_centi_percent.store((percent * 100.0).round() as u64, Relaxed);
     }
 
     /// Reads every counter.
@@ -173,9 +172,7 @@ mod tests {
         stats.set_usage(84.5);
         Stats::add(&stats.deleted, 200);
         Stats::add(&stats.bytes_freed, 2 * 1024 * 1024);
-        let line = stats
-            .snapshot()
-            .status_line(&before, Duration::from_secs(2), false);
+        let line = stats.snapshot().status_line(&before, Duration::from_secs(2), false);
         assert!(line.contains("usage=84.50%"), "{line}");
         assert!(line.contains("deletion=ON"), "{line}");
         assert!(line.contains("deleted=200 (+200, 100/s)"), "{line}");

@@ -74,9 +74,7 @@ impl TreeSpec {
     /// Directory of rank `rank`, relative to the cache root.
     pub fn shard_dir(&self, rank: u32) -> PathBuf {
         match self.layout {
-            Layout::Current { .. } => {
-                PathBuf::from(format!("{}_{}_r{rank}", self.safe_model(), DIGEST))
-            }
+            Layout::Current { .. } => PathBuf::from(format!("{}_{}_r{rank}", self.safe_model(), DIGEST)),
             Layout::Legacy => PathBuf::from(&self.model)
                 .join("block_size_16_blocks_per_file_1")
                 .join("tp_1_pp_size_1_pcp_size_1")
@@ -107,21 +105,13 @@ impl TreeSpec {
                 let hex = format!("{hash:016x}");
                 let bucket_len = self.layout.bucket_len();
                 let hh = u8::from_str_radix(&hex[bucket_len..bucket_len + 2], 16).unwrap_or(0);
-                let leaf = Leaf {
-                    hh,
-                    group: matches!(self.layout, Layout::Current { .. }).then_some(0),
-                };
+                let leaf = Leaf { hh, group: matches!(self.layout, Layout::Current { .. }).then_some(0) };
                 let path = self
                     .shard_dir(rank)
                     .join(&hex[..bucket_len])
                     .join(self.layout.leaf_name(leaf))
                     .join(layout::block_file_name(hash));
-                BlockFile {
-                    path,
-                    hash,
-                    last_use: now - age,
-                    hot,
-                }
+                BlockFile { path, hash, last_use: now - age, hot }
             })
             .collect()
     }
@@ -150,9 +140,7 @@ impl TreeSpec {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .try_for_each(|h| h.join().expect("writer thread panicked"))
+            handles.into_iter().try_for_each(|h| h.join().expect("writer thread panicked"))
         })?;
         Ok(files)
     }
@@ -178,20 +166,9 @@ pub fn set_last_use(path: &Path, t: SystemTime) -> io::Result<()> {
 pub fn set_times(path: &Path, atime: SystemTime, mtime: SystemTime) -> io::Result<()> {
     let ts = |t: SystemTime| {
         let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        rustix::fs::Timespec {
-            tv_sec: d.as_secs() as _,
-            tv_nsec: d.subsec_nanos() as _,
-        }
+        rustix::fs::Timespec { tv_sec: d.as_secs() as _, tv_nsec: d.subsec_nanos() as _ }
     };
-    let times = rustix::fs::Timestamps {
-        last_access: ts(atime),
-        last_modification: ts(mtime),
-    };
-    rustix::fs::utimensat(
-        rustix::fs::CWD,
-        path,
-        &times,
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )?;
+    let times = rustix::fs::Timestamps { last_access: ts(atime), last_modification: ts(mtime) };
+    rustix::fs::utimensat(rustix::fs::CWD, path, &times, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }

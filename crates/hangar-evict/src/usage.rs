@@ -49,10 +49,7 @@ impl Usage {
     /// The same volume with `bytes` more freed (used to simulate a dry run).
     pub fn minus(self, bytes: u64) -> Usage {
         let freed = bytes.min(self.used_bytes);
-        Usage {
-            used_bytes: self.used_bytes - freed,
-            avail_bytes: self.avail_bytes + freed,
-        }
+        Usage { used_bytes: self.used_bytes - freed, avail_bytes: self.avail_bytes + freed }
     }
 }
 
@@ -145,10 +142,7 @@ mod tests {
     fn statvfs_agrees_with_df() {
         let dir = tempfile::tempdir().unwrap();
         let ours = Statvfs::new(dir.path()).usage().unwrap().percent().ceil();
-        let out = std::process::Command::new("df")
-            .args(["--output=pcent"])
-            .arg(dir.path())
-            .output();
+        let out = std::process::Command::new("df").args(["--output=pcent"]).arg(dir.path()).output();
         let Ok(out) = out else {
             return; // no df on this machine: nothing to compare with
         };

@@ -13,11 +13,7 @@ use zeromq::{Socket, SocketRecv};
 fn removed_blocks_are_published_to_storage_events_endpoint() {
     let fx = Fixture::new();
     let files = fx.tree(spec(150));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let endpoint = format!("tcp://127.0.0.1:{port}");
     let config = fx.config(&[
         ("CLEANUP_THRESHOLD", "1"),

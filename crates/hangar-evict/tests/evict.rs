@@ -75,11 +75,7 @@ fn deletes_least_recently_used_first() {
 #[test]
 fn files_used_within_the_threshold_are_never_deleted() {
     let fx = Fixture::new();
-    let files = fx.tree(TreeSpec {
-        files: 200,
-        hot_fraction: 0.5,
-        ..TreeSpec::default()
-    });
+    let files = fx.tree(TreeSpec { files: 200, hot_fraction: 0.5, ..TreeSpec::default() });
     let usage = TreeUsage::filled_to(&fx.root, 95.0);
     let config = fx.config(&[("CLEANUP_THRESHOLD", "50"), ("TARGET_THRESHOLD", "0")]);
     let mut ev = Evictor::new(config, usage.source());
@@ -136,8 +132,8 @@ fn regression_dry_run_deletes_nothing_and_reports_each_file_once() {
     let reported = Arc::new(Mutex::new(Vec::new()));
     let sink = reported.clone();
     let config = fx.config(&[("DRY_RUN", "true"), ("CLEANUP_THRESHOLD", "1"), ("TARGET_THRESHOLD", "0")]);
-    let mut ev = Evictor::new(config, usage.source())
-        .with_removed_sink(move |r| sink.lock().unwrap().push(r.hash));
+    let mut ev =
+        Evictor::new(config, usage.source()).with_removed_sink(move |r| sink.lock().unwrap().push(r.hash));
     for _ in 0..10 {
         ev.tick().unwrap();
     }
@@ -219,12 +215,8 @@ fn files_vanishing_before_their_turn_are_skipped() {
 #[test]
 fn regression_both_layouts_including_a_bf16_dtype_directory() {
     let fx = Fixture::new();
-    let current = fx.tree(TreeSpec {
-        files: 80,
-        ranks: 2,
-        model: "org/current".into(),
-        ..TreeSpec::default()
-    });
+    let current =
+        fx.tree(TreeSpec { files: 80, ranks: 2, model: "org/current".into(), ..TreeSpec::default() });
     let legacy = fx.tree(TreeSpec {
         files: 80,
         ranks: 2,
@@ -247,7 +239,9 @@ fn regression_both_layouts_including_a_bf16_dtype_directory() {
         .collect();
     shards.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(shards.len(), 4, "{shards:?}");
-    assert!(shards.iter().any(|s| s.0.ends_with("rank_0/bf16") && s.1 == "org/legacy" && s.2 == Layout::Legacy));
+    assert!(shards
+        .iter()
+        .any(|s| s.0.ends_with("rank_0/bf16") && s.1 == "org/legacy" && s.2 == Layout::Legacy));
     assert!(shards.iter().any(|s| s.0.ends_with("_r1") && s.1 == "org/current"));
     assert_eq!(sweep.len(), 160);
 
@@ -306,7 +300,7 @@ fn regression_status_reports_on_while_deleting() {
     assert_eq!(mode, hangar_evict::Mode::On);
     let line = ev.stats().snapshot().status_line(&Default::default(), Duration::from_secs(1), false);
     assert!(line.contains("deletion=ON"), "{line}");
-    ev = ev.with_removed_sink(move |r| ev_sink(r));
+    ev = ev.with_removed_sink(ev_sink);
     let sweep = ev.sweep(u);
     ev.evict(sweep).unwrap();
     assert!(seen_on.load(Ordering::Relaxed), "status said OFF while deleting");
@@ -340,11 +334,8 @@ fn regression_stop_request_ends_a_sweep_promptly() {
     let fx = Fixture::new();
     fx.tree(spec(300));
     let usage = TreeUsage::filled_to(&fx.root, 99.0);
-    let config = fx.config(&[
-        ("CLEANUP_THRESHOLD", "1"),
-        ("TARGET_THRESHOLD", "0"),
-        ("NUM_CRAWLER_PROCESSES", "1"),
-    ]);
+    let config =
+        fx.config(&[("CLEANUP_THRESHOLD", "1"), ("TARGET_THRESHOLD", "0"), ("NUM_CRAWLER_PROCESSES", "1")]);
     let visited = Arc::new(AtomicUsize::new(0));
     let count = visited.clone();
     let ev = Evictor::new(config, usage.source()).with_dir_hook(Arc::new(move |_| {
@@ -408,11 +399,7 @@ fn stale_temporary_files_are_removed() {
 fn real_filesystem_end_to_end() {
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let fx = Fixture::in_dir(tmp);
-    let files = fx.tree(TreeSpec {
-        files: 200,
-        hot_fraction: 0.3,
-        ..TreeSpec::default()
-    });
+    let files = fx.tree(TreeSpec { files: 200, hot_fraction: 0.3, ..TreeSpec::default() });
     let disk = Statvfs::new(fx.mount());
     let now = disk.usage().unwrap().percent();
     // ON from the start, never reaching the target: delete all that is cold.

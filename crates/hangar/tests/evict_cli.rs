@@ -53,19 +53,12 @@ fn wait_exit(p: &mut Proc, bound: Duration) -> Option<std::process::ExitStatus> 
 
 #[test]
 fn invalid_settings_are_rejected_naming_the_variable() {
-    let out = hangar()
-        .args(["evict"])
-        .env("CLEANUP_THRESHOLD", "eighty")
-        .output()
-        .unwrap();
+    let out = hangar().args(["evict"]).env("CLEANUP_THRESHOLD", "eighty").output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("CLEANUP_THRESHOLD") && err.contains("eighty"), "{err}");
 
-    let out = hangar()
-        .args(["evict", "--target-threshold", "90"])
-        .output()
-        .unwrap();
+    let out = hangar().args(["evict", "--target-threshold", "90"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("TARGET_THRESHOLD"), "{err}");
@@ -85,12 +78,7 @@ fn help_lists_every_variable_as_a_flag() {
 fn regression_sigterm_during_eviction_exits_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("cache");
-    TreeSpec {
-        files: 2000,
-        ..TreeSpec::default()
-    }
-    .write(&root, SystemTime::now(), 2)
-    .unwrap();
+    TreeSpec { files: 2000, ..TreeSpec::default() }.write(&root, SystemTime::now(), 2).unwrap();
     // ON from the start and never at target: it keeps sweeping and deleting.
     let mut p = evictor(
         tmp.path(),

@@ -63,10 +63,7 @@ impl Fixture {
 }
 
 pub fn spec(files: usize) -> TreeSpec {
-    TreeSpec {
-        files,
-        ..TreeSpec::default()
-    }
+    TreeSpec { files, ..TreeSpec::default() }
 }
 
 /// Usage measured from the tree itself: bytes of regular files under
@@ -91,10 +88,7 @@ impl TreeUsage {
 
     pub fn usage(&self) -> io::Result<Usage> {
         let used = tree_bytes(&self.root) + *self.other_bytes.lock().unwrap();
-        Ok(Usage {
-            used_bytes: used,
-            avail_bytes: self.capacity.saturating_sub(used),
-        })
+        Ok(Usage { used_bytes: used, avail_bytes: self.capacity.saturating_sub(used) })
     }
 
     pub fn source(&self) -> impl Fn() -> io::Result<Usage> + Send + Sync + 'static {

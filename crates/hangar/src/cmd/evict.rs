@@ -84,9 +84,7 @@ impl clap::Args for Settings {
 impl Settings {
     /// Flag if given, else environment, else default; validated.
     fn config(&self) -> anyhow::Result<Config> {
-        Ok(Config::from_lookup(|name| {
-            self.0.get(name).cloned().or_else(|| std::env::var(name).ok())
-        })?)
+        Ok(Config::from_lookup(|name| self.0.get(name).cloned().or_else(|| std::env::var(name).ok()))?)
     }
 }
 
