@@ -188,19 +188,7 @@ fn crawl(input: &SweepInput<'_>, shards: &[Shard], mut selection: Selection) -> 
 }
 
 fn shard_listing(input: &SweepInput<'_>, shard: &Shard) -> Option<Listing> {
-    let fd = match rustix::fs::openat(
-        &shard.fd,
-        c".",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(e) => {
-            io_error(input.stats, &shard.path, &e.into());
-            return None;
-        }
-    };
-    Listing::new(fd).map_err(|e| io_error(input.stats, &shard.path, &e)).ok()
+    Listing::reopen(shard.fd.as_fd()).map_err(|e| io_error(input.stats, &shard.path, &e)).ok()
 }
 
 /// Joins crawler `idx` after it ended; if it panicked, counts a restart
@@ -545,15 +533,7 @@ fn push_shard(
 
 /// Names of the subdirectories of `dir` (never symlinks).
 fn dirs(input: &SweepInput<'_>, dir: BorrowedFd<'_>, at: &Path) -> Vec<CString> {
-    let listing = rustix::fs::openat(
-        dir,
-        c".",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(io::Error::from)
-    .and_then(Listing::new);
-    let mut listing = match listing {
+    let mut listing = match Listing::reopen(dir) {
         Ok(l) => l,
         Err(e) => {
             io_error(input.stats, at, &e);

@@ -105,6 +105,13 @@ impl Listing {
         Ok(Listing { dir: Dir::new(fd)? })
     }
 
+    /// Lists a directory that is already open, through a fresh handle so
+    /// the caller's handle keeps its position.
+    pub(crate) fn reopen(dir: BorrowedFd<'_>) -> io::Result<Listing> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        Listing::new(rfs::openat(dir, c".", flags, Mode::empty())?)
+    }
+
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.dir.fd().expect("Dir::fd is infallible on Linux")
     }
