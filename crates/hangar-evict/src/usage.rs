@@ -121,7 +121,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reserved_blocks_count_as_used_like_df() {
+    fn regression_reserved_blocks_count_as_used_like_df() {
         // 1000 blocks, 200 free of which 50 reserved for root.
         let u = Usage::from_statvfs(1000, 200, 150, 4096);
         assert_eq!(u.used_bytes, 800 * 4096);

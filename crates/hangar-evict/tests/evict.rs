@@ -412,3 +412,27 @@ fn real_filesystem_end_to_end() {
     }
     assert_eq!(ev.stats().snapshot().errors, 0);
 }
+
+#[test]
+fn regression_each_bucket_is_listed_once_per_sweep() {
+    let fx = Fixture::new();
+    fx.tree(TreeSpec { files: 400, ranks: 2, ..TreeSpec::default() });
+    let listed = Arc::new(Mutex::new(Vec::new()));
+    let log = listed.clone();
+    let config = fx.config(&[("NUM_CRAWLER_PROCESSES", "8")]);
+    let dial = Dial::default();
+    dial.set(90.0);
+    let mut ev = Evictor::new(config, dial.source())
+        .with_dir_hook(Arc::new(move |p| log.lock().unwrap().push(p.to_owned())));
+    let (u, _) = ev.check().unwrap();
+    ev.sweep(u);
+
+    let listed = listed.lock().unwrap();
+    let distinct: HashSet<_> = listed.iter().collect();
+    assert_eq!(distinct.len(), listed.len(), "a bucket was listed twice in one sweep");
+    let on_disk: usize = (0..2)
+        .map(|r| std::fs::read_dir(fx.root.join(TreeSpec::default().shard_dir(r))).unwrap().count())
+        .sum();
+    assert_eq!(listed.len(), on_disk, "every bucket is listed");
+    assert_eq!(ev.stats().snapshot().discovered, 400);
+}
