@@ -80,12 +80,14 @@ fn regression_sigterm_during_eviction_exits_cleanly() {
     let root = tmp.path().join("cache");
     TreeSpec { files: 2000, ..TreeSpec::default() }.write(&root, SystemTime::now(), 2).unwrap();
     // ON from the start and never at target: it keeps sweeping and deleting.
+    let log_file = tmp.path().join("evictor.log");
     let mut p = evictor(
         tmp.path(),
         &[
             ("CLEANUP_THRESHOLD", "0.001"),
             ("TARGET_THRESHOLD", "0"),
             ("DELETION_MAX_FILES_PER_SECOND", "500"),
+            ("LOG_FILE_PATH", log_file.to_str().unwrap()),
         ],
     );
     let mut stderr = BufReader::new(p.0.stderr.take().unwrap());
@@ -101,6 +103,8 @@ fn regression_sigterm_during_eviction_exits_cleanly() {
     let mut rest = String::new();
     stderr.read_to_string(&mut rest).unwrap();
     assert!(rest.contains("evictor stopped"), "{rest}");
+    let logged = std::fs::read_to_string(&log_file).unwrap();
+    assert!(logged.contains("evictor started") && logged.contains("evictor stopped"), "{logged}");
 }
 
 #[test]
