@@ -3,7 +3,8 @@
 //! Every other crate depends inward on this one and on nothing else of the
 //! workspace, so the types here are the words the crates use to talk to each
 //! other: identifiers ([`ModelKey`], [`ReplicaId`], [`AccountId`],
-//! [`RequestId`]) and units ([`ByteSize`], [`Millis`]).
+//! [`RequestId`]), units ([`ByteSize`], [`Millis`]) and the KV-cache block
+//! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]).
 //!
 //! Nothing here performs I/O or reads a clock; policy crates can use all of it.
 //!
@@ -18,7 +19,9 @@
 #![deny(missing_docs)]
 
 mod ids;
+mod kv;
 mod units;
 
 pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
+pub use kv::{mix64, BlockHash, KvEvent, ROOT_BLOCK_HASH};
 pub use units::{ByteSize, ByteSizeError, Millis};

@@ -22,6 +22,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Replay a request trace through simulated engines and a router.
+    Sim(cmd::sim::Args),
+    /// Generate request traces.
+    Trace(cmd::trace::Args),
     /// KV-cache disk evictor: a drop-in for llm-d's PVC evictor.
     Evict(cmd::evict::Args),
 }
@@ -33,6 +37,8 @@ fn main() -> ExitCode {
         init_tracing();
     }
     let result = match cli.command {
+        Command::Sim(args) => cmd::sim::run(args),
+        Command::Trace(args) => cmd::trace::run(args),
         Command::Evict(args) => cmd::evict::run(args),
     };
     match result {

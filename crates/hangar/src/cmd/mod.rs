@@ -1,9 +1,15 @@
-//! One module per subcommand. Each exposes `Args` (clap) and `run(args)`.
+//! One module per subcommand. Each exposes `Args` (clap) and `run(args)`,
+//! plus the few file helpers they share.
+
+use std::io::{BufWriter, ErrorKind, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
 
 pub mod evict;
-
-use std::io::ErrorKind;
-use std::process::ExitCode;
+pub mod sim;
+pub mod trace;
 
 /// Prints an error chain the way users read it (`error: … caused by: …`) and
 /// picks the exit code. A broken pipe (`hangar sim | head`) is not a failure.
@@ -20,4 +26,28 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
         eprintln!("  caused by: {cause}");
     }
     ExitCode::FAILURE
+}
+
+/// Reads a whole text file, naming it in the error.
+pub fn read_text(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// Writes one JSON value per line.
+pub fn write_jsonl<T: serde::Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+    let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = BufWriter::new(file);
+    for r in rows {
+        serde_json::to_writer(&mut out, r)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush().with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// This process's peak resident set size in MiB (Linux `VmHWM`).
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }

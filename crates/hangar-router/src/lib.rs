@@ -1,0 +1,333 @@
+//! Replica selection.
+//!
+//! A [`Router`] picks, for each request, the worker (replica) that should
+//! serve it. It is a sans-IO state machine: the driver tells it about workers
+//! ([`Router::add_worker`]), requests ([`Router::route`]), their progress
+//! ([`Router::prefill_done`], [`Router::finished`]) and the workers' KV cache
+//! changes ([`Router::apply_kv_events`]); it never reads a clock, and its
+//! only randomness — breaking ties — comes from a seeded generator, so a
+//! replay routes identically every time.
+//!
+//! Policies ([`RouterPolicy`]):
+//! - `round_robin`: workers in turn.
+//! - `least_outstanding`: the worker with the fewest requests in flight.
+//! - `kv`: the lowest cost, where for worker *w*
+//!   `cost = prefill_load_scale × (max(0, prompt blocks − overlap_credit ×
+//!   overlap_w) + queued prefill blocks_w) + active blocks_w +
+//!   active_request_weight × requests_w`. `overlap_w` is how many leading
+//!   blocks of the prompt *w* has cached, from its KV events; queued
+//!   prefill blocks are the uncached prompt blocks of *w*'s requests that have
+//!   not produced a first token yet; active blocks are the prompt blocks of
+//!   all of *w*'s requests in flight. Shared prefixes count once per request:
+//!   the term estimates decode work, and a decode step attends over each
+//!   request's whole context whether or not its KV is shared (the timing
+//!   model charges decode by summed context tokens for the same reason).
+//!
+//! ```
+//! use hangar_core::{BlockHash, KvEvent, RequestId};
+//! use hangar_router::{RouteRequest, Router, RouterPolicy, KvRouterConfig, WorkerId};
+//!
+//! let mut router = Router::new(RouterPolicy::Kv(KvRouterConfig::default()), 64, 7);
+//! router.add_worker(WorkerId(0));
+//! router.add_worker(WorkerId(1));
+//! let prompt = [BlockHash(11), BlockHash(12)];
+//! router.apply_kv_events(WorkerId(1), &[KvEvent::Stored { parent: None, blocks: prompt.to_vec() }]);
+//! let w = router.route(&RouteRequest { id: RequestId(1), blocks: &prompt, prompt_tokens: 128 }).unwrap();
+//! assert_eq!(w, WorkerId(1));
+//! ```
+#![deny(missing_docs)]
+
+mod index;
+
+use hangar_core::{BlockHash, KvEvent, RequestId};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use index::{KvIndex, WorkerSet};
+
+/// A worker (replica) as the router knows it: a small dense index the driver
+/// assigns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct WorkerId(pub u32);
+
+/// Weights of the KV-aware cost (see the crate docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvRouterConfig {
+    /// Weight of the prefill work a worker would have to do.
+    pub prefill_load_scale: f64,
+    /// How much one cached overlap block discounts the new prefill blocks.
+    pub overlap_credit: f64,
+    /// Weight of the number of requests in flight.
+    pub active_request_weight: f64,
+}
+
+impl Default for KvRouterConfig {
+    fn default() -> Self {
+        Self { prefill_load_scale: 1.0, overlap_credit: 1.0, active_request_weight: 0.0 }
+    }
+}
+
+/// How a [`Router`] chooses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterPolicy {
+    /// Workers in turn.
+    RoundRobin,
+    /// Fewest requests in flight.
+    LeastOutstanding,
+    /// Lowest KV-aware cost.
+    Kv(KvRouterConfig),
+}
+
+impl RouterPolicy {
+    /// Parses a policy name (`round_robin`, `least_outstanding`, `kv`), the
+    /// KV policy with default weights.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "round_robin" | "round-robin" | "rr" => Some(Self::RoundRobin),
+            "least_outstanding" | "least-outstanding" => Some(Self::LeastOutstanding),
+            "kv" => Some(Self::Kv(KvRouterConfig::default())),
+            _ => None,
+        }
+    }
+
+    /// The policy's canonical name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round_robin",
+            Self::LeastOutstanding => "least_outstanding",
+            Self::Kv(_) => "kv",
+        }
+    }
+}
+
+/// What the router needs to know about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    /// The request; must not be in flight already.
+    pub id: RequestId,
+    /// Chained hashes of the prompt's full blocks.
+    pub blocks: &'a [BlockHash],
+    /// Prompt length in tokens (the last, partial block counts as a block).
+    pub prompt_tokens: u32,
+}
+
+/// Why a request could not be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// No worker has been added (or all were removed).
+    #[error("no worker to route to")]
+    NoWorkers,
+    /// The request is already in flight.
+    #[error("request {0} is already routed")]
+    Duplicate(RequestId),
+}
+
+#[derive(Debug, Default)]
+struct WorkerLoad {
+    requests: u32,
+    queued_prefill_blocks: u64,
+    /// Prompt blocks (the last partial one included) of requests in flight.
+    active_blocks: u64,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    worker: WorkerId,
+    prompt_blocks: u64,
+    prefill_blocks: u64,
+    prefilling: bool,
+}
+
+/// The router state machine. See the crate docs.
+#[derive(Debug)]
+pub struct Router {
+    policy: RouterPolicy,
+    block_size: u32,
+    rng: ChaCha8Rng,
+    workers: Vec<Option<WorkerLoad>>,
+    live: WorkerSet,
+    next_rr: usize,
+    index: KvIndex,
+    in_flight: FxHashMap<RequestId, InFlight>,
+    scratch_overlap: Vec<u32>,
+    scratch_ties: Vec<WorkerId>,
+}
+
+impl Router {
+    /// A router with no workers yet. `block_size` must be the engines'
+    /// (prompt block hashes are cut at it); `seed` fixes tie-breaking.
+    pub fn new(policy: RouterPolicy, block_size: u32, seed: u64) -> Self {
+        Self {
+            policy,
+            block_size: block_size.max(1),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            workers: Vec::new(),
+            live: WorkerSet::default(),
+            next_rr: 0,
+            index: KvIndex::default(),
+            in_flight: FxHashMap::default(),
+            scratch_overlap: Vec::new(),
+            scratch_ties: Vec::new(),
+        }
+    }
+
+    /// The policy in use.
+    pub fn policy(&self) -> &RouterPolicy {
+        &self.policy
+    }
+
+    /// Makes a worker routable. Adding a live worker again does nothing.
+    pub fn add_worker(&mut self, w: WorkerId) {
+        let i = w.0 as usize;
+        if self.workers.len() <= i {
+            self.workers.resize_with(i + 1, || None);
+        }
+        if self.workers[i].is_none() {
+            self.workers[i] = Some(WorkerLoad::default());
+            self.live.insert(w);
+        }
+    }
+
+    /// Stops routing to a worker and forgets its cache and its requests
+    /// (the driver re-routes or fails them).
+    pub fn remove_worker(&mut self, w: WorkerId) {
+        if let Some(slot) = self.workers.get_mut(w.0 as usize) {
+            *slot = None;
+        }
+        self.live.remove(w);
+        self.index.forget_worker(w);
+        self.in_flight.retain(|_, f| f.worker != w);
+    }
+
+    /// Applies a worker's KV events (in the order the worker emitted them).
+    /// Events of unknown workers are ignored.
+    pub fn apply_kv_events(&mut self, w: WorkerId, events: &[KvEvent]) {
+        if self.live.contains(w) {
+            self.index.apply(w, events);
+        }
+    }
+
+    /// Requests in flight on `w`.
+    pub fn outstanding(&self, w: WorkerId) -> u32 {
+        self.load(w).map_or(0, |l| l.requests)
+    }
+
+    fn load(&self, w: WorkerId) -> Option<&WorkerLoad> {
+        self.workers.get(w.0 as usize).and_then(Option::as_ref)
+    }
+
+    fn load_mut(&mut self, w: WorkerId) -> &mut WorkerLoad {
+        self.workers[w.0 as usize].as_mut().expect("live worker")
+    }
+
+    /// Chooses a worker for `req` and counts the request as in flight there
+    /// until [`finished`](Self::finished).
+    pub fn route(&mut self, req: &RouteRequest<'_>) -> Result<WorkerId, RouteError> {
+        if self.live.is_empty() {
+            return Err(RouteError::NoWorkers);
+        }
+        if self.in_flight.contains_key(&req.id) {
+            return Err(RouteError::Duplicate(req.id));
+        }
+        let prompt_blocks = u64::from(req.prompt_tokens.div_ceil(self.block_size));
+        let (w, overlap) = match &self.policy {
+            RouterPolicy::RoundRobin => (self.pick_round_robin(), 0),
+            RouterPolicy::LeastOutstanding => {
+                let w = self.pick_min(|l, _| f64::from(l.requests));
+                (w, 0)
+            }
+            RouterPolicy::Kv(cfg) => {
+                let cfg = cfg.clone();
+                let mut overlap = std::mem::take(&mut self.scratch_overlap);
+                overlap.clear();
+                overlap.resize(self.workers.len(), 0);
+                self.index.overlaps(req.blocks, &self.live, &mut overlap);
+                let w = self.pick_min(|l, w| {
+                    let ov = f64::from(overlap[w.0 as usize]);
+                    let new_prefill = (prompt_blocks as f64 - cfg.overlap_credit * ov).max(0.0);
+                    cfg.prefill_load_scale * (new_prefill + l.queued_prefill_blocks as f64)
+                        + l.active_blocks as f64
+                        + cfg.active_request_weight * f64::from(l.requests)
+                });
+                let ov = overlap[w.0 as usize];
+                self.scratch_overlap = overlap;
+                (w, ov)
+            }
+        };
+        let prefill_blocks = prompt_blocks.saturating_sub(u64::from(overlap));
+        let load = self.load_mut(w);
+        load.requests += 1;
+        load.queued_prefill_blocks += prefill_blocks;
+        load.active_blocks += prompt_blocks;
+        self.in_flight
+            .insert(req.id, InFlight { worker: w, prompt_blocks, prefill_blocks, prefilling: true });
+        Ok(w)
+    }
+
+    /// The request produced its first token: its prefill no longer queues
+    /// on its worker.
+    pub fn prefill_done(&mut self, id: RequestId) {
+        let Some(f) = self.in_flight.get_mut(&id) else { return };
+        if !f.prefilling {
+            return;
+        }
+        f.prefilling = false;
+        let (w, n) = (f.worker, f.prefill_blocks);
+        let load = self.load_mut(w);
+        load.queued_prefill_blocks -= n;
+    }
+
+    /// The request left its worker (completed, failed or aborted).
+    pub fn finished(&mut self, id: RequestId) {
+        let Some(f) = self.in_flight.remove(&id) else { return };
+        let load = self.workers[f.worker.0 as usize].as_mut().expect("live worker");
+        load.requests -= 1;
+        if f.prefilling {
+            load.queued_prefill_blocks -= f.prefill_blocks;
+        }
+        load.active_blocks -= f.prompt_blocks;
+    }
+
+    fn pick_round_robin(&mut self) -> WorkerId {
+        let n = self.workers.len();
+        for k in 0..n {
+            let i = (self.next_rr + k) % n;
+            if self.workers[i].is_some() {
+                self.next_rr = i + 1;
+                return WorkerId(i as u32);
+            }
+        }
+        unreachable!("route() checked that a live worker exists")
+    }
+
+    /// The live worker with the lowest cost; ties broken uniformly at random
+    /// with the seeded generator.
+    fn pick_min(&mut self, cost: impl Fn(&WorkerLoad, WorkerId) -> f64) -> WorkerId {
+        let mut best = f64::INFINITY;
+        let ties = &mut self.scratch_ties;
+        ties.clear();
+        for w in self.live.iter() {
+            let c = cost(self.workers[w.0 as usize].as_ref().expect("live worker"), w);
+            if c < best {
+                best = c;
+                ties.clear();
+                ties.push(w);
+            } else if c == best {
+                ties.push(w);
+            }
+        }
+        if ties.len() == 1 {
+            ties[0]
+        } else {
+            ties[self.rng.random_range(0..ties.len())]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

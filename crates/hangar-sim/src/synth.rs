@@ -1,0 +1,274 @@
+//! Synthetic Mooncake-style traces, generated deterministically from a seed.
+//!
+//! The generator models a chat service: sessions arrive as a Poisson
+//! process; each picks one of `system_prompts` shared system prompts with
+//! Zipf-distributed popularity (a few prompts are very common); each session
+//! has 1 to `max_turns` turns, and turn *k*'s prompt is the system prompt,
+//! the whole conversation so far (earlier user messages and answers) and a
+//! new user message. Prompt blocks are named by `hash_ids` of
+//! `trace_block_size` tokens exactly as Mooncake traces do, so equal id
+//! prefixes are equal prompt prefixes: the shared system prompts and each
+//! session's growing history are what a prefix cache can reuse. User message
+//! and answer lengths are log-normal.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// Generator settings; `Default` gives a small multi-turn chat workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthConfig {
+    /// Rows to generate.
+    pub requests: u32,
+    /// Session arrivals per second (Poisson).
+    pub rate: f64,
+    /// Distinct shared system prompts.
+    pub system_prompts: u32,
+    /// Zipf exponent of system prompt popularity (0 = uniform).
+    pub zipf_s: f64,
+    /// System prompt length in tokens (rounded down to whole trace blocks).
+    pub system_prompt_tokens: u32,
+    /// Mean new user tokens per turn.
+    pub user_tokens_mean: f64,
+    /// Mean output tokens per turn.
+    pub output_tokens_mean: f64,
+    /// Log-normal shape of both lengths (0 = constant).
+    pub length_sigma: f64,
+    /// Turns per session are uniform in `1..=max_turns`.
+    pub max_turns: u32,
+    /// Mean think time between a turn's answer and the next turn (exponential).
+    pub turn_delay_ms: f64,
+    /// Tokens per hash id.
+    pub trace_block_size: u32,
+    /// Longest prompt generated; longer conversations end early.
+    pub max_prompt_tokens: u32,
+    /// Seed of every random draw.
+    pub seed: u64,
+}
+
+impl Default for SynthConfig {
+    fn default() -> Self {
+        Self {
+            requests: 1000,
+            rate: 5.0,
+            system_prompts: 16,
+            zipf_s: 1.1,
+            system_prompt_tokens: 2048,
+            user_tokens_mean: 600.0,
+            output_tokens_mean: 250.0,
+            length_sigma: 0.6,
+            max_turns: 4,
+            turn_delay_ms: 5000.0,
+            trace_block_size: 512,
+            max_prompt_tokens: 32_768,
+            seed: 0,
+        }
+    }
+}
+
+/// One generated row, serialized as a Mooncake JSONL line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SynthRow {
+    /// Arrival in ms (follow-up turns: an estimate; replay uses `delay`).
+    pub timestamp: u64,
+    /// Prompt tokens.
+    pub input_length: u32,
+    /// Output tokens.
+    pub output_length: u32,
+    /// One id per `trace_block_size` prompt tokens.
+    pub hash_ids: Vec<u64>,
+    /// The session, when sessions have more than one turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// Think time before this turn, after the previous one completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<u64>,
+}
+
+/// Why a generator setting cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("trace synth: `{field}` {why}")]
+pub struct SynthError {
+    field: &'static str,
+    why: &'static str,
+}
+
+impl SynthConfig {
+    fn validate(&self) -> Result<(), SynthError> {
+        let bad = |field, why| Err(SynthError { field, why });
+        if self.requests == 0 {
+            return bad("requests", "must be at least 1");
+        }
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return bad("rate", "must be a number above 0");
+        }
+        if self.system_prompts == 0 {
+            return bad("system-prompts", "must be at least 1");
+        }
+        if !(self.zipf_s.is_finite() && self.zipf_s >= 0.0) {
+            return bad("zipf-s", "must be ≥ 0");
+        }
+        if !(self.user_tokens_mean >= 1.0 && self.output_tokens_mean >= 1.0) {
+            return bad("user-tokens / output-tokens", "means must be at least 1");
+        }
+        if !(self.length_sigma.is_finite() && (0.0..=3.0).contains(&self.length_sigma)) {
+            return bad("length-sigma", "must be between 0 and 3");
+        }
+        if self.max_turns == 0 {
+            return bad("max-turns", "must be at least 1");
+        }
+        if !(self.turn_delay_ms.is_finite() && self.turn_delay_ms >= 0.0) {
+            return bad("turn-delay-ms", "must be ≥ 0");
+        }
+        if self.trace_block_size == 0 {
+            return bad("trace-block-size", "must be at least 1");
+        }
+        if self.max_prompt_tokens < self.system_prompt_tokens + 1 {
+            return bad("max-prompt-tokens", "must exceed the system prompt length");
+        }
+        Ok(())
+    }
+}
+
+/// Generates the rows, ordered by timestamp (stable for equal ones).
+pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
+    cfg.validate()?;
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let bs = cfg.trace_block_size;
+    let sys_blocks = cfg.system_prompt_tokens / bs;
+    let sys_len = sys_blocks * bs;
+    // Ids 0.. name system prompt blocks; fresh ids for everything else.
+    let mut next_id = u64::from(cfg.system_prompts) * u64::from(sys_blocks);
+    let zipf = zipf_cdf(cfg.system_prompts, cfg.zipf_s);
+    let multi_turn = cfg.max_turns > 1;
+    let mut rows = Vec::with_capacity(cfg.requests as usize);
+    let mut clock_ms = 0.0;
+    let mut session = 0u32;
+    while rows.len() < cfg.requests as usize {
+        clock_ms += exponential(&mut rng, 1000.0 / cfg.rate);
+        let u: f64 = rng.random();
+        let sys = zipf.partition_point(|&c| c < u).min(zipf.len() - 1) as u64;
+        let turns = rng.random_range(1..=cfg.max_turns);
+        let mut history = sys_len;
+        let mut content_ids: Vec<u64> = Vec::new();
+        let mut prev_len = sys_len;
+        let mut at = clock_ms;
+        for turn in 0..turns {
+            if rows.len() == cfg.requests as usize {
+                break;
+            }
+            let user = lognormal(&mut rng, cfg.user_tokens_mean, cfg.length_sigma);
+            let output = lognormal(&mut rng, cfg.output_tokens_mean, cfg.length_sigma);
+            let len = history + user;
+            if len > cfg.max_prompt_tokens {
+                break;
+            }
+            // Full content blocks of the previous prompt are shared; the
+            // rest gets fresh ids.
+            content_ids.truncate(((prev_len - sys_len) / bs) as usize);
+            let needed = (len.div_ceil(bs) - sys_blocks) as usize;
+            while content_ids.len() < needed {
+                content_ids.push(next_id);
+                next_id += 1;
+            }
+            let mut hash_ids: Vec<u64> =
+                (0..u64::from(sys_blocks)).map(|b| sys * u64::from(sys_blocks) + b).collect();
+            hash_ids.extend_from_slice(&content_ids);
+            let delay = if turn == 0 {
+                None
+            } else {
+                let d = exponential(&mut rng, cfg.turn_delay_ms).round();
+                at += d;
+                Some(d as u64)
+            };
+            rows.push(SynthRow {
+                timestamp: at.round() as u64,
+                input_length: len,
+                output_length: output,
+                hash_ids,
+                session_id: multi_turn.then(|| format!("s{session}")),
+                delay,
+            });
+            prev_len = len;
+            history = len + output;
+        }
+        session += 1;
+    }
+    rows.sort_by_key(|r| r.timestamp);
+    Ok(rows)
+}
+
+/// Cumulative Zipf weights `1/k^s` of ranks 1..=n, normalized to end at 1.
+fn zipf_cdf(n: u32, s: f64) -> Vec<f64> {
+    let weights: Vec<f64> = (1..=n).map(|k| 1.0 / f64::from(k).powf(s)).collect();
+    let total: f64 = weights.iter().sum();
+    let mut acc = 0.0;
+    weights
+        .iter()
+        .map(|w| {
+            acc += w / total;
+            acc
+        })
+        .collect()
+}
+
+fn exponential(rng: &mut ChaCha8Rng, mean: f64) -> f64 {
+    if mean == 0.0 {
+        return 0.0;
+    }
+    -mean * (1.0 - rng.random::<f64>()).ln()
+}
+
+/// A log-normal draw with the given mean, at least 1.
+fn lognormal(rng: &mut ChaCha8Rng, mean: f64, sigma: f64) -> u32 {
+    let mu = mean.ln() - sigma * sigma / 2.0;
+    // Box–Muller.
+    let (u1, u2): (f64, f64) = (1.0 - rng.random::<f64>(), rng.random::<f64>());
+    let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+    (mu + sigma * z).exp().round().clamp(1.0, f64::from(u32::MAX / 4)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_trace_other_seed_other_trace() {
+        let cfg = SynthConfig { requests: 200, ..SynthConfig::default() };
+        assert_eq!(generate(&cfg).unwrap(), generate(&cfg).unwrap());
+        assert_ne!(generate(&cfg).unwrap(), generate(&SynthConfig { seed: 1, ..cfg }).unwrap());
+    }
+
+    #[test]
+    fn turns_extend_their_history_and_share_system_prompts() {
+        let cfg = SynthConfig { requests: 300, max_turns: 5, ..SynthConfig::default() };
+        let rows = generate(&cfg).unwrap();
+        assert_eq!(rows.len(), 300);
+        let mut by_session: std::collections::BTreeMap<&str, Vec<&SynthRow>> = Default::default();
+        for r in &rows {
+            assert_eq!(r.hash_ids.len() as u32, r.input_length.div_ceil(512), "ids cover the prompt");
+            by_session.entry(r.session_id.as_deref().unwrap()).or_default().push(r);
+        }
+        let mut follow_ups = 0;
+        for turns in by_session.values() {
+            for pair in turns.windows(2) {
+                follow_ups += 1;
+                let (a, b) = (pair[0], pair[1]);
+                assert!(b.input_length > a.input_length + a.output_length);
+                let full = (a.input_length / 512) as usize;
+                assert_eq!(a.hash_ids[..full], b.hash_ids[..full], "history is a shared prefix");
+                assert!(b.delay.is_some());
+            }
+        }
+        assert!(follow_ups > 50);
+        let first_block = |r: &SynthRow| r.hash_ids[0];
+        let popular = rows.iter().filter(|r| first_block(r) == 0).count();
+        assert!(popular > rows.len() / 8, "Zipf makes prompt 0 common: {popular}");
+    }
+
+    #[test]
+    fn bad_settings_name_the_field() {
+        let e = generate(&SynthConfig { rate: 0.0, ..SynthConfig::default() }).unwrap_err();
+        assert_eq!(e.to_string(), "trace synth: `rate` must be a number above 0");
+    }
+}

@@ -1,0 +1,355 @@
+//! Request traces: reading them, and what one request of a trace is.
+//!
+//! Two formats are read:
+//! - **Mooncake-style JSONL**, one request per line: `timestamp` or
+//!   `created_time` (ms), `input_length` or `input_tokens`, `output_length` or
+//!   `output_tokens`, optional `hash_ids` (64-bit integers, each standing for
+//!   `trace_block_size` prompt tokens; equal prefixes of ids mean equal
+//!   prompt prefixes), optional `session_id` (string or integer) and `delay`
+//!   or `delay_ms` (ms after the previous turn of the session completes).
+//! - **Azure LLM inference trace CSV**: header `TIMESTAMP,ContextTokens,
+//!   GeneratedTokens`, timestamps like `2023-11-16 18:15:46.6805900`. Prompts
+//!   carry no prefix information, so every request's tokens are its own.
+//!
+//! Every problem is reported with the file, the 1-based line and the field.
+
+use std::fmt;
+
+use rustc_hash::FxHashMap;
+use serde_json::{Map, Value};
+
+/// One request of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceRequest {
+    /// Arrival in ms as written in the trace (not yet normalized).
+    pub timestamp_ms: f64,
+    /// Prompt tokens.
+    pub input_len: u32,
+    /// Output tokens to generate.
+    pub output_len: u32,
+    /// Prompt block ids (empty: the prompt shares nothing).
+    pub hash_ids: Vec<u64>,
+    /// The session this request is a turn of, as a dense index.
+    pub session: Option<u32>,
+    /// For a follow-up turn: ms between the previous turn's completion and
+    /// this turn's arrival.
+    pub delay_ms: f64,
+    /// Line in the source file (1-based), for messages.
+    pub line: usize,
+}
+
+/// A whole trace, in file order.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    /// Where it came from (for messages and reports).
+    pub source: String,
+    /// The requests, in file order.
+    pub requests: Vec<TraceRequest>,
+    /// How many distinct sessions the requests belong to.
+    pub sessions: u32,
+}
+
+/// A problem in a trace, located.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub struct TraceError {
+    /// The file (or other source).
+    pub source_name: String,
+    /// 1-based line; 0 for the file as a whole.
+    pub line: usize,
+    /// The field at fault, if one is.
+    pub field: Option<String>,
+    /// What was wrong.
+    pub why: String,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: ", self.source_name, self.line)?;
+        if let Some(field) = &self.field {
+            write!(f, "field `{field}`: ")?;
+        }
+        f.write_str(&self.why)
+    }
+}
+
+/// The formats [`read`] understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// Mooncake-style JSON lines.
+    MooncakeJsonl,
+    /// Azure LLM inference trace CSV.
+    AzureCsv,
+}
+
+impl TraceFormat {
+    /// Guesses the format from the first non-blank line: a CSV header starting
+    /// with `TIMESTAMP` means Azure, anything else JSONL.
+    pub fn detect(text: &str) -> Self {
+        match text.lines().find(|l| !l.trim().is_empty()) {
+            Some(l) if l.trim_start().starts_with("TIMESTAMP") => Self::AzureCsv,
+            _ => Self::MooncakeJsonl,
+        }
+    }
+}
+
+/// Parses a trace held in memory; `source_name` appears in errors.
+pub fn read(text: &str, source_name: &str) -> Result<Trace, TraceError> {
+    let trace = match TraceFormat::detect(text) {
+        TraceFormat::MooncakeJsonl => read_jsonl(text, source_name)?,
+        TraceFormat::AzureCsv => read_azure_csv(text, source_name)?,
+    };
+    if trace.requests.is_empty() {
+        return Err(TraceError {
+            source_name: source_name.to_owned(),
+            line: 0,
+            field: None,
+            why: "the trace holds no requests".into(),
+        });
+    }
+    Ok(trace)
+}
+
+struct LineCtx<'a> {
+    source: &'a str,
+    line: usize,
+}
+
+impl LineCtx<'_> {
+    fn err(&self, field: Option<&str>, why: impl Into<String>) -> TraceError {
+        TraceError {
+            source_name: self.source.to_owned(),
+            line: self.line,
+            field: field.map(str::to_owned),
+            why: why.into(),
+        }
+    }
+
+    /// The value under the first of `names` present, or an error naming the
+    /// first (canonical) name.
+    fn field<'v, 'n>(
+        &self,
+        obj: &'v Map<String, Value>,
+        names: &[&'n str],
+    ) -> Result<(&'n str, &'v Value), TraceError> {
+        for &n in names {
+            if let Some(v) = obj.get(n) {
+                return Ok((n, v));
+            }
+        }
+        Err(self.err(Some(names[0]), format!("missing (also accepted: {})", names[1..].join(", "))))
+    }
+
+    fn count(&self, obj: &Map<String, Value>, names: &[&str]) -> Result<u32, TraceError> {
+        let (name, v) = self.field(obj, names)?;
+        v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+            self.err(Some(name), format!("expected a token count (0 to {}), found {v}", u32::MAX))
+        })
+    }
+
+    fn millis(&self, name: &str, v: &Value) -> Result<f64, TraceError> {
+        v.as_f64()
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .ok_or_else(|| self.err(Some(name), format!("expected milliseconds ≥ 0, found {v}")))
+    }
+}
+
+fn read_jsonl(text: &str, source: &str) -> Result<Trace, TraceError> {
+    let mut trace = Trace { source: source.to_owned(), ..Trace::default() };
+    let mut sessions: FxHashMap<String, u32> = FxHashMap::default();
+    for (i, raw) in text.lines().enumerate() {
+        let ctx = LineCtx { source, line: i + 1 };
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let obj: Map<String, Value> =
+            serde_json::from_str(raw).map_err(|e| ctx.err(None, format!("not a JSON object: {e}")))?;
+        let (ts_name, ts) = ctx.field(&obj, &["timestamp", "created_time"])?;
+        let timestamp_ms = ctx.millis(ts_name, ts)?;
+        let input_len = ctx.count(&obj, &["input_length", "input_tokens"])?;
+        let output_len = ctx.count(&obj, &["output_length", "output_tokens"])?;
+        let hash_ids = match obj.get("hash_ids") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(ids)) => ids
+                .iter()
+                .enumerate()
+                .map(|(k, v)| {
+                    v.as_u64().ok_or_else(|| {
+                        ctx.err(
+                            Some("hash_ids"),
+                            format!("element {k} is {v}, not a 64-bit unsigned integer"),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            Some(v) => {
+                return Err(ctx.err(Some("hash_ids"), format!("expected an array of integers, found {v}")))
+            }
+        };
+        let session = match obj.get("session_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            Some(v) => {
+                return Err(ctx.err(Some("session_id"), format!("expected a string or integer, found {v}")))
+            }
+        }
+        .map(|key| {
+            let next = sessions.len() as u32;
+            *sessions.entry(key).or_insert(next)
+        });
+        let delay_ms = match ["delay", "delay_ms"].iter().find_map(|n| obj.get(*n).map(|v| (*n, v))) {
+            None | Some((_, Value::Null)) => 0.0,
+            Some((name, v)) => ctx.millis(name, v)?,
+        };
+        trace.requests.push(TraceRequest {
+            timestamp_ms,
+            input_len,
+            output_len,
+            hash_ids,
+            session,
+            delay_ms,
+            line: i + 1,
+        });
+    }
+    trace.sessions = sessions.len() as u32;
+    Ok(trace)
+}
+
+fn read_azure_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
+    let mut trace = Trace { source: source.to_owned(), ..Trace::default() };
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let (hi, header) = lines.next().expect("detect() saw a header");
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let find = |name: &str| {
+        cols.iter().position(|c| *c == name).ok_or_else(|| {
+            LineCtx { source, line: hi + 1 }
+                .err(Some(name), format!("missing column; the header is `{header}`"))
+        })
+    };
+    let (ts_col, in_col, out_col) = (find("TIMESTAMP")?, find("ContextTokens")?, find("GeneratedTokens")?);
+    for (i, raw) in lines {
+        let ctx = LineCtx { source, line: i + 1 };
+        let fields: Vec<&str> = raw.split(',').map(str::trim).collect();
+        if fields.len() != cols.len() {
+            return Err(ctx.err(None, format!("expected {} fields, found {}", cols.len(), fields.len())));
+        }
+        let timestamp_ms = parse_datetime_ms(fields[ts_col]).ok_or_else(|| {
+            ctx.err(Some("TIMESTAMP"), format!("`{}` is not `YYYY-MM-DD HH:MM:SS[.f]`", fields[ts_col]))
+        })?;
+        let num = |col: usize, name: &str| {
+            fields[col]
+                .parse::<u32>()
+                .map_err(|_| ctx.err(Some(name), format!("`{}` is not a token count", fields[col])))
+        };
+        trace.requests.push(TraceRequest {
+            timestamp_ms,
+            input_len: num(in_col, "ContextTokens")?,
+            output_len: num(out_col, "GeneratedTokens")?,
+            hash_ids: Vec::new(),
+            session: None,
+            delay_ms: 0.0,
+            line: i + 1,
+        });
+    }
+    Ok(trace)
+}
+
+/// Milliseconds since 1970-01-01 of a `YYYY-MM-DD HH:MM:SS[.fraction]` UTC
+/// time stamp.
+fn parse_datetime_ms(s: &str) -> Option<f64> {
+    let (date, time) = s.split_once([' ', 'T'])?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    let frac_s = if frac.is_empty() {
+        0.0
+    } else {
+        if !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        format!("0.{frac}").parse::<f64>().ok()?
+    };
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    Some(secs as f64 * 1000.0 + frac_s * 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_mooncake_rows_with_aliases_and_sessions() {
+        let text = r#"{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, 2]}
+
+{"created_time": 7.5, "input_tokens": 3, "output_tokens": 1, "session_id": "a", "delay_ms": 100}
+{"timestamp": 9, "input_length": 3, "output_length": 1, "session_id": 4, "delay": 3}
+{"timestamp": 9, "input_length": 3, "output_length": 1, "session_id": "a"}
+"#;
+        let t = read(text, "t.jsonl").unwrap();
+        assert_eq!(t.requests.len(), 4);
+        assert_eq!(t.requests[0].hash_ids, vec![1, 2]);
+        assert_eq!(t.requests[1].timestamp_ms, 7.5);
+        assert_eq!(t.requests[1].delay_ms, 100.0);
+        assert_eq!(t.requests[1].line, 3);
+        assert_eq!(
+            (t.requests[1].session, t.requests[2].session, t.requests[3].session),
+            (Some(0), Some(1), Some(0))
+        );
+        assert_eq!(t.sessions, 2);
+    }
+
+    #[test]
+    fn bad_lines_name_file_line_and_field() {
+        let e = |text: &str| read(text, "t.jsonl").unwrap_err().to_string();
+        assert_eq!(
+            e("{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n{\"timestamp\": 1, \"output_length\": 1}"),
+            "t.jsonl:2: field `input_length`: missing (also accepted: input_tokens)"
+        );
+        assert_eq!(
+            e(r#"{"timestamp": -1, "input_length": 1, "output_length": 1}"#),
+            "t.jsonl:1: field `timestamp`: expected milliseconds ≥ 0, found -1"
+        );
+        assert_eq!(
+            e(r#"{"timestamp": 0, "input_length": "12", "output_length": 1}"#),
+            "t.jsonl:1: field `input_length`: expected a token count (0 to 4294967295), found \"12\""
+        );
+        assert_eq!(
+            e(r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1, -2]}"#),
+            "t.jsonl:1: field `hash_ids`: element 1 is -2, not a 64-bit unsigned integer"
+        );
+        assert!(e("{not json").starts_with("t.jsonl:1: not a JSON object"));
+        assert_eq!(e("\n\n"), "t.jsonl:0: the trace holds no requests");
+    }
+
+    #[test]
+    fn reads_azure_csv() {
+        let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n";
+        let t = read(text, "a.csv").unwrap();
+        assert_eq!(t.requests.len(), 2);
+        let gap = t.requests[1].timestamp_ms - t.requests[0].timestamp_ms;
+        assert!((gap - 4314.579).abs() < 1e-3, "{gap}");
+        assert_eq!(parse_datetime_ms("1970-01-02 00:00:00"), Some(86_400_000.0));
+        let e =
+            read("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00,1,1\n", "a.csv").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.csv:2: field `TIMESTAMP`: `2023-13-01 00:00:00` is not `YYYY-MM-DD HH:MM:SS[.f]`"
+        );
+        let e =
+            read("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-01 00:00:00,x,1\n", "a.csv").unwrap_err();
+        assert_eq!(e.to_string(), "a.csv:2: field `ContextTokens`: `x` is not a token count");
+    }
+}

@@ -1,0 +1,217 @@
+//! `hangar sim`: replay a trace through simulated engines and a router.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::{Args as ClapArgs, ValueEnum};
+use hangar_engine::EngineConfig;
+use hangar_router::{KvRouterConfig, RouterPolicy};
+use hangar_sim::synth::{self, SynthConfig};
+use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, Slo};
+
+use super::{peak_rss_mib, read_text, write_jsonl};
+
+/// Replay a request trace on a logical clock through mock engines behind a
+/// router, and report latency, throughput and prefix-cache reuse.
+///
+/// Without TRACE it replays a built-in synthetic multi-turn chat trace
+/// (`hangar trace synth --requests 2000 --seed 0`). Engine settings come
+/// from `--engine-config FILE` (TOML, the fields of docs/sim.md) and are
+/// overridden by the flags below.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Mooncake-style JSONL or Azure CSV trace.
+    trace: Option<PathBuf>,
+    /// Workers (engines) in the simulated cluster.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Routing policy.
+    #[arg(long, value_enum, default_value_t = Policy::Kv)]
+    router: Policy,
+    /// KV router: weight of the prefill work a worker would do.
+    #[arg(long, default_value_t = 1.0)]
+    prefill_load_scale: f64,
+    /// KV router: discount per cached overlap block.
+    #[arg(long, default_value_t = 1.0)]
+    overlap_credit: f64,
+    /// KV router: weight of the requests in flight.
+    #[arg(long, default_value_t = 0.0)]
+    active_request_weight: f64,
+    /// KV events reach the router this many ms after the pass that caused them.
+    #[arg(long, default_value_t = 0.0)]
+    kv_event_delay_ms: f64,
+    /// Engine configuration file (TOML).
+    #[arg(long)]
+    engine_config: Option<PathBuf>,
+    /// Scheduler of every engine.
+    #[arg(long, value_enum)]
+    engine: Option<Engine>,
+    /// Tokens per KV block [engine default: 64].
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// KV blocks per engine [default: 16384].
+    #[arg(long)]
+    num_gpu_blocks: Option<u32>,
+    /// Most requests running per engine [default: 256].
+    #[arg(long)]
+    max_num_seqs: Option<u32>,
+    /// Most tokens per pass [default: 8192].
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    /// Turn the prefix cache off.
+    #[arg(long)]
+    no_prefix_caching: bool,
+    /// Turn chunked prefill off.
+    #[arg(long)]
+    no_chunked_prefill: bool,
+    /// Divide modelled pass times by this [default: 1].
+    #[arg(long)]
+    speedup_ratio: Option<f64>,
+    /// Trace mode: divide the time between arrivals (and turn delays) by this.
+    #[arg(long, default_value_t = 1.0, conflicts_with = "concurrency")]
+    speedup: f64,
+    /// Concurrency mode: keep this many requests in flight, ignoring timestamps.
+    #[arg(long)]
+    concurrency: Option<u32>,
+    /// Tokens each trace hash id stands for.
+    #[arg(long, default_value_t = 512)]
+    trace_block_size: u32,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Goodput objective: time to first token in ms.
+    #[arg(long)]
+    slo_ttft_ms: Option<f64>,
+    /// Goodput objective: mean inter-token latency in ms.
+    #[arg(long)]
+    slo_itl_ms: Option<f64>,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write one JSON record per request to this file.
+    #[arg(long)]
+    requests_jsonl: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Policy {
+    RoundRobin,
+    LeastOutstanding,
+    Kv,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Engine {
+    Vllm,
+    Sglang,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let trace = match &args.trace {
+        Some(path) => {
+            let name = path.display().to_string();
+            trace::read(&read_text(path)?, &name)?
+        }
+        None => demo_trace()?,
+    };
+    let cfg = sim_config(&args)?;
+    let base = args.engine_config.as_ref().and_then(|p| p.parent().map(PathBuf::from));
+    let out = simulate(&trace, &cfg, |path| {
+        let p = base.as_ref().map_or_else(|| PathBuf::from(path), |b| b.join(path));
+        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&out.report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.requests_jsonl {
+        write_jsonl(path, &out.requests)?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    write!(stdout, "{}", out.report)?;
+    writeln!(
+        stdout,
+        "wall       {:.3} s · {:.0} simulated requests per wall second · peak RSS {}",
+        wall,
+        out.report.requests as f64 / wall,
+        peak_rss_mib().map_or("unknown".into(), |m| format!("{m:.1} MiB")),
+    )?;
+    Ok(())
+}
+
+fn demo_trace() -> anyhow::Result<trace::Trace> {
+    let rows = synth::generate(&SynthConfig { requests: 2000, ..SynthConfig::default() })?;
+    let mut text = String::new();
+    for r in rows {
+        text.push_str(&serde_json::to_string(&r)?);
+        text.push('\n');
+    }
+    Ok(trace::read(&text, "built-in demo (hangar trace synth --requests 2000 --seed 0)")?)
+}
+
+fn sim_config(args: &Args) -> anyhow::Result<SimConfig> {
+    let mut engine = match &args.engine_config {
+        Some(path) => {
+            let text = read_text(path)?;
+            toml::from_str::<EngineConfig>(&text)
+                .with_context(|| format!("invalid engine config {}", path.display()))?
+        }
+        None => EngineConfig::default(),
+    };
+    if let Some(e) = args.engine {
+        engine.scheduler = match e {
+            Engine::Vllm => hangar_engine::SchedulerKind::Vllm,
+            Engine::Sglang => hangar_engine::SchedulerKind::Sglang,
+        };
+    }
+    let set = |field: &mut u32, v: Option<u32>| {
+        if let Some(v) = v {
+            *field = v;
+        }
+    };
+    set(&mut engine.block_size, args.block_size);
+    set(&mut engine.num_gpu_blocks, args.num_gpu_blocks);
+    set(&mut engine.max_num_seqs, args.max_num_seqs);
+    set(&mut engine.max_num_batched_tokens, args.max_num_batched_tokens);
+    engine.enable_prefix_caching &= !args.no_prefix_caching;
+    engine.enable_chunked_prefill &= !args.no_chunked_prefill;
+    if let Some(r) = args.speedup_ratio {
+        engine.speedup_ratio = r;
+    }
+    let router = match args.router {
+        Policy::RoundRobin => RouterPolicy::RoundRobin,
+        Policy::LeastOutstanding => RouterPolicy::LeastOutstanding,
+        Policy::Kv => RouterPolicy::Kv(KvRouterConfig {
+            prefill_load_scale: args.prefill_load_scale,
+            overlap_credit: args.overlap_credit,
+            active_request_weight: args.active_request_weight,
+        }),
+    };
+    for (name, v) in [
+        ("--prefill-load-scale", args.prefill_load_scale),
+        ("--overlap-credit", args.overlap_credit),
+        ("--active-request-weight", args.active_request_weight),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            bail!("{name} must be a number ≥ 0, got {v}");
+        }
+    }
+    let mode = match args.concurrency {
+        Some(n) => ArrivalMode::Concurrency { in_flight: n },
+        None => ArrivalMode::Trace { speedup: args.speedup },
+    };
+    Ok(SimConfig {
+        workers: args.workers,
+        router,
+        engine,
+        mode,
+        trace_block_size: args.trace_block_size,
+        seed: args.seed,
+        kv_event_delay_ms: args.kv_event_delay_ms,
+        slo: Slo { ttft_ms: args.slo_ttft_ms, itl_ms: args.slo_itl_ms },
+    })
+}

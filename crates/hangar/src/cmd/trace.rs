@@ -1,0 +1,100 @@
+//! `hangar trace`: work with request traces.
+
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Subcommand};
+use hangar_sim::synth::{self, SynthConfig};
+
+use super::write_jsonl;
+
+/// Generate and inspect request traces.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate a Mooncake-style JSONL trace of a multi-turn chat workload,
+    /// deterministically from a seed.
+    Synth(SynthArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct SynthArgs {
+    /// Rows to generate.
+    #[arg(long, default_value_t = 1000)]
+    requests: u32,
+    /// Session arrivals per second (Poisson).
+    #[arg(long, default_value_t = 5.0)]
+    rate: f64,
+    /// Distinct shared system prompts.
+    #[arg(long, default_value_t = 16)]
+    system_prompts: u32,
+    /// Zipf exponent of system prompt popularity.
+    #[arg(long, default_value_t = 1.1)]
+    zipf_s: f64,
+    /// System prompt tokens.
+    #[arg(long, default_value_t = 2048)]
+    system_prompt_tokens: u32,
+    /// Mean new user tokens per turn (log-normal).
+    #[arg(long, default_value_t = 600.0)]
+    user_tokens: f64,
+    /// Mean output tokens per turn (log-normal).
+    #[arg(long, default_value_t = 250.0)]
+    output_tokens: f64,
+    /// Log-normal shape of the lengths (0 = constant).
+    #[arg(long, default_value_t = 0.6)]
+    length_sigma: f64,
+    /// Turns per session, uniform in 1..=N (1: single-turn, no sessions).
+    #[arg(long, default_value_t = 4)]
+    max_turns: u32,
+    /// Mean think time between turns in ms (exponential).
+    #[arg(long, default_value_t = 5000.0)]
+    turn_delay_ms: f64,
+    /// Tokens per hash id.
+    #[arg(long, default_value_t = 512)]
+    trace_block_size: u32,
+    /// Longest prompt; longer conversations end early.
+    #[arg(long, default_value_t = 32768)]
+    max_prompt_tokens: u32,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output file (default: standard output).
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Command::Synth(a) = args.command;
+    let rows = synth::generate(&SynthConfig {
+        requests: a.requests,
+        rate: a.rate,
+        system_prompts: a.system_prompts,
+        zipf_s: a.zipf_s,
+        system_prompt_tokens: a.system_prompt_tokens,
+        user_tokens_mean: a.user_tokens,
+        output_tokens_mean: a.output_tokens,
+        length_sigma: a.length_sigma,
+        max_turns: a.max_turns,
+        turn_delay_ms: a.turn_delay_ms,
+        trace_block_size: a.trace_block_size,
+        max_prompt_tokens: a.max_prompt_tokens,
+        seed: a.seed,
+    })?;
+    match &a.out {
+        Some(path) => write_jsonl(path, &rows),
+        None => {
+            use std::io::Write;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            for r in &rows {
+                serde_json::to_writer(&mut out, r)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! `hangar sim` and `hangar trace synth` as a user runs them.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn hangar(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hangar")).args(args).output().expect("run hangar")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn synth(dir: &Path, extra: &[&str]) -> String {
+    let path = dir.join("trace.jsonl").display().to_string();
+    let mut args = vec!["trace", "synth", "--requests", "120", "--seed", "3", "--rate", "20", "-o", &path];
+    args.extend_from_slice(extra);
+    let o = hangar(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    path
+}
+
+#[test]
+fn synth_then_replay_is_reproducible_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = synth(dir.path(), &[]);
+    let run = |name: &str| {
+        let json = dir.path().join(name).display().to_string();
+        let reqs = dir.path().join(format!("{name}.requests")).display().to_string();
+        let o = hangar(&[
+            "sim",
+            &trace,
+            "--workers",
+            "3",
+            "--router",
+            "kv",
+            "--num-gpu-blocks",
+            "4096",
+            "--seed",
+            "11",
+            "--json",
+            &json,
+            "--requests-jsonl",
+            &reqs,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let table = String::from_utf8(o.stdout).unwrap();
+        assert!(table.contains("120 completed of 120"), "{table}");
+        assert!(table.contains("TTFT ms"));
+        (std::fs::read(json).unwrap(), std::fs::read_to_string(reqs).unwrap())
+    };
+    let (a, ra) = run("a.json");
+    let (b, rb) = run("b.json");
+    assert_eq!(a, b);
+    assert_eq!(ra, rb);
+    assert_eq!(ra.lines().count(), 120);
+    let report: serde_json::Value = serde_json::from_slice(&a).unwrap();
+    assert_eq!(report["completed"], 120);
+    assert!(report["ttft_ms"]["p99"].as_f64().unwrap() >= report["ttft_ms"]["p50"].as_f64().unwrap());
+    let synth_again = synth(dir.path(), &[]);
+    assert_eq!(std::fs::read(&trace).unwrap(), std::fs::read(synth_again).unwrap());
+}
+
+#[test]
+fn the_demo_replay_runs_without_arguments() {
+    let o = hangar(&["sim", "--workers", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("2000 completed of 2000"), "{out}");
+    assert!(out.contains("simulated requests per wall second"));
+}
+
+#[test]
+fn a_broken_trace_line_names_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1}\n{\"timestamp\": 5, \"input_length\": 10, \"output_length\": \"many\"}\n",
+    )
+    .unwrap();
+    let o = hangar(&["sim", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("bad.jsonl:2: field `output_length`: expected a token count"), "{err}");
+}
+
+#[test]
+fn bad_settings_and_files_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = synth(dir.path(), &[]);
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let cfg = dir.path().join("engine.toml");
+    std::fs::write(&cfg, "block_size = 16\nmax_num_seq = 4\n").unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["sim", &trace, "--workers", "0"], "at least one worker"),
+        (&["sim", empty.to_str().unwrap()], "the trace holds no requests"),
+        (&["sim", "/nonexistent/trace.jsonl"], "cannot read /nonexistent/trace.jsonl"),
+        (&["sim", &trace, "--engine-config", cfg.to_str().unwrap()], "max_num_seq"),
+        (&["trace", "synth", "--rate", "0"], "`rate` must be a number above 0"),
+    ];
+    for (args, want) in cases {
+        let o = hangar(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+    let o = hangar(&["sim", &trace, "--router", "random"]);
+    assert_eq!(o.status.code(), Some(2), "clap rejects unknown values");
+}
+
+#[test]
+fn engine_config_files_and_timing_tables_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = synth(dir.path(), &["--max-turns", "1"]);
+    std::fs::write(dir.path().join("t.csv"), "phase,tokens,ms\nprefill,0,5\nprefill,8192,100\ndecode,0,2\n")
+        .unwrap();
+    let cfg = dir.path().join("engine.toml");
+    std::fs::write(&cfg, "num_gpu_blocks = 4096\n[timing]\nmodel = \"table\"\npath = \"t.csv\"\n").unwrap();
+    let o = hangar(&["sim", &trace, "--engine-config", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(dir.path().join("t.csv"), "phase,tokens,ms\nprefill,0,5\n").unwrap();
+    let o = hangar(&["sim", &trace, "--engine-config", cfg.to_str().unwrap()]);
+    assert!(stderr(&o).contains("t.csv:0: no `decode` points"), "{}", stderr(&o));
+}
