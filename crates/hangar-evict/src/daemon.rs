@@ -11,7 +11,8 @@ use crate::usage::{AtimeMode, Statvfs, UsageSource};
 /// finishes the current batch and returns (well within a second).
 pub fn run(config: Config) -> Result<(), EvictError> {
     let disk = Statvfs::new(&config.pvc_mount_path);
-    let usage = disk.usage().map_err(EvictError::Usage)?;
+    let usage =
+        disk.usage().map_err(|source| EvictError::Mount { path: config.pvc_mount_path.clone(), source })?;
     match disk.atime_mode() {
         Ok(AtimeMode::Relative) => tracing::warn!(
             mount = %config.pvc_mount_path.display(),

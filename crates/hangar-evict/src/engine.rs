@@ -46,11 +46,20 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EvictError {
-    /// `statvfs` failed: the volume is gone or the path is wrong.
-    #[error("cannot measure disk usage: {0}")]
+    /// `statvfs` failed while running: the volume went away.
+    #[error("cannot measure disk usage")]
     Usage(#[source] io::Error),
+    /// `PVC_MOUNT_PATH` cannot be measured at start: wrong path or not mounted.
+    #[error("cannot measure disk usage of PVC_MOUNT_PATH {}", path.display())]
+    Mount {
+        /// The configured mount path.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: io::Error,
+    },
     /// A background service (signals, metrics, events) could not start.
-    #[error("cannot start {what}: {source}")]
+    #[error("cannot start {what}")]
     Start {
         /// Which service.
         what: &'static str,
