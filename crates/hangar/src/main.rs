@@ -31,16 +31,22 @@ enum Command {
     /// Dry-run replica placement for a scenario file: decisions, evictions
     /// and the deployment delta.
     Plan(cmd::plan::Args),
+    /// KV-cache disk evictor: a drop-in for llm-d's PVC evictor.
+    Evict(cmd::evict::Args),
 }
 
 fn main() -> ExitCode {
-    init_tracing();
     let cli = Cli::parse();
+    // `hangar evict` takes its level and log file from its own settings.
+    if !matches!(cli.command, Command::Evict(_)) {
+        init_tracing();
+    }
     let result = match cli.command {
         Command::Engine(args) => cmd::engine::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Trace(args) => cmd::trace::run(args),
         Command::Plan(args) => cmd::plan::run(args),
+        Command::Evict(args) => cmd::evict::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 pub mod engine;
+pub mod evict;
 pub mod plan;
 pub mod sim;
 pub mod trace;
