@@ -28,9 +28,9 @@ impl<T> Default for RequestTable<T> {
 impl<T> RequestTable<T> {
     /// The checks every scheduler makes before taking `req`: its id is not
     /// live, its prompt is not empty (as in vLLM and SGLang, a model needs at
-    /// least one token to condition on), and its prompt was hashed with the
-    /// engine's block size.
-    pub fn check(&self, req: &EngineRequest, block_size: u32) -> Result<(), AddError> {
+    /// least one token to condition on), its prompt was hashed with the
+    /// engine's block size, and prompt plus output fit in `capacity` tokens.
+    pub fn check(&self, req: &EngineRequest, block_size: u32, capacity: u64) -> Result<(), AddError> {
         if req.prompt.is_empty() {
             return Err(AddError::EmptyPrompt(req.id));
         }
@@ -39,6 +39,10 @@ impl<T> RequestTable<T> {
         }
         if req.prompt.block_size() != block_size {
             return Err(AddError::BlockSize { prompt: req.prompt.block_size(), engine: block_size });
+        }
+        let total = u64::from(req.prompt.len()) + u64::from(req.max_output_tokens);
+        if total > capacity {
+            return Err(AddError::TooLong { tokens: total, capacity });
         }
         Ok(())
     }

@@ -182,12 +182,8 @@ impl SglangScheduler {
     /// while a request's tokens stay strictly below the memory it could
     /// get, so prompt plus output must leave one page of the pool spare.
     pub(crate) fn add(&mut self, req: EngineRequest) -> Result<(), AddError> {
-        self.requests.check(&req, self.block_size)?;
-        let total = u64::from(req.prompt.len()) + u64::from(req.max_output_tokens);
         let capacity = (self.total_pages * u64::from(self.page_size)).saturating_sub(self.page_size.into());
-        if total > capacity {
-            return Err(AddError::TooLong { tokens: total, capacity });
-        }
+        self.requests.check(&req, self.block_size, capacity)?;
         let seq = Seq {
             id: req.id,
             prompt_len: req.prompt.len(),

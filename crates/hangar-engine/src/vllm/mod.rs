@@ -107,12 +107,9 @@ impl VllmScheduler {
     }
 
     pub(crate) fn add(&mut self, req: EngineRequest) -> Result<(), AddError> {
-        self.requests.check(&req, self.block_size)?;
-        let total = u64::from(req.prompt.len()) + u64::from(req.max_output_tokens);
         let capacity = u64::from(self.pool.num_blocks()) * u64::from(self.block_size);
-        if total > capacity {
-            return Err(AddError::TooLong { tokens: total, capacity });
-        }
+        self.requests.check(&req, self.block_size, capacity)?;
+        let total = u64::from(req.prompt.len()) + u64::from(req.max_output_tokens);
         // Without chunked prefill a request must fit one pass whole, also
         // when it is recomputed after preemption with its output so far.
         if !self.chunked_prefill && total > u64::from(self.max_num_batched_tokens) {
