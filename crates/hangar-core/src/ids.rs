@@ -58,9 +58,8 @@ fn validate(kind: &'static str, value: &str, max: usize, punct: &'static str) ->
     if value.len() > max {
         return Err(IdError::TooLong { kind, value: value.to_owned(), len: value.len(), max });
     }
-    if let Some((at, ch)) = value
-        .char_indices()
-        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || punct.contains(c)))
+    if let Some((at, ch)) =
+        value.char_indices().find(|&(_, c)| !(c.is_ascii_alphanumeric() || punct.contains(c)))
     {
         return Err(IdError::BadChar { kind, value: value.to_owned(), ch, at, allowed: punct });
     }

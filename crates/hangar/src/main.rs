@@ -21,12 +21,17 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Content-addressed model-weight store: import, inspect, serve, share.
+    Store(cmd::store::Args),
+}
 
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    let result = match cli.command {};
+    let result = match cli.command {
+        Command::Store(args) => cmd::store::run(args),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => cmd::report(&err),

@@ -1,5 +1,7 @@
 //! One module per subcommand. Each exposes `Args` (clap) and `run(args)`.
 
+pub mod store;
+
 use std::io::ErrorKind;
 use std::process::ExitCode;
 
