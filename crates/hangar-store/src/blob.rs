@@ -404,14 +404,10 @@ impl Registration {
         copy: impl Fn(Run, &mut [u8]) -> Result<(), StoreError> + Sync,
     ) -> Result<(), StoreError> {
         let index = &self.index;
-        let slots: Vec<std::sync::Mutex<(usize, &mut [u8])>> =
-            self.map.chunks_mut(CHUNK_SIZE as usize).enumerate().map(std::sync::Mutex::new).collect();
         let hashes: Vec<std::sync::Mutex<Digest>> =
-            slots.iter().map(|_| std::sync::Mutex::new([0; 32])).collect();
-        chunks::for_each_chunk_parallel(slots.len(), |i| -> Result<(), StoreError> {
-            let mut slot = slots[i].lock().expect("not poisoned");
-            let (ci, dst) = &mut *slot;
-            let base = *ci as u64 * CHUNK_SIZE;
+            (0..chunk_count(index.data_len)).map(|_| std::sync::Mutex::new([0; 32])).collect();
+        chunks::for_each_chunk_mut_parallel(&mut self.map, |i, dst| -> Result<(), StoreError> {
+            let base = i as u64 * CHUNK_SIZE;
             let mut result = Ok(());
             index.for_each_run(base, base + dst.len() as u64, |tensor, tensor_offset, at, len| {
                 if result.is_ok() {
@@ -423,7 +419,6 @@ impl Registration {
             *hashes[i].lock().expect("not poisoned") = chunks::hash_chunk(dst);
             Ok(())
         })?;
-        drop(slots);
         self.fed = self.index.tensors.iter().map(|t| t.len).collect();
         self.hashes = Some(hashes.into_iter().map(|h| h.into_inner().expect("not poisoned")).collect());
         Ok(())

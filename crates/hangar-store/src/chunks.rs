@@ -91,6 +91,17 @@ pub fn for_each_chunk_parallel<E: Send>(
     }
 }
 
+/// Runs `work(i, chunk)` over every [`CHUNK_SIZE`] chunk of `data` on all
+/// cores, with mutable access to the chunk; stops at the first error.
+pub fn for_each_chunk_mut_parallel<E: Send>(
+    data: &mut [u8],
+    work: impl Fn(usize, &mut [u8]) -> Result<(), E> + Sync,
+) -> Result<(), E> {
+    let slots: Vec<std::sync::Mutex<&mut [u8]>> =
+        data.chunks_mut(CHUNK_SIZE as usize).map(std::sync::Mutex::new).collect();
+    for_each_chunk_parallel(slots.len(), |i| work(i, &mut slots[i].lock().expect("not poisoned")))
+}
+
 /// Hashes every chunk of `data` on all cores.
 pub fn hash_chunks(data: &[u8]) -> Vec<Digest> {
     let n = chunk_count(data.len() as u64);

@@ -145,7 +145,7 @@ fn bad_safetensors_get_clear_errors_and_leave_nothing_visible() {
         ),
     ];
     for (path, want) in cases {
-        let err = store.import_files(&[path.clone()], &[key("x:1")]).unwrap_err();
+        let err = store.import_files(std::slice::from_ref(&path), &[key("x:1")]).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains(want), "{}: `{msg}` lacks `{want}`", path.display());
         assert!(msg.contains(path.file_name().unwrap().to_str().unwrap()), "{msg} names no file");
