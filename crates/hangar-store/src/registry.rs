@@ -104,7 +104,7 @@ pub fn router(ttl: Millis) -> Router {
     Router::new()
         .route("/v1/heartbeat", post(heartbeat))
         .route("/v1/holders/{id}", get(holders))
-        .route("/v1/keys/{key}", get(key))
+        .route("/v1/keys/{*key}", get(key))
         .route("/v1/nodes", get(nodes))
         .with_state(shared)
 }
@@ -141,19 +141,62 @@ async fn nodes(State(s): State<Shared>) -> Json<BTreeMap<String, String>> {
     Json(s.table.lock().expect("not poisoned").nodes(now))
 }
 
-/// Serves the registry on `listener` until the future is dropped.
-///
-/// # Cancel safety
-/// Dropping the future stops the server; the table is lost (it is soft state).
-pub async fn serve(listener: tokio::net::TcpListener, ttl: Millis) -> std::io::Result<()> {
-    axum::serve(listener, router(ttl)).await
+/// A running registry on its own runtime thread; dropping it stops it.
+#[derive(Debug)]
+pub struct RegistryHandle {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Binds `addr` and returns the listener and its actual address (port 0 → chosen port).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
-    let l = tokio::net::TcpListener::bind(addr).await?;
-    let a = l.local_addr()?;
-    Ok((l, a))
+impl RegistryHandle {
+    /// Binds `addr` (port 0 picks one) and serves, forgetting nodes silent for `ttl` ms.
+    pub fn start(addr: SocketAddr, ttl: Millis) -> std::io::Result<RegistryHandle> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let listener = rt.block_on(tokio::net::TcpListener::bind(addr))?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new().name("hangar-store-registry".into()).spawn(move || {
+            rt.block_on(async move {
+                let server = axum::serve(listener, router(ttl)).with_graceful_shutdown(async {
+                    let _ = rx.await;
+                });
+                if let Err(e) = server.await {
+                    tracing::error!(error = %e, "registry stopped");
+                }
+            });
+        })?;
+        tracing::info!(%addr, ttl_ms = ttl, "store registry listening");
+        Ok(RegistryHandle { addr, shutdown: Some(tx), thread: Some(thread) })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL daemons use.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Blocks until the registry stops (it runs until killed).
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RegistryHandle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[cfg(test)]
