@@ -19,6 +19,7 @@ pub mod synth;
 pub use blob::{BlobStore, CommitReport, Registration, StoredArtifact};
 pub use error::StoreError;
 pub use id::{ArtifactId, IdOrKey, StoreKey};
+pub mod bench;
 pub mod client;
 pub mod daemon;
 pub mod fallback;
