@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, MmapMut};
 
-use crate::chunks::{self, chunk_count, chunk_range, CHUNK_SIZE};
+use crate::chunks::{self, chunk_count, chunk_range};
 use crate::error::{io_err, StoreError};
 use crate::format::{self, TensorLocation};
 use crate::id::{ArtifactId, Digest, IdOrKey, StoreKey};
@@ -343,13 +343,17 @@ pub struct Run {
 ///
 /// The data is staged in a file under `tmp/`; dropping a registration
 /// without committing removes it, so a failed or abandoned producer leaves
-/// nothing visible.
+/// nothing visible. File imports write whole chunks with `pwrite` from a
+/// per-thread buffer they just hashed; streaming feeds go through a map of
+/// the staged file, created on the first feed.
 #[derive(Debug)]
 pub struct Registration {
     store: BlobStore,
     index: CanonicalIndex,
     dir: PathBuf,
-    map: MmapMut,
+    file: File,
+    path: PathBuf,
+    map: Option<MmapMut>,
     /// Bytes fed so far per tensor (feeds append).
     fed: Vec<u64>,
     hashes: Option<Vec<Digest>>,
@@ -365,11 +369,18 @@ impl Registration {
         let file =
             File::options().read(true).write(true).create_new(true).open(&path).map_err(io_err(&path))?;
         file.set_len(index.data_len).map_err(io_err(&path))?;
-        // SAFETY: the file is ours (fresh name in our staging directory) and is
-        // only reached through this map until commit.
-        let map = unsafe { MmapMut::map_mut(&file) }.map_err(io_err(&path))?;
         let fed = vec![0; index.tensors.len()];
-        Ok(Registration { store: store.clone(), index, dir, map, fed, hashes: None })
+        Ok(Registration { store: store.clone(), index, dir, file, path, map: None, fed, hashes: None })
+    }
+
+    fn map_mut(&mut self) -> Result<&mut MmapMut, StoreError> {
+        if self.map.is_none() {
+            // SAFETY: the file is ours (fresh name in our staging directory)
+            // and is only written through this registration until commit.
+            let map = unsafe { MmapMut::map_mut(&self.file) }.map_err(io_err(&self.path))?;
+            self.map = Some(map);
+        }
+        Ok(self.map.as_mut().expect("just created"))
     }
 
     /// The canonical index being registered.
@@ -391,33 +402,40 @@ impl Registration {
             return Err(StoreError::Overfeed { tensor: name.to_owned(), len: t.len, got: end });
         }
         let at = (t.offset + self.fed[i]) as usize;
-        self.map[at..at + bytes.len()].copy_from_slice(bytes);
+        self.map_mut()?[at..at + bytes.len()].copy_from_slice(bytes);
         self.fed[i] = end;
         self.hashes = None;
         Ok(())
     }
 
-    /// Fills and hashes every chunk on all cores: `copy(run, dst)` writes the
-    /// tensor bytes of `run` into `dst`; padding stays zero.
+    /// Assembles, hashes and writes every chunk on all cores: `copy(run,
+    /// dst)` writes the tensor bytes of `run` into `dst`; padding is zero.
     fn fill_parallel(
         &mut self,
         copy: impl Fn(Run, &mut [u8]) -> Result<(), StoreError> + Sync,
     ) -> Result<(), StoreError> {
-        let index = &self.index;
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let (index, file, path) = (&self.index, &self.file, &self.path);
         let hashes: Vec<std::sync::Mutex<Digest>> =
             (0..chunk_count(index.data_len)).map(|_| std::sync::Mutex::new([0; 32])).collect();
-        chunks::for_each_chunk_mut_parallel(&mut self.map, |i, dst| -> Result<(), StoreError> {
-            let base = i as u64 * CHUNK_SIZE;
-            let mut result = Ok(());
-            index.for_each_run(base, base + dst.len() as u64, |tensor, tensor_offset, at, len| {
-                if result.is_ok() {
-                    let d = &mut dst[(at - base) as usize..(at - base + len) as usize];
-                    result = copy(Run { tensor, tensor_offset, len }, d);
-                }
-            });
-            result?;
-            *hashes[i].lock().expect("not poisoned") = chunks::hash_chunk(dst);
-            Ok(())
+        chunks::for_each_chunk_parallel(hashes.len(), |i| -> Result<(), StoreError> {
+            BUF.with_borrow_mut(|buf| {
+                let (base, end) = chunk_range(i, index.data_len);
+                buf.clear();
+                buf.resize((end - base) as usize, 0);
+                let mut result = Ok(());
+                index.for_each_run(base, end, |tensor, tensor_offset, at, len| {
+                    if result.is_ok() {
+                        let d = &mut buf[(at - base) as usize..(at - base + len) as usize];
+                        result = copy(Run { tensor, tensor_offset, len }, d);
+                    }
+                });
+                result?;
+                *hashes[i].lock().expect("not poisoned") = chunks::hash_chunk(buf);
+                file.write_all_at(buf, base).map_err(io_err(path))
+            })
         })?;
         self.fed = self.index.tensors.iter().map(|t| t.len).collect();
         self.hashes = Some(hashes.into_iter().map(|h| h.into_inner().expect("not poisoned")).collect());
@@ -434,7 +452,7 @@ impl Registration {
         }
         let hashes = match self.hashes.take() {
             Some(h) => h,
-            None => chunks::hash_chunks(&self.map),
+            None => chunks::hash_chunks(self.map_mut()?),
         };
         let id = ArtifactId::Full {
             index: self.index.digest(),
