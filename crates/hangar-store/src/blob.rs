@@ -301,27 +301,35 @@ pub struct StoredArtifact {
 }
 
 impl StoredArtifact {
-    /// Reads chunk `i` into `dst` (exactly the chunk's length) and verifies it.
-    pub fn read_chunk(&self, i: usize, dst: &mut [u8]) -> Result<(), StoreError> {
-        let (start, _) = chunk_range(i, self.index.data_len);
-        self.data.read_exact_at(dst, start).map_err(io_err(&self.data_path))?;
-        if chunks::hash_chunk(dst) != self.chunk_hashes[i] {
+    /// Checks that `bytes` are chunk `i`.
+    pub fn verify_chunk(&self, i: usize, bytes: &[u8]) -> Result<(), StoreError> {
+        if chunks::hash_chunk(bytes) != self.chunk_hashes[i] {
             return Err(StoreError::HashMismatch { id: self.id, chunk: i });
         }
         Ok(())
     }
 
+    /// Reads chunk `i` into `dst` (exactly the chunk's length) and verifies it.
+    pub fn read_chunk(&self, i: usize, dst: &mut [u8]) -> Result<(), StoreError> {
+        let (start, _) = chunk_range(i, self.index.data_len);
+        self.data.read_exact_at(dst, start).map_err(io_err(&self.data_path))?;
+        self.verify_chunk(i, dst)
+    }
+
+    /// Maps the data read-only, unverified: check each chunk with
+    /// [`Self::verify_chunk`] before using it.
+    pub fn map_unverified(&self) -> Result<Mmap, StoreError> {
+        // SAFETY: blobs are never modified in place (only renamed away).
+        unsafe { Mmap::map(&self.data) }.map_err(io_err(&self.data_path))
+    }
+
     /// Maps the data read-only and verifies every chunk on all cores; the
     /// first mismatch is returned and the map is not.
     pub fn map_verified(&self) -> Result<Mmap, StoreError> {
-        // SAFETY: blobs are never modified in place (only renamed away).
-        let map = unsafe { Mmap::map(&self.data) }.map_err(io_err(&self.data_path))?;
+        let map = self.map_unverified()?;
         chunks::for_each_chunk_parallel(self.chunk_hashes.len(), |i| {
             let (a, b) = chunk_range(i, self.index.data_len);
-            if chunks::hash_chunk(&map[a as usize..b as usize]) != self.chunk_hashes[i] {
-                return Err(StoreError::HashMismatch { id: self.id, chunk: i });
-            }
-            Ok(())
+            self.verify_chunk(i, &map[a as usize..b as usize])
         })?;
         Ok(map)
     }

@@ -40,6 +40,25 @@ pub enum IdParseError {
     BadTag(String),
 }
 
+/// Serializes a type through its `Display` and deserializes through its
+/// `FromStr`, so JSON carries exactly the validated text form.
+macro_rules! serde_as_text {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 /// A 32-byte BLAKE3 digest printed as 64 lowercase hex digits.
 pub type Digest = [u8; 32];
 
@@ -124,18 +143,7 @@ impl fmt::Display for ArtifactId {
     }
 }
 
-impl Serialize for ArtifactId {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for ArtifactId {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_text!(ArtifactId);
 
 /// A human key `name:tag` (tag defaults to `latest`); `name` is a
 /// [`ModelKey`] without empty, `.` or `..` segments.
@@ -181,18 +189,7 @@ impl fmt::Display for StoreKey {
     }
 }
 
-impl Serialize for StoreKey {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for StoreKey {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_text!(StoreKey);
 
 /// What a user typed where either an id or a key is accepted (`stat`, `get`, `rm`).
 #[derive(Debug, Clone, PartialEq, Eq)]

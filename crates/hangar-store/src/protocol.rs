@@ -48,7 +48,8 @@ pub enum Request {
         selection: Selection,
         /// The caller's replica id; the handle for `Confirm`/`Unload`/`KeepAlive`.
         replica: ReplicaId,
-        /// Process holding the reference (default: the peer process of the socket).
+        /// Process holding the reference when the socket's peer credentials
+        /// are unavailable (the kernel-reported peer pid wins otherwise).
         #[serde(default)]
         pid: Option<u32>,
         /// Hold by a TTL lease of this many ms instead of by a process.

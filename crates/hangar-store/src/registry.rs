@@ -145,8 +145,7 @@ async fn nodes(State(s): State<Shared>) -> Json<BTreeMap<String, String>> {
 #[derive(Debug)]
 pub struct RegistryHandle {
     addr: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    service: crate::service::ServiceThread,
 }
 
 impl RegistryHandle {
@@ -167,7 +166,7 @@ impl RegistryHandle {
             });
         })?;
         tracing::info!(%addr, ttl_ms = ttl, "store registry listening");
-        Ok(RegistryHandle { addr, shutdown: Some(tx), thread: Some(thread) })
+        Ok(RegistryHandle { addr, service: crate::service::ServiceThread::new(tx, thread) })
     }
 
     /// The bound address.
@@ -182,20 +181,7 @@ impl RegistryHandle {
 
     /// Blocks until the registry stops (it runs until killed).
     pub fn wait(mut self) {
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for RegistryHandle {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.service.wait();
     }
 }
 

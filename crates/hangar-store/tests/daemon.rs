@@ -250,3 +250,26 @@ fn views_are_exact_shards_with_zero_padding_and_shared_in_place() {
         other => panic!("expected a bad view error, got {other:?}"),
     }
 }
+
+#[test]
+fn malformed_requests_get_an_error_and_the_connection_survives() {
+    use hangar_store::memory::{recv_frame, send_frame};
+    use hangar_store::protocol::{ErrorKind, Request, Response};
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(dir.path(), 1 << 30);
+    let s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    for bad in [&b"{not json"[..], br#"{"op":"Materialize"}"#, br#"{"op":"Explode"}"#] {
+        send_frame(&s, bad, None).unwrap();
+        let (payload, fds) = recv_frame(&s).unwrap().unwrap();
+        assert!(fds.is_empty());
+        match serde_json::from_slice::<Response>(&payload).unwrap() {
+            Response::Error { kind: ErrorKind::BadRequest, message } => {
+                assert!(message.contains("malformed"), "{message}")
+            }
+            other => panic!("expected bad request, got {other:?}"),
+        }
+    }
+    send_frame(&s, &serde_json::to_vec(&Request::Status).unwrap(), None).unwrap();
+    let (payload, _) = recv_frame(&s).unwrap().unwrap();
+    assert!(matches!(serde_json::from_slice::<Response>(&payload).unwrap(), Response::Status { .. }));
+}

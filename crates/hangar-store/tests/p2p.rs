@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{eventually, import};
+use common::{eventually, http_get, import};
 use hangar_store::client::{Hold, StoreClient};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
@@ -55,6 +55,18 @@ fn artifact_imported_on_one_daemon_is_materialized_on_the_other_via_p2p() {
     let store_b = BlobStore::open(&rb).unwrap();
     eventually("b persists what it fetched", || store_b.contains(&f.id));
     store_b.open_artifact(&f.id).unwrap().map_verified().unwrap();
+
+    let addr = b.http_addr().unwrap();
+    let metrics = http_get(addr, "/metrics");
+    let peer_bytes = format!("hangar_store_loaded_bytes_total{{source=\"peer\"}} {}", m.index.data_len);
+    assert!(metrics.contains(&peer_bytes), "{metrics}");
+    assert!(metrics.contains("hangar_store_resident_bytes"), "{metrics}");
+    let events: serde_json::Value = serde_json::from_str(&http_get(addr, "/v1/events")).unwrap();
+    let events = events.as_array().unwrap();
+    assert_eq!(events[0]["kind"], "ingestion_started");
+    assert_eq!(events[1]["kind"], "ingestion_completed");
+    assert_eq!(events[1]["source"], "peer");
+    assert_eq!(events[0]["context_id"], events[1]["context_id"]);
 }
 
 fn fallback_case(kill_peer: bool) {

@@ -73,3 +73,54 @@ fn bad_input_gets_clear_errors() {
     let e = err(hangar(&root, &["import", dir.path().join("missing").to_str().unwrap()]));
     assert!(e.contains("missing") && e.contains("No such file"), "{e}");
 }
+
+/// Kills the spawned daemon even when the test fails.
+struct Serve(std::process::Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn serve_then_get_a_view_and_status_through_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let files = write_files(&dir.path().join("src"), &model(1 << 18, 2, 6), 1).unwrap();
+    ok(hangar(&root, &["import", files[0].to_str().unwrap(), "--key", "demo/m:v1"]));
+    let socket = dir.path().join("d.sock");
+    let s = socket.to_str().unwrap();
+    let _serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_hangar"))
+            .args(["store", "serve", "--socket", s, "--listen", "127.0.0.1:0", "--budget", "64MiB"])
+            .env("HANGAR_STORE_ROOT", &root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "daemon did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = dir.path().join("rank1");
+    let got = ok(hangar(
+        &root,
+        &["get", "demo/m:v1", "--socket", s, "--view", "1/2:*.weight=0", "--out", out.to_str().unwrap()],
+    ));
+    assert!(got.contains("hg1v:") && got.contains("from local"), "{got}");
+    let local = dir.path().join("rank1-local");
+    ok(hangar(&root, &["get", "demo/m:v1", "--view", "1/2:*.weight=0", "--out", local.to_str().unwrap()]));
+    assert_eq!(
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+        std::fs::read(local.join("model.safetensors")).unwrap(),
+        "daemon and local views agree"
+    );
+    let status = ok(hangar(&root, &["status", "--socket", s]));
+    assert!(status.contains("hg1v:") && status.contains("0 refs"), "{status}");
+    let e = err(hangar(&root, &["get", "nobody:v1", "--socket", s, "--out", out.to_str().unwrap()]));
+    assert!(e.contains("unknown key"), "{e}");
+}

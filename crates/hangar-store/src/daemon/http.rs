@@ -87,7 +87,20 @@ async fn artifact(
     }
 }
 
-/// Verified chunks from `from`, read on a blocking thread, two chunks ahead.
+/// One chunk of a mapped blob, sent without copying.
+struct MappedChunk {
+    map: Arc<memmap2::Mmap>,
+    range: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for MappedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+/// Chunks from `from`, each verified (on a blocking thread, two chunks
+/// ahead of the socket) and then sent straight from the blob's map.
 fn stream_data(
     art: StoredArtifact,
     from: usize,
@@ -95,6 +108,13 @@ fn stream_data(
 ) -> impl futures::Stream<Item = Result<Bytes, StoreError>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, StoreError>>(2);
     tokio::task::spawn_blocking(move || {
+        let map = match art.map_unverified() {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        };
         let mut sent = 0u64;
         for i in from..art.chunk_hashes.len() {
             if stall_after.is_some_and(|s| sent >= s) {
@@ -105,8 +125,10 @@ fn stream_data(
                 return;
             }
             let (a, b) = chunk_range(i, art.index.data_len);
-            let mut buf = vec![0u8; (b - a) as usize];
-            let item = art.read_chunk(i, &mut buf).map(|()| Bytes::from(buf));
+            let range = a as usize..b as usize;
+            let item = art
+                .verify_chunk(i, &map[range.clone()])
+                .map(|()| Bytes::from_owner(MappedChunk { map: map.clone(), range }));
             let failed = item.is_err();
             sent += b - a;
             if tx.blocking_send(item).is_err() || failed {

@@ -105,6 +105,9 @@ struct Resident {
 struct State {
     residency: Residency,
     residents: HashMap<ArtifactId, Resident>,
+    /// Replicas whose artifact failed to load, with the error, until they
+    /// `Confirm` or `Unload` (their references are already gone).
+    failed: HashMap<ReplicaId, (ErrorKind, String, ArtifactId)>,
 }
 
 /// What `Materialize` hands back.
@@ -240,7 +243,9 @@ impl Core {
                 {
                     let mut st = self.lock();
                     st.residents.remove(&id);
-                    st.residency.remove(&id);
+                    for replica in st.residency.remove(&id) {
+                        st.failed.insert(replica, (error_kind(&e), message.clone(), id));
+                    }
                     self.telemetry.set_resident(st.residency.used());
                 }
                 let _ = tx.send(LoadStatus::Failed { kind: error_kind(&e), message });
@@ -251,7 +256,10 @@ impl Core {
     /// `Confirm`: waits (at most [`MAX_CONFIRM`]) for the replica's load.
     async fn confirm(&self, replica: ReplicaId, timeout: Duration) -> Result<(Source, u64, u64), StoreError> {
         let (id, mut rx) = {
-            let st = self.lock();
+            let mut st = self.lock();
+            if let Some((kind, message, id)) = st.failed.remove(&replica) {
+                return Err(remote_error(kind, message, id));
+            }
             let Some((id, _)) = st.residency.holder(&replica) else {
                 return Err(StoreError::UnknownHandle(format!(
                     "replica {replica} holds nothing (never materialized, unloaded, or its load failed)"
@@ -275,6 +283,7 @@ impl Core {
     /// `Unload`: drops the replica's reference; `false` if it held nothing.
     fn unload(&self, replica: ReplicaId) -> bool {
         let mut st = self.lock();
+        st.failed.remove(&replica);
         let released = st.residency.release(&replica, self.now()).is_some();
         self.telemetry.set_resident(st.residency.used());
         released
@@ -400,8 +409,7 @@ fn remote_error(kind: ErrorKind, message: String, id: ArtifactId) -> StoreError 
 pub struct DaemonHandle {
     socket: PathBuf,
     http: Option<SocketAddr>,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    service: crate::service::ServiceThread,
 }
 
 impl DaemonHandle {
@@ -442,7 +450,7 @@ impl DaemonHandle {
             source_name: "daemon".into(),
             reason: "daemon thread exited during startup".into(),
         })??;
-        Ok(DaemonHandle { socket, http, shutdown: Some(shutdown_tx), thread: Some(thread) })
+        Ok(DaemonHandle { socket, http, service: crate::service::ServiceThread::new(shutdown_tx, thread) })
     }
 
     /// The Unix socket path.
@@ -457,20 +465,13 @@ impl DaemonHandle {
 
     /// Blocks until the daemon stops (it runs until killed).
     pub fn wait(mut self) {
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.service.wait();
     }
 }
 
 impl Drop for DaemonHandle {
     fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.service.stop();
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -494,7 +495,11 @@ async fn serve(
     let http_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let own_url = cfg.advertise.clone().or_else(|| http_addr.map(|a| format!("http://{a}")));
     let core = Arc::new(Core {
-        state: Mutex::new(State { residency: Residency::new(cfg.budget), residents: HashMap::new() }),
+        state: Mutex::new(State {
+            residency: Residency::new(cfg.budget),
+            residents: HashMap::new(),
+            failed: HashMap::new(),
+        }),
         cfg,
         blobs,
         epoch: Instant::now(),

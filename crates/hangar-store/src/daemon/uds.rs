@@ -127,7 +127,7 @@ async fn handle(
             Err(e) => (error(e), None),
         },
         Request::Materialize { selection, replica, pid, lease_ttl_ms } => {
-            let owner = match (lease_ttl_ms, pid.or(peer_pid)) {
+            let owner = match (lease_ttl_ms, peer_pid.or(pid)) {
                 (Some(ttl), _) => Owner::Lease { expires_at: core.now() + ttl },
                 (None, Some(pid)) => Owner::Pid(pid),
                 (None, None) => {

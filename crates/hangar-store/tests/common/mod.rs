@@ -42,3 +42,14 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 pub fn tensor<'a>(f: &'a Fixture, name: &str) -> &'a OwnedTensor {
     &f.tensors.iter().find(|(n, _)| n == name).unwrap().1
 }
+
+/// A plain HTTP/1.1 GET on loopback; returns the body.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "GET {path}: {out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
