@@ -9,7 +9,8 @@
 //!    bytes into freshly allocated memory.
 //!
 //! Files are generated once under the working directory and reused; every
-//! figure is the best of a few runs to damp noise from a shared machine.
+//! figure is the best of a few runs, store and reference alternating, to
+//! damp noise from a shared machine.
 
 use std::fmt;
 use std::fs::File;
@@ -68,7 +69,7 @@ pub struct BenchReport {
     pub lip_calls: usize,
 }
 
-const RUNS: usize = 3;
+const RUNS: usize = 4;
 
 fn gbs(x: f64) -> String {
     format!("{:.2} GB/s", x / 1e9)
@@ -190,12 +191,18 @@ fn plain_tcp_copy(path: &Path) -> Result<f64, StoreError> {
     Ok(rate)
 }
 
-fn best(mut f: impl FnMut() -> Result<f64, StoreError>) -> Result<f64, StoreError> {
-    let mut top: f64 = 0.0;
+/// Runs the reference and the store alternately [`RUNS`] times and keeps
+/// the best of each, so both see the same background load on a shared machine.
+fn paired(
+    mut reference: impl FnMut() -> Result<f64, StoreError>,
+    mut store: impl FnMut() -> Result<f64, StoreError>,
+) -> Result<(f64, f64), StoreError> {
+    let (mut r, mut s) = (0f64, 0f64);
     for _ in 0..RUNS {
-        top = top.max(f()?);
+        r = r.max(reference()?);
+        s = s.max(store()?);
     }
-    Ok(top)
+    Ok((r, s))
 }
 
 fn daemon(root: &Path, size: u64, tweak: impl FnOnce(&mut DaemonConfig)) -> Result<DaemonHandle, StoreError> {
@@ -229,17 +236,19 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
     let mut ratios = Vec::new();
 
     // 1. Import vs plain sequential read.
-    let read = best(|| plain_read(&files))?;
     let mut id = None;
-    let import = best(|| {
-        let _ = std::fs::remove_dir_all(&root_a);
-        let store = BlobStore::open(&root_a)?;
-        let t = Instant::now();
-        let r = store.import_files(&files, &[])?;
-        let total: u64 = files.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
-        id = Some(r.id);
-        Ok(total as f64 / secs(t.elapsed()))
-    })?;
+    let (read, import) = paired(
+        || plain_read(&files),
+        || {
+            let _ = std::fs::remove_dir_all(&root_a);
+            let store = BlobStore::open(&root_a)?;
+            let t = Instant::now();
+            let r = store.import_files(&files, &[])?;
+            let total: u64 = files.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+            id = Some(r.id);
+            Ok(total as f64 / secs(t.elapsed()))
+        },
+    )?;
     let id = id.expect("imported");
     ratios.push(Ratio {
         name: "import (hash + store)",
@@ -251,18 +260,20 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
 
     // 2. Cold Materialize vs plain read into memory.
     let blob = root_a.join("artifacts").join(id.file_name()).join("data");
-    let reference = best(|| plain_read_into_memory(&blob))?;
-    let cold = best(|| {
-        let d = daemon(&root_a, cfg.size, |_| {})?;
-        let (rate, source) = timed_materialize(d.socket(), id)?;
-        if source != Source::Local {
-            return Err(StoreError::Source {
-                source_name: "bench".into(),
-                reason: format!("cold load came from {source:?}"),
-            });
-        }
-        Ok(rate)
-    })?;
+    let (reference, cold) = paired(
+        || plain_read_into_memory(&blob),
+        || {
+            let d = daemon(&root_a, cfg.size, |_| {})?;
+            let (rate, source) = timed_materialize(d.socket(), id)?;
+            if source != Source::Local {
+                return Err(StoreError::Source {
+                    source_name: "bench".into(),
+                    reason: format!("cold load came from {source:?}"),
+                });
+            }
+            Ok(rate)
+        },
+    )?;
     ratios.push(Ratio {
         name: "cold Materialize (local blob)",
         store: cold,
@@ -298,7 +309,6 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
     };
 
     // 4. P2P vs plain TCP copy.
-    let reference = best(|| plain_tcp_copy(&blob))?;
     let registry = RegistryHandle::start("127.0.0.1:0".parse().expect("addr"), 10_000)
         .map_err(|e| StoreError::Io { path: "registry".into(), source: e })?;
     let peer_cfg = |c: &mut DaemonConfig| {
@@ -311,27 +321,30 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         c.node = "bench-a".into();
     })?;
     std::thread::sleep(Duration::from_millis(300)); // first heartbeat
-    let p2p = best(|| {
-        let _ = std::fs::remove_dir_all(&root_b);
-        let b = daemon(&root_b, cfg.size, |c| {
-            peer_cfg(c);
-            c.node = "bench-b".into();
-        })?;
-        let (rate, source) = timed_materialize(b.socket(), id)?;
-        if source != Source::Peer {
-            return Err(StoreError::Source {
-                source_name: "bench".into(),
-                reason: format!("P2P came from {source:?}"),
-            });
-        }
-        // Let the background persist finish before the next run deletes the root.
-        let store_b = BlobStore::open(&root_b)?;
-        let t = Instant::now();
-        while !store_b.contains(&id) && t.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(rate)
-    })?;
+    let (reference, p2p) = paired(
+        || plain_tcp_copy(&blob),
+        || {
+            let _ = std::fs::remove_dir_all(&root_b);
+            let b = daemon(&root_b, cfg.size, |c| {
+                peer_cfg(c);
+                c.node = "bench-b".into();
+            })?;
+            let (rate, source) = timed_materialize(b.socket(), id)?;
+            if source != Source::Peer {
+                return Err(StoreError::Source {
+                    source_name: "bench".into(),
+                    reason: format!("P2P came from {source:?}"),
+                });
+            }
+            // Let the background persist finish before the next run deletes the root.
+            let store_b = BlobStore::open(&root_b)?;
+            let t = Instant::now();
+            while !store_b.contains(&id) && t.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(rate)
+        },
+    )?;
     ratios.push(Ratio {
         name: "P2P Materialize (loopback)",
         store: p2p,

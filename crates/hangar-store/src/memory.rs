@@ -34,7 +34,9 @@ pub struct SharedRegion {
 
 impl SharedRegion {
     /// Allocates `len` zeroed bytes (at least 1) named `name`, and returns
-    /// the sealed region plus the only writable mapping of it.
+    /// the sealed region plus the only writable mapping of it. Pages are
+    /// materialized by the loaders, chunk by chunk on all cores
+    /// ([`populate`]).
     pub fn allocate(name: &str, len: u64) -> io::Result<(SharedRegion, MmapMut)> {
         let len = len.max(1);
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
@@ -67,6 +69,22 @@ impl SharedRegion {
     /// A read-only mapping (for serving peers and building views).
     pub fn map(&self) -> io::Result<Mmap> {
         map_readonly(self.fd.as_fd(), self.len)
+    }
+}
+
+/// Allocates and maps the pages behind `range` of a writable mapping in one
+/// call (`MADV_POPULATE_WRITE`) instead of one page fault per 4 KiB — on
+/// virtual machines the faults cost more than copying the data. `range`
+/// must start on a page boundary. Best effort: on kernels without the
+/// advice the copy simply faults.
+pub fn populate(range: &mut [u8]) {
+    // SAFETY: the range is memory we own mutably; populating only
+    // allocates and maps its pages, it does not change their contents.
+    let r = unsafe {
+        rustix::mm::madvise(range.as_mut_ptr().cast(), range.len(), rustix::mm::Advice::LinuxPopulateWrite)
+    };
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "MADV_POPULATE_WRITE unavailable");
     }
 }
 

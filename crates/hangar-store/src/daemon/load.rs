@@ -183,6 +183,7 @@ impl Core {
             Job::Local(art) => {
                 tokio::task::spawn_blocking(move || {
                     chunks::for_each_chunk_mut_parallel(&mut mem[..art.index.data_len as usize], |i, dst| {
+                        crate::memory::populate(dst);
                         art.read_chunk(i, dst)
                     })
                 })
@@ -285,6 +286,7 @@ impl Core {
             .map_err(|e| source_err(&url, e))?;
         let mut resp = resp;
         let mut pos = *verified as u64 * CHUNK_SIZE;
+        let mut populated = *verified;
         while *verified < n {
             let next = tokio::time::timeout(self.cfg.peer_timeout, resp.chunk())
                 .await
@@ -297,6 +299,12 @@ impl Core {
                 }
             };
             let take = bytes.len().min((index.data_len - pos) as usize);
+            // Map the pages of every chunk this piece enters, one call per chunk.
+            while take > 0 && populated <= ((pos + take as u64 - 1) / CHUNK_SIZE) as usize {
+                let (a, b) = chunk_range(populated, index.data_len);
+                crate::memory::populate(&mut mem[a as usize..b as usize]);
+                populated += 1;
+            }
             mem[pos as usize..pos as usize + take].copy_from_slice(&bytes[..take]);
             pos += take as u64;
             while *verified < n && chunk_range(*verified, index.data_len).1 <= pos {
