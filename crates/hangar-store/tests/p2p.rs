@@ -105,3 +105,27 @@ fn stalled_peer_falls_back_to_the_directory_source() {
 fn peer_killed_mid_transfer_falls_back_to_the_directory_source() {
     fallback_case(true);
 }
+
+#[test]
+fn a_view_of_an_artifact_held_only_by_a_peer_is_built_from_the_fetched_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let f = import(&ra, &dir.path().join("src"), 3 << 20, 23, "org/v:v1");
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let _a = node(&ra, &registry, |_| {});
+    let b = node(&rb, &registry, |_| {});
+    let key: StoreKey = "org/v:v1".parse().unwrap();
+    let mut c = wait_registered(&b, &key);
+    let spec = "1/2:*.weight=0".parse().unwrap();
+    let sel = Selection { artifact_id: f.id, view: Some(spec), key: Some(key) };
+    let m = c.materialize(&sel, Hold::Process).unwrap();
+    assert_eq!(c.confirm(&m, CONFIRM).unwrap().source, Source::Resident);
+    let weight = &f.tensors.iter().find(|(n, _)| n == "layers.0.mlp.weight").unwrap().1;
+    let half = weight.data.len() / 2;
+    assert_eq!(m.tensor("layers.0.mlp.weight").unwrap()[..half], weight.data[half..]);
+    // The parent was held only while the view was built.
+    let (_, _, residents) = c.status().unwrap();
+    let parent = residents.iter().find(|r| r.id == f.id).expect("parent resident");
+    assert_eq!(parent.refs, 0);
+    assert_eq!(residents.iter().find(|r| r.id == m.id).unwrap().refs, 1);
+}

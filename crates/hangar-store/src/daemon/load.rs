@@ -50,8 +50,22 @@ pub(super) enum Parent {
     Resident {
         memory: memmap2::Mmap,
         len: u64,
-        hold: hangar_core::ReplicaId,
+        _hold: InternalHold,
     },
+}
+
+/// An internal reference on a resident parent; released when dropped, so a
+/// view that fails to allocate or load never leaves its parent pinned.
+#[derive(Debug)]
+pub(super) struct InternalHold {
+    core: Arc<Core>,
+    replica: hangar_core::ReplicaId,
+}
+
+impl Drop for InternalHold {
+    fn drop(&mut self) {
+        self.core.unload(self.replica);
+    }
 }
 
 impl Job {
@@ -84,21 +98,11 @@ impl Core {
         let lease = Owner::Lease { expires_at: self.now() + 600_000 };
         let parent_sel = Selection { artifact_id: parent_id, view: None, key: sel.key.clone() };
         let granted = Box::pin(self.materialize(&parent_sel, hold, lease)).await?;
-        let ready = self.confirm(hold, super::MAX_CONFIRM).await;
-        let prepared = ready.and_then(|_| {
-            let memory =
-                granted.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
-            Ok((ViewPlan::new(&granted.index, spec)?, memory))
-        });
-        match prepared {
-            Ok((plan, memory)) => {
-                Ok(Job::View { plan, parent: Parent::Resident { memory, len: granted.index.data_len, hold } })
-            }
-            Err(e) => {
-                self.unload(hold);
-                Err(e)
-            }
-        }
+        let guard = InternalHold { core: self.clone(), replica: hold };
+        self.confirm(hold, super::MAX_CONFIRM).await?;
+        let memory = granted.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
+        let plan = ViewPlan::new(&granted.index, spec)?;
+        Ok(Job::View { plan, parent: Parent::Resident { memory, len: granted.index.data_len, _hold: guard } })
     }
 
     /// Local blob store, else the registry's peers, else the fallback.
@@ -192,7 +196,6 @@ impl Core {
                 Ok(Source::Local)
             }
             Job::View { plan, parent } => {
-                let core = self.clone();
                 let source = match parent {
                     Parent::Local(_) => Source::Local,
                     Parent::Resident { .. } => Source::Resident,
@@ -203,15 +206,12 @@ impl Core {
                         Parent::Local(art) => {
                             plan.execute(art.index.data_len, dst, |i, buf| art.read_chunk(i, buf))
                         }
-                        Parent::Resident { memory, len, hold } => {
-                            let r = plan.execute(*len, dst, |i, buf| {
-                                let (a, b) = chunk_range(i, *len);
-                                buf.copy_from_slice(&memory[a as usize..b as usize]);
-                                Ok(())
-                            });
-                            core.unload(*hold);
-                            r
-                        }
+                        // The parent's hold is released when `parent` drops, right after.
+                        Parent::Resident { memory, len, .. } => plan.execute(*len, dst, |i, buf| {
+                            let (a, b) = chunk_range(i, *len);
+                            buf.copy_from_slice(&memory[a as usize..b as usize]);
+                            Ok(())
+                        }),
                     }
                 })
                 .await
