@@ -158,3 +158,36 @@ impl FallbackArtifact {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{model, write_files};
+    use crate::BlobStore;
+
+    #[test]
+    fn finds_by_key_through_a_file_url_and_fills_exact_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = model(2 << 20, 2, 31);
+        write_files(&dir.path().join("fb/org/m/v2"), &tensors, 2).unwrap();
+        let files = write_files(&dir.path().join("src"), &tensors, 1).unwrap();
+        let store = BlobStore::open(dir.path().join("root")).unwrap();
+        let id = store.import_files(&files, &[]).unwrap().id;
+        let want = store.open_artifact(&id).unwrap().map_verified().unwrap();
+
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let fb = Fallback::open(&format!("file://{}", dir.path().join("fb").display())).unwrap();
+        let key: StoreKey = "org/m:v2".parse().unwrap();
+        let found = rt.block_on(fb.locate(&id, Some(&key))).unwrap();
+        let mut mem = vec![0u8; found.index.data_len as usize];
+        rt.block_on(found.fill(&mut mem, 1)).unwrap();
+        assert_eq!(mem[CHUNK_SIZE as usize..], want[CHUNK_SIZE as usize..], "filled from chunk 1 on");
+        assert!(mem[..CHUNK_SIZE as usize].iter().all(|&b| b == 0), "chunk 0 left alone");
+
+        let other: StoreKey = "org/m:v9".parse().unwrap();
+        assert!(matches!(rt.block_on(fb.locate(&id, Some(&other))), Err(StoreError::UnknownArtifact(_))));
+        let wrong = ArtifactId::Full { index: [0; 32], data: [0; 32] };
+        let err = rt.block_on(fb.locate(&wrong, Some(&key))).unwrap_err();
+        assert!(err.to_string().contains("different tensors"), "{err}");
+    }
+}
