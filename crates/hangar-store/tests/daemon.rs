@@ -273,3 +273,15 @@ fn malformed_requests_get_an_error_and_the_connection_survives() {
     let (payload, _) = recv_frame(&s).unwrap().unwrap();
     assert!(matches!(serde_json::from_slice::<Response>(&payload).unwrap(), Response::Status { .. }));
 }
+
+#[test]
+fn a_restarted_daemon_is_reached_again_by_one_retry_on_a_fresh_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = import(dir.path(), &dir.path().join("src"), 1 << 16, 8, "m:v1");
+    let d = daemon(dir.path(), 1 << 30);
+    let mut c = StoreClient::connect(d.socket()).unwrap().with_key_cache_ttl(Duration::ZERO);
+    assert_eq!(c.resolve_key(&"m:v1".parse().unwrap()).unwrap(), f.id);
+    drop(d);
+    let _d = daemon(dir.path(), 1 << 30);
+    assert_eq!(c.resolve_key(&"m:v1".parse().unwrap()).unwrap(), f.id, "the stale connection was replaced");
+}
