@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 use hangar_core::ReplicaId;
 use memmap2::Mmap;
 
+use crate::blob::CommitReport;
 use crate::id::{ArtifactId, StoreKey};
-use crate::index::CanonicalIndex;
-use crate::memory::{map_readonly, recv_frame, send_frame};
+use crate::index::{CanonicalIndex, TensorSpec};
+use crate::memory::{map_readonly, map_writable, recv_frame, send_frame};
 use crate::protocol::{ErrorKind, Request, ResidentInfo, Response, Selection, Source};
 
 /// How long a key → id lookup is reused.
@@ -131,6 +132,26 @@ impl Materialized {
     pub fn memory_identity(&self) -> std::io::Result<(u64, u64)> {
         let st = rustix::fs::fstat(self.fd.as_fd())?;
         Ok((st.st_dev, st.st_ino))
+    }
+}
+
+/// A streaming registration in progress: write each tensor's bytes in
+/// place ([`Producing::tensor_mut`]), then commit or abort through the client.
+#[derive(Debug)]
+pub struct Producing {
+    /// The registration handle.
+    pub handle: ReplicaId,
+    /// Where each tensor goes.
+    pub index: CanonicalIndex,
+    map: memmap2::MmapMut,
+}
+
+impl Producing {
+    /// The writable bytes of tensor `name`.
+    pub fn tensor_mut(&mut self, name: &str) -> Option<&mut [u8]> {
+        let t = self.index.tensor(name)?;
+        let (a, b) = (t.offset as usize, (t.offset + t.len) as usize);
+        Some(&mut self.map[a..b])
     }
 }
 
@@ -294,6 +315,44 @@ impl StoreClient {
         let req = Request::KeepAlive { replica: m.replica, ttl_ms: ttl.as_millis() as u64 };
         match self.call(&req)? {
             (Response::KeptAlive { expires_in_ms }, _) => Ok(Duration::from_millis(expires_in_ms)),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Begins a streaming registration of `tensors`; `keys` point at the
+    /// artifact on commit. The returned memory is laid out canonically.
+    pub fn begin_register(
+        &mut self,
+        tensors: Vec<TensorSpec>,
+        keys: Vec<StoreKey>,
+    ) -> Result<Producing, ClientError> {
+        match self.call(&Request::BeginRegister { tensors, keys })? {
+            (Response::RegisterBegun { handle, index }, fds) => {
+                let fd = fds
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| ClientError::Protocol("RegisterBegun came without a memory fd".into()))?;
+                let map = map_writable(fd.as_fd(), index.data_len)
+                    .map_err(|e| ClientError::Protocol(format!("cannot map the registration memory: {e}")))?;
+                Ok(Producing { handle, index, map })
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Stores what was written: hashed by the daemon, `existed` if the store
+    /// already held the content.
+    pub fn commit_register(&mut self, p: Producing) -> Result<CommitReport, ClientError> {
+        match self.call(&Request::CommitRegister { handle: p.handle })? {
+            (Response::Committed { report }, _) => Ok(report),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Abandons a registration.
+    pub fn abort_register(&mut self, p: Producing) -> Result<(), ClientError> {
+        match self.call(&Request::AbortRegister { handle: p.handle })? {
+            (Response::Aborted { .. }, _) => Ok(()),
             (other, _) => Err(unexpected(&other)),
         }
     }

@@ -19,7 +19,7 @@ pub const ALIGNMENT: u64 = 64;
 pub const INDEX_VERSION: u32 = 1;
 
 /// A tensor as a producer describes it: name, dtype, shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorSpec {
     /// Tensor name (any UTF-8; unique within an artifact).
     pub name: String,

@@ -51,6 +51,17 @@ impl SharedRegion {
         Ok((SharedRegion { fd, len }, writer))
     }
 
+    /// Allocates `len` zeroed bytes for a producer to fill: sealed only
+    /// against resizing, so the client that receives the fd can map it
+    /// writable and the daemon can always read `len` bytes of it.
+    pub fn allocate_for_producer(name: &str, len: u64) -> io::Result<SharedRegion> {
+        let len = len.max(1);
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len)?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+        Ok(SharedRegion { fd, len })
+    }
+
     /// The fd to pass to clients.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -86,6 +97,13 @@ pub fn populate(range: &mut [u8]) {
     if let Err(e) = r {
         tracing::debug!(error = %e, "MADV_POPULATE_WRITE unavailable");
     }
+}
+
+/// Maps `len` bytes of a received producer region writable.
+pub fn map_writable(fd: BorrowedFd<'_>, len: u64) -> io::Result<MmapMut> {
+    // SAFETY: the region is sealed against shrinking; the daemon only reads
+    // it after the producer commits.
+    unsafe { MmapOptions::new().len(len.max(1) as usize).map_mut(fd.as_raw_fd()) }
 }
 
 /// Maps `len` bytes of a received region read-only.

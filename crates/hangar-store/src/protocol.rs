@@ -7,13 +7,15 @@
 //!
 //! Operation names follow the TensorCast reference: `ResolveKey`,
 //! `Materialize`, `Confirm`, `Unload`, plus `KeepAlive` for TTL leases and
-//! `Status`.
+//! `Status`, and the streaming registration `BeginRegister` /
+//! `CommitRegister` / `AbortRegister`.
 
 use hangar_core::ReplicaId;
 use serde::{Deserialize, Serialize};
 
+use crate::blob::CommitReport;
 use crate::id::{ArtifactId, StoreKey};
-use crate::index::CanonicalIndex;
+use crate::index::{CanonicalIndex, TensorSpec};
 use crate::view::ViewSpec;
 
 /// Largest frame accepted (an index of a huge checkpoint is a few MiB).
@@ -77,6 +79,26 @@ pub enum Request {
     },
     /// Residents and budget.
     Status,
+    /// Begin a streaming registration: the daemon lays the tensors out
+    /// canonically and returns a writable memfd of that layout (as
+    /// `SCM_RIGHTS`) for the producer to fill in place.
+    BeginRegister {
+        /// The tensors.
+        tensors: Vec<TensorSpec>,
+        /// Keys to point at the artifact on commit.
+        #[serde(default)]
+        keys: Vec<StoreKey>,
+    },
+    /// Hash what the producer wrote and store it (idempotent: `existed`).
+    CommitRegister {
+        /// The registration.
+        handle: ReplicaId,
+    },
+    /// Drop a registration without storing anything.
+    AbortRegister {
+        /// The registration.
+        handle: ReplicaId,
+    },
 }
 
 /// Where the bytes of a materialization came from.
@@ -183,6 +205,23 @@ pub enum Response {
         budget: u64,
         /// Residents.
         residents: Vec<ResidentInfo>,
+    },
+    /// Answer to `BeginRegister`; the writable memfd rides along.
+    RegisterBegun {
+        /// Handle for commit / abort.
+        handle: ReplicaId,
+        /// Where each tensor goes in the memfd.
+        index: CanonicalIndex,
+    },
+    /// Answer to `CommitRegister`.
+    Committed {
+        /// What was stored.
+        report: CommitReport,
+    },
+    /// Answer to `AbortRegister`.
+    Aborted {
+        /// Whether the handle existed.
+        existed: bool,
     },
     /// The request failed.
     Error {

@@ -285,3 +285,61 @@ fn a_restarted_daemon_is_reached_again_by_one_retry_on_a_fresh_connection() {
     let _d = daemon(dir.path(), 1 << 30);
     assert_eq!(c.resolve_key(&"m:v1".parse().unwrap()).unwrap(), f.id, "the stale connection was replaced");
 }
+
+#[test]
+fn producers_register_bytes_in_place_through_the_daemon() {
+    use hangar_store::index::TensorSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let f = import(dir.path(), &dir.path().join("src"), 1 << 20, 9, "m:files");
+    let d = daemon(dir.path(), 1 << 30);
+    let mut c = StoreClient::connect(d.socket()).unwrap();
+    let specs = || {
+        f.tensors
+            .iter()
+            .map(|(n, t)| TensorSpec {
+                name: n.clone(),
+                dtype: t.dtype,
+                shape: t.shape.iter().map(|&x| x as u64).collect(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut p = c.begin_register(specs(), vec!["m:streamed".parse().unwrap()]).unwrap();
+    for (name, t) in &f.tensors {
+        p.tensor_mut(name).unwrap().copy_from_slice(&t.data);
+    }
+    let report = c.commit_register(p).unwrap();
+    assert_eq!(report.id, f.id, "same tensors, same id, whatever the producer");
+    assert!(report.existed);
+    assert_eq!(c.resolve_key(&"m:streamed".parse().unwrap()).unwrap(), f.id);
+
+    let mut changed = c.begin_register(specs(), vec![]).unwrap();
+    let (name, _) = &f.tensors[0];
+    changed.tensor_mut(name).unwrap()[0] ^= 1; // everything else zero: a different artifact
+    let other = c.commit_register(changed).unwrap();
+    assert!(!other.existed && other.id != f.id);
+    hangar_store::BlobStore::open(dir.path())
+        .unwrap()
+        .open_artifact(&other.id)
+        .unwrap()
+        .map_verified()
+        .unwrap();
+
+    let aborted = c.begin_register(specs(), vec![]).unwrap();
+    let handle = aborted.handle;
+    c.abort_register(aborted).unwrap();
+    {
+        use hangar_store::memory::{recv_frame, send_frame};
+        use hangar_store::protocol::{ErrorKind, Request, Response};
+        let s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+        send_frame(&s, &serde_json::to_vec(&Request::CommitRegister { handle }).unwrap(), None).unwrap();
+        let (payload, _) = recv_frame(&s).unwrap().unwrap();
+        match serde_json::from_slice::<Response>(&payload).unwrap() {
+            Response::Error { kind: ErrorKind::BadRequest, message } => {
+                assert!(message.contains("unknown handle"), "{message}")
+            }
+            other => panic!("an aborted registration must not commit: {other:?}"),
+        }
+    }
+    let dup = vec![specs()[0].clone(), specs()[0].clone()];
+    assert!(matches!(c.begin_register(dup, vec![]), Err(ClientError::BadRequest(_))));
+}

@@ -27,10 +27,11 @@ use hangar_core::{Millis, ReplicaId};
 use tokio::sync::{oneshot, watch};
 
 use crate::blob::BlobStore;
+use crate::blob::CommitReport;
 use crate::error::StoreError;
 use crate::fallback::Fallback;
 use crate::id::{ArtifactId, StoreKey};
-use crate::index::CanonicalIndex;
+use crate::index::{CanonicalIndex, TensorSpec};
 use crate::memory::SharedRegion;
 use crate::protocol::{ErrorKind, ResidentInfo, Selection, Source};
 use crate::residency::{Owner, Residency, ResidencyError};
@@ -136,6 +137,15 @@ struct Core {
     own_url: Mutex<Option<String>>,
     watched: Mutex<HashSet<u32>>,
     internal: std::sync::atomic::AtomicU64,
+    registrations: Mutex<HashMap<ReplicaId, Pending>>,
+}
+
+/// A streaming registration waiting for its producer to commit.
+#[derive(Debug)]
+struct Pending {
+    region: Arc<SharedRegion>,
+    index: CanonicalIndex,
+    keys: Vec<StoreKey>,
 }
 
 impl Core {
@@ -368,6 +378,59 @@ impl Core {
         });
     }
 
+    /// `BeginRegister`: lays out the tensors and allocates a writable memfd
+    /// of that layout for the producer.
+    fn begin_register(
+        &self,
+        tensors: Vec<TensorSpec>,
+        keys: Vec<StoreKey>,
+    ) -> Result<(ReplicaId, CanonicalIndex, Arc<SharedRegion>), StoreError> {
+        let index = CanonicalIndex::build(tensors)?;
+        if index.data_len == 0 {
+            return Err(crate::index::IndexError::Empty.into());
+        }
+        let region = SharedRegion::allocate_for_producer("hangar-register", index.data_len)
+            .map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
+        let region = Arc::new(region);
+        let handle = self.internal_replica();
+        let pending = Pending { region: region.clone(), index: index.clone(), keys };
+        self.registrations.lock().expect("not poisoned").insert(handle, pending);
+        Ok((handle, index, region))
+    }
+
+    /// `CommitRegister`: hashes what the producer wrote and stores it.
+    async fn commit_register(&self, handle: ReplicaId) -> Result<CommitReport, StoreError> {
+        let p = self
+            .registrations
+            .lock()
+            .expect("not poisoned")
+            .remove(&handle)
+            .ok_or_else(|| StoreError::UnknownHandle(format!("registration {handle}")))?;
+        let blobs = self.blobs.clone();
+        tokio::task::spawn_blocking(move || {
+            let map = p.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
+            let mut reg = blobs.register(
+                p.index
+                    .tensors
+                    .iter()
+                    .map(|t| TensorSpec { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
+                    .collect(),
+            )?;
+            for t in &p.index.tensors {
+                reg.feed(&t.name, &map[t.offset as usize..(t.offset + t.len) as usize])?;
+            }
+            reg.commit(&p.keys)
+        })
+        .await
+        .map_err(|e| StoreError::Source { source_name: "registration".into(), reason: e.to_string() })?
+    }
+
+    /// `AbortRegister` (also run for a producer's connection that closes
+    /// with registrations open): forgets the registration.
+    fn abort_register(&self, handle: ReplicaId) -> bool {
+        self.registrations.lock().expect("not poisoned").remove(&handle).is_some()
+    }
+
     fn internal_replica(&self) -> ReplicaId {
         let n = self.internal.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ReplicaId::from_u128((0xffff_u128 << 112) | n as u128)
@@ -391,7 +454,11 @@ pub fn error_kind(e: &StoreError) -> ErrorKind {
         StoreError::HashMismatch { .. } | StoreError::Corrupt { .. } => ErrorKind::HashMismatch,
         StoreError::OutOfBudget { .. } => ErrorKind::OutOfBudget,
         StoreError::Timeout(_) => ErrorKind::Timeout,
-        StoreError::View(_) | StoreError::UnknownHandle(_) | StoreError::Parse(_) => ErrorKind::BadRequest,
+        StoreError::View(_)
+        | StoreError::UnknownHandle(_)
+        | StoreError::Parse(_)
+        | StoreError::Index(_)
+        | StoreError::Format(_) => ErrorKind::BadRequest,
         _ => ErrorKind::Internal,
     }
 }
@@ -512,6 +579,7 @@ async fn serve(
         own_url: Mutex::new(own_url),
         watched: Mutex::new(HashSet::new()),
         internal: std::sync::atomic::AtomicU64::new(0),
+        registrations: Mutex::new(HashMap::new()),
     });
     tracing::info!(socket = %core.cfg.socket.display(), http = ?http_addr, root = %core.cfg.root.display(), "store daemon listening");
     let running = async move {

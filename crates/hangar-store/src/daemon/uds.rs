@@ -88,8 +88,24 @@ async fn send(stream: &UnixStream, payload: &[u8], region: Option<&SharedRegion>
 /// daemon only drops it at shutdown.
 async fn connection(core: Arc<Core>, mut stream: UnixStream) {
     let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32);
+    // Registrations begun here and not yet committed; aborted if the producer goes away.
+    let mut open = Vec::new();
+    serve_requests(&core, &mut stream, peer_pid, &mut open).await;
+    for handle in open {
+        if core.abort_register(handle) {
+            tracing::info!(%handle, "producer disconnected; registration aborted");
+        }
+    }
+}
+
+async fn serve_requests(
+    core: &Arc<Core>,
+    stream: &mut UnixStream,
+    peer_pid: Option<u32>,
+    open: &mut Vec<hangar_core::ReplicaId>,
+) {
     loop {
-        let payload = match read_frame(&mut stream).await {
+        let payload = match read_frame(stream).await {
             Ok(Some(p)) => p,
             Ok(None) => return,
             Err(e) => {
@@ -98,14 +114,20 @@ async fn connection(core: Arc<Core>, mut stream: UnixStream) {
             }
         };
         let (resp, region) = match serde_json::from_slice::<Request>(&payload) {
-            Ok(req) => handle(&core, req, peer_pid).await,
+            Ok(req) => {
+                let out = handle(core, req, peer_pid).await;
+                if let (Response::RegisterBegun { handle, .. }, _) = &out {
+                    open.push(*handle);
+                }
+                out
+            }
             Err(e) => (
                 Response::Error { kind: ErrorKind::BadRequest, message: format!("malformed request: {e}") },
                 None,
             ),
         };
         let body = serde_json::to_vec(&resp).expect("responses serialize");
-        if let Err(e) = send(&stream, &body, region.as_deref()).await {
+        if let Err(e) = send(stream, &body, region.as_deref()).await {
             tracing::debug!(error = %e, "client went away mid-response");
             return;
         }
@@ -160,6 +182,17 @@ async fn handle(
         Request::Status => {
             let (used, budget, residents) = core.status();
             (Response::Status { used, budget, residents }, None)
+        }
+        Request::BeginRegister { tensors, keys } => match core.begin_register(tensors, keys) {
+            Ok((handle, index, region)) => (Response::RegisterBegun { handle, index }, Some(region)),
+            Err(e) => (error(e), None),
+        },
+        Request::CommitRegister { handle } => match core.commit_register(handle).await {
+            Ok(report) => (Response::Committed { report }, None),
+            Err(e) => (error(e), None),
+        },
+        Request::AbortRegister { handle } => {
+            (Response::Aborted { existed: core.abort_register(handle) }, None)
         }
     }
 }
