@@ -273,10 +273,7 @@ impl StoreClient {
         };
         match self.call(&req)? {
             (Response::Materialized { id, index, reused }, fds) => {
-                let fd = fds
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| ClientError::Protocol("Materialized came without a memory fd".into()))?;
+                let fd = first_fd(fds, "Materialized")?;
                 let map = map_readonly(fd.as_fd(), index.data_len)
                     .map_err(|e| ClientError::Protocol(format!("cannot map the shared memory: {e}")))?;
                 Ok(Materialized { id, index, reused, replica, fd, map })
@@ -328,10 +325,7 @@ impl StoreClient {
     ) -> Result<Producing, ClientError> {
         match self.call(&Request::BeginRegister { tensors, keys })? {
             (Response::RegisterBegun { handle, index }, fds) => {
-                let fd = fds
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| ClientError::Protocol("RegisterBegun came without a memory fd".into()))?;
+                let fd = first_fd(fds, "RegisterBegun")?;
                 let map = map_writable(fd.as_fd(), index.data_len)
                     .map_err(|e| ClientError::Protocol(format!("cannot map the registration memory: {e}")))?;
                 Ok(Producing { handle, index, map })
@@ -364,6 +358,11 @@ impl StoreClient {
             (other, _) => Err(unexpected(&other)),
         }
     }
+}
+
+/// The memfd that must come with a `what` response.
+fn first_fd(fds: Vec<OwnedFd>, what: &str) -> Result<OwnedFd, ClientError> {
+    fds.into_iter().next().ok_or_else(|| ClientError::Protocol(format!("{what} came without a memory fd")))
 }
 
 fn unexpected(r: &Response) -> ClientError {

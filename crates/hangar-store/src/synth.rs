@@ -12,7 +12,7 @@ use safetensors::tensor::View;
 use safetensors::Dtype;
 
 use crate::error::{io_err, StoreError};
-use crate::index::tensor_bytes;
+use crate::index::{tensor_bytes, TensorSpec};
 
 /// A tensor held in memory, for writing safetensors files.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +72,18 @@ pub fn model(total_bytes: u64, layers: usize, seed: u64) -> Vec<(String, OwnedTe
         out.push((format!("layers.{l}.mlp.bias"), random_tensor(Dtype::F32, &[side + 3], s + 1)));
     }
     out
+}
+
+/// The specs (name, dtype, shape) of `tensors`, for streaming registrations.
+pub fn specs(tensors: &[(String, OwnedTensor)]) -> Vec<TensorSpec> {
+    tensors
+        .iter()
+        .map(|(n, t)| TensorSpec {
+            name: n.clone(),
+            dtype: t.dtype,
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+        })
+        .collect()
 }
 
 /// Writes `tensors` into `files` safetensors files under `dir` (tensors

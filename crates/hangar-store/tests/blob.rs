@@ -3,7 +3,6 @@
 
 use std::fs;
 
-use hangar_store::index::TensorSpec;
 use hangar_store::synth::{model, write_files};
 use hangar_store::{BlobStore, IdOrKey, StoreError, StoreKey};
 
@@ -64,16 +63,7 @@ fn streaming_registration_matches_file_import_and_aborts_cleanly() {
     let tensors = model(1 << 20, 2, 3);
     let files = write_files(&dir.path().join("src"), &tensors, 2).unwrap();
     let store = BlobStore::open(dir.path().join("store")).unwrap();
-    let specs = || {
-        tensors
-            .iter()
-            .map(|(n, t)| TensorSpec {
-                name: n.clone(),
-                dtype: t.dtype,
-                shape: t.shape.iter().map(|&d| d as u64).collect(),
-            })
-            .collect::<Vec<_>>()
-    };
+    let specs = || hangar_store::synth::specs(&tensors);
 
     let mut reg = store.register(specs()).unwrap();
     for (n, t) in tensors.iter().rev() {

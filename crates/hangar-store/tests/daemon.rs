@@ -288,21 +288,11 @@ fn a_restarted_daemon_is_reached_again_by_one_retry_on_a_fresh_connection() {
 
 #[test]
 fn producers_register_bytes_in_place_through_the_daemon() {
-    use hangar_store::index::TensorSpec;
     let dir = tempfile::tempdir().unwrap();
     let f = import(dir.path(), &dir.path().join("src"), 1 << 20, 9, "m:files");
     let d = daemon(dir.path(), 1 << 30);
     let mut c = StoreClient::connect(d.socket()).unwrap();
-    let specs = || {
-        f.tensors
-            .iter()
-            .map(|(n, t)| TensorSpec {
-                name: n.clone(),
-                dtype: t.dtype,
-                shape: t.shape.iter().map(|&x| x as u64).collect(),
-            })
-            .collect::<Vec<_>>()
-    };
+    let specs = || hangar_store::synth::specs(&f.tensors);
     let mut p = c.begin_register(specs(), vec!["m:streamed".parse().unwrap()]).unwrap();
     for (name, t) in &f.tensors {
         p.tensor_mut(name).unwrap().copy_from_slice(&t.data);
