@@ -33,6 +33,8 @@ enum Command {
     Plan(cmd::plan::Args),
     /// KV-cache disk evictor: a drop-in for llm-d's PVC evictor.
     Evict(cmd::evict::Args),
+    /// Content-addressed model-weight store: import, inspect, serve, share.
+    Store(cmd::store::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => cmd::trace::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Evict(args) => cmd::evict::run(args),
+        Command::Store(args) => cmd::store::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod evict;
 pub mod plan;
 pub mod sim;
+pub mod store;
 pub mod trace;
 
 /// Prints an error chain the way users read it (`error: … caused by: …`) and

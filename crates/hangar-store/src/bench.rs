@@ -1,0 +1,409 @@
+//! `hangar store bench`: the store against the physical reference, measured
+//! in the same run on the same bytes.
+//!
+//! 1. Import throughput vs a plain sequential `read` of the same files.
+//! 2. Cold `Materialize` (+ `Confirm`) from the local blob store vs a plain
+//!    `read` of the blob's bytes into freshly allocated memory.
+//! 3. Lease-in-place `Materialize` latency of a resident artifact (p50/p99).
+//! 4. P2P between two daemons on loopback vs a plain TCP copy of the same
+//!    bytes into freshly allocated memory.
+//!
+//! Files are generated once under the working directory and reused; every
+//! figure is the best of a few runs, store and reference alternating, to
+//! damp noise from a shared machine.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::client::{Hold, StoreClient};
+use crate::daemon::{DaemonConfig, DaemonHandle};
+use crate::error::{io_err, StoreError};
+use crate::id::ArtifactId;
+use crate::protocol::{Selection, Source};
+use crate::registry::RegistryHandle;
+use crate::synth;
+use crate::BlobStore;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Working directory.
+    pub dir: PathBuf,
+    /// Artifact size in bytes.
+    pub size: u64,
+    /// Lease-in-place calls to time.
+    pub lip_calls: usize,
+}
+
+/// One throughput comparison.
+#[derive(Debug, Clone)]
+pub struct Ratio {
+    /// What was measured.
+    pub name: &'static str,
+    /// The store's throughput, bytes/s.
+    pub store: f64,
+    /// The physical reference's throughput, bytes/s.
+    pub reference: f64,
+    /// What the reference is.
+    pub reference_name: &'static str,
+    /// Target ratio.
+    pub target: f64,
+}
+
+/// The bench's figures.
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    /// Bytes of the artifact.
+    pub bytes: u64,
+    /// Import, cold materialize and P2P ratios.
+    pub ratios: Vec<Ratio>,
+    /// Extra comparisons that explain a ratio (no target).
+    pub context: Vec<Ratio>,
+    /// Lease-in-place latency p50.
+    pub lip_p50: Duration,
+    /// Lease-in-place latency p99.
+    pub lip_p99: Duration,
+    /// Lease-in-place calls timed.
+    pub lip_calls: usize,
+}
+
+const RUNS: usize = 4;
+
+fn gbs(x: f64) -> String {
+    format!("{:.2} GB/s", x / 1e9)
+}
+
+impl fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "hangar store bench: {:.2} GiB artifact, best of {RUNS} runs",
+            self.bytes as f64 / (1u64 << 30) as f64
+        )?;
+        writeln!(
+            f,
+            "{:<30} {:>12} {:>12}  {:<34} {:>7} {:>8}",
+            "measure", "store", "reference", "reference is", "ratio", "target"
+        )?;
+        for r in &self.ratios {
+            let ratio = r.store / r.reference;
+            let ok = if ratio >= r.target { "ok" } else { "MISS" };
+            writeln!(
+                f,
+                "{:<30} {:>12} {:>12}  {:<34} {:>6.0}% {:>6.0}% {ok}",
+                r.name,
+                gbs(r.store),
+                gbs(r.reference),
+                r.reference_name,
+                ratio * 100.0,
+                r.target * 100.0
+            )?;
+        }
+        for r in &self.context {
+            writeln!(
+                f,
+                "{:<30} {:>12} {:>12}  {:<34} {:>6.0}%   (context)",
+                r.name,
+                gbs(r.store),
+                gbs(r.reference),
+                r.reference_name,
+                r.store / r.reference * 100.0
+            )?;
+        }
+        let ok = if self.lip_p99 <= Duration::from_millis(1) { "ok" } else { "MISS" };
+        writeln!(
+            f,
+            "{:<30} p50 {:?}  p99 {:?} over {} calls (target p99 <= 1ms) {ok}",
+            "lease-in-place Materialize", self.lip_p50, self.lip_p99, self.lip_calls
+        )
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64().max(1e-9)
+}
+
+/// Generates (once) the model files: 4 files, 8 layers per GiB.
+fn model_files(dir: &Path, size: u64) -> Result<Vec<PathBuf>, StoreError> {
+    let src = dir.join(format!("src-{size}"));
+    let done = src.join(".complete");
+    if !done.exists() {
+        let _ = std::fs::remove_dir_all(&src);
+        tracing::info!(bytes = size, dir = %src.display(), "generating the benchmark model");
+        let layers = ((size >> 30).max(1) * 8) as usize;
+        let tensors = synth::model(size, layers, 42);
+        synth::write_files(&src, &tensors, 4)?;
+        File::create(&done).map_err(io_err(&done))?;
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&src)
+        .map_err(io_err(&src))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Plain sequential read of `files` (8 MiB buffer); returns bytes/s.
+fn plain_read(files: &[PathBuf]) -> Result<f64, StoreError> {
+    let mut buf = vec![0u8; 8 << 20];
+    let t = Instant::now();
+    let mut total = 0u64;
+    for p in files {
+        let mut f = File::open(p).map_err(io_err(p))?;
+        loop {
+            let n = f.read(&mut buf).map_err(io_err(p))?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+    }
+    Ok(total as f64 / secs(t.elapsed()))
+}
+
+/// Plain copy of `files` into new files under `dir` through maps (what an
+/// import must at least do: read every byte and write it once); bytes/s.
+fn plain_copy(files: &[PathBuf], dir: &Path) -> Result<f64, StoreError> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let t = Instant::now();
+    let mut total = 0u64;
+    for (i, p) in files.iter().enumerate() {
+        let src = File::open(p).map_err(io_err(p))?;
+        // SAFETY: read-only map of a generated file nobody modifies.
+        let src = unsafe { memmap2::Mmap::map(&src) }.map_err(io_err(p))?;
+        let out = dir.join(i.to_string());
+        let dst = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&out)
+            .map_err(io_err(&out))?;
+        dst.set_len(src.len() as u64).map_err(io_err(&out))?;
+        // SAFETY: a fresh file of ours.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&dst) }.map_err(io_err(&out))?;
+        map.copy_from_slice(&src);
+        total += src.len() as u64;
+    }
+    let rate = total as f64 / secs(t.elapsed());
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(rate)
+}
+
+/// Plain read of one file into freshly allocated memory; returns bytes/s.
+fn plain_read_into_memory(path: &Path) -> Result<f64, StoreError> {
+    let t = Instant::now();
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let len = f.metadata().map_err(io_err(path))?.len() as usize;
+    let mut mem = vec![0u8; len];
+    f.read_exact(&mut mem).map_err(io_err(path))?;
+    let rate = len as f64 / secs(t.elapsed());
+    std::hint::black_box(&mem);
+    Ok(rate)
+}
+
+/// Plain TCP copy over loopback of `path` into freshly allocated memory; bytes/s.
+fn plain_tcp_copy(path: &Path) -> Result<f64, StoreError> {
+    let io = |e: std::io::Error| StoreError::Io { path: "loopback tcp".into(), source: e };
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let file = File::open(path).map_err(io_err(path))?;
+    // SAFETY: read-only map of a blob, never modified in place.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err(path))?;
+    let len = map.len();
+    let t = Instant::now();
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        for chunk in map.chunks(1 << 20) {
+            s.write_all(chunk)?;
+        }
+        Ok(())
+    });
+    let mut s = TcpStream::connect(addr).map_err(io)?;
+    let mut mem = vec![0u8; len];
+    s.read_exact(&mut mem).map_err(io)?;
+    let rate = len as f64 / secs(t.elapsed());
+    sender.join().expect("sender thread").map_err(io)?;
+    std::hint::black_box(&mem);
+    Ok(rate)
+}
+
+/// Runs the reference and the store alternately [`RUNS`] times and keeps
+/// the best of each, so both see the same background load on a shared machine.
+fn paired(
+    mut reference: impl FnMut() -> Result<f64, StoreError>,
+    mut store: impl FnMut() -> Result<f64, StoreError>,
+) -> Result<(f64, f64), StoreError> {
+    let (mut r, mut s) = (0f64, 0f64);
+    for _ in 0..RUNS {
+        r = r.max(reference()?);
+        s = s.max(store()?);
+    }
+    Ok((r, s))
+}
+
+fn daemon(root: &Path, size: u64, tweak: impl FnOnce(&mut DaemonConfig)) -> Result<DaemonHandle, StoreError> {
+    let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
+    cfg.budget = size * 2 + (64 << 20);
+    tweak(&mut cfg);
+    DaemonHandle::start(cfg)
+}
+
+fn client_err(e: crate::client::ClientError) -> StoreError {
+    StoreError::Source { source_name: "bench client".into(), reason: e.to_string() }
+}
+
+/// Materialize + Confirm on a fresh daemon connection; returns bytes/s and the source.
+fn timed_materialize(socket: &Path, id: ArtifactId) -> Result<(f64, Source), StoreError> {
+    let mut c = StoreClient::connect(socket).map_err(client_err)?;
+    let sel = Selection { artifact_id: id, view: None, key: None };
+    let t = Instant::now();
+    let m = c.materialize(&sel, Hold::Process).map_err(client_err)?;
+    let done = c.confirm(&m, Duration::from_secs(30)).map_err(client_err)?;
+    let rate = m.index.data_len as f64 / secs(t.elapsed());
+    c.unload(&m).map_err(client_err)?;
+    Ok((rate, done.source))
+}
+
+/// Runs the benchmark.
+pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
+    std::fs::create_dir_all(&cfg.dir).map_err(io_err(&cfg.dir))?;
+    let files = model_files(&cfg.dir, cfg.size)?;
+    let (root_a, root_b) = (cfg.dir.join("root-a"), cfg.dir.join("root-b"));
+    let mut ratios = Vec::new();
+
+    // 1. Import vs plain sequential read.
+    let mut id = None;
+    let (read, import) = paired(
+        || plain_read(&files),
+        || {
+            let _ = std::fs::remove_dir_all(&root_a);
+            let store = BlobStore::open(&root_a)?;
+            let t = Instant::now();
+            let r = store.import_files(&files, &[])?;
+            let total: u64 = files.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+            id = Some(r.id);
+            Ok(total as f64 / secs(t.elapsed()))
+        },
+    )?;
+    let id = id.expect("imported");
+    ratios.push(Ratio {
+        name: "import (hash + store)",
+        store: import,
+        reference: read,
+        reference_name: "sequential read of the same files",
+        target: 0.70,
+    });
+    let copy_dir = cfg.dir.join("plain-copy");
+    let copy =
+        (0..RUNS).try_fold(0f64, |top, _| Ok::<_, StoreError>(top.max(plain_copy(&files, &copy_dir)?)))?;
+    let context = vec![Ratio {
+        name: "import (hash + store)",
+        store: import,
+        reference: copy,
+        reference_name: "plain copy of the files (read+write)",
+        target: 0.0,
+    }];
+
+    // 2. Cold Materialize vs plain read into memory.
+    let blob = root_a.join("artifacts").join(id.file_name()).join("data");
+    let (reference, cold) = paired(
+        || plain_read_into_memory(&blob),
+        || {
+            let d = daemon(&root_a, cfg.size, |_| {})?;
+            let (rate, source) = timed_materialize(d.socket(), id)?;
+            if source != Source::Local {
+                return Err(StoreError::Source {
+                    source_name: "bench".into(),
+                    reason: format!("cold load came from {source:?}"),
+                });
+            }
+            Ok(rate)
+        },
+    )?;
+    ratios.push(Ratio {
+        name: "cold Materialize (local blob)",
+        store: cold,
+        reference,
+        reference_name: "read of the blob into new memory",
+        target: 0.90,
+    });
+
+    // 3. Lease-in-place latency.
+    let (lip_p50, lip_p99) = {
+        let d = daemon(&root_a, cfg.size, |_| {})?;
+        let mut holder = StoreClient::connect(d.socket()).map_err(client_err)?;
+        let sel = Selection { artifact_id: id, view: None, key: None };
+        let held = holder.materialize(&sel, Hold::Process).map_err(client_err)?;
+        holder.confirm(&held, Duration::from_secs(30)).map_err(client_err)?;
+        let mut c = StoreClient::connect(d.socket()).map_err(client_err)?;
+        let mut lat = Vec::with_capacity(cfg.lip_calls);
+        for _ in 0..cfg.lip_calls {
+            let t = Instant::now();
+            let m = c.materialize(&sel, Hold::Process).map_err(client_err)?;
+            lat.push(t.elapsed());
+            if !m.reused {
+                return Err(StoreError::Source {
+                    source_name: "bench".into(),
+                    reason: "lease-in-place missed".into(),
+                });
+            }
+            c.unload(&m).map_err(client_err)?;
+        }
+        lat.sort();
+        let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+        (pct(0.50), pct(0.99))
+    };
+
+    // 4. P2P vs plain TCP copy.
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().expect("addr"), 10_000)
+        .map_err(|e| StoreError::Io { path: "registry".into(), source: e })?;
+    let peer_cfg = |c: &mut DaemonConfig| {
+        c.listen = Some("127.0.0.1:0".parse().expect("addr"));
+        c.registry = Some(registry.url());
+        c.heartbeat = Duration::from_millis(100);
+    };
+    let _a = daemon(&root_a, cfg.size, |c| {
+        peer_cfg(c);
+        c.node = "bench-a".into();
+    })?;
+    std::thread::sleep(Duration::from_millis(300)); // first heartbeat
+    let (reference, p2p) = paired(
+        || plain_tcp_copy(&blob),
+        || {
+            let _ = std::fs::remove_dir_all(&root_b);
+            let b = daemon(&root_b, cfg.size, |c| {
+                peer_cfg(c);
+                c.node = "bench-b".into();
+            })?;
+            let (rate, source) = timed_materialize(b.socket(), id)?;
+            if source != Source::Peer {
+                return Err(StoreError::Source {
+                    source_name: "bench".into(),
+                    reason: format!("P2P came from {source:?}"),
+                });
+            }
+            // Let the background persist finish before the next run deletes the root.
+            let store_b = BlobStore::open(&root_b)?;
+            let t = Instant::now();
+            while !store_b.contains(&id) && t.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(rate)
+        },
+    )?;
+    ratios.push(Ratio {
+        name: "P2P Materialize (loopback)",
+        store: p2p,
+        reference,
+        reference_name: "plain TCP copy into new memory",
+        target: 0.80,
+    });
+    Ok(BenchReport { bytes: cfg.size, ratios, context, lip_p50, lip_p99, lip_calls: cfg.lip_calls })
+}

@@ -1,0 +1,140 @@
+//! The daemon's TCP side: artifacts for peers, `/metrics`, `/v1/events`.
+//!
+//! - `GET /v1/artifacts/{id}/index` — canonical index bytes
+//! - `GET /v1/artifacts/{id}/chunks` — chunk hashes (32 bytes each)
+//! - `GET /v1/artifacts/{id}/data?from_chunk=K` — canonical data from chunk K,
+//!   streamed; every chunk is verified before it is sent and the stream is
+//!   cut (never corrupted) on a mismatch
+//!
+//! Peers are served from the local blob store only (remotely fetched
+//! artifacts are persisted there first).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use bytes::Bytes;
+
+use super::Core;
+use crate::blob::StoredArtifact;
+use crate::chunks::{self, chunk_range};
+use crate::error::StoreError;
+use crate::id::ArtifactId;
+
+pub(super) async fn serve(core: Arc<Core>, listener: tokio::net::TcpListener) {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/v1/events", get(events))
+        .route("/v1/artifacts/{id}/{part}", get(artifact))
+        .with_state(core);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "peer HTTP server stopped");
+    }
+}
+
+async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        core.telemetry.encode(),
+    )
+}
+
+async fn events(State(core): State<Arc<Core>>) -> impl IntoResponse {
+    Json(core.telemetry.events())
+}
+
+#[derive(serde::Deserialize)]
+struct DataQuery {
+    #[serde(default)]
+    from_chunk: usize,
+}
+
+fn reject(status: StatusCode, msg: impl ToString) -> Response {
+    (status, msg.to_string()).into_response()
+}
+
+async fn artifact(
+    State(core): State<Arc<Core>>,
+    Path((id, part)): Path<(String, String)>,
+    Query(q): Query<DataQuery>,
+) -> Response {
+    let id: ArtifactId = match id.parse() {
+        Ok(id) => id,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, e),
+    };
+    let blobs = core.blobs.clone();
+    let art = match tokio::task::spawn_blocking(move || blobs.open_artifact(&id)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(StoreError::UnknownArtifact(_))) => {
+            return reject(StatusCode::NOT_FOUND, format!("{id} not held here"))
+        }
+        Ok(Err(e)) => return reject(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => return reject(StatusCode::INTERNAL_SERVER_ERROR, e),
+    };
+    match part.as_str() {
+        "index" => art.index.to_bytes().into_response(),
+        "chunks" => chunks::encode(&art.chunk_hashes).into_response(),
+        "data" if q.from_chunk <= art.chunk_hashes.len() => {
+            Body::from_stream(stream_data(art, q.from_chunk, core.cfg.fault_stall_after)).into_response()
+        }
+        "data" => reject(StatusCode::RANGE_NOT_SATISFIABLE, "from_chunk beyond the end"),
+        _ => reject(StatusCode::NOT_FOUND, format!("unknown part `{part}`")),
+    }
+}
+
+/// One chunk of a mapped blob, sent without copying.
+struct MappedChunk {
+    map: Arc<memmap2::Mmap>,
+    range: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for MappedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+/// Chunks from `from`, each verified (on a blocking thread, two chunks
+/// ahead of the socket) and then sent straight from the blob's map.
+fn stream_data(
+    art: StoredArtifact,
+    from: usize,
+    stall_after: Option<u64>,
+) -> impl futures::Stream<Item = Result<Bytes, StoreError>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, StoreError>>(2);
+    tokio::task::spawn_blocking(move || {
+        let map = match art.map_unverified() {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        };
+        let mut sent = 0u64;
+        for i in from..art.chunk_hashes.len() {
+            if stall_after.is_some_and(|s| sent >= s) {
+                // Fault injection: hang like a wedged peer until the reader gives up.
+                while !tx.is_closed() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                return;
+            }
+            let (a, b) = chunk_range(i, art.index.data_len);
+            let range = a as usize..b as usize;
+            let item = art
+                .verify_chunk(i, &map[range.clone()])
+                .map(|()| Bytes::from_owner(MappedChunk { map: map.clone(), range }));
+            let failed = item.is_err();
+            sent += b - a;
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+}

@@ -1,0 +1,386 @@
+//! Where a miss is loaded from: the local blob store, then a peer daemon
+//! found through the registry, then the fallback source.
+//!
+//! Every path verifies bytes before `Confirm` reports success: local chunks
+//! against the stored chunk list, peer chunks against the peer's chunk list
+//! (itself checked against the id's data root), and fallback bytes by
+//! recomputing the data root. A peer that fails or stalls longer than
+//! `peer_timeout` is abandoned and the load resumes, from the last verified
+//! chunk, with the next peer or the fallback. Artifacts obtained remotely are
+//! written to the local blob store afterwards, so this node can serve them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use memmap2::MmapMut;
+
+use super::Core;
+use crate::blob::StoredArtifact;
+use crate::chunks::{self, chunk_count, chunk_range, CHUNK_SIZE};
+use crate::error::StoreError;
+use crate::fallback::FallbackArtifact;
+use crate::id::{hex, ArtifactId, Digest, StoreKey};
+use crate::index::{CanonicalIndex, TensorSpec};
+use crate::protocol::{Selection, Source};
+use crate::registry::{Heartbeat, Holders};
+use crate::residency::Owner;
+use crate::view::ViewPlan;
+
+/// A planned load.
+#[derive(Debug)]
+pub(super) enum Job {
+    /// From the local blob store.
+    Local(StoredArtifact),
+    /// From peers, then the fallback.
+    Remote {
+        index: CanonicalIndex,
+        peers: Vec<String>,
+        fallback: Option<FallbackArtifact>,
+        key: Option<StoreKey>,
+    },
+    /// A view built from its parent.
+    View { plan: ViewPlan, parent: Parent },
+}
+
+/// Where a view reads its parent from.
+#[derive(Debug)]
+pub(super) enum Parent {
+    Local(StoredArtifact),
+    /// A resident parent held by an internal replica until the view is built.
+    Resident {
+        memory: memmap2::Mmap,
+        len: u64,
+        _hold: InternalHold,
+    },
+}
+
+/// An internal reference on a resident parent; released when dropped, so a
+/// view that fails to allocate or load never leaves its parent pinned.
+#[derive(Debug)]
+pub(super) struct InternalHold {
+    core: Arc<Core>,
+    replica: hangar_core::ReplicaId,
+}
+
+impl Drop for InternalHold {
+    fn drop(&mut self) {
+        self.core.unload(self.replica);
+    }
+}
+
+impl Job {
+    pub(super) fn index(&self) -> &CanonicalIndex {
+        match self {
+            Job::Local(a) => &a.index,
+            Job::Remote { index, .. } => index,
+            Job::View { plan, .. } => &plan.index,
+        }
+    }
+}
+
+fn source_err(name: &str, reason: impl ToString) -> StoreError {
+    StoreError::Source { source_name: name.to_owned(), reason: reason.to_string() }
+}
+
+impl Core {
+    /// Works out where a selection's bytes will come from, and its layout.
+    pub(super) async fn plan(self: Arc<Self>, sel: &Selection) -> Result<Job, StoreError> {
+        let Some(spec) = &sel.view else { return self.locate(&sel.artifact_id, sel.key.as_ref()).await };
+        spec.validate()?;
+        let parent_id = sel.artifact_id;
+        if self.blobs.contains(&parent_id) {
+            let parent = self.blobs.open_artifact(&parent_id)?;
+            let plan = ViewPlan::new(&parent.index, spec)?;
+            return Ok(Job::View { plan, parent: Parent::Local(parent) });
+        }
+        // Not on local disk: make the parent resident (any source) and build from memory.
+        let hold = self.internal_replica();
+        let lease = Owner::Lease { expires_at: self.now() + 600_000 };
+        let parent_sel = Selection { artifact_id: parent_id, view: None, key: sel.key.clone() };
+        let granted = Box::pin(self.materialize(&parent_sel, hold, lease)).await?;
+        let guard = InternalHold { core: self.clone(), replica: hold };
+        self.confirm(hold, super::MAX_CONFIRM).await?;
+        let memory = granted.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
+        let plan = ViewPlan::new(&granted.index, spec)?;
+        Ok(Job::View { plan, parent: Parent::Resident { memory, len: granted.index.data_len, _hold: guard } })
+    }
+
+    /// Local blob store, else the registry's peers, else the fallback.
+    async fn locate(&self, id: &ArtifactId, key: Option<&StoreKey>) -> Result<Job, StoreError> {
+        if self.blobs.contains(id) {
+            return Ok(Job::Local(self.blobs.open_artifact(id)?));
+        }
+        let peers = self.holders(id).await;
+        for peer in &peers {
+            match self.peer_index(peer, id).await {
+                Ok(index) => {
+                    return Ok(Job::Remote {
+                        index,
+                        peers: peers.clone(),
+                        fallback: None,
+                        key: key.cloned(),
+                    });
+                }
+                Err(e) => tracing::warn!(%peer, %id, error = %e, "peer could not give the index"),
+            }
+        }
+        match &self.fallback {
+            Some(fb) => {
+                let found = fb.locate(id, key).await?;
+                Ok(Job::Remote {
+                    index: found.index.clone(),
+                    peers,
+                    fallback: Some(found),
+                    key: key.cloned(),
+                })
+            }
+            None => Err(StoreError::UnknownArtifact(*id)),
+        }
+    }
+
+    /// Peers the registry says hold `id`, excluding this node.
+    async fn holders(&self, id: &ArtifactId) -> Vec<String> {
+        let Some(reg) = &self.cfg.registry else { return vec![] };
+        let own = self.own_url.lock().expect("not poisoned").clone();
+        let url = format!("{reg}/v1/holders/{id}");
+        let got = async { self.http.get(&url).send().await?.error_for_status()?.json::<Holders>().await };
+        match tokio::time::timeout(self.cfg.peer_timeout, got).await {
+            Ok(Ok(h)) => h.peers.into_iter().filter(|p| Some(p) != own.as_ref()).collect(),
+            Ok(Err(e)) => {
+                tracing::warn!(%url, error = %e, "registry lookup failed");
+                vec![]
+            }
+            Err(_) => {
+                tracing::warn!(%url, "registry lookup timed out");
+                vec![]
+            }
+        }
+    }
+
+    async fn peer_get(&self, peer: &str, id: &ArtifactId, what: &str) -> Result<Vec<u8>, StoreError> {
+        let url = format!("{peer}/v1/artifacts/{id}/{what}");
+        let fetch = async { self.http.get(&url).send().await?.error_for_status()?.bytes().await };
+        match tokio::time::timeout(self.cfg.peer_timeout, fetch).await {
+            Ok(Ok(b)) => Ok(b.to_vec()),
+            Ok(Err(e)) => Err(source_err(&url, e)),
+            Err(_) => Err(source_err(&url, "timed out")),
+        }
+    }
+
+    async fn peer_index(&self, peer: &str, id: &ArtifactId) -> Result<CanonicalIndex, StoreError> {
+        let ArtifactId::Full { index: want, .. } = id else { return Err(StoreError::UnknownArtifact(*id)) };
+        let bytes = self.peer_get(peer, id, "index").await?;
+        if blake3::hash(&bytes).as_bytes() != want {
+            return Err(source_err(peer, format!("index does not hash to {}", hex(want))));
+        }
+        Ok(CanonicalIndex::from_bytes(&bytes)?)
+    }
+
+    /// Runs a planned load into `mem`; returns the source that completed it.
+    pub(super) async fn load(
+        self: Arc<Self>,
+        id: ArtifactId,
+        job: Job,
+        mut mem: MmapMut,
+    ) -> Result<Source, StoreError> {
+        match job {
+            Job::Local(art) => {
+                tokio::task::spawn_blocking(move || {
+                    chunks::for_each_chunk_mut_parallel(&mut mem[..art.index.data_len as usize], |i, dst| {
+                        crate::memory::populate(dst);
+                        art.read_chunk(i, dst)
+                    })
+                })
+                .await
+                .map_err(|e| source_err("local", e))??;
+                Ok(Source::Local)
+            }
+            Job::View { plan, parent } => {
+                let source = match parent {
+                    Parent::Local(_) => Source::Local,
+                    Parent::Resident { .. } => Source::Resident,
+                };
+                tokio::task::spawn_blocking(move || {
+                    let dst = &mut mem[..plan.index.data_len as usize];
+                    match &parent {
+                        Parent::Local(art) => {
+                            plan.execute(art.index.data_len, dst, |i, buf| art.read_chunk(i, buf))
+                        }
+                        // The parent's hold is released when `parent` drops, right after.
+                        Parent::Resident { memory, len, .. } => plan.execute(*len, dst, |i, buf| {
+                            let (a, b) = chunk_range(i, *len);
+                            buf.copy_from_slice(&memory[a as usize..b as usize]);
+                            Ok(())
+                        }),
+                    }
+                })
+                .await
+                .map_err(|e| source_err("view", e))??;
+                Ok(source)
+            }
+            Job::Remote { index, peers, mut fallback, key } => {
+                let n = chunk_count(index.data_len);
+                let mut verified = 0usize;
+                let mut source = None;
+                for peer in &peers {
+                    match self.fetch_from_peer(peer, &id, &index, &mut mem, &mut verified).await {
+                        Ok(()) => {
+                            source = Some(Source::Peer);
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%peer, %id, verified, of = n, error = %e, "peer transfer failed; trying next source")
+                        }
+                    }
+                }
+                if source.is_none() {
+                    if fallback.is_none() {
+                        if let Some(fb) = &self.fallback {
+                            fallback = Some(fb.locate(&id, key.as_ref()).await?);
+                        }
+                    }
+                    let Some(fb) = fallback else {
+                        return Err(source_err(
+                            "peers",
+                            format!("no peer completed {id} and no fallback is configured"),
+                        ));
+                    };
+                    fb.fill(&mut mem[..index.data_len as usize], verified).await?;
+                    let data = &mem[..index.data_len as usize];
+                    let root = chunks::data_root(index.data_len, &chunks::hash_chunks(data));
+                    if Some(&root) != id.data_root() {
+                        return Err(StoreError::Corrupt {
+                            what: id.to_string(),
+                            reason: "fallback bytes do not hash to the id".into(),
+                        });
+                    }
+                    source = Some(Source::Fallback);
+                }
+                self.persist(id, index, mem, key);
+                Ok(source.expect("set above"))
+            }
+        }
+    }
+
+    /// Streams chunks `verified..` from a peer into `mem`, verifying each.
+    async fn fetch_from_peer(
+        &self,
+        peer: &str,
+        id: &ArtifactId,
+        index: &CanonicalIndex,
+        mem: &mut MmapMut,
+        verified: &mut usize,
+    ) -> Result<(), StoreError> {
+        let n = chunk_count(index.data_len);
+        let list: Vec<Digest> = chunks::decode(&self.peer_get(peer, id, "chunks").await?)
+            .filter(|l| l.len() == n)
+            .ok_or_else(|| source_err(peer, "chunk list has the wrong length"))?;
+        if Some(&chunks::data_root(index.data_len, &list)) != id.data_root() {
+            return Err(source_err(peer, "chunk list does not hash to the id"));
+        }
+        let url = format!("{peer}/v1/artifacts/{id}/data?from_chunk={verified}");
+        let resp = tokio::time::timeout(self.cfg.peer_timeout, self.http.get(&url).send())
+            .await
+            .map_err(|_| source_err(&url, "timed out"))?
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| source_err(&url, e))?;
+        let mut resp = resp;
+        let mut pos = *verified as u64 * CHUNK_SIZE;
+        let mut populated = *verified;
+        while *verified < n {
+            let next = tokio::time::timeout(self.cfg.peer_timeout, resp.chunk())
+                .await
+                .map_err(|_| source_err(&url, format!("stalled for {:?}", self.cfg.peer_timeout)))?;
+            let bytes = match next {
+                Ok(Some(b)) => b,
+                Err(e) => return Err(source_err(&url, e)),
+                Ok(None) => {
+                    return Err(source_err(&url, format!("stream ended at byte {pos} of {}", index.data_len)))
+                }
+            };
+            let take = bytes.len().min((index.data_len - pos) as usize);
+            // Map the pages of every chunk this piece enters, one call per chunk.
+            while take > 0 && populated <= ((pos + take as u64 - 1) / CHUNK_SIZE) as usize {
+                let (a, b) = chunk_range(populated, index.data_len);
+                crate::memory::populate(&mut mem[a as usize..b as usize]);
+                populated += 1;
+            }
+            mem[pos as usize..pos as usize + take].copy_from_slice(&bytes[..take]);
+            pos += take as u64;
+            while *verified < n && chunk_range(*verified, index.data_len).1 <= pos {
+                let (a, b) = chunk_range(*verified, index.data_len);
+                if chunks::hash_chunk(&mem[a as usize..b as usize]) != list[*verified] {
+                    return Err(StoreError::HashMismatch { id: *id, chunk: *verified });
+                }
+                *verified += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a remotely obtained artifact into the local blob store (in the
+    /// background; failure only costs a future re-fetch).
+    fn persist(self: &Arc<Self>, id: ArtifactId, index: CanonicalIndex, mem: MmapMut, key: Option<StoreKey>) {
+        let blobs = self.blobs.clone();
+        tokio::task::spawn_blocking(move || {
+            let specs = index.tensors.iter().map(|t| TensorSpec {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            });
+            let result = blobs.register(specs.collect()).and_then(|mut reg| {
+                for t in &index.tensors {
+                    reg.feed(&t.name, &mem[t.offset as usize..(t.offset + t.len) as usize])?;
+                }
+                reg.commit(&key.into_iter().collect::<Vec<_>>())
+            });
+            match result {
+                Ok(r) if r.id == id => tracing::info!(%id, "stored remotely fetched artifact locally"),
+                Ok(r) => tracing::error!(%id, got = %r.id, "persisted artifact hashed differently"),
+                Err(e) => tracing::warn!(%id, error = %e, "could not store fetched artifact locally"),
+            }
+        });
+    }
+}
+
+/// Reports this node's holdings to the registry every heartbeat period.
+pub(super) async fn heartbeat_loop(core: Arc<Core>) {
+    let Some(reg) = core.cfg.registry.clone() else { return };
+    let Some(url) = core.own_url.lock().expect("not poisoned").clone() else { return };
+    let mut tick = tokio::time::interval(core.cfg.heartbeat);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let hb = match (core.blobs.list(), core.blobs.keys()) {
+            (Ok(list), Ok(keys)) => Heartbeat {
+                node: core.cfg.node.clone(),
+                url: url.clone(),
+                artifacts: list.into_iter().map(|a| a.id).collect(),
+                keys,
+            },
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "cannot list the blob store for the heartbeat");
+                continue;
+            }
+        };
+        let sent = core
+            .http
+            .post(format!("{reg}/v1/heartbeat"))
+            .json(&hb)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        match sent.and_then(|r| r.error_for_status()) {
+            Ok(_) if failing => {
+                failing = false;
+                tracing::info!(registry = %reg, "registry reachable again");
+            }
+            Ok(_) => {}
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(registry = %reg, error = %e, "heartbeat failed");
+            }
+            Err(_) => {}
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Hangar's content-addressed model-weight store.
+//!
+//! An *artifact* is a set of named tensors laid out canonically
+//! ([`index::CanonicalIndex`]) and identified by content
+//! ([`ArtifactId`], `hg1:<index hash>:<data root>`, see [`chunks`]). The
+//! [`BlobStore`] keeps verified artifacts on disk; imports come from
+//! safetensors files ([`format`]) or streaming [`Registration`]s.
+//!
+//! The per-node [`daemon`] keeps artifacts resident in sealed memfds
+//! ([`memory`]) and hands the same memory to every process that selects
+//! the same artifact or [`view`] (lease-in-place), tracking holders in a
+//! sans-IO [`residency`] table. Misses load from the local blob store, then
+//! from a peer daemon found through the [`registry`], then from the
+//! [`fallback`] directory or object store. Processes talk to it with the
+//! blocking [`client`] over the [`protocol`] on a Unix socket.
+//!
+//! ```
+//! use hangar_store::{synth, BlobStore};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let files = synth::write_files(&dir.path().join("src"), &synth::model(1 << 16, 2, 7), 2).unwrap();
+//! let store = BlobStore::open(dir.path().join("store")).unwrap();
+//! let first = store.import_files(&files, &["demo/m:v1".parse().unwrap()]).unwrap();
+//! let again = store.import_files(&files, &[]).unwrap();
+//! assert!(again.existed && again.id == first.id);
+//! ```
+#![deny(missing_docs)]
+
+pub mod bench;
+pub mod blob;
+pub mod chunks;
+pub mod client;
+pub mod daemon;
+pub mod error;
+pub mod export;
+pub mod fallback;
+pub mod format;
+pub mod id;
+pub mod index;
+pub mod memory;
+pub mod protocol;
+pub mod registry;
+pub mod residency;
+mod service;
+pub mod synth;
+pub mod telemetry;
+pub mod view;
+
+pub use blob::{BlobStore, CommitReport, Registration, StoredArtifact};
+pub use error::StoreError;
+pub use id::{ArtifactId, IdOrKey, StoreKey};

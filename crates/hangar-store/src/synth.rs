@@ -1,0 +1,113 @@
+//! Synthetic safetensors models for tests and `hangar store bench`.
+//!
+//! Nothing large is committed: fixtures are generated from a seed. Tensors
+//! mimic a transformer checkpoint (`layers.N.attn.weight`, odd-sized biases
+//! so the canonical layout has padding) and carry pseudo-random bytes.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::View;
+use safetensors::Dtype;
+
+use crate::error::{io_err, StoreError};
+use crate::index::{tensor_bytes, TensorSpec};
+
+/// A tensor held in memory, for writing safetensors files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedTensor {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Row-major bytes.
+    pub data: Vec<u8>,
+}
+
+impl View for &OwnedTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Fills `buf` with pseudo-random bytes from `seed` (xorshift64*; fast, not cryptographic).
+pub fn fill_random(buf: &mut [u8], seed: u64) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+}
+
+/// A tensor of `shape` and `dtype` with random bytes from `seed`.
+pub fn random_tensor(dtype: Dtype, shape: &[usize], seed: u64) -> OwnedTensor {
+    let len = tensor_bytes(dtype, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>()).expect("whole bytes");
+    let mut data = vec![0; len as usize];
+    fill_random(&mut data, seed);
+    OwnedTensor { dtype, shape: shape.to_vec(), data }
+}
+
+/// A model of about `total_bytes`: `layers` layers each with an F16 square
+/// weight sized to fit and an odd-length F32 bias.
+pub fn model(total_bytes: u64, layers: usize, seed: u64) -> Vec<(String, OwnedTensor)> {
+    let per_layer = total_bytes / layers.max(1) as u64;
+    let side = (((per_layer / 2) as f64).sqrt() as usize).max(1);
+    let mut out = Vec::with_capacity(layers * 2);
+    for l in 0..layers {
+        let s = seed.wrapping_add(l as u64 * 2);
+        out.push((format!("layers.{l}.mlp.weight"), random_tensor(Dtype::F16, &[side, side], s)));
+        out.push((format!("layers.{l}.mlp.bias"), random_tensor(Dtype::F32, &[side + 3], s + 1)));
+    }
+    out
+}
+
+/// The specs (name, dtype, shape) of `tensors`, for streaming registrations.
+pub fn specs(tensors: &[(String, OwnedTensor)]) -> Vec<TensorSpec> {
+    tensors
+        .iter()
+        .map(|(n, t)| TensorSpec {
+            name: n.clone(),
+            dtype: t.dtype,
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+        })
+        .collect()
+}
+
+/// Writes `tensors` into `files` safetensors files under `dir` (tensors
+/// dealt round-robin), named `model-0000N.safetensors`.
+pub fn write_files(
+    dir: &Path,
+    tensors: &[(String, OwnedTensor)],
+    files: usize,
+) -> Result<Vec<PathBuf>, StoreError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let mut paths = Vec::with_capacity(files);
+    for f in 0..files {
+        let part: HashMap<&str, &OwnedTensor> = tensors
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % files == f)
+            .map(|(_, (n, t))| (n.as_str(), t))
+            .collect();
+        let path = dir.join(format!("model-{:05}.safetensors", f + 1));
+        safetensors::serialize_to_file(part, None, &path).map_err(|e| StoreError::Source {
+            source_name: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        paths.push(path);
+    }
+    Ok(paths)
+}

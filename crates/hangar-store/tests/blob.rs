@@ -1,0 +1,148 @@
+//! Blob store: identity, idempotent import, streaming registration, corruption
+//! detection and bad input.
+
+use std::fs;
+
+use hangar_store::synth::{model, write_files};
+use hangar_store::{BlobStore, IdOrKey, StoreError, StoreKey};
+
+fn key(s: &str) -> StoreKey {
+    s.parse().unwrap()
+}
+
+#[test]
+fn same_tensors_from_differently_split_files_get_the_same_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = model(3 << 20, 3, 7);
+    let one = write_files(&dir.path().join("one"), &tensors, 1).unwrap();
+    let mut three = write_files(&dir.path().join("three"), &tensors, 3).unwrap();
+    three.reverse();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let a = store.import_files(&one, &[key("m:one")]).unwrap();
+    let b = store.import_files(&three, &[key("m:three")]).unwrap();
+    assert!(!a.existed);
+    assert!(b.existed, "same content must be an idempotent no-op");
+    assert_eq!(a.id, b.id);
+    let listed = store.list().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].keys, vec![key("m:one"), key("m:three")]);
+    store.open_artifact(&a.id).unwrap().map_verified().unwrap();
+}
+
+#[test]
+fn one_flipped_byte_changes_the_id_and_stored_corruption_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = model(2 << 20, 2, 1);
+    let files = write_files(&dir.path().join("src"), &tensors, 1).unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let a = store.import_files(&files, &[]).unwrap();
+
+    let mut bytes = fs::read(&files[0]).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    fs::write(&files[0], &bytes).unwrap();
+    let b = store.import_files(&files, &[]).unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(a.id.to_string().split(':').nth(1), b.id.to_string().split(':').nth(1), "same index");
+
+    // Flip a byte of the stored data: reads must fail, never serve it.
+    let data = store.root().join("artifacts").join(a.id.file_name()).join("data");
+    let mut stored = fs::read(&data).unwrap();
+    stored[(1 << 20) + 3] ^= 1;
+    fs::write(&data, &stored).unwrap();
+    let art = store.open_artifact(&a.id).unwrap();
+    match art.map_verified().map(drop) {
+        Err(StoreError::HashMismatch { id, chunk: 1 }) => assert_eq!(id, a.id),
+        other => panic!("expected a mismatch at chunk 1, got {other:?}"),
+    }
+}
+
+#[test]
+fn streaming_registration_matches_file_import_and_aborts_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = model(1 << 20, 2, 3);
+    let files = write_files(&dir.path().join("src"), &tensors, 2).unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let specs = || hangar_store::synth::specs(&tensors);
+
+    let mut reg = store.register(specs()).unwrap();
+    for (n, t) in tensors.iter().rev() {
+        let (a, b) = t.data.split_at(t.data.len() / 3);
+        reg.feed(n, a).unwrap();
+        reg.feed(n, b).unwrap();
+    }
+    assert!(matches!(reg.feed("nope", b"x"), Err(StoreError::UnknownTensor(_))));
+    assert!(matches!(reg.feed(&tensors[0].0, b"x"), Err(StoreError::Overfeed { .. })));
+    let streamed = reg.commit(&[key("s:1")]).unwrap();
+    let imported = store.import_files(&files, &[]).unwrap();
+    assert_eq!(streamed.id, imported.id);
+    assert!(imported.existed);
+
+    let mut partial = store.register(specs()).unwrap();
+    partial.feed(&tensors[0].0, &tensors[0].1.data[..10]).unwrap();
+    assert!(matches!(partial.commit(&[]), Err(StoreError::Incomplete { .. })));
+    let aborted = store.register(specs()).unwrap();
+    aborted.abort();
+    assert_eq!(fs::read_dir(store.root().join("tmp")).unwrap().count(), 0, "staging left behind");
+}
+
+#[test]
+fn rm_by_key_keeps_shared_artifacts_and_rm_by_id_removes_all_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_files(&dir.path().join("src"), &model(1 << 16, 1, 9), 1).unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let id = store.import_files(&files, &[key("a:1"), key("b:1")]).unwrap().id;
+    assert_eq!(store.remove(&IdOrKey::Key(key("a:1"))).unwrap(), vec![]);
+    assert_eq!(store.resolve(&IdOrKey::Key(key("b:1"))).unwrap(), id);
+    assert!(matches!(store.resolve(&IdOrKey::Key(key("a:1"))), Err(StoreError::UnknownKey(_))));
+    store.set_key(&key("c:1"), &id).unwrap();
+    assert_eq!(store.remove(&IdOrKey::Id(id)).unwrap(), vec![id]);
+    assert!(store.keys().unwrap().is_empty());
+    assert!(matches!(store.resolve(&IdOrKey::Id(id)), Err(StoreError::UnknownArtifact(_))));
+    assert!(matches!(store.remove(&IdOrKey::Id(id)), Err(StoreError::UnknownArtifact(_))));
+}
+
+#[test]
+fn bad_safetensors_get_clear_errors_and_leave_nothing_visible() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let good = write_files(&dir.path().join("src"), &model(1 << 16, 1, 2), 1).unwrap().remove(0);
+    let bytes = fs::read(&good).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let write = |name: &str, b: &[u8]| {
+        let p = dir.path().join(name);
+        fs::write(&p, b).unwrap();
+        p
+    };
+    let with_header = |h: &str| {
+        let mut v = (h.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(h.as_bytes());
+        v.extend_from_slice(&[0; 16]);
+        v
+    };
+    let cases: Vec<(std::path::PathBuf, &str)> = vec![
+        (write("short.safetensors", &bytes[..5]), "truncated"),
+        (write("cut.safetensors", &bytes[..bytes.len() - 100]), "truncated?"),
+        (write("halfheader.safetensors", &bytes[..8 + header_len / 2]), "header says"),
+        (write("bigheader.safetensors", &[&(1u64 << 40).to_le_bytes()[..], b"{}"].concat()), "exceeds"),
+        (write("json.safetensors", &with_header("{\"a\": [")), "malformed header"),
+        (
+            write(
+                "dtype.safetensors",
+                &with_header(r#"{"a":{"dtype":"Q7","shape":[4],"data_offsets":[0,4]}}"#),
+            ),
+            "unknown dtype `Q7`",
+        ),
+    ];
+    for (path, want) in cases {
+        let err = store.import_files(std::slice::from_ref(&path), &[key("x:1")]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(want), "{}: `{msg}` lacks `{want}`", path.display());
+        assert!(msg.contains(path.file_name().unwrap().to_str().unwrap()), "{msg} names no file");
+    }
+    let dup = store.import_files(&[good.clone(), good], &[]).unwrap_err();
+    assert!(dup.to_string().contains("more than once"), "{dup}");
+    assert!(store.list().unwrap().is_empty());
+    assert!(store.keys().unwrap().is_empty());
+    assert_eq!(fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
+}

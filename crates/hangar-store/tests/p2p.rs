@@ -1,0 +1,131 @@
+//! Two daemons on loopback with two data roots, a registry, and a fallback
+//! directory: P2P transfer, verification, and falling back when the peer
+//! hangs or dies mid-transfer.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{eventually, http_get, import};
+use hangar_store::client::{Hold, StoreClient};
+use hangar_store::daemon::{DaemonConfig, DaemonHandle};
+use hangar_store::protocol::{Selection, Source};
+use hangar_store::registry::RegistryHandle;
+use hangar_store::{BlobStore, StoreKey};
+
+const CONFIRM: Duration = Duration::from_secs(20);
+
+fn node(root: &Path, registry: &RegistryHandle, tweak: impl FnOnce(&mut DaemonConfig)) -> DaemonHandle {
+    let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
+    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.registry = Some(registry.url());
+    cfg.heartbeat = Duration::from_millis(50);
+    cfg.node = root.display().to_string();
+    tweak(&mut cfg);
+    DaemonHandle::start(cfg).unwrap()
+}
+
+/// Waits until daemon `b` can resolve `key` through the registry (so the
+/// registry has heard `a`'s heartbeat).
+fn wait_registered(b: &DaemonHandle, key: &StoreKey) -> StoreClient {
+    let mut c = StoreClient::connect(b.socket()).unwrap().with_key_cache_ttl(Duration::ZERO);
+    eventually("the registry learns the holder", || c.resolve_key(key).is_ok());
+    c
+}
+
+#[test]
+fn artifact_imported_on_one_daemon_is_materialized_on_the_other_via_p2p() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let f = import(&ra, &dir.path().join("src"), 5 << 20, 21, "org/m:v1");
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let _a = node(&ra, &registry, |_| {});
+    let b = node(&rb, &registry, |_| {});
+    let key: StoreKey = "org/m:v1".parse().unwrap();
+    let mut c = wait_registered(&b, &key);
+    assert_eq!(c.resolve_key(&key).unwrap(), f.id);
+
+    let sel = Selection { artifact_id: f.id, view: None, key: Some(key) };
+    let m = c.materialize(&sel, Hold::Process).unwrap();
+    let done = c.confirm(&m, CONFIRM).unwrap();
+    assert_eq!(done.source, Source::Peer);
+    let local = BlobStore::open(&ra).unwrap().open_artifact(&f.id).unwrap().map_verified().unwrap();
+    assert_eq!(m.data(), &local[..], "peer bytes equal the original");
+    let store_b = BlobStore::open(&rb).unwrap();
+    eventually("b persists what it fetched", || store_b.contains(&f.id));
+    store_b.open_artifact(&f.id).unwrap().map_verified().unwrap();
+
+    let addr = b.http_addr().unwrap();
+    let metrics = http_get(addr, "/metrics");
+    let peer_bytes = format!("hangar_store_loaded_bytes_total{{source=\"peer\"}} {}", m.index.data_len);
+    assert!(metrics.contains(&peer_bytes), "{metrics}");
+    assert!(metrics.contains("hangar_store_resident_bytes"), "{metrics}");
+    let events: serde_json::Value = serde_json::from_str(&http_get(addr, "/v1/events")).unwrap();
+    let events = events.as_array().unwrap();
+    assert_eq!(events[0]["kind"], "ingestion_started");
+    assert_eq!(events[1]["kind"], "ingestion_completed");
+    assert_eq!(events[1]["source"], "peer");
+    assert_eq!(events[0]["context_id"], events[1]["context_id"]);
+}
+
+fn fallback_case(kill_peer: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    // The fallback directory is laid out by key: <dir>/<name>/<tag>/*.safetensors.
+    let fallback = dir.path().join("fallback");
+    let f = import(&ra, &fallback.join("org/m/v1"), 6 << 20, 22, "org/m:v1");
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let a = node(&ra, &registry, |c| c.fault_stall_after = Some(2 << 20));
+    let b = node(&rb, &registry, |c| {
+        c.fallback = Some(fallback.display().to_string());
+        // When the peer is killed the fallback must come from the broken
+        // connection, not from this timeout.
+        c.peer_timeout = if kill_peer { Duration::from_secs(15) } else { Duration::from_millis(300) };
+    });
+    let key: StoreKey = "org/m:v1".parse().unwrap();
+    let mut c = wait_registered(&b, &key);
+    let sel = Selection { artifact_id: f.id, view: None, key: Some(key) };
+    let m = c.materialize(&sel, Hold::Process).unwrap();
+    if kill_peer {
+        drop(a);
+    }
+    let done = c.confirm(&m, CONFIRM).unwrap();
+    assert_eq!(done.source, Source::Fallback, "a failed peer falls back without losing the request");
+    let original = BlobStore::open(&ra).unwrap().open_artifact(&f.id).unwrap().map_verified().unwrap();
+    assert_eq!(m.data(), &original[..]);
+}
+
+#[test]
+fn stalled_peer_falls_back_to_the_directory_source() {
+    fallback_case(false);
+}
+
+#[test]
+fn peer_killed_mid_transfer_falls_back_to_the_directory_source() {
+    fallback_case(true);
+}
+
+#[test]
+fn a_view_of_an_artifact_held_only_by_a_peer_is_built_from_the_fetched_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let f = import(&ra, &dir.path().join("src"), 3 << 20, 23, "org/v:v1");
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let _a = node(&ra, &registry, |_| {});
+    let b = node(&rb, &registry, |_| {});
+    let key: StoreKey = "org/v:v1".parse().unwrap();
+    let mut c = wait_registered(&b, &key);
+    let spec = "1/2:*.weight=0".parse().unwrap();
+    let sel = Selection { artifact_id: f.id, view: Some(spec), key: Some(key) };
+    let m = c.materialize(&sel, Hold::Process).unwrap();
+    assert_eq!(c.confirm(&m, CONFIRM).unwrap().source, Source::Resident);
+    let weight = &f.tensors.iter().find(|(n, _)| n == "layers.0.mlp.weight").unwrap().1;
+    let half = weight.data.len() / 2;
+    assert_eq!(m.tensor("layers.0.mlp.weight").unwrap()[..half], weight.data[half..]);
+    // The parent was held only while the view was built.
+    let (_, _, residents) = c.status().unwrap();
+    let parent = residents.iter().find(|r| r.id == f.id).expect("parent resident");
+    assert_eq!(parent.refs, 0);
+    assert_eq!(residents.iter().find(|r| r.id == m.id).unwrap().refs, 1);
+}

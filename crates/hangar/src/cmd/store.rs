@@ -1,0 +1,306 @@
+//! `hangar store …`: the content-addressed model-weight store.
+//!
+//! `import`, `ls`, `stat` and `rm` work on a local store root directly;
+//! `get` reads through the node's daemon when `--socket` (or
+//! `HANGAR_STORE_SOCKET`) is given — so it can pull from peers and
+//! fallbacks — and from the local root otherwise; `serve` runs the daemon,
+//! `registry` the peer registry, `status` asks a daemon what is resident,
+//! `bench` measures the store against plain reads and copies.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use hangar_core::ByteSize;
+use hangar_store::client::{Hold, StoreClient};
+use hangar_store::daemon::{DaemonConfig, DaemonHandle};
+use hangar_store::protocol::Selection;
+use hangar_store::registry::RegistryHandle;
+use hangar_store::view::{ViewPlan, ViewSpec};
+use hangar_store::{BlobStore, IdOrKey, StoreKey};
+
+/// Arguments of `hangar store`.
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Store root directory (blobs, keys).
+    #[arg(long, global = true, env = "HANGAR_STORE_ROOT", default_value_os_t = default_root())]
+    root: PathBuf,
+    /// The daemon's Unix socket (`serve` listens on it, default `<root>/store.sock`;
+    /// `get` goes through the daemon only when this is given).
+    #[arg(long, global = true, env = "HANGAR_STORE_SOCKET")]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Import safetensors files as one artifact (idempotent: same content → same id, `existed`).
+    Import {
+        /// Safetensors files; together they form one artifact.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Keys (`name:tag`) to point at the artifact; may repeat.
+        #[arg(long = "key", short)]
+        keys: Vec<StoreKey>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List stored artifacts and their keys.
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an artifact's tensors.
+    Stat {
+        /// Artifact id (`hg1:…`) or key (`name:tag`).
+        what: IdOrKey,
+        /// Also read and verify every byte against its hash.
+        #[arg(long)]
+        verify: bool,
+        /// Print the canonical index as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write an artifact (or a view of it) as `DIR/model.safetensors`; every byte verified.
+    Get {
+        /// Artifact id (`hg1:…`) or key (`name:tag`).
+        what: IdOrKey,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Tensor-parallel view `RANK/WORLD:GLOB=DIM,…`, e.g. `0/2:*.weight=0`.
+        #[arg(long)]
+        view: Option<ViewSpec>,
+    },
+    /// Run the per-node daemon (until killed).
+    Serve(ServeArgs),
+    /// Run the peer registry daemons heartbeat to (until killed).
+    Registry {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        listen: SocketAddr,
+        /// Forget a daemon not heard from for this many ms.
+        #[arg(long, default_value_t = 10_000)]
+        ttl_ms: u64,
+    },
+    /// Show what a daemon holds resident.
+    Status,
+    /// Measure import, cold materialize, lease-in-place and P2P against plain reads and copies.
+    Bench(BenchArgs),
+    /// Remove a key (and its artifact if no other key points at it), or an artifact and all its keys.
+    Rm {
+        /// Artifact id or key.
+        what: IdOrKey,
+    },
+}
+
+/// Arguments of `hangar store bench`.
+#[derive(Debug, Parser)]
+struct BenchArgs {
+    /// Working directory (generated model, store roots); reused between runs.
+    #[arg(long, default_value = "target/store-bench")]
+    dir: PathBuf,
+    /// Size of the generated artifact.
+    #[arg(long, default_value = "2GiB")]
+    size: ByteSize,
+    /// Lease-in-place calls to time.
+    #[arg(long, default_value_t = 2_000)]
+    lip_calls: usize,
+}
+
+/// Arguments of `hangar store serve`.
+#[derive(Debug, Parser)]
+struct ServeArgs {
+    /// TCP address for peers and `/metrics` (e.g. `0.0.0.0:7701`); omit to serve local clients only.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// URL peers should use to reach this daemon (default `http://<listen>`).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Node name reported to the registry (default: host name).
+    #[arg(long)]
+    node: Option<String>,
+    /// Resident memory budget, e.g. `64GiB`.
+    #[arg(long, default_value = "4GiB")]
+    budget: ByteSize,
+    /// Registry base URL, e.g. `http://10.0.0.2:7700`.
+    #[arg(long)]
+    registry: Option<String>,
+    /// Heartbeat period to the registry, ms.
+    #[arg(long, default_value_t = 2_000)]
+    heartbeat_ms: u64,
+    /// Fallback source: a directory or object-store URL (`file:///srv/weights`).
+    #[arg(long)]
+    fallback: Option<String>,
+    /// Abandon a peer that sends nothing for this many ms.
+    #[arg(long, default_value_t = 5_000)]
+    peer_timeout_ms: u64,
+    /// Testing aid: stop sending artifact data to peers after this many bytes.
+    #[arg(long, hide = true)]
+    fault_stall_peer_after: Option<u64>,
+}
+
+fn default_root() -> PathBuf {
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    data.join("hangar/store")
+}
+
+/// Runs `hangar store …`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let open =
+        || BlobStore::open(&args.root).with_context(|| format!("opening store {}", args.root.display()));
+    match args.command {
+        Command::Import { files, keys, json } => {
+            let report = open()?.import_files(&files, &keys)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                let what = if report.existed { "existed" } else { "imported" };
+                println!("{what} {} ({} tensors, {} bytes)", report.id, report.tensors, report.bytes);
+            }
+        }
+        Command::Ls { json } => {
+            let list = open()?.list()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<140} {:>14} {:>8}  KEYS", "ID", "BYTES", "TENSORS");
+                for a in list {
+                    let keys: Vec<String> = a.keys.iter().map(|k| k.to_string()).collect();
+                    println!("{:<140} {:>14} {:>8}  {}", a.id, a.bytes, a.tensors, keys.join(","));
+                }
+            }
+        }
+        Command::Stat { what, verify, json } => {
+            let store = open()?;
+            let id = store.resolve(&what)?;
+            let art = store.open_artifact(&id)?;
+            if verify {
+                art.map_verified()?;
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&art.index)?);
+            } else {
+                println!("id       {id}");
+                println!("bytes    {}", art.index.data_len);
+                println!("tensors  {}", art.index.tensors.len());
+                if verify {
+                    println!("verified {} chunks", art.chunk_hashes.len());
+                }
+                for t in &art.index.tensors {
+                    println!(
+                        "  {:<48} {:<8} {:<20} @{}",
+                        t.name,
+                        t.dtype.to_string(),
+                        format!("{:?}", t.shape),
+                        t.offset
+                    );
+                }
+            }
+        }
+        Command::Get { what, out, view } => match &args.socket {
+            Some(socket) => get_via_daemon(socket, what, view, &out)?,
+            None => {
+                let store = open()?;
+                let art = store.open_artifact(&store.resolve(&what)?)?;
+                let path = match view {
+                    None => hangar_store::export::write_safetensors(&art.index, &art.map_verified()?, &out)?,
+                    Some(spec) => {
+                        let plan = ViewPlan::new(&art.index, &spec)?;
+                        let mut data = vec![0u8; plan.index.data_len as usize];
+                        plan.execute(art.index.data_len, &mut data, |i, buf| art.read_chunk(i, buf))?;
+                        hangar_store::export::write_safetensors(&plan.index, &data, &out)?
+                    }
+                };
+                println!("wrote {} ({})", path.display(), art.id);
+            }
+        },
+        Command::Serve(s) => {
+            let mut cfg = DaemonConfig::new(
+                &args.root,
+                args.socket.clone().unwrap_or_else(|| args.root.join("store.sock")),
+            );
+            cfg.listen = s.listen;
+            cfg.advertise = s.advertise;
+            if let Some(node) =
+                s.node.or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().into()))
+            {
+                cfg.node = node;
+            }
+            cfg.budget = s.budget.bytes();
+            cfg.registry = s.registry.map(|r| r.trim_end_matches('/').to_owned());
+            cfg.heartbeat = Duration::from_millis(s.heartbeat_ms);
+            cfg.fallback = s.fallback;
+            cfg.peer_timeout = Duration::from_millis(s.peer_timeout_ms);
+            cfg.fault_stall_after = s.fault_stall_peer_after;
+            let handle = DaemonHandle::start(cfg).context("starting the store daemon")?;
+            match handle.http_addr() {
+                Some(addr) => println!("serving {} and http://{addr}", handle.socket().display()),
+                None => println!("serving {}", handle.socket().display()),
+            }
+            handle.wait();
+        }
+        Command::Registry { listen, ttl_ms } => {
+            let handle =
+                RegistryHandle::start(listen, ttl_ms).with_context(|| format!("binding {listen}"))?;
+            println!("registry at {}", handle.url());
+            handle.wait();
+        }
+        Command::Status => {
+            let socket = args.socket.clone().unwrap_or_else(|| args.root.join("store.sock"));
+            let (used, budget, residents) = StoreClient::connect(&socket)?.status()?;
+            println!("resident {used} of {budget} bytes");
+            for r in residents {
+                println!(
+                    "  {} {:>14} bytes {:>3} refs{}",
+                    r.id,
+                    r.bytes,
+                    r.refs,
+                    if r.ready { "" } else { " (loading)" }
+                );
+            }
+        }
+        Command::Bench(b) => {
+            let cfg =
+                hangar_store::bench::BenchConfig { dir: b.dir, size: b.size.bytes(), lip_calls: b.lip_calls };
+            let report = hangar_store::bench::run(&cfg)?;
+            print!("{report}");
+        }
+        Command::Rm { what } => {
+            let removed = open()?.remove(&what)?;
+            match removed.as_slice() {
+                [] => println!("removed key {what}"),
+                ids => ids.iter().for_each(|id| println!("removed {id}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `get` through the daemon: resolve, materialize (any source), confirm, write, unload.
+fn get_via_daemon(
+    socket: &std::path::Path,
+    what: IdOrKey,
+    view: Option<ViewSpec>,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let mut client = StoreClient::connect(socket)?;
+    let (artifact_id, key) = match what {
+        IdOrKey::Id(id) => (id, None),
+        IdOrKey::Key(k) => (client.resolve_key(&k)?, Some(k)),
+    };
+    let m = client.materialize(&Selection { artifact_id, view, key }, Hold::Process)?;
+    let confirmed = client.confirm(&m, Duration::from_secs(30))?;
+    let path = hangar_store::export::write_safetensors(&m.index, m.data(), out)?;
+    client.unload(&m)?;
+    println!("wrote {} ({}, from {})", path.display(), m.id, confirmed.source.as_str());
+    Ok(())
+}
