@@ -1,0 +1,416 @@
+//! Admission control: who runs now, who waits, who is told to back off.
+//!
+//! Each model has one [`Admission`] state machine. Its ready replicas each
+//! grant up to `limit` permits (concurrent requests). A request that finds
+//! a free permit is *leased* at once; otherwise it waits in a bounded line —
+//! FIFO across all accounts, or fair: round-robin over accounts, FIFO within
+//! each — and is *dispatched* when a permit frees; when the line is full it
+//! is *rejected* (the gateway answers 429). Waiting requests may carry a
+//! deadline, after which they *expire* (504). This is Workers AI's
+//! constellation-server design (permits, `ModelRequestQueue`, the three
+//! outcomes Leased / Queued / NoSlotsAvailable) as a sans-IO state machine.
+//!
+//! The machine never reads a clock, sleeps or spawns. Inputs are method
+//! calls carrying `now`; decisions taken later than the call that caused
+//! them (dispatches, expiries, failures) are pulled with
+//! [`Admission::poll_action`]; [`Admission::poll_timeout`] names the next
+//! deadline, after which the driver calls [`Admission::handle_timeout`].
+//! Which free replica a request gets is the caller's choice, through a
+//! [`Chooser`] (e.g. the KV-aware router), so this crate knows nothing
+//! about prompts.
+//!
+//! Invariants, after every call: no replica has more permits out than its
+//! limit; either nobody waits or no healthy replica has a free permit; every
+//! submitted request reaches exactly one end (leased or dispatched and later
+//! released, rejected, expired, cancelled, or failed).
+//!
+//! ```
+//! use hangar_core::{AccountId, ReplicaId, RequestId};
+//! use hangar_queue::{Action, Admission, AdmissionConfig, FirstFree, Submitted};
+//!
+//! let mut a = Admission::new(AdmissionConfig { capacity: 1, ..AdmissionConfig::default() });
+//! let r = ReplicaId::from_u128(1);
+//! a.replica_ready(0, r, 1, &mut FirstFree);
+//! let acct: AccountId = "acme".parse().unwrap();
+//! assert!(matches!(a.submit(0, RequestId(1), acct.clone(), None, &mut FirstFree), Ok(Submitted::Leased(_))));
+//! assert_eq!(a.submit(0, RequestId(2), acct.clone(), None, &mut FirstFree), Ok(Submitted::Queued));
+//! assert!(matches!(a.submit(0, RequestId(3), acct, None, &mut FirstFree), Ok(Submitted::Rejected { .. })));
+//! a.release(5, RequestId(1), &mut FirstFree);
+//! assert!(matches!(a.poll_action(), Some(Action::Dispatch(p)) if p.request == RequestId(2)));
+//! ```
+#![deny(missing_docs)]
+
+mod waiting;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
+use serde::{Deserialize, Serialize};
+
+use waiting::Waiting;
+
+/// How the waiting line is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueAlgorithm {
+    /// Arrival order across all accounts; `capacity` bounds the whole line.
+    #[default]
+    Fifo,
+    /// Round-robin over accounts, arrival order within each; `capacity`
+    /// bounds each account's line, so one busy account cannot crowd out
+    /// the others.
+    Fair,
+}
+
+/// A model's admission settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// How the line is served.
+    pub algorithm: QueueAlgorithm,
+    /// Requests that may wait (in all for FIFO, per account for fair);
+    /// 0 rejects whatever cannot run at once.
+    pub capacity: usize,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self { algorithm: QueueAlgorithm::Fifo, capacity: 100 }
+    }
+}
+
+/// A right to send one request to one replica, held until released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Permit {
+    /// The request holding it.
+    pub request: RequestId,
+    /// The replica it is for.
+    pub replica: ReplicaId,
+}
+
+/// What [`Admission::submit`] decided at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    /// A permit was free: send the request now.
+    Leased(Permit),
+    /// The request waits; an [`Action::Dispatch`] or [`Action::Expired`]
+    /// (or [`Action::Failed`]) will follow.
+    Queued,
+    /// Every permit is taken and the line is full: tell the client to back
+    /// off (HTTP 429).
+    Rejected {
+        /// The line's capacity that was reached.
+        capacity: usize,
+    },
+}
+
+/// A decision taken after the call that caused it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A waiting request got a permit: send it now.
+    Dispatch(Permit),
+    /// A waiting request's deadline passed (HTTP 504).
+    Expired(RequestId),
+    /// A waiting request will not be served (HTTP 503).
+    Failed {
+        /// The request.
+        request: RequestId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Misuse of the state machine by its driver.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdmissionError {
+    /// The request id is already admitted or waiting.
+    #[error("request {0} is already admitted")]
+    Duplicate(RequestId),
+}
+
+/// Picks the replica for a request among those with a free permit.
+pub trait Chooser {
+    /// Returns one element of `free` (never empty; sorted by id). Returning
+    /// anything else falls back to `free[0]`.
+    fn choose(&mut self, request: RequestId, free: &[ReplicaId]) -> ReplicaId;
+}
+
+/// The free replica with the lowest id.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FirstFree;
+
+impl Chooser for FirstFree {
+    fn choose(&mut self, _: RequestId, free: &[ReplicaId]) -> ReplicaId {
+        free[0]
+    }
+}
+
+#[derive(Debug)]
+struct Replica {
+    limit: u32,
+    in_use: u32,
+    healthy: bool,
+    /// Permits that were out beyond a lowered limit; they stay valid until
+    /// released, and no new permit is granted while any remain.
+    excess: u32,
+}
+
+#[derive(Debug)]
+enum Place {
+    Waiting { deadline: Option<Millis> },
+    Leased(ReplicaId),
+}
+
+#[derive(Debug)]
+struct Req {
+    account: AccountId,
+    place: Place,
+}
+
+/// One model's admission state. See the crate docs.
+#[derive(Debug)]
+pub struct Admission {
+    config: AdmissionConfig,
+    replicas: BTreeMap<ReplicaId, Replica>,
+    waiting: Waiting,
+    requests: HashMap<RequestId, Req>,
+    deadlines: BTreeSet<(Millis, RequestId)>,
+    actions: VecDeque<Action>,
+    free_scratch: Vec<ReplicaId>,
+}
+
+impl Admission {
+    /// An empty state: no replicas, nobody waiting.
+    pub fn new(config: AdmissionConfig) -> Self {
+        Self {
+            waiting: Waiting::new(config.algorithm),
+            config,
+            replicas: BTreeMap::new(),
+            requests: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            actions: VecDeque::new(),
+            free_scratch: Vec::new(),
+        }
+    }
+
+    // ---- getters -------------------------------------------------------
+
+    /// Requests waiting for a permit.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Permits out, over all replicas.
+    pub fn in_use(&self) -> u32 {
+        self.replicas.values().map(|r| r.in_use).sum()
+    }
+
+    /// Permits out on one replica.
+    pub fn in_use_on(&self, replica: ReplicaId) -> u32 {
+        self.replicas.get(&replica).map_or(0, |r| r.in_use)
+    }
+
+    /// Permits of healthy replicas, in all.
+    pub fn total_permits(&self) -> u32 {
+        self.replicas.values().filter(|r| r.healthy).map(|r| r.limit).sum()
+    }
+
+    // ---- handle_* (facts) ---------------------------------------------
+
+    /// A replica became ready with `limit` permits (or changed its limit).
+    /// Waiting requests are dispatched to it at once. Lowering the limit
+    /// below the permits out keeps those permits valid until released.
+    pub fn replica_ready(&mut self, _now: Millis, replica: ReplicaId, limit: u32, chooser: &mut dyn Chooser) {
+        let r =
+            self.replicas.entry(replica).or_insert(Replica { limit, in_use: 0, healthy: true, excess: 0 });
+        r.limit = limit;
+        r.excess = r.in_use.saturating_sub(limit);
+        r.healthy = true;
+        self.fill(chooser);
+    }
+
+    /// A replica is unhealthy: it gets no new requests until it is ready
+    /// again, but its permits stay out until released.
+    pub fn replica_unhealthy(&mut self, _now: Millis, replica: ReplicaId) {
+        if let Some(r) = self.replicas.get_mut(&replica) {
+            r.healthy = false;
+        }
+    }
+
+    /// A replica is gone (stopped, evicted, crashed). Returns the requests
+    /// that held permits on it, in id order, which are no longer admitted:
+    /// the driver retries them (submit again) or fails them.
+    pub fn replica_gone(&mut self, _now: Millis, replica: ReplicaId) -> Vec<RequestId> {
+        self.replicas.remove(&replica);
+        let mut lost: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| matches!(r.place, Place::Leased(x) if x == replica))
+            .map(|(id, _)| *id)
+            .collect();
+        lost.sort_unstable();
+        for id in &lost {
+            self.requests.remove(id);
+        }
+        lost
+    }
+
+    /// Fails every waiting request with `reason` (e.g. no replica could be
+    /// started); they come out as [`Action::Failed`].
+    pub fn fail_waiting(&mut self, _now: Millis, reason: &str) {
+        for request in self.waiting.drain() {
+            self.forget_waiting(request);
+            self.actions.push_back(Action::Failed { request, reason: reason.to_owned() });
+        }
+    }
+
+    /// Expires waiting requests whose deadline is at or before `now`.
+    /// Calling it early or twice does nothing.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        while let Some(&(at, request)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if let Some(req) = self.requests.remove(&request) {
+                self.waiting.remove(&req.account, request);
+                self.actions.push_back(Action::Expired(request));
+            }
+        }
+    }
+
+    // ---- commands -----------------------------------------------------
+
+    /// Admits a request of `account`. `deadline` bounds how long it may
+    /// wait (absolute, same clock as `now`).
+    pub fn submit(
+        &mut self,
+        _now: Millis,
+        request: RequestId,
+        account: AccountId,
+        deadline: Option<Millis>,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Submitted, AdmissionError> {
+        if self.requests.contains_key(&request) {
+            return Err(AdmissionError::Duplicate(request));
+        }
+        if self.waiting.len() == 0 {
+            if let Some(replica) = self.pick(request, chooser) {
+                self.requests.insert(request, Req { account, place: Place::Leased(replica) });
+                return Ok(Submitted::Leased(Permit { request, replica }));
+            }
+        }
+        if !self.waiting.has_room(&account, self.config.capacity) {
+            return Ok(Submitted::Rejected { capacity: self.config.capacity });
+        }
+        self.waiting.push(account.clone(), request);
+        self.requests.insert(request, Req { account, place: Place::Waiting { deadline } });
+        if let Some(d) = deadline {
+            self.deadlines.insert((d, request));
+        }
+        Ok(Submitted::Queued)
+    }
+
+    /// The request finished (or failed, or its client left) and gives back
+    /// its permit, which goes to the next waiting request. Releasing a
+    /// request that waits cancels it; releasing an unknown one does
+    /// nothing. Returns whether anything changed.
+    pub fn release(&mut self, _now: Millis, request: RequestId, chooser: &mut dyn Chooser) -> bool {
+        let Some(req) = self.requests.get(&request) else { return false };
+        match req.place {
+            Place::Leased(replica) => {
+                self.requests.remove(&request);
+                if let Some(r) = self.replicas.get_mut(&replica) {
+                    r.in_use -= 1;
+                    r.excess = r.excess.saturating_sub(1);
+                }
+                self.fill(chooser);
+            }
+            Place::Waiting { .. } => {
+                let account = req.account.clone();
+                self.waiting.remove(&account, request);
+                self.forget_waiting(request);
+            }
+        }
+        true
+    }
+
+    // ---- poll_* (outputs) ---------------------------------------------
+
+    /// The next decision, in the order taken.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The earliest deadline of a waiting request.
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.deadlines.first().map(|&(d, _)| d)
+    }
+
+    // ---- internals ----------------------------------------------------
+
+    fn forget_waiting(&mut self, request: RequestId) {
+        if let Some(Req { place: Place::Waiting { deadline: Some(d) }, .. }) = self.requests.remove(&request)
+        {
+            self.deadlines.remove(&(d, request));
+        }
+    }
+
+    /// Takes a free permit for `request`, if any healthy replica has one.
+    fn pick(&mut self, request: RequestId, chooser: &mut dyn Chooser) -> Option<ReplicaId> {
+        self.free_scratch.clear();
+        self.free_scratch
+            .extend(self.replicas.iter().filter(|(_, r)| r.healthy && r.in_use < r.limit).map(|(id, _)| *id));
+        if self.free_scratch.is_empty() {
+            return None;
+        }
+        let chosen = chooser.choose(request, &self.free_scratch);
+        let replica = if self.free_scratch.contains(&chosen) { chosen } else { self.free_scratch[0] };
+        self.replicas.get_mut(&replica).expect("free replicas exist").in_use += 1;
+        Some(replica)
+    }
+
+    /// Dispatches waiting requests while permits are free.
+    fn fill(&mut self, chooser: &mut dyn Chooser) {
+        while self.waiting.len() > 0 {
+            let Some(next) = self.peek_next() else { break };
+            let Some(replica) = self.pick(next, chooser) else { break };
+            let popped = self.waiting.pop().expect("peeked");
+            debug_assert_eq!(popped, next);
+            let req = self.requests.get_mut(&next).expect("waiting requests are known");
+            if let Place::Waiting { deadline: Some(d) } = req.place {
+                self.deadlines.remove(&(d, next));
+            }
+            req.place = Place::Leased(replica);
+            self.actions.push_back(Action::Dispatch(Permit { request: next, replica }));
+        }
+    }
+
+    fn peek_next(&self) -> Option<RequestId> {
+        self.waiting.peek()
+    }
+
+    /// Panics if an invariant of the crate docs does not hold.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) {
+        let mut held: HashMap<ReplicaId, u32> = HashMap::new();
+        for r in self.requests.values() {
+            if let Place::Leased(x) = r.place {
+                *held.entry(x).or_default() += 1;
+            }
+        }
+        for (id, r) in &self.replicas {
+            assert!(r.in_use <= r.limit + r.excess, "replica {id} over its limit");
+            assert_eq!(r.in_use, held.get(id).copied().unwrap_or(0), "replica {id} permit count");
+        }
+        let waiting = self.requests.values().filter(|r| matches!(r.place, Place::Waiting { .. })).count();
+        assert_eq!(waiting, self.waiting.len(), "waiting line and request table agree");
+        if self.waiting.len() > 0 {
+            assert!(
+                self.replicas.values().all(|r| !r.healthy || r.in_use >= r.limit),
+                "someone waits while a permit is free"
+            );
+        }
+    }
+}
