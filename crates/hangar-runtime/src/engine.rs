@@ -1,0 +1,241 @@
+//! Engine processes: start, wait until ready, stop.
+//!
+//! An [`EngineSpec`] says what runs a replica:
+//! - `mock`: `hangar engine mock --port 0 --preset NAME --model MODEL`, a
+//!   child of this binary; its first output line names the port it bound.
+//! - `openai`: any OpenAI-compatible server from a command template such as
+//!   `vllm serve {model} --port {port} --gpu-memory-utilization
+//!   {gpu_fraction}`, run with `CUDA_VISIBLE_DEVICES={gpus}`; the port is a
+//!   free loopback port chosen here.
+//! - `external`: a server already running elsewhere; nothing is started or
+//!   stopped.
+//!
+//! [`launch`] returns once the engine answers its readiness path with 200,
+//! or fails when the process exits or the setup timeout passes — killing
+//! what it started, so no failure leaves a process behind. A
+//! [`RunningEngine`] is stopped with [`RunningEngine::stop`] (SIGTERM, then
+//! SIGKILL after a grace period) and is killed if dropped.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// What runs a model's replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EngineSpec {
+    /// The built-in mock engine.
+    Mock {
+        /// A `hangar engine mock` preset.
+        #[serde(default = "default_preset")]
+        preset: String,
+        /// Milliseconds the mock reports "loading" (weight loading).
+        #[serde(default)]
+        startup_delay_ms: u64,
+    },
+    /// Any OpenAI-compatible server started from a command template.
+    Openai {
+        /// The command, split on whitespace after substituting `{model}`,
+        /// `{port}`, `{gpus}` and `{gpu_fraction}`.
+        command: String,
+        /// The path answering 200 once the server is ready.
+        #[serde(default = "default_readiness")]
+        readiness_path: String,
+        /// Seconds to wait for readiness before giving up.
+        #[serde(default = "default_setup_timeout")]
+        setup_timeout_s: u64,
+    },
+    /// A server already running elsewhere.
+    External {
+        /// Its base URL, e.g. `http://10.0.0.7:8000`.
+        url: String,
+    },
+}
+
+fn default_preset() -> String {
+    "default".into()
+}
+
+fn default_readiness() -> String {
+    "/health".into()
+}
+
+fn default_setup_timeout() -> u64 {
+    600
+}
+
+/// Where and how to start one replica.
+#[derive(Debug, Clone)]
+pub struct LaunchContext {
+    /// The model name the engine serves.
+    pub model: String,
+    /// GPU indices for `CUDA_VISIBLE_DEVICES` (empty: none).
+    pub gpus: Vec<u32>,
+    /// The share of each GPU's memory the engine may use.
+    pub gpu_fraction: f64,
+    /// The `hangar` binary, for `mock` engines.
+    pub hangar_exe: PathBuf,
+    /// Setup timeout for `mock` engines (others carry their own).
+    pub mock_setup_timeout: Duration,
+}
+
+/// Why an engine did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// The process could not be spawned.
+    #[error("cannot start `{program}`: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The command template is empty after substitution.
+    #[error("the engine command template is empty")]
+    EmptyCommand,
+    /// The process exited before it was ready.
+    #[error("the engine exited before it was ready ({status})")]
+    Exited {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+    },
+    /// Readiness did not come within the setup timeout.
+    #[error("the engine was not ready within {0:?}")]
+    SetupTimeout(Duration),
+    /// The mock engine did not announce its address.
+    #[error("the engine did not print `listening on http://…` as its first line")]
+    NoAddress,
+    /// A local I/O error.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// A started (or external) engine.
+#[derive(Debug)]
+pub struct RunningEngine {
+    /// Base URL, e.g. `http://127.0.0.1:41237`.
+    pub base_url: String,
+    child: Option<Child>,
+}
+
+impl RunningEngine {
+    /// The engine process's pid, if this node started it.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// Whether the process has exited (always false for external engines).
+    pub fn has_exited(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
+    /// Stops the engine: SIGTERM, then SIGKILL if it has not exited after
+    /// `grace`. External engines are left alone.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the process is killed when `self` is.
+    pub async fn stop(mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else { return };
+        if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        if tokio::time::timeout(grace, child.wait()).await.is_err() {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+/// Starts an engine and waits until it is ready. On any failure the
+/// process is killed before returning.
+pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEngine, LaunchError> {
+    match spec {
+        EngineSpec::External { url } => {
+            Ok(RunningEngine { base_url: url.trim_end_matches('/').to_owned(), child: None })
+        }
+        EngineSpec::Mock { preset, startup_delay_ms } => {
+            let mut cmd = Command::new(&ctx.hangar_exe);
+            cmd.args(["engine", "mock", "--port", "0", "--preset", preset, "--model", &ctx.model])
+                .args(["--startup-delay-ms", &startup_delay_ms.to_string()]);
+            let (child, base_url) = spawn_announcing(cmd, &ctx.hangar_exe.display().to_string()).await?;
+            ready(child, base_url, "/health", ctx.mock_setup_timeout).await
+        }
+        EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
+            let port = free_port()?;
+            let gpus = ctx.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let line = command
+                .replace("{model}", &ctx.model)
+                .replace("{port}", &port.to_string())
+                .replace("{gpus}", &gpus)
+                .replace("{gpu_fraction}", &format!("{:.3}", ctx.gpu_fraction));
+            let mut words = line.split_whitespace();
+            let program = words.next().ok_or(LaunchError::EmptyCommand)?.to_owned();
+            let mut cmd = Command::new(&program);
+            cmd.args(words).env("CUDA_VISIBLE_DEVICES", &gpus).stdin(Stdio::null()).kill_on_drop(true);
+            let child = cmd.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
+            let base_url = format!("http://127.0.0.1:{port}");
+            ready(child, base_url, readiness_path, Duration::from_secs(*setup_timeout_s)).await
+        }
+    }
+}
+
+/// Spawns a process whose first stdout line is `listening on URL`.
+async fn spawn_announcing(mut cmd: Command, program: &str) -> Result<(Child, String), LaunchError> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).kill_on_drop(true);
+    let mut child =
+        cmd.spawn().map_err(|source| LaunchError::Spawn { program: program.to_owned(), source })?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    let url = match first {
+        Ok(Ok(Some(line))) => line.strip_prefix("listening on ").map(str::to_owned),
+        _ => None,
+    };
+    match url {
+        Some(url) => {
+            // Keep draining stdout so the child never blocks on a full pipe.
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            Ok((child, url))
+        }
+        None => {
+            let _ = child.kill().await;
+            Err(LaunchError::NoAddress)
+        }
+    }
+}
+
+/// Polls `base_url + path` until it answers 200; fails if the process
+/// exits or `timeout` passes, killing it.
+async fn ready(
+    mut child: Child,
+    base_url: String,
+    path: &str,
+    timeout: Duration,
+) -> Result<RunningEngine, LaunchError> {
+    let client =
+        reqwest::Client::builder().timeout(Duration::from_secs(2)).build().expect("a plain HTTP client");
+    let url = format!("{base_url}{path}");
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Err(LaunchError::Exited { status });
+        }
+        if client.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(RunningEngine { base_url, child: Some(child) });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = child.kill().await;
+            return Err(LaunchError::SetupTimeout(timeout));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}

@@ -1,0 +1,9 @@
+//! The live control plane of `hangar serve`.
+//!
+//! This crate drives the policy crates with real time, real processes and
+//! real sockets. So far it holds the node agent's engine launcher
+//! ([`engine`]): how an engine process is started on a free loopback port,
+//! health-checked until ready, and stopped.
+#![deny(missing_docs)]
+
+pub mod engine;

@@ -1,0 +1,35 @@
+//! The node agent's launcher starting real `hangar engine mock` processes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hangar_runtime::engine::{launch, EngineSpec, LaunchContext, LaunchError};
+
+fn ctx(timeout: Duration) -> LaunchContext {
+    LaunchContext {
+        model: "demo".into(),
+        gpus: vec![],
+        gpu_fraction: 1.0,
+        hangar_exe: PathBuf::from(env!("CARGO_BIN_EXE_hangar")),
+        mock_setup_timeout: timeout,
+    }
+}
+
+#[tokio::test]
+async fn a_mock_engine_is_launched_ready_and_stopped() {
+    let spec = EngineSpec::Mock { preset: "fast".into(), startup_delay_ms: 200 };
+    let engine = launch(&spec, &ctx(Duration::from_secs(60))).await.unwrap();
+    let models: serde_json::Value =
+        reqwest::get(format!("{}/v1/models", engine.base_url)).await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], "demo");
+    let health = reqwest::get(format!("{}/health", engine.base_url)).await.unwrap();
+    assert_eq!(health.status(), 200, "launch returns only once the engine is ready");
+    engine.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_mock_engine_that_loads_too_long_is_killed() {
+    let spec = EngineSpec::Mock { preset: "fast".into(), startup_delay_ms: 3_600_000 };
+    let e = launch(&spec, &ctx(Duration::from_millis(500))).await.unwrap_err();
+    assert!(matches!(e, LaunchError::SetupTimeout(_)), "{e}");
+}
