@@ -3,7 +3,9 @@
 //! This crate drives the policy crates with real time, real processes and
 //! real sockets. So far it holds the node agent's engine launcher
 //! ([`engine`]): how an engine process is started on a free loopback port,
-//! health-checked until ready, and stopped.
+//! health-checked until ready, and stopped; and the model processor
+//! ([`processor`]) that admits requests onto replica permits.
 #![deny(missing_docs)]
 
 pub mod engine;
+pub mod processor;

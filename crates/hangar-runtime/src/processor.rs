@@ -1,0 +1,240 @@
+//! A model's processor: the live driver of its [`Admission`] state.
+//!
+//! Handlers call [`Processor::admit`] and get a [`Lease`] — a permit on one
+//! ready replica — either at once or when one frees; the lease gives the
+//! permit back when dropped, so a request that ends in any way (done,
+//! failed, client gone) frees its slot. A full line answers
+//! [`AdmitError::QueueFull`] (HTTP 429), a wait past its deadline
+//! [`AdmitError::Timeout`] (504). A caller that stops waiting (its client
+//! disconnected, so the handler future is dropped) leaves the line at once.
+//!
+//! The admission policy itself is `hangar-queue`'s sans-IO state machine;
+//! this module only adds the clock, a timer task for deadlines, and the
+//! channels that wake waiting handlers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
+use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
+use tokio::sync::{oneshot, Notify};
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdmitError {
+    /// Every permit is taken and the line is full (HTTP 429).
+    #[error("the model is at capacity: {capacity} requests already wait")]
+    QueueFull {
+        /// The line's capacity.
+        capacity: usize,
+    },
+    /// The request waited past its deadline (HTTP 504).
+    #[error("no replica became free within the request's timeout")]
+    Timeout,
+    /// The request will not be served (HTTP 503).
+    #[error("{0}")]
+    Failed(String),
+}
+
+type Waiter = oneshot::Sender<Result<ReplicaId, AdmitError>>;
+
+struct State {
+    admission: Admission,
+    /// Picks among free replicas, for immediate leases and later
+    /// dispatches alike.
+    chooser: Box<dyn Chooser + Send>,
+    waiters: HashMap<RequestId, Waiter>,
+    next_id: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    epoch: Instant,
+    /// Wakes the timer task when the earliest deadline may have changed, or
+    /// when the processor is dropped so the task can end.
+    timer: Arc<Notify>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.timer.notify_one();
+    }
+}
+
+/// One model's admission, driven live. Cheap to clone.
+#[derive(Clone)]
+pub struct Processor {
+    shared: Arc<Shared>,
+}
+
+/// A permit on a replica, given back when dropped.
+pub struct Lease {
+    shared: Arc<Shared>,
+    /// The request id the permit was granted to.
+    pub request: RequestId,
+    /// The replica to send the request to.
+    pub replica: ReplicaId,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("request", &self.request).field("replica", &self.replica).finish()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.shared.with(|s, now| {
+            s.admission.release(now, self.request, &mut *s.chooser);
+        });
+    }
+}
+
+impl Shared {
+    fn now(&self) -> Millis {
+        self.epoch.elapsed().as_millis() as Millis
+    }
+
+    /// Runs `f` on the state, then delivers every decision it caused.
+    fn with<T>(&self, f: impl FnOnce(&mut State, Millis) -> T) -> T {
+        let mut guard = self.state.lock().expect("processor state lock");
+        let state = &mut *guard;
+        let now = self.now();
+        let out = f(state, now);
+        while let Some(action) = state.admission.poll_action() {
+            let (request, result) = match action {
+                Action::Dispatch(p) => (p.request, Ok(p.replica)),
+                Action::Expired(r) => (r, Err(AdmitError::Timeout)),
+                Action::Failed { request, reason } => (request, Err(AdmitError::Failed(reason))),
+            };
+            let delivered = state.waiters.remove(&request).is_some_and(|w| w.send(result.clone()).is_ok());
+            if !delivered && result.is_ok() {
+                // The waiter left between dispatch and delivery: give the
+                // permit straight back.
+                state.admission.release(now, request, &mut *state.chooser);
+            }
+        }
+        out
+    }
+}
+
+/// Removes a waiting request from the line if its caller stops waiting.
+struct WaitGuard {
+    shared: Arc<Shared>,
+    request: RequestId,
+    armed: bool,
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.with(|s, now| {
+                s.waiters.remove(&self.request);
+                s.admission.release(now, self.request, &mut *s.chooser);
+            });
+        }
+    }
+}
+
+impl Processor {
+    /// A processor with no replicas yet that picks replicas with
+    /// `chooser`; spawns its deadline timer on the current tokio runtime
+    /// (it ends when the last clone is dropped).
+    pub fn new(config: AdmissionConfig, chooser: Box<dyn Chooser + Send>) -> Self {
+        let state = State { admission: Admission::new(config), chooser, waiters: HashMap::new(), next_id: 0 };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            epoch: Instant::now(),
+            timer: Arc::new(Notify::new()),
+        });
+        tokio::spawn(timer(Arc::downgrade(&shared), shared.timer.clone()));
+        Self { shared }
+    }
+
+    /// A replica is ready with `limit` permits; waiting requests start on it.
+    pub fn replica_ready(&self, replica: ReplicaId, limit: u32) {
+        self.shared.with(|s, now| s.admission.replica_ready(now, replica, limit, &mut *s.chooser));
+    }
+
+    /// A replica is gone; returns the requests that held permits on it.
+    pub fn replica_gone(&self, replica: ReplicaId) -> Vec<RequestId> {
+        self.shared.with(|s, now| s.admission.replica_gone(now, replica))
+    }
+
+    /// Fails every waiting request (e.g. no replica could be started).
+    pub fn fail_waiting(&self, reason: &str) {
+        self.shared.with(|s, now| s.admission.fail_waiting(now, reason));
+    }
+
+    /// Requests waiting for a permit.
+    pub fn waiting(&self) -> usize {
+        self.shared.with(|s, _| s.admission.waiting())
+    }
+
+    /// Waits for a permit for a request of `account`, at most `timeout`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the request from the line (or gives its
+    /// permit back if one was granted meanwhile).
+    pub async fn admit(&self, account: AccountId, timeout: Option<Duration>) -> Result<Lease, AdmitError> {
+        let (request, rx) = {
+            let shared = &self.shared;
+            let submitted = shared.with(|s, now| {
+                let request = RequestId(s.next_id);
+                s.next_id += 1;
+                let deadline = timeout.map(|t| now + t.as_millis() as Millis);
+                let submitted = s
+                    .admission
+                    .submit(now, request, account, deadline, &mut *s.chooser)
+                    .expect("ids are unique");
+                let rx = match submitted {
+                    Submitted::Queued => {
+                        let (tx, rx) = oneshot::channel();
+                        s.waiters.insert(request, tx);
+                        Some(rx)
+                    }
+                    _ => None,
+                };
+                (request, submitted, rx)
+            });
+            match submitted {
+                (request, Submitted::Leased(p), _) => {
+                    return Ok(Lease { shared: self.shared.clone(), request, replica: p.replica })
+                }
+                (_, Submitted::Rejected { capacity }, _) => return Err(AdmitError::QueueFull { capacity }),
+                (request, Submitted::Queued, rx) => {
+                    self.shared.timer.notify_one();
+                    (request, rx.expect("queued requests wait"))
+                }
+            }
+        };
+        let mut guard = WaitGuard { shared: self.shared.clone(), request, armed: true };
+        let result = rx.await.unwrap_or(Err(AdmitError::Failed("the processor stopped".into())));
+        guard.armed = false;
+        result.map(|replica| Lease { shared: self.shared.clone(), request, replica })
+    }
+}
+
+/// Sleeps until the earliest deadline, then expires what is due. Holds the
+/// processor only weakly, so it ends once the processor is dropped.
+async fn timer(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(s) = shared.upgrade() else { return };
+            s.with(|st, _| st.admission.poll_timeout()).map(|ms| s.epoch + Duration::from_millis(ms))
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+        let Some(s) = shared.upgrade() else { return };
+        s.with(|st, now| st.admission.handle_timeout(now));
+    }
+}

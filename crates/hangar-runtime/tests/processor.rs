@@ -1,0 +1,117 @@
+//! The live processor: permits released on drop, 429 when the line is full,
+//! 504 past the deadline, disconnects leave the line, fair interleaving.
+
+use std::time::Duration;
+
+use hangar_core::{AccountId, ReplicaId};
+use hangar_queue::{AdmissionConfig, FirstFree, QueueAlgorithm};
+use hangar_runtime::processor::{AdmitError, Processor};
+
+fn acct(s: &str) -> AccountId {
+    s.parse().unwrap()
+}
+
+fn processor(algorithm: QueueAlgorithm, capacity: usize, permits: u32) -> Processor {
+    let p = Processor::new(AdmissionConfig { algorithm, capacity }, Box::new(FirstFree));
+    p.replica_ready(ReplicaId::from_u128(1), permits);
+    p
+}
+
+#[tokio::test]
+async fn a_dropped_lease_lets_the_next_request_in() {
+    let p = processor(QueueAlgorithm::Fifo, 10, 1);
+    let first = p.admit(acct("a"), None).await.unwrap();
+    let p2 = p.clone();
+    let waiting = tokio::spawn(async move { p2.admit(acct("a"), None).await.map(|l| l.request) });
+    while p.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    drop(first);
+    let second = waiting.await.unwrap().unwrap();
+    assert_eq!(second.0, 1);
+    assert_eq!(p.waiting(), 0);
+}
+
+#[tokio::test]
+async fn a_full_line_is_refused_and_a_late_wait_times_out() {
+    let p = processor(QueueAlgorithm::Fifo, 1, 1);
+    let _held = p.admit(acct("a"), None).await.unwrap();
+    let p2 = p.clone();
+    let timed = tokio::spawn(async move { p2.admit(acct("a"), Some(Duration::from_millis(30))).await });
+    while p.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let refused = p.admit(acct("b"), None).await.unwrap_err();
+    assert_eq!(refused, AdmitError::QueueFull { capacity: 1 });
+    assert_eq!(timed.await.unwrap().unwrap_err(), AdmitError::Timeout);
+    assert_eq!(p.waiting(), 0);
+}
+
+#[tokio::test]
+async fn a_caller_that_stops_waiting_leaves_the_line() {
+    let p = processor(QueueAlgorithm::Fifo, 5, 1);
+    let held = p.admit(acct("a"), None).await.unwrap();
+    let p2 = p.clone();
+    let waiter = tokio::spawn(async move { p2.admit(acct("a"), None).await.map(|_| ()) });
+    while p.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    waiter.abort();
+    let _ = waiter.await;
+    assert_eq!(p.waiting(), 0, "the aborted request left the line");
+    drop(held);
+    // The permit is free for the next caller at once.
+    let again = tokio::time::timeout(Duration::from_secs(5), p.admit(acct("a"), None)).await;
+    assert!(again.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn fair_lines_take_turns_and_failures_reach_waiters() {
+    let p = processor(QueueAlgorithm::Fair, 10, 1);
+    let mut lease = Some(p.admit(acct("busy"), None).await.unwrap());
+    let mut handles = Vec::new();
+    for (i, who) in ["busy", "busy", "busy", "quiet", "quiet"].into_iter().enumerate() {
+        let p2 = p.clone();
+        handles.push(tokio::spawn(async move {
+            let l = p2.admit(acct(who), None).await.unwrap();
+            (who, l)
+        }));
+        while p.waiting() < i + 1 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let mut order = Vec::new();
+    let mut pending: Vec<_> = handles.into_iter().collect();
+    while !pending.is_empty() {
+        drop(lease.take());
+        let (done, _, rest) = futures_select(pending).await;
+        order.push(done.0);
+        lease = Some(done.1);
+        pending = rest;
+    }
+    assert_eq!(order, vec!["busy", "quiet", "busy", "quiet", "busy"]);
+    drop(lease);
+    let p3 = p.clone();
+    let _hold = p.admit(acct("x"), None).await.unwrap();
+    let failing = tokio::spawn(async move { p3.admit(acct("x"), None).await.map(|_| ()) });
+    while p.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    p.fail_waiting("no replica could start");
+    assert_eq!(failing.await.unwrap(), Err(AdmitError::Failed("no replica could start".into())));
+}
+
+type Admitted = (&'static str, hangar_runtime::processor::Lease);
+
+/// Waits for whichever handle finishes first.
+async fn futures_select(
+    mut handles: Vec<tokio::task::JoinHandle<Admitted>>,
+) -> (Admitted, usize, Vec<tokio::task::JoinHandle<Admitted>>) {
+    loop {
+        if let Some(i) = handles.iter().position(|h| h.is_finished()) {
+            let h = handles.remove(i);
+            return (h.await.unwrap(), i, handles);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
