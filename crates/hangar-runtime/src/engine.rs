@@ -176,6 +176,7 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
             let program = words.next().ok_or(LaunchError::EmptyCommand)?.to_owned();
             let mut cmd = Command::new(&program);
             cmd.args(words).env("CUDA_VISIBLE_DEVICES", &gpus).stdin(Stdio::null()).kill_on_drop(true);
+            die_with_parent(&mut cmd);
             let child = cmd.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
             let base_url = format!("http://127.0.0.1:{port}");
             ready(child, base_url, readiness_path, Duration::from_secs(*setup_timeout_s)).await
@@ -183,9 +184,24 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
     }
 }
 
+/// Makes the engine die with the process that started it, even if that
+/// process is killed outright and never runs its cleanup: no orphaned
+/// engines hold GPUs or ports.
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes one async-signal-safe system call (prctl).
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
 /// Spawns a process whose first stdout line is `listening on URL`.
 async fn spawn_announcing(mut cmd: Command, program: &str) -> Result<(Child, String), LaunchError> {
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).kill_on_drop(true);
+    die_with_parent(&mut cmd);
     let mut child =
         cmd.spawn().map_err(|source| LaunchError::Spawn { program: program.to_owned(), source })?;
     let stdout = child.stdout.take().expect("stdout is piped");

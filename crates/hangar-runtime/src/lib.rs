@@ -9,3 +9,4 @@
 
 pub mod engine;
 pub mod processor;
+pub mod serve;

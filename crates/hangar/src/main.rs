@@ -22,6 +22,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve models: an OpenAI-compatible gateway over placed, admitted
+    /// replicas (without --config: a built-in demo of two mock models).
+    Serve(cmd::serve::Args),
     /// Run an engine process (the mock LLM engine).
     Engine(cmd::engine::Args),
     /// Replay a request trace through simulated engines and a router.
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         init_tracing();
     }
     let result = match cli.command {
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Engine(args) => cmd::engine::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Trace(args) => cmd::trace::run(args),

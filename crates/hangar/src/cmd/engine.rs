@@ -82,9 +82,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}:{}", a.host, a.port))?;
         let addr = listener.local_addr()?;
+        // Errors ignored: a supervisor may read the line and close the pipe.
         let mut out = std::io::stdout().lock();
-        writeln!(out, "listening on http://{addr}")?;
-        out.flush()?;
+        let _ = writeln!(out, "listening on http://{addr}").and_then(|()| out.flush());
         drop(out);
         tracing::info!(%addr, preset = p.name, "mock engine serving");
         hangar_mock_engine::serve(
@@ -102,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

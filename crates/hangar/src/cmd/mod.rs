@@ -10,6 +10,7 @@ use anyhow::Context;
 pub mod engine;
 pub mod evict;
 pub mod plan;
+pub mod serve;
 pub mod sim;
 pub mod store;
 pub mod trace;

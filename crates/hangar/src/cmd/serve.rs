@@ -1,0 +1,61 @@
+//! `hangar serve`: the serving platform on this machine.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args as ClapArgs;
+use hangar_runtime::serve::{ServeConfig, Server};
+
+use super::engine::shutdown_signal;
+use super::read_text;
+
+/// Serve models behind an OpenAI-compatible gateway.
+///
+/// Without --config it serves a built-in demo: one node with two virtual
+/// 80 GB GPUs and two mock chat models on 127.0.0.1:8080. The first output
+/// line is `listening on http://ADDR`. SIGTERM or Ctrl-C stops the gateway
+/// and every engine it started.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Configuration file (TOML; see docs/config.md).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Listen address, overriding the file's `listen`.
+    #[arg(long)]
+    listen: Option<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => toml::from_str::<ServeConfig>(&read_text(path)?)
+            .with_context(|| format!("invalid configuration {}", path.display()))?,
+        None => ServeConfig::demo(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        let first_model = config.models.first().map(|m| m.key.to_string()).unwrap_or_default();
+        let body_limit = config.max_body_bytes.bytes() as usize;
+        let server = Server::start(config, exe).await?;
+        // One write, and errors ignored: whoever started us may read only
+        // the first line and close the pipe, which must not stop a server.
+        let announce = format!(
+            "listening on http://{addr}\ntry: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
+             -d '{{\"model\": \"{first_model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16}}'\n"
+        );
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
+        drop(out);
+        axum::serve(listener, server.router(body_limit)).with_graceful_shutdown(shutdown_signal()).await?;
+        server.shutdown().await;
+        Ok(())
+    })
+}

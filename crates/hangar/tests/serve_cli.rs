@@ -1,0 +1,151 @@
+//! `hangar serve` end to end: real gateway, real engine processes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// Stops the server (SIGTERM, so it stops its engines) even when a test
+/// fails; engines also die with it if it has to be killed.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(config: &str) -> Serve {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    Serve { child, url }
+}
+
+const CONFIG: &str = r#"
+[[nodes]]
+id = "local"
+gpus = 2
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "t/ready"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+min_replicas = 1
+
+[[models]]
+key = "t/cold"
+engine = { kind = "mock", preset = "fast", startup_delay_ms = 200 }
+size = "10GB"
+
+[[models]]
+key = "t/narrow"
+engine = { kind = "mock", preset = "default" }
+size = "10GB"
+min_replicas = 1
+concurrency = 1
+queue = { algorithm = "fifo", capacity = 1 }
+timeout_s = 1
+"#;
+
+fn chat(model: &str, max_tokens: u32) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": max_tokens})
+}
+
+fn post(url: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+#[test]
+fn serves_ready_and_cold_models_and_names_bad_requests() {
+    let s = serve(CONFIG);
+    let (status, r) = post(&s.url, &chat("t/ready", 5));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], 5);
+    let (status, r) = post(&s.url, &chat("t/cold", 3));
+    assert_eq!(status, 200, "a cold model starts on its first request: {r}");
+    let models: Value = reqwest::blocking::get(format!("{}/v1/models", s.url)).unwrap().json().unwrap();
+    assert_eq!(models["data"].as_array().unwrap().len(), 3);
+    let (status, r) = post(&s.url, &chat("t/unknown", 1));
+    assert_eq!((status, r["error"]["param"].as_str()), (404, Some("model")));
+    let (status, r) = post(&s.url, &json!({"messages": []}));
+    assert_eq!(status, 400);
+    assert!(r["error"]["message"].as_str().unwrap().contains("`model`"));
+    let raw = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/chat/completions", s.url))
+        .body("{oops")
+        .send()
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+}
+
+#[test]
+fn a_busy_model_answers_429_when_its_line_is_full_and_504_past_its_timeout() {
+    let s = serve(CONFIG);
+    let url = s.url.clone();
+    // One long request holds the only permit (about 6 ms per token).
+    let holder = std::thread::spawn(move || post(&url, &chat("t/narrow", 2000)).0);
+    std::thread::sleep(Duration::from_millis(300));
+    let url = s.url.clone();
+    let waiter = std::thread::spawn(move || post(&url, &chat("t/narrow", 1)));
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, r) = post(&s.url, &chat("t/narrow", 1));
+    assert_eq!(status, 429, "the line of one is full: {r}");
+    let (status, r) = waiter.join().unwrap();
+    assert_eq!(status, 504, "waited past the model's 1 s timeout: {r}");
+    drop(s);
+    let _ = holder.join();
+}
+
+#[test]
+fn a_malformed_config_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[nodes]]\nid = \"n\"\n[[models]]\nkey = \"bad key\"\nengine = { kind = \"mock\" }\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.toml") && err.contains("model key `bad key`"), "{err}");
+}
