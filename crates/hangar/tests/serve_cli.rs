@@ -149,3 +149,52 @@ fn a_malformed_config_is_a_clear_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("bad.toml") && err.contains("model key `bad key`"), "{err}");
 }
+
+#[test]
+fn api_keys_authenticate_and_access_lists_authorize() {
+    let s = serve(
+        r#"
+[[nodes]]
+id = "local"
+gpus = 1
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[api_keys]]
+key = "sk-acme"
+account = "acme"
+
+[[api_keys]]
+key = "sk-other"
+account = "other"
+
+[[models]]
+key = "t/private"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+min_replicas = 1
+access = ["acme"]
+"#,
+    );
+    let client = reqwest::blocking::Client::new();
+    let send = |key: Option<&str>| {
+        let mut r = client.post(format!("{}/v1/chat/completions", s.url)).json(&chat("t/private", 2));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let r = r.send().unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().unwrap_or(Value::Null))
+    };
+    assert_eq!(send(Some("sk-acme")).0, 200);
+    let (status, r) = send(None);
+    assert_eq!(status, 401, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("missing API key"));
+    assert_eq!(send(Some("sk-wrong")).0, 401);
+    let (status, r) = send(Some("sk-other"));
+    assert_eq!(status, 403, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("account `other` may not use"));
+    let listed: Value =
+        client.get(format!("{}/v1/models", s.url)).bearer_auth("sk-other").send().unwrap().json().unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 0, "models an account may not use are not listed");
+}

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hangar_core::{ByteSize, ModelKey};
+use hangar_core::{AccountId, ByteSize, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
 use hangar_queue::AdmissionConfig;
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,21 @@ pub struct ServeConfig {
     pub nodes: Vec<NodeConfig>,
     /// The models served.
     pub models: Vec<ModelConfig>,
+    /// API keys. With none, the gateway is open and every request is the
+    /// account `anonymous`; with some, a request must carry one as
+    /// `Authorization: Bearer KEY` (401 otherwise).
+    #[serde(default)]
+    pub api_keys: Vec<ApiKey>,
+}
+
+/// One API key and the account it stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    /// The secret clients send.
+    pub key: String,
+    /// The account its requests count against (fair queuing, access).
+    pub account: AccountId,
 }
 
 /// One served model.
@@ -57,6 +72,10 @@ pub struct ModelConfig {
     /// Seconds a request may wait for a replica before 504.
     #[serde(default = "default_timeout")]
     pub timeout_s: u64,
+    /// Accounts allowed to use the model (default: every account; a
+    /// request of another account gets 403).
+    #[serde(default)]
+    pub access: Option<Vec<AccountId>>,
 }
 
 fn default_listen() -> String {

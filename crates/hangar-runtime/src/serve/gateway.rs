@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -36,19 +36,49 @@ fn error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> 
         .into_response()
 }
 
-async fn models(State(inner): State<Arc<Inner>>) -> Json<Value> {
+/// The account a request acts for: `anonymous` on an open gateway,
+/// otherwise the owner of its bearer key (401 without a valid one).
+fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Response> {
+    if inner.api_keys.is_empty() {
+        return Ok("anonymous".parse().expect("a valid account id"));
+    }
+    let unauthorized = |message: &str| error(StatusCode::UNAUTHORIZED, "authentication_error", message, None);
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(unauthorized("missing API key: send `Authorization: Bearer KEY`"));
+    };
+    let Some(key) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
+        return Err(unauthorized("malformed Authorization header: expected `Bearer KEY`"));
+    };
+    inner.api_keys.get(key.trim()).cloned().ok_or_else(|| unauthorized("invalid API key"))
+}
+
+async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    let account = match account(&inner, &headers) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
     let data: Vec<Value> = inner
         .models
-        .keys()
-        .map(|k| json!({"id": k, "object": "model", "created": 0, "owned_by": "hangar"}))
+        .iter()
+        .filter(|(_, rt)| rt.allows(&account))
+        .map(|(k, _)| json!({"id": k, "object": "model", "created": 0, "owned_by": "hangar"}))
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// Admits the request onto a replica of its model and streams the
 /// replica's answer back; the permit is released when the answer ends or
 /// the client goes away.
-async fn forward(State(inner): State<Arc<Inner>>, uri: Uri, body: Result<Bytes, BytesRejection>) -> Response {
+async fn forward(
+    State(inner): State<Arc<Inner>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let account = match account(&inner, &headers) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
     let body = match body {
         Ok(b) => b,
         Err(r) => return error(r.status(), "invalid_request_error", &r.body_text(), None),
@@ -80,8 +110,11 @@ async fn forward(State(inner): State<Arc<Inner>>, uri: Uri, body: Result<Bytes, 
             Some("model"),
         );
     };
+    if !rt.allows(&account) {
+        let message = format!("account `{account}` may not use the model `{model}`");
+        return error(StatusCode::FORBIDDEN, "permission_error", &message, Some("model"));
+    }
     inner.wake_model(&rt);
-    let account: AccountId = "anonymous".parse().expect("a valid account id");
     let lease = match rt.processor.admit(account, Some(rt.config.timeout())).await {
         Ok(lease) => lease,
         Err(e @ AdmitError::QueueFull { .. }) => {

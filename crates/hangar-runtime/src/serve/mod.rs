@@ -18,13 +18,13 @@
 mod config;
 mod gateway;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hangar_core::{Millis, ModelKey, ReplicaId};
+use hangar_core::{AccountId, Millis, ModelKey, ReplicaId};
 use hangar_placement::{Action, Cluster, DeploymentDelta, ReplicaRequest};
 use hangar_queue::FirstFree;
 use rand::SeedableRng;
@@ -33,7 +33,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::engine::{launch, LaunchContext, RunningEngine};
 use crate::processor::Processor;
 
-pub use config::{ModelConfig, ServeConfig, DEMO};
+pub use config::{ApiKey, ModelConfig, ServeConfig, DEMO};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +63,8 @@ pub(crate) struct ModelRuntime {
 
 pub(crate) struct Inner {
     pub models: BTreeMap<String, Arc<ModelRuntime>>,
+    /// API key → account; empty: the gateway is open.
+    pub api_keys: HashMap<String, AccountId>,
     placement: tokio::sync::Mutex<(Cluster, ChaCha8Rng)>,
     hangar_exe: PathBuf,
     pub client: reqwest::Client,
@@ -80,6 +82,15 @@ impl Server {
     /// returning once they are ready (or failed, which is logged).
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
+        let mut api_keys = HashMap::new();
+        for (i, k) in config.api_keys.iter().enumerate() {
+            if k.key.trim().is_empty() {
+                return Err(ServeError::Config(format!("api_keys[{i}].key is empty")));
+            }
+            if api_keys.insert(k.key.clone(), k.account.clone()).is_some() {
+                return Err(ServeError::Config(format!("api_keys[{i}].key repeats an earlier key")));
+            }
+        }
         let models = config
             .models
             .iter()
@@ -95,6 +106,7 @@ impl Server {
             .collect();
         let inner = Arc::new(Inner {
             models,
+            api_keys,
             placement: tokio::sync::Mutex::new((cluster, ChaCha8Rng::seed_from_u64(config.seed))),
             hangar_exe,
             client: reqwest::Client::new(),
@@ -127,6 +139,13 @@ impl Server {
                 e.stop(Duration::from_secs(5)).await;
             }
         }
+    }
+}
+
+impl ModelRuntime {
+    /// Whether `account` may use this model.
+    pub fn allows(&self, account: &AccountId) -> bool {
+        self.config.access.as_ref().is_none_or(|accounts| accounts.contains(account))
     }
 }
 
