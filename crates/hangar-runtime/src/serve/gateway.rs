@@ -37,25 +37,29 @@ fn error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> 
 }
 
 /// The account a request acts for: `anonymous` on an open gateway,
-/// otherwise the owner of its bearer key (401 without a valid one).
-fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Response> {
+/// otherwise the owner of its bearer key; the error is the 401 message.
+fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, &'static str> {
     if inner.api_keys.is_empty() {
         return Ok("anonymous".parse().expect("a valid account id"));
     }
-    let unauthorized = |message: &str| error(StatusCode::UNAUTHORIZED, "authentication_error", message, None);
-    let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(unauthorized("missing API key: send `Authorization: Bearer KEY`"));
-    };
-    let Some(key) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
-        return Err(unauthorized("malformed Authorization header: expected `Bearer KEY`"));
-    };
-    inner.api_keys.get(key.trim()).cloned().ok_or_else(|| unauthorized("invalid API key"))
+    let value =
+        headers.get(header::AUTHORIZATION).ok_or("missing API key: send `Authorization: Bearer KEY`")?;
+    let key = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or("malformed Authorization header: expected `Bearer KEY`")?;
+    inner.api_keys.get(key.trim()).cloned().ok_or("invalid API key")
+}
+
+fn unauthorized(message: &str) -> Response {
+    error(StatusCode::UNAUTHORIZED, "authentication_error", message, None)
 }
 
 async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     let account = match account(&inner, &headers) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(message) => return unauthorized(message),
     };
     let data: Vec<Value> = inner
         .models
@@ -77,7 +81,7 @@ async fn forward(
 ) -> Response {
     let account = match account(&inner, &headers) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(message) => return unauthorized(message),
     };
     let body = match body {
         Ok(b) => b,
