@@ -129,11 +129,22 @@ pub enum AdmissionError {
     Duplicate(RequestId),
 }
 
+/// A healthy replica with at least one free permit, as a [`Chooser`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeReplica {
+    /// The replica.
+    pub id: ReplicaId,
+    /// Permits it has out.
+    pub in_use: u32,
+    /// Permits it has in all.
+    pub limit: u32,
+}
+
 /// Picks the replica for a request among those with a free permit.
 pub trait Chooser {
-    /// Returns one element of `free` (never empty; sorted by id). Returning
-    /// anything else falls back to `free[0]`.
-    fn choose(&mut self, request: RequestId, free: &[ReplicaId]) -> ReplicaId;
+    /// Returns the id of one element of `free` (never empty; sorted by id).
+    /// Returning anything else falls back to `free[0]`.
+    fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId;
 }
 
 /// The free replica with the lowest id.
@@ -141,8 +152,32 @@ pub trait Chooser {
 pub struct FirstFree;
 
 impl Chooser for FirstFree {
-    fn choose(&mut self, _: RequestId, free: &[ReplicaId]) -> ReplicaId {
-        free[0]
+    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
+        free[0].id
+    }
+}
+
+/// Free replicas in turn: the first one after the replica chosen last.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RoundRobin {
+    last: Option<ReplicaId>,
+}
+
+impl Chooser for RoundRobin {
+    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
+        let next = self.last.and_then(|l| free.iter().find(|r| r.id > l)).unwrap_or(&free[0]).id;
+        self.last = Some(next);
+        next
+    }
+}
+
+/// The free replica with the fewest requests in flight (lowest id on ties).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeastOutstanding;
+
+impl Chooser for LeastOutstanding {
+    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
+        free.iter().min_by_key(|r| (r.in_use, r.id)).expect("never empty").id
     }
 }
 
@@ -177,7 +212,7 @@ pub struct Admission {
     requests: HashMap<RequestId, Req>,
     deadlines: BTreeSet<(Millis, RequestId)>,
     actions: VecDeque<Action>,
-    free_scratch: Vec<ReplicaId>,
+    free_scratch: Vec<FreeReplica>,
 }
 
 impl Admission {
@@ -360,13 +395,18 @@ impl Admission {
     /// Takes a free permit for `request`, if any healthy replica has one.
     fn pick(&mut self, request: RequestId, chooser: &mut dyn Chooser) -> Option<ReplicaId> {
         self.free_scratch.clear();
-        self.free_scratch
-            .extend(self.replicas.iter().filter(|(_, r)| r.healthy && r.in_use < r.limit).map(|(id, _)| *id));
+        self.free_scratch.extend(
+            self.replicas
+                .iter()
+                .filter(|(_, r)| r.healthy && r.in_use < r.limit)
+                .map(|(id, r)| FreeReplica { id: *id, in_use: r.in_use, limit: r.limit }),
+        );
         if self.free_scratch.is_empty() {
             return None;
         }
         let chosen = chooser.choose(request, &self.free_scratch);
-        let replica = if self.free_scratch.contains(&chosen) { chosen } else { self.free_scratch[0] };
+        let replica =
+            if self.free_scratch.iter().any(|r| r.id == chosen) { chosen } else { self.free_scratch[0].id };
         self.replicas.get_mut(&replica).expect("free replicas exist").in_use += 1;
         Some(replica)
     }

@@ -4,7 +4,10 @@
 use std::collections::{HashMap, HashSet};
 
 use hangar_core::{AccountId, ReplicaId, RequestId};
-use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, FirstFree, QueueAlgorithm, Submitted};
+use hangar_queue::{
+    Action, Admission, AdmissionConfig, Chooser, FirstFree, FreeReplica, LeastOutstanding, QueueAlgorithm,
+    RoundRobin, Submitted,
+};
 use proptest::prelude::*;
 
 fn acct(name: &str) -> AccountId {
@@ -132,12 +135,29 @@ fn replicas_coming_and_going() {
 
 /// Chooses the free replica with the most permits left, to exercise the
 /// chooser hook.
-struct Spread<'a>(&'a HashMap<ReplicaId, u32>);
+struct Spread;
 
-impl Chooser for Spread<'_> {
-    fn choose(&mut self, _: RequestId, free: &[ReplicaId]) -> ReplicaId {
-        *free.iter().max_by_key(|r| self.0.get(r).copied().unwrap_or(0)).unwrap()
+impl Chooser for Spread {
+    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
+        free.iter().max_by_key(|r| r.limit - r.in_use).unwrap().id
     }
+}
+
+#[test]
+fn round_robin_and_least_outstanding_choose_as_named() {
+    let free = |loads: &[(u128, u32)]| -> Vec<FreeReplica> {
+        loads.iter().map(|&(id, in_use)| FreeReplica { id: rep(id), in_use, limit: 4 }).collect()
+    };
+    let mut rr = RoundRobin::default();
+    let f = free(&[(1, 0), (2, 0), (3, 0)]);
+    let picks: Vec<ReplicaId> = (0..4).map(|i| rr.choose(RequestId(i), &f)).collect();
+    assert_eq!(picks, vec![rep(1), rep(2), rep(3), rep(1)]);
+    assert_eq!(
+        rr.choose(RequestId(9), &free(&[(1, 0), (3, 0)])),
+        rep(3),
+        "skips replicas without a free permit"
+    );
+    assert_eq!(LeastOutstanding.choose(RequestId(0), &free(&[(1, 3), (2, 1), (3, 1)])), rep(2));
 }
 
 #[derive(Debug, Clone)]
@@ -172,7 +192,6 @@ proptest! {
     ) {
         let algorithm = if fair { QueueAlgorithm::Fair } else { QueueAlgorithm::Fifo };
         let mut a = admission(algorithm, capacity);
-        let limits: HashMap<ReplicaId, u32> = (0..3).map(|r| (rep(r), 3)).collect();
         let mut now = 0u64;
         let mut next = 0u64;
         let mut holding: HashSet<u64> = HashSet::new();
@@ -188,7 +207,7 @@ proptest! {
                     next += 1;
                     account_of.insert(id, accounts[acc as usize]);
                     let d = deadline.map(|d| now + u64::from(d));
-                    match a.submit(now, RequestId(id), acct(accounts[acc as usize]), d, &mut Spread(&limits)).unwrap() {
+                    match a.submit(now, RequestId(id), acct(accounts[acc as usize]), d, &mut Spread).unwrap() {
                         Submitted::Leased(p) => { prop_assert_eq!(p.request, RequestId(id)); holding.insert(id); }
                         Submitted::Queued => { waiting.insert(id); }
                         Submitted::Rejected { .. } => { ended.insert(id); }

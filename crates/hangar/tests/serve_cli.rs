@@ -61,6 +61,7 @@ key = "t/ready"
 engine = { kind = "mock", preset = "fast" }
 size = "10GB"
 min_replicas = 1
+router = "round_robin"
 
 [[models]]
 key = "t/cold"

@@ -72,10 +72,34 @@ pub struct ModelConfig {
     /// Seconds a request may wait for a replica before 504.
     #[serde(default = "default_timeout")]
     pub timeout_s: u64,
+    /// How a request's replica is chosen among those with a free permit.
+    #[serde(default)]
+    pub router: ReplicaRouting,
     /// Accounts allowed to use the model (default: every account; a
     /// request of another account gets 403).
     #[serde(default)]
     pub access: Option<Vec<AccountId>>,
+}
+
+/// How the replica for a request is chosen among those with a free permit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaRouting {
+    /// The replica with the fewest requests in flight.
+    #[default]
+    LeastOutstanding,
+    /// Replicas in turn.
+    RoundRobin,
+}
+
+impl ReplicaRouting {
+    /// The chooser implementing it.
+    pub fn chooser(self) -> Box<dyn hangar_queue::Chooser + Send> {
+        match self {
+            Self::LeastOutstanding => Box::new(hangar_queue::LeastOutstanding),
+            Self::RoundRobin => Box::new(hangar_queue::RoundRobin::default()),
+        }
+    }
 }
 
 fn default_listen() -> String {
@@ -176,5 +200,10 @@ mod tests {
         assert!(e.to_string().contains("engin"), "{e}");
         let e = toml::from_str::<ServeConfig>("nodes = []\nmodels = []\nlisten = 5\n").unwrap_err();
         assert!(e.to_string().contains("listen"), "{e}");
+        let e = toml::from_str::<ServeConfig>(
+            "nodes = []\n[[models]]\nkey = \"m\"\nengine = { kind = \"mock\" }\nrouter = \"random\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("random") && e.to_string().contains("round_robin"), "{e}");
     }
 }

@@ -26,14 +26,13 @@ use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, Millis, ModelKey, ReplicaId};
 use hangar_placement::{Action, Cluster, DeploymentDelta, ReplicaRequest};
-use hangar_queue::FirstFree;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{launch, LaunchContext, RunningEngine};
 use crate::processor::Processor;
 
-pub use config::{ApiKey, ModelConfig, ServeConfig, DEMO};
+pub use config::{ApiKey, ModelConfig, ReplicaRouting, ServeConfig, DEMO};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +96,7 @@ impl Server {
             .map(|m| {
                 let rt = ModelRuntime {
                     config: m.clone(),
-                    processor: Processor::new(m.queue.clone(), Box::new(FirstFree)),
+                    processor: Processor::new(m.queue.clone(), m.router.chooser()),
                     replicas: Mutex::new(BTreeMap::new()),
                     scaling: AtomicBool::new(false),
                 };
