@@ -246,13 +246,7 @@ fn validate(trace: &Trace, cfg: &SimConfig) -> Result<(), SimError> {
     }
     cfg.engine.validate()?;
     if trace.requests.is_empty() {
-        return Err(TraceError {
-            source_name: trace.source.clone(),
-            line: 0,
-            field: None,
-            why: "the trace holds no requests".into(),
-        }
-        .into());
+        return Err(TraceError::empty(&trace.source).into());
     }
     for r in &trace.requests {
         let needed = (r.input_len as usize).div_ceil(cfg.trace_block_size as usize);

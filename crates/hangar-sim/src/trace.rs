@@ -62,6 +62,18 @@ pub struct TraceError {
     pub why: String,
 }
 
+impl TraceError {
+    /// A trace with no requests: nothing to replay.
+    pub fn empty(source_name: &str) -> Self {
+        Self {
+            source_name: source_name.to_owned(),
+            line: 0,
+            field: None,
+            why: "the trace holds no requests".into(),
+        }
+    }
+}
+
 impl fmt::Display for TraceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}: ", self.source_name, self.line)?;
@@ -99,12 +111,7 @@ pub fn read(text: &str, source_name: &str) -> Result<Trace, TraceError> {
         TraceFormat::AzureCsv => read_azure_csv(text, source_name)?,
     };
     if trace.requests.is_empty() {
-        return Err(TraceError {
-            source_name: source_name.to_owned(),
-            line: 0,
-            field: None,
-            why: "the trace holds no requests".into(),
-        });
+        return Err(TraceError::empty(source_name));
     }
     Ok(trace)
 }
