@@ -161,8 +161,7 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
             let mut cmd = Command::new(&ctx.hangar_exe);
             cmd.args(["engine", "mock", "--port", "0", "--preset", preset, "--model", &ctx.model])
                 .args(["--startup-delay-ms", &startup_delay_ms.to_string()]);
-            let (child, base_url) = spawn_announcing(cmd, &ctx.hangar_exe.display().to_string()).await?;
-            ready(child, base_url, "/health", ctx.mock_setup_timeout).await
+            launch_announcing(cmd, &ctx.hangar_exe, ctx.mock_setup_timeout).await
         }
         EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
             let port = free_port()?;
@@ -196,6 +195,18 @@ fn die_with_parent(cmd: &mut Command) {
                 .map_err(std::io::Error::from)
         });
     }
+}
+
+/// Starts a `hangar` subcommand that prints `listening on URL` as its
+/// first line (`hangar engine mock`, `hangar serve`) and waits until its
+/// `/health` answers 200; killed on any failure.
+pub(crate) async fn launch_announcing(
+    cmd: Command,
+    hangar_exe: &std::path::Path,
+    timeout: Duration,
+) -> Result<RunningEngine, LaunchError> {
+    let (child, base_url) = spawn_announcing(cmd, &hangar_exe.display().to_string()).await?;
+    ready(child, base_url, "/health", timeout).await
 }
 
 /// Spawns a process whose first stdout line is `listening on URL`.

@@ -38,6 +38,8 @@ enum Command {
     Evict(cmd::evict::Args),
     /// Content-addressed model-weight store: import, inspect, serve, share.
     Store(cmd::store::Args),
+    /// Benchmarks that print figures (the gateway's overhead).
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => cmd::plan::run(args),
         Command::Evict(args) => cmd::evict::run(args),
         Command::Store(args) => cmd::store::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

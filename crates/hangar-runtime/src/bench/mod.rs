@@ -1,0 +1,234 @@
+//! `hangar bench gateway`: what the gateway adds in front of an engine.
+//!
+//! The set-up is the one a user runs, minus compute: a mock engine with
+//! zero compute time (`hangar engine mock --preset instant`, a child
+//! process) and a gateway in front of it (`hangar serve`, another child
+//! process, configured with one model whose engine is `external`, pointing
+//! at that mock). The gateway runs as its own process so that it has its own
+//! tokio runtime, exactly as deployed, and does not share worker threads
+//! with the load generator; the mock is a process for the same reason.
+//!
+//! The same requests are then sent twice — straight to the engine and
+//! through the gateway — in two phases:
+//!
+//! 1. **Closed loop** (maximum throughput): `concurrency` keep-alive
+//!    clients each send their next request as soon as the previous answer
+//!    is read, `requests` in all. The figure to watch is the gateway's
+//!    requests per second as a share of the engine's.
+//! 2. **Open loop** (latency at a given load): `requests` requests released
+//!    at `rate` per second on a fixed schedule, each on a free client. The
+//!    figure to watch is the added latency: each gateway percentile minus
+//!    the same direct percentile.
+//!
+//! Before the closed loop every path gets a warm-up (connections opened,
+//! the gateway's pool to the engine filled) that is not measured. Every
+//! request asks for one output token, so the engine answers after one
+//! (zero-time) pass and what is measured is HTTP, JSON and the path.
+//!
+//! The gateway's model has more permits than there are clients, so
+//! admission never queues: the bench measures the path, not a queue.
+
+mod load;
+mod report;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hyper::body::Bytes;
+use tokio::process::Command;
+
+use crate::engine::{launch, launch_announcing, EngineSpec, LaunchContext, LaunchError, RunningEngine};
+use load::{Client, Target};
+
+pub use report::{Added, PathStats, Phase, Report};
+
+/// The model name the bench serves.
+const MODEL: &str = "bench/instant";
+
+/// What the benchmark requests look like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyKind {
+    /// `POST /v1/chat/completions` with one user message.
+    Chat,
+    /// `POST /v1/completions` with a short prompt.
+    Completion,
+}
+
+impl BodyKind {
+    fn target(self, addr: SocketAddr) -> Target {
+        let (path, body) = match self {
+            Self::Chat => (
+                "/v1/chat/completions",
+                serde_json::json!({
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "Say hello to the gateway benchmark."}],
+                    "max_tokens": 1,
+                }),
+            ),
+            Self::Completion => (
+                "/v1/completions",
+                serde_json::json!({"model": MODEL, "prompt": "Say hello to the gateway benchmark.", "max_tokens": 1}),
+            ),
+        };
+        Target { addr, path, body: Bytes::from(body.to_string()) }
+    }
+}
+
+/// How to run the benchmark.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Requests per path in each phase.
+    pub requests: usize,
+    /// Keep-alive clients (connections) per path.
+    pub concurrency: usize,
+    /// Requests per second in the open-loop phase.
+    pub rate: f64,
+    /// What the requests look like.
+    pub body: BodyKind,
+    /// The `hangar` binary, to start the mock engine and the gateway.
+    pub hangar_exe: PathBuf,
+}
+
+/// Why the benchmark could not run. Requests that fail are not errors:
+/// they are counted in the report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// An option is out of range.
+    #[error("invalid option: {0}")]
+    Options(String),
+    /// The mock engine or the gateway did not start.
+    #[error("cannot start the {what}: {source}")]
+    Launch {
+        /// `mock engine` or `gateway`.
+        what: &'static str,
+        /// Why.
+        source: LaunchError,
+    },
+    /// A client could not connect.
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// Writing the gateway's configuration failed.
+    #[error("cannot write the gateway configuration: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Options {
+    fn validate(&self) -> Result<(), BenchError> {
+        if self.requests == 0 {
+            return Err(BenchError::Options("--requests must be at least 1".into()));
+        }
+        if self.concurrency == 0 || self.concurrency > 10_000 {
+            return Err(BenchError::Options("--concurrency must be between 1 and 10000".into()));
+        }
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return Err(BenchError::Options(format!("--rate must be a positive number, not {}", self.rate)));
+        }
+        Ok(())
+    }
+
+    /// Unmeasured requests sent before the closed loop on each path.
+    fn warmup(&self) -> usize {
+        (self.requests / 10).max(2 * self.concurrency)
+    }
+}
+
+/// Starts the mock engine and the gateway, runs both phases on both paths
+/// and stops the processes again (also on failure: they are killed when
+/// dropped).
+///
+/// # Cancel safety
+/// Dropping the future kills both child processes.
+pub async fn run(options: &Options) -> Result<Report, BenchError> {
+    options.validate()?;
+    let ctx = LaunchContext {
+        model: MODEL.into(),
+        gpus: Vec::new(),
+        gpu_fraction: 1.0,
+        hangar_exe: options.hangar_exe.clone(),
+        mock_setup_timeout: Duration::from_secs(60),
+    };
+    let spec = EngineSpec::Mock { preset: "instant".into(), startup_delay_ms: 0 };
+    let engine =
+        launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })?;
+    let gateway = start_gateway(options, &engine.base_url).await?;
+    let report = measure(options, &engine.base_url, &gateway.base_url).await;
+    gateway.stop(Duration::from_secs(5)).await;
+    engine.stop(Duration::from_secs(5)).await;
+    report
+}
+
+/// `hangar serve` with one model whose engine is the mock at `engine_url`.
+async fn start_gateway(options: &Options, engine_url: &str) -> Result<RunningEngine, BenchError> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("bench-gateway.toml");
+    // Permits beyond the client count: admission never makes a request wait.
+    let permits = (options.concurrency * 2).max(1024);
+    let config = format!(
+        r#"listen = "127.0.0.1:0"
+
+[[nodes]]
+id = "bench"
+gpus = 1
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "{MODEL}"
+engine = {{ kind = "external", url = "{engine_url}" }}
+size = "1GB"
+min_replicas = 1
+concurrency = {permits}
+"#
+    );
+    std::fs::write(&path, config)?;
+    let mut cmd = Command::new(&options.hangar_exe);
+    cmd.arg("serve").arg("--config").arg(&path);
+    launch_announcing(cmd, &options.hangar_exe, Duration::from_secs(60))
+        .await
+        .map_err(|source| BenchError::Launch { what: "gateway", source })
+}
+
+async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Result<Report, BenchError> {
+    let mut closed = Vec::new();
+    let mut open = Vec::new();
+    for url in [engine_url, gateway_url] {
+        let target = options.body.target(address(url)?);
+        let mut clients = Vec::with_capacity(options.concurrency);
+        for _ in 0..options.concurrency {
+            clients.push(Client::connect(&target).await?);
+        }
+        load::closed_loop(&target, &mut clients, options.warmup()).await;
+        closed.push(PathStats::from(load::closed_loop(&target, &mut clients, options.requests).await));
+        open.push(PathStats::from(
+            load::open_loop(&target, &mut clients, options.requests, options.rate).await,
+        ));
+    }
+    let [direct, gateway] = <[PathStats; 2]>::try_from(closed).expect("two paths");
+    let closed = Phase::new(direct, gateway);
+    let [direct, gateway] = <[PathStats; 2]>::try_from(open).expect("two paths");
+    let open = Phase::new(direct, gateway);
+    Ok(Report {
+        requests: options.requests,
+        concurrency: options.concurrency,
+        rate: options.rate,
+        body: options.body,
+        engine_url: engine_url.to_owned(),
+        gateway_url: gateway_url.to_owned(),
+        closed_loop: closed,
+        open_loop: open,
+    })
+}
+
+/// The socket address of an `http://HOST:PORT` URL the children announce.
+fn address(url: &str) -> Result<SocketAddr, BenchError> {
+    let hostport = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
+    hostport.parse().map_err(|_| BenchError::Options(format!("`{url}` is not an http://IP:PORT address")))
+}

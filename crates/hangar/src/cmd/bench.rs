@@ -1,0 +1,77 @@
+//! `hangar bench`: benchmarks that print figures.
+
+use anyhow::Context;
+use clap::{Args as ClapArgs, Subcommand, ValueEnum};
+use hangar_runtime::bench::{self, BodyKind};
+
+/// Benchmarks that print figures.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// What the gateway adds in front of an engine.
+    ///
+    /// Starts a mock engine with zero compute time (`hangar engine mock
+    /// --preset instant`) and a gateway in front of it (`hangar serve`, its
+    /// model's engine `external` at that mock), both as child processes;
+    /// then sends the same requests straight to the engine and through the
+    /// gateway: a closed loop of --concurrency keep-alive clients (maximum
+    /// throughput), then an open loop at --rate requests per second
+    /// (latency). Prints requests per second, p50/p90/p99 latency of each
+    /// path and what the gateway adds. See docs/bench.md.
+    Gateway(GatewayArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct GatewayArgs {
+    /// Requests per path in each phase.
+    #[arg(long, default_value_t = 10_000)]
+    requests: usize,
+    /// Keep-alive clients per path in the closed loop (also the most
+    /// requests in flight in the open loop).
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Requests per second in the open loop.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Request kind.
+    #[arg(long, value_enum, default_value_t = Body::Chat)]
+    body: Body,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Body {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completion,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Command::Gateway(a) = args.command;
+    let options = bench::Options {
+        requests: a.requests,
+        concurrency: a.concurrency,
+        rate: a.rate,
+        body: match a.body {
+            Body::Chat => BodyKind::Chat,
+            Body::Completion => BodyKind::Completion,
+        },
+        hangar_exe: std::env::current_exe().context("cannot find the hangar binary to start processes")?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(bench::run(&options))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! `hangar bench gateway` end to end: it starts its own mock engine and
+//! gateway, and every request on both paths is served. Timings are not
+//! asserted (they belong to the benchmark, not to a test).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hangar")).args(args).output().unwrap()
+}
+
+#[test]
+fn bench_gateway_serves_every_request_on_both_paths() {
+    let o = run(&["bench", "gateway", "--requests", "200", "--concurrency", "4", "--json"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["requests"], 200);
+    assert_eq!(report["body"], "chat");
+    for phase in ["closed_loop", "open_loop"] {
+        for path in ["direct", "gateway"] {
+            let s = &report[phase][path];
+            assert_eq!(
+                (s["requests"].as_u64(), s["ok"].as_u64()),
+                (Some(200), Some(200)),
+                "{phase} {path}: {s}"
+            );
+            assert_eq!(s["errors"], 0, "{phase} {path}: {s}");
+            for field in ["req_per_s", "p50_ms", "p90_ms", "p99_ms", "max_ms"] {
+                assert!(s[field].as_f64().is_some_and(|x| x > 0.0), "{phase} {path} {field}: {s}");
+            }
+            assert!(s["p50_ms"].as_f64() <= s["p99_ms"].as_f64(), "{s}");
+        }
+        for field in ["p50_ms", "p90_ms", "p99_ms"] {
+            assert!(report[phase]["added"][field].is_f64(), "{phase}: {}", report[phase]);
+        }
+        assert!(report[phase]["throughput_share"].as_f64().is_some_and(|x| x > 0.0));
+    }
+}
+
+#[test]
+fn bench_gateway_completion_bodies_and_the_table() {
+    let o = run(&["bench", "gateway", "--requests", "50", "--concurrency", "2", "--body", "completion"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    for needle in
+        ["50 completion requests", "closed loop, 2 keep-alive clients", "open loop, 1000 req/s", "added"]
+    {
+        assert!(table.contains(needle), "{needle:?} missing from\n{table}");
+    }
+}
+
+#[test]
+fn bench_gateway_rejects_bad_options_by_name() {
+    let o = run(&["bench", "gateway", "--concurrency", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--concurrency"));
+    let o = run(&["bench", "gateway", "--rate", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--rate"));
+    let o = run(&["bench", "gateway", "--body", "image"]);
+    assert_eq!(o.status.code(), Some(2), "clap names the allowed values");
+}
