@@ -92,7 +92,15 @@ pub async fn run(
         if pass.is_idle() {
             continue;
         }
-        tokio::time::sleep_until((epoch + Duration::from_secs_f64(pass.end_ms / 1000.0)).into()).await;
+        let end = epoch + Duration::from_secs_f64(pass.end_ms / 1000.0);
+        if end > Instant::now() {
+            tokio::time::sleep_until(end.into()).await;
+        } else {
+            // A zero-time pass (the `instant` preset): tokio's timer would
+            // round "now" up to its next millisecond tick, so only let the
+            // other tasks run.
+            tokio::task::yield_now().await;
+        }
         metrics.pass(&pass, engine.num_running(), engine.num_waiting(), engine.kv_usage());
         for a in &pass.admitted {
             if let Some(l) = live.get_mut(&a.request) {
