@@ -201,6 +201,9 @@ enum Place {
 struct Req {
     account: AccountId,
     place: Place,
+    /// Arrival order, so a change of algorithm can rebuild the line as
+    /// the requests came.
+    arrival: u64,
 }
 
 /// One model's admission state. See the crate docs.
@@ -213,6 +216,7 @@ pub struct Admission {
     deadlines: BTreeSet<(Millis, RequestId)>,
     actions: VecDeque<Action>,
     free_scratch: Vec<FreeReplica>,
+    arrivals: u64,
 }
 
 impl Admission {
@@ -226,6 +230,7 @@ impl Admission {
             deadlines: BTreeSet::new(),
             actions: VecDeque::new(),
             free_scratch: Vec::new(),
+            arrivals: 0,
         }
     }
 
@@ -244,6 +249,11 @@ impl Admission {
     /// Permits out on one replica.
     pub fn in_use_on(&self, replica: ReplicaId) -> u32 {
         self.replicas.get(&replica).map_or(0, |r| r.in_use)
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &AdmissionConfig {
+        &self.config
     }
 
     /// Permits of healthy replicas, in all.
@@ -330,9 +340,11 @@ impl Admission {
         if self.requests.contains_key(&request) {
             return Err(AdmissionError::Duplicate(request));
         }
+        let arrival = self.arrivals;
+        self.arrivals += 1;
         if self.waiting.len() == 0 {
             if let Some(replica) = self.pick(request, chooser) {
-                self.requests.insert(request, Req { account, place: Place::Leased(replica) });
+                self.requests.insert(request, Req { account, place: Place::Leased(replica), arrival });
                 return Ok(Submitted::Leased(Permit { request, replica }));
             }
         }
@@ -340,11 +352,31 @@ impl Admission {
             return Ok(Submitted::Rejected { capacity: self.config.capacity });
         }
         self.waiting.push(account.clone(), request);
-        self.requests.insert(request, Req { account, place: Place::Waiting { deadline } });
+        self.requests.insert(request, Req { account, place: Place::Waiting { deadline }, arrival });
         if let Some(d) = deadline {
             self.deadlines.insert((d, request));
         }
         Ok(Submitted::Queued)
+    }
+
+    /// Switches to new settings without losing anyone: the waiting line
+    /// is rebuilt under the new algorithm in arrival order (so FIFO → fair
+    /// keeps each account's order, fair → FIFO restores the global one),
+    /// deadlines stay, and a lowered capacity only rejects newcomers until
+    /// the line is short enough.
+    pub fn reconfigure(&mut self, _now: Millis, config: AdmissionConfig) {
+        let mut line: Vec<(u64, AccountId, RequestId)> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| matches!(r.place, Place::Waiting { .. }))
+            .map(|(id, r)| (r.arrival, r.account.clone(), *id))
+            .collect();
+        line.sort_unstable_by_key(|(arrival, _, _)| *arrival);
+        self.waiting = Waiting::new(config.algorithm);
+        for (_, account, request) in line {
+            self.waiting.push(account, request);
+        }
+        self.config = config;
     }
 
     /// The request finished (or failed, or its client left) and gives back
