@@ -261,6 +261,14 @@ impl Admission {
         self.replicas.values().filter(|r| r.healthy).map(|r| r.limit).sum()
     }
 
+    /// Replicas of `per_replica` permits needed to run everything admitted
+    /// or waiting, plus `arriving` more requests, at once: the demand a
+    /// scaler compares with the replicas it has.
+    pub fn replicas_wanted(&self, per_replica: u32, arriving: usize) -> u32 {
+        let demand = self.in_use() as usize + self.waiting.len() + arriving;
+        demand.div_ceil(per_replica.max(1) as usize).try_into().unwrap_or(u32::MAX)
+    }
+
     // ---- handle_* (facts) ---------------------------------------------
 
     /// A replica became ready with `limit` permits (or changed its limit).

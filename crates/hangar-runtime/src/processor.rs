@@ -20,6 +20,19 @@ use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
 use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
 use tokio::sync::{oneshot, Notify};
 
+/// A processor's line and permits at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Load {
+    /// Requests waiting for a permit.
+    pub waiting: usize,
+    /// Permits out.
+    pub in_use: u32,
+    /// Permits of ready replicas, in all.
+    pub permits: u32,
+    /// The line's settings.
+    pub config: AdmissionConfig,
+}
+
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -168,9 +181,30 @@ impl Processor {
         self.shared.with(|s, now| s.admission.fail_waiting(now, reason));
     }
 
-    /// Requests waiting for a permit.
-    pub fn waiting(&self) -> usize {
-        self.shared.with(|s, _| s.admission.waiting())
+    /// The line and the permits as they stand.
+    pub fn load(&self) -> Load {
+        self.shared.with(|s, _| Load {
+            waiting: s.admission.waiting(),
+            in_use: s.admission.in_use(),
+            permits: s.admission.total_permits(),
+            config: s.admission.config().clone(),
+        })
+    }
+
+    /// Permits out on one replica.
+    pub fn in_use_on(&self, replica: ReplicaId) -> u32 {
+        self.shared.with(|s, _| s.admission.in_use_on(replica))
+    }
+
+    /// Replicas of `per_replica` permits needed for what runs, waits and
+    /// `arriving` more.
+    pub fn replicas_wanted(&self, per_replica: u32, arriving: usize) -> u32 {
+        self.shared.with(|s, _| s.admission.replicas_wanted(per_replica, arriving))
+    }
+
+    /// Switches the line's algorithm or capacity; nobody waiting is lost.
+    pub fn reconfigure(&self, config: AdmissionConfig) {
+        self.shared.with(|s, now| s.admission.reconfigure(now, config));
     }
 
     /// Waits for a permit for a request of `account`, at most `timeout`.

@@ -9,6 +9,8 @@ use common::serve;
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"
+timeout_floor_s = 1
+
 [[nodes]]
 id = "local"
 gpus = 2
@@ -35,6 +37,11 @@ min_replicas = 1
 concurrency = 1
 queue = { algorithm = "fifo", capacity = 1 }
 timeout_s = 1
+
+[[models]]
+key = "t/slow-start"
+engine = { kind = "mock", preset = "fast", startup_delay_ms = 3000 }
+size = "10GB"
 "#;
 
 fn chat(model: &str, max_tokens: u32) -> Value {
@@ -60,7 +67,7 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
     let (status, r) = post(&s.url, &chat("t/cold", 3));
     assert_eq!(status, 200, "a cold model starts on its first request: {r}");
     let models: Value = reqwest::blocking::get(format!("{}/v1/models", s.url)).unwrap().json().unwrap();
-    assert_eq!(models["data"].as_array().unwrap().len(), 3);
+    assert_eq!(models["data"].as_array().unwrap().len(), 4);
     let (status, r) = post(&s.url, &chat("t/unknown", 1));
     assert_eq!((status, r["error"]["param"].as_str()), (404, Some("model")));
     let (status, r) = post(&s.url, &json!({"messages": []}));
@@ -78,18 +85,32 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
 fn a_busy_model_answers_429_when_its_line_is_full_and_504_past_its_timeout() {
     let s = serve(CONFIG);
     let url = s.url.clone();
-    // One long request holds the only permit (about 6 ms per token).
-    let holder = std::thread::spawn(move || post(&url, &chat("t/narrow", 2000)).0);
+    // One long request holds the only permit (about 6 ms per token) until
+    // the model's 1 s timeout ends it.
+    let holder = std::thread::spawn(move || post(&url, &chat("t/narrow", 2000)));
     std::thread::sleep(Duration::from_millis(300));
     let url = s.url.clone();
     let waiter = std::thread::spawn(move || post(&url, &chat("t/narrow", 1)));
     std::thread::sleep(Duration::from_millis(200));
-    let (status, r) = post(&s.url, &chat("t/narrow", 1));
-    assert_eq!(status, 429, "the line of one is full: {r}");
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/chat/completions", s.url))
+        .json(&chat("t/narrow", 1))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 429, "the line of one is full");
+    assert_eq!(r.headers()["retry-after"], "1");
+    let (status, r) = holder.join().unwrap();
+    assert_eq!(status, 504, "the holder ran past the model's 1 s timeout: {r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("did not finish within its timeout (1 s)"),
+        "{r}"
+    );
     let (status, r) = waiter.join().unwrap();
-    assert_eq!(status, 504, "waited past the model's 1 s timeout: {r}");
-    drop(s);
-    let _ = holder.join();
+    assert_eq!(status, 200, "the waiter ran once the holder was cut off: {r}");
+    // A replica that takes longer to start than the timeout: 504 waiting.
+    let (status, r) = post(&s.url, &chat("t/slow-start", 1));
+    assert_eq!(status, 504, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("no replica became free"), "{r}");
 }
 
 #[test]

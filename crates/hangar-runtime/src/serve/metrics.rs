@@ -1,0 +1,139 @@
+//! `GET /metrics`: the gateway's figures in Prometheus text format.
+//!
+//! Counters and histograms are updated on the request path; gauges that
+//! describe state (queue depth, permits, replicas by state) are read from
+//! the processors and replica tables when scraped, so they are never stale.
+
+use std::time::Duration;
+
+use hangar_core::ModelKey;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::replicas::ReplicaState;
+use super::ModelRuntime;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    model: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    model: String,
+    state: &'static str,
+}
+
+type Histograms = Family<ModelLabel, Histogram, fn() -> Histogram>;
+
+/// Latency buckets from 1 ms to about 65 s.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+pub(crate) struct Metrics {
+    registry: Registry,
+    requests: Family<StatusLabels, Counter>,
+    replica_failures: Family<ModelLabel, Counter>,
+    queue_wait: Histograms,
+    ttft: Histograms,
+    e2e: Histograms,
+    queue_depth: Family<ModelLabel, Gauge>,
+    permits_total: Family<ModelLabel, Gauge>,
+    permits_used: Family<ModelLabel, Gauge>,
+    replicas: Family<StateLabels, Gauge>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("hangar");
+        let histograms = || Histograms::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let m = Self {
+            requests: Family::default(),
+            replica_failures: Family::default(),
+            queue_wait: histograms(),
+            ttft: histograms(),
+            e2e: histograms(),
+            queue_depth: Family::default(),
+            permits_total: Family::default(),
+            permits_used: Family::default(),
+            replicas: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "Requests answered, by model and HTTP status", m.requests.clone());
+        registry.register(
+            "replica_failures",
+            "Replicas removed because their engine exited or failed health checks",
+            m.replica_failures.clone(),
+        );
+        registry.register("queue_wait_seconds", "Time from arrival to a permit", m.queue_wait.clone());
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from arrival to the first byte of the answer",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from arrival to the end of the answer",
+            m.e2e.clone(),
+        );
+        registry.register("queue_depth", "Requests waiting for a permit", m.queue_depth.clone());
+        registry.register("permits_total", "Permits of ready replicas", m.permits_total.clone());
+        registry.register("permits_used", "Permits held by requests", m.permits_used.clone());
+        registry.register("replicas", "Replicas by state", m.replicas.clone());
+        Self { registry, ..m }
+    }
+
+    pub fn answered(&self, model: &str, status: u16) {
+        self.requests.get_or_create(&StatusLabels { model: model.to_owned(), status }).inc();
+    }
+
+    pub fn replica_failed(&self, model: &ModelKey) {
+        self.replica_failures.get_or_create(&label(model.as_str())).inc();
+    }
+
+    pub fn queue_wait(&self, model: &str, wait: Duration) {
+        self.queue_wait.get_or_create(&label(model)).observe(wait.as_secs_f64());
+    }
+
+    pub fn first_byte(&self, model: &str, since_arrival: Duration) {
+        self.ttft.get_or_create(&label(model)).observe(since_arrival.as_secs_f64());
+    }
+
+    pub fn finished(&self, model: &str, since_arrival: Duration) {
+        self.e2e.get_or_create(&label(model)).observe(since_arrival.as_secs_f64());
+    }
+
+    /// The text exposition, with state gauges read from `models` now.
+    pub fn render<'a>(&self, models: impl Iterator<Item = &'a ModelRuntime>) -> String {
+        for rt in models {
+            let model = rt.config.key.as_str();
+            let load = rt.processor.load();
+            self.queue_depth.get_or_create(&label(model)).set(load.waiting as i64);
+            self.permits_total.get_or_create(&label(model)).set(i64::from(load.permits));
+            self.permits_used.get_or_create(&label(model)).set(i64::from(load.in_use));
+            for state in ReplicaState::ALL {
+                let labels = StateLabels { model: model.to_owned(), state: state.as_str() };
+                self.replicas.get_or_create(&labels).set(rt.count(state) as i64);
+            }
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+fn label(model: &str) -> ModelLabel {
+    ModelLabel { model: model.to_owned() }
+}
