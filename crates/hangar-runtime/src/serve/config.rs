@@ -269,6 +269,35 @@ mod tests {
     }
 
     #[test]
+    fn capacity_and_timeout_defaults_follow_the_documented_rules() {
+        let config: ServeConfig = toml::from_str(
+            "timeout_floor_s = 10\ntimeout_ceiling_s = 100\nnodes = []\n\
+             [[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nconcurrency = 4\nmax_replicas = 3\n\
+             [[models]]\nkey = \"b\"\nengine = { kind = \"mock\" }\nconcurrency = 300\ntimeout_s = 500\n\
+             [[models]]\nkey = \"c\"\nengine = { kind = \"mock\" }\ntimeout_s = 50\nqueue = { capacity = 7 }\n",
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let [a, b, c] = &config.models[..] else { panic!() };
+        assert_eq!(a.admission().capacity, 4 * 4 * 3, "four waiting per permit at max_replicas");
+        assert_eq!(b.admission().capacity, 1_000, "clamped");
+        assert_eq!(c.admission().capacity, 7, "as configured");
+        assert_eq!(config.timeout(a).as_secs(), 10, "unset: the floor");
+        assert_eq!(config.timeout(b).as_secs(), 100, "capped by the ceiling");
+        assert_eq!(config.timeout(c).as_secs(), 50);
+
+        let bad: ServeConfig = toml::from_str(
+            "nodes = []\n[[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nmin_replicas = 3\nmax_replicas = 2\n",
+        )
+        .unwrap();
+        assert!(bad.validate().unwrap_err().contains("max_replicas (2) must be at least"));
+        let bad: ServeConfig =
+            toml::from_str("timeout_floor_s = 50\ntimeout_ceiling_s = 40\nnodes = []\nmodels = []\n")
+                .unwrap();
+        assert!(bad.validate().unwrap_err().contains("timeout_floor_s (50)"));
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let e =
             toml::from_str::<ServeConfig>("nodes = []\n[[models]]\nkey = \"m\"\nengin = 1\n").unwrap_err();

@@ -201,7 +201,7 @@ impl Forward<'_> {
         let deadline = self.arrival + self.rt.timeout;
         let timeout_s = self.rt.timeout.as_secs();
         for attempt in 0..2 {
-            self.inner.scale_for_demand(self.rt);
+            self.inner.scale_for_demand(self.rt, 1);
             let left = deadline.saturating_duration_since(Instant::now());
             let lease = match self.rt.processor.admit(account.clone(), Some(left)).await {
                 Ok(lease) => lease,

@@ -127,6 +127,15 @@ impl ModelRuntime {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state == state).count()
     }
 
+    /// Replicas the demand calls for, within the model's bounds.
+    fn wanted(&self, arriving: usize) -> u32 {
+        let target = self.target.load(Ordering::SeqCst);
+        self.processor
+            .replicas_wanted(self.config.concurrency, arriving)
+            .max(target)
+            .min(self.config.max_replicas())
+    }
+
     /// Replicas starting or serving.
     fn up(&self) -> u32 {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state.is_up()).count() as u32
@@ -164,24 +173,28 @@ impl ModelRuntime {
 }
 
 impl Inner {
-    /// Starts replicas when what runs, waits and one more arriving request
-    /// need more than the model has (within `max_replicas`); at most one
-    /// such start per model at a time.
-    pub fn scale_for_demand(self: &Arc<Self>, rt: &Arc<ModelRuntime>) {
-        let max = rt.config.max_replicas();
-        let target = rt.target.load(Ordering::SeqCst);
-        let wanted = rt.processor.replicas_wanted(rt.config.concurrency, 1).max(target).min(max);
+    /// Starts replicas when what runs, waits and `arriving` more requests
+    /// need more than the model has (within `max_replicas`), until demand
+    /// is met; one such task per model at a time.
+    pub fn scale_for_demand(self: &Arc<Self>, rt: &Arc<ModelRuntime>, arriving: usize) {
+        let mut wanted = rt.wanted(arriving);
         if wanted <= rt.up() || rt.scaling.swap(true, Ordering::SeqCst) {
             return;
         }
         let inner = self.clone();
         let rt = rt.clone();
         tokio::spawn(async move {
-            if let Err(e) = inner.ensure(&rt, wanted).await {
-                tracing::error!(model = %rt.config.key, "could not start a replica: {e}");
-                if rt.up() == 0 {
-                    rt.processor.fail_waiting(&format!("no replica of `{}` could start: {e}", rt.config.key));
+            while wanted > rt.up() {
+                if let Err(e) = inner.ensure(&rt, wanted).await {
+                    tracing::error!(model = %rt.config.key, "could not start a replica: {e}");
+                    if rt.up() == 0 {
+                        let reason = format!("no replica of `{}` could start: {e}", rt.config.key);
+                        rt.processor.fail_waiting(&reason);
+                    }
+                    break;
                 }
+                // Demand that arrived while the replicas started.
+                wanted = rt.wanted(0);
             }
             rt.scaling.store(false, Ordering::SeqCst);
         });
@@ -191,6 +204,7 @@ impl Inner {
     /// the result; an error says why none could be placed or started.
     pub async fn ensure(self: &Arc<Self>, rt: &Arc<ModelRuntime>, replicas: u32) -> Result<(), String> {
         let model = rt.config.key.clone();
+        tracing::info!(%model, replicas, "asking placement for hot replicas");
         let placed = self
             .reconcile(|cluster, now, rng| {
                 let request = ReplicaRequest { model_key: model.clone(), replicas, dedicated: false };

@@ -16,6 +16,10 @@ pub struct Serve {
 
 impl Drop for Serve {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self._dir.path().join("serve.log")).unwrap_or_default();
+            eprintln!("--- hangar serve's log ---\n{log}");
+        }
         if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
@@ -39,7 +43,7 @@ pub fn serve(config: &str) -> Serve {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
         .spawn()
         .unwrap();
     let mut line = String::new();
