@@ -243,6 +243,7 @@ key = "demo/chat-small"
 engine = { kind = "mock", preset = "fast" }
 size = "16GB"
 min_replicas = 1
+max_replicas = 2
 concurrency = 8
 
 [[models]]
