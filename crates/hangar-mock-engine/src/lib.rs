@@ -28,6 +28,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::serve::ListenerExt;
 use hangar_engine::{EngineConfig, EngineCore};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -111,6 +112,10 @@ pub async fn serve(
         metrics,
     });
     let app = api::router(state, config.max_body_bytes);
+    // Streamed tokens are small writes: send each at once (no Nagle).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     engine_task.abort();
     Ok(())

@@ -17,11 +17,12 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures::stream::BoxStream;
-use futures::StreamExt;
 use hangar_core::AccountId;
+use http_body_util::Full;
+use hyper::body::Incoming;
 use serde_json::{json, Value};
 
+use super::relay::RelayBody;
 use super::replicas::ReplicaState;
 use super::{replica_name, Inner, ModelRuntime};
 use crate::processor::{AdmitError, Lease};
@@ -95,7 +96,7 @@ pub(crate) fn denied(status: StatusCode, message: &str) -> Response {
 /// of its bearer key; the error is the 401 message.
 pub(crate) fn account(inner: &Inner, headers: &HeaderMap) -> Result<(AccountId, bool), &'static str> {
     if inner.api_keys.is_empty() {
-        return Ok(("anonymous".parse().expect("a valid account id"), true));
+        return Ok((inner.anonymous.clone(), true));
     }
     let value =
         headers.get(header::AUTHORIZATION).ok_or("missing API key: send `Authorization: Bearer KEY`")?;
@@ -144,6 +145,12 @@ async fn metrics(State(inner): State<Arc<Inner>>) -> Response {
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
+/// What the gateway reads of a request body; the rest is passed on as is.
+#[derive(serde::Deserialize)]
+struct Head {
+    model: Option<Value>,
+}
+
 /// Admits the request onto a replica of its model and streams the
 /// replica's answer back; the permit is released when the answer ends or
 /// the client goes away.
@@ -162,18 +169,18 @@ async fn forward(
         Ok(b) => b,
         Err(r) => return error(r.status(), "invalid_request_error", &r.body_text(), None),
     };
-    let parsed: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
+    let head: Head = match serde_json::from_slice(&body) {
+        Ok(h) => h,
         Err(e) => {
-            let message = format!("the body is not valid JSON: {e}");
+            let message = format!("the body is not a valid JSON object: {e}");
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None);
         }
     };
-    let Some(model) = parsed.get("model").and_then(Value::as_str) else {
+    let Some(Value::String(model)) = head.model else {
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
     };
-    let Some(rt) = inner.models.get(model).cloned() else {
+    let Some(rt) = inner.models.get(&model).cloned() else {
         let message = format!("The model `{model}` does not exist.");
         return error(StatusCode::NOT_FOUND, "invalid_request_error", &message, Some("model"));
     };
@@ -183,7 +190,7 @@ async fn forward(
     }
     let request = Forward { inner: &inner, rt: &rt, path: uri.path(), body, arrival };
     let response = request.run(account).await;
-    inner.metrics.answered(model, response.status().as_u16());
+    rt.metrics.answered(response.status().as_u16());
     response
 }
 
@@ -208,17 +215,14 @@ impl Forward<'_> {
                 Err(e) => return admit_error(&e, timeout_s),
             };
             if attempt == 0 {
-                self.inner.metrics.queue_wait(self.rt.config.key.as_str(), self.arrival.elapsed());
+                self.rt.metrics.queue_wait(self.arrival.elapsed());
             }
             let Some(base) = self.rt.replica_url(lease.replica) else { continue };
-            let send = self
-                .inner
-                .client
-                .post(format!("{base}{}", self.path))
+            let request = hyper::Request::post(format!("{base}{}", self.path))
                 .header(header::CONTENT_TYPE, "application/json")
-                .body(self.body.clone())
-                .send();
-            match tokio::time::timeout_at(deadline.into(), send).await {
+                .body(Full::new(self.body.clone()))
+                .expect("a replica URL and a routed path make a valid request");
+            match tokio::time::timeout_at(deadline.into(), self.inner.upstream.request(request)).await {
                 Ok(Ok(upstream)) => return self.relay(upstream, lease, deadline),
                 Ok(Err(e)) => {
                     let name = replica_name(&self.rt.config.key, lease.replica);
@@ -236,80 +240,17 @@ impl Forward<'_> {
 
     /// Streams the replica's answer to the client, holding the permit
     /// until it ends.
-    fn relay(self, upstream: reqwest::Response, lease: Lease, deadline: Instant) -> Response {
-        let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-        let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+    fn relay(self, upstream: hyper::Response<Incoming>, lease: Lease, deadline: Instant) -> Response {
+        let (parts, body) = upstream.into_parts();
+        let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
         let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
-        let relay = Relay {
-            upstream: upstream.bytes_stream().boxed(),
-            _lease: lease,
-            deadline,
-            sse,
-            first: true,
-            ended: false,
-            inner: self.inner.clone(),
-            model: self.rt.config.key.to_string(),
-            arrival: self.arrival,
-        };
-        let mut response = Response::new(Body::from_stream(futures::stream::unfold(relay, Relay::next)));
-        *response.status_mut() = status;
+        let body = RelayBody::new(body, lease, deadline, sse, self.rt.metrics.clone(), self.arrival);
+        let mut response = Response::new(Body::new(body));
+        *response.status_mut() = parts.status;
         if let Some(ct) = content_type {
             response.headers_mut().insert(header::CONTENT_TYPE, ct);
         }
         response
-    }
-}
-
-/// An answer being streamed through; dropping it (answer over, or client
-/// gone) gives the permit back and closes the replica's connection, which
-/// cancels the engine's work.
-struct Relay {
-    upstream: BoxStream<'static, reqwest::Result<Bytes>>,
-    _lease: Lease,
-    deadline: Instant,
-    sse: bool,
-    first: bool,
-    ended: bool,
-    inner: Arc<Inner>,
-    model: String,
-    arrival: Instant,
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.inner.metrics.finished(&self.model, self.arrival.elapsed());
-    }
-}
-
-impl Relay {
-    async fn next(mut self) -> Option<(std::io::Result<Bytes>, Self)> {
-        if self.ended {
-            return None;
-        }
-        let failure = match tokio::time::timeout_at(self.deadline.into(), self.upstream.next()).await {
-            Ok(Some(Ok(chunk))) => {
-                if std::mem::take(&mut self.first) {
-                    self.inner.metrics.first_byte(&self.model, self.arrival.elapsed());
-                }
-                return Some((Ok(chunk), self));
-            }
-            Ok(None) => return None,
-            Ok(Some(Err(e))) => {
-                tracing::warn!(model = %self.model, "the replica's answer broke off: {e}");
-                "the replica failed while answering".to_owned()
-            }
-            Err(_) => "the answer did not finish within the request's timeout".to_owned(),
-        };
-        self.ended = true;
-        let item = match self.sse {
-            // A streamed answer ends with an error event clients can show.
-            true => {
-                let event = json!({"error": {"message": failure, "type": "service_unavailable", "param": null, "code": null}});
-                Ok(Bytes::from(format!("data: {event}\n\n")))
-            }
-            false => Err(std::io::Error::other(failure)),
-        };
-        Some((item, self))
     }
 }
 

@@ -4,6 +4,7 @@
 //! describe state (queue depth, permits, replicas by state) are read from
 //! the processors and replica tables when scraped, so they are never stale.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hangar_core::ModelKey;
@@ -95,24 +96,19 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    pub fn answered(&self, model: &str, status: u16) {
-        self.requests.get_or_create(&StatusLabels { model: model.to_owned(), status }).inc();
-    }
-
-    pub fn replica_failed(&self, model: &ModelKey) {
-        self.replica_failures.get_or_create(&label(model.as_str())).inc();
-    }
-
-    pub fn queue_wait(&self, model: &str, wait: Duration) {
-        self.queue_wait.get_or_create(&label(model)).observe(wait.as_secs_f64());
-    }
-
-    pub fn first_byte(&self, model: &str, since_arrival: Duration) {
-        self.ttft.get_or_create(&label(model)).observe(since_arrival.as_secs_f64());
-    }
-
-    pub fn finished(&self, model: &str, since_arrival: Duration) {
-        self.e2e.get_or_create(&label(model)).observe(since_arrival.as_secs_f64());
+    /// Handles for one model's request figures, resolved once so the
+    /// request path does not build label sets.
+    pub fn model(&self, model: &ModelKey) -> Arc<ModelMetrics> {
+        let key = label(model.as_str());
+        Arc::new(ModelMetrics {
+            ok: self.requests.get_or_create(&StatusLabels { model: key.model.clone(), status: 200 }).clone(),
+            requests: self.requests.clone(),
+            queue_wait: self.queue_wait.get_or_create(&key).clone(),
+            ttft: self.ttft.get_or_create(&key).clone(),
+            e2e: self.e2e.get_or_create(&key).clone(),
+            failures: self.replica_failures.get_or_create(&key).clone(),
+            model: key.model,
+        })
     }
 
     /// The text exposition, with state gauges read from `models` now.
@@ -131,6 +127,42 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// One model's request figures.
+pub(crate) struct ModelMetrics {
+    model: String,
+    ok: Counter,
+    requests: Family<StatusLabels, Counter>,
+    queue_wait: Histogram,
+    ttft: Histogram,
+    e2e: Histogram,
+    failures: Counter,
+}
+
+impl ModelMetrics {
+    pub fn answered(&self, status: u16) {
+        match status {
+            200 => self.ok.inc(),
+            _ => self.requests.get_or_create(&StatusLabels { model: self.model.clone(), status }).inc(),
+        };
+    }
+
+    pub fn queue_wait(&self, wait: Duration) {
+        self.queue_wait.observe(wait.as_secs_f64());
+    }
+
+    pub fn first_byte(&self, since_arrival: Duration) {
+        self.ttft.observe(since_arrival.as_secs_f64());
+    }
+
+    pub fn finished(&self, since_arrival: Duration) {
+        self.e2e.observe(since_arrival.as_secs_f64());
+    }
+
+    pub fn replica_failed(&self) {
+        self.failures.inc();
     }
 }
 

@@ -19,6 +19,7 @@ mod admin;
 mod config;
 mod gateway;
 mod metrics;
+mod relay;
 mod replicas;
 
 use std::collections::{BTreeMap, HashMap};
@@ -35,7 +36,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::processor::Processor;
 
 pub use config::{ApiKey, ModelConfig, QueueConfig, ReplicaRouting, ServeConfig, DEMO};
-use metrics::Metrics;
+use metrics::{Metrics, ModelMetrics};
 use replicas::Replica;
 
 /// Why the server could not start.
@@ -60,6 +61,7 @@ pub(crate) struct ModelRuntime {
     /// How long one request may take, waiting included.
     pub timeout: Duration,
     pub processor: Processor,
+    pub metrics: Arc<ModelMetrics>,
     replicas: Mutex<BTreeMap<ReplicaId, Replica>>,
     /// Hot replicas kept whatever the demand: `min_replicas`, or what the
     /// admin API last set.
@@ -75,8 +77,13 @@ pub(crate) struct Inner {
     pub api_keys: HashMap<String, (AccountId, bool)>,
     placement: tokio::sync::Mutex<(Cluster, ChaCha8Rng)>,
     hangar_exe: PathBuf,
+    /// For the control plane: health checks, sleep and wake-up.
     pub client: reqwest::Client,
+    /// For forwarding requests.
+    pub upstream: relay::Upstream,
     pub metrics: Metrics,
+    /// The account of every request on an open gateway.
+    pub anonymous: AccountId,
     epoch: Instant,
 }
 
@@ -101,6 +108,7 @@ impl Server {
                 return Err(ServeError::Config(format!("api_keys[{i}].key repeats an earlier key")));
             }
         }
+        let metrics = Metrics::new();
         let models = config
             .models
             .iter()
@@ -109,6 +117,7 @@ impl Server {
                     config: m.clone(),
                     timeout: config.timeout(m),
                     processor: Processor::new(m.admission(), m.router.chooser()),
+                    metrics: metrics.model(&m.key),
                     replicas: Mutex::new(BTreeMap::new()),
                     target: AtomicU32::new(m.min_replicas),
                     scaling: AtomicBool::new(false),
@@ -122,7 +131,9 @@ impl Server {
             placement: tokio::sync::Mutex::new((cluster, ChaCha8Rng::seed_from_u64(config.seed))),
             hangar_exe,
             client: reqwest::Client::new(),
-            metrics: Metrics::new(),
+            upstream: relay::upstream(),
+            metrics,
+            anonymous: "anonymous".parse().expect("a valid account id"),
             epoch: Instant::now(),
         });
         for rt in inner.models.values() {

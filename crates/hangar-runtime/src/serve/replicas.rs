@@ -430,7 +430,7 @@ impl Inner {
             return; // Already handled.
         };
         tracing::warn!(replica = %replica_name(&rt.config.key, replica), "replica failed: {why}");
-        self.metrics.replica_failed(&rt.config.key);
+        rt.metrics.replica_failed();
         rt.processor.replica_gone(replica);
         let (inner, rt) = (self.clone(), rt.clone());
         tokio::spawn(async move {

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
 use hangar_runtime::serve::{ServeConfig, Server};
 
@@ -54,6 +55,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
         drop(out);
+        // Streamed answers are small writes: send each at once (no Nagle).
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, server.router(body_limit)).with_graceful_shutdown(shutdown_signal()).await?;
         server.shutdown().await;
         Ok(())
