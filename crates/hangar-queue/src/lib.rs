@@ -44,7 +44,7 @@ mod waiting;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
+use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
 use serde::{Deserialize, Serialize};
 
 use waiting::Waiting;
@@ -141,10 +141,26 @@ pub struct FreeReplica {
 }
 
 /// Picks the replica for a request among those with a free permit.
+///
+/// The driver may tell a chooser more than [`Admission`] does: what a
+/// request's prompt is ([`hint`](Self::hint), before submitting it), when a
+/// request is over ([`done`](Self::done)) and when a replica is gone
+/// ([`replica_gone`](Self::replica_gone)). Choosers that need none of it
+/// (the default methods do nothing) stay one-liners.
 pub trait Chooser {
     /// Returns the id of one element of `free` (never empty; sorted by id).
     /// Returning anything else falls back to `free[0]`.
     fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId;
+
+    /// The prompt of a request about to be submitted: its chained block
+    /// hashes and its length in tokens.
+    fn hint(&mut self, _request: RequestId, _blocks: &[BlockHash], _tokens: u32) {}
+
+    /// The request is over, served or not; forget it.
+    fn done(&mut self, _request: RequestId) {}
+
+    /// The replica is gone; forget it.
+    fn replica_gone(&mut self, _replica: ReplicaId) {}
 }
 
 /// The free replica with the lowest id.

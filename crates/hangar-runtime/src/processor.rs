@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
+use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
 use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
 use tokio::sync::{oneshot, Notify};
 
@@ -101,6 +101,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.shared.with(|s, now| {
             s.admission.release(now, self.request, &mut *s.chooser);
+            s.chooser.done(self.request);
         });
     }
 }
@@ -128,6 +129,9 @@ impl Shared {
                 // permit straight back.
                 state.admission.release(now, request, &mut *state.chooser);
             }
+            if !delivered || result.is_err() {
+                state.chooser.done(request);
+            }
         }
         out
     }
@@ -146,6 +150,7 @@ impl Drop for WaitGuard {
             self.shared.with(|s, now| {
                 s.waiters.remove(&self.request);
                 s.admission.release(now, self.request, &mut *s.chooser);
+                s.chooser.done(self.request);
             });
         }
     }
@@ -173,7 +178,11 @@ impl Processor {
 
     /// A replica is gone; returns the requests that held permits on it.
     pub fn replica_gone(&self, replica: ReplicaId) -> Vec<RequestId> {
-        self.shared.with(|s, now| s.admission.replica_gone(now, replica))
+        self.shared.with(|s, now| {
+            let lost = s.admission.replica_gone(now, replica);
+            s.chooser.replica_gone(replica);
+            lost
+        })
     }
 
     /// Fails every waiting request (e.g. no replica could be started).
@@ -213,11 +222,25 @@ impl Processor {
     /// Dropping the future removes the request from the line (or gives its
     /// permit back if one was granted meanwhile).
     pub async fn admit(&self, account: AccountId, timeout: Option<Duration>) -> Result<Lease, AdmitError> {
+        self.admit_with(account, timeout, None).await
+    }
+
+    /// [`admit`](Self::admit), telling the chooser the request's prompt
+    /// (block hashes and token count) so it can route by cache overlap.
+    pub async fn admit_with(
+        &self,
+        account: AccountId,
+        timeout: Option<Duration>,
+        prompt: Option<(&[BlockHash], u32)>,
+    ) -> Result<Lease, AdmitError> {
         let (request, rx) = {
             let shared = &self.shared;
             let submitted = shared.with(|s, now| {
                 let request = RequestId(s.next_id);
                 s.next_id += 1;
+                if let Some((blocks, tokens)) = prompt {
+                    s.chooser.hint(request, blocks, tokens);
+                }
                 let deadline = timeout.map(|t| now + t.as_millis() as Millis);
                 let submitted = s
                     .admission
@@ -237,7 +260,10 @@ impl Processor {
                 (request, Submitted::Leased(p), _) => {
                     return Ok(Lease { shared: self.shared.clone(), request, replica: p.replica })
                 }
-                (_, Submitted::Rejected { capacity }, _) => return Err(AdmitError::QueueFull { capacity }),
+                (request, Submitted::Rejected { capacity }, _) => {
+                    self.shared.with(|s, _| s.chooser.done(request));
+                    return Err(AdmitError::QueueFull { capacity });
+                }
                 (request, Submitted::Queued, rx) => {
                     self.shared.timer.notify_one();
                     (request, rx.expect("queued requests wait"))

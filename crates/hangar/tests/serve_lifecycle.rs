@@ -306,3 +306,54 @@ max_replicas = 2
         assert!(metrics.contains(line), "missing `{line}` in\n{metrics}");
     }
 }
+
+#[test]
+fn the_kv_router_sends_a_prompt_back_to_the_replica_that_has_its_prefix() {
+    let s = serve(
+        r#"
+[[nodes]]
+id = "local"
+gpus = 1
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "t/kv"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+min_replicas = 2
+router = "kv"
+kv = { block_chars = 16 }
+"#,
+    );
+    let prompt = |topic: &str, max_tokens: u32| {
+        let system = format!("You are an assistant who only ever talks about {topic}, at length. ");
+        json!({"model": "t/kv", "max_tokens": max_tokens,
+               "messages": [{"role": "system", "content": system.repeat(8)}, {"role": "user", "content": "Go on."}]})
+    };
+    // Two conversations start at once, so they land on different replicas.
+    let url = s.url.clone();
+    let first = std::thread::spawn(move || post(&url, None, &prompt("boats", 300)).0);
+    eventually("the first runs", || model_status(&s.url, None, "t/kv")["permits"]["used"] == 1);
+    assert_eq!(post(&s.url, None, &prompt("trains", 5)).0, 200);
+    assert_eq!(first.join().unwrap(), 200);
+    // Their next turns follow their cached prefixes, not the lowest id.
+    for _ in 0..3 {
+        assert_eq!(post(&s.url, None, &prompt("boats", 5)).0, 200);
+        assert_eq!(post(&s.url, None, &prompt("trains", 5)).0, 200);
+    }
+    let served: Vec<u64> = replicas(&s.url, None, "t/kv")
+        .iter()
+        .map(|r| {
+            let metrics = Client::new()
+                .get(format!("{}/metrics", r["url"].as_str().unwrap()))
+                .send()
+                .unwrap()
+                .text()
+                .unwrap();
+            let line = metrics.lines().find(|l| l.starts_with("hangar_mock_requests_total")).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(served, [4, 4], "each conversation stayed on its replica");
+}

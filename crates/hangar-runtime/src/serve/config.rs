@@ -5,6 +5,7 @@ use std::time::Duration;
 use hangar_core::{AccountId, ByteSize, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
+use hangar_router::{ApproxKvChooser, ApproxKvConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EngineSpec;
@@ -91,6 +92,9 @@ pub struct ModelConfig {
     /// How a request's replica is chosen among those with a free permit.
     #[serde(default)]
     pub router: ReplicaRouting,
+    /// Settings of the `kv` router.
+    #[serde(default)]
+    pub kv: ApproxKvConfig,
     /// Accounts allowed to use the model (default: every account; a
     /// request of another account gets 403).
     #[serde(default)]
@@ -117,16 +121,10 @@ pub enum ReplicaRouting {
     LeastOutstanding,
     /// Replicas in turn.
     RoundRobin,
-}
-
-impl ReplicaRouting {
-    /// The chooser implementing it.
-    pub fn chooser(self) -> Box<dyn hangar_queue::Chooser + Send> {
-        match self {
-            Self::LeastOutstanding => Box::new(hangar_queue::LeastOutstanding),
-            Self::RoundRobin => Box::new(hangar_queue::RoundRobin::default()),
-        }
-    }
+    /// The KV router's cost over the prompt's cached prefix, in its
+    /// approximate mode: the gateway hashes the prompt text in blocks and
+    /// assumes a replica caches what it was sent (`kv` settings).
+    Kv,
 }
 
 fn default_listen() -> String {
@@ -157,6 +155,16 @@ impl ModelConfig {
     /// The most replicas the model may have.
     pub fn max_replicas(&self) -> u32 {
         self.max_replicas.unwrap_or(self.min_replicas.max(1))
+    }
+
+    /// The chooser implementing `router`; `seed` fixes the KV router's
+    /// tie-breaking.
+    pub fn chooser(&self, seed: u64) -> Box<dyn hangar_queue::Chooser + Send> {
+        match self.router {
+            ReplicaRouting::LeastOutstanding => Box::new(hangar_queue::LeastOutstanding),
+            ReplicaRouting::RoundRobin => Box::new(hangar_queue::RoundRobin::default()),
+            ReplicaRouting::Kv => Box::new(ApproxKvChooser::new(&self.kv, seed)),
+        }
     }
 
     /// The admission settings, with the capacity resolved.

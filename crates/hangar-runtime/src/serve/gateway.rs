@@ -17,14 +17,16 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hangar_core::AccountId;
+use hangar_core::{AccountId, BlockHash};
+use hangar_router::text_blocks;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
+use super::prompt::prompt_text;
 use super::relay::RelayBody;
 use super::replicas::ReplicaState;
-use super::{replica_name, Inner, ModelRuntime};
+use super::{replica_name, Inner, ModelRuntime, ReplicaRouting};
 use crate::processor::{AdmitError, Lease};
 
 pub(crate) fn router(inner: Arc<Inner>, max_body_bytes: usize) -> Router {
@@ -188,7 +190,14 @@ async fn forward(
         let message = format!("account `{account}` may not use the model `{model}`");
         return error(StatusCode::FORBIDDEN, "permission_error", &message, Some("model"));
     }
-    let request = Forward { inner: &inner, rt: &rt, path: uri.path(), body, arrival };
+    let prompt = match rt.config.router {
+        // Only the KV router reads the prompt; the body parsed before.
+        ReplicaRouting::Kv => serde_json::from_slice::<Value>(&body)
+            .ok()
+            .map(|v| text_blocks(&prompt_text(&v), rt.config.kv.block_chars)),
+        _ => None,
+    };
+    let request = Forward { inner: &inner, rt: &rt, path: uri.path(), body, arrival, prompt };
     let response = request.run(account).await;
     rt.metrics.answered(response.status().as_u16());
     response
@@ -201,6 +210,8 @@ struct Forward<'a> {
     path: &'a str,
     body: Bytes,
     arrival: Instant,
+    /// Block hashes and estimated tokens of the prompt, for the KV router.
+    prompt: Option<(Vec<BlockHash>, u32)>,
 }
 
 impl Forward<'_> {
@@ -210,7 +221,8 @@ impl Forward<'_> {
         for attempt in 0..2 {
             self.inner.scale_for_demand(self.rt, 1);
             let left = deadline.saturating_duration_since(Instant::now());
-            let lease = match self.rt.processor.admit(account.clone(), Some(left)).await {
+            let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
+            let lease = match self.rt.processor.admit_with(account.clone(), Some(left), prompt).await {
                 Ok(lease) => lease,
                 Err(e) => return admit_error(&e, timeout_s),
             };

@@ -19,6 +19,7 @@ mod admin;
 mod config;
 mod gateway;
 mod metrics;
+mod prompt;
 mod relay;
 mod replicas;
 
@@ -116,7 +117,7 @@ impl Server {
                 let rt = ModelRuntime {
                     config: m.clone(),
                     timeout: config.timeout(m),
-                    processor: Processor::new(m.admission(), m.router.chooser()),
+                    processor: Processor::new(m.admission(), m.chooser(config.seed)),
                     metrics: metrics.model(&m.key),
                     replicas: Mutex::new(BTreeMap::new()),
                     target: AtomicU32::new(m.min_replicas),
