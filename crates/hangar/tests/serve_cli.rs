@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 const CONFIG: &str = r#"
 timeout_floor_s = 1
+max_body_bytes = "64KiB"
 
 [[nodes]]
 id = "local"
@@ -37,6 +38,11 @@ min_replicas = 1
 concurrency = 1
 queue = { algorithm = "fifo", capacity = 1 }
 timeout_s = 1
+
+[[models]]
+key = "t/huge"
+engine = { kind = "mock", preset = "fast" }
+size = "500GB"
 
 [[models]]
 key = "t/slow-start"
@@ -67,7 +73,7 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
     let (status, r) = post(&s.url, &chat("t/cold", 3));
     assert_eq!(status, 200, "a cold model starts on its first request: {r}");
     let models: Value = reqwest::blocking::get(format!("{}/v1/models", s.url)).unwrap().json().unwrap();
-    assert_eq!(models["data"].as_array().unwrap().len(), 4);
+    assert_eq!(models["data"].as_array().unwrap().len(), 5);
     let (status, r) = post(&s.url, &chat("t/unknown", 1));
     assert_eq!((status, r["error"]["param"].as_str()), (404, Some("model")));
     let (status, r) = post(&s.url, &json!({"messages": []}));
@@ -79,6 +85,19 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
         .send()
         .unwrap();
     assert_eq!(raw.status(), 400);
+    let mut wrong = chat("t/ready", 1);
+    wrong["max_tokens"] = json!("many");
+    let (status, r) = post(&s.url, &wrong);
+    assert_eq!(status, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("max_tokens"), "the field is named: {r}");
+    let mut big = chat("t/ready", 1);
+    big["messages"][0]["content"] = json!("x".repeat(100_000));
+    let (status, r) = post(&s.url, &big);
+    assert_eq!(status, 413, "{r}");
+    let (status, r) = post(&s.url, &chat("t/huge", 1));
+    assert_eq!(status, 503, "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("t/huge") && message.contains("needs 7 GPUs; the largest node has 2"), "{r}");
 }
 
 #[test]

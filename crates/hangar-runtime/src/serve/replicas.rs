@@ -214,7 +214,7 @@ impl Inner {
                     true => Ok(()),
                     false => Err(model
                         .and_then(|m| m.replicas.iter().find_map(|r| r.reason.as_ref()))
-                        .map_or("no room".to_owned(), |r| format!("{r:?}"))),
+                        .map_or("no room".to_owned(), ToString::to_string)),
                 }
             })
             .await?;
