@@ -45,6 +45,7 @@ mod waiting;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use waiting::Waiting;
@@ -228,7 +229,9 @@ pub struct Admission {
     config: AdmissionConfig,
     replicas: BTreeMap<ReplicaId, Replica>,
     waiting: Waiting,
-    requests: HashMap<RequestId, Req>,
+    /// Every admitted or waiting request (Fx: ids are trusted, and this
+    /// is on every request's path).
+    requests: FxHashMap<RequestId, Req>,
     deadlines: BTreeSet<(Millis, RequestId)>,
     actions: VecDeque<Action>,
     free_scratch: Vec<FreeReplica>,
@@ -242,7 +245,7 @@ impl Admission {
             waiting: Waiting::new(config.algorithm),
             config,
             replicas: BTreeMap::new(),
-            requests: HashMap::new(),
+            requests: FxHashMap::default(),
             deadlines: BTreeSet::new(),
             actions: VecDeque::new(),
             free_scratch: Vec::new(),

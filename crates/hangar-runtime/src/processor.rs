@@ -12,12 +12,12 @@
 //! this module only adds the clock, a timer task for deadlines, and the
 //! channels that wake waiting handlers.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
 use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
+use rustc_hash::FxHashMap;
 use tokio::sync::{oneshot, Notify};
 
 /// A processor's line and permits at one moment.
@@ -58,7 +58,7 @@ struct State {
     /// Picks among free replicas, for immediate leases and later
     /// dispatches alike.
     chooser: Box<dyn Chooser + Send>,
-    waiters: HashMap<RequestId, Waiter>,
+    waiters: FxHashMap<RequestId, Waiter>,
     next_id: u64,
 }
 
@@ -161,7 +161,8 @@ impl Processor {
     /// `chooser`; spawns its deadline timer on the current tokio runtime
     /// (it ends when the last clone is dropped).
     pub fn new(config: AdmissionConfig, chooser: Box<dyn Chooser + Send>) -> Self {
-        let state = State { admission: Admission::new(config), chooser, waiters: HashMap::new(), next_id: 0 };
+        let state =
+            State { admission: Admission::new(config), chooser, waiters: FxHashMap::default(), next_id: 0 };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             epoch: Instant::now(),

@@ -300,6 +300,7 @@ max_replicas = 2
         "hangar_replicas{model=\"t/scale\",state=\"ready\"} 1",
         "hangar_permits_total{model=\"t/scale\"} 1",
         "hangar_queue_depth{model=\"t/scale\"} 0",
+        "hangar_replica_in_flight{model=\"t/scale\",replica=\"t/scale:",
         "hangar_request_duration_seconds_count{model=\"t/scale\"} 3",
         "hangar_time_to_first_token_seconds_count{model=\"t/scale\"} 3",
     ] {

@@ -7,6 +7,7 @@
 //! before answering is sent once more, to another replica if one is free;
 //! a streamed answer cut short ends with an error event instead.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,6 +23,7 @@ use hangar_router::text_blocks;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::{json, Value};
+use tokio::time::Sleep;
 
 use super::prompt::prompt_text;
 use super::relay::RelayBody;
@@ -218,6 +220,8 @@ impl Forward<'_> {
     async fn run(self, account: AccountId) -> Response {
         let deadline = self.arrival + self.rt.timeout;
         let timeout_s = self.rt.timeout.as_secs();
+        // One timer for the whole request: the send, then the answer.
+        let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
         for attempt in 0..2 {
             self.inner.scale_for_demand(self.rt, 1);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -234,16 +238,19 @@ impl Forward<'_> {
                 .header(header::CONTENT_TYPE, "application/json")
                 .body(Full::new(self.body.clone()))
                 .expect("a replica URL and a routed path make a valid request");
-            match tokio::time::timeout_at(deadline.into(), self.inner.upstream.request(request)).await {
-                Ok(Ok(upstream)) => return self.relay(upstream, lease, deadline),
-                Ok(Err(e)) => {
+            let answer = tokio::select! {
+                answer = self.inner.upstream.request(request) => answer,
+                () = timer.as_mut() => return timed_out(timeout_s),
+            };
+            match answer {
+                Ok(upstream) => return self.relay(upstream, lease, timer),
+                Err(e) => {
                     let name = replica_name(&self.rt.config.key, lease.replica);
                     tracing::warn!(replica = %name, "forwarding failed: {e}");
                     let replica = lease.replica;
                     drop(lease);
                     self.inner.probe(self.rt, replica).await;
                 }
-                Err(_) => return timed_out(timeout_s),
             }
         }
         let message = "the replica failed before answering, and so did the retry";
@@ -252,7 +259,7 @@ impl Forward<'_> {
 
     /// Streams the replica's answer to the client, holding the permit
     /// until it ends.
-    fn relay(self, upstream: hyper::Response<Incoming>, lease: Lease, deadline: Instant) -> Response {
+    fn relay(self, upstream: hyper::Response<Incoming>, lease: Lease, deadline: Pin<Box<Sleep>>) -> Response {
         let (parts, body) = upstream.into_parts();
         let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
         let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));

@@ -31,6 +31,13 @@ struct StatusLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplicaLabels {
+    model: String,
+    /// `<model>:<replica_id>`.
+    replica: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     model: String,
     state: &'static str,
@@ -54,6 +61,7 @@ pub(crate) struct Metrics {
     permits_total: Family<ModelLabel, Gauge>,
     permits_used: Family<ModelLabel, Gauge>,
     replicas: Family<StateLabels, Gauge>,
+    in_flight: Family<ReplicaLabels, Gauge>,
 }
 
 impl Metrics {
@@ -70,6 +78,7 @@ impl Metrics {
             permits_total: Family::default(),
             permits_used: Family::default(),
             replicas: Family::default(),
+            in_flight: Family::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Requests answered, by model and HTTP status", m.requests.clone());
@@ -93,6 +102,7 @@ impl Metrics {
         registry.register("permits_total", "Permits of ready replicas", m.permits_total.clone());
         registry.register("permits_used", "Permits held by requests", m.permits_used.clone());
         registry.register("replicas", "Replicas by state", m.replicas.clone());
+        registry.register("replica_in_flight", "Requests holding a permit on a replica", m.in_flight.clone());
         Self { registry, ..m }
     }
 
@@ -113,6 +123,8 @@ impl Metrics {
 
     /// The text exposition, with state gauges read from `models` now.
     pub fn render<'a>(&self, models: impl Iterator<Item = &'a ModelRuntime>) -> String {
+        // Replicas come and go: only those serving now are reported.
+        self.in_flight.clear();
         for rt in models {
             let model = rt.config.key.as_str();
             let load = rt.processor.load();
@@ -122,6 +134,10 @@ impl Metrics {
             for state in ReplicaState::ALL {
                 let labels = StateLabels { model: model.to_owned(), state: state.as_str() };
                 self.replicas.get_or_create(&labels).set(rt.count(state) as i64);
+            }
+            for (replica, in_flight) in rt.in_flight() {
+                let labels = ReplicaLabels { model: model.to_owned(), replica };
+                self.in_flight.get_or_create(&labels).set(i64::from(in_flight));
             }
         }
         let mut out = String::new();

@@ -54,21 +54,12 @@ impl RelayBody {
     pub fn new(
         upstream: Incoming,
         lease: Lease,
-        deadline: Instant,
+        deadline: Pin<Box<tokio::time::Sleep>>,
         sse: bool,
         metrics: Arc<ModelMetrics>,
         arrival: Instant,
     ) -> Self {
-        Self {
-            upstream,
-            _lease: lease,
-            deadline: Box::pin(tokio::time::sleep_until(deadline.into())),
-            sse,
-            first: true,
-            done: false,
-            metrics,
-            arrival,
-        }
+        Self { upstream, _lease: lease, deadline, sse, first: true, done: false, metrics, arrival }
     }
 
     fn fail(&mut self, why: &str) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {

@@ -127,6 +127,18 @@ impl ModelRuntime {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state == state).count()
     }
 
+    /// Each ready replica's name and the permits held on it.
+    pub fn in_flight(&self) -> Vec<(String, u32)> {
+        let ready: Vec<ReplicaId> = {
+            let table = self.replicas.lock().expect("replica table lock");
+            table.iter().filter(|(_, r)| r.state == ReplicaState::Ready).map(|(id, _)| *id).collect()
+        };
+        ready
+            .into_iter()
+            .map(|id| (replica_name(&self.config.key, id), self.processor.in_use_on(id)))
+            .collect()
+    }
+
     /// Replicas the demand calls for, within the model's bounds.
     fn wanted(&self, arriving: usize) -> u32 {
         let target = self.target.load(Ordering::SeqCst);
