@@ -164,6 +164,38 @@ min_replicas = 1
     assert!(metrics.contains("hangar_replica_failures_total{model=\"t/crash\"} 1"), "{metrics}");
 }
 
+#[test]
+fn a_client_that_leaves_mid_answer_cancels_the_engine_request_and_frees_its_permit() {
+    let s = serve(
+        r#"
+[[nodes]]
+id = "local"
+gpus = 1
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "t/leave"
+engine = { kind = "mock", preset = "default" }
+size = "10GB"
+min_replicas = 1
+"#,
+    );
+    let mut body = chat("t/leave", 2000);
+    body["stream"] = json!(true);
+    let mut r = Client::new().post(format!("{}/v1/chat/completions", s.url)).json(&body).send().unwrap();
+    let mut first = [0u8; 64];
+    std::io::Read::read(&mut r, &mut first).unwrap();
+    assert_eq!(model_status(&s.url, None, "t/leave")["permits"]["used"], 1);
+    drop(r);
+    eventually("the permit is back", || model_status(&s.url, None, "t/leave")["permits"]["used"] == 0);
+    let engine = replicas(&s.url, None, "t/leave")[0]["url"].as_str().unwrap().to_owned();
+    eventually("the engine aborted the request", || {
+        let metrics = Client::new().get(format!("{engine}/metrics")).send().unwrap().text().unwrap();
+        metrics.lines().any(|l| l == "hangar_mock_requests_aborted_total 1")
+    });
+}
+
 const KEYS: &str = r#"
 [[nodes]]
 id = "local"
