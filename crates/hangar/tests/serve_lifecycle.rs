@@ -7,23 +7,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::serve;
+use common::{chat, one_gpu, post, serve};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
-
-fn chat(model: &str, max_tokens: u32) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": max_tokens})
-}
-
-fn post(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut r = Client::new().post(format!("{url}/v1/chat/completions")).json(body);
-    if let Some(k) = key {
-        r = r.bearer_auth(k);
-    }
-    let r = r.send().unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
-}
 
 fn admin(url: &str, key: Option<&str>, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
     let client = Client::new();
@@ -114,21 +100,15 @@ size = "60GB"
 
 #[test]
 fn a_crashed_engine_is_replaced_and_its_requests_retried_or_ended() {
-    let s = serve(
+    let s = serve(&one_gpu(
         r#"
-[[nodes]]
-id = "local"
-gpus = 1
-gpu_memory = "80GB"
-virtual_gpus = true
-
 [[models]]
 key = "t/crash"
 engine = { kind = "mock", preset = "default" }
 size = "10GB"
 min_replicas = 1
 "#,
-    );
+    ));
     let before = replicas(&s.url, None, "t/crash");
     let pid = before[0]["pid"].as_u64().unwrap();
     let url = s.url.clone();
@@ -166,21 +146,15 @@ min_replicas = 1
 
 #[test]
 fn a_client_that_leaves_mid_answer_cancels_the_engine_request_and_frees_its_permit() {
-    let s = serve(
+    let s = serve(&one_gpu(
         r#"
-[[nodes]]
-id = "local"
-gpus = 1
-gpu_memory = "80GB"
-virtual_gpus = true
-
 [[models]]
 key = "t/leave"
 engine = { kind = "mock", preset = "default" }
 size = "10GB"
 min_replicas = 1
 "#,
-    );
+    ));
     let mut body = chat("t/leave", 2000);
     body["stream"] = json!(true);
     let mut r = Client::new().post(format!("{}/v1/chat/completions", s.url)).json(&body).send().unwrap();
@@ -342,14 +316,8 @@ max_replicas = 2
 
 #[test]
 fn the_kv_router_sends_a_prompt_back_to_the_replica_that_has_its_prefix() {
-    let s = serve(
+    let s = serve(&one_gpu(
         r#"
-[[nodes]]
-id = "local"
-gpus = 1
-gpu_memory = "80GB"
-virtual_gpus = true
-
 [[models]]
 key = "t/kv"
 engine = { kind = "mock", preset = "fast" }
@@ -358,7 +326,7 @@ min_replicas = 2
 router = "kv"
 kv = { block_chars = 16 }
 "#,
-    );
+    ));
     let prompt = |topic: &str, max_tokens: u32| {
         let system = format!("You are an assistant who only ever talks about {topic}, at length. ");
         json!({"model": "t/kv", "max_tokens": max_tokens,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -35,7 +35,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
     Router::new()
         .route("/admin/status", get(status))
         .route("/admin/evict", post(evict))
-        .route("/admin/models/{*path}", post(model_post).put(model_put))
+        .route("/admin/models/{*path}", post(model_action).put(model_action))
         .with_state(inner)
 }
 
@@ -69,17 +69,6 @@ fn model<'a>(inner: &'a Inner, key: &str) -> Result<&'a Arc<ModelRuntime>, ApiEr
         .models
         .get(key)
         .ok_or_else(|| ApiError::not_found(format!("The model `{key}` does not exist.")).param("model"))
-}
-
-/// The model of a `/admin/models/{key}/{action}` path, checking the action.
-fn model_path<'a>(inner: &'a Inner, path: &str, want: &str) -> Result<&'a Arc<ModelRuntime>, ApiError> {
-    match path.rsplit_once('/') {
-        Some((key, action)) if action == want => model(inner, key),
-        _ => Err(ApiError::not_found(format!(
-            "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/replicas \
-             or PUT /admin/models/{{key}}/queue"
-        ))),
-    }
 }
 
 async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<Response, ApiError> {
@@ -124,15 +113,32 @@ struct EvictBody {
     replica: Option<String>,
 }
 
-async fn model_post(
+/// `POST /admin/models/{key}/replicas` and `PUT /admin/models/{key}/queue`
+/// (a model key may hold `/`, so the path is split here).
+async fn model_action(
     State(inner): State<Arc<Inner>>,
+    method: Method,
     Path(path): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     admin(&inner, &headers)?;
-    let rt = model_path(&inner, &path, "replicas")?;
-    let ReplicasBody { replicas } = parse(&body)?;
+    match (path.rsplit_once('/'), method) {
+        (Some((key, "replicas")), Method::POST) => set_replicas(&inner, model(&inner, key)?, &body).await,
+        (Some((key, "queue")), Method::PUT) => Ok(set_queue(model(&inner, key)?, &body)?),
+        _ => Err(ApiError::not_found(format!(
+            "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/replicas \
+             or PUT /admin/models/{{key}}/queue"
+        ))),
+    }
+}
+
+async fn set_replicas(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let ReplicasBody { replicas } = parse(body)?;
     let max = rt.config.max_replicas();
     if replicas > max {
         let message = format!("`replicas` is {replicas}, above the model's max_replicas ({max})");
@@ -145,15 +151,8 @@ async fn model_post(
     Ok(Json(json!({"model": rt.config.key, "target_replicas": replicas})).into_response())
 }
 
-async fn model_put(
-    State(inner): State<Arc<Inner>>,
-    Path(path): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    admin(&inner, &headers)?;
-    let rt = model_path(&inner, &path, "queue")?;
-    let QueueBody { algorithm, capacity } = parse(&body)?;
+fn set_queue(rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {
+    let QueueBody { algorithm, capacity } = parse(body)?;
     let current = rt.processor.load().config;
     let config = AdmissionConfig {
         algorithm: algorithm.unwrap_or(current.algorithm),

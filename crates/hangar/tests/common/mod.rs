@@ -1,4 +1,6 @@
 //! Helpers shared by the integration tests that start `hangar serve`.
+//! (Each test binary uses some of them.)
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -54,4 +56,28 @@ pub fn serve(config: &str) -> Serve {
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
     Serve { child, url, _dir: dir }
+}
+
+/// A configuration of one node with one virtual 80 GB GPU, then `rest`.
+pub fn one_gpu(rest: &str) -> String {
+    format!("[[nodes]]\nid = \"local\"\ngpus = 1\ngpu_memory = \"80GB\"\nvirtual_gpus = true\n{rest}")
+}
+
+/// A short chat request.
+pub fn chat(model: &str, max_tokens: u32) -> serde_json::Value {
+    serde_json::json!({
+        "model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": max_tokens
+    })
+}
+
+/// Posts a chat request, with a bearer `key` if given; the status and the
+/// JSON answer (null if it is not JSON).
+pub fn post(url: &str, key: Option<&str>, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let mut r = reqwest::blocking::Client::new().post(format!("{url}/v1/chat/completions")).json(body);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let r = r.send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(serde_json::Value::Null))
 }
