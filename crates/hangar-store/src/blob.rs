@@ -102,9 +102,9 @@ impl BlobStore {
     /// Imports safetensors files as one artifact and points `keys` at it.
     ///
     /// The canonical data is assembled chunk by chunk on all cores: each
-    /// thread copies the tensor bytes of a chunk from the mapped sources
-    /// straight into the staged blob's map and hashes the chunk while it is
-    /// hot in cache. Importing content the store already holds writes nothing and reports
+    /// thread `pread`s the tensor bytes of a chunk from the sources straight
+    /// into the staged blob's map (one copy, no page faults on the sources)
+    /// and hashes the chunk while it is hot in cache. Importing content the store already holds writes nothing and reports
     /// `existed`. On error nothing is visible.
     pub fn import_files(&self, files: &[PathBuf], keys: &[StoreKey]) -> Result<CommitReport, StoreError> {
         let mut opened = Vec::with_capacity(files.len());
@@ -122,17 +122,17 @@ impl BlobStore {
             let mut header = vec![0u8; header_len as usize];
             file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
             tensors.extend(format::parse_header(&name, i, &header, len)?);
-            // SAFETY: read-only map; a concurrent writer of the source could
-            // change bytes under us, which the chunk hashes then describe.
-            opened.push(unsafe { Mmap::map(&file) }.map_err(io_err(path))?);
+            // Whole files are read front to back: ask for a larger readahead
+            // window so cold files stream at the disk's speed. Advisory only.
+            let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
+            opened.push(file);
         }
         let (index, locations) = format::merge(tensors)?;
         let mut reg = Registration::new(self, index)?;
         reg.fill_parallel(|run, dst| {
             let loc: &TensorLocation = &locations[run.tensor];
-            let src = (loc.start + run.tensor_offset) as usize;
-            dst.copy_from_slice(&opened[loc.file][src..src + dst.len()]);
-            Ok(())
+            let path = &files[loc.file];
+            opened[loc.file].read_exact_at(dst, loc.start + run.tensor_offset).map_err(io_err(path))
         })?;
         reg.commit(keys)
     }
