@@ -23,5 +23,13 @@ pub mod store;
 pub mod webhook_policy;
 
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
-pub use executor::{ExecError, ExecEvent, Executor, Job, Sink};
+pub use executor::{ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
 pub use service::{Model, Service, ServiceError};
+
+/// The version id of a model described by `description` (e.g. its
+/// configuration as JSON): 64 hex digits of its SHA-256, stable while the
+/// description is.
+pub fn version_id(description: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(description.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}

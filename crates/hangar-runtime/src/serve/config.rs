@@ -34,6 +34,15 @@ pub struct ServeConfig {
     /// `Authorization: Bearer KEY` (401 otherwise).
     #[serde(default)]
     pub api_keys: Vec<ApiKey>,
+    /// Where durable state lives (the predictions database). Relative
+    /// paths are resolved against the configuration file's directory;
+    /// default: `hangar-data` beside the file (or the user's data
+    /// directory for the built-in demo).
+    #[serde(default)]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Async predictions settings (docs/predictions.md).
+    #[serde(default)]
+    pub predictions: hangar_predictions::PredictionsConfig,
 }
 
 /// One API key and the account it stands for.
@@ -79,6 +88,10 @@ pub struct ModelConfig {
     /// request of another account gets 403).
     #[serde(default)]
     pub access: Option<Vec<AccountId>>,
+    /// Async predictions limits: `max_run_lifetime_s`, `predict_timeout_s`,
+    /// `idempotent` (docs/predictions.md).
+    #[serde(default)]
+    pub predictions: hangar_predictions::ModelSettings,
 }
 
 /// How the replica for a request is chosen among those with a free permit.

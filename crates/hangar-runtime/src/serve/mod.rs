@@ -17,6 +17,7 @@
 
 mod config;
 mod gateway;
+mod predictions;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

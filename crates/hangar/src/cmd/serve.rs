@@ -27,7 +27,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = match &args.config {
+    let mut config: ServeConfig = match &args.config {
         Some(path) => toml::from_str::<ServeConfig>(&read_text(path)?)
             .with_context(|| format!("invalid configuration {}", path.display()))?,
         None => ServeConfig::demo(),
@@ -35,6 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    let data_dir = data_dir(&config, args.config.as_deref())?;
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -44,7 +45,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         let first_model = config.models.first().map(|m| m.key.to_string()).unwrap_or_default();
         let body_limit = config.max_body_bytes.bytes() as usize;
+        let predictions = std::mem::take(&mut config.predictions);
         let server = Server::start(config, exe).await?;
+        let service = server
+            .start_predictions(&data_dir, predictions, &format!("http://{addr}"))
+            .with_context(|| format!("cannot start predictions in {}", data_dir.display()))?;
         // One write, and errors ignored: whoever started us may read only
         // the first line and close the pipe, which must not stop a server.
         let announce = format!(
@@ -54,8 +59,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
         drop(out);
-        axum::serve(listener, server.router(body_limit)).with_graceful_shutdown(shutdown_signal()).await?;
+        let router = server.router(body_limit).merge(service.router());
+        axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+        service.stop();
         server.shutdown().await;
         Ok(())
     })
+}
+
+/// The data directory: `data_dir` from the file (relative to the file),
+/// else `hangar-data` beside the file; for the built-in demo
+/// `$HANGAR_DATA_DIR`, `$XDG_DATA_HOME/hangar` or `~/.local/share/hangar`.
+fn data_dir(config: &ServeConfig, file: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    let beside = file.and_then(|f| f.parent()).map(|d| {
+        if d.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            d
+        }
+    });
+    if let Some(dir) = &config.data_dir {
+        return Ok(match beside {
+            Some(base) if dir.is_relative() => base.join(dir),
+            _ => dir.clone(),
+        });
+    }
+    if let Some(base) = beside {
+        return Ok(base.join("hangar-data"));
+    }
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    env("HANGAR_DATA_DIR")
+        .or_else(|| env("XDG_DATA_HOME").map(|d| d.join("hangar")))
+        .or_else(|| env("HOME").map(|h| h.join(".local/share/hangar")))
+        .context("no data directory: set data_dir in a configuration file, or HANGAR_DATA_DIR")
 }

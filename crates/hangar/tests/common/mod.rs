@@ -14,8 +14,23 @@ pub struct Serve {
     _dir: tempfile::TempDir,
 }
 
+#[allow(dead_code)]
+impl Serve {
+    /// Kills the server outright (SIGKILL), as a crash would, and returns
+    /// its directory for a restart.
+    pub fn kill9(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self._dir, dir)
+    }
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
@@ -33,7 +48,13 @@ impl Drop for Serve {
 /// Starts `hangar serve` with `config` on a free loopback port and waits
 /// for its `listening on` line.
 pub fn serve(config: &str) -> Serve {
-    let dir = tempfile::tempdir().unwrap();
+    serve_in(tempfile::tempdir().unwrap(), config)
+}
+
+/// [`serve`] with its configuration (and so its default data directory)
+/// in `dir`: a second server in the same directory finds the first one's
+/// state.
+pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
     let path = dir.path().join("serve.toml");
     std::fs::write(&path, config).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
