@@ -258,22 +258,28 @@ struct Hook {
 }
 
 /// A webhook receiver on loopback that answers 500 to the first
-/// `failures` requests and 200 after.
+/// `failures` requests (and to all while `accept` is false), 200 after.
 struct Receiver {
     url: String,
     hooks: Arc<Mutex<Vec<Hook>>>,
+    /// The `webhook-id` of every request, refused ones included.
+    attempts: Arc<Mutex<Vec<String>>>,
+    accept: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn receiver(failures: usize) -> Receiver {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let hooks: Arc<Mutex<Vec<Hook>>> = Arc::default();
+    let attempts: Arc<Mutex<Vec<String>>> = Arc::default();
+    let accept = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let seen = Arc::new(AtomicUsize::new(0));
-    let store = hooks.clone();
+    let (store, tried, accepting) = (hooks.clone(), attempts.clone(), accept.clone());
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
-            let (store, seen) = (store.clone(), seen.clone());
+            let (store, seen, tried, accepting) =
+                (store.clone(), seen.clone(), tried.clone(), accepting.clone());
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(conn.try_clone().unwrap());
                 let mut headers = HashMap::new();
@@ -292,8 +298,10 @@ fn receiver(failures: usize) -> Receiver {
                 let mut body = vec![0; len];
                 reader.read_exact(&mut body).unwrap();
                 let n = seen.fetch_add(1, Ordering::SeqCst);
-                let status = if n < failures { "500 Internal Server Error" } else { "200 OK" };
-                if n >= failures {
+                tried.lock().unwrap().push(headers["webhook-id"].clone());
+                let ok = n >= failures && accepting.load(Ordering::SeqCst);
+                let status = if ok { "200 OK" } else { "500 Internal Server Error" };
+                if ok {
                     store.lock().unwrap().push(Hook {
                         id: headers["webhook-id"].clone(),
                         timestamp: headers["webhook-timestamp"].parse().unwrap(),
@@ -305,7 +313,7 @@ fn receiver(failures: usize) -> Receiver {
             });
         }
     });
-    Receiver { url, hooks }
+    Receiver { url, hooks, attempts, accept }
 }
 
 impl Receiver {
@@ -469,4 +477,87 @@ fn a_killed_server_loses_nothing() {
     }
     let failed = statuses.values().filter(|s| *s == "failed").count();
     eprintln!("crash test: {before} completed before the kill, {failed} failed by recovery");
+}
+
+#[test]
+fn sync_and_async_share_a_replica_without_starving() {
+    // One permit; a continuous synchronous load keeps it busy.
+    let s = serve(CONFIG);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sync_ok = Arc::new(AtomicUsize::new(0));
+    let loaders: Vec<_> = (0..3)
+        .map(|_| {
+            let (url, stop, ok) = (s.url.clone(), stop.clone(), sync_ok.clone());
+            std::thread::spawn(move || {
+                let body = json!({"model": "t/slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20});
+                let mut statuses = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let (status, _) = post(&format!("{url}/v1/chat/completions"), &body, &[]);
+                    statuses.push(status);
+                    if status == 200 {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                statuses
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = sync_ok.load(Ordering::SeqCst);
+    let urls: Vec<String> = (0..4)
+        .map(|_| {
+            let (status, p) = post(
+                &format!("{}/v1/models/t/slow/predictions", s.url),
+                &json!({"input": {"prompt": "x", "max_tokens": 20}}),
+                &[],
+            );
+            assert_eq!(status, 201);
+            p["urls"]["get"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    // Async is not starved: every prediction ends while the load goes on.
+    for url in &urls {
+        let p = wait_terminal(url);
+        assert_eq!(p["status"], "succeeded", "{p}");
+    }
+    // Sync is not starved either: it kept being served meanwhile.
+    let during = sync_ok.load(Ordering::SeqCst) - before;
+    stop.store(true, Ordering::SeqCst);
+    for l in loaders {
+        let statuses = l.join().unwrap();
+        assert!(statuses.iter().all(|s| *s == 200), "sync requests were refused: {statuses:?}");
+    }
+    assert!(during >= 4, "only {during} synchronous requests were served while predictions ran");
+}
+
+#[test]
+fn a_failing_receiver_gets_retries_that_survive_a_restart() {
+    let hooks = receiver(0);
+    hooks.accept.store(false, Ordering::SeqCst);
+    let s = serve_in(tempfile::tempdir().unwrap(), CONFIG);
+    let (status, p) = post(
+        &format!("{}/v1/models/t/fast/predictions", s.url),
+        &json!({"input": {"prompt": "x", "max_tokens": 2}, "webhook": hooks.url, "webhook_events_filter": ["completed"]}),
+        &[("prefer", "wait")],
+    );
+    assert_eq!((status, p["status"].as_str()), (201, Some("succeeded")), "{p}");
+    let t = Instant::now();
+    while hooks.attempts.lock().unwrap().len() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(20), "not retried: {:?}", hooks.attempts.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = s.kill9();
+    let refused = hooks.attempts.lock().unwrap().clone();
+    assert!(refused.iter().all(|id| *id == refused[0]), "one webhook-id across retries: {refused:?}");
+    hooks.accept.store(true, Ordering::SeqCst);
+    let _s = serve_in(dir, CONFIG);
+    let t = Instant::now();
+    while hooks.hooks().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(20), "delivery did not resume after the restart");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let delivered = &hooks.hooks()[0];
+    assert_eq!(delivered.id, refused[0], "the restart kept the webhook-id");
+    let body: Value = serde_json::from_str(&delivered.body).unwrap();
+    assert_eq!((body["id"].as_str(), body["status"].as_str()), (p["id"].as_str(), Some("succeeded")));
 }

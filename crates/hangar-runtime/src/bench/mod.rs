@@ -29,6 +29,7 @@
 //! admission never queues: the bench measures the path, not a queue.
 
 mod load;
+pub mod predictions;
 mod report;
 
 use std::net::SocketAddr;
@@ -72,7 +73,7 @@ impl BodyKind {
                 serde_json::json!({"model": MODEL, "prompt": "Say hello to the gateway benchmark.", "max_tokens": 1}),
             ),
         };
-        Target { addr, path, body: Bytes::from(body.to_string()) }
+        Target { addr, path, body: Bytes::from(body.to_string()), headers: &[] }
     }
 }
 
