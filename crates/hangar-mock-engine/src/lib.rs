@@ -111,6 +111,14 @@ pub async fn serve(
         metrics,
     });
     let app = api::router(state, config.max_body_bytes);
+    // Streamed answers are many small writes: without TCP_NODELAY, Nagle
+    // holds each one until the client's delayed ACK (~40 ms), as vLLM's
+    // server (uvicorn) avoids by setting it too.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     engine_task.abort();
     Ok(())

@@ -60,6 +60,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
         drop(out);
         let router = server.router(body_limit).merge(service.router());
+        // Streamed answers (SSE) are many small writes: no Nagle delay.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!("cannot set TCP_NODELAY: {e}");
+            }
+        });
         axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
         service.stop();
         server.shutdown().await;

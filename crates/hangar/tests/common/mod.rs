@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests that start `hangar serve`.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, ErrorKind};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -71,4 +72,57 @@ pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
     Serve { child, url, _dir: dir }
+}
+
+const REQUIREMENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python-requirements.txt");
+
+/// A Python interpreter with the pinned clients of `python-requirements.txt`
+/// (`openai`, `replicate`): `$HANGAR_PYTHON` (CI installs them into a venv
+/// and sets it), or a venv made once under the target directory.
+#[allow(dead_code)]
+pub fn python() -> PathBuf {
+    match std::env::var_os("HANGAR_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => bootstrap(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv")),
+    }
+}
+
+/// Creates (once) a venv at `venv` with the pinned requirements.
+#[allow(dead_code)]
+fn bootstrap(venv: &Path) -> PathBuf {
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        match Command::new("python3").arg("-m").arg("venv").arg(venv).output() {
+            Err(e) if e.kind() == ErrorKind::NotFound => panic!(
+                "python3 is not installed: this test runs the official Python clients. \
+                 Install python3 and python3-venv (apt-get install python3 python3-venv), or set \
+                 HANGAR_PYTHON to a Python that has the packages of python-requirements.txt"
+            ),
+            Err(e) => panic!("cannot run python3: {e}"),
+            Ok(o) if !o.status.success() => panic!(
+                "`python3 -m venv {}` failed (on Debian, install python3-venv):\n{}",
+                venv.display(),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Ok(_) => {}
+        }
+    }
+    // The marker records what was installed, so a changed pin reinstalls.
+    let marker = venv.join("hangar-requirements.txt");
+    let wanted = std::fs::read_to_string(REQUIREMENTS).unwrap();
+    if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) {
+        let o = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", REQUIREMENTS])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "installing {REQUIREMENTS} into {} failed:\n{}{}",
+            venv.display(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::write(&marker, wanted).unwrap();
+    }
+    python
 }
