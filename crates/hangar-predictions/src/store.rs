@@ -43,6 +43,13 @@ pub enum StoreError {
         /// What was wrong.
         what: String,
     },
+    /// The batch holding this write failed to commit (nothing of it was
+    /// stored).
+    #[error("prediction store: commit failed: {0}")]
+    Commit(String),
+    /// The writer thread is gone (the store is shutting down).
+    #[error("prediction store: closed")]
+    Closed,
     /// The data directory could not be created.
     #[error("prediction store: cannot create {path}: {source}")]
     Dir {
@@ -190,9 +197,33 @@ pub trait PredictionQueue: Send + Sync {
 }
 
 /// The SQLite store (one file, WAL journal).
+///
+/// Writes go to one writer thread that **group-commits**: it takes every
+/// write waiting, runs each in its own savepoint (a failing write rolls
+/// back alone), commits them in one transaction and only then answers
+/// each caller — so a write has returned only once it is durable, and N
+/// concurrent writes cost one commit instead of N. Reads use their own
+/// connection (WAL readers do not block the writer).
+///
+/// Write methods block the calling thread until the commit; inside a
+/// multi-threaded tokio runtime they do so in `block_in_place`, so other
+/// tasks keep running meanwhile.
 pub struct SqliteQueue {
-    conn: Mutex<Connection>,
+    read: Mutex<Connection>,
+    writer: Mutex<std::sync::mpsc::Sender<WriteOp>>,
+    /// Dropped with the store, which ends the checkpointer thread.
+    _checkpointer: std::sync::mpsc::Sender<()>,
 }
+
+/// How often the WAL is checkpointed into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Runs one write inside the current batch; returns what to do once the
+/// batch's commit is known (`None`: committed; `Some(e)`: it failed).
+type WriteOp = Box<dyn FnOnce(&Connection) -> Box<dyn FnOnce(Option<&str>) + Send> + Send>;
+
+/// The most writes one commit takes.
+const MAX_BATCH: usize = 1024;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS predictions (
@@ -253,24 +284,80 @@ const COLUMNS: &str =
      destination, data_removed";
 
 impl SqliteQueue {
-    /// Opens (creating) `dir/predictions.sqlite3`.
+    /// Opens (creating) `dir/predictions.sqlite3` and starts its writer
+    /// thread (it ends when the store is dropped).
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|source| StoreError::Dir { path: dir.display().to_string(), source })?;
-        let conn = Connection::open(dir.join("predictions.sqlite3"))?;
-        // WAL with synchronous=NORMAL: a committed transaction survives the
-        // process being killed (the WAL is in the OS's hands); only an OS
-        // crash or power loss can lose the last commits.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "busy_timeout", 5000)?;
-        conn.execute_batch(SCHEMA)?;
-        conn.set_prepared_statement_cache_capacity(64);
-        Ok(SqliteQueue { conn: Mutex::new(conn) })
+        let path = dir.join("predictions.sqlite3");
+        let connect = || -> Result<Connection, StoreError> {
+            let conn = Connection::open(&path)?;
+            // WAL with synchronous=NORMAL: a committed transaction survives
+            // the process being killed (the WAL is in the OS's hands); only
+            // an OS crash or power loss can lose the last commits.
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.pragma_update(None, "busy_timeout", 5000)?;
+            conn.set_prepared_statement_cache_capacity(64);
+            Ok(conn)
+        };
+        let write = connect()?;
+        write.execute_batch(SCHEMA)?;
+        // Checkpoints (which fsync) run on their own thread, not inside a
+        // commit that callers wait for.
+        write.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let read = connect()?;
+        let checkpoint = connect()?;
+        let spawn_error = |source| StoreError::Dir { path: dir.display().to_string(), source };
+        let (tx, rx) = std::sync::mpsc::channel::<WriteOp>();
+        std::thread::Builder::new()
+            .name("predictions-writer".into())
+            .spawn(move || write_batches(write, rx))
+            .map_err(spawn_error)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("predictions-checkpoint".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {
+                    if let Err(e) = checkpoint.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        tracing::warn!("prediction store checkpoint: {e}");
+                    }
+                }
+            })
+            .map_err(spawn_error)?;
+        Ok(SqliteQueue { read: Mutex::new(read), writer: Mutex::new(tx), _checkpointer: stop })
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+        self.read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the writer connection in the next batch, in its own
+    /// savepoint, and returns its result once the batch has committed.
+    fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let op: WriteOp = Box::new(move |conn| {
+            let result = in_savepoint(conn, f);
+            Box::new(move |commit_error: Option<&str>| {
+                let result = match commit_error {
+                    None => result,
+                    Some(e) => Err(StoreError::Commit(e.to_owned())),
+                };
+                let _ = tx.send(result);
+            })
+        });
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).send(op).map_err(|_| StoreError::Closed)?;
+        let wait = move || rx.recv().map_err(|_| StoreError::Closed);
+        let in_multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if in_multi_thread {
+            tokio::task::block_in_place(wait)?
+        } else {
+            wait()?
+        }
     }
 
     /// Recovery after a restart: every claim in the file belongs to a dead
@@ -284,15 +371,17 @@ impl SqliteQueue {
         idempotent: &dyn Fn(&str) -> bool,
         completed: &dyn Fn(&Record) -> Option<Delivery>,
     ) -> Result<Recovery, StoreError> {
-        let orphans: Vec<Record> = {
-            let conn = self.conn();
-            conn.execute("UPDATE queue SET owner = NULL, lease_until = NULL WHERE owner IS NOT NULL AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')", [])?;
-            let mut stmt = conn.prepare(&format!(
-                "SELECT {COLUMNS} FROM predictions WHERE status = 'processing' ORDER BY seq"
-            ))?;
-            let rows = stmt.query_map([], read_row)?.collect::<Result<Vec<_>, _>>()?;
-            rows.into_iter().collect::<Result<Vec<_>, _>>()?
-        };
+        let orphans: Vec<Record> = self.write(|conn| {
+            conn.execute(
+                "UPDATE queue SET owner = NULL, lease_until = NULL WHERE owner IS NOT NULL \
+                 AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
+                [],
+            )?;
+            let mut stmt =
+                conn.prepare(&format!("SELECT {COLUMNS} FROM predictions WHERE status = 'processing' ORDER BY seq"))?;
+            let rows = collect(stmt.query_map([], read_row)?);
+            rows
+        })?;
         let mut out = Recovery::default();
         for mut r in orphans {
             if idempotent(&r.model) {
@@ -304,46 +393,59 @@ impl SqliteQueue {
             r.status = Status::Failed;
             r.error = Some("the server stopped while this prediction was running; it was not retried because the model is not marked idempotent".into());
             r.completed_at = Some(now);
-            let deliveries: Vec<Delivery> = completed(&r).into_iter().collect();
-            if self.finish_from(&r, Status::Processing, &deliveries)? {
+            if self.finish(&r, &completed(&r).into_iter().collect::<Vec<_>>())? {
                 out.failed.push(r.id);
             }
         }
         Ok(out)
     }
+}
 
-    /// [`PredictionQueue::finish`] guarded on the previous status.
-    fn finish_from(
-        &self,
-        r: &Record,
-        only_from: Status,
-        deliveries: &[Delivery],
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let changed = tx.prepare_cached(
-            "UPDATE predictions SET status = ?2, output = ?3, logs = ?4, error = ?5, started_at = ?6, completed_at = ?7 \
-             WHERE id = ?1 AND status = ?8",
-        )?
-        .execute(params![
-            r.id,
-            r.status.as_str(),
-            r.output.as_ref().map(|o| o.to_string()),
-            r.logs,
-            r.error,
-            r.started_at.map(|t| t as i64),
-            r.completed_at.map(|t| t as i64),
-            only_from.as_str(),
-        ])?;
-        if changed == 0 {
-            return Ok(false);
+/// The writer thread: batches of writes, one commit each, until every
+/// sender is gone.
+fn write_batches(conn: Connection, ops: std::sync::mpsc::Receiver<WriteOp>) {
+    while let Ok(first) = ops.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match ops.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
         }
-        tx.prepare_cached("DELETE FROM queue WHERE prediction = ?1")?.execute([&r.id])?;
-        for d in deliveries {
-            insert_delivery(&tx, d)?;
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let message = e.to_string();
+            for op in batch {
+                // Not run: report the failure to its caller.
+                let reply = op(&conn);
+                reply(Some(&message));
+            }
+            continue;
         }
-        tx.commit()?;
-        Ok(true)
+        let replies: Vec<_> = batch.into_iter().map(|op| op(&conn)).collect();
+        let committed = conn.execute_batch("COMMIT").map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            e.to_string()
+        });
+        let error = committed.err();
+        for reply in replies {
+            reply(error.as_deref());
+        }
+    }
+}
+
+/// Runs `f` in a savepoint: its writes are kept if it succeeds and undone
+/// if it fails, without touching the rest of the batch.
+fn in_savepoint<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    conn.prepare_cached("SAVEPOINT op")?.execute([])?;
+    let result = f(conn);
+    let end = match &result {
+        Ok(_) => conn.execute_batch("RELEASE op"),
+        Err(_) => conn.execute_batch("ROLLBACK TO op; RELEASE op"),
+    };
+    match (result, end) {
+        (Ok(v), Ok(())) => Ok(v),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e.into()),
     }
 }
 
@@ -419,46 +521,39 @@ fn collect(
 
 impl PredictionQueue for SqliteQueue {
     fn enqueue(&self, r: &Record) -> Result<i64, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.prepare_cached(
-            "INSERT INTO predictions (id, kind, model, version, deployment, account, input, status, created_at, \
-             deadline, lifetime_deadline, webhook, webhook_events, stream, destination) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-        )?
-        .execute(params![
-            r.id,
-            r.kind.as_str(),
-            r.model,
-            r.version,
-            r.deployment,
-            r.account,
-            r.input.to_string(),
-            r.status.as_str(),
-            r.created_at as i64,
-            r.deadline.map(|t| t as i64),
-            r.lifetime_deadline.map(|t| t as i64),
-            r.webhook,
-            r.webhook_events.bits(),
-            r.stream,
-            r.destination,
-        ])?;
-        let seq = tx.last_insert_rowid();
-        let expires = match (r.deadline, r.lifetime_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        tx.prepare_cached(
-            "INSERT INTO queue (queue, prediction, enqueued_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
-        )?
-        .execute(params![
-            r.kind.queue(&r.model),
-            r.id,
-            r.created_at as i64,
-            expires.map(|t| t as i64)
-        ])?;
-        tx.commit()?;
-        Ok(seq)
+        let r = r.clone();
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO predictions (id, kind, model, version, deployment, account, input, status, created_at, \
+                 deadline, lifetime_deadline, webhook, webhook_events, stream, destination) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            )?
+            .execute(params![
+                r.id,
+                r.kind.as_str(),
+                r.model,
+                r.version,
+                r.deployment,
+                r.account,
+                r.input.to_string(),
+                r.status.as_str(),
+                r.created_at as i64,
+                r.deadline.map(|t| t as i64),
+                r.lifetime_deadline.map(|t| t as i64),
+                r.webhook,
+                r.webhook_events.bits(),
+                r.stream,
+                r.destination,
+            ])?;
+            let seq = conn.last_insert_rowid();
+            let expires = match (r.deadline, r.lifetime_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            conn.prepare_cached("INSERT INTO queue (queue, prediction, enqueued_at, expires_at) VALUES (?1, ?2, ?3, ?4)")?
+                .execute(params![r.kind.queue(&r.model), r.id, r.created_at as i64, expires.map(|t| t as i64)])?;
+            Ok(seq)
+        })
     }
 
     fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
@@ -509,67 +604,88 @@ impl PredictionQueue for SqliteQueue {
         Ok(page)
     }
 
-    fn claim(
-        &self,
-        queue: &str,
-        owner: &str,
-        now: Millis,
-        lease_ms: Millis,
-    ) -> Result<Option<Record>, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let entry: Option<(i64, String)> = tx
-            .prepare_cached(
-                "SELECT seq, prediction FROM queue WHERE queue = ?1 AND owner IS NULL ORDER BY seq LIMIT 1",
-            )?
-            .query_row([queue], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
-        let Some((seq, id)) = entry else { return Ok(None) };
-        tx.prepare_cached("UPDATE queue SET owner = ?2, lease_until = ?3 WHERE seq = ?1")?
-            .execute(params![seq, owner, (now + lease_ms) as i64])?;
-        let record = tx
-            .prepare_cached(&format!("SELECT {COLUMNS} FROM predictions WHERE id = ?1"))?
-            .query_row([&id], read_row)
-            .optional()?
-            .transpose()?;
-        tx.commit()?;
-        Ok(record)
+    fn claim(&self, queue: &str, owner: &str, now: Millis, lease_ms: Millis) -> Result<Option<Record>, StoreError> {
+        let (queue, owner) = (queue.to_owned(), owner.to_owned());
+        self.write(move |conn| {
+            let entry: Option<(i64, String)> = conn
+                .prepare_cached("SELECT seq, prediction FROM queue WHERE queue = ?1 AND owner IS NULL ORDER BY seq LIMIT 1")?
+                .query_row([&queue], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let Some((seq, id)) = entry else { return Ok(None) };
+            conn.prepare_cached("UPDATE queue SET owner = ?2, lease_until = ?3 WHERE seq = ?1")?
+                .execute(params![seq, owner, (now + lease_ms) as i64])?;
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM predictions WHERE id = ?1"))?
+                .query_row([&id], read_row)
+                .optional()?
+                .transpose()
+        })
     }
 
     fn heartbeat(&self, owner: &str, now: Millis, lease_ms: Millis) -> Result<usize, StoreError> {
-        Ok(self
-            .conn()
-            .prepare_cached("UPDATE queue SET lease_until = ?2 WHERE owner = ?1")?
-            .execute(params![owner, (now + lease_ms) as i64])?)
+        let owner = owner.to_owned();
+        self.write(move |conn| {
+            Ok(conn
+                .prepare_cached("UPDATE queue SET lease_until = ?2 WHERE owner = ?1")?
+                .execute(params![owner, (now + lease_ms) as i64])?)
+        })
     }
 
     fn start(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
-        Ok(self
-            .conn()
-            .prepare_cached("UPDATE predictions SET status = 'processing', started_at = ?2 WHERE id = ?1 AND status = 'starting'")?
-            .execute(params![id, now as i64])?
-            == 1)
+        let id = id.to_owned();
+        self.write(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "UPDATE predictions SET status = 'processing', started_at = ?2 WHERE id = ?1 AND status = 'starting'",
+                )?
+                .execute(params![id, now as i64])?
+                == 1)
+        })
     }
 
     fn save_progress(&self, id: &str, output: &serde_json::Value, logs: &str) -> Result<(), StoreError> {
-        self.conn()
-            .prepare_cached(
-                "UPDATE predictions SET output = ?2, logs = ?3 WHERE id = ?1 AND status = 'processing'",
-            )?
-            .execute(params![id, output.to_string(), logs])?;
-        Ok(())
+        let (id, output, logs) = (id.to_owned(), output.to_string(), logs.to_owned());
+        self.write(move |conn| {
+            conn.prepare_cached("UPDATE predictions SET output = ?2, logs = ?3 WHERE id = ?1 AND status = 'processing'")?
+                .execute(params![id, output, logs])?;
+            Ok(())
+        })
     }
 
     fn finish(&self, r: &Record, deliveries: &[Delivery]) -> Result<bool, StoreError> {
-        let current = self.get(&r.id)?.map(|c| c.status);
-        match current {
-            Some(s) if !s.is_terminal() && s.can_become(r.status) => self.finish_from(r, s, deliveries),
-            _ => Ok(false),
+        if !r.status.is_terminal() {
+            return Ok(false);
         }
+        let (r, deliveries) = (r.clone(), deliveries.to_vec());
+        self.write(move |conn| {
+            // Compare-and-set: only from a state that may become this one.
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE predictions SET status = ?2, output = ?3, logs = ?4, error = ?5, started_at = ?6, \
+                     completed_at = ?7 WHERE id = ?1 AND (status = 'processing' OR (status = 'starting' AND ?2 != 'succeeded'))",
+                )?
+                .execute(params![
+                    r.id,
+                    r.status.as_str(),
+                    r.output.as_ref().map(|o| o.to_string()),
+                    r.logs,
+                    r.error,
+                    r.started_at.map(|t| t as i64),
+                    r.completed_at.map(|t| t as i64),
+                ])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            conn.prepare_cached("DELETE FROM queue WHERE prediction = ?1")?.execute([&r.id])?;
+            for d in &deliveries {
+                insert_delivery(conn, d)?;
+            }
+            Ok(true)
+        })
     }
 
     fn add_delivery(&self, d: &Delivery) -> Result<(), StoreError> {
-        insert_delivery(&self.conn(), d)
+        let d = d.clone();
+        self.write(move |conn| insert_delivery(conn, &d))
     }
 
     fn due_deliveries(&self, now: Millis, limit: usize) -> Result<Vec<Delivery>, StoreError> {
@@ -601,18 +717,15 @@ impl PredictionQueue for SqliteQueue {
         Ok(at.map(|t| t as Millis))
     }
 
-    fn delivery_attempted(
-        &self,
-        id: &str,
-        delivered: bool,
-        next_at: Option<Millis>,
-    ) -> Result<(), StoreError> {
-        self.conn()
-            .prepare_cached(
+    fn delivery_attempted(&self, id: &str, delivered: bool, next_at: Option<Millis>) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.write(move |conn| {
+            conn.prepare_cached(
                 "UPDATE deliveries SET attempts = attempts + ?2, delivered = ?3, next_at = ?4 WHERE id = ?1",
             )?
             .execute(params![id, i64::from(!delivered), delivered, next_at.map(|t| t as i64)])?;
-        Ok(())
+            Ok(())
+        })
     }
 
     fn expired_waiting(&self, now: Millis, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -626,79 +739,77 @@ impl PredictionQueue for SqliteQueue {
     }
 
     fn sweep_expired_claims(&self, now: Millis) -> Result<Vec<Record>, StoreError> {
-        let conn = self.conn();
-        conn.prepare_cached(
-            "UPDATE queue SET owner = NULL, lease_until = NULL WHERE owner IS NOT NULL AND lease_until <= ?1 \
-             AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
-        )?
-        .execute([now as i64])?;
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM predictions WHERE id IN \
-             (SELECT prediction FROM queue WHERE owner IS NOT NULL AND lease_until <= ?1)"
-        ))?;
-        let rows = collect(stmt.query_map([now as i64], read_row)?);
-        rows
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "UPDATE queue SET owner = NULL, lease_until = NULL WHERE owner IS NOT NULL AND lease_until <= ?1 \
+                 AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
+            )?
+            .execute([now as i64])?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM predictions WHERE id IN \
+                 (SELECT prediction FROM queue WHERE owner IS NOT NULL AND lease_until <= ?1)"
+            ))?;
+            let rows = collect(stmt.query_map([now as i64], read_row)?);
+            rows
+        })
     }
 
     fn requeue(&self, id: &str) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let changed = tx
-            .prepare_cached(
-                "UPDATE predictions SET status = 'starting', started_at = NULL, output = NULL, logs = '' \
-                 WHERE id = ?1 AND status = 'processing'",
-            )?
-            .execute([id])?;
-        if changed == 1 {
-            tx.prepare_cached("UPDATE queue SET owner = NULL, lease_until = NULL WHERE prediction = ?1")?
-                .execute([id])?;
-        }
-        tx.commit()?;
-        Ok(changed == 1)
+        let id = id.to_owned();
+        self.write(move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE predictions SET status = 'starting', started_at = NULL, output = NULL, logs = '' \
+                     WHERE id = ?1 AND status = 'processing'",
+                )?
+                .execute([&id])?;
+            if changed == 1 {
+                conn.prepare_cached("UPDATE queue SET owner = NULL, lease_until = NULL WHERE prediction = ?1")?
+                    .execute([&id])?;
+            }
+            Ok(changed == 1)
+        })
     }
 
     fn prune_queue(&self, before: Millis, now: Millis) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let ids: Vec<String> = tx
-            .prepare_cached("SELECT prediction FROM queue WHERE enqueued_at < ?1")?
-            .query_map([before as i64], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for id in &ids {
-            tx.prepare_cached(
-                "UPDATE predictions SET status = 'failed', completed_at = ?2, \
-                 error = 'the prediction stayed in the queue for more than 24 hours and was pruned' \
-                 WHERE id = ?1 AND status IN ('starting', 'processing')",
-            )?
-            .execute(params![id, now as i64])?;
-            tx.prepare_cached("DELETE FROM queue WHERE prediction = ?1")?.execute([id])?;
-        }
-        tx.commit()?;
-        Ok(ids)
+        self.write(move |conn| {
+            let ids: Vec<String> = conn
+                .prepare_cached("SELECT prediction FROM queue WHERE enqueued_at < ?1")?
+                .query_map([before as i64], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for id in &ids {
+                conn.prepare_cached(
+                    "UPDATE predictions SET status = 'failed', completed_at = ?2, \
+                     error = 'the prediction stayed in the queue for more than 24 hours and was pruned' \
+                     WHERE id = ?1 AND status IN ('starting', 'processing')",
+                )?
+                .execute(params![id, now as i64])?;
+                conn.prepare_cached("DELETE FROM queue WHERE prediction = ?1")?.execute([id])?;
+            }
+            Ok(ids)
+        })
     }
 
     fn remove_data(&self, before: Millis) -> Result<usize, StoreError> {
-        Ok(self
-            .conn()
-            .prepare_cached(
-                "UPDATE predictions SET input = NULL, output = NULL, logs = '', data_removed = 1 \
-                 WHERE data_removed = 0 AND completed_at IS NOT NULL AND completed_at < ?1",
-            )?
-            .execute([before as i64])?)
+        self.write(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "UPDATE predictions SET input = NULL, output = NULL, logs = '', data_removed = 1 \
+                     WHERE data_removed = 0 AND completed_at IS NOT NULL AND completed_at < ?1",
+                )?
+                .execute([before as i64])?)
+        })
     }
 
     fn webhook_secret(&self, create: &dyn Fn() -> String) -> Result<String, StoreError> {
-        let conn = self.conn();
-        let existing: Option<String> = conn
-            .prepare_cached("SELECT value FROM meta WHERE key = 'webhook_secret'")?
-            .query_row([], |r| r.get(0))
-            .optional()?;
-        if let Some(s) = existing {
-            return Ok(s);
-        }
-        let secret = create();
-        conn.execute("INSERT INTO meta (key, value) VALUES ('webhook_secret', ?1)", [&secret])?;
-        Ok(secret)
+        let fresh = create();
+        self.write(move |conn| {
+            conn.prepare_cached("INSERT OR IGNORE INTO meta (key, value) VALUES ('webhook_secret', ?1)")?
+                .execute([&fresh])?;
+            Ok(conn
+                .prepare_cached("SELECT value FROM meta WHERE key = 'webhook_secret'")?
+                .query_row([], |r| r.get(0))?)
+        })
     }
 }
 

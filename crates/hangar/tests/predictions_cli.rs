@@ -421,12 +421,15 @@ fn sse_streams_output_then_done() {
 
 #[test]
 fn a_killed_server_loses_nothing() {
-    let config = CONFIG.replace("async_slots = 1", "async_slots = 8");
+    // Two at a time, 40 tokens each: the server is still working through
+    // the backlog when the kill comes. The restarted one runs eight at once.
+    let config = CONFIG.replace("async_slots = 1", "async_slots = 2");
+    let restart_config = CONFIG.replace("async_slots = 1", "async_slots = 8");
     let dir = tempfile::tempdir().unwrap();
     let s = serve_in(dir, &config);
     let hooks = receiver(0);
     let create = format!("{}/v1/models/t/fast/predictions", s.url);
-    let body = json!({"input": {"prompt": "x", "max_tokens": 4}, "webhook": hooks.url, "webhook_events_filter": ["completed"]});
+    let body = json!({"input": {"prompt": "x", "max_tokens": 40}, "webhook": hooks.url, "webhook_events_filter": ["completed"]});
     let mut ids = Vec::new();
     for _ in 0..1000 {
         let (status, p) = post(&create, &body, &[]);
@@ -442,7 +445,7 @@ fn a_killed_server_loses_nothing() {
     let dir = s.kill9();
     let before = hooks.completed().len();
     assert!(before < 1000, "the kill came too late to test anything");
-    let s = serve_in(dir, &config);
+    let s = serve_in(dir, &restart_config);
     let t = Instant::now();
     let mut statuses = HashMap::new();
     while statuses.len() < 1000 || statuses.values().any(|s: &String| s == "starting" || s == "processing") {
