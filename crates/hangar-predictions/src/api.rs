@@ -318,7 +318,7 @@ async fn create(
         destination: None,
         data_removed: false,
     };
-    inner.create(&mut record).map_err(Problem::internal)?;
+    inner.create(&mut record).await.map_err(Problem::internal)?;
     let view = view(headers);
     let mut shown = match wait {
         Some(secs) => wait_for_end(inner, &record.id, Duration::from_secs(secs)).await?,

@@ -204,9 +204,14 @@ impl Inner {
         self.models.get(&r.model).map(|m| m.settings).unwrap_or_default()
     }
 
-    /// Persists a new prediction and wakes its model's worker.
-    pub fn create(&self, record: &mut Record) -> Result<(), StoreError> {
-        record.seq = self.store.enqueue(record)?;
+    /// Persists a new prediction (returning once it is durable) and wakes
+    /// its model's worker.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may still leave the prediction stored (and
+    /// run).
+    pub async fn create(&self, record: &mut Record) -> Result<(), StoreError> {
+        record.seq = self.store.enqueue_async(record).await?;
         if let Some(n) = self.wake.get(&record.kind.queue(&record.model)) {
             n.notify_one();
         }

@@ -318,7 +318,9 @@ impl SqliteQueue {
         std::thread::Builder::new()
             .name("predictions-checkpoint".into())
             .spawn(move || {
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(CHECKPOINT_EVERY)
+                {
                     if let Err(e) = checkpoint.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                         tracing::warn!("prediction store checkpoint: {e}");
                     }
@@ -332,24 +334,37 @@ impl SqliteQueue {
         self.read.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the writer connection in the next batch, in its own
-    /// savepoint, and returns its result once the batch has committed.
+    /// Queues `f` to run on the writer connection in the next batch, in
+    /// its own savepoint; `reply` gets its result once the batch's commit
+    /// is known.
+    fn submit<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        reply: impl FnOnce(Result<T, StoreError>) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let op: WriteOp = Box::new(move |conn| {
+            let result = in_savepoint(conn, f);
+            Box::new(move |commit_error: Option<&str>| {
+                reply(match commit_error {
+                    None => result,
+                    Some(e) => Err(StoreError::Commit(e.to_owned())),
+                })
+            })
+        });
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).send(op).map_err(|_| StoreError::Closed)
+    }
+
+    /// Runs `f` in the next batch and returns its result once the batch
+    /// has committed, blocking (in `block_in_place` on a multi-threaded
+    /// tokio runtime).
     fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let op: WriteOp = Box::new(move |conn| {
-            let result = in_savepoint(conn, f);
-            Box::new(move |commit_error: Option<&str>| {
-                let result = match commit_error {
-                    None => result,
-                    Some(e) => Err(StoreError::Commit(e.to_owned())),
-                };
-                let _ = tx.send(result);
-            })
-        });
-        self.writer.lock().unwrap_or_else(|e| e.into_inner()).send(op).map_err(|_| StoreError::Closed)?;
+        self.submit(f, move |r| {
+            let _ = tx.send(r);
+        })?;
         let wait = move || rx.recv().map_err(|_| StoreError::Closed);
         let in_multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
@@ -358,6 +373,24 @@ impl SqliteQueue {
         } else {
             wait()?
         }
+    }
+
+    /// [`PredictionQueue::enqueue`] for async callers: awaits the commit
+    /// without holding a thread (the create path's latency).
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the write: the prediction may
+    /// still be stored.
+    pub async fn enqueue_async(&self, record: &Record) -> Result<i64, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let r = record.clone();
+        self.submit(
+            move |conn| insert_new(conn, &r),
+            move |result| {
+                let _ = tx.send(result);
+            },
+        )?;
+        rx.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Recovery after a restart: every claim in the file belongs to a dead
@@ -377,8 +410,9 @@ impl SqliteQueue {
                  AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
                 [],
             )?;
-            let mut stmt =
-                conn.prepare(&format!("SELECT {COLUMNS} FROM predictions WHERE status = 'processing' ORDER BY seq"))?;
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {COLUMNS} FROM predictions WHERE status = 'processing' ORDER BY seq"
+            ))?;
             let rows = collect(stmt.query_map([], read_row)?);
             rows
         })?;
@@ -435,7 +469,10 @@ fn write_batches(conn: Connection, ops: std::sync::mpsc::Receiver<WriteOp>) {
 
 /// Runs `f` in a savepoint: its writes are kept if it succeeds and undone
 /// if it fails, without touching the rest of the batch.
-fn in_savepoint<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+fn in_savepoint<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
     conn.prepare_cached("SAVEPOINT op")?.execute([])?;
     let result = f(conn);
     let end = match &result {
@@ -447,6 +484,42 @@ fn in_savepoint<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, S
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(e.into()),
     }
+}
+
+/// Inserts a new record and its queue entry.
+fn insert_new(conn: &Connection, r: &Record) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO predictions (id, kind, model, version, deployment, account, input, status, created_at, \
+         deadline, lifetime_deadline, webhook, webhook_events, stream, destination) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+    )?
+    .execute(params![
+        r.id,
+        r.kind.as_str(),
+        r.model,
+        r.version,
+        r.deployment,
+        r.account,
+        r.input.to_string(),
+        r.status.as_str(),
+        r.created_at as i64,
+        r.deadline.map(|t| t as i64),
+        r.lifetime_deadline.map(|t| t as i64),
+        r.webhook,
+        r.webhook_events.bits(),
+        r.stream,
+        r.destination,
+    ])?;
+    let seq = conn.last_insert_rowid();
+    let expires = match (r.deadline, r.lifetime_deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    conn.prepare_cached(
+        "INSERT INTO queue (queue, prediction, enqueued_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![r.kind.queue(&r.model), r.id, r.created_at as i64, expires.map(|t| t as i64)])?;
+    Ok(seq)
 }
 
 fn insert_delivery(conn: &Connection, d: &Delivery) -> Result<(), StoreError> {
@@ -522,38 +595,7 @@ fn collect(
 impl PredictionQueue for SqliteQueue {
     fn enqueue(&self, r: &Record) -> Result<i64, StoreError> {
         let r = r.clone();
-        self.write(move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO predictions (id, kind, model, version, deployment, account, input, status, created_at, \
-                 deadline, lifetime_deadline, webhook, webhook_events, stream, destination) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            )?
-            .execute(params![
-                r.id,
-                r.kind.as_str(),
-                r.model,
-                r.version,
-                r.deployment,
-                r.account,
-                r.input.to_string(),
-                r.status.as_str(),
-                r.created_at as i64,
-                r.deadline.map(|t| t as i64),
-                r.lifetime_deadline.map(|t| t as i64),
-                r.webhook,
-                r.webhook_events.bits(),
-                r.stream,
-                r.destination,
-            ])?;
-            let seq = conn.last_insert_rowid();
-            let expires = match (r.deadline, r.lifetime_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            conn.prepare_cached("INSERT INTO queue (queue, prediction, enqueued_at, expires_at) VALUES (?1, ?2, ?3, ?4)")?
-                .execute(params![r.kind.queue(&r.model), r.id, r.created_at as i64, expires.map(|t| t as i64)])?;
-            Ok(seq)
-        })
+        self.write(move |conn| insert_new(conn, &r))
     }
 
     fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
@@ -604,7 +646,13 @@ impl PredictionQueue for SqliteQueue {
         Ok(page)
     }
 
-    fn claim(&self, queue: &str, owner: &str, now: Millis, lease_ms: Millis) -> Result<Option<Record>, StoreError> {
+    fn claim(
+        &self,
+        queue: &str,
+        owner: &str,
+        now: Millis,
+        lease_ms: Millis,
+    ) -> Result<Option<Record>, StoreError> {
         let (queue, owner) = (queue.to_owned(), owner.to_owned());
         self.write(move |conn| {
             let entry: Option<(i64, String)> = conn
@@ -645,8 +693,10 @@ impl PredictionQueue for SqliteQueue {
     fn save_progress(&self, id: &str, output: &serde_json::Value, logs: &str) -> Result<(), StoreError> {
         let (id, output, logs) = (id.to_owned(), output.to_string(), logs.to_owned());
         self.write(move |conn| {
-            conn.prepare_cached("UPDATE predictions SET output = ?2, logs = ?3 WHERE id = ?1 AND status = 'processing'")?
-                .execute(params![id, output, logs])?;
+            conn.prepare_cached(
+                "UPDATE predictions SET output = ?2, logs = ?3 WHERE id = ?1 AND status = 'processing'",
+            )?
+            .execute(params![id, output, logs])?;
             Ok(())
         })
     }
@@ -717,13 +767,23 @@ impl PredictionQueue for SqliteQueue {
         Ok(at.map(|t| t as Millis))
     }
 
-    fn delivery_attempted(&self, id: &str, delivered: bool, next_at: Option<Millis>) -> Result<(), StoreError> {
+    fn delivery_attempted(
+        &self,
+        id: &str,
+        delivered: bool,
+        next_at: Option<Millis>,
+    ) -> Result<(), StoreError> {
         let id = id.to_owned();
         self.write(move |conn| {
             conn.prepare_cached(
                 "UPDATE deliveries SET attempts = attempts + ?2, delivered = ?3, next_at = ?4 WHERE id = ?1",
             )?
-            .execute(params![id, i64::from(!delivered), delivered, next_at.map(|t| t as i64)])?;
+            .execute(params![
+                id,
+                i64::from(!delivered),
+                delivered,
+                next_at.map(|t| t as i64)
+            ])?;
             Ok(())
         })
     }
@@ -764,8 +824,10 @@ impl PredictionQueue for SqliteQueue {
                 )?
                 .execute([&id])?;
             if changed == 1 {
-                conn.prepare_cached("UPDATE queue SET owner = NULL, lease_until = NULL WHERE prediction = ?1")?
-                    .execute([&id])?;
+                conn.prepare_cached(
+                    "UPDATE queue SET owner = NULL, lease_until = NULL WHERE prediction = ?1",
+                )?
+                .execute([&id])?;
             }
             Ok(changed == 1)
         })
