@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 
 use crate::lifecycle::{parse_cancel_after, Deadlines, Status};
 use crate::llm::{openapi_schema, LlmInput};
-use crate::record::{rfc3339, JobKind, Record, StatusView};
+use crate::record::{rfc3339, Record, StatusView};
 use crate::service::{now, Inner, Service};
 use crate::store::{Cursor, PredictionQueue};
 use crate::webhook_policy::{Event, Filter};
@@ -294,30 +294,19 @@ async fn create(
         target.deployment.as_ref().and_then(|d| inner.deployments.get(d)).map_or(model.settings, |(_, s)| *s);
     let created_at = now();
     let deadlines = Deadlines::new(&settings.limits(false), created_at, cancel_after);
-    let mut record = Record {
-        seq: 0,
-        id: new_id(),
-        kind: JobKind::Prediction,
-        model: model.key.clone(),
-        version: model.version.clone(),
-        deployment: target.deployment,
-        account: account.to_string(),
+    let mut record = Record::starting(
+        new_id(),
+        &model.key,
+        &model.version,
+        account.as_str(),
         input,
-        output: None,
-        logs: String::new(),
-        error: None,
-        status: Status::Starting,
         created_at,
-        started_at: None,
-        completed_at: None,
-        deadline: deadlines.per_prediction,
-        lifetime_deadline: deadlines.lifetime,
-        webhook,
-        webhook_events,
-        stream,
-        destination: None,
-        data_removed: false,
-    };
+        deadlines,
+    );
+    record.deployment = target.deployment;
+    record.webhook = webhook;
+    record.webhook_events = webhook_events;
+    record.stream = stream;
     inner.create(&mut record).await.map_err(Problem::internal)?;
     let view = view(headers);
     let mut shown = match wait {

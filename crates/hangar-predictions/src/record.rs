@@ -115,6 +115,44 @@ impl StatusView {
 }
 
 impl Record {
+    /// A new prediction of `model` (version `version`) for `account`, as
+    /// created at `created_at` with `deadlines`: status `starting`, no
+    /// webhook, nothing run yet.
+    pub fn starting(
+        id: String,
+        model: &str,
+        version: &str,
+        account: &str,
+        input: Value,
+        created_at: Millis,
+        deadlines: crate::lifecycle::Deadlines,
+    ) -> Self {
+        Record {
+            seq: 0,
+            id,
+            kind: JobKind::Prediction,
+            model: model.to_owned(),
+            version: version.to_owned(),
+            deployment: None,
+            account: account.to_owned(),
+            input,
+            output: None,
+            logs: String::new(),
+            error: None,
+            status: Status::Starting,
+            created_at,
+            started_at: None,
+            completed_at: None,
+            deadline: deadlines.per_prediction,
+            lifetime_deadline: deadlines.lifetime,
+            webhook: None,
+            webhook_events: Filter::ALL,
+            stream: false,
+            destination: None,
+            data_removed: false,
+        }
+    }
+
     /// The API object, with URLs under `base` (`http://host:port`).
     pub fn to_json(&self, base: &str, view: StatusView) -> Value {
         let get = format!("{base}/v1/predictions/{}", self.id);

@@ -881,30 +881,9 @@ mod tests {
     use serde_json::json;
 
     pub(crate) fn record(id: &str, model: &str, created_at: Millis) -> Record {
-        Record {
-            seq: 0,
-            id: id.into(),
-            kind: JobKind::Prediction,
-            model: model.into(),
-            version: "v".into(),
-            deployment: None,
-            account: "acme".into(),
-            input: json!({"prompt": "hi"}),
-            output: None,
-            logs: String::new(),
-            error: None,
-            status: Status::Starting,
-            created_at,
-            started_at: None,
-            completed_at: None,
-            deadline: None,
-            lifetime_deadline: Some(created_at + 1000),
-            webhook: None,
-            webhook_events: Filter::ALL,
-            stream: false,
-            destination: None,
-            data_removed: false,
-        }
+        let deadlines =
+            crate::lifecycle::Deadlines { per_prediction: None, lifetime: Some(created_at + 1000) };
+        Record::starting(id.into(), model, "v", "acme", json!({"prompt": "hi"}), created_at, deadlines)
     }
 
     fn open() -> (tempfile::TempDir, SqliteQueue) {

@@ -13,35 +13,7 @@ use std::time::{Duration, Instant};
 use common::{serve, serve_in};
 use serde_json::{json, Value};
 
-const CONFIG: &str = r#"
-[[nodes]]
-id = "local"
-gpus = 2
-gpu_memory = "80GB"
-virtual_gpus = true
-
-[[models]]
-key = "t/fast"
-engine = { kind = "mock", preset = "fast" }
-size = "10GB"
-min_replicas = 1
-
-[[models]]
-key = "t/slow"
-engine = { kind = "mock", preset = "default" }
-size = "10GB"
-min_replicas = 1
-concurrency = 1
-
-[predictions]
-async_slots = 1
-webhook_retry_base_ms = 100
-webhook_retry_cap_ms = 400
-
-[[predictions.deployments]]
-name = "acme/fast-prod"
-model = "t/fast"
-"#;
+use common::PREDICTIONS_CONFIG as CONFIG;
 
 fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder().timeout(Duration::from_secs(90)).build().unwrap()

@@ -12,38 +12,12 @@ use std::process::Command;
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/replicate_compat.py");
 const API_KEY: &str = "r8-compat-test";
 
-const CONFIG: &str = r#"
-[[nodes]]
-id = "local"
-gpus = 2
-gpu_memory = "80GB"
-virtual_gpus = true
-
-[[models]]
-key = "t/fast"
-engine = { kind = "mock", preset = "fast" }
-size = "10GB"
-min_replicas = 1
-
-[[models]]
-key = "t/slow"
-engine = { kind = "mock", preset = "default" }
-size = "10GB"
-min_replicas = 1
-concurrency = 1
-
-[predictions]
-async_slots = 1
-
-[[api_keys]]
-key = "r8-compat-test"
-account = "compat"
-"#;
-
 #[test]
 fn the_stable_replicate_python_client_works_against_hangar_serve() {
     let python = common::python();
-    let server = common::serve(CONFIG);
+    let config =
+        format!("{}\n[[api_keys]]\nkey = \"{API_KEY}\"\naccount = \"compat\"\n", common::PREDICTIONS_CONFIG);
+    let server = common::serve(&config);
     let o = Command::new(&python)
         .arg(SCRIPT)
         .env("REPLICATE_BASE_URL", &server.url)

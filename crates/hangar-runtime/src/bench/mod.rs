@@ -149,29 +149,55 @@ impl Options {
 /// Dropping the future kills both child processes.
 pub async fn run(options: &Options) -> Result<Report, BenchError> {
     options.validate()?;
-    let ctx = LaunchContext {
-        model: MODEL.into(),
-        gpus: Vec::new(),
-        gpu_fraction: 1.0,
-        hangar_exe: options.hangar_exe.clone(),
-        mock_setup_timeout: Duration::from_secs(60),
-    };
-    let spec = EngineSpec::Mock { preset: "instant".into(), startup_delay_ms: 0 };
-    let engine =
-        launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })?;
+    let engine = launch_instant_engine(&options.hangar_exe).await?;
     let gateway = start_gateway(options, &engine.base_url).await?;
-    let report = measure(options, &engine.base_url, &gateway.base_url).await;
-    gateway.stop(Duration::from_secs(5)).await;
+    let report = measure(options, &engine.base_url, &gateway.process.base_url).await;
+    gateway.process.stop(Duration::from_secs(5)).await;
     engine.stop(Duration::from_secs(5)).await;
     report
 }
 
+/// A mock engine with zero compute time (`--preset instant`) serving
+/// [`MODEL`], as a child process.
+pub(crate) async fn launch_instant_engine(hangar_exe: &std::path::Path) -> Result<RunningEngine, BenchError> {
+    let ctx = LaunchContext {
+        model: MODEL.into(),
+        gpus: Vec::new(),
+        gpu_fraction: 1.0,
+        hangar_exe: hangar_exe.to_owned(),
+        mock_setup_timeout: Duration::from_secs(60),
+    };
+    let spec = EngineSpec::Mock { preset: "instant".into(), startup_delay_ms: 0 };
+    launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })
+}
+
 /// `hangar serve` with one model whose engine is the mock at `engine_url`.
-async fn start_gateway(options: &Options, engine_url: &str) -> Result<RunningEngine, BenchError> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("bench-gateway.toml");
+async fn start_gateway(options: &Options, engine_url: &str) -> Result<Server, BenchError> {
     // Permits beyond the client count: admission never makes a request wait.
     let permits = (options.concurrency * 2).max(1024);
+    start_serve(&options.hangar_exe, engine_url, permits, "", "gateway").await
+}
+
+/// A `hangar serve` child process and the directory of its configuration
+/// and data (removed when dropped, after the process is stopped).
+pub(crate) struct Server {
+    /// The process.
+    pub process: RunningEngine,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts `hangar serve` on one virtual node with the model [`MODEL`] on
+/// the engine at `engine_url` (`permits` per replica), plus the TOML
+/// `extra`; `what` names it in errors.
+pub(crate) async fn start_serve(
+    hangar_exe: &std::path::Path,
+    engine_url: &str,
+    permits: usize,
+    extra: &str,
+    what: &'static str,
+) -> Result<Server, BenchError> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("bench-serve.toml");
     let config = format!(
         r#"listen = "127.0.0.1:0"
 
@@ -187,14 +213,15 @@ engine = {{ kind = "external", url = "{engine_url}" }}
 size = "1GB"
 min_replicas = 1
 concurrency = {permits}
-"#
+{extra}"#
     );
     std::fs::write(&path, config)?;
-    let mut cmd = Command::new(&options.hangar_exe);
+    let mut cmd = Command::new(hangar_exe);
     cmd.arg("serve").arg("--config").arg(&path);
-    launch_announcing(cmd, &options.hangar_exe, Duration::from_secs(60))
+    let process = launch_announcing(cmd, hangar_exe, Duration::from_secs(60))
         .await
-        .map_err(|source| BenchError::Launch { what: "gateway", source })
+        .map_err(|source| BenchError::Launch { what, source })?;
+    Ok(Server { process, _dir: dir })
 }
 
 async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Result<Report, BenchError> {

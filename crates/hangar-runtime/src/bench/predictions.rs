@@ -25,13 +25,12 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
 use serde::Serialize;
-use tokio::process::Command;
 
 use super::load::{self, Client, Target};
-use super::{address, BenchError, PathStats};
-use crate::engine::{launch, launch_announcing, EngineSpec, LaunchContext, RunningEngine};
+use super::{address, launch_instant_engine, start_serve, BenchError, PathStats};
 
-const MODEL: &str = "bench/instant";
+/// The create route of the bench's model (`bench/instant`).
+const PREDICTIONS_PATH: &str = "/v1/models/bench/instant/predictions";
 const TARGET_CREATES_PER_S: f64 = 5000.0;
 const TARGET_P99_MS: f64 = 5.0;
 
@@ -79,69 +78,19 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     {
         return Err(BenchError::Options("--requests, --concurrency and --rate must be positive".into()));
     }
-    let ctx = LaunchContext {
-        model: MODEL.into(),
-        gpus: Vec::new(),
-        gpu_fraction: 1.0,
-        hangar_exe: options.hangar_exe.clone(),
-        mock_setup_timeout: Duration::from_secs(60),
-    };
-    let spec = EngineSpec::Mock { preset: "instant".into(), startup_delay_ms: 0 };
-    let engine =
-        launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })?;
-    let dir = tempfile::tempdir()?;
-    let server = start_server(options, &engine.base_url, &dir).await?;
-    let report = measure(options, &server.base_url).await;
-    server.stop(Duration::from_secs(5)).await;
+    let engine = launch_instant_engine(&options.hangar_exe).await?;
+    let extra = format!("\n[predictions]\nasync_slots = {}\n", options.concurrency.max(32));
+    let server = start_serve(&options.hangar_exe, &engine.base_url, 1024, &extra, "server").await?;
+    let report = measure(options, &server.process.base_url).await;
+    server.process.stop(Duration::from_secs(5)).await;
     engine.stop(Duration::from_secs(5)).await;
     report
-}
-
-async fn start_server(
-    options: &Options,
-    engine_url: &str,
-    dir: &tempfile::TempDir,
-) -> Result<RunningEngine, BenchError> {
-    let path = dir.path().join("bench-predictions.toml");
-    let config = format!(
-        r#"listen = "127.0.0.1:0"
-data_dir = "data"
-
-[[nodes]]
-id = "bench"
-gpus = 1
-gpu_memory = "80GB"
-virtual_gpus = true
-
-[[models]]
-key = "{MODEL}"
-engine = {{ kind = "external", url = "{engine_url}" }}
-size = "1GB"
-min_replicas = 1
-concurrency = 1024
-
-[predictions]
-async_slots = {slots}
-"#,
-        slots = options.concurrency.max(32)
-    );
-    std::fs::write(&path, config)?;
-    let mut cmd = Command::new(&options.hangar_exe);
-    cmd.arg("serve").arg("--config").arg(&path);
-    launch_announcing(cmd, &options.hangar_exe, Duration::from_secs(60))
-        .await
-        .map_err(|source| BenchError::Launch { what: "server", source })
 }
 
 fn target(url: &str, headers: &'static [(&'static str, &'static str)]) -> Result<Target, BenchError> {
     let body =
         serde_json::json!({"input": {"prompt": "Say hello to the predictions benchmark.", "max_tokens": 1}});
-    Ok(Target {
-        addr: address(url)?,
-        path: "/v1/models/bench/instant/predictions",
-        body: Bytes::from(body.to_string()),
-        headers,
-    })
+    Ok(Target { addr: address(url)?, path: PREDICTIONS_PATH, body: Bytes::from(body.to_string()), headers })
 }
 
 async fn clients(target: &Target, n: usize) -> Result<Vec<Client>, BenchError> {

@@ -74,6 +74,40 @@ pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
     Serve { child, url, _dir: dir }
 }
 
+/// Two mock models for the predictions tests: `t/fast`, and `t/slow` with
+/// one permit and one async slot (so a second prediction waits in the
+/// durable queue); fast webhook retries; a deployment `acme/fast-prod`.
+#[allow(dead_code)]
+pub const PREDICTIONS_CONFIG: &str = r#"
+[[nodes]]
+id = "local"
+gpus = 2
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "t/fast"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+min_replicas = 1
+
+[[models]]
+key = "t/slow"
+engine = { kind = "mock", preset = "default" }
+size = "10GB"
+min_replicas = 1
+concurrency = 1
+
+[predictions]
+async_slots = 1
+webhook_retry_base_ms = 100
+webhook_retry_cap_ms = 400
+
+[[predictions.deployments]]
+name = "acme/fast-prod"
+model = "t/fast"
+"#;
+
 const REQUIREMENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python-requirements.txt");
 
 /// A Python interpreter with the pinned clients of `python-requirements.txt`
