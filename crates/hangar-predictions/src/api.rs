@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 
 use crate::lifecycle::{parse_cancel_after, Deadlines, Status};
 use crate::llm::{openapi_schema, LlmInput};
-use crate::record::{rfc3339, Record, StatusView};
+use crate::record::{rfc3339, JobKind, Record, StatusView};
 use crate::service::{now, Inner, Service};
 use crate::store::{Cursor, PredictionQueue};
 use crate::webhook_policy::{Event, Filter};
@@ -96,9 +96,16 @@ impl Service {
     /// The API's routes (to merge into the server's router).
     pub fn router(&self) -> Router {
         Router::new()
-            .route("/v1/predictions", post(create_by_version).get(list))
-            .route("/v1/predictions/{id}", get(get_prediction))
-            .route("/v1/predictions/{id}/cancel", post(cancel))
+            .route(
+                "/v1/predictions",
+                post(create_by_version).get(|s, h, q| list(s, h, q, JobKind::Prediction)),
+            )
+            .route("/v1/trainings", get(|s, h, q| list(s, h, q, JobKind::Training)))
+            .route("/v1/trainings/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Training)))
+            .route("/v1/trainings/{id}/cancel", post(|s, p, h| cancel(s, p, h, JobKind::Training)))
+            .route("/v1/models/{owner}/{name}/versions/{id}/trainings", post(create_training))
+            .route("/v1/predictions/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
+            .route("/v1/predictions/{id}/cancel", post(|s, p, h| cancel(s, p, h, JobKind::Prediction)))
             .route("/v1/predictions/{id}/stream", get(stream))
             .route("/v1/models/{owner}/{name}", get(model))
             .route("/v1/models/{owner}/{name}/predictions", post(create_by_model))
@@ -137,6 +144,13 @@ fn view(headers: &HeaderMap) -> StatusView {
 struct Target {
     model: String,
     deployment: Option<String>,
+    kind: JobKind,
+}
+
+impl Target {
+    fn model(model: String) -> Self {
+        Target { model, deployment: None, kind: JobKind::Prediction }
+    }
 }
 
 fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, Problem> {
@@ -160,7 +174,7 @@ async fn create_by_version(
         Some(_) => return Err(Problem::invalid("version", "must be a string")),
     };
     let model = resolve_version(&inner, &version)?;
-    create(&inner, &headers, Target { model, deployment: None }, body).await
+    create(&inner, &headers, Target::model(model), body).await
 }
 
 /// The model of `owner/name`, `owner/name:<id>` or `<id>`.
@@ -189,7 +203,7 @@ async fn create_by_model(
         return Err(Problem::not_found(format!("model `{key}` does not exist")));
     }
     let body = parse_body(body)?;
-    create(&inner, &headers, Target { model: key, deployment: None }, body).await
+    create(&inner, &headers, Target::model(key), body).await
 }
 
 async fn create_by_deployment(
@@ -204,7 +218,23 @@ async fn create_by_deployment(
     };
     let model = model.clone();
     let body = parse_body(body)?;
-    create(&inner, &headers, Target { model, deployment: Some(key) }, body).await
+    create(&inner, &headers, Target { model, deployment: Some(key), kind: JobKind::Prediction }, body).await
+}
+
+/// A training of a model version: its own queue, one at a time per
+/// model, the model's `train_timeout_s`, a `destination`.
+async fn create_training(
+    State(inner): State<Arc<Inner>>,
+    Path((owner, name, version)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let key = format!("{owner}/{name}");
+    if inner.models.get(&key).is_none_or(|m| m.version != version) {
+        return Err(Problem::not_found(format!("version `{version}` of `{key}` does not exist")));
+    }
+    let body = parse_body(body)?;
+    create(&inner, &headers, Target { model: key, deployment: None, kind: JobKind::Training }, body).await
 }
 
 /// `Prefer: wait` / `wait=n` (1–60 s, default 60).
@@ -247,7 +277,29 @@ async fn create(
         None => return Err(Problem::invalid("input", "is required")),
         Some(_) => return Err(Problem::invalid("input", "must be an object")),
     };
-    LlmInput::parse(&input).map_err(|e| Problem::invalid(&format!("input.{}", e.field), &e.message))?;
+    let destination = match target.kind {
+        // A language model's input is checked here; a training's input is
+        // the trainer's to judge.
+        JobKind::Prediction => {
+            LlmInput::parse(&input)
+                .map_err(|e| Problem::invalid(&format!("input.{}", e.field), &e.message))?;
+            None
+        }
+        JobKind::Training => match body.get("destination") {
+            Some(Value::String(d))
+                if d.split('/').count() == 2 && !d.starts_with('/') && !d.ends_with('/') =>
+            {
+                Some(d.clone())
+            }
+            None => {
+                return Err(Problem::invalid(
+                    "destination",
+                    "is required (`owner/name` of the model to create)",
+                ))
+            }
+            Some(_) => return Err(Problem::invalid("destination", "must be a string `owner/name`")),
+        },
+    };
     let webhook = match body.get("webhook") {
         None | Some(Value::Null) => None,
         Some(Value::String(url)) => {
@@ -293,7 +345,8 @@ async fn create(
     let settings =
         target.deployment.as_ref().and_then(|d| inner.deployments.get(d)).map_or(model.settings, |(_, s)| *s);
     let created_at = now();
-    let deadlines = Deadlines::new(&settings.limits(false), created_at, cancel_after);
+    let deadlines =
+        Deadlines::new(&settings.limits(target.kind == JobKind::Training), created_at, cancel_after);
     let mut record = Record::starting(
         new_id(),
         &model.key,
@@ -303,6 +356,8 @@ async fn create(
         created_at,
         deadlines,
     );
+    record.kind = target.kind;
+    record.destination = destination;
     record.deployment = target.deployment;
     record.webhook = webhook;
     record.webhook_events = webhook_events;
@@ -346,28 +401,37 @@ async fn wait_for_end(inner: &Arc<Inner>, id: &str, limit: Duration) -> Result<R
     }
 }
 
-/// The record `id` if `account` owns it (404 otherwise: other accounts'
-/// predictions are not revealed).
-fn owned(inner: &Inner, id: &str, account: &AccountId) -> Result<Record, Problem> {
+/// The record `id` of `kind` (any kind if `None`) if `account` owns it
+/// (404 otherwise: other accounts' predictions are not revealed).
+fn owned(inner: &Inner, id: &str, account: &AccountId, kind: Option<JobKind>) -> Result<Record, Problem> {
     match inner.current(id).map_err(Problem::internal)? {
-        Some(r) if r.account == account.as_str() => Ok(r),
-        _ => Err(Problem::not_found(format!("prediction `{id}` does not exist"))),
+        Some(r) if r.account == account.as_str() && kind.is_none_or(|k| k == r.kind) => Ok(r),
+        _ => Err(Problem::not_found(format!(
+            "{} `{id}` does not exist",
+            kind.unwrap_or(JobKind::Prediction).as_str()
+        ))),
     }
 }
 
-async fn get_prediction(
+async fn get_job(
     State(inner): State<Arc<Inner>>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    kind: JobKind,
 ) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let r = owned(&inner, &id, &account)?;
+    let r = owned(&inner, &id, &account, Some(kind))?;
     Ok(Json(r.to_json(&inner.base_url, view(&headers))).into_response())
 }
 
-async fn cancel(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
+async fn cancel(
+    State(inner): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    kind: JobKind,
+) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let mut r = owned(&inner, &id, &account)?;
+    let mut r = owned(&inner, &id, &account, Some(kind))?;
     if !r.status.is_terminal() {
         if let Some(live) = inner.live_if_any(&id) {
             // Its worker ends it (and stops the engine call).
@@ -379,7 +443,7 @@ async fn cancel(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers
             r.completed_at = Some(now());
             r.error = Some("canceled by the user".into());
             inner.finish(&r).map_err(Problem::internal)?;
-            r = owned(&inner, &id, &account)?;
+            r = owned(&inner, &id, &account, Some(kind))?;
         }
     }
     Ok(Json(r.to_json(&inner.base_url, view(&headers))).into_response())
@@ -390,7 +454,12 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-async fn list(State(inner): State<Arc<Inner>>, headers: HeaderMap, Query(q): Query<ListQuery>) -> ApiResult {
+async fn list(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+    kind: JobKind,
+) -> ApiResult {
     let account = account(&inner, &headers)?;
     let cursor = match q.cursor.as_deref() {
         None | Some("") => Cursor::Start,
@@ -408,8 +477,9 @@ async fn list(State(inner): State<Arc<Inner>>, headers: HeaderMap, Query(q): Que
             }
         }
     };
-    let page = inner.store.list(Some(account.as_str()), cursor, PAGE_SIZE).map_err(Problem::internal)?;
-    let url = |c: String| format!("{}/v1/predictions?cursor={c}", inner.base_url);
+    let page =
+        inner.store.list(Some(account.as_str()), kind, cursor, PAGE_SIZE).map_err(Problem::internal)?;
+    let url = |c: String| format!("{}/v1/{}s?cursor={c}", inner.base_url, kind.as_str());
     let next = page.more_after.then(|| page.results.last().map(|r| url(format!("b{}", r.seq)))).flatten();
     let previous =
         page.more_before.then(|| page.results.first().map(|r| url(format!("a{}", r.seq)))).flatten();
@@ -422,7 +492,7 @@ async fn list(State(inner): State<Arc<Inner>>, headers: HeaderMap, Query(q): Que
 /// the beginning), then `error` if it did not succeed, then `done`.
 async fn stream(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let r = owned(&inner, &id, &account)?;
+    let r = owned(&inner, &id, &account, None)?;
     let live = (!r.status.is_terminal()).then(|| inner.live(&id));
     let changes = live.as_ref().map(|l| l.changed.subscribe());
     let state =

@@ -141,3 +141,20 @@ fn default_predict_timeout() -> u64 {
 fn default_train_timeout() -> u64 {
     DEFAULT_TRAIN_TIMEOUT / 1000
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_training_limits() {
+        let c = PredictionsConfig::default();
+        assert_eq!((c.retention_s, c.lease_s, c.async_slots), (3600, 30, 4));
+        let m = ModelSettings::default();
+        assert_eq!(m.limits(false), Limits { max_run_lifetime: 86_400_000, predict_timeout: 1_800_000 });
+        // A training runs up to the larger of the two timeouts.
+        assert_eq!(m.limits(true).predict_timeout, 86_400_000);
+        let e = serde_json::from_str::<ModelSettings>(r#"{"idempotnt": true}"#).unwrap_err();
+        assert!(e.to_string().contains("idempotnt"), "{e}");
+    }
+}

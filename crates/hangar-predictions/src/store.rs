@@ -123,9 +123,15 @@ pub trait PredictionQueue: Send + Sync {
     /// The record with `id`.
     fn get(&self, id: &str) -> Result<Option<Record>, StoreError>;
 
-    /// Up to `limit` records of `account` (all accounts if `None`), newest
-    /// first, from `cursor`.
-    fn list(&self, account: Option<&str>, cursor: Cursor, limit: usize) -> Result<Page, StoreError>;
+    /// Up to `limit` records of `kind` of `account` (all accounts if
+    /// `None`), newest first, from `cursor`.
+    fn list(
+        &self,
+        account: Option<&str>,
+        kind: JobKind,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError>;
 
     /// Claims the oldest unclaimed entry of `queue` for `owner` until
     /// `now + lease_ms`, returning its record.
@@ -604,8 +610,15 @@ impl PredictionQueue for SqliteQueue {
         stmt.query_row([id], read_row).optional()?.transpose()
     }
 
-    fn list(&self, account: Option<&str>, cursor: Cursor, limit: usize) -> Result<Page, StoreError> {
+    fn list(
+        &self,
+        account: Option<&str>,
+        kind: JobKind,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
         let conn = self.conn();
+        let kind = kind.as_str();
         let (cmp, order) = match cursor {
             Cursor::Start => ("seq < ?2", "DESC"),
             Cursor::Before(_) => ("seq < ?2", "DESC"),
@@ -616,15 +629,19 @@ impl PredictionQueue for SqliteQueue {
             Cursor::Before(s) | Cursor::After(s) => s,
         };
         let sql = format!(
-            "SELECT {COLUMNS} FROM predictions WHERE (?1 IS NULL OR account = ?1) AND {cmp} ORDER BY seq {order} LIMIT ?3"
+            "SELECT {COLUMNS} FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind = ?4 AND {cmp} \
+             ORDER BY seq {order} LIMIT ?3"
         );
         let mut stmt = conn.prepare_cached(&sql)?;
-        let mut results = collect(stmt.query_map(params![account, pivot, limit as i64 + 1], read_row)?)?;
+        let mut results =
+            collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind], read_row)?)?;
         let more = results.len() > limit;
         results.truncate(limit);
         let exists = |cmp: &str, seq: i64| -> Result<bool, StoreError> {
-            let sql = format!("SELECT EXISTS (SELECT 1 FROM predictions WHERE (?1 IS NULL OR account = ?1) AND seq {cmp} ?2)");
-            Ok(conn.prepare_cached(&sql)?.query_row(params![account, seq], |r| r.get(0))?)
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind = ?3 AND seq {cmp} ?2)"
+            );
+            Ok(conn.prepare_cached(&sql)?.query_row(params![account, seq, kind], |r| r.get(0))?)
         };
         let page = match cursor {
             Cursor::After(_) => {
@@ -982,21 +999,21 @@ mod tests {
         for i in 0..25 {
             q.enqueue(&record(&format!("p{i:02}"), "a/x", i)).unwrap();
         }
-        let p1 = q.list(Some("acme"), Cursor::Start, 10).unwrap();
+        let p1 = q.list(Some("acme"), JobKind::Prediction, Cursor::Start, 10).unwrap();
         assert_eq!(p1.results[0].id, "p24");
         assert!(p1.more_after && !p1.more_before);
-        let p2 = q.list(Some("acme"), Cursor::Before(p1.results[9].seq), 10).unwrap();
+        let p2 = q.list(Some("acme"), JobKind::Prediction, Cursor::Before(p1.results[9].seq), 10).unwrap();
         assert_eq!(p2.results[0].id, "p14");
         assert!(p2.more_after && p2.more_before);
-        let p3 = q.list(Some("acme"), Cursor::Before(p2.results[9].seq), 10).unwrap();
+        let p3 = q.list(Some("acme"), JobKind::Prediction, Cursor::Before(p2.results[9].seq), 10).unwrap();
         assert_eq!(p3.results.len(), 5);
         assert!(!p3.more_after);
-        let back = q.list(Some("acme"), Cursor::After(p2.results[0].seq), 10).unwrap();
+        let back = q.list(Some("acme"), JobKind::Prediction, Cursor::After(p2.results[0].seq), 10).unwrap();
         assert_eq!(
             back.results.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
             p1.results.iter().map(|r| r.id.clone()).collect::<Vec<_>>()
         );
-        assert!(q.list(Some("other"), Cursor::Start, 10).unwrap().results.is_empty());
+        assert!(q.list(Some("other"), JobKind::Prediction, Cursor::Start, 10).unwrap().results.is_empty());
     }
 
     #[test]

@@ -536,3 +536,34 @@ fn a_failing_receiver_gets_retries_that_survive_a_restart() {
     let body: Value = serde_json::from_str(&delivered.body).unwrap();
     assert_eq!((body["id"].as_str(), body["status"].as_str()), (p["id"].as_str(), Some("succeeded")));
 }
+
+#[test]
+fn trainings_have_their_own_routes_queue_and_destination() {
+    let s = serve(CONFIG);
+    let version =
+        get(&format!("{}/v1/models/t/fast", s.url))["latest_version"]["id"].as_str().unwrap().to_owned();
+    let create = format!("{}/v1/models/t/fast/versions/{version}/trainings", s.url);
+    let (status, t) = post(&create, &json!({"destination": "acme/tuned", "input": {"train_data": "x"}}), &[]);
+    assert_eq!(status, 201, "{t}");
+    assert_eq!(t["destination"], "acme/tuned");
+    let url = t["urls"]["get"].as_str().unwrap().to_owned();
+    assert!(url.contains("/v1/trainings/"), "{url}");
+    // The mock engine serves completions and cannot train: a clear failure.
+    let done = wait_terminal(&url);
+    assert_eq!(done["status"], "failed", "{done}");
+    assert!(done["error"].as_str().unwrap().contains("cannot train"), "{done}");
+    let trainings = get(&format!("{}/v1/trainings", s.url));
+    assert_eq!(trainings["results"][0]["id"], t["id"]);
+    let predictions = get(&format!("{}/v1/predictions", s.url));
+    assert!(predictions["results"].as_array().unwrap().iter().all(|p| p["id"] != t["id"]));
+    let r = client().get(format!("{}/v1/predictions/{}", s.url, t["id"].as_str().unwrap())).send().unwrap();
+    assert_eq!(r.status(), 404, "a training is not a prediction");
+    let (status, p) = problem(&create, r#"{"input": {}}"#, &[]);
+    assert_eq!((status, p["invalid_fields"][0]["field"].as_str()), (422, Some("destination")), "{p}");
+    let (status, _) = problem(
+        &format!("{}/v1/models/t/fast/versions/nope/trainings", s.url),
+        r#"{"destination": "a/b", "input": {}}"#,
+        &[],
+    );
+    assert_eq!(status, 404);
+}

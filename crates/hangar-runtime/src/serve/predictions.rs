@@ -23,6 +23,7 @@ use std::time::Duration;
 use axum::http::header;
 use futures::StreamExt;
 use hangar_predictions::llm::LlmInput;
+use hangar_predictions::record::JobKind;
 use hangar_predictions::{ExecError, Executor, Job, Model, PredictionsConfig, Service, ServiceError, Sink};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -53,6 +54,13 @@ impl Executor for ServeExecutor {
 /// Dropping the future leaves the line or gives the permit back, and
 /// drops the engine connection (the engine stops generating).
 async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, ExecError> {
+    if job.kind == JobKind::Training {
+        return Err(ExecError::Failed(format!(
+            "the model `{}` runs on an engine that serves completions and cannot train; trainings need an \
+             engine that runs a trainer (the `cog` engine kind, not available yet)",
+            job.model
+        )));
+    }
     let rt = inner
         .models
         .get(&job.model)
