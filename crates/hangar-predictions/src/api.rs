@@ -107,6 +107,8 @@ impl Service {
             .route("/v1/predictions/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
             .route("/v1/predictions/{id}/cancel", post(|s, p, h| cancel(s, p, h, JobKind::Prediction)))
             .route("/v1/predictions/{id}/stream", get(stream))
+            // `urls.web`: there is no web UI; the same object as `urls.get`.
+            .route("/p/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
             .route("/v1/models/{owner}/{name}", get(model))
             .route("/v1/models/{owner}/{name}/predictions", post(create_by_model))
             .route("/v1/models/{owner}/{name}/versions", get(versions))

@@ -62,6 +62,7 @@ fn create_poll_wait_list_and_the_model_routes() {
     assert_eq!(done["output"].as_array().unwrap().len(), 5, "{done}");
     assert!(done["metrics"]["predict_time"].as_f64().unwrap() >= 0.0);
     assert!(done["completed_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(get(done["urls"]["web"].as_str().unwrap())["id"], done["id"]);
 
     // Prefer: wait answers with the finished prediction.
     let (status, p) = post(
@@ -566,4 +567,27 @@ fn trainings_have_their_own_routes_queue_and_destination() {
         &[],
     );
     assert_eq!(status, 404);
+}
+
+#[test]
+fn data_is_removed_after_the_retention_period() {
+    let s = serve(&CONFIG.replace("[predictions]\n", "[predictions]\nretention_s = 1\n"));
+    let (status, p) = post(
+        &format!("{}/v1/models/t/fast/predictions", s.url),
+        &json!({"input": {"prompt": "secret", "max_tokens": 2}}),
+        &[("prefer", "wait")],
+    );
+    assert_eq!((status, p["status"].as_str()), (201, Some("succeeded")), "{p}");
+    let url = p["urls"]["get"].as_str().unwrap();
+    let t = Instant::now();
+    loop {
+        let p = get(url);
+        if p["data_removed"] == true {
+            assert!(p["input"].is_null() && p["output"].is_null() && p["logs"].is_null(), "{p}");
+            assert_eq!(p["status"], "succeeded");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "data kept past the retention period: {p}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
