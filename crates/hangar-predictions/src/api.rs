@@ -394,6 +394,7 @@ async fn wait_for_end(inner: &Arc<Inner>, id: &str, limit: Duration) -> Result<R
     loop {
         let r = inner.current(id).map_err(Problem::internal)?.ok_or_else(|| Problem::not_found("gone"))?;
         if r.status.is_terminal() {
+            inner.forget_if_ended(&r);
             return Ok(r);
         }
         tokio::select! {
@@ -551,6 +552,7 @@ impl StreamState {
                 }
             };
             if r.status.is_terminal() {
+                self.inner.forget_if_ended(&r);
                 if self.live.is_none() || self.sent == 0 {
                     // Not followed live (or nothing seen live): replay the record.
                     let items = match &r.output {

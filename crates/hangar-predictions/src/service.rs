@@ -234,6 +234,14 @@ impl Inner {
             .clone()
     }
 
+    /// Forgets the live entry of `id` once it has ended (a waiter may have
+    /// created it after the prediction's end removed the last one).
+    pub fn forget_if_ended(&self, r: &Record) {
+        if r.status.is_terminal() {
+            self.live.lock().expect("live table").remove(&r.id);
+        }
+    }
+
     /// The live entry of `id` if this process is running it.
     pub fn live_if_any(&self, id: &str) -> Option<Arc<Live>> {
         self.live.lock().expect("live table").get(id).cloned()
@@ -427,23 +435,27 @@ impl Inner {
                 if *started {
                     return Ok(true);
                 }
-                if !self.store.start(&r.id, t)? {
+                let mut running = r.clone();
+                running.status = Status::Processing;
+                running.started_at = Some(t);
+                let webhook = match throttle.handle(t, Event::Start) {
+                    Decision::Send => self.delivery(&running, Event::Start),
+                    _ => None,
+                };
+                let webhook: Vec<Delivery> = webhook.into_iter().collect();
+                if !self.store.start(&r.id, t, &webhook)? {
                     return Ok(false);
                 }
+                *r = running;
                 *started = true;
-                r.status = Status::Processing;
-                r.started_at = Some(t);
                 *deadline = Some(deadlines.while_running(limits, t));
                 {
                     let mut s = live.state.lock().expect("live state");
                     s.status = Some(Status::Processing);
                     s.started_at = Some(t);
                 }
-                if throttle.handle(t, Event::Start) == Decision::Send {
-                    if let Some(d) = self.delivery(r, Event::Start) {
-                        self.store.add_delivery(&d)?;
-                        self.deliveries.notify_one();
-                    }
+                if !webhook.is_empty() {
+                    self.deliveries.notify_one();
                 }
                 live.changed.send_modify(|v| *v += 1);
                 return Ok(true);

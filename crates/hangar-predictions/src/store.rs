@@ -146,9 +146,11 @@ pub trait PredictionQueue: Send + Sync {
     /// Extends every lease `owner` holds to `now + lease_ms`.
     fn heartbeat(&self, owner: &str, now: Millis, lease_ms: Millis) -> Result<usize, StoreError>;
 
-    /// Moves a `starting` record to `processing` at `now`. `false` if it was
-    /// no longer `starting` (canceled or ended meanwhile).
-    fn start(&self, id: &str, now: Millis) -> Result<bool, StoreError>;
+    /// Moves a `starting` record to `processing` at `now` and records
+    /// `deliveries` (its `start` webhook) in the same transaction. `false`
+    /// (and nothing written) if it was no longer `starting` (canceled or
+    /// ended meanwhile).
+    fn start(&self, id: &str, now: Millis, deliveries: &[Delivery]) -> Result<bool, StoreError>;
 
     /// Saves a running record's output and logs so far.
     fn save_progress(&self, id: &str, output: &serde_json::Value, logs: &str) -> Result<(), StoreError>;
@@ -157,9 +159,6 @@ pub trait PredictionQueue: Send + Sync {
     /// removes its queue entry, and records `deliveries` — all in one
     /// transaction. `false` (and nothing written) if it had already ended.
     fn finish(&self, record: &Record, deliveries: &[Delivery]) -> Result<bool, StoreError>;
-
-    /// Records a durable webhook delivery.
-    fn add_delivery(&self, delivery: &Delivery) -> Result<(), StoreError>;
 
     /// Deliveries due at `now`, oldest first.
     fn due_deliveries(&self, now: Millis, limit: usize) -> Result<Vec<Delivery>, StoreError>;
@@ -695,15 +694,21 @@ impl PredictionQueue for SqliteQueue {
         })
     }
 
-    fn start(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
-        let id = id.to_owned();
+    fn start(&self, id: &str, now: Millis, deliveries: &[Delivery]) -> Result<bool, StoreError> {
+        let (id, deliveries) = (id.to_owned(), deliveries.to_vec());
         self.write(move |conn| {
-            Ok(conn
+            let started = conn
                 .prepare_cached(
                     "UPDATE predictions SET status = 'processing', started_at = ?2 WHERE id = ?1 AND status = 'starting'",
                 )?
                 .execute(params![id, now as i64])?
-                == 1)
+                == 1;
+            if started {
+                for d in &deliveries {
+                    insert_delivery(conn, d)?;
+                }
+            }
+            Ok(started)
         })
     }
 
@@ -748,11 +753,6 @@ impl PredictionQueue for SqliteQueue {
             }
             Ok(true)
         })
-    }
-
-    fn add_delivery(&self, d: &Delivery) -> Result<(), StoreError> {
-        let d = d.clone();
-        self.write(move |conn| insert_delivery(conn, &d))
     }
 
     fn due_deliveries(&self, now: Millis, limit: usize) -> Result<Vec<Delivery>, StoreError> {
@@ -927,8 +927,8 @@ mod tests {
         let (_d, q) = open();
         let mut r = record("p", "a/x", 0);
         q.enqueue(&r).unwrap();
-        assert!(q.start("p", 5).unwrap());
-        assert!(!q.start("p", 6).unwrap());
+        assert!(q.start("p", 5, &[]).unwrap());
+        assert!(!q.start("p", 6, &[]).unwrap());
         r.status = Status::Succeeded;
         r.started_at = Some(5);
         r.completed_at = Some(9);
@@ -952,7 +952,7 @@ mod tests {
             }
             let queue = JobKind::Prediction.queue("a/x");
             q.claim(&queue, "w", 0, 100).unwrap();
-            q.start("p0", 1).unwrap();
+            q.start("p0", 1, &[]).unwrap();
             q.claim(&queue, "w", 0, 100).unwrap();
             assert_eq!(q.heartbeat("w", 50, 100).unwrap(), 2);
             assert!(q.sweep_expired_claims(100).unwrap().is_empty());
@@ -986,7 +986,7 @@ mod tests {
         let (_d, q) = open();
         q.enqueue(&record("p", "a/x", 0)).unwrap();
         q.claim(&JobKind::Prediction.queue("a/x"), "w", 0, 10).unwrap();
-        q.start("p", 1).unwrap();
+        q.start("p", 1, &[]).unwrap();
         let rec = q.recover(5, &|m| m == "a/x", &|_| None).unwrap();
         assert_eq!(rec.requeued, ["p"]);
         assert_eq!(q.get("p").unwrap().unwrap().status, Status::Starting);
@@ -1045,8 +1045,9 @@ mod tests {
             attempts: 0,
             next_at: 10,
         };
-        q.add_delivery(&d).unwrap();
-        q.add_delivery(&d).unwrap();
+        q.enqueue(&record("p", "a/x", 0)).unwrap();
+        assert!(q.start("p", 1, std::slice::from_ref(&d)).unwrap());
+        assert!(!q.start("p", 2, std::slice::from_ref(&d)).unwrap());
         assert!(q.due_deliveries(9, 10).unwrap().is_empty());
         assert_eq!(q.due_deliveries(10, 10).unwrap(), vec![d.clone()]);
         q.delivery_attempted("msg_1", false, Some(20)).unwrap();
