@@ -28,6 +28,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::serve::ListenerExt;
 use hangar_engine::{EngineConfig, EngineCore};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -111,13 +112,9 @@ pub async fn serve(
         metrics,
     });
     let app = api::router(state, config.max_body_bytes);
-    // Streamed answers are many small writes: without TCP_NODELAY, Nagle
-    // holds each one until the client's delayed ACK (~40 ms), as vLLM's
-    // server (uvicorn) avoids by setting it too.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
+    // Streamed tokens are small writes: send each at once (no Nagle).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
     });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     engine_task.abort();

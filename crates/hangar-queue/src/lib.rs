@@ -44,7 +44,8 @@ mod waiting;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
+use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use waiting::Waiting;
@@ -141,10 +142,26 @@ pub struct FreeReplica {
 }
 
 /// Picks the replica for a request among those with a free permit.
+///
+/// The driver may tell a chooser more than [`Admission`] does: what a
+/// request's prompt is ([`hint`](Self::hint), before submitting it), when a
+/// request is over ([`done`](Self::done)) and when a replica is gone
+/// ([`replica_gone`](Self::replica_gone)). Choosers that need none of it
+/// (the default methods do nothing) stay one-liners.
 pub trait Chooser {
     /// Returns the id of one element of `free` (never empty; sorted by id).
     /// Returning anything else falls back to `free[0]`.
     fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId;
+
+    /// The prompt of a request about to be submitted: its chained block
+    /// hashes and its length in tokens.
+    fn hint(&mut self, _request: RequestId, _blocks: &[BlockHash], _tokens: u32) {}
+
+    /// The request is over, served or not; forget it.
+    fn done(&mut self, _request: RequestId) {}
+
+    /// The replica is gone; forget it.
+    fn replica_gone(&mut self, _replica: ReplicaId) {}
 }
 
 /// The free replica with the lowest id.
@@ -201,6 +218,9 @@ enum Place {
 struct Req {
     account: AccountId,
     place: Place,
+    /// Arrival order, so a change of algorithm can rebuild the line as
+    /// the requests came.
+    arrival: u64,
 }
 
 /// One model's admission state. See the crate docs.
@@ -209,10 +229,13 @@ pub struct Admission {
     config: AdmissionConfig,
     replicas: BTreeMap<ReplicaId, Replica>,
     waiting: Waiting,
-    requests: HashMap<RequestId, Req>,
+    /// Every admitted or waiting request (Fx: ids are trusted, and this
+    /// is on every request's path).
+    requests: FxHashMap<RequestId, Req>,
     deadlines: BTreeSet<(Millis, RequestId)>,
     actions: VecDeque<Action>,
     free_scratch: Vec<FreeReplica>,
+    arrivals: u64,
 }
 
 impl Admission {
@@ -222,10 +245,11 @@ impl Admission {
             waiting: Waiting::new(config.algorithm),
             config,
             replicas: BTreeMap::new(),
-            requests: HashMap::new(),
+            requests: FxHashMap::default(),
             deadlines: BTreeSet::new(),
             actions: VecDeque::new(),
             free_scratch: Vec::new(),
+            arrivals: 0,
         }
     }
 
@@ -246,9 +270,22 @@ impl Admission {
         self.replicas.get(&replica).map_or(0, |r| r.in_use)
     }
 
+    /// The settings in force.
+    pub fn config(&self) -> &AdmissionConfig {
+        &self.config
+    }
+
     /// Permits of healthy replicas, in all.
     pub fn total_permits(&self) -> u32 {
         self.replicas.values().filter(|r| r.healthy).map(|r| r.limit).sum()
+    }
+
+    /// Replicas of `per_replica` permits needed to run everything admitted
+    /// or waiting, plus `arriving` more requests, at once: the demand a
+    /// scaler compares with the replicas it has.
+    pub fn replicas_wanted(&self, per_replica: u32, arriving: usize) -> u32 {
+        let demand = self.in_use() as usize + self.waiting.len() + arriving;
+        demand.div_ceil(per_replica.max(1) as usize).try_into().unwrap_or(u32::MAX)
     }
 
     // ---- handle_* (facts) ---------------------------------------------
@@ -330,9 +367,11 @@ impl Admission {
         if self.requests.contains_key(&request) {
             return Err(AdmissionError::Duplicate(request));
         }
+        let arrival = self.arrivals;
+        self.arrivals += 1;
         if self.waiting.len() == 0 {
             if let Some(replica) = self.pick(request, chooser) {
-                self.requests.insert(request, Req { account, place: Place::Leased(replica) });
+                self.requests.insert(request, Req { account, place: Place::Leased(replica), arrival });
                 return Ok(Submitted::Leased(Permit { request, replica }));
             }
         }
@@ -340,11 +379,31 @@ impl Admission {
             return Ok(Submitted::Rejected { capacity: self.config.capacity });
         }
         self.waiting.push(account.clone(), request);
-        self.requests.insert(request, Req { account, place: Place::Waiting { deadline } });
+        self.requests.insert(request, Req { account, place: Place::Waiting { deadline }, arrival });
         if let Some(d) = deadline {
             self.deadlines.insert((d, request));
         }
         Ok(Submitted::Queued)
+    }
+
+    /// Switches to new settings without losing anyone: the waiting line
+    /// is rebuilt under the new algorithm in arrival order (so FIFO → fair
+    /// keeps each account's order, fair → FIFO restores the global one),
+    /// deadlines stay, and a lowered capacity only rejects newcomers until
+    /// the line is short enough.
+    pub fn reconfigure(&mut self, _now: Millis, config: AdmissionConfig) {
+        let mut line: Vec<(u64, AccountId, RequestId)> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| matches!(r.place, Place::Waiting { .. }))
+            .map(|(id, r)| (r.arrival, r.account.clone(), *id))
+            .collect();
+        line.sort_unstable_by_key(|(arrival, _, _)| *arrival);
+        self.waiting = Waiting::new(config.algorithm);
+        for (_, account, request) in line {
+            self.waiting.push(account, request);
+        }
+        self.config = config;
     }
 
     /// The request finished (or failed, or its client left) and gives back

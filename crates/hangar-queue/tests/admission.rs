@@ -55,6 +55,47 @@ fn fifo_serves_in_arrival_order_and_rejects_when_full() {
     assert_eq!(order, vec![1, 2, 3]);
 }
 
+/// Serves the whole line one permit at a time, returning dispatch order.
+fn drain_one_by_one(a: &mut Admission, holder: u64) -> Vec<u64> {
+    let mut order = Vec::new();
+    let mut current = holder;
+    while a.waiting() > 0 {
+        a.release(1, RequestId(current), &mut FirstFree);
+        let next = dispatched(a);
+        current = next[0];
+        order.extend(next);
+    }
+    order
+}
+
+#[test]
+fn switching_the_algorithm_keeps_every_waiter_in_arrival_order() {
+    let mut a = admission(QueueAlgorithm::Fifo, 10);
+    a.replica_ready(0, rep(1), 1, &mut FirstFree);
+    a.submit(0, RequestId(0), acct("a"), None, &mut FirstFree).unwrap();
+    for (i, who) in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "b")] {
+        assert_eq!(a.submit(0, RequestId(i), acct(who), Some(100), &mut FirstFree), Ok(Submitted::Queued));
+    }
+    a.reconfigure(0, AdmissionConfig { algorithm: QueueAlgorithm::Fair, capacity: 10 });
+    a.check_invariants();
+    assert_eq!(a.waiting(), 5);
+    assert_eq!(drain_one_by_one(&mut a, 0), vec![1, 4, 2, 5, 3]);
+
+    let mut a = admission(QueueAlgorithm::Fair, 10);
+    a.replica_ready(0, rep(1), 1, &mut FirstFree);
+    a.submit(0, RequestId(0), acct("a"), None, &mut FirstFree).unwrap();
+    for (i, who) in [(1, "a"), (2, "a"), (3, "b")] {
+        a.submit(0, RequestId(i), acct(who), None, &mut FirstFree).unwrap();
+    }
+    // A lowered capacity rejects newcomers but keeps those already waiting.
+    a.reconfigure(0, AdmissionConfig { algorithm: QueueAlgorithm::Fifo, capacity: 1 });
+    assert_eq!(
+        a.submit(0, RequestId(9), acct("c"), None, &mut FirstFree),
+        Ok(Submitted::Rejected { capacity: 1 })
+    );
+    assert_eq!(drain_one_by_one(&mut a, 0), vec![1, 2, 3]);
+}
+
 #[test]
 fn fair_queuing_interleaves_accounts_and_bounds_each() {
     let mut a = admission(QueueAlgorithm::Fair, 3);
@@ -168,6 +209,7 @@ enum Op {
     Gone(u8),
     Unhealthy(u8),
     Tick(u8),
+    Switch(bool, u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -178,12 +220,14 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..3).prop_map(Op::Gone),
         1 => (0u8..3).prop_map(Op::Unhealthy),
         1 => (1u8..30).prop_map(Op::Tick),
+        1 => (any::<bool>(), 0u8..6).prop_map(|(f, c)| Op::Switch(f, c)),
     ]
 }
 
 proptest! {
-    /// Random traffic, replica churn and time: the invariants hold after
-    /// every call, and every submitted request ends exactly once.
+    /// Random traffic, replica churn, time and queue switches: the
+    /// invariants hold after every call, and every submitted request ends
+    /// exactly once.
     #[test]
     fn every_request_ends_exactly_once(
         fair in any::<bool>(),
@@ -235,6 +279,12 @@ proptest! {
                     }
                 }
                 Op::Unhealthy(r) => a.replica_unhealthy(now, rep(u128::from(r))),
+                Op::Switch(fair, capacity) => {
+                    let algorithm = if fair { QueueAlgorithm::Fair } else { QueueAlgorithm::Fifo };
+                    let before = a.waiting();
+                    a.reconfigure(now, AdmissionConfig { algorithm, capacity: usize::from(capacity) });
+                    prop_assert_eq!(a.waiting(), before, "switching loses no waiter");
+                }
                 Op::Tick(dt) => {
                     now += u64::from(dt);
                     if a.poll_timeout().is_some_and(|t| t <= now) {
@@ -256,6 +306,10 @@ proptest! {
                 }
             }
             a.check_invariants();
+            // Enough replicas for the demand, and not one more.
+            let wanted = a.replicas_wanted(3, 1) as usize;
+            let demand = holding.len() + waiting.len() + 1;
+            prop_assert!(wanted * 3 >= demand && (wanted - 1) * 3 < demand);
             prop_assert_eq!(a.waiting(), waiting.len());
             prop_assert_eq!(a.in_use() as usize, holding.len());
             prop_assert!(holding.is_disjoint(&ended) && waiting.is_disjoint(&ended));

@@ -37,6 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod approx;
 mod index;
 
 use hangar_core::{BlockHash, KvEvent, RequestId};
@@ -45,6 +46,7 @@ use rand_chacha::ChaCha8Rng;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+pub use approx::{text_blocks, ApproxKvChooser, ApproxKvConfig};
 use index::{KvIndex, WorkerSet};
 
 /// A worker (replica) as the router knows it: a small dense index the driver
@@ -156,6 +158,7 @@ pub struct Router {
     in_flight: FxHashMap<RequestId, InFlight>,
     scratch_overlap: Vec<u32>,
     scratch_ties: Vec<WorkerId>,
+    scratch_set: WorkerSet,
 }
 
 impl Router {
@@ -173,6 +176,7 @@ impl Router {
             in_flight: FxHashMap::default(),
             scratch_overlap: Vec::new(),
             scratch_ties: Vec::new(),
+            scratch_set: WorkerSet::default(),
         }
     }
 
@@ -228,7 +232,45 @@ impl Router {
     /// Chooses a worker for `req` and counts the request as in flight there
     /// until [`finished`](Self::finished).
     pub fn route(&mut self, req: &RouteRequest<'_>) -> Result<WorkerId, RouteError> {
-        if self.live.is_empty() {
+        let live = std::mem::take(&mut self.scratch_set);
+        let live = self.scratch_set_of(live, None);
+        self.route_in(req, live)
+    }
+
+    /// Like [`route`](Self::route), but only among `candidates` (live
+    /// workers; others are ignored): for a driver that routes among the
+    /// replicas with a free slot, such as an admission queue.
+    pub fn route_among(
+        &mut self,
+        req: &RouteRequest<'_>,
+        candidates: &[WorkerId],
+    ) -> Result<WorkerId, RouteError> {
+        let set = std::mem::take(&mut self.scratch_set);
+        let set = self.scratch_set_of(set, Some(candidates));
+        self.route_in(req, set)
+    }
+
+    /// `set` refilled with the live workers, or those of `only` that live.
+    fn scratch_set_of(&self, mut set: WorkerSet, only: Option<&[WorkerId]>) -> WorkerSet {
+        set.clone_from(&self.live);
+        if let Some(only) = only {
+            let mut wanted = WorkerSet::default();
+            for &w in only {
+                wanted.insert(w);
+            }
+            set.intersect(&wanted);
+        }
+        set
+    }
+
+    fn route_in(&mut self, req: &RouteRequest<'_>, set: WorkerSet) -> Result<WorkerId, RouteError> {
+        let chosen = self.choose_in(req, &set);
+        self.scratch_set = set;
+        chosen
+    }
+
+    fn choose_in(&mut self, req: &RouteRequest<'_>, set: &WorkerSet) -> Result<WorkerId, RouteError> {
+        if set.is_empty() {
             return Err(RouteError::NoWorkers);
         }
         if self.in_flight.contains_key(&req.id) {
@@ -236,9 +278,9 @@ impl Router {
         }
         let prompt_blocks = u64::from(req.prompt_tokens.div_ceil(self.block_size));
         let (w, overlap) = match &self.policy {
-            RouterPolicy::RoundRobin => (self.pick_round_robin(), 0),
+            RouterPolicy::RoundRobin => (self.pick_round_robin(set), 0),
             RouterPolicy::LeastOutstanding => {
-                let w = self.pick_min(|l, _| f64::from(l.requests));
+                let w = self.pick_min(set, |l, _| f64::from(l.requests));
                 (w, 0)
             }
             RouterPolicy::Kv(cfg) => {
@@ -246,8 +288,8 @@ impl Router {
                 let mut overlap = std::mem::take(&mut self.scratch_overlap);
                 overlap.clear();
                 overlap.resize(self.workers.len(), 0);
-                self.index.overlaps(req.blocks, &self.live, &mut overlap);
-                let w = self.pick_min(|l, w| {
+                self.index.overlaps(req.blocks, set, &mut overlap);
+                let w = self.pick_min(set, |l, w| {
                     let ov = f64::from(overlap[w.0 as usize]);
                     let new_prefill = (prompt_blocks as f64 - cfg.overlap_credit * ov).max(0.0);
                     cfg.prefill_load_scale * (new_prefill + l.queued_prefill_blocks as f64)
@@ -293,25 +335,26 @@ impl Router {
         load.active_blocks -= f.prompt_blocks;
     }
 
-    fn pick_round_robin(&mut self) -> WorkerId {
+    /// The first worker of `set` at or after the one after the last pick.
+    fn pick_round_robin(&mut self, set: &WorkerSet) -> WorkerId {
         let n = self.workers.len();
         for k in 0..n {
             let i = (self.next_rr + k) % n;
-            if self.workers[i].is_some() {
+            if set.contains(WorkerId(i as u32)) {
                 self.next_rr = i + 1;
                 return WorkerId(i as u32);
             }
         }
-        unreachable!("route() checked that a live worker exists")
+        unreachable!("callers checked that the set has a live worker")
     }
 
     /// The live worker with the lowest cost; ties broken uniformly at random
     /// with the seeded generator.
-    fn pick_min(&mut self, cost: impl Fn(&WorkerLoad, WorkerId) -> f64) -> WorkerId {
+    fn pick_min(&mut self, set: &WorkerSet, cost: impl Fn(&WorkerLoad, WorkerId) -> f64) -> WorkerId {
         let mut best = f64::INFINITY;
         let ties = &mut self.scratch_ties;
         ties.clear();
-        for w in self.live.iter() {
+        for w in set.iter() {
             let c = cost(self.workers[w.0 as usize].as_ref().expect("live worker"), w);
             if c < best {
                 best = c;

@@ -77,6 +77,30 @@ fn removed_blocks_stop_counting_as_overlap() {
 }
 
 #[test]
+fn route_among_considers_only_the_candidates() {
+    let mut r = router(RouterPolicy::Kv(KvRouterConfig::default()), 3, 1);
+    let prompt = chain([1, 2, 3, 4]);
+    r.apply_kv_events(WorkerId(0), &[KvEvent::Stored { parent: None, blocks: prompt.clone() }]);
+    r.apply_kv_events(WorkerId(2), &[KvEvent::Stored { parent: None, blocks: prompt[..2].to_vec() }]);
+    let req = |id| RouteRequest { id: RequestId(id), blocks: &prompt, prompt_tokens: 64 };
+    assert_eq!(
+        r.route_among(&req(1), &[WorkerId(1), WorkerId(2)]).unwrap(),
+        WorkerId(2),
+        "best overlap left"
+    );
+    assert_eq!(r.route_among(&req(2), &[WorkerId(0), WorkerId(1)]).unwrap(), WorkerId(0));
+    assert_eq!(
+        r.route_among(&req(3), &[WorkerId(7)]),
+        Err(crate::RouteError::NoWorkers),
+        "not a live worker"
+    );
+    let mut rr = router(RouterPolicy::RoundRobin, 4, 1);
+    let picks: Vec<WorkerId> =
+        (0..4).map(|i| rr.route_among(&req(i), &[WorkerId(1), WorkerId(3)]).unwrap()).collect();
+    assert_eq!(picks, [WorkerId(1), WorkerId(3), WorkerId(1), WorkerId(3)]);
+}
+
+#[test]
 fn errors_are_clear() {
     let mut r = Router::new(RouterPolicy::RoundRobin, 16, 0);
     assert_eq!(

@@ -12,13 +12,26 @@
 //! this module only adds the clock, a timer task for deadlines, and the
 //! channels that wake waiting handlers.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
+use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
 use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
+use rustc_hash::FxHashMap;
 use tokio::sync::{oneshot, Notify};
+
+/// A processor's line and permits at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Load {
+    /// Requests waiting for a permit.
+    pub waiting: usize,
+    /// Permits out.
+    pub in_use: u32,
+    /// Permits of ready replicas, in all.
+    pub permits: u32,
+    /// The line's settings.
+    pub config: AdmissionConfig,
+}
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,7 +58,7 @@ struct State {
     /// Picks among free replicas, for immediate leases and later
     /// dispatches alike.
     chooser: Box<dyn Chooser + Send>,
-    waiters: HashMap<RequestId, Waiter>,
+    waiters: FxHashMap<RequestId, Waiter>,
     next_id: u64,
 }
 
@@ -88,6 +101,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.shared.with(|s, now| {
             s.admission.release(now, self.request, &mut *s.chooser);
+            s.chooser.done(self.request);
         });
     }
 }
@@ -115,6 +129,9 @@ impl Shared {
                 // permit straight back.
                 state.admission.release(now, request, &mut *state.chooser);
             }
+            if !delivered || result.is_err() {
+                state.chooser.done(request);
+            }
         }
         out
     }
@@ -133,6 +150,7 @@ impl Drop for WaitGuard {
             self.shared.with(|s, now| {
                 s.waiters.remove(&self.request);
                 s.admission.release(now, self.request, &mut *s.chooser);
+                s.chooser.done(self.request);
             });
         }
     }
@@ -143,7 +161,8 @@ impl Processor {
     /// `chooser`; spawns its deadline timer on the current tokio runtime
     /// (it ends when the last clone is dropped).
     pub fn new(config: AdmissionConfig, chooser: Box<dyn Chooser + Send>) -> Self {
-        let state = State { admission: Admission::new(config), chooser, waiters: HashMap::new(), next_id: 0 };
+        let state =
+            State { admission: Admission::new(config), chooser, waiters: FxHashMap::default(), next_id: 0 };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             epoch: Instant::now(),
@@ -160,7 +179,11 @@ impl Processor {
 
     /// A replica is gone; returns the requests that held permits on it.
     pub fn replica_gone(&self, replica: ReplicaId) -> Vec<RequestId> {
-        self.shared.with(|s, now| s.admission.replica_gone(now, replica))
+        self.shared.with(|s, now| {
+            let lost = s.admission.replica_gone(now, replica);
+            s.chooser.replica_gone(replica);
+            lost
+        })
     }
 
     /// Fails every waiting request (e.g. no replica could be started).
@@ -168,9 +191,30 @@ impl Processor {
         self.shared.with(|s, now| s.admission.fail_waiting(now, reason));
     }
 
-    /// Requests waiting for a permit.
-    pub fn waiting(&self) -> usize {
-        self.shared.with(|s, _| s.admission.waiting())
+    /// The line and the permits as they stand.
+    pub fn load(&self) -> Load {
+        self.shared.with(|s, _| Load {
+            waiting: s.admission.waiting(),
+            in_use: s.admission.in_use(),
+            permits: s.admission.total_permits(),
+            config: s.admission.config().clone(),
+        })
+    }
+
+    /// Permits out on one replica.
+    pub fn in_use_on(&self, replica: ReplicaId) -> u32 {
+        self.shared.with(|s, _| s.admission.in_use_on(replica))
+    }
+
+    /// Replicas of `per_replica` permits needed for what runs, waits and
+    /// `arriving` more.
+    pub fn replicas_wanted(&self, per_replica: u32, arriving: usize) -> u32 {
+        self.shared.with(|s, _| s.admission.replicas_wanted(per_replica, arriving))
+    }
+
+    /// Switches the line's algorithm or capacity; nobody waiting is lost.
+    pub fn reconfigure(&self, config: AdmissionConfig) {
+        self.shared.with(|s, now| s.admission.reconfigure(now, config));
     }
 
     /// Waits for a permit for a request of `account`, at most `timeout`.
@@ -179,11 +223,25 @@ impl Processor {
     /// Dropping the future removes the request from the line (or gives its
     /// permit back if one was granted meanwhile).
     pub async fn admit(&self, account: AccountId, timeout: Option<Duration>) -> Result<Lease, AdmitError> {
+        self.admit_with(account, timeout, None).await
+    }
+
+    /// [`admit`](Self::admit), telling the chooser the request's prompt
+    /// (block hashes and token count) so it can route by cache overlap.
+    pub async fn admit_with(
+        &self,
+        account: AccountId,
+        timeout: Option<Duration>,
+        prompt: Option<(&[BlockHash], u32)>,
+    ) -> Result<Lease, AdmitError> {
         let (request, rx) = {
             let shared = &self.shared;
             let submitted = shared.with(|s, now| {
                 let request = RequestId(s.next_id);
                 s.next_id += 1;
+                if let Some((blocks, tokens)) = prompt {
+                    s.chooser.hint(request, blocks, tokens);
+                }
                 let deadline = timeout.map(|t| now + t.as_millis() as Millis);
                 let submitted = s
                     .admission
@@ -203,7 +261,10 @@ impl Processor {
                 (request, Submitted::Leased(p), _) => {
                     return Ok(Lease { shared: self.shared.clone(), request, replica: p.replica })
                 }
-                (_, Submitted::Rejected { capacity }, _) => return Err(AdmitError::QueueFull { capacity }),
+                (request, Submitted::Rejected { capacity }, _) => {
+                    self.shared.with(|s, _| s.chooser.done(request));
+                    return Err(AdmitError::QueueFull { capacity });
+                }
                 (request, Submitted::Queued, rx) => {
                     self.shared.timer.notify_one();
                     (request, rx.expect("queued requests wait"))

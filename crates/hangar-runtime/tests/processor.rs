@@ -23,13 +23,13 @@ async fn a_dropped_lease_lets_the_next_request_in() {
     let first = p.admit(acct("a"), None).await.unwrap();
     let p2 = p.clone();
     let waiting = tokio::spawn(async move { p2.admit(acct("a"), None).await.map(|l| l.request) });
-    while p.waiting() == 0 {
+    while p.load().waiting == 0 {
         tokio::task::yield_now().await;
     }
     drop(first);
     let second = waiting.await.unwrap().unwrap();
     assert_eq!(second.0, 1);
-    assert_eq!(p.waiting(), 0);
+    assert_eq!(p.load().waiting, 0);
 }
 
 #[tokio::test]
@@ -38,13 +38,13 @@ async fn a_full_line_is_refused_and_a_late_wait_times_out() {
     let _held = p.admit(acct("a"), None).await.unwrap();
     let p2 = p.clone();
     let timed = tokio::spawn(async move { p2.admit(acct("a"), Some(Duration::from_millis(30))).await });
-    while p.waiting() == 0 {
+    while p.load().waiting == 0 {
         tokio::task::yield_now().await;
     }
     let refused = p.admit(acct("b"), None).await.unwrap_err();
     assert_eq!(refused, AdmitError::QueueFull { capacity: 1 });
     assert_eq!(timed.await.unwrap().unwrap_err(), AdmitError::Timeout);
-    assert_eq!(p.waiting(), 0);
+    assert_eq!(p.load().waiting, 0);
 }
 
 #[tokio::test]
@@ -53,12 +53,12 @@ async fn a_caller_that_stops_waiting_leaves_the_line() {
     let held = p.admit(acct("a"), None).await.unwrap();
     let p2 = p.clone();
     let waiter = tokio::spawn(async move { p2.admit(acct("a"), None).await.map(|_| ()) });
-    while p.waiting() == 0 {
+    while p.load().waiting == 0 {
         tokio::task::yield_now().await;
     }
     waiter.abort();
     let _ = waiter.await;
-    assert_eq!(p.waiting(), 0, "the aborted request left the line");
+    assert_eq!(p.load().waiting, 0, "the aborted request left the line");
     drop(held);
     // The permit is free for the next caller at once.
     let again = tokio::time::timeout(Duration::from_secs(5), p.admit(acct("a"), None)).await;
@@ -76,7 +76,7 @@ async fn fair_lines_take_turns_and_failures_reach_waiters() {
             let l = p2.admit(acct(who), None).await.unwrap();
             (who, l)
         }));
-        while p.waiting() < i + 1 {
+        while p.load().waiting < i + 1 {
             tokio::task::yield_now().await;
         }
     }
@@ -94,7 +94,7 @@ async fn fair_lines_take_turns_and_failures_reach_waiters() {
     let p3 = p.clone();
     let _hold = p.admit(acct("x"), None).await.unwrap();
     let failing = tokio::spawn(async move { p3.admit(acct("x"), None).await.map(|_| ()) });
-    while p.waiting() == 0 {
+    while p.load().waiting == 0 {
         tokio::task::yield_now().await;
     }
     p.fail_waiting("no replica could start");

@@ -5,10 +5,13 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::serve;
+use common::{chat, one_gpu, post, serve};
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"
+timeout_floor_s = 1
+max_body_bytes = "64KiB"
+
 [[nodes]]
 id = "local"
 gpus = 2
@@ -35,35 +38,31 @@ min_replicas = 1
 concurrency = 1
 queue = { algorithm = "fifo", capacity = 1 }
 timeout_s = 1
+
+[[models]]
+key = "t/huge"
+engine = { kind = "mock", preset = "fast" }
+size = "500GB"
+
+[[models]]
+key = "t/slow-start"
+engine = { kind = "mock", preset = "fast", startup_delay_ms = 3000 }
+size = "10GB"
 "#;
-
-fn chat(model: &str, max_tokens: u32) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": max_tokens})
-}
-
-fn post(url: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::blocking::Client::new()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(body)
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
-}
 
 #[test]
 fn serves_ready_and_cold_models_and_names_bad_requests() {
     let s = serve(CONFIG);
-    let (status, r) = post(&s.url, &chat("t/ready", 5));
+    let (status, r) = post(&s.url, None, &chat("t/ready", 5));
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["usage"]["completion_tokens"], 5);
-    let (status, r) = post(&s.url, &chat("t/cold", 3));
+    let (status, r) = post(&s.url, None, &chat("t/cold", 3));
     assert_eq!(status, 200, "a cold model starts on its first request: {r}");
     let models: Value = reqwest::blocking::get(format!("{}/v1/models", s.url)).unwrap().json().unwrap();
-    assert_eq!(models["data"].as_array().unwrap().len(), 3);
-    let (status, r) = post(&s.url, &chat("t/unknown", 1));
+    assert_eq!(models["data"].as_array().unwrap().len(), 5);
+    let (status, r) = post(&s.url, None, &chat("t/unknown", 1));
     assert_eq!((status, r["error"]["param"].as_str()), (404, Some("model")));
-    let (status, r) = post(&s.url, &json!({"messages": []}));
+    let (status, r) = post(&s.url, None, &json!({"messages": []}));
     assert_eq!(status, 400);
     assert!(r["error"]["message"].as_str().unwrap().contains("`model`"));
     let raw = reqwest::blocking::Client::new()
@@ -72,24 +71,51 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
         .send()
         .unwrap();
     assert_eq!(raw.status(), 400);
+    let mut wrong = chat("t/ready", 1);
+    wrong["max_tokens"] = json!("many");
+    let (status, r) = post(&s.url, None, &wrong);
+    assert_eq!(status, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("max_tokens"), "the field is named: {r}");
+    let mut big = chat("t/ready", 1);
+    big["messages"][0]["content"] = json!("x".repeat(100_000));
+    let (status, r) = post(&s.url, None, &big);
+    assert_eq!(status, 413, "{r}");
+    let (status, r) = post(&s.url, None, &chat("t/huge", 1));
+    assert_eq!(status, 503, "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("t/huge") && message.contains("needs 7 GPUs; the largest node has 2"), "{r}");
 }
 
 #[test]
 fn a_busy_model_answers_429_when_its_line_is_full_and_504_past_its_timeout() {
     let s = serve(CONFIG);
     let url = s.url.clone();
-    // One long request holds the only permit (about 6 ms per token).
-    let holder = std::thread::spawn(move || post(&url, &chat("t/narrow", 2000)).0);
+    // One long request holds the only permit (about 6 ms per token) until
+    // the model's 1 s timeout ends it.
+    let holder = std::thread::spawn(move || post(&url, None, &chat("t/narrow", 2000)));
     std::thread::sleep(Duration::from_millis(300));
     let url = s.url.clone();
-    let waiter = std::thread::spawn(move || post(&url, &chat("t/narrow", 1)));
+    let waiter = std::thread::spawn(move || post(&url, None, &chat("t/narrow", 1)));
     std::thread::sleep(Duration::from_millis(200));
-    let (status, r) = post(&s.url, &chat("t/narrow", 1));
-    assert_eq!(status, 429, "the line of one is full: {r}");
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/chat/completions", s.url))
+        .json(&chat("t/narrow", 1))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 429, "the line of one is full");
+    assert_eq!(r.headers()["retry-after"], "1");
+    let (status, r) = holder.join().unwrap();
+    assert_eq!(status, 504, "the holder ran past the model's 1 s timeout: {r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("did not finish within its timeout (1 s)"),
+        "{r}"
+    );
     let (status, r) = waiter.join().unwrap();
-    assert_eq!(status, 504, "waited past the model's 1 s timeout: {r}");
-    drop(s);
-    let _ = holder.join();
+    assert_eq!(status, 200, "the waiter ran once the holder was cut off: {r}");
+    // A replica that takes longer to start than the timeout: 504 waiting.
+    let (status, r) = post(&s.url, None, &chat("t/slow-start", 1));
+    assert_eq!(status, 504, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("no replica became free"), "{r}");
 }
 
 #[test]
@@ -112,14 +138,8 @@ fn a_malformed_config_is_a_clear_error() {
 
 #[test]
 fn api_keys_authenticate_and_access_lists_authorize() {
-    let s = serve(
+    let s = serve(&one_gpu(
         r#"
-[[nodes]]
-id = "local"
-gpus = 1
-gpu_memory = "80GB"
-virtual_gpus = true
-
 [[api_keys]]
 key = "sk-acme"
 account = "acme"
@@ -135,7 +155,7 @@ size = "10GB"
 min_replicas = 1
 access = ["acme"]
 "#,
-    );
+    ));
     let client = reqwest::blocking::Client::new();
     let send = |key: Option<&str>| {
         let mut r = client.post(format!("{}/v1/chat/completions", s.url)).json(&chat("t/private", 2));

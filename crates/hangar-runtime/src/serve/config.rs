@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use hangar_core::{AccountId, ByteSize, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
-use hangar_queue::AdmissionConfig;
+use hangar_queue::{AdmissionConfig, QueueAlgorithm};
+use hangar_router::{ApproxKvChooser, ApproxKvConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EngineSpec;
@@ -22,6 +23,14 @@ pub struct ServeConfig {
     /// Seed of the placement policy's random choices.
     #[serde(default)]
     pub seed: u64,
+    /// The least time any request is given, in seconds: a model's
+    /// `timeout_s` can extend it, never shorten it.
+    #[serde(default = "default_timeout_floor")]
+    pub timeout_floor_s: u64,
+    /// The most time any request is given, in seconds, whatever its model
+    /// asks for.
+    #[serde(default = "default_timeout_ceiling")]
+    pub timeout_ceiling_s: u64,
     /// Placement knobs.
     #[serde(default)]
     pub placement: PlacementConfig,
@@ -53,6 +62,9 @@ pub struct ApiKey {
     pub key: String,
     /// The account its requests count against (fair queuing, access).
     pub account: AccountId,
+    /// Whether the key may use the admin API (`/admin/...`).
+    #[serde(default)]
+    pub admin: bool,
 }
 
 /// One served model.
@@ -72,18 +84,26 @@ pub struct ModelConfig {
     /// Replicas started with the server and kept (0: start on first request).
     #[serde(default)]
     pub min_replicas: u32,
+    /// The most replicas demand may start (default: `min_replicas`, at
+    /// least 1).
+    #[serde(default)]
+    pub max_replicas: Option<u32>,
     /// Concurrent requests per replica (permits).
     #[serde(default = "default_concurrency")]
     pub concurrency: u32,
     /// The waiting line.
     #[serde(default)]
-    pub queue: AdmissionConfig,
-    /// Seconds a request may wait for a replica before 504.
-    #[serde(default = "default_timeout")]
+    pub queue: QueueConfig,
+    /// Seconds a request may take, waiting included, before 504 (0: the
+    /// server's `timeout_floor_s`; always within the floor and ceiling).
+    #[serde(default)]
     pub timeout_s: u64,
     /// How a request's replica is chosen among those with a free permit.
     #[serde(default)]
     pub router: ReplicaRouting,
+    /// Settings of the `kv` router.
+    #[serde(default)]
+    pub kv: ApproxKvConfig,
     /// Accounts allowed to use the model (default: every account; a
     /// request of another account gets 403).
     #[serde(default)]
@@ -92,6 +112,17 @@ pub struct ModelConfig {
     /// `idempotent` (docs/predictions.md).
     #[serde(default)]
     pub predictions: hangar_predictions::ModelSettings,
+}
+
+/// A model's waiting line as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// `fifo` or `fair`.
+    pub algorithm: QueueAlgorithm,
+    /// Requests that may wait (per account when fair). Default: 4 × the
+    /// model's permits at `max_replicas`, at most 1,000.
+    pub capacity: Option<usize>,
 }
 
 /// How the replica for a request is chosen among those with a free permit.
@@ -103,16 +134,10 @@ pub enum ReplicaRouting {
     LeastOutstanding,
     /// Replicas in turn.
     RoundRobin,
-}
-
-impl ReplicaRouting {
-    /// The chooser implementing it.
-    pub fn chooser(self) -> Box<dyn hangar_queue::Chooser + Send> {
-        match self {
-            Self::LeastOutstanding => Box::new(hangar_queue::LeastOutstanding),
-            Self::RoundRobin => Box::new(hangar_queue::RoundRobin::default()),
-        }
-    }
+    /// The KV router's cost over the prompt's cached prefix, in its
+    /// approximate mode: the gateway hashes the prompt text in blocks and
+    /// assumes a replica caches what it was sent (`kv` settings).
+    Kv,
 }
 
 fn default_listen() -> String {
@@ -127,14 +152,55 @@ fn default_concurrency() -> u32 {
     8
 }
 
-fn default_timeout() -> u64 {
-    60
+fn default_timeout_floor() -> u64 {
+    30
 }
 
+fn default_timeout_ceiling() -> u64 {
+    240
+}
+
+/// The default line length: four waiting requests per permit, capped.
+const QUEUE_PER_PERMIT: usize = 4;
+const QUEUE_CAPACITY_CAP: usize = 1_000;
+
 impl ModelConfig {
-    /// How long a request may wait.
-    pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout_s)
+    /// The most replicas the model may have.
+    pub fn max_replicas(&self) -> u32 {
+        self.max_replicas.unwrap_or(self.min_replicas.max(1))
+    }
+
+    /// The chooser implementing `router`; `seed` fixes the KV router's
+    /// tie-breaking.
+    pub fn chooser(&self, seed: u64) -> Box<dyn hangar_queue::Chooser + Send> {
+        match self.router {
+            ReplicaRouting::LeastOutstanding => Box::new(hangar_queue::LeastOutstanding),
+            ReplicaRouting::RoundRobin => Box::new(hangar_queue::RoundRobin::default()),
+            ReplicaRouting::Kv => Box::new(ApproxKvChooser::new(&self.kv, seed)),
+        }
+    }
+
+    /// The admission settings, with the capacity resolved.
+    pub fn admission(&self) -> AdmissionConfig {
+        let permits = self.concurrency as usize * self.max_replicas() as usize;
+        let capacity =
+            self.queue.capacity.unwrap_or((QUEUE_PER_PERMIT * permits).clamp(1, QUEUE_CAPACITY_CAP));
+        AdmissionConfig { algorithm: self.queue.algorithm, capacity }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let key = &self.key;
+        if self.concurrency == 0 {
+            return Err(format!("model `{key}`: concurrency must be at least 1"));
+        }
+        if self.max_replicas() == 0 || self.max_replicas() < self.min_replicas {
+            return Err(format!(
+                "model `{key}`: max_replicas ({}) must be at least 1 and at least min_replicas ({})",
+                self.max_replicas(),
+                self.min_replicas
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -144,6 +210,23 @@ impl ServeConfig {
     /// first request.
     pub fn demo() -> Self {
         toml::from_str(DEMO).expect("the built-in demo configuration parses")
+    }
+
+    /// Checks what the field types cannot: ranges and cross-field rules.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.timeout_floor_s == 0 || self.timeout_ceiling_s < self.timeout_floor_s {
+            return Err(format!(
+                "timeout_floor_s ({}) must be at least 1 and at most timeout_ceiling_s ({})",
+                self.timeout_floor_s, self.timeout_ceiling_s
+            ));
+        }
+        self.models.iter().try_for_each(ModelConfig::validate)
+    }
+
+    /// How long a request for `model` may take: its `timeout_s`, at least
+    /// the floor, at most the ceiling (Workers AI's rule).
+    pub fn timeout(&self, model: &ModelConfig) -> Duration {
+        Duration::from_secs(model.timeout_s.max(self.timeout_floor_s).min(self.timeout_ceiling_s))
     }
 
     /// The placement policy's view: nodes and model sizes.
@@ -181,6 +264,7 @@ key = "demo/chat-small"
 engine = { kind = "mock", preset = "fast" }
 size = "16GB"
 min_replicas = 1
+max_replicas = 2
 concurrency = 8
 
 [[models]]
@@ -204,6 +288,35 @@ mod tests {
         let parsed: ServeConfig = toml::from_str(example).unwrap();
         assert_eq!(parsed.models, demo.models);
         assert_eq!(parsed.max_body_bytes.bytes(), 16 << 20);
+    }
+
+    #[test]
+    fn capacity_and_timeout_defaults_follow_the_documented_rules() {
+        let config: ServeConfig = toml::from_str(
+            "timeout_floor_s = 10\ntimeout_ceiling_s = 100\nnodes = []\n\
+             [[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nconcurrency = 4\nmax_replicas = 3\n\
+             [[models]]\nkey = \"b\"\nengine = { kind = \"mock\" }\nconcurrency = 300\ntimeout_s = 500\n\
+             [[models]]\nkey = \"c\"\nengine = { kind = \"mock\" }\ntimeout_s = 50\nqueue = { capacity = 7 }\n",
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let [a, b, c] = &config.models[..] else { panic!() };
+        assert_eq!(a.admission().capacity, 4 * 4 * 3, "four waiting per permit at max_replicas");
+        assert_eq!(b.admission().capacity, 1_000, "clamped");
+        assert_eq!(c.admission().capacity, 7, "as configured");
+        assert_eq!(config.timeout(a).as_secs(), 10, "unset: the floor");
+        assert_eq!(config.timeout(b).as_secs(), 100, "capped by the ceiling");
+        assert_eq!(config.timeout(c).as_secs(), 50);
+
+        let bad: ServeConfig = toml::from_str(
+            "nodes = []\n[[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nmin_replicas = 3\nmax_replicas = 2\n",
+        )
+        .unwrap();
+        assert!(bad.validate().unwrap_err().contains("max_replicas (2) must be at least"));
+        let bad: ServeConfig =
+            toml::from_str("timeout_floor_s = 50\ntimeout_ceiling_s = 40\nnodes = []\nmodels = []\n")
+                .unwrap();
+        assert!(bad.validate().unwrap_err().contains("timeout_floor_s (50)"));
     }
 
     #[test]

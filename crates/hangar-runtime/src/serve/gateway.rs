@@ -1,20 +1,35 @@
-//! The OpenAI-compatible gateway in front of the processors.
+//! The OpenAI-compatible gateway in front of the processors, with the
+//! server's health, readiness and metrics endpoints.
+//!
+//! A request gets one deadline at arrival — its model's timeout, within the
+//! server's floor and ceiling — covering the wait for a permit, the
+//! replica's answer and the streaming of it. A request whose replica fails
+//! before answering is sent once more, to another replica if one is free;
+//! a streamed answer cut short ends with an error event instead.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures::StreamExt;
-use hangar_core::AccountId;
+use hangar_core::{AccountId, BlockHash};
+use hangar_router::text_blocks;
+use http_body_util::Full;
+use hyper::body::Incoming;
 use serde_json::{json, Value};
+use tokio::time::Sleep;
 
-use super::Inner;
-use crate::processor::AdmitError;
+use super::prompt::prompt_text;
+use super::relay::RelayBody;
+use super::replicas::ReplicaState;
+use super::{replica_name, Inner, ModelRuntime, ReplicaRouting};
+use crate::processor::{AdmitError, Lease};
 
 pub(crate) fn router(inner: Arc<Inner>, max_body_bytes: usize) -> Router {
     Router::new()
@@ -23,6 +38,9 @@ pub(crate) fn router(inner: Arc<Inner>, max_body_bytes: usize) -> Router {
         .route("/v1/embeddings", post(forward))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
+        .route("/healthz", get(|| async { StatusCode::OK }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(|| async {
             error(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint", None)
         })
@@ -31,16 +49,58 @@ pub(crate) fn router(inner: Arc<Inner>, max_body_bytes: usize) -> Router {
 }
 
 /// An OpenAI-shaped error response.
-fn error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> Response {
+pub(crate) fn error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> Response {
     (status, Json(json!({"error": {"message": message, "type": kind, "param": param, "code": null}})))
         .into_response()
 }
 
-/// The account a request acts for: `anonymous` on an open gateway,
-/// otherwise the owner of its bearer key; the error is the 401 message.
-fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, &'static str> {
+/// An error answer in OpenAI's shape, for handlers that use `?`.
+pub(crate) struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self { status, kind, message: message.into(), param: None }
+    }
+
+    /// 400, naming what is wrong.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+    }
+
+    /// The request field at fault.
+    pub fn param(self, param: &'static str) -> Self {
+        Self { param: Some(param), ..self }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.status, self.kind, &self.message, self.param)
+    }
+}
+
+/// Why a caller is not let in: 401 (no or a wrong key) or 403.
+pub(crate) fn denied(status: StatusCode, message: &str) -> Response {
+    let kind = if status == StatusCode::FORBIDDEN { "permission_error" } else { "authentication_error" };
+    error(status, kind, message, None)
+}
+
+/// The account a request acts for and whether it may use the admin API:
+/// `anonymous` (with admin rights) on an open gateway, otherwise the owner
+/// of its bearer key; the error is the 401 message.
+pub(crate) fn account(inner: &Inner, headers: &HeaderMap) -> Result<(AccountId, bool), &'static str> {
     if inner.api_keys.is_empty() {
-        return Ok("anonymous".parse().expect("a valid account id"));
+        return Ok((inner.anonymous.clone(), true));
     }
     let value =
         headers.get(header::AUTHORIZATION).ok_or("missing API key: send `Authorization: Bearer KEY`")?;
@@ -52,14 +112,10 @@ fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, &'static str
     inner.api_keys.get(key.trim()).cloned().ok_or("invalid API key")
 }
 
-fn unauthorized(message: &str) -> Response {
-    error(StatusCode::UNAUTHORIZED, "authentication_error", message, None)
-}
-
 async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     let account = match account(&inner, &headers) {
-        Ok(a) => a,
-        Err(message) => return unauthorized(message),
+        Ok((a, _)) => a,
+        Err(message) => return denied(StatusCode::UNAUTHORIZED, message),
     };
     let data: Vec<Value> = inner
         .models
@@ -68,6 +124,35 @@ async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
         .map(|(k, _)| json!({"id": k, "object": "model", "created": 0, "owned_by": "hangar"}))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// Ready when every model that keeps replicas has one serving.
+async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
+    let waiting: Vec<&str> = inner
+        .models
+        .values()
+        .filter(|rt| {
+            rt.target.load(std::sync::atomic::Ordering::SeqCst) > 0 && rt.count(ReplicaState::Ready) == 0
+        })
+        .map(|rt| rt.config.key.as_str())
+        .collect();
+    match waiting.is_empty() {
+        true => (StatusCode::OK, "ready\n").into_response(),
+        false => (StatusCode::SERVICE_UNAVAILABLE, format!("no replica ready yet: {}\n", waiting.join(", ")))
+            .into_response(),
+    }
+}
+
+async fn metrics(State(inner): State<Arc<Inner>>) -> Response {
+    let body = inner.metrics.render(inner.models.values().map(|rt| &**rt));
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// What the gateway reads of a request body; the rest is passed on as is.
+#[derive(serde::Deserialize)]
+struct Head {
+    model: Option<Value>,
 }
 
 /// Admits the request onto a replica of its model and streams the
@@ -79,84 +164,131 @@ async fn forward(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let arrival = Instant::now();
     let account = match account(&inner, &headers) {
-        Ok(a) => a,
-        Err(message) => return unauthorized(message),
+        Ok((a, _)) => a,
+        Err(message) => return denied(StatusCode::UNAUTHORIZED, message),
     };
     let body = match body {
         Ok(b) => b,
         Err(r) => return error(r.status(), "invalid_request_error", &r.body_text(), None),
     };
-    let parsed: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
+    let head: Head = match serde_json::from_slice(&body) {
+        Ok(h) => h,
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                &format!("the body is not valid JSON: {e}"),
-                None,
-            )
+            let message = format!("the body is not a valid JSON object: {e}");
+            return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None);
         }
     };
-    let Some(model) = parsed.get("model").and_then(Value::as_str) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "field `model` is missing or not a string",
-            Some("model"),
-        );
+    let Some(Value::String(model)) = head.model else {
+        let message = "field `model` is missing or not a string";
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
     };
-    let Some(rt) = inner.models.get(model).cloned() else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            &format!("The model `{model}` does not exist."),
-            Some("model"),
-        );
+    let Some(rt) = inner.models.get(&model).cloned() else {
+        let message = format!("The model `{model}` does not exist.");
+        return error(StatusCode::NOT_FOUND, "invalid_request_error", &message, Some("model"));
     };
     if !rt.allows(&account) {
         let message = format!("account `{account}` may not use the model `{model}`");
         return error(StatusCode::FORBIDDEN, "permission_error", &message, Some("model"));
     }
-    inner.wake_model(&rt);
-    let lease = match rt.processor.admit(account, Some(rt.config.timeout())).await {
-        Ok(lease) => lease,
-        Err(e @ AdmitError::QueueFull { .. }) => {
-            return error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &e.to_string(), None)
-        }
-        Err(e @ AdmitError::Timeout) => {
-            return error(StatusCode::GATEWAY_TIMEOUT, "timeout", &e.to_string(), None)
-        }
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string(), None),
+    let prompt = match rt.config.router {
+        // Only the KV router reads the prompt; the body parsed before.
+        ReplicaRouting::Kv => serde_json::from_slice::<Value>(&body)
+            .ok()
+            .map(|v| text_blocks(&prompt_text(&v), rt.config.kv.block_chars)),
+        _ => None,
     };
-    let Some(base) = inner.replica_url(&rt, lease.replica) else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "the replica went away", None);
-    };
-    let upstream = inner
-        .client
-        .post(format!("{base}{}", uri.path()))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .send()
-        .await;
-    let upstream = match upstream {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(replica = %lease.replica, "forwarding failed: {e}");
-            return error(StatusCode::BAD_GATEWAY, "service_unavailable", "the replica did not answer", None);
-        }
-    };
-    let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
-    // The lease rides along with the body stream and is dropped with it.
-    let stream = upstream.bytes_stream().map(move |chunk| {
-        let _hold = &lease;
-        chunk.map_err(std::io::Error::other)
-    });
-    let mut response = Response::new(Body::from_stream(stream));
-    *response.status_mut() = status;
-    if let Some(ct) = content_type {
-        response.headers_mut().insert(header::CONTENT_TYPE, ct);
-    }
+    let request = Forward { inner: &inner, rt: &rt, path: uri.path(), body, arrival, prompt };
+    let response = request.run(account).await;
+    rt.metrics.answered(response.status().as_u16());
     response
+}
+
+/// One request on its way to a replica.
+struct Forward<'a> {
+    inner: &'a Arc<Inner>,
+    rt: &'a Arc<ModelRuntime>,
+    path: &'a str,
+    body: Bytes,
+    arrival: Instant,
+    /// Block hashes and estimated tokens of the prompt, for the KV router.
+    prompt: Option<(Vec<BlockHash>, u32)>,
+}
+
+impl Forward<'_> {
+    async fn run(self, account: AccountId) -> Response {
+        let deadline = self.arrival + self.rt.timeout;
+        let timeout_s = self.rt.timeout.as_secs();
+        // One timer for the whole request: the send, then the answer.
+        let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
+        for attempt in 0..2 {
+            self.inner.scale_for_demand(self.rt, 1);
+            let left = deadline.saturating_duration_since(Instant::now());
+            let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
+            let lease = match self.rt.processor.admit_with(account.clone(), Some(left), prompt).await {
+                Ok(lease) => lease,
+                Err(e) => return admit_error(&e, timeout_s),
+            };
+            if attempt == 0 {
+                self.rt.metrics.queue_wait(self.arrival.elapsed());
+            }
+            let Some(base) = self.rt.replica_url(lease.replica) else { continue };
+            let request = hyper::Request::post(format!("{base}{}", self.path))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Full::new(self.body.clone()))
+                .expect("a replica URL and a routed path make a valid request");
+            let answer = tokio::select! {
+                answer = self.inner.upstream.request(request) => answer,
+                () = timer.as_mut() => return timed_out(timeout_s),
+            };
+            match answer {
+                Ok(upstream) => return self.relay(upstream, lease, timer),
+                Err(e) => {
+                    let name = replica_name(&self.rt.config.key, lease.replica);
+                    tracing::warn!(replica = %name, "forwarding failed: {e}");
+                    let replica = lease.replica;
+                    drop(lease);
+                    self.inner.probe(self.rt, replica).await;
+                }
+            }
+        }
+        let message = "the replica failed before answering, and so did the retry";
+        error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None)
+    }
+
+    /// Streams the replica's answer to the client, holding the permit
+    /// until it ends.
+    fn relay(self, upstream: hyper::Response<Incoming>, lease: Lease, deadline: Pin<Box<Sleep>>) -> Response {
+        let (parts, body) = upstream.into_parts();
+        let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
+        let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
+        let body = RelayBody::new(body, lease, deadline, sse, self.rt.metrics.clone(), self.arrival);
+        let mut response = Response::new(Body::new(body));
+        *response.status_mut() = parts.status;
+        if let Some(ct) = content_type {
+            response.headers_mut().insert(header::CONTENT_TYPE, ct);
+        }
+        response
+    }
+}
+
+fn timed_out(timeout_s: u64) -> Response {
+    let message = format!("the request did not finish within its timeout ({timeout_s} s)");
+    error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None)
+}
+
+fn admit_error(e: &AdmitError, timeout_s: u64) -> Response {
+    match e {
+        AdmitError::QueueFull { .. } => {
+            let mut r = error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &e.to_string(), None);
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        }
+        AdmitError::Timeout => {
+            let message = format!("no replica became free within the request's timeout ({timeout_s} s)");
+            error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None)
+        }
+        _ => error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string(), None),
+    }
 }

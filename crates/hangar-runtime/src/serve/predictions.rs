@@ -25,10 +25,12 @@ use futures::StreamExt;
 use hangar_predictions::llm::LlmInput;
 use hangar_predictions::record::JobKind;
 use hangar_predictions::{ExecError, Executor, Job, Model, PredictionsConfig, Service, ServiceError, Sink};
+use hangar_router::text_blocks;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{Inner, Server};
+use super::prompt::prompt_text;
+use super::{Inner, ReplicaRouting, Server};
 use crate::processor::AdmitError;
 
 /// Runs predictions on this server's models.
@@ -67,9 +69,15 @@ async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, Exec
         .cloned()
         .ok_or_else(|| ExecError::Failed(format!("the model `{}` is not served", job.model)))?;
     let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
-    inner.wake_model(&rt);
+    let body = input.completion_body(rt.config.key.as_str());
+    let prompt = match rt.config.router {
+        ReplicaRouting::Kv => Some(text_blocks(&prompt_text(&body), rt.config.kv.block_chars)),
+        _ => None,
+    };
+    inner.scale_for_demand(&rt, 1);
     let lease = loop {
-        match rt.processor.admit(job.account.clone(), None).await {
+        let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
+        match rt.processor.admit_with(job.account.clone(), None, prompt).await {
             Ok(lease) => break lease,
             // The line is full of synchronous requests: yield to them.
             Err(AdmitError::QueueFull { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -77,10 +85,9 @@ async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, Exec
         }
     };
     sink.started();
-    let base = inner
-        .replica_url(&rt, lease.replica)
-        .ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
-    let body = serde_json::to_vec(&input.completion_body(rt.config.key.as_str())).expect("JSON serializes");
+    let base =
+        rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
+    let body = serde_json::to_vec(&body).expect("JSON serializes");
     let response = inner
         .client
         .post(format!("{base}/v1/completions"))
@@ -148,6 +155,8 @@ impl Server {
             })
             .collect();
         let executor = Arc::new(ServeExecutor { inner: self.inner.clone() });
-        Service::start(data_dir, config, models, self.inner.api_keys.clone(), executor, base_url)
+        let api_keys =
+            self.inner.api_keys.iter().map(|(key, (account, _))| (key.clone(), account.clone())).collect();
+        Service::start(data_dir, config, models, api_keys, executor, base_url)
     }
 }

@@ -22,7 +22,7 @@ enum Command {
     /// gateway: a closed loop of --concurrency keep-alive clients (maximum
     /// throughput), then an open loop at --rate requests per second
     /// (latency). Prints requests per second, p50/p90/p99 latency of each
-    /// path and what the gateway adds. See docs/bench.md.
+    /// path and what the gateway adds. See docs/serve.md.
     Gateway(GatewayArgs),
     /// What the durable predictions path sustains.
     ///

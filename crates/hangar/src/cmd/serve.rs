@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
 use hangar_runtime::serve::{ServeConfig, Server};
 
@@ -60,11 +61,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
         drop(out);
         let router = server.router(body_limit).merge(service.router());
-        // Streamed answers (SSE) are many small writes: no Nagle delay.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!("cannot set TCP_NODELAY: {e}");
-            }
+        // Streamed answers (tokens, SSE) are small writes: send each at
+        // once (no Nagle).
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
         });
         axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
         service.stop();

@@ -1,4 +1,6 @@
 //! Helpers shared by the integration tests that start `hangar serve`.
+//! (Each test binary uses some of them.)
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, ErrorKind};
 use std::path::{Path, PathBuf};
@@ -15,7 +17,6 @@ pub struct Serve {
     _dir: tempfile::TempDir,
 }
 
-#[allow(dead_code)]
 impl Serve {
     /// Kills the server outright (SIGKILL), as a crash would, and returns
     /// its directory for a restart.
@@ -29,6 +30,10 @@ impl Serve {
 
 impl Drop for Serve {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self._dir.path().join("serve.log")).unwrap_or_default();
+            eprintln!("--- hangar serve's log ---\n{log}");
+        }
         if matches!(self.child.try_wait(), Ok(Some(_))) {
             return;
         }
@@ -61,7 +66,7 @@ pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -74,10 +79,33 @@ pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
     Serve { child, url, _dir: dir }
 }
 
+/// A configuration of one node with one virtual 80 GB GPU, then `rest`.
+pub fn one_gpu(rest: &str) -> String {
+    format!("[[nodes]]\nid = \"local\"\ngpus = 1\ngpu_memory = \"80GB\"\nvirtual_gpus = true\n{rest}")
+}
+
+/// A short chat request.
+pub fn chat(model: &str, max_tokens: u32) -> serde_json::Value {
+    serde_json::json!({
+        "model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": max_tokens
+    })
+}
+
+/// Posts a chat request, with a bearer `key` if given; the status and the
+/// JSON answer (null if it is not JSON).
+pub fn post(url: &str, key: Option<&str>, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let mut r = reqwest::blocking::Client::new().post(format!("{url}/v1/chat/completions")).json(body);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let r = r.send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(serde_json::Value::Null))
+}
+
 /// Two mock models for the predictions tests: `t/fast`, and `t/slow` with
 /// one permit and one async slot (so a second prediction waits in the
 /// durable queue); fast webhook retries; a deployment `acme/fast-prod`.
-#[allow(dead_code)]
 pub const PREDICTIONS_CONFIG: &str = r#"
 [[nodes]]
 id = "local"
@@ -113,7 +141,6 @@ const REQUIREMENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python-re
 /// A Python interpreter with the pinned clients of `python-requirements.txt`
 /// (`openai`, `replicate`): `$HANGAR_PYTHON` (CI installs them into a venv
 /// and sets it), or a venv made once under the target directory.
-#[allow(dead_code)]
 pub fn python() -> PathBuf {
     match std::env::var_os("HANGAR_PYTHON") {
         Some(p) => PathBuf::from(p),
@@ -122,7 +149,6 @@ pub fn python() -> PathBuf {
 }
 
 /// Creates (once) a venv at `venv` with the pinned requirements.
-#[allow(dead_code)]
 fn bootstrap(venv: &Path) -> PathBuf {
     let python = venv.join("bin").join("python");
     if !python.exists() {

@@ -1,0 +1,262 @@
+//! KV-aware replica choice without KV events: the approximate mode.
+//!
+//! Engines behind an OpenAI-compatible API rarely publish their KV-cache
+//! events, and the gateway does not run their tokenizer. Like llm-d's
+//! approximate prefix-cache scorer, the gateway then cuts the prompt *text*
+//! into fixed-size character blocks ([`text_blocks`]), chains their hashes,
+//! and assumes a replica caches the blocks of the prompts it was sent —
+//! the latest `cache_blocks` of them per replica, older ones forgotten
+//! first, as an engine's LRU would. [`ApproxKvChooser`] feeds that model to
+//! the KV router's cost ([`crate::Router`] with [`RouterPolicy::Kv`]) and
+//! picks among the replicas with a free permit, as an admission queue's
+//! [`Chooser`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use hangar_core::{mix64, BlockHash, KvEvent, ReplicaId, RequestId, ROOT_BLOCK_HASH};
+use hangar_queue::{Chooser, FreeReplica};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::{KvRouterConfig, RouteRequest, Router, RouterPolicy, WorkerId};
+
+/// Settings of the approximate mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApproxKvConfig {
+    /// Characters per block (about four per token).
+    pub block_chars: u32,
+    /// Blocks each replica is assumed to keep.
+    pub cache_blocks: usize,
+    /// The KV cost's weights.
+    pub weights: KvRouterConfig,
+}
+
+impl Default for ApproxKvConfig {
+    fn default() -> Self {
+        Self { block_chars: 64, cache_blocks: 32_768, weights: KvRouterConfig::default() }
+    }
+}
+
+/// Chained hashes of the full `block_chars`-byte blocks of `text` (a last,
+/// partial block is not cached by engines either), and the text's length
+/// in estimated tokens (four bytes each). Blocks are cut at byte offsets,
+/// so equal prefixes give equal chains.
+pub fn text_blocks(text: &str, block_chars: u32) -> (Vec<BlockHash>, u32) {
+    let size = block_chars.max(1) as usize;
+    let mut parent = ROOT_BLOCK_HASH;
+    let blocks = text
+        .as_bytes()
+        .chunks_exact(size)
+        .map(|block| {
+            let content = block.chunks(8).fold(block.len() as u64, |h, word| {
+                let mut w = [0u8; 8];
+                w[..word.len()].copy_from_slice(word);
+                mix64(h, u64::from_le_bytes(w))
+            });
+            parent = parent.chain(content);
+            parent
+        })
+        .collect();
+    let tokens = u32::try_from(text.len().div_ceil(4)).unwrap_or(u32::MAX);
+    (blocks, tokens)
+}
+
+/// One replica's assumed cache: blocks by last use, oldest first out.
+#[derive(Debug, Default)]
+struct Lru {
+    last_use: FxHashMap<BlockHash, u64>,
+    by_age: BTreeMap<u64, BlockHash>,
+}
+
+/// The approximate KV-aware [`Chooser`]. See the module docs.
+#[derive(Debug)]
+pub struct ApproxKvChooser {
+    router: Router,
+    cache_blocks: usize,
+    workers: HashMap<ReplicaId, WorkerId>,
+    replicas: FxHashMap<WorkerId, ReplicaId>,
+    /// Worker ids of gone replicas, for reuse.
+    spare: Vec<WorkerId>,
+    caches: FxHashMap<WorkerId, Lru>,
+    prompts: FxHashMap<RequestId, (Vec<BlockHash>, u32)>,
+    tick: u64,
+    scratch: Vec<WorkerId>,
+}
+
+impl ApproxKvChooser {
+    /// `block_tokens`: the block size in estimated tokens the router's
+    /// costs count in (`block_chars / 4`).
+    pub fn new(config: &ApproxKvConfig, seed: u64) -> Self {
+        let block_tokens = config.block_chars.div_ceil(4).max(1);
+        Self {
+            router: Router::new(RouterPolicy::Kv(config.weights.clone()), block_tokens, seed),
+            cache_blocks: config.cache_blocks.max(1),
+            workers: HashMap::new(),
+            replicas: FxHashMap::default(),
+            spare: Vec::new(),
+            caches: FxHashMap::default(),
+            prompts: FxHashMap::default(),
+            tick: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Blocks replica `replica` is assumed to hold.
+    pub fn cached_blocks(&self, replica: ReplicaId) -> usize {
+        self.workers.get(&replica).and_then(|w| self.caches.get(w)).map_or(0, |c| c.last_use.len())
+    }
+
+    fn worker(&mut self, replica: ReplicaId) -> WorkerId {
+        if let Some(&w) = self.workers.get(&replica) {
+            return w;
+        }
+        let w = self.spare.pop().unwrap_or(WorkerId(self.workers.len() as u32));
+        self.workers.insert(replica, w);
+        self.replicas.insert(w, replica);
+        self.router.add_worker(w);
+        w
+    }
+
+    /// Records that `w` now holds `blocks`, evicting its oldest beyond the
+    /// budget, and tells the router both.
+    fn cache(&mut self, w: WorkerId, blocks: &[BlockHash]) {
+        let lru = self.caches.entry(w).or_default();
+        let mut stored = Vec::new();
+        for &b in blocks {
+            self.tick += 1;
+            match lru.last_use.insert(b, self.tick) {
+                Some(old) => {
+                    lru.by_age.remove(&old);
+                }
+                None => stored.push(b),
+            }
+            lru.by_age.insert(self.tick, b);
+        }
+        let mut removed = Vec::new();
+        while lru.last_use.len() > self.cache_blocks {
+            let (_, b) = lru.by_age.pop_first().expect("sizes agree");
+            lru.last_use.remove(&b);
+            removed.push(b);
+        }
+        let mut events = Vec::with_capacity(2);
+        if !stored.is_empty() {
+            events.push(KvEvent::Stored { parent: None, blocks: stored });
+        }
+        if !removed.is_empty() {
+            events.push(KvEvent::Removed { blocks: removed });
+        }
+        self.router.apply_kv_events(w, &events);
+    }
+}
+
+impl Chooser for ApproxKvChooser {
+    fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId {
+        let mut candidates = std::mem::take(&mut self.scratch);
+        candidates.clear();
+        for r in free {
+            let w = self.worker(r.id);
+            candidates.push(w);
+        }
+        let (blocks, tokens) = self.prompts.remove(&request).unwrap_or_default();
+        let req = RouteRequest { id: request, blocks: &blocks, prompt_tokens: tokens };
+        let chosen = self.router.route_among(&req, &candidates);
+        self.scratch = candidates;
+        match chosen {
+            Ok(w) => {
+                self.cache(w, &blocks);
+                self.replicas[&w]
+            }
+            Err(_) => free[0].id,
+        }
+    }
+
+    fn hint(&mut self, request: RequestId, blocks: &[BlockHash], tokens: u32) {
+        self.prompts.insert(request, (blocks.to_vec(), tokens));
+    }
+
+    fn done(&mut self, request: RequestId) {
+        self.prompts.remove(&request);
+        self.router.finished(request);
+    }
+
+    fn replica_gone(&mut self, replica: ReplicaId) {
+        if let Some(w) = self.workers.remove(&replica) {
+            self.replicas.remove(&w);
+            self.caches.remove(&w);
+            self.router.remove_worker(w);
+            self.spare.push(w);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn free(ids: &[u128]) -> Vec<FreeReplica> {
+        ids.iter().map(|&i| FreeReplica { id: ReplicaId::from_u128(i), in_use: 0, limit: 4 }).collect()
+    }
+
+    fn ask(c: &mut ApproxKvChooser, id: u64, text: &str, ids: &[u128]) -> ReplicaId {
+        let (blocks, tokens) = text_blocks(text, 8);
+        c.hint(RequestId(id), &blocks, tokens);
+        c.choose(RequestId(id), &free(ids))
+    }
+
+    #[test]
+    fn equal_prefixes_give_equal_chains_and_partial_blocks_do_not_count() {
+        let (a, ta) = text_blocks("system: be brief. hello there", 8);
+        let (b, _) = text_blocks("system: be brief. goodbye now!", 8);
+        assert_eq!(a.len(), 3);
+        assert_eq!(ta, 8);
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+    }
+
+    #[test]
+    fn a_repeated_prompt_returns_to_its_replica_while_others_spread() {
+        let mut c = ApproxKvChooser::new(&ApproxKvConfig { block_chars: 8, ..Default::default() }, 1);
+        let long = "the same long system prompt shared by a whole conversation, turn after turn";
+        let first = ask(&mut c, 1, long, &[1, 2]);
+        c.done(RequestId(1));
+        for id in 2..6 {
+            assert_eq!(ask(&mut c, id, long, &[1, 2]), first, "cache overlap wins");
+            c.done(RequestId(id));
+        }
+        // Only free replicas are candidates.
+        let other = if first == ReplicaId::from_u128(1) { 2 } else { 1 };
+        assert_eq!(ask(&mut c, 9, long, &[other]), ReplicaId::from_u128(other));
+        c.replica_gone(first);
+        assert_eq!(c.cached_blocks(first), 0);
+    }
+
+    proptest! {
+        /// Whatever the traffic and churn: the choice is always one of the
+        /// free replicas, and no replica is assumed to hold more than the
+        /// budget.
+        #[test]
+        fn choices_are_free_replicas_and_caches_stay_bounded(
+            ops in proptest::collection::vec((0u8..4, 0u8..6, proptest::collection::vec(0u128..4, 1..4)), 1..200),
+        ) {
+            let mut c = ApproxKvChooser::new(&ApproxKvConfig { block_chars: 4, cache_blocks: 5, ..Default::default() }, 7);
+            let texts = ["aaaabbbbccccdddd", "aaaabbbbeeee", "zzzzyyyy", "aaaa"];
+            for (i, (op, t, mut ids)) in ops.into_iter().enumerate() {
+                ids.sort_unstable();
+                ids.dedup();
+                match op {
+                    0 => c.replica_gone(ReplicaId::from_u128(ids[0])),
+                    1 => c.done(RequestId((i as u64).saturating_sub(1))),
+                    _ => {
+                        let got = ask(&mut c, i as u64, texts[t as usize % texts.len()], &ids);
+                        prop_assert!(ids.iter().any(|&r| ReplicaId::from_u128(r) == got));
+                    }
+                }
+                for r in 0..4 {
+                    prop_assert!(c.cached_blocks(ReplicaId::from_u128(r)) <= 5);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The admin API: what runs where, and the operator's levers.
+//!
+//! - `GET /admin/status`: every model's line and permits and every replica
+//!   (name `<model>:<replica_id>`, level, state, node, GPUs, in flight).
+//! - `POST /admin/models/{key}/replicas` `{"replicas": N}`: keep N hot
+//!   replicas (0 ≤ N ≤ `max_replicas`); extra ones are evicted.
+//! - `POST /admin/evict` `{"model": KEY}` or `{"replica": "KEY:ID"}`: to the
+//!   warm cache if it has room, else stopped; the model comes back on its
+//!   next request.
+//! - `PUT /admin/models/{key}/queue` `{"algorithm": "fair", "capacity": N}`:
+//!   switch the line without losing anyone waiting.
+//!
+//! With API keys configured, only keys marked `admin = true` may call it
+//! (403 for others, 401 without a valid key).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hangar_core::ReplicaId;
+use hangar_queue::{AdmissionConfig, QueueAlgorithm};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::gateway::{account, ApiError};
+use super::{Inner, ModelRuntime};
+
+pub(crate) fn router(inner: Arc<Inner>) -> Router {
+    Router::new()
+        .route("/admin/status", get(status))
+        .route("/admin/evict", post(evict))
+        .route("/admin/models/{*path}", post(model_action).put(model_action))
+        .with_state(inner)
+}
+
+/// Lets admin callers through.
+fn admin(inner: &Inner, headers: &HeaderMap) -> Result<(), ApiError> {
+    match account(inner, headers) {
+        Ok((_, true)) => Ok(()),
+        Ok((account, false)) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            format!("the key of account `{account}` may not use the admin API"),
+        )),
+        Err(message) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", message)),
+    }
+}
+
+/// Parses a JSON body; errors name the field at fault.
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = e.path().to_string();
+        ApiError::bad_request(match field.as_str() {
+            "." => format!("invalid body: {}", e.inner()),
+            _ => format!("invalid field `{field}`: {}", e.inner()),
+        })
+    })
+}
+
+fn model<'a>(inner: &'a Inner, key: &str) -> Result<&'a Arc<ModelRuntime>, ApiError> {
+    inner
+        .models
+        .get(key)
+        .ok_or_else(|| ApiError::not_found(format!("The model `{key}` does not exist.")).param("model"))
+}
+
+async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    admin(&inner, &headers)?;
+    let mut models = Vec::new();
+    for rt in inner.models.values() {
+        let deployments = inner.deployments(rt).await;
+        let load = rt.processor.load();
+        let c = &rt.config;
+        models.push(json!({
+            "model": c.key,
+            "min_replicas": c.min_replicas,
+            "max_replicas": c.max_replicas(),
+            "target_replicas": rt.target.load(Ordering::SeqCst),
+            "concurrency": c.concurrency,
+            "timeout_s": rt.timeout.as_secs(),
+            "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
+            "permits": {"total": load.permits, "used": load.in_use},
+            "replicas": rt.status(&deployments),
+        }));
+    }
+    Ok(Json(json!({"models": models})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicasBody {
+    replicas: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueBody {
+    algorithm: Option<QueueAlgorithm>,
+    capacity: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvictBody {
+    model: Option<String>,
+    replica: Option<String>,
+}
+
+/// `POST /admin/models/{key}/replicas` and `PUT /admin/models/{key}/queue`
+/// (a model key may hold `/`, so the path is split here).
+async fn model_action(
+    State(inner): State<Arc<Inner>>,
+    method: Method,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    admin(&inner, &headers)?;
+    match (path.rsplit_once('/'), method) {
+        (Some((key, "replicas")), Method::POST) => set_replicas(&inner, model(&inner, key)?, &body).await,
+        (Some((key, "queue")), Method::PUT) => Ok(set_queue(model(&inner, key)?, &body)?),
+        _ => Err(ApiError::not_found(format!(
+            "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/replicas \
+             or PUT /admin/models/{{key}}/queue"
+        ))),
+    }
+}
+
+async fn set_replicas(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let ReplicasBody { replicas } = parse(body)?;
+    let max = rt.config.max_replicas();
+    if replicas > max {
+        let message = format!("`replicas` is {replicas}, above the model's max_replicas ({max})");
+        return Err(ApiError::bad_request(message).param("replicas"));
+    }
+    inner
+        .set_target(rt, replicas)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e))?;
+    Ok(Json(json!({"model": rt.config.key, "target_replicas": replicas})).into_response())
+}
+
+fn set_queue(rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {
+    let QueueBody { algorithm, capacity } = parse(body)?;
+    let current = rt.processor.load().config;
+    let config = AdmissionConfig {
+        algorithm: algorithm.unwrap_or(current.algorithm),
+        capacity: capacity.unwrap_or(current.capacity),
+    };
+    rt.processor.reconfigure(config.clone());
+    tracing::info!(model = %rt.config.key, ?config, "queue reconfigured");
+    let answer = json!({"model": rt.config.key, "algorithm": config.algorithm, "capacity": config.capacity});
+    Ok(Json(answer).into_response())
+}
+
+async fn evict(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    admin(&inner, &headers)?;
+    let (key, replica) = match parse::<EvictBody>(&body)? {
+        EvictBody { model: Some(m), replica: None } => (m, None),
+        EvictBody { model: None, replica: Some(name) } => {
+            let bad = |why: String| ApiError::bad_request(format!("invalid field `replica`: {why}"));
+            let (m, id) =
+                name.rsplit_once(':').ok_or_else(|| bad("expected `<model>:<replica_id>`".into()))?;
+            let id: ReplicaId = id.parse().map_err(|e| bad(format!("`{id}`: {e}")))?;
+            (m.to_owned(), Some(id))
+        }
+        _ => return Err(ApiError::bad_request("give exactly one of `model` and `replica`")),
+    };
+    let rt = model(&inner, &key)?;
+    if let Some(id) = replica {
+        if !inner.deployments(rt).await.iter().any(|d| d.replica_id == id) {
+            let message = format!("`{key}` has no replica `{id}` on GPUs or in the warm cache");
+            return Err(ApiError::not_found(message).param("replica"));
+        }
+    }
+    let evicted = inner
+        .evict(rt, replica)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e))?;
+    Ok(Json(json!({"evicted": evicted})).into_response())
+}

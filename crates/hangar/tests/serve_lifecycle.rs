@@ -1,0 +1,360 @@
+//! `hangar serve`'s replica life cycle end to end, with real engine
+//! processes: warm reuse, eviction to the warm cache and back, a crashed
+//! engine, demand scaling, the admin API, queue switching and fairness.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{chat, one_gpu, post, serve};
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+
+fn admin(url: &str, key: Option<&str>, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let client = Client::new();
+    let mut r = match method {
+        "GET" => client.get(format!("{url}{path}")),
+        "PUT" => client.put(format!("{url}{path}")),
+        _ => client.post(format!("{url}{path}")),
+    };
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let r = r.send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+/// The model's entry in `GET /admin/status`.
+fn model_status(url: &str, key: Option<&str>, model: &str) -> Value {
+    let (status, s) = admin(url, key, "GET", "/admin/status", None);
+    assert_eq!(status, 200, "{s}");
+    s["models"].as_array().unwrap().iter().find(|m| m["model"] == model).cloned().unwrap()
+}
+
+fn replicas(url: &str, key: Option<&str>, model: &str) -> Vec<Value> {
+    model_status(url, key, model)["replicas"].as_array().unwrap().clone()
+}
+
+/// Polls `check` until it holds, failing after ten seconds.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < Duration::from_secs(10), "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_replica_is_reused_evicted_to_the_warm_cache_and_woken_again() {
+    let s = serve(
+        r#"
+[placement]
+min_deployment_age_ms = 0
+
+[[nodes]]
+id = "local"
+gpus = 1
+gpu_memory = "80GB"
+virtual_gpus = true
+cpu_cache = "200GB"
+
+[[models]]
+key = "t/a"
+engine = { kind = "mock", preset = "fast" }
+size = "60GB"
+
+[[models]]
+key = "t/b"
+engine = { kind = "mock", preset = "fast" }
+size = "60GB"
+"#,
+    );
+    assert_eq!(post(&s.url, None, &chat("t/a", 2)).0, 200, "cold start");
+    let first = replicas(&s.url, None, "t/a");
+    assert_eq!(first.len(), 1);
+    assert_eq!((first[0]["level"].as_str(), first[0]["state"].as_str()), (Some("HOT"), Some("ready")));
+    assert!(first[0]["name"].as_str().unwrap().starts_with("t/a:"), "{first:?}");
+
+    assert_eq!(post(&s.url, None, &chat("t/a", 2)).0, 200);
+    let again = replicas(&s.url, None, "t/a");
+    assert_eq!((again.len(), &again[0]["pid"]), (1, &first[0]["pid"]), "the warm replica served again");
+
+    // Both do not fit on the GPU: t/b's start evicts t/a to the warm cache.
+    assert_eq!(post(&s.url, None, &chat("t/b", 2)).0, 200);
+    let a = replicas(&s.url, None, "t/a");
+    assert_eq!((a[0]["level"].as_str(), a[0]["state"].as_str()), (Some("WARM"), Some("sleeping")), "{a:?}");
+    assert_eq!(replicas(&s.url, None, "t/b")[0]["level"], "HOT");
+
+    // And back: t/a wakes in the same process, t/b goes to sleep.
+    assert_eq!(post(&s.url, None, &chat("t/a", 2)).0, 200);
+    let a = replicas(&s.url, None, "t/a");
+    assert_eq!((a.len(), a[0]["level"].as_str(), a[0]["state"].as_str()), (1, Some("HOT"), Some("ready")));
+    assert_eq!((&a[0]["id"], &a[0]["pid"]), (&first[0]["id"], &first[0]["pid"]), "woken, not restarted");
+    assert_eq!(replicas(&s.url, None, "t/b")[0]["state"], "sleeping");
+}
+
+#[test]
+fn a_crashed_engine_is_replaced_and_its_requests_retried_or_ended() {
+    let s = serve(&one_gpu(
+        r#"
+[[models]]
+key = "t/crash"
+engine = { kind = "mock", preset = "default" }
+size = "10GB"
+min_replicas = 1
+"#,
+    ));
+    let before = replicas(&s.url, None, "t/crash");
+    let pid = before[0]["pid"].as_u64().unwrap();
+    let url = s.url.clone();
+    let plain = std::thread::spawn(move || post(&url, None, &chat("t/crash", 300)));
+    let url = s.url.clone();
+    let streamed = std::thread::spawn(move || {
+        let mut body = chat("t/crash", 300);
+        body["stream"] = json!(true);
+        let r = Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().unwrap();
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    });
+    eventually("both requests run", || model_status(&s.url, None, "t/crash")["permits"]["used"] == 2);
+    std::thread::sleep(Duration::from_millis(200));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+
+    let (status, r) = plain.join().unwrap();
+    assert_eq!(status, 200, "the non-streaming request was retried on the new replica: {r}");
+    assert_eq!(r["usage"]["completion_tokens"], 300);
+    let (status, text) = streamed.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(text.contains("\"error\"") && text.contains("failed while answering"), "{text}");
+    assert!(!text.contains("[DONE]"), "a cut-off stream does not claim to be complete");
+
+    let after = replicas(&s.url, None, "t/crash");
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after[0]["pid"], before[0]["pid"]);
+    assert_ne!(after[0]["id"], before[0]["id"]);
+    let metrics = Client::new().get(format!("{}/metrics", s.url)).send().unwrap().text().unwrap();
+    assert!(metrics.contains("hangar_replica_failures_total{model=\"t/crash\"} 1"), "{metrics}");
+}
+
+#[test]
+fn a_client_that_leaves_mid_answer_cancels_the_engine_request_and_frees_its_permit() {
+    let s = serve(&one_gpu(
+        r#"
+[[models]]
+key = "t/leave"
+engine = { kind = "mock", preset = "default" }
+size = "10GB"
+min_replicas = 1
+"#,
+    ));
+    let mut body = chat("t/leave", 2000);
+    body["stream"] = json!(true);
+    let mut r = Client::new().post(format!("{}/v1/chat/completions", s.url)).json(&body).send().unwrap();
+    let mut first = [0u8; 64];
+    std::io::Read::read(&mut r, &mut first).unwrap();
+    assert_eq!(model_status(&s.url, None, "t/leave")["permits"]["used"], 1);
+    drop(r);
+    eventually("the permit is back", || model_status(&s.url, None, "t/leave")["permits"]["used"] == 0);
+    let engine = replicas(&s.url, None, "t/leave")[0]["url"].as_str().unwrap().to_owned();
+    eventually("the engine aborted the request", || {
+        let metrics = Client::new().get(format!("{engine}/metrics")).send().unwrap().text().unwrap();
+        metrics.lines().any(|l| l == "hangar_mock_requests_aborted_total 1")
+    });
+}
+
+const KEYS: &str = r#"
+[[nodes]]
+id = "local"
+gpus = 2
+gpu_memory = "80GB"
+virtual_gpus = true
+cpu_cache = "64GB"
+
+[[api_keys]]
+key = "sk-root"
+account = "ops"
+admin = true
+
+[[api_keys]]
+key = "sk-a"
+account = "a"
+
+[[api_keys]]
+key = "sk-b"
+account = "b"
+"#;
+
+#[test]
+fn switching_to_a_fair_queue_keeps_every_waiter_and_interleaves_accounts() {
+    let s = serve(&format!(
+        r#"{KEYS}
+[[models]]
+key = "t/one"
+engine = {{ kind = "mock", preset = "default" }}
+size = "10GB"
+min_replicas = 1
+concurrency = 1
+queue = {{ algorithm = "fifo", capacity = 10 }}
+"#
+    ));
+    let root = Some("sk-root");
+    let waiting = |url: &str| model_status(url, root, "t/one")["queue"]["waiting"].as_u64().unwrap();
+    let url = s.url.clone();
+    let holder = std::thread::spawn(move || post(&url, Some("sk-a"), &chat("t/one", 150)).0);
+    eventually("the holder runs", || model_status(&s.url, root, "t/one")["permits"]["used"] == 1);
+
+    // A client that gives up leaves the line at once.
+    let gone = Client::builder().timeout(Duration::from_millis(200)).build().unwrap();
+    let r = gone.post(format!("{}/v1/chat/completions", s.url)).bearer_auth("sk-b").json(&chat("t/one", 1));
+    assert!(r.send().is_err());
+    eventually("the disconnected request leaves the line", || waiting(&s.url) == 0);
+
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for (i, (name, key)) in
+        [("a1", "sk-a"), ("a2", "sk-a"), ("a3", "sk-a"), ("b1", "sk-b")].into_iter().enumerate()
+    {
+        let (url, order) = (s.url.clone(), order.clone());
+        threads.push(std::thread::spawn(move || {
+            let (status, r) = post(&url, Some(key), &chat("t/one", 10));
+            assert_eq!(status, 200, "{r}");
+            order.lock().unwrap().push(name);
+        }));
+        eventually("the request queues", || waiting(&s.url) == i as u64 + 1);
+    }
+    let (status, r) =
+        admin(&s.url, root, "PUT", "/admin/models/t/one/queue", Some(json!({"algorithm": "fair"})));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(model_status(&s.url, root, "t/one")["queue"]["algorithm"], "fair");
+    assert_eq!(waiting(&s.url), 4, "nobody was lost by the switch");
+    assert_eq!(holder.join().unwrap(), 200);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["a1", "b1", "a2", "a3"], "accounts take turns");
+}
+
+#[test]
+fn the_admin_api_scales_and_evicts_and_metrics_and_probes_report() {
+    let s = serve(&format!(
+        r#"{KEYS}
+[[models]]
+key = "t/scale"
+engine = {{ kind = "mock", preset = "default" }}
+size = "10GB"
+concurrency = 1
+max_replicas = 2
+"#
+    ));
+    let root = Some("sk-root");
+    assert_eq!(admin(&s.url, None, "GET", "/admin/status", None).0, 401);
+    let (status, r) = admin(&s.url, Some("sk-a"), "GET", "/admin/status", None);
+    assert_eq!(status, 403, "{r}");
+    assert_eq!(Client::new().get(format!("{}/healthz", s.url)).send().unwrap().status(), 200);
+    assert_eq!(Client::new().get(format!("{}/readyz", s.url)).send().unwrap().status(), 200);
+
+    // Demand: two requests at once on one-permit replicas start a second.
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let url = s.url.clone();
+            std::thread::spawn(move || post(&url, Some("sk-a"), &chat("t/scale", 100)).0)
+        })
+        .collect();
+    for r in runs {
+        assert_eq!(r.join().unwrap(), 200);
+    }
+    eventually("demand started a second replica", || replicas(&s.url, root, "t/scale").len() == 2);
+
+    let path = "/admin/models/t/scale/replicas";
+    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"replicas": 3})));
+    assert_eq!(status, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("max_replicas (2)"), "{r}");
+    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"replicas": "two"})));
+    assert_eq!(status, 400);
+    assert!(r["error"]["message"].as_str().unwrap().contains("`replicas`"), "{r}");
+    let (status, _) = admin(&s.url, root, "POST", path, Some(json!({"replicas": 1})));
+    assert_eq!(status, 200);
+    let now = replicas(&s.url, root, "t/scale");
+    let hot: Vec<&Value> = now.iter().filter(|r| r["level"] == "HOT").collect();
+    assert_eq!(hot.len(), 1, "scaled down to one hot replica: {now:?}");
+
+    let name = hot[0]["name"].as_str().unwrap().to_owned();
+    let (status, r) = admin(&s.url, root, "POST", "/admin/evict", Some(json!({"replica": name})));
+    assert_eq!((status, &r["evicted"]), (200, &json!(1)), "{r}");
+    let warm = replicas(&s.url, root, "t/scale");
+    assert!(
+        warm.len() == 2 && warm.iter().all(|r| r["level"] == "WARM" && r["state"] == "sleeping"),
+        "{warm:?}"
+    );
+    let (status, _) = admin(&s.url, root, "POST", "/admin/evict", Some(json!({"model": "t/none"})));
+    assert_eq!(status, 404);
+    let (status, _) = admin(&s.url, root, "POST", "/admin/evict", Some(json!({"replica": "t/scale:zz"})));
+    assert_eq!(status, 400);
+    assert_eq!(post(&s.url, Some("sk-b"), &chat("t/scale", 2)).0, 200, "an evicted model comes back");
+
+    let metrics = Client::new().get(format!("{}/metrics", s.url)).send().unwrap().text().unwrap();
+    for line in [
+        "hangar_requests_total{model=\"t/scale\",status=\"200\"} 3",
+        "hangar_replicas{model=\"t/scale\",state=\"ready\"} 1",
+        "hangar_permits_total{model=\"t/scale\"} 1",
+        "hangar_queue_depth{model=\"t/scale\"} 0",
+        "hangar_replica_in_flight{model=\"t/scale\",replica=\"t/scale:",
+        "hangar_request_duration_seconds_count{model=\"t/scale\"} 3",
+        "hangar_time_to_first_token_seconds_count{model=\"t/scale\"} 3",
+    ] {
+        assert!(metrics.contains(line), "missing `{line}` in\n{metrics}");
+    }
+}
+
+#[test]
+fn the_kv_router_sends_a_prompt_back_to_the_replica_that_has_its_prefix() {
+    let s = serve(&one_gpu(
+        r#"
+[[models]]
+key = "t/kv"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+min_replicas = 2
+router = "kv"
+kv = { block_chars = 16 }
+"#,
+    ));
+    let prompt = |topic: &str, max_tokens: u32| {
+        let system = format!("You are an assistant who only ever talks about {topic}, at length. ");
+        json!({"model": "t/kv", "max_tokens": max_tokens,
+               "messages": [{"role": "system", "content": system.repeat(8)}, {"role": "user", "content": "Go on."}]})
+    };
+    // Two conversations start at once, so they land on different replicas.
+    let url = s.url.clone();
+    let first = std::thread::spawn(move || post(&url, None, &prompt("boats", 300)).0);
+    eventually("the first runs", || model_status(&s.url, None, "t/kv")["permits"]["used"] == 1);
+    assert_eq!(post(&s.url, None, &prompt("trains", 5)).0, 200);
+    assert_eq!(first.join().unwrap(), 200);
+    // Their next turns follow their cached prefixes, not the lowest id.
+    for _ in 0..3 {
+        assert_eq!(post(&s.url, None, &prompt("boats", 5)).0, 200);
+        assert_eq!(post(&s.url, None, &prompt("trains", 5)).0, 200);
+    }
+    let served: Vec<u64> = replicas(&s.url, None, "t/kv")
+        .iter()
+        .map(|r| {
+            let metrics = Client::new()
+                .get(format!("{}/metrics", r["url"].as_str().unwrap()))
+                .send()
+                .unwrap()
+                .text()
+                .unwrap();
+            let line = metrics.lines().find(|l| l.starts_with("hangar_mock_requests_total")).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(served, [4, 4], "each conversation stayed on its replica");
+}
