@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use crate::lifecycle::{parse_cancel_after, Deadlines, Status};
 use crate::llm::{openapi_schema, LlmInput};
 use crate::record::{rfc3339, JobKind, Record, StatusView};
-use crate::service::{now, Inner, Service};
+use crate::service::{now, Inner, InputRules, Service};
 use crate::store::{Cursor, PredictionQueue};
 use crate::webhook_policy::{Event, Filter};
 
@@ -283,8 +283,10 @@ async fn create(
         // A language model's input is checked here; a training's input is
         // the trainer's to judge.
         JobKind::Prediction => {
-            LlmInput::parse(&input)
-                .map_err(|e| Problem::invalid(&format!("input.{}", e.field), &e.message))?;
+            if model.input == InputRules::Llm {
+                LlmInput::parse(&input)
+                    .map_err(|e| Problem::invalid(&format!("input.{}", e.field), &e.message))?;
+            }
             None
         }
         JobKind::Training => match body.get("destination") {
@@ -604,7 +606,12 @@ fn version_json(inner: &Inner, key: &str) -> Value {
         "id": m.version,
         "created_at": rfc3339(0),
         "cog_version": "0.16.0",
-        "openapi_schema": openapi_schema(),
+        "openapi_schema": match &m.input {
+            InputRules::Llm => openapi_schema(),
+            InputRules::Own(Some(schema)) => schema.clone(),
+            InputRules::Own(None) => json!({"openapi": "3.0.2", "info": {"title": "Cog"}, "paths": {},
+                "components": {"schemas": {"Input": {"type": "object", "title": "Input"}}}}),
+        },
     })
 }
 

@@ -24,7 +24,7 @@ pub mod webhook_policy;
 
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
 pub use executor::{ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
-pub use service::{Model, Service, ServiceError};
+pub use service::{InputRules, Model, Service, ServiceError};
 
 /// The version id of a model described by `description` (e.g. its
 /// configuration as JSON): 64 hex digits of its SHA-256, stable while the

@@ -38,6 +38,21 @@ pub struct Model {
     pub settings: ModelSettings,
     /// Accounts allowed (`None`: all).
     pub access: Option<Vec<AccountId>>,
+    /// How its input is checked.
+    pub input: InputRules,
+}
+
+/// How a model's prediction input is checked, and the schema its version
+/// shows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputRules {
+    /// A language model's fields (`prompt`, `max_tokens`, …), checked when
+    /// the prediction is created (422 naming the field).
+    Llm,
+    /// The model checks its own input when it runs (a cog model: a
+    /// rejected input fails the prediction, naming the field); its OpenAPI
+    /// schema when known.
+    Own(Option<serde_json::Value>),
 }
 
 impl Model {

@@ -10,41 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::predictions::{client, get, post, sse_events, wait_terminal};
 use common::{serve, serve_in};
 use serde_json::{json, Value};
 
 use common::PREDICTIONS_CONFIG as CONFIG;
-
-fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder().timeout(Duration::from_secs(90)).build().unwrap()
-}
-
-fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
-    let mut r = client().post(url).json(body);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    let r = r.send().unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
-}
-
-fn get(url: &str) -> Value {
-    client().get(url).send().unwrap().json().unwrap()
-}
-
-/// Polls a prediction until it is terminal.
-fn wait_terminal(url: &str) -> Value {
-    let t = Instant::now();
-    loop {
-        let p = get(url);
-        if !matches!(p["status"].as_str(), Some("starting" | "processing")) {
-            return p;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "never ended: {p}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn create_poll_wait_list_and_the_model_routes() {
@@ -368,24 +338,8 @@ fn sse_streams_output_then_done() {
         &json!({"input": {"prompt": "x", "max_tokens": 30}, "stream": true}),
         &[],
     );
-    let body = client()
-        .get(p["urls"]["stream"].as_str().unwrap())
-        .header("accept", "text/event-stream")
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    let events: Vec<(String, String)> = body
-        .split("\n\n")
-        .filter(|e| e.contains("event:"))
-        .map(|e| {
-            let field =
-                |name: &str| e.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
-            assert!(field("id:").is_some(), "every event has an id: {e:?}");
-            (field("event:").unwrap(), field("data:").unwrap_or_default())
-        })
-        .collect();
-    assert_eq!(events.iter().filter(|(e, _)| e == "output").count(), 30, "{body}");
+    let events = sse_events(p["urls"]["stream"].as_str().unwrap());
+    assert_eq!(events.iter().filter(|(e, _)| e == "output").count(), 30, "{events:?}");
     assert_eq!(events.last().unwrap(), &("done".to_owned(), "{}".to_owned()));
     // A finished prediction replays the same stream.
     let again = client().get(p["urls"]["stream"].as_str().unwrap()).send().unwrap().text().unwrap();

@@ -180,9 +180,18 @@ impl ModelConfig {
         }
     }
 
+    /// Requests one replica serves at once: `concurrency`, but 1 for a
+    /// `cog` engine (a cog server runs one prediction at a time).
+    pub fn permits(&self) -> u32 {
+        match self.engine.is_cog() {
+            true => 1,
+            false => self.concurrency,
+        }
+    }
+
     /// The admission settings, with the capacity resolved.
     pub fn admission(&self) -> AdmissionConfig {
-        let permits = self.concurrency as usize * self.max_replicas() as usize;
+        let permits = self.permits() as usize * self.max_replicas() as usize;
         let capacity =
             self.queue.capacity.unwrap_or((QUEUE_PER_PERMIT * permits).clamp(1, QUEUE_CAPACITY_CAP));
         AdmissionConfig { algorithm: self.queue.algorithm, capacity }

@@ -1,11 +1,12 @@
 //! `hangar serve`: the serving platform on this machine.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
+use hangar_runtime::engine::EngineSpec;
 use hangar_runtime::serve::{ServeConfig, Server};
 
 use super::engine::shutdown_signal;
@@ -36,7 +37,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
-    let data_dir = data_dir(&config, args.config.as_deref())?;
+    let base = args.config.as_deref().map(config_dir);
+    if let Some(base) = base {
+        resolve_engine_dirs(&mut config, base);
+    }
+    let data_dir = data_dir(&config, base)?;
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -50,6 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let server = Server::start(config, exe).await?;
         let service = server
             .start_predictions(&data_dir, predictions, &format!("http://{addr}"))
+            .await
             .with_context(|| format!("cannot start predictions in {}", data_dir.display()))?;
         // One write, and errors ignored: whoever started us may read only
         // the first line and close the pipe, which must not stop a server.
@@ -73,17 +79,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// The data directory: `data_dir` from the file (relative to the file),
-/// else `hangar-data` beside the file; for the built-in demo
-/// `$HANGAR_DATA_DIR`, `$XDG_DATA_HOME/hangar` or `~/.local/share/hangar`.
-fn data_dir(config: &ServeConfig, file: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
-    let beside = file.and_then(|f| f.parent()).map(|d| {
-        if d.as_os_str().is_empty() {
-            std::path::Path::new(".")
-        } else {
-            d
+/// The directory of the configuration file `file`, against which its
+/// relative paths are resolved.
+fn config_dir(file: &Path) -> &Path {
+    match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Resolves the relative model directories of `cog` engines against the
+/// configuration file's directory `base`.
+fn resolve_engine_dirs(config: &mut ServeConfig, base: &Path) {
+    for model in &mut config.models {
+        if let EngineSpec::Cog { dir, .. } = &mut model.engine {
+            if dir.is_relative() {
+                *dir = base.join(&*dir);
+            }
         }
-    });
+    }
+}
+
+/// The data directory: `data_dir` from the file (relative to the file's
+/// directory `beside`), else `hangar-data` beside the file; for the
+/// built-in demo `$HANGAR_DATA_DIR`, `$XDG_DATA_HOME/hangar` or
+/// `~/.local/share/hangar`.
+fn data_dir(config: &ServeConfig, beside: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(dir) = &config.data_dir {
         return Ok(match beside {
             Some(base) if dir.is_relative() => base.join(dir),

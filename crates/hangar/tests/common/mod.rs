@@ -2,6 +2,8 @@
 //! (Each test binary uses some of them.)
 #![allow(dead_code)]
 
+pub mod predictions;
+
 use std::io::{BufRead, BufReader, ErrorKind};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
