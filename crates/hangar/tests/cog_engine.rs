@@ -95,11 +95,13 @@ fn cog_models_serve_predictions_and_trainings() {
     assert_eq!(p["status"], "failed", "{p}");
     assert!(p["error"].as_str().unwrap().contains("input.repeat"), "{p}");
 
+    // The version shows the schema the cog server publishes.
+    let model = get(&format!("{}/v1/models/examples/cog-echo", s.url));
+    let schema = &model["latest_version"]["openapi_schema"]["components"]["schemas"];
+    assert_eq!(schema["Input"]["properties"]["repeat"]["maximum"].as_f64(), Some(10.0), "{model}");
+
     // A training runs the model's `train` on a trainer of its own.
-    let version = get(&format!("{}/v1/models/examples/cog-echo", s.url))["latest_version"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let version = model["latest_version"]["id"].as_str().unwrap().to_owned();
     let (status, t) = post(
         &format!("{}/v1/models/examples/cog-echo/versions/{version}/trainings", s.url),
         &json!({"destination": "acme/echo-tuned", "input": {"text": "a b a c", "epochs": 2}}),

@@ -39,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let base = args.config.as_deref().map(config_dir);
     if let Some(base) = base {
-        resolve_engine_dirs(&mut config, base);
+        resolve_engine_paths(&mut config, base)?;
     }
     let data_dir = data_dir(&config, base)?;
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
@@ -88,16 +88,25 @@ fn config_dir(file: &Path) -> &Path {
     }
 }
 
-/// Resolves the relative model directories of `cog` engines against the
-/// configuration file's directory `base`.
-fn resolve_engine_dirs(config: &mut ServeConfig, base: &Path) {
+/// Makes the model directory and interpreter of `cog` engines absolute,
+/// resolving relative ones against the configuration file's directory
+/// `base` (the server runs them from the model's directory). A bare
+/// interpreter name (`python3`) is left to `PATH`.
+fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> anyhow::Result<()> {
+    let resolve = |path: &mut PathBuf| -> anyhow::Result<()> {
+        *path = std::path::absolute(base.join(&*path))
+            .with_context(|| format!("cannot resolve {}", path.display()))?;
+        Ok(())
+    };
     for model in &mut config.models {
-        if let EngineSpec::Cog { dir, .. } = &mut model.engine {
-            if dir.is_relative() {
-                *dir = base.join(&*dir);
+        if let EngineSpec::Cog { dir, python, .. } = &mut model.engine {
+            resolve(dir)?;
+            if python.components().count() > 1 {
+                resolve(python)?;
             }
         }
     }
+    Ok(())
 }
 
 /// The data directory: `data_dir` from the file (relative to the file's
