@@ -66,7 +66,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         hangar_exe: std::env::current_exe().context("cannot find the hangar binary to start processes")?,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // One thread: the load generator should take as little of the machine
+    // as it can from the processes it measures, and the same from both paths.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = runtime.block_on(bench::run(&options))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
