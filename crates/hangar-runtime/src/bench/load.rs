@@ -87,6 +87,19 @@ impl Samples {
     }
 }
 
+impl Samples {
+    /// An empty record to [`append`](Self::append) runs to.
+    pub fn empty() -> Self {
+        Self::new()
+    }
+
+    /// Adds a later run of the same path: its samples and its wall time.
+    pub fn append(&mut self, later: Samples) {
+        self.elapsed += later.elapsed;
+        self.merge(later);
+    }
+}
+
 impl Client {
     /// Opens a connection to `target`.
     ///

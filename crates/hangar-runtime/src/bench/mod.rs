@@ -9,7 +9,9 @@
 //! with the load generator; the mock is a process for the same reason.
 //!
 //! The same requests are then sent twice — straight to the engine and
-//! through the gateway — in two phases:
+//! through the gateway — in two phases, each in five rounds in which the
+//! paths take turns (so a change in the machine's background load hits
+//! both paths alike):
 //!
 //! 1. **Closed loop** (maximum throughput): `concurrency` keep-alive
 //!    clients each send their next request as soon as the previous answer
@@ -40,7 +42,7 @@ use hyper::body::Bytes;
 use tokio::process::Command;
 
 use crate::engine::{launch, launch_announcing, EngineSpec, LaunchContext, LaunchError, RunningEngine};
-use load::{Client, Target};
+use load::{Client, Samples, Target};
 
 pub use report::{Added, PathStats, Phase, Report};
 
@@ -225,8 +227,7 @@ concurrency = {permits}
 }
 
 async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Result<Report, BenchError> {
-    let mut closed = Vec::new();
-    let mut open = Vec::new();
+    let mut paths = Vec::new();
     for url in [engine_url, gateway_url] {
         let target = options.body.target(address(url)?);
         let mut clients = Vec::with_capacity(options.concurrency);
@@ -234,11 +235,26 @@ async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Resu
             clients.push(Client::connect(&target).await?);
         }
         load::closed_loop(&target, &mut clients, options.warmup()).await;
-        closed.push(PathStats::from(load::closed_loop(&target, &mut clients, options.requests).await));
-        open.push(PathStats::from(
-            load::open_loop(&target, &mut clients, options.requests, options.rate).await,
-        ));
+        paths.push((target, clients));
     }
+    // The paths take turns, a share of the requests at a time, so a change
+    // in the machine's background load hits both alike.
+    let mut closed = [Samples::empty(), Samples::empty()];
+    let mut open = [Samples::empty(), Samples::empty()];
+    for round in 0..ROUNDS {
+        let n = options.requests / ROUNDS + usize::from(round < options.requests % ROUNDS);
+        if n == 0 {
+            continue;
+        }
+        for (i, (target, clients)) in paths.iter_mut().enumerate() {
+            closed[i].append(load::closed_loop(target, clients, n).await);
+        }
+        for (i, (target, clients)) in paths.iter_mut().enumerate() {
+            open[i].append(load::open_loop(target, clients, n, options.rate).await);
+        }
+    }
+    let closed: Vec<PathStats> = closed.into_iter().map(PathStats::from).collect();
+    let open: Vec<PathStats> = open.into_iter().map(PathStats::from).collect();
     let [direct, gateway] = <[PathStats; 2]>::try_from(closed).expect("two paths");
     let closed = Phase::new(direct, gateway);
     let [direct, gateway] = <[PathStats; 2]>::try_from(open).expect("two paths");
@@ -254,6 +270,9 @@ async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Resu
         open_loop: open,
     })
 }
+
+/// Turns the paths take in each phase.
+const ROUNDS: usize = 5;
 
 /// The socket address of an `http://HOST:PORT` URL the children announce.
 fn address(url: &str) -> Result<SocketAddr, BenchError> {

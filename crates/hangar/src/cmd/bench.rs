@@ -82,7 +82,6 @@ enum Body {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let hangar_exe = std::env::current_exe().context("cannot find the hangar binary to start processes")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let a = match args.command {
         Command::Gateway(a) => a,
         Command::Predictions(a) => {
@@ -92,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 rate: a.rate,
                 hangar_exe,
             };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(bench::predictions::run(&options))?;
             return print(&report, a.json);
         }
@@ -106,6 +106,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         hangar_exe,
     };
+    // One thread: the load generator should take as little of the machine
+    // as it can from the processes it measures, and the same from both paths.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = runtime.block_on(bench::run(&options))?;
     print(&report, a.json)
 }
