@@ -6,12 +6,11 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::predictions::{client, get, post, sse_events, wait_terminal};
 use serde_json::{json, Value};
-
-const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cog-echo");
 
 /// A predictor whose `setup()` prints, then fails.
 const BROKEN: &str = r#"
@@ -26,20 +25,16 @@ class Predictor(BasePredictor):
         return prompt
 "#;
 
-fn config(python: &str, broken_dir: &str) -> String {
+fn config(python: &Path, broken_dir: &str) -> String {
     common::one_gpu(&format!(
-        r#"
-[[models]]
-key = "examples/cog-echo"
-engine = {{ kind = "cog", dir = "{EXAMPLE}", python = "{python}", setup_timeout_s = 120 }}
-size = "1GB"
-min_replicas = 1
-
+        r#"{}
 [[models]]
 key = "examples/broken"
-engine = {{ kind = "cog", dir = "{broken_dir}", python = "{python}", setup_timeout_s = 120 }}
+engine = {{ kind = "cog", dir = "{broken_dir}", python = "{}", setup_timeout_s = 120 }}
 size = "1GB"
-"#
+"#,
+        common::cog_echo_model(python),
+        python.display()
     ))
 }
 
@@ -58,7 +53,7 @@ fn cog_models_serve_predictions_and_trainings() {
     let broken = tempfile::tempdir().unwrap();
     std::fs::write(broken.path().join("cog.yaml"), "predict: \"predict.py:Predictor\"\n").unwrap();
     std::fs::write(broken.path().join("predict.py"), BROKEN).unwrap();
-    let s = common::serve(&config(python.to_str().unwrap(), broken.path().to_str().unwrap()));
+    let s = common::serve(&config(&python, broken.path().to_str().unwrap()));
     let create = format!("{}/v1/models/examples/cog-echo/predictions", s.url);
 
     // Waiting: the whole streamed output, and the model's logs.

@@ -85,4 +85,18 @@ try:
     check(False, "a bad input is refused")
 except ReplicateError as e:
     check(e.status == 422 and "input.prompt" in str(e), f"422 names the field: {e}")
+# The cog model of examples/cog-echo, served through the `cog` engine.
+COG = "examples/cog-echo"
+out = replicate.run(COG, input={"prompt": "hello cog", "repeat": 2})
+check("".join(out) == "echo: hello cog hello cog ", f"run on a cog model: {out}")
+events = list(replicate.stream(COG, input={"prompt": "a b c", "delay": 0.05}))
+outputs = [str(e) for e in events if e.event.value == "output"]
+check(outputs == ["echo: ", "a ", "b ", "c "], f"stream of a cog model's Iterator output: {outputs}")
+p = replicate.models.predictions.create(model=COG, input={"prompt": "x " * 100, "delay": 0.2})
+while p.status == "starting":
+    time.sleep(0.05)
+    p.reload()
+replicate.predictions.cancel(p.id)
+p.wait()
+check(p.status == "canceled", f"cancel a running cog prediction: {p.status}")
 print("all replicate checks passed")

@@ -299,6 +299,9 @@ impl Inner {
                 let d = step.deployment;
                 let Some(rt) = self.models.get(d.model_key.as_str()).cloned() else { continue };
                 match step.action {
+                    // A cog server has no sleep mode: it stops, and a
+                    // wake-up from the cache starts a fresh one.
+                    Action::ToCache if rt.config.engine.is_cog() => self.stop(&rt, d.replica_id).await,
                     Action::ToCache => self.put_to_sleep(&rt, d.replica_id).await,
                     Action::Delete => self.stop(&rt, d.replica_id).await,
                     Action::FromCache => {

@@ -138,6 +138,18 @@ name = "acme/fast-prod"
 model = "t/fast"
 "#;
 
+/// The `[[models]]` entry of `examples/cog-echo` on the `cog` engine, run
+/// by `python` (one with the pinned `cog`).
+pub fn cog_echo_model(python: &Path) -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cog-echo");
+    format!(
+        "\n[[models]]\nkey = \"examples/cog-echo\"\n\
+         engine = {{ kind = \"cog\", dir = \"{dir}\", python = \"{}\", setup_timeout_s = 120 }}\n\
+         size = \"1GB\"\nmin_replicas = 1\n",
+        python.display()
+    )
+}
+
 const REQUIREMENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python-requirements.txt");
 
 /// A Python interpreter with the pinned clients of `python-requirements.txt`
