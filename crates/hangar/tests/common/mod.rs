@@ -65,20 +65,22 @@ pub fn serve(config: &str) -> Serve {
 pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
     let path = dir.path().join("serve.toml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+    let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
         .spawn()
         .unwrap();
+    // Owned by a `Serve` at once, so a failure below still stops it.
+    let mut serve = Serve { child, url: String::new(), _dir: dir };
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line
+    BufReader::new(serve.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    serve.url = line
         .trim()
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
-    Serve { child, url, _dir: dir }
+    serve
 }
 
 /// A configuration of one node with one virtual 80 GB GPU, then `rest`.
