@@ -1,6 +1,8 @@
 //! Async predictions in `hangar serve`: the [`Executor`] that runs a
-//! prediction through its model's processor and engine, and the start of
-//! the predictions service beside the gateway.
+//! prediction through its model's processor and engine — a streamed
+//! completion on OpenAI-style engines, cog's protocol ([`crate::cog`]) on
+//! `cog` engines, a training on a train-mode cog server of its own — and
+//! the start of the predictions service beside the gateway.
 //!
 //! # Sync and async classes
 //! A prediction enters the same per-model admission as a synchronous
