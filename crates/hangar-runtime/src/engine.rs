@@ -9,20 +9,30 @@
 //!   free loopback port chosen here.
 //! - `external`: a server already running elsewhere; nothing is started or
 //!   stopped.
+//! - `cog`: a cog model server, `python -m cog.server.http` run in the
+//!   model's directory (the one holding `cog.yaml`) with `PORT` set to a
+//!   free loopback port; it speaks cog's protocol ([`crate::cog`]), not
+//!   OpenAI's, and serves one prediction at a time.
 //!
-//! [`launch`] returns once the engine answers its readiness path with 200,
-//! or fails when the process exits or the setup timeout passes — killing
-//! what it started, so no failure leaves a process behind. A
-//! [`RunningEngine`] is stopped with [`RunningEngine::stop`] (SIGTERM, then
-//! SIGKILL after a grace period) and is killed if dropped.
+//! [`launch`] returns once the engine answers its readiness path with 200
+//! (for `cog`: once `/health-check` says `READY`), or fails when the
+//! process exits, the setup fails (`SETUP_FAILED`, with `setup()`'s logs)
+//! or the setup timeout passes — killing what it started, so no failure
+//! leaves a process behind. A [`RunningEngine`] is stopped with
+//! [`RunningEngine::stop`] (SIGTERM — SIGINT for cog, which waits for an
+//! explicit shutdown — then SIGKILL after a grace period) and is killed if
+//! dropped.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::cog::{self, CogMode, HealthStatus};
 
 /// What runs a model's replicas.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +64,26 @@ pub enum EngineSpec {
         /// Its base URL, e.g. `http://10.0.0.7:8000`.
         url: String,
     },
+    /// A cog model server (`python -m cog.server.http`).
+    Cog {
+        /// The model's directory, holding `cog.yaml` and the predictor;
+        /// relative paths are resolved against the configuration file's
+        /// directory.
+        dir: PathBuf,
+        /// The Python interpreter that has the `cog` package.
+        #[serde(default = "default_python")]
+        python: PathBuf,
+        /// Seconds `setup()` may take before giving up.
+        #[serde(default = "default_setup_timeout")]
+        setup_timeout_s: u64,
+    },
+}
+
+impl EngineSpec {
+    /// Whether replicas speak cog's protocol rather than OpenAI's.
+    pub fn is_cog(&self) -> bool {
+        matches!(self, Self::Cog { .. })
+    }
 }
 
 fn default_preset() -> String {
@@ -66,6 +96,10 @@ fn default_readiness() -> String {
 
 fn default_setup_timeout() -> u64 {
     600
+}
+
+fn default_python() -> PathBuf {
+    "python3".into()
 }
 
 /// Where and how to start one replica.
@@ -110,6 +144,18 @@ pub enum LaunchError {
     /// The mock engine did not announce its address.
     #[error("the engine did not print `listening on http://…` as its first line")]
     NoAddress,
+    /// A cog model's `setup()` failed.
+    #[error("the model's setup failed (SETUP_FAILED); its logs:\n{logs}")]
+    SetupFailed {
+        /// What `setup()` printed, with its traceback.
+        logs: String,
+    },
+    /// [`launch_cog`] was given an engine that is not `cog`.
+    #[error("the model's engine is not `cog`")]
+    NotCog,
+    /// A cog server reported a fatal error before it was ready.
+    #[error("the cog server is DEFUNCT")]
+    Defunct,
     /// A local I/O error.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -121,6 +167,8 @@ pub struct RunningEngine {
     /// Base URL, e.g. `http://127.0.0.1:41237`.
     pub base_url: String,
     child: Option<Child>,
+    /// What asks the process to stop.
+    stop_signal: Signal,
 }
 
 impl RunningEngine {
@@ -142,7 +190,7 @@ impl RunningEngine {
     pub async fn stop(mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else { return };
         if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let _ = rustix::process::kill_process(pid, self.stop_signal);
         }
         if tokio::time::timeout(grace, child.wait()).await.is_err() {
             let _ = child.kill().await;
@@ -154,9 +202,12 @@ impl RunningEngine {
 /// process is killed before returning.
 pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEngine, LaunchError> {
     match spec {
-        EngineSpec::External { url } => {
-            Ok(RunningEngine { base_url: url.trim_end_matches('/').to_owned(), child: None })
-        }
+        EngineSpec::External { url } => Ok(RunningEngine {
+            base_url: url.trim_end_matches('/').to_owned(),
+            child: None,
+            stop_signal: Signal::TERM,
+        }),
+        EngineSpec::Cog { .. } => launch_cog(spec, ctx, CogMode::Predict).await,
         EngineSpec::Mock { preset, startup_delay_ms } => {
             let mut cmd = Command::new(&ctx.hangar_exe);
             cmd.args(["engine", "mock", "--port", "0", "--preset", preset, "--model", &ctx.model])
@@ -175,12 +226,82 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
             let program = words.next().ok_or(LaunchError::EmptyCommand)?.to_owned();
             let mut cmd = Command::new(&program);
             cmd.args(words).env("CUDA_VISIBLE_DEVICES", &gpus).stdin(Stdio::null()).kill_on_drop(true);
+            output_to_stderr(&mut cmd)?;
             die_with_parent(&mut cmd);
             let child = cmd.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
             let base_url = format!("http://127.0.0.1:{port}");
             ready(child, base_url, readiness_path, Duration::from_secs(*setup_timeout_s)).await
         }
     }
+}
+
+/// Starts a cog model server for `spec` (a `cog` engine) in `mode` — a
+/// trainer with [`CogMode::Train`] — and waits until its setup is done.
+pub async fn launch_cog(
+    spec: &EngineSpec,
+    ctx: &LaunchContext,
+    mode: CogMode,
+) -> Result<RunningEngine, LaunchError> {
+    let EngineSpec::Cog { dir, python, setup_timeout_s } = spec else {
+        return Err(LaunchError::NotCog);
+    };
+    let port = free_port()?;
+    let gpus = ctx.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new(python);
+    // The server waits for an explicit shutdown (SIGINT) rather than
+    // exiting when setup fails, so the failure and its logs can be read.
+    cmd.args(["-m", "cog.server.http", "--host", "127.0.0.1", "--await-explicit-shutdown", "true"])
+        .args(["--x-mode", mode.arg()])
+        .current_dir(dir)
+        .env("PORT", port.to_string())
+        .env("CUDA_VISIBLE_DEVICES", &gpus)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    // Cog starts its worker with the `python` it finds on PATH: make that
+    // the interpreter that has cog (a virtual environment's).
+    if let Some(bin) = python.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let joined =
+            std::env::join_paths(std::iter::once(bin.to_path_buf()).chain(std::env::split_paths(&path)));
+        if let Ok(joined) = joined {
+            cmd.env("PATH", joined);
+        }
+    }
+    output_to_stderr(&mut cmd)?;
+    die_with_parent(&mut cmd);
+    let mut child =
+        cmd.spawn().map_err(|source| LaunchError::Spawn { program: python.display().to_string(), source })?;
+    let base_url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let timeout = Duration::from_secs(*setup_timeout_s);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let failure = loop {
+        if let Some(status) = child.try_wait()? {
+            return Err(LaunchError::Exited { status });
+        }
+        match cog::health(&client, &base_url, Duration::from_secs(2)).await.map(|h| (h.status, h)) {
+            Ok((HealthStatus::Ready | HealthStatus::Busy, _)) => {
+                return Ok(RunningEngine { base_url, child: Some(child), stop_signal: Signal::INT })
+            }
+            Ok((HealthStatus::SetupFailed, h)) => {
+                break LaunchError::SetupFailed { logs: h.setup_logs().to_owned() }
+            }
+            Ok((HealthStatus::Defunct, _)) => break LaunchError::Defunct,
+            _ if tokio::time::Instant::now() >= deadline => break LaunchError::SetupTimeout(timeout),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let _ = child.kill().await;
+    Err(failure)
+}
+
+/// Sends what the engine prints to this process's stderr (its log): our
+/// stdout is for this process's own output (`hangar serve` announces its
+/// address on its first line).
+fn output_to_stderr(cmd: &mut Command) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    cmd.stdout(std::io::stderr().as_fd().try_clone_to_owned()?);
+    Ok(())
 }
 
 /// Makes the engine die with the process that started it, even if that
@@ -252,7 +373,7 @@ async fn ready(
             return Err(LaunchError::Exited { status });
         }
         if client.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
-            return Ok(RunningEngine { base_url, child: Some(child) });
+            return Ok(RunningEngine { base_url, child: Some(child), stop_signal: Signal::TERM });
         }
         if tokio::time::Instant::now() >= deadline {
             let _ = child.kill().await;

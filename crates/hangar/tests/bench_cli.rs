@@ -62,3 +62,28 @@ fn bench_gateway_rejects_bad_options_by_name() {
     let o = run(&["bench", "gateway", "--body", "image"]);
     assert_eq!(o.status.code(), Some(2), "clap names the allowed values");
 }
+
+#[test]
+fn bench_predictions_runs_every_phase_and_prints_the_targets() {
+    let o =
+        run(&["bench", "predictions", "--requests", "200", "--concurrency", "4", "--rate", "400", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for phase in ["creates", "wait", "open_loop"] {
+        let s = &report[phase];
+        assert_eq!((s["ok"].as_u64(), s["errors"].as_u64()), (Some(200), Some(0)), "{phase}: {s}");
+        assert!(s["p99_ms"].as_f64().is_some_and(|x| x > 0.0), "{phase}: {s}");
+    }
+    assert!(report["drain_completions_per_s"].as_f64().is_some_and(|x| x > 0.0), "{report}");
+    let o = run(&["bench", "predictions", "--requests", "50", "--concurrency", "2", "--rate", "200"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    for needle in
+        ["durable creates", "completions (queue drain)", "Prefer: wait", "creates at 200/s", "targets:"]
+    {
+        assert!(table.contains(needle), "{needle:?} missing from\n{table}");
+    }
+    let o = run(&["bench", "predictions", "--concurrency", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--concurrency"));
+}

@@ -31,6 +31,8 @@ pub(crate) struct Target {
     pub path: &'static str,
     /// The JSON body.
     pub body: Bytes,
+    /// Extra request headers (e.g. `Prefer: wait`).
+    pub headers: &'static [(&'static str, &'static str)],
 }
 
 /// One keep-alive connection.
@@ -85,6 +87,19 @@ impl Samples {
     }
 }
 
+impl Samples {
+    /// An empty record to [`append`](Self::append) runs to.
+    pub fn empty() -> Self {
+        Self::new()
+    }
+
+    /// Adds a later run of the same path: its samples and its wall time.
+    pub fn append(&mut self, later: Samples) {
+        self.elapsed += later.elapsed;
+        self.merge(later);
+    }
+}
+
 impl Client {
     /// Opens a connection to `target`.
     ///
@@ -108,13 +123,15 @@ impl Client {
     /// non-2xx status or a failed exchange.
     async fn exchange(&mut self, target: &Target) -> Result<(), String> {
         self.sender.ready().await.map_err(|e| format!("connection lost: {e}"))?;
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::POST)
             .uri(target.path)
             .header(header::HOST, target.addr.to_string())
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(target.body.clone()))
-            .expect("a valid request");
+            .header(header::CONTENT_TYPE, "application/json");
+        for (name, value) in target.headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(target.body.clone())).expect("a valid request");
         let response = self.sender.send_request(request).await.map_err(|e| format!("request failed: {e}"))?;
         let status = response.status();
         let body = response.into_body().collect().await.map_err(|e| format!("reading the answer: {e}"))?;

@@ -9,7 +9,9 @@
 //! with the load generator; the mock is a process for the same reason.
 //!
 //! The same requests are then sent twice — straight to the engine and
-//! through the gateway — in two phases:
+//! through the gateway — in two phases, each in five rounds in which the
+//! paths take turns (so a change in the machine's background load hits
+//! both paths alike):
 //!
 //! 1. **Closed loop** (maximum throughput): `concurrency` keep-alive
 //!    clients each send their next request as soon as the previous answer
@@ -29,6 +31,7 @@
 //! admission never queues: the bench measures the path, not a queue.
 
 mod load;
+pub mod predictions;
 mod report;
 
 use std::net::SocketAddr;
@@ -39,7 +42,7 @@ use hyper::body::Bytes;
 use tokio::process::Command;
 
 use crate::engine::{launch, launch_announcing, EngineSpec, LaunchContext, LaunchError, RunningEngine};
-use load::{Client, Target};
+use load::{Client, Samples, Target};
 
 pub use report::{Added, PathStats, Phase, Report};
 
@@ -72,7 +75,7 @@ impl BodyKind {
                 serde_json::json!({"model": MODEL, "prompt": "Say hello to the gateway benchmark.", "max_tokens": 1}),
             ),
         };
-        Target { addr, path, body: Bytes::from(body.to_string()) }
+        Target { addr, path, body: Bytes::from(body.to_string()), headers: &[] }
     }
 }
 
@@ -148,29 +151,55 @@ impl Options {
 /// Dropping the future kills both child processes.
 pub async fn run(options: &Options) -> Result<Report, BenchError> {
     options.validate()?;
-    let ctx = LaunchContext {
-        model: MODEL.into(),
-        gpus: Vec::new(),
-        gpu_fraction: 1.0,
-        hangar_exe: options.hangar_exe.clone(),
-        mock_setup_timeout: Duration::from_secs(60),
-    };
-    let spec = EngineSpec::Mock { preset: "instant".into(), startup_delay_ms: 0 };
-    let engine =
-        launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })?;
+    let engine = launch_instant_engine(&options.hangar_exe).await?;
     let gateway = start_gateway(options, &engine.base_url).await?;
-    let report = measure(options, &engine.base_url, &gateway.base_url).await;
-    gateway.stop(Duration::from_secs(5)).await;
+    let report = measure(options, &engine.base_url, &gateway.process.base_url).await;
+    gateway.process.stop(Duration::from_secs(5)).await;
     engine.stop(Duration::from_secs(5)).await;
     report
 }
 
+/// A mock engine with zero compute time (`--preset instant`) serving
+/// [`MODEL`], as a child process.
+pub(crate) async fn launch_instant_engine(hangar_exe: &std::path::Path) -> Result<RunningEngine, BenchError> {
+    let ctx = LaunchContext {
+        model: MODEL.into(),
+        gpus: Vec::new(),
+        gpu_fraction: 1.0,
+        hangar_exe: hangar_exe.to_owned(),
+        mock_setup_timeout: Duration::from_secs(60),
+    };
+    let spec = EngineSpec::Mock { preset: "instant".into(), startup_delay_ms: 0 };
+    launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })
+}
+
 /// `hangar serve` with one model whose engine is the mock at `engine_url`.
-async fn start_gateway(options: &Options, engine_url: &str) -> Result<RunningEngine, BenchError> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("bench-gateway.toml");
+async fn start_gateway(options: &Options, engine_url: &str) -> Result<Server, BenchError> {
     // Permits beyond the client count: admission never makes a request wait.
     let permits = (options.concurrency * 2).max(1024);
+    start_serve(&options.hangar_exe, engine_url, permits, "", "gateway").await
+}
+
+/// A `hangar serve` child process and the directory of its configuration
+/// and data (removed when dropped, after the process is stopped).
+pub(crate) struct Server {
+    /// The process.
+    pub process: RunningEngine,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts `hangar serve` on one virtual node with the model [`MODEL`] on
+/// the engine at `engine_url` (`permits` per replica), plus the TOML
+/// `extra`; `what` names it in errors.
+pub(crate) async fn start_serve(
+    hangar_exe: &std::path::Path,
+    engine_url: &str,
+    permits: usize,
+    extra: &str,
+    what: &'static str,
+) -> Result<Server, BenchError> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("bench-serve.toml");
     let config = format!(
         r#"listen = "127.0.0.1:0"
 
@@ -186,19 +215,19 @@ engine = {{ kind = "external", url = "{engine_url}" }}
 size = "1GB"
 min_replicas = 1
 concurrency = {permits}
-"#
+{extra}"#
     );
     std::fs::write(&path, config)?;
-    let mut cmd = Command::new(&options.hangar_exe);
+    let mut cmd = Command::new(hangar_exe);
     cmd.arg("serve").arg("--config").arg(&path);
-    launch_announcing(cmd, &options.hangar_exe, Duration::from_secs(60))
+    let process = launch_announcing(cmd, hangar_exe, Duration::from_secs(60))
         .await
-        .map_err(|source| BenchError::Launch { what: "gateway", source })
+        .map_err(|source| BenchError::Launch { what, source })?;
+    Ok(Server { process, _dir: dir })
 }
 
 async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Result<Report, BenchError> {
-    let mut closed = Vec::new();
-    let mut open = Vec::new();
+    let mut paths = Vec::new();
     for url in [engine_url, gateway_url] {
         let target = options.body.target(address(url)?);
         let mut clients = Vec::with_capacity(options.concurrency);
@@ -206,11 +235,26 @@ async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Resu
             clients.push(Client::connect(&target).await?);
         }
         load::closed_loop(&target, &mut clients, options.warmup()).await;
-        closed.push(PathStats::from(load::closed_loop(&target, &mut clients, options.requests).await));
-        open.push(PathStats::from(
-            load::open_loop(&target, &mut clients, options.requests, options.rate).await,
-        ));
+        paths.push((target, clients));
     }
+    // The paths take turns, a share of the requests at a time, so a change
+    // in the machine's background load hits both alike.
+    let mut closed = [Samples::empty(), Samples::empty()];
+    let mut open = [Samples::empty(), Samples::empty()];
+    for round in 0..ROUNDS {
+        let n = options.requests / ROUNDS + usize::from(round < options.requests % ROUNDS);
+        if n == 0 {
+            continue;
+        }
+        for (i, (target, clients)) in paths.iter_mut().enumerate() {
+            closed[i].append(load::closed_loop(target, clients, n).await);
+        }
+        for (i, (target, clients)) in paths.iter_mut().enumerate() {
+            open[i].append(load::open_loop(target, clients, n, options.rate).await);
+        }
+    }
+    let closed: Vec<PathStats> = closed.into_iter().map(PathStats::from).collect();
+    let open: Vec<PathStats> = open.into_iter().map(PathStats::from).collect();
     let [direct, gateway] = <[PathStats; 2]>::try_from(closed).expect("two paths");
     let closed = Phase::new(direct, gateway);
     let [direct, gateway] = <[PathStats; 2]>::try_from(open).expect("two paths");
@@ -226,6 +270,9 @@ async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Resu
         open_loop: open,
     })
 }
+
+/// Turns the paths take in each phase.
+const ROUNDS: usize = 5;
 
 /// The socket address of an `http://HOST:PORT` URL the children announce.
 fn address(url: &str) -> Result<SocketAddr, BenchError> {

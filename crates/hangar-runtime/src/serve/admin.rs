@@ -83,7 +83,7 @@ async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<R
             "min_replicas": c.min_replicas,
             "max_replicas": c.max_replicas(),
             "target_replicas": rt.target.load(Ordering::SeqCst),
-            "concurrency": c.concurrency,
+            "concurrency": c.permits(),
             "timeout_s": rt.timeout.as_secs(),
             "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
             "permits": {"total": load.permits, "used": load.in_use},

@@ -43,6 +43,15 @@ pub struct ServeConfig {
     /// `Authorization: Bearer KEY` (401 otherwise).
     #[serde(default)]
     pub api_keys: Vec<ApiKey>,
+    /// Where durable state lives (the predictions database). Relative
+    /// paths are resolved against the configuration file's directory;
+    /// default: `hangar-data` beside the file (or the user's data
+    /// directory for the built-in demo).
+    #[serde(default)]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Async predictions settings (docs/predictions.md).
+    #[serde(default)]
+    pub predictions: hangar_predictions::PredictionsConfig,
 }
 
 /// One API key and the account it stands for.
@@ -99,6 +108,10 @@ pub struct ModelConfig {
     /// request of another account gets 403).
     #[serde(default)]
     pub access: Option<Vec<AccountId>>,
+    /// Async predictions limits: `max_run_lifetime_s`, `predict_timeout_s`,
+    /// `idempotent` (docs/predictions.md).
+    #[serde(default)]
+    pub predictions: hangar_predictions::ModelSettings,
 }
 
 /// A model's waiting line as configured.
@@ -167,9 +180,18 @@ impl ModelConfig {
         }
     }
 
+    /// Requests one replica serves at once: `concurrency`, but 1 for a
+    /// `cog` engine (a cog server runs one prediction at a time).
+    pub fn permits(&self) -> u32 {
+        match self.engine.is_cog() {
+            true => 1,
+            false => self.concurrency,
+        }
+    }
+
     /// The admission settings, with the capacity resolved.
     pub fn admission(&self) -> AdmissionConfig {
-        let permits = self.concurrency as usize * self.max_replicas() as usize;
+        let permits = self.permits() as usize * self.max_replicas() as usize;
         let capacity =
             self.queue.capacity.unwrap_or((QUEUE_PER_PERMIT * permits).clamp(1, QUEUE_CAPACITY_CAP));
         AdmissionConfig { algorithm: self.queue.algorithm, capacity }

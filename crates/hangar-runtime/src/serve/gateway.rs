@@ -192,6 +192,13 @@ async fn forward(
         let message = format!("account `{account}` may not use the model `{model}`");
         return error(StatusCode::FORBIDDEN, "permission_error", &message, Some("model"));
     }
+    if rt.config.engine.is_cog() {
+        let message = format!(
+            "the model `{model}` runs on a cog engine, which serves predictions, not the OpenAI API: \
+             use POST /v1/models/{model}/predictions"
+        );
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some("model"));
+    }
     let prompt = match rt.config.router {
         // Only the KV router reads the prompt; the body parsed before.
         ReplicaRouting::Kv => serde_json::from_slice::<Value>(&body)

@@ -19,6 +19,7 @@ mod admin;
 mod config;
 mod gateway;
 mod metrics;
+mod predictions;
 mod prompt;
 mod relay;
 mod replicas;

@@ -26,6 +26,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::{replica_name, Inner, ModelRuntime};
+use crate::cog;
 use crate::engine::{launch, LaunchContext, RunningEngine};
 
 /// How often a ready replica is health-checked.
@@ -143,7 +144,7 @@ impl ModelRuntime {
     fn wanted(&self, arriving: usize) -> u32 {
         let target = self.target.load(Ordering::SeqCst);
         self.processor
-            .replicas_wanted(self.config.concurrency, arriving)
+            .replicas_wanted(self.config.permits(), arriving)
             .max(target)
             .min(self.config.max_replicas())
     }
@@ -298,6 +299,9 @@ impl Inner {
                 let d = step.deployment;
                 let Some(rt) = self.models.get(d.model_key.as_str()).cloned() else { continue };
                 match step.action {
+                    // A cog server has no sleep mode: it stops, and a
+                    // wake-up from the cache starts a fresh one.
+                    Action::ToCache if rt.config.engine.is_cog() => self.stop(&rt, d.replica_id).await,
                     Action::ToCache => self.put_to_sleep(&rt, d.replica_id).await,
                     Action::Delete => self.stop(&rt, d.replica_id).await,
                     Action::FromCache => {
@@ -359,7 +363,7 @@ impl Inner {
             return Ok(());
         }
         tracing::info!(replica = %name, %url, "replica ready");
-        rt.processor.replica_ready(id, rt.config.concurrency);
+        rt.processor.replica_ready(id, rt.config.permits());
         self.watch(&rt, id);
         Ok(())
     }
@@ -383,7 +387,7 @@ impl Inner {
         }
         rt.set_state(replica, ReplicaState::Ready);
         tracing::info!(replica = %replica_name(&rt.config.key, replica), "replica woke from the warm cache");
-        rt.processor.replica_ready(replica, rt.config.concurrency);
+        rt.processor.replica_ready(replica, rt.config.permits());
         true
     }
 
@@ -489,6 +493,13 @@ impl Inner {
                 _ => return Ok(()),
             }
         };
+        if rt.config.engine.is_cog() {
+            // Cog answers 200 whatever its state: read the state.
+            return match cog::health(&self.client, &url, HEALTH_TIMEOUT).await {
+                Ok(h) if h.serves() => Ok(()),
+                _ => Err(Unhealthy::NoAnswer),
+            };
+        }
         let answer = self.client.get(format!("{url}/health")).timeout(HEALTH_TIMEOUT).send().await;
         match answer {
             Ok(r) if r.status().is_success() => Ok(()),

@@ -24,6 +24,32 @@ enum Command {
     /// (latency). Prints requests per second, p50/p90/p99 latency of each
     /// path and what the gateway adds. See docs/serve.md.
     Gateway(GatewayArgs),
+    /// What the durable predictions path sustains.
+    ///
+    /// Starts `hangar serve` (its store in a temporary directory) with one
+    /// model on a zero-compute mock engine, both child processes; then
+    /// measures durable creates per second answered 201 (closed loop of
+    /// --concurrency clients), completions per second draining that
+    /// backlog, create-and-wait (`Prefer: wait`) round trips, and create
+    /// latency at --rate creates per second (open loop). See
+    /// docs/predictions.md.
+    Predictions(PredictionsArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct PredictionsArgs {
+    /// Predictions in each phase.
+    #[arg(long, default_value_t = 10_000)]
+    requests: usize,
+    /// Keep-alive clients in the closed loops.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Creates per second in the open loop.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -55,7 +81,21 @@ enum Body {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Command::Gateway(a) = args.command;
+    let hangar_exe = std::env::current_exe().context("cannot find the hangar binary to start processes")?;
+    let a = match args.command {
+        Command::Gateway(a) => a,
+        Command::Predictions(a) => {
+            let options = bench::predictions::Options {
+                requests: a.requests,
+                concurrency: a.concurrency,
+                rate: a.rate,
+                hangar_exe,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = runtime.block_on(bench::predictions::run(&options))?;
+            return print(&report, a.json);
+        }
+    };
     let options = bench::Options {
         requests: a.requests,
         concurrency: a.concurrency,
@@ -64,12 +104,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Body::Chat => BodyKind::Chat,
             Body::Completion => BodyKind::Completion,
         },
-        hangar_exe: std::env::current_exe().context("cannot find the hangar binary to start processes")?,
+        hangar_exe,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // One thread: the load generator should take as little of the machine
+    // as it can from the processes it measures, and the same from both paths.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = runtime.block_on(bench::run(&options))?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    print(&report, a.json)
+}
+
+fn print(report: &(impl serde::Serialize + std::fmt::Display), json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
     } else {
         print!("{report}");
     }

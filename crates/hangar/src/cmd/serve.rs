@@ -1,11 +1,12 @@
 //! `hangar serve`: the serving platform on this machine.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
+use hangar_runtime::engine::EngineSpec;
 use hangar_runtime::serve::{ServeConfig, Server};
 
 use super::engine::shutdown_signal;
@@ -28,7 +29,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = match &args.config {
+    let mut config: ServeConfig = match &args.config {
         Some(path) => toml::from_str::<ServeConfig>(&read_text(path)?)
             .with_context(|| format!("invalid configuration {}", path.display()))?,
         None => ServeConfig::demo(),
@@ -36,6 +37,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    let base = args.config.as_deref().map(config_dir);
+    if let Some(base) = base {
+        resolve_engine_paths(&mut config, base)?;
+    }
+    let data_dir = data_dir(&config, base)?;
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -45,7 +51,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         let first_model = config.models.first().map(|m| m.key.to_string()).unwrap_or_default();
         let body_limit = config.max_body_bytes.bytes() as usize;
+        let predictions = std::mem::take(&mut config.predictions);
         let server = Server::start(config, exe).await?;
+        let service = server
+            .start_predictions(&data_dir, predictions, &format!("http://{addr}"))
+            .await
+            .with_context(|| format!("cannot start predictions in {}", data_dir.display()))?;
         // One write, and errors ignored: whoever started us may read only
         // the first line and close the pipe, which must not stop a server.
         let announce = format!(
@@ -55,12 +66,66 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
         drop(out);
-        // Streamed answers are small writes: send each at once (no Nagle).
+        let router = server.router(body_limit).merge(service.router());
+        // Streamed answers (tokens, SSE) are small writes: send each at
+        // once (no Nagle).
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        axum::serve(listener, server.router(body_limit)).with_graceful_shutdown(shutdown_signal()).await?;
+        axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+        service.stop();
         server.shutdown().await;
         Ok(())
     })
+}
+
+/// The directory of the configuration file `file`, against which its
+/// relative paths are resolved.
+fn config_dir(file: &Path) -> &Path {
+    match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Makes the model directory and interpreter of `cog` engines absolute,
+/// resolving relative ones against the configuration file's directory
+/// `base` (the server runs them from the model's directory). A bare
+/// interpreter name (`python3`) is left to `PATH`.
+fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> anyhow::Result<()> {
+    let resolve = |path: &mut PathBuf| -> anyhow::Result<()> {
+        *path = std::path::absolute(base.join(&*path))
+            .with_context(|| format!("cannot resolve {}", path.display()))?;
+        Ok(())
+    };
+    for model in &mut config.models {
+        if let EngineSpec::Cog { dir, python, .. } = &mut model.engine {
+            resolve(dir)?;
+            if python.components().count() > 1 {
+                resolve(python)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The data directory: `data_dir` from the file (relative to the file's
+/// directory `beside`), else `hangar-data` beside the file; for the
+/// built-in demo `$HANGAR_DATA_DIR`, `$XDG_DATA_HOME/hangar` or
+/// `~/.local/share/hangar`.
+fn data_dir(config: &ServeConfig, beside: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = &config.data_dir {
+        return Ok(match beside {
+            Some(base) if dir.is_relative() => base.join(dir),
+            _ => dir.clone(),
+        });
+    }
+    if let Some(base) = beside {
+        return Ok(base.join("hangar-data"));
+    }
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    env("HANGAR_DATA_DIR")
+        .or_else(|| env("XDG_DATA_HOME").map(|d| d.join("hangar")))
+        .or_else(|| env("HOME").map(|h| h.join(".local/share/hangar")))
+        .context("no data directory: set data_dir in a configuration file, or HANGAR_DATA_DIR")
 }

@@ -2,7 +2,10 @@
 //! (Each test binary uses some of them.)
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+pub mod predictions;
+
+use std::io::{BufRead, BufReader, ErrorKind};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -16,11 +19,25 @@ pub struct Serve {
     _dir: tempfile::TempDir,
 }
 
+impl Serve {
+    /// Kills the server outright (SIGKILL), as a crash would, and returns
+    /// its directory for a restart.
+    pub fn kill9(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self._dir, dir)
+    }
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(self._dir.path().join("serve.log")).unwrap_or_default();
             eprintln!("--- hangar serve's log ---\n{log}");
+        }
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
         }
         if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
@@ -39,23 +56,31 @@ impl Drop for Serve {
 /// Starts `hangar serve` with `config` on a free loopback port and waits
 /// for its `listening on` line.
 pub fn serve(config: &str) -> Serve {
-    let dir = tempfile::tempdir().unwrap();
+    serve_in(tempfile::tempdir().unwrap(), config)
+}
+
+/// [`serve`] with its configuration (and so its default data directory)
+/// in `dir`: a second server in the same directory finds the first one's
+/// state.
+pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
     let path = dir.path().join("serve.toml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+    let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
         .spawn()
         .unwrap();
+    // Owned by a `Serve` at once, so a failure below still stops it.
+    let mut serve = Serve { child, url: String::new(), _dir: dir };
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line
+    BufReader::new(serve.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    serve.url = line
         .trim()
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
-    Serve { child, url, _dir: dir }
+    serve
 }
 
 /// A configuration of one node with one virtual 80 GB GPU, then `rest`.
@@ -80,4 +105,100 @@ pub fn post(url: &str, key: Option<&str>, body: &serde_json::Value) -> (u16, ser
     let r = r.send().unwrap();
     let status = r.status().as_u16();
     (status, r.json().unwrap_or(serde_json::Value::Null))
+}
+
+/// Two mock models for the predictions tests: `t/fast`, and `t/slow` with
+/// one permit and one async slot (so a second prediction waits in the
+/// durable queue); fast webhook retries; a deployment `acme/fast-prod`.
+pub const PREDICTIONS_CONFIG: &str = r#"
+[[nodes]]
+id = "local"
+gpus = 2
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "t/fast"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+min_replicas = 1
+
+[[models]]
+key = "t/slow"
+engine = { kind = "mock", preset = "default" }
+size = "10GB"
+min_replicas = 1
+concurrency = 1
+
+[predictions]
+async_slots = 1
+webhook_retry_base_ms = 100
+webhook_retry_cap_ms = 400
+
+[[predictions.deployments]]
+name = "acme/fast-prod"
+model = "t/fast"
+"#;
+
+/// The `[[models]]` entry of `examples/cog-echo` on the `cog` engine, run
+/// by `python` (one with the pinned `cog`).
+pub fn cog_echo_model(python: &Path) -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cog-echo");
+    format!(
+        "\n[[models]]\nkey = \"examples/cog-echo\"\n\
+         engine = {{ kind = \"cog\", dir = \"{dir}\", python = \"{}\", setup_timeout_s = 120 }}\n\
+         size = \"1GB\"\nmin_replicas = 1\n",
+        python.display()
+    )
+}
+
+const REQUIREMENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python-requirements.txt");
+
+/// A Python interpreter with the pinned clients of `python-requirements.txt`
+/// (`openai`, `replicate`): `$HANGAR_PYTHON` (CI installs them into a venv
+/// and sets it), or a venv made once under the target directory.
+pub fn python() -> PathBuf {
+    match std::env::var_os("HANGAR_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => bootstrap(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv")),
+    }
+}
+
+/// Creates (once) a venv at `venv` with the pinned requirements.
+fn bootstrap(venv: &Path) -> PathBuf {
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        match Command::new("python3").arg("-m").arg("venv").arg(venv).output() {
+            Err(e) if e.kind() == ErrorKind::NotFound => panic!(
+                "python3 is not installed: this test runs the official Python clients. \
+                 Install python3 and python3-venv (apt-get install python3 python3-venv), or set \
+                 HANGAR_PYTHON to a Python that has the packages of python-requirements.txt"
+            ),
+            Err(e) => panic!("cannot run python3: {e}"),
+            Ok(o) if !o.status.success() => panic!(
+                "`python3 -m venv {}` failed (on Debian, install python3-venv):\n{}",
+                venv.display(),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Ok(_) => {}
+        }
+    }
+    // The marker records what was installed, so a changed pin reinstalls.
+    let marker = venv.join("hangar-requirements.txt");
+    let wanted = std::fs::read_to_string(REQUIREMENTS).unwrap();
+    if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) {
+        let o = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", REQUIREMENTS])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "installing {REQUIREMENTS} into {} failed:\n{}{}",
+            venv.display(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::write(&marker, wanted).unwrap();
+    }
+    python
 }

@@ -10,6 +10,13 @@
 //! peak RSS, idle CPU at 80 % usage, SIGTERM-to-exit time during a sweep,
 //! and whether recently used blocks survived while older ones went. The
 //! image is unmounted and deleted afterwards, also on failure.
+//!
+//! Next to the evictor it measures a bare walk (see [`bare_walk`]): on a
+//! copy of the same image, warmed the same way, a walk that does nothing
+//! but list, stat and unlink the same blocks. The ratio says how much of
+//! the time is the evictor's and how much the file system's.
+
+mod bare_walk;
 
 use std::fmt;
 use std::io;
@@ -93,6 +100,9 @@ pub struct Row {
     pub recent: (usize, usize),
     /// Deleted blocks used more recently than the oldest surviving cold block.
     pub order_violations: usize,
+    /// A bare walk on a copy of the volume unlinking the same blocks with
+    /// one thread per core.
+    pub bare_walk: Duration,
 }
 
 /// All rows, printable as a table with the targets.
@@ -119,7 +129,7 @@ const RANKS: u32 = 2;
 
 fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     let dir = opts.work_dir.join(format!("hangar-evict-bench-{}-{files}", std::process::id()));
-    let vol = Volume::create(&dir, files)?;
+    let mut vol = Volume::create(&dir, files)?;
     let mnt = vol.mnt.clone();
     let root = mnt.join("kv/model-cache/models");
     let spec = TreeSpec {
@@ -148,6 +158,14 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     );
     vol.fill_to(&disk, 90.0, "ballast-90")?;
     let start_percent = usage(&disk)?.percent();
+    // The bare walk's copy is taken before the evictor runs; copying remounts
+    // both, so both are warmed by the same walk.
+    let bare_vol = vol.copy(&dir.join("bare-walk"))?;
+    let bare_root = bare_vol.mnt.join("kv/model-cache/models");
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for r in [&root, &bare_root] {
+        bare_walk::walk(r, threads, None).map_err(io_err(format!("warming {}", r.display())))?;
+    }
 
     let log = dir.join("evict.log");
     let mut child = Evictor::spawn(&opts.exe, &mnt, &log)?;
@@ -163,7 +181,18 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     child.wait_idle()?;
     let cpu_seconds = child.cpu_seconds()?;
 
-    let (deleted, recent, order_violations) = survivors(&root, &plan);
+    let Survivors { deleted, recent, order_violations, newest_deleted } = survivors(&root, &plan);
+    let up_to_ns = newest_deleted
+        .map_or(i64::MIN, |t| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64));
+    let bare = bare_walk::walk(&bare_root, threads, Some(up_to_ns)).map_err(io_err("the bare walk"))?;
+    tracing::info!(
+        secs = bare.elapsed.as_secs_f64(),
+        files = bare.files,
+        deleted = bare.deleted,
+        evictor_deleted = deleted,
+        "bare walk done"
+    );
+    drop(bare_vol);
 
     vol.fill_to(&disk, 80.0, "ballast-80")?;
     std::thread::sleep(Duration::from_secs(2));
@@ -196,6 +225,7 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
         clean_exit,
         recent,
         order_violations,
+        bare_walk: bare.elapsed,
     })
 }
 
@@ -203,8 +233,17 @@ fn usage(disk: &Statvfs) -> Result<Usage, BenchError> {
     disk.usage().map_err(io_err("statvfs"))
 }
 
-/// (deleted, (recent total, recent survived), order violations).
-fn survivors(root: &Path, plan: &[BlockFile]) -> (usize, (usize, usize), usize) {
+/// What the evictor left of the planned tree.
+struct Survivors {
+    deleted: usize,
+    /// (recently used blocks, how many survived).
+    recent: (usize, usize),
+    order_violations: usize,
+    /// Last use of the most recently used block deleted.
+    newest_deleted: Option<SystemTime>,
+}
+
+fn survivors(root: &Path, plan: &[BlockFile]) -> Survivors {
     let exists: Vec<bool> = plan.iter().map(|f| root.join(&f.path).symlink_metadata().is_ok()).collect();
     let deleted = exists.iter().filter(|e| !**e).count();
     let recent_total = plan.iter().filter(|f| f.hot).count();
@@ -215,7 +254,8 @@ fn survivors(root: &Path, plan: &[BlockFile]) -> (usize, (usize, usize), usize) 
         Some(oldest) => plan.iter().zip(&exists).filter(|(f, e)| !**e && f.last_use > oldest).count(),
         None => 0,
     };
-    (deleted, (recent_total, recent_kept), violations)
+    let newest_deleted = plan.iter().zip(&exists).filter(|(_, e)| !**e).map(|(f, _)| f.last_use).max();
+    Survivors { deleted, recent: (recent_total, recent_kept), order_violations: violations, newest_deleted }
 }
 
 /// A loop-mounted ext4 image, unmounted and deleted on drop.
@@ -260,9 +300,26 @@ impl Volume {
                 .arg(inodes.to_string())
                 .arg(&self.img),
         )?;
+        self.mount()
+    }
+
+    fn mount(&mut self) -> Result<(), BenchError> {
         run_cmd(Command::new("mount").args(["-o", "loop,strictatime"]).arg(&self.img).arg(&self.mnt))?;
         self.mounted = true;
         Ok(())
+    }
+
+    /// A mounted copy of this volume in `dir` (sparse, so it costs only the
+    /// bytes in use); this volume is remounted.
+    fn copy(&mut self, dir: &Path) -> Result<Volume, BenchError> {
+        std::fs::create_dir_all(dir.join("mnt")).map_err(io_err(format!("creating {}", dir.display())))?;
+        let mut copy =
+            Volume { dir: dir.to_owned(), img: dir.join("ext4.img"), mnt: dir.join("mnt"), mounted: false };
+        self.unmount();
+        run_cmd(Command::new("cp").arg("--sparse=always").arg(&self.img).arg(&copy.img))?;
+        self.mount()?;
+        copy.mount()?;
+        Ok(copy)
     }
 
     /// Allocates a ballast file outside the cache directory so usage reaches
@@ -431,10 +488,11 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "{:>8} {:>6} {:>10} {:>8} {:>9} {:>9} {:>6} {:>9} {:>10} {:>13} {:>10}",
+            "{:>8} {:>6} {:>10} {:>10} {:>8} {:>9} {:>9} {:>6} {:>9} {:>10} {:>13} {:>10}",
             "files",
             "start",
             "to <=70%",
+            "bare walk",
             "deleted",
             "files/s",
             "peak RSS",
@@ -447,10 +505,11 @@ impl fmt::Display for Report {
         for r in &self.rows {
             writeln!(
                 f,
-                "{:>8} {:>5.1}% {:>8.2} s {:>8} {:>9.0} {:>5.1} MiB {:>6.2} {:>8.2}% {:>7.0} ms{} {:>6}/{:<6} {:>10}",
+                "{:>8} {:>5.1}% {:>8.2} s {:>8.2} s {:>8} {:>9.0} {:>5.1} MiB {:>6.2} {:>8.2}% {:>7.0} ms{} {:>6}/{:<6} {:>10}",
                 r.files,
                 r.start_percent,
                 r.to_target.as_secs_f64(),
+                r.bare_walk.as_secs_f64(),
                 r.deleted,
                 r.deleted as f64 / r.to_target.as_secs_f64().max(1e-9),
                 r.peak_rss_kib as f64 / 1024.0,
@@ -463,6 +522,11 @@ impl fmt::Display for Report {
                 r.order_violations,
             )?;
         }
+        writeln!(
+            f,
+            "bare walk: a copy of the same volume, warmed alike, on which a plain walk lists, stats and \
+             unlinks the same blocks in the order it finds them, one thread per core"
+        )?;
         writeln!(
             f,
             "targets: 500k tree <= 3 s to target, <= 19 MiB RSS, idle CPU < 1 % of a core, \

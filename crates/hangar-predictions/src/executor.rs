@@ -1,0 +1,95 @@
+//! The execution boundary: what the server plugs in to run a prediction.
+//!
+//! This crate knows nothing of engines or replicas. `hangar serve` gives
+//! the [`Service`](crate::Service) an [`Executor`] that admits the job
+//! through the model's processor and calls the engine; the executor
+//! reports progress through a [`Sink`] and watches a cancellation token.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use hangar_core::AccountId;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::record::JobKind;
+
+/// One job to run.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The prediction id.
+    pub id: String,
+    /// Prediction or training.
+    pub kind: JobKind,
+    /// The model key (`owner/name`).
+    pub model: String,
+    /// The account it runs for (admission fairness, access).
+    pub account: AccountId,
+    /// The validated input.
+    pub input: Value,
+}
+
+/// Progress reported by an executor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecEvent {
+    /// The job got its capacity (a permit) and now runs: `processing`.
+    Started,
+    /// One more output item (a token for language models).
+    Output(Value),
+    /// A log line.
+    Log(String),
+}
+
+/// Where an executor reports progress. Cheap to clone; sends never block
+/// and are ignored once the prediction has ended.
+#[derive(Debug, Clone)]
+pub struct Sink(pub(crate) mpsc::UnboundedSender<ExecEvent>);
+
+impl Sink {
+    /// A sink and the receiver of its events (for drivers and tests).
+    pub fn channel() -> (Sink, mpsc::UnboundedReceiver<ExecEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Sink(tx), rx)
+    }
+
+    /// The job started running (call once, when capacity is granted).
+    pub fn started(&self) {
+        let _ = self.0.send(ExecEvent::Started);
+    }
+
+    /// One output item.
+    pub fn output(&self, item: Value) {
+        let _ = self.0.send(ExecEvent::Output(item));
+    }
+
+    /// A log line.
+    pub fn log(&self, line: impl Into<String>) {
+        let _ = self.0.send(ExecEvent::Log(line.into()));
+    }
+}
+
+/// Why a job did not produce output.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// The model failed on this input (the prediction fails with it).
+    #[error("{0}")]
+    Failed(String),
+    /// The job stopped because its cancellation token fired.
+    #[error("canceled")]
+    Canceled,
+}
+
+/// The boxed future an executor returns.
+pub type ExecFuture = Pin<Box<dyn Future<Output = Result<Value, ExecError>> + Send>>;
+
+/// Runs jobs. Implementations must report [`ExecEvent::Started`] before
+/// any output, and should stop promptly (returning
+/// [`ExecError::Canceled`]) once `cancel` fires; the caller stops polling
+/// the future at that point anyway, so dropping it must release every
+/// resource it holds (permits, connections).
+pub trait Executor: Send + Sync + 'static {
+    /// Runs `job`, reporting through `sink`; the final output on success.
+    fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> ExecFuture;
+}

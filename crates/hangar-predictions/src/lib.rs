@@ -1,0 +1,35 @@
+//! Durable, Replicate-compatible async predictions for `hangar serve`.
+//!
+//! A prediction is persisted ([`store`]) before the client hears `201`,
+//! waits in its model's ordered queue, is claimed under a lease by a
+//! worker, runs through an [`Executor`] the server provides (which goes
+//! through the same admission as synchronous requests), and reaches the
+//! client by polling, `Prefer: wait`, server-sent events or signed
+//! webhooks. The rules — statuses, deadlines, webhook throttling and
+//! retry — are sans-IO policies that take `now` ([`lifecycle`],
+//! [`webhook_policy`]); [`Service`] drives them with real time and
+//! serves the HTTP API ([`Service::router`]).
+#![deny(missing_docs)]
+
+mod api;
+mod config;
+mod executor;
+pub mod lifecycle;
+pub mod llm;
+pub mod record;
+mod service;
+pub mod signing;
+pub mod store;
+pub mod webhook_policy;
+
+pub use config::{Deployment, ModelSettings, PredictionsConfig};
+pub use executor::{ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
+pub use service::{InputRules, Model, Service, ServiceError};
+
+/// The version id of a model described by `description` (e.g. its
+/// configuration as JSON): 64 hex digits of its SHA-256, stable while the
+/// description is.
+pub fn version_id(description: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(description.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}

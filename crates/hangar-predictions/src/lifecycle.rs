@@ -1,0 +1,433 @@
+//! The prediction lifecycle as a sans-IO policy: statuses, the legal
+//! transitions between them, and the deadline rules.
+//!
+//! Nothing here reads a clock: every decision takes `now` (milliseconds
+//! since the Unix epoch) from the caller, so the same inputs always give
+//! the same answer and the rules can be property-tested.
+//!
+//! # Deadlines
+//! A prediction can carry up to three limits, as Replicate's Director
+//! computes them:
+//! - the **per-prediction deadline** (`deadline` in the API object): the
+//!   request's `Cancel-After` (minimum 5 s) from creation, capped by the
+//!   model's `max_run_lifetime`;
+//! - the **lifetime deadline**: creation + the model's `max_run_lifetime`
+//!   (default 24 h; 0 disables it);
+//! - the **predict timeout**: start + `predict_timeout` (default 30 min).
+//!
+//! The earliest applicable one wins. A deadline already passed when the
+//! prediction would start (dequeue, or the cordon loop while it waits)
+//! ends it as `aborted` (per-prediction) or `failed` (lifetime); one that
+//! passes while it runs ends it as `canceled` (per-prediction) or `failed`
+//! (lifetime, predict timeout).
+
+use hangar_core::Millis;
+use serde::{Deserialize, Serialize};
+
+/// Where a prediction is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Accepted and waiting for capacity.
+    Starting,
+    /// Running on a replica.
+    Processing,
+    /// Finished with output.
+    Succeeded,
+    /// Finished with an error.
+    Failed,
+    /// Stopped by the user or by its own deadline while running.
+    Canceled,
+    /// Its own deadline passed before it started; it never ran.
+    Aborted,
+}
+
+impl Status {
+    /// Every status, in lifecycle order.
+    pub const ALL: [Status; 6] = [
+        Status::Starting,
+        Status::Processing,
+        Status::Succeeded,
+        Status::Failed,
+        Status::Canceled,
+        Status::Aborted,
+    ];
+
+    /// The name used on the wire and in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Starting => "starting",
+            Status::Processing => "processing",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::Canceled => "canceled",
+            Status::Aborted => "aborted",
+        }
+    }
+
+    /// The status called `s`, if any.
+    pub fn parse(s: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Whether the prediction is finished (no transition leaves it).
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Status::Starting | Status::Processing)
+    }
+
+    /// Whether moving from `self` to `to` is allowed: `starting →
+    /// processing → terminal`, or `starting → terminal` (canceled or
+    /// aborted before it ran, failed at dequeue). Terminal states are final.
+    pub fn can_become(self, to: Status) -> bool {
+        match (self, to) {
+            (Status::Starting, Status::Processing) => true,
+            (Status::Starting, t) => t.is_terminal() && t != Status::Succeeded,
+            (Status::Processing, t) => t.is_terminal(),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A model's time limits, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Whole life from creation (queue + setup + run); 0 disables it.
+    pub max_run_lifetime: Millis,
+    /// Run time from start; 0 means the 30-minute default (as Director
+    /// enforces a minimum when misconfigured).
+    pub predict_timeout: Millis,
+}
+
+/// Default `max_run_lifetime`: 24 hours.
+pub const DEFAULT_MAX_RUN_LIFETIME: Millis = 24 * 3600 * 1000;
+/// Default `predict_timeout`: 30 minutes.
+pub const DEFAULT_PREDICT_TIMEOUT: Millis = 30 * 60 * 1000;
+/// Default timeout of a training: 24 hours.
+pub const DEFAULT_TRAIN_TIMEOUT: Millis = 24 * 3600 * 1000;
+/// The smallest `Cancel-After` accepted.
+pub const MIN_CANCEL_AFTER: Millis = 5_000;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_run_lifetime: DEFAULT_MAX_RUN_LIFETIME, predict_timeout: DEFAULT_PREDICT_TIMEOUT }
+    }
+}
+
+impl Limits {
+    fn predict_timeout(&self) -> Millis {
+        if self.predict_timeout == 0 {
+            DEFAULT_PREDICT_TIMEOUT
+        } else {
+            self.predict_timeout
+        }
+    }
+
+    /// The per-prediction deadline of a prediction created at `created_at`
+    /// with `cancel_after`: the shorter of it and the model's lifetime,
+    /// from creation; `None` without `Cancel-After`.
+    pub fn deadline(&self, created_at: Millis, cancel_after: Option<Millis>) -> Option<Millis> {
+        let after = cancel_after?;
+        let after = if self.max_run_lifetime > 0 { after.min(self.max_run_lifetime) } else { after };
+        Some(created_at.saturating_add(after))
+    }
+
+    /// The lifetime deadline of a prediction created at `created_at`.
+    pub fn lifetime_deadline(&self, created_at: Millis) -> Option<Millis> {
+        (self.max_run_lifetime > 0).then(|| created_at.saturating_add(self.max_run_lifetime))
+    }
+}
+
+/// Why a deadline applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadlineSource {
+    /// The request's `Cancel-After`.
+    PerPrediction,
+    /// The model's `max_run_lifetime`.
+    Lifetime,
+    /// The model's `predict_timeout`.
+    PredictTimeout,
+}
+
+/// The deadlines fixed when a prediction is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// The per-prediction deadline (absolute).
+    pub per_prediction: Option<Millis>,
+    /// The lifetime deadline (absolute).
+    pub lifetime: Option<Millis>,
+}
+
+impl Deadlines {
+    /// The deadlines of a prediction created at `created_at`.
+    pub fn new(limits: &Limits, created_at: Millis, cancel_after: Option<Millis>) -> Self {
+        Deadlines {
+            per_prediction: limits.deadline(created_at, cancel_after),
+            lifetime: limits.lifetime_deadline(created_at),
+        }
+    }
+
+    /// The earliest deadline that applies before the prediction starts;
+    /// on a tie the per-prediction deadline wins (it is checked first).
+    pub fn before_start(&self) -> Option<(Millis, DeadlineSource)> {
+        earliest([
+            self.per_prediction.map(|d| (d, DeadlineSource::PerPrediction)),
+            self.lifetime.map(|d| (d, DeadlineSource::Lifetime)),
+        ])
+    }
+
+    /// The earliest deadline of a prediction that started at `started_at`.
+    pub fn while_running(&self, limits: &Limits, started_at: Millis) -> (Millis, DeadlineSource) {
+        let timeout = started_at.saturating_add(limits.predict_timeout());
+        earliest([
+            self.per_prediction.map(|d| (d, DeadlineSource::PerPrediction)),
+            self.lifetime.map(|d| (d, DeadlineSource::Lifetime)),
+            Some((timeout, DeadlineSource::PredictTimeout)),
+        ])
+        .expect("the predict timeout always applies")
+    }
+
+    /// What happens to a prediction about to start (or waiting) at `now`:
+    /// `None` if it may run, otherwise how it ends.
+    pub fn at_dequeue(&self, now: Millis) -> Option<Ending> {
+        let (at, source) = self.before_start()?;
+        (at <= now).then(|| Ending::expired_before_start(source))
+    }
+}
+
+fn earliest<const N: usize>(c: [Option<(Millis, DeadlineSource)>; N]) -> Option<(Millis, DeadlineSource)> {
+    // `min_by_key` keeps the first of equal elements: the order of `c` is
+    // the priority on ties.
+    c.into_iter().flatten().min_by_key(|(at, _)| *at)
+}
+
+/// How and why a prediction ends without succeeding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    /// The terminal status.
+    pub status: Status,
+    /// The `error` recorded.
+    pub error: String,
+}
+
+impl Ending {
+    /// A deadline that passed before the prediction started.
+    pub fn expired_before_start(source: DeadlineSource) -> Self {
+        match source {
+            DeadlineSource::PerPrediction => Ending {
+                status: Status::Aborted,
+                error: "the prediction's deadline (Cancel-After) passed before it started".into(),
+            },
+            DeadlineSource::Lifetime => Ending {
+                status: Status::Failed,
+                error: "the model's max_run_lifetime passed before the prediction started".into(),
+            },
+            DeadlineSource::PredictTimeout => {
+                Ending { status: Status::Failed, error: "the prediction timed out before it started".into() }
+            }
+        }
+    }
+
+    /// A deadline that passed while the prediction ran.
+    pub fn expired_while_running(source: DeadlineSource) -> Self {
+        match source {
+            DeadlineSource::PerPrediction => Ending {
+                status: Status::Canceled,
+                error: "the prediction's deadline (Cancel-After) passed while it ran".into(),
+            },
+            DeadlineSource::Lifetime => Ending {
+                status: Status::Failed,
+                error: "the model's max_run_lifetime passed while the prediction ran".into(),
+            },
+            DeadlineSource::PredictTimeout => Ending {
+                status: Status::Failed,
+                error: "the prediction exceeded the model's predict_timeout".into(),
+            },
+        }
+    }
+}
+
+/// Why a `Cancel-After` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CancelAfterError {
+    /// Not a duration.
+    #[error(
+        "Cancel-After `{0}` is not a duration: use seconds (`300`) or a Go duration (`5m`, `1h30m`, `90s`)"
+    )]
+    Malformed(String),
+    /// Shorter than the 5 s minimum.
+    #[error("Cancel-After `{0}` is shorter than the minimum of 5s")]
+    TooShort(String),
+}
+
+/// Parses a `Cancel-After` header: bare seconds (`300`, `2.5`) or a Go
+/// duration (`5m`, `1h30m`, `1.5s`, `250ms`); at least 5 s. Returns
+/// milliseconds.
+pub fn parse_cancel_after(value: &str) -> Result<Millis, CancelAfterError> {
+    let v = value.trim();
+    let bad = || CancelAfterError::Malformed(value.to_owned());
+    let ms = if let Ok(secs) = v.parse::<f64>() {
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(bad());
+        }
+        secs * 1000.0
+    } else {
+        parse_go_duration(v).ok_or_else(bad)?
+    };
+    if !(ms.is_finite() && ms < 1e15) {
+        return Err(bad());
+    }
+    let ms = ms.round() as Millis;
+    if ms < MIN_CANCEL_AFTER {
+        return Err(CancelAfterError::TooShort(value.to_owned()));
+    }
+    Ok(ms)
+}
+
+/// Go's `time.ParseDuration` grammar (no sign): one or more
+/// `<decimal><unit>` with units ns, us, µs, ms, s, m, h. Milliseconds.
+fn parse_go_duration(s: &str) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut rest = s;
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        if num_len == 0 {
+            return None;
+        }
+        let n: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let per_ms = match &rest[..unit_len] {
+            "ns" => 1e-6,
+            "us" | "µs" | "μs" => 1e-3,
+            "ms" => 1.0,
+            "s" => 1e3,
+            "m" => 60e3,
+            "h" => 3600e3,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += n * per_ms;
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn cancel_after_forms() {
+        assert_eq!(parse_cancel_after("300"), Ok(300_000));
+        assert_eq!(parse_cancel_after("5"), Ok(5_000));
+        assert_eq!(parse_cancel_after("5m"), Ok(300_000));
+        assert_eq!(parse_cancel_after("1h30m"), Ok(5_400_000));
+        assert_eq!(parse_cancel_after("1.5s").unwrap_err(), CancelAfterError::TooShort("1.5s".into()));
+        assert_eq!(parse_cancel_after("7500ms"), Ok(7_500));
+        assert!(matches!(parse_cancel_after("4s"), Err(CancelAfterError::TooShort(_))));
+        for bad in ["", "soon", "5 m", "-10", "5x", "m5", "1e400", "NaN", "inf"] {
+            assert!(matches!(parse_cancel_after(bad), Err(CancelAfterError::Malformed(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_seed_scenarios() {
+        // Scenario 1: lifetime 300 s, dequeued at 60 s: 240 s remain.
+        let limits = Limits { max_run_lifetime: 300_000, predict_timeout: 1_800_000 };
+        let d = Deadlines::new(&limits, 0, None);
+        assert_eq!(d.at_dequeue(60_000), None);
+        assert_eq!(d.while_running(&limits, 60_000), (300_000, DeadlineSource::Lifetime));
+        // Scenario 2: per-prediction 180 s under a 600 s lifetime.
+        let limits = Limits { max_run_lifetime: 600_000, predict_timeout: 1_800_000 };
+        let d = Deadlines::new(&limits, 0, Some(180_000));
+        assert_eq!(d.while_running(&limits, 30_000), (180_000, DeadlineSource::PerPrediction));
+        // Scenario 3: no lifetime: the predict timeout from start.
+        let limits = Limits { max_run_lifetime: 0, predict_timeout: 1_800_000 };
+        let d = Deadlines::new(&limits, 0, None);
+        assert_eq!(d.before_start(), None);
+        assert_eq!(d.while_running(&limits, 10), (1_800_010, DeadlineSource::PredictTimeout));
+    }
+
+    #[test]
+    fn expiry_outcomes() {
+        let limits = Limits { max_run_lifetime: 60_000, predict_timeout: 0 };
+        let d = Deadlines::new(&limits, 1000, Some(10_000));
+        assert_eq!(d.at_dequeue(11_000).unwrap().status, Status::Aborted);
+        let d = Deadlines::new(&limits, 1000, None);
+        assert_eq!(d.at_dequeue(61_000).unwrap().status, Status::Failed);
+        assert_eq!(Ending::expired_while_running(DeadlineSource::PerPrediction).status, Status::Canceled);
+        assert_eq!(Ending::expired_while_running(DeadlineSource::PredictTimeout).status, Status::Failed);
+        // Cancel-After above the lifetime is capped by it.
+        assert_eq!(limits.deadline(0, Some(3_600_000)), Some(60_000));
+    }
+
+    proptest! {
+        #[test]
+        fn deadline_is_capped_and_never_before_creation(
+            created in 0u64..1 << 45, after in 5_000u64..1 << 30, lifetime in 0u64..1 << 30,
+        ) {
+            let limits = Limits { max_run_lifetime: lifetime, predict_timeout: 0 };
+            let d = limits.deadline(created, Some(after)).unwrap();
+            prop_assert!(d >= created);
+            prop_assert!(d - created <= after);
+            if lifetime > 0 { prop_assert!(d - created <= lifetime); }
+        }
+
+        #[test]
+        fn dequeue_decision_is_monotone_in_time(
+            created in 0u64..1 << 40, after in proptest::option::of(5_000u64..1 << 25),
+            lifetime in 0u64..1 << 25, t1 in 0u64..1 << 26, dt in 0u64..1 << 26,
+        ) {
+            let limits = Limits { max_run_lifetime: lifetime, predict_timeout: 0 };
+            let d = Deadlines::new(&limits, created, after);
+            let early = d.at_dequeue(created + t1);
+            let late = d.at_dequeue(created + t1 + dt);
+            // Once expired, always expired, and for the same reason.
+            if let Some(e) = early { prop_assert_eq!(Some(e), late); }
+            if let Some(e) = d.at_dequeue(created + t1) {
+                prop_assert!(matches!(e.status, Status::Aborted | Status::Failed));
+                prop_assert_eq!(e.status == Status::Aborted, after.is_some() && d.before_start().unwrap().1 == DeadlineSource::PerPrediction);
+            }
+        }
+
+        #[test]
+        fn running_deadline_is_the_earliest(
+            created in 0u64..1 << 40, after in proptest::option::of(5_000u64..1 << 25),
+            lifetime in 0u64..1 << 25, wait in 0u64..1 << 25, timeout in 0u64..1 << 25,
+        ) {
+            let limits = Limits { max_run_lifetime: lifetime, predict_timeout: timeout };
+            let d = Deadlines::new(&limits, created, after);
+            let started = created + wait;
+            let (at, _) = d.while_running(&limits, started);
+            for c in [d.per_prediction, d.lifetime, Some(started + limits.predict_timeout())].into_iter().flatten() {
+                prop_assert!(at <= c);
+            }
+        }
+
+        #[test]
+        fn transitions_only_move_forward(a in 0usize..6, b in 0usize..6) {
+            let (from, to) = (Status::ALL[a], Status::ALL[b]);
+            if from.can_become(to) {
+                prop_assert!(!from.is_terminal());
+                prop_assert!(b > a);
+            }
+            prop_assert_eq!(Status::parse(from.as_str()), Some(from));
+        }
+
+        #[test]
+        fn cancel_after_seconds_round_trip(secs in 5u64..10_000_000) {
+            prop_assert_eq!(parse_cancel_after(&secs.to_string()), Ok(secs * 1000));
+            prop_assert_eq!(parse_cancel_after(&format!("{secs}s")), Ok(secs * 1000));
+        }
+    }
+}

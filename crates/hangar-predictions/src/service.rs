@@ -1,0 +1,691 @@
+//! The live driver: workers that claim queued predictions and run them,
+//! the cordon, sweep and prune loops, and webhook delivery.
+//!
+//! Time comes from the system clock here and nowhere else in the crate;
+//! every rule it applies is one of the sans-IO policies, fed `now`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hangar_core::{AccountId, Millis};
+use serde_json::Value;
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ModelSettings, PredictionsConfig};
+use crate::executor::{ExecError, ExecEvent, Executor, Job, Sink};
+use crate::lifecycle::{DeadlineSource, Deadlines, Ending, Status};
+use crate::record::{JobKind, Record, StatusView};
+use crate::signing;
+use crate::store::{Delivery, PredictionQueue, SqliteQueue, StoreError};
+use crate::webhook_policy::{retry_delay, Decision, Event, Throttle};
+
+/// The wall clock, in ms since the Unix epoch.
+pub(crate) fn now() -> Millis {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as Millis)
+}
+
+/// A model the API serves.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// `owner/name`.
+    pub key: String,
+    /// Its one version's id.
+    pub version: String,
+    /// Its predictions settings.
+    pub settings: ModelSettings,
+    /// Accounts allowed (`None`: all).
+    pub access: Option<Vec<AccountId>>,
+    /// How its input is checked.
+    pub input: InputRules,
+}
+
+/// How a model's prediction input is checked, and the schema its version
+/// shows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputRules {
+    /// A language model's fields (`prompt`, `max_tokens`, …), checked when
+    /// the prediction is created (422 naming the field).
+    Llm,
+    /// The model checks its own input when it runs (a cog model: a
+    /// rejected input fails the prediction, naming the field); its OpenAPI
+    /// schema when known.
+    Own(Option<serde_json::Value>),
+}
+
+impl Model {
+    /// Whether `account` may use it.
+    pub fn allows(&self, account: &AccountId) -> bool {
+        self.access.as_ref().is_none_or(|a| a.contains(account))
+    }
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The store could not be opened or recovered.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The configuration is inconsistent.
+    #[error("invalid predictions configuration: {0}")]
+    Config(String),
+}
+
+/// In-memory state of a prediction being run by this process: what SSE
+/// readers, `Prefer: wait` and polling see before the store has it.
+pub(crate) struct Live {
+    pub state: Mutex<LiveState>,
+    /// Bumped on every change; closed (sender dropped) when it ends.
+    pub changed: watch::Sender<u64>,
+    pub cancel: CancellationToken,
+}
+
+#[derive(Default)]
+pub(crate) struct LiveState {
+    pub status: Option<Status>,
+    pub started_at: Option<Millis>,
+    /// Every output item and log line so far, in order (SSE replays it).
+    pub events: Vec<(Event, Value)>,
+    pub output: Vec<Value>,
+    pub logs: String,
+}
+
+pub(crate) struct Inner {
+    pub store: SqliteQueue,
+    pub models: BTreeMap<String, Model>,
+    pub deployments: BTreeMap<String, (String, ModelSettings)>,
+    pub api_keys: HashMap<String, AccountId>,
+    pub config: PredictionsConfig,
+    pub base_url: String,
+    pub secret: String,
+    executor: Arc<dyn Executor>,
+    owner: String,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    wake: HashMap<String, Arc<Notify>>,
+    deliveries: Notify,
+    http: reqwest::Client,
+    stop: CancellationToken,
+}
+
+/// The predictions service: store, workers and HTTP API. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Service {
+    /// Opens the store in `data_dir`, recovers what a previous run left
+    /// (see [`SqliteQueue::recover`]) and starts the workers and loops on
+    /// the current tokio runtime. `base_url` is where clients reach the
+    /// API (used unless `config.public_url` is set).
+    pub fn start(
+        data_dir: &Path,
+        config: PredictionsConfig,
+        models: Vec<Model>,
+        api_keys: HashMap<String, AccountId>,
+        executor: Arc<dyn Executor>,
+        base_url: &str,
+    ) -> Result<Self, ServiceError> {
+        let store = SqliteQueue::open(data_dir)?;
+        let models: BTreeMap<String, Model> = models.into_iter().map(|m| (m.key.clone(), m)).collect();
+        let mut deployments = BTreeMap::new();
+        for d in &config.deployments {
+            let model = models.get(&d.model).ok_or_else(|| {
+                ServiceError::Config(format!("deployment `{}` names unknown model `{}`", d.name, d.model))
+            })?;
+            if d.name.split('/').count() != 2 {
+                return Err(ServiceError::Config(format!(
+                    "deployment name `{}` is not `owner/name`",
+                    d.name
+                )));
+            }
+            deployments.insert(d.name.clone(), (d.model.clone(), d.settings.unwrap_or(model.settings)));
+        }
+        let secret = store.webhook_secret(&signing::new_secret)?;
+        let base_url = config.public_url.clone().unwrap_or_else(|| base_url.to_owned());
+        let base_url = base_url.trim_end_matches('/').to_owned();
+        let wake = models
+            .keys()
+            .flat_map(|m| [JobKind::Prediction.queue(m), JobKind::Training.queue(m)])
+            .map(|q| (q, Arc::new(Notify::new())))
+            .collect();
+        let inner = Arc::new(Inner {
+            store,
+            models,
+            deployments,
+            api_keys,
+            config,
+            base_url,
+            secret,
+            executor,
+            owner: format!("node-{}", crate::api::new_id()),
+            live: Mutex::new(HashMap::new()),
+            wake,
+            deliveries: Notify::new(),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default(),
+            stop: CancellationToken::new(),
+        });
+        let recovered = {
+            let i = inner.clone();
+            inner.store.recover(now(), &|m| i.models.get(m).is_some_and(|m| m.settings.idempotent), &|r| {
+                i.completed_delivery(r)
+            })?
+        };
+        if !recovered.failed.is_empty() || !recovered.requeued.is_empty() {
+            tracing::warn!(
+                failed = recovered.failed.len(),
+                requeued = recovered.requeued.len(),
+                "recovered predictions interrupted by the last stop"
+            );
+        }
+        let service = Service { inner };
+        service.spawn_loops();
+        Ok(service)
+    }
+
+    /// Stops the workers and loops (running predictions are left to
+    /// recovery on the next start).
+    pub fn stop(&self) {
+        self.inner.stop.cancel();
+    }
+
+    /// The signing secret of webhooks.
+    pub fn webhook_secret(&self) -> &str {
+        &self.inner.secret
+    }
+
+    fn spawn_loops(&self) {
+        for (queue, notify) in &self.inner.wake {
+            let training = queue.starts_with("input:training:");
+            let slots = if training { 1 } else { self.inner.config.async_slots.max(1) as usize };
+            tokio::spawn(self.inner.clone().worker(queue.clone(), notify.clone(), slots));
+        }
+        tokio::spawn(self.inner.clone().cordon_loop());
+        tokio::spawn(self.inner.clone().sweep_loop());
+        tokio::spawn(self.inner.clone().prune_loop());
+        tokio::spawn(self.inner.clone().delivery_loop());
+    }
+}
+
+impl Inner {
+    /// The settings that apply to `r`.
+    pub fn settings(&self, r: &Record) -> ModelSettings {
+        if let Some((_, s)) = r.deployment.as_ref().and_then(|d| self.deployments.get(d)) {
+            return *s;
+        }
+        self.models.get(&r.model).map(|m| m.settings).unwrap_or_default()
+    }
+
+    /// Persists a new prediction (returning once it is durable) and wakes
+    /// its model's worker.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may still leave the prediction stored (and
+    /// run).
+    pub async fn create(&self, record: &mut Record) -> Result<(), StoreError> {
+        record.seq = self.store.enqueue_async(record).await?;
+        if let Some(n) = self.wake.get(&record.kind.queue(&record.model)) {
+            n.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The live entry of `id`, created if missing.
+    pub fn live(&self, id: &str) -> Arc<Live> {
+        self.live
+            .lock()
+            .expect("live table")
+            .entry(id.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Live {
+                    state: Mutex::new(LiveState::default()),
+                    changed: watch::channel(0).0,
+                    cancel: CancellationToken::new(),
+                })
+            })
+            .clone()
+    }
+
+    /// Forgets the live entry of `id` once it has ended (a waiter may have
+    /// created it after the prediction's end removed the last one).
+    pub fn forget_if_ended(&self, r: &Record) {
+        if r.status.is_terminal() {
+            self.live.lock().expect("live table").remove(&r.id);
+        }
+    }
+
+    /// The live entry of `id` if this process is running it.
+    pub fn live_if_any(&self, id: &str) -> Option<Arc<Live>> {
+        self.live.lock().expect("live table").get(id).cloned()
+    }
+
+    /// The record with in-flight output and logs folded in.
+    pub fn current(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let Some(mut r) = self.store.get(id)? else { return Ok(None) };
+        if r.status == Status::Processing {
+            if let Some(live) = self.live_if_any(id) {
+                let s = live.state.lock().expect("live state");
+                r.output = Some(Value::Array(s.output.clone()));
+                r.logs = s.logs.clone();
+            }
+        }
+        Ok(Some(r))
+    }
+
+    /// Ends `r` (already carrying its terminal fields) unless it ended
+    /// already; queues its `completed` webhook in the same transaction
+    /// and wakes anyone watching. `false` if another path ended it first.
+    pub fn finish(&self, r: &Record) -> Result<bool, StoreError> {
+        let deliveries: Vec<Delivery> = self.completed_delivery(r).into_iter().collect();
+        let done = self.store.finish(r, &deliveries)?;
+        if done && !deliveries.is_empty() {
+            self.deliveries.notify_one();
+        }
+        if let Some(live) = self.live.lock().expect("live table").remove(&r.id) {
+            live.cancel.cancel();
+            live.changed.send_modify(|v| *v += 1);
+        }
+        Ok(done)
+    }
+
+    /// The durable `completed` webhook of a terminal record.
+    fn completed_delivery(&self, r: &Record) -> Option<Delivery> {
+        self.delivery(r, Event::Completed)
+    }
+
+    fn delivery(&self, r: &Record, event: Event) -> Option<Delivery> {
+        let url = r.webhook.clone()?;
+        Some(Delivery {
+            id: format!("msg_{}", crate::api::new_id()),
+            prediction: r.id.clone(),
+            event,
+            url,
+            body: r.to_json(&self.base_url, StatusView::Exact).to_string(),
+            attempts: 0,
+            next_at: now(),
+        })
+    }
+
+    /// Claims and runs the queue's predictions, at most `slots` at once.
+    async fn worker(self: Arc<Self>, queue: String, wake: Arc<Notify>, slots: usize) {
+        let slots = Arc::new(Semaphore::new(slots));
+        let lease = self.config.lease_s.max(1) * 1000;
+        loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("never closed"),
+                _ = self.stop.cancelled() => return,
+            };
+            match self.store.claim(&queue, &self.owner, now(), lease) {
+                Ok(Some(record)) => {
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        let id = record.id.clone();
+                        if let Err(e) = me.run(record).await {
+                            tracing::error!(prediction = %id, "prediction store failed: {e}");
+                        }
+                        drop(permit);
+                    });
+                }
+                Ok(None) => {
+                    drop(permit);
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = self.stop.cancelled() => return,
+                    }
+                }
+                Err(e) => {
+                    drop(permit);
+                    tracing::error!(%queue, "claim failed: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    /// Runs one claimed prediction to its end.
+    async fn run(self: Arc<Self>, mut r: Record) -> Result<(), StoreError> {
+        if r.status != Status::Starting {
+            // Ended between enqueue and claim (canceled): nothing to run.
+            return Ok(());
+        }
+        let settings = self.settings(&r);
+        let limits = settings.limits(r.kind == JobKind::Training);
+        let deadlines = Deadlines { per_prediction: r.deadline, lifetime: r.lifetime_deadline };
+        if let Some(ending) = deadlines.at_dequeue(now()) {
+            return self.end(&mut r, ending).map(drop);
+        }
+        let live = self.live(&r.id);
+        let Ok(account) = r.account.parse::<AccountId>() else {
+            let ending = Ending {
+                status: Status::Failed,
+                error: format!("stored account `{}` is invalid", r.account),
+            };
+            return self.end(&mut r, ending).map(drop);
+        };
+        let (sink, mut events) = Sink::channel();
+        let job =
+            Job { id: r.id.clone(), kind: r.kind, model: r.model.clone(), account, input: r.input.clone() };
+        let exec_cancel = live.cancel.child_token();
+        let mut exec = self.executor.execute(job, sink, exec_cancel.clone());
+        let mut throttle = Throttle::new(r.webhook_events);
+        let mut deadline = deadlines.before_start();
+        let mut started = false;
+        loop {
+            let wait_deadline = deadline.map(|(at, _)| at.saturating_sub(now()));
+            let wait_webhook = throttle.poll_timeout().map(|at| at.saturating_sub(now()));
+            let sleep = |ms: Option<Millis>| async move {
+                match ms {
+                    Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = live.cancel.cancelled() => {
+                    exec_cancel.cancel();
+                    let ending = Ending { status: Status::Canceled, error: "canceled by the user".into() };
+                    return self.end(&mut r, ending).map(drop);
+                }
+                _ = sleep(wait_deadline) => {
+                    exec_cancel.cancel();
+                    let source = deadline.map_or(DeadlineSource::PredictTimeout, |(_, s)| s);
+                    let ending = if started { Ending::expired_while_running(source) } else { Ending::expired_before_start(source) };
+                    return self.end(&mut r, ending).map(drop);
+                }
+                _ = sleep(wait_webhook) => {
+                    if let Some(event) = throttle.handle_timeout(now()) {
+                        self.send_intermediate(&r, &live, event);
+                    }
+                }
+                result = &mut exec => {
+                    // Drain what the executor reported before it returned.
+                    while let Ok(e) = events.try_recv() {
+                        self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline)?;
+                    }
+                    let ending = match result {
+                        Ok(output) if started => {
+                            r.output = Some(output);
+                            r.logs = live.state.lock().expect("live state").logs.clone();
+                            Ending { status: Status::Succeeded, error: String::new() }
+                        }
+                        Ok(_) => Ending { status: Status::Failed, error: "the executor returned without starting".into() },
+                        Err(ExecError::Canceled) => Ending { status: Status::Canceled, error: "canceled".into() },
+                        Err(ExecError::Failed(e)) => Ending { status: Status::Failed, error: e },
+                    };
+                    return self.end(&mut r, ending).map(drop);
+                }
+                Some(e) = events.recv() => {
+                    if !self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline)? {
+                        // It ended elsewhere (canceled while waiting for capacity).
+                        exec_cancel.cancel();
+                        self.live.lock().expect("live table").remove(&r.id);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies one executor event. `false` when the prediction turned out
+    /// to have ended elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        r: &mut Record,
+        live: &Live,
+        throttle: &mut Throttle,
+        event: ExecEvent,
+        started: &mut bool,
+        limits: &crate::lifecycle::Limits,
+        deadlines: &Deadlines,
+        deadline: &mut Option<(Millis, DeadlineSource)>,
+    ) -> Result<bool, StoreError> {
+        let t = now();
+        let kind = match event {
+            ExecEvent::Started => {
+                if *started {
+                    return Ok(true);
+                }
+                let mut running = r.clone();
+                running.status = Status::Processing;
+                running.started_at = Some(t);
+                let webhook = match throttle.handle(t, Event::Start) {
+                    Decision::Send => self.delivery(&running, Event::Start),
+                    _ => None,
+                };
+                let webhook: Vec<Delivery> = webhook.into_iter().collect();
+                if !self.store.start(&r.id, t, &webhook)? {
+                    return Ok(false);
+                }
+                *r = running;
+                *started = true;
+                *deadline = Some(deadlines.while_running(limits, t));
+                {
+                    let mut s = live.state.lock().expect("live state");
+                    s.status = Some(Status::Processing);
+                    s.started_at = Some(t);
+                }
+                if !webhook.is_empty() {
+                    self.deliveries.notify_one();
+                }
+                live.changed.send_modify(|v| *v += 1);
+                return Ok(true);
+            }
+            ExecEvent::Output(item) => {
+                let mut s = live.state.lock().expect("live state");
+                s.output.push(item.clone());
+                s.events.push((Event::Output, item));
+                Event::Output
+            }
+            ExecEvent::Log(line) => {
+                let mut s = live.state.lock().expect("live state");
+                s.logs.push_str(&line);
+                s.logs.push('\n');
+                s.events.push((Event::Logs, Value::String(line)));
+                Event::Logs
+            }
+        };
+        live.changed.send_modify(|v| *v += 1);
+        if throttle.handle(t, kind) == Decision::Send {
+            self.send_intermediate(r, live, kind);
+        }
+        Ok(true)
+    }
+
+    /// Sends an `output`/`logs` webhook once, best effort (the next one or
+    /// `completed` supersedes it).
+    fn send_intermediate(&self, r: &Record, live: &Live, event: Event) {
+        let Some(url) = r.webhook.clone() else { return };
+        let mut snapshot = r.clone();
+        {
+            let s = live.state.lock().expect("live state");
+            snapshot.output = Some(Value::Array(s.output.clone()));
+            snapshot.logs = s.logs.clone();
+        }
+        let body = snapshot.to_json(&self.base_url, StatusView::Exact).to_string();
+        let id = format!("msg_{}", crate::api::new_id());
+        let (http, secret) = (self.http.clone(), self.secret.clone());
+        tokio::spawn(async move {
+            if let Err(e) = post_webhook(&http, &secret, &id, &url, body).await {
+                tracing::debug!(%url, ?event, "intermediate webhook not delivered: {e}");
+            }
+        });
+    }
+
+    /// Ends `r` with `ending` at now.
+    fn end(&self, r: &mut Record, ending: Ending) -> Result<bool, StoreError> {
+        r.status = ending.status;
+        r.completed_at = Some(now());
+        if ending.status != Status::Succeeded {
+            r.error = Some(ending.error);
+            if let Some(live) = self.live_if_any(&r.id) {
+                let s = live.state.lock().expect("live state");
+                if !s.output.is_empty() {
+                    r.output = Some(Value::Array(s.output.clone()));
+                }
+                r.logs = s.logs.clone();
+            }
+        }
+        self.finish(r)
+    }
+
+    /// Ends waiting predictions whose deadline passed, even when no worker
+    /// is free to dequeue them (Replicate's cordon loop), every second.
+    async fn cordon_loop(self: Arc<Self>) {
+        loop {
+            let t = now();
+            match self.store.expired_waiting(t, 256) {
+                Ok(expired) => {
+                    for mut r in expired {
+                        let d = Deadlines { per_prediction: r.deadline, lifetime: r.lifetime_deadline };
+                        if let Some(ending) = d.at_dequeue(t) {
+                            if let Err(e) = self.end(&mut r, ending) {
+                                tracing::error!(prediction = %r.id, "cordon: {e}");
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::error!("cordon: {e}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = self.stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Renews this node's leases and handles other owners' expired ones.
+    async fn sweep_loop(self: Arc<Self>) {
+        let lease = self.config.lease_s.max(1) * 1000;
+        loop {
+            let t = now();
+            if let Err(e) = self.store.heartbeat(&self.owner, t, lease) {
+                tracing::error!("lease heartbeat: {e}");
+            }
+            match self.store.sweep_expired_claims(t) {
+                Ok(stale) => {
+                    for mut r in stale {
+                        let result = if self.settings(&r).idempotent {
+                            self.store.requeue(&r.id).map(drop)
+                        } else {
+                            let ending = Ending {
+                                status: Status::Failed,
+                                error: "the worker running this prediction stopped renewing its lease".into(),
+                            };
+                            self.end(&mut r, ending).map(drop)
+                        };
+                        if let Err(e) = result {
+                            tracing::error!(prediction = %r.id, "sweep: {e}");
+                        }
+                    }
+                }
+                Err(e) => tracing::error!("sweep: {e}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(lease / 3)) => {}
+                _ = self.stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Prunes stuck queue entries (over 24 h) and removes data past the
+    /// retention period, at start and hourly.
+    async fn prune_loop(self: Arc<Self>) {
+        loop {
+            let t = now();
+            match self.store.prune_queue(t.saturating_sub(24 * 3600 * 1000), t) {
+                Ok(ids) if !ids.is_empty() => tracing::warn!(count = ids.len(), "pruned stuck queue entries"),
+                Ok(_) => {}
+                Err(e) => tracing::error!("prune: {e}"),
+            }
+            if let Err(e) = self.store.remove_data(t.saturating_sub(self.config.retention_s * 1000)) {
+                tracing::error!("retention: {e}");
+            }
+            let period = Duration::from_secs(self.config.retention_s.clamp(1, 3600));
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = self.stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Delivers durable webhooks, retrying with back-off; resumes after a
+    /// restart from what the store holds.
+    async fn delivery_loop(self: Arc<Self>) {
+        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let limit = Arc::new(Semaphore::new(32));
+        loop {
+            let t = now();
+            let due = self.store.due_deliveries(t, 64).unwrap_or_else(|e| {
+                tracing::error!("webhook deliveries: {e}");
+                Vec::new()
+            });
+            for d in due {
+                if !in_flight.lock().expect("in flight").insert(d.id.clone()) {
+                    continue;
+                }
+                let Ok(permit) = limit.clone().acquire_owned().await else { return };
+                let (me, in_flight) = (self.clone(), in_flight.clone());
+                tokio::spawn(async move {
+                    let ok = post_webhook(&me.http, &me.secret, &d.id, &d.url, d.body.clone()).await;
+                    let next = match &ok {
+                        Ok(()) => None,
+                        Err(e) => {
+                            let next =
+                                retry_delay(&me.config.retry(), d.attempts + 1).map(|delay| now() + delay);
+                            tracing::warn!(webhook = %d.id, url = %d.url, attempt = d.attempts + 1, "webhook failed: {e}; {}",
+                                if next.is_some() { "will retry" } else { "giving up" });
+                            next
+                        }
+                    };
+                    if let Err(e) = me.store.delivery_attempted(&d.id, ok.is_ok(), next) {
+                        tracing::error!("webhook deliveries: {e}");
+                    }
+                    in_flight.lock().expect("in flight").remove(&d.id);
+                    me.deliveries.notify_one();
+                    drop(permit);
+                });
+            }
+            let next = self.store.next_delivery_at().ok().flatten();
+            let wait = next.map_or(Duration::from_secs(1), |at| {
+                Duration::from_millis(at.saturating_sub(now()).clamp(5, 1000))
+            });
+            tokio::select! {
+                _ = self.deliveries.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// POSTs one signed webhook; `Ok` on a 2xx answer.
+async fn post_webhook(
+    http: &reqwest::Client,
+    secret: &str,
+    id: &str,
+    url: &str,
+    body: String,
+) -> Result<(), String> {
+    let ts = now() / 1000;
+    let signature = signing::sign(secret, id, ts, &body);
+    let response = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if response.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("answered {}", response.status()))
+    }
+}

@@ -1,0 +1,1061 @@
+//! Durable predictions: the [`PredictionQueue`] contract and its SQLite
+//! implementation.
+//!
+//! The trait is shaped after Redis Streams with a consumer group so a
+//! Redis backend can implement it next: [`PredictionQueue::enqueue`] is
+//! `XADD` to the model's stream (plus the record write), [`claim`] is
+//! `XREADGROUP` by a consumer (`owner`) with a lease, [`heartbeat`] is the
+//! claimer's periodic `XCLAIM` of its own pending entries, [`finish`] is
+//! `XACK`+`XDEL`, and [`sweep_expired_claims`] is `XPENDING`+`XCLAIM` of
+//! idle entries.
+//!
+//! Every state change is a compare-and-set on the status, so a prediction
+//! reaches exactly one terminal state however cancel, the cordon loop,
+//! the worker and recovery race.
+//!
+//! [`claim`]: PredictionQueue::claim
+//! [`heartbeat`]: PredictionQueue::heartbeat
+//! [`finish`]: PredictionQueue::finish
+//! [`sweep_expired_claims`]: PredictionQueue::sweep_expired_claims
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use hangar_core::Millis;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::lifecycle::Status;
+use crate::record::{JobKind, Record};
+use crate::webhook_policy::{Event, Filter};
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// SQLite failed (disk full, corrupt file, locked by another process).
+    #[error("prediction store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored row could not be read back.
+    #[error("prediction store: corrupt row for `{id}`: {what}")]
+    Corrupt {
+        /// The prediction id.
+        id: String,
+        /// What was wrong.
+        what: String,
+    },
+    /// The batch holding this write failed to commit (nothing of it was
+    /// stored).
+    #[error("prediction store: commit failed: {0}")]
+    Commit(String),
+    /// The writer thread is gone (the store is shutting down).
+    #[error("prediction store: closed")]
+    Closed,
+    /// The data directory could not be created.
+    #[error("prediction store: cannot create {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A durable webhook delivery (`start` or `completed`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The `webhook-id` header, the same on every attempt.
+    pub id: String,
+    /// The prediction it is about.
+    pub prediction: String,
+    /// The event.
+    pub event: Event,
+    /// Where it goes.
+    pub url: String,
+    /// The JSON body, fixed when the event happened.
+    pub body: String,
+    /// Failed attempts so far.
+    pub attempts: u32,
+    /// Not before this time.
+    pub next_at: Millis,
+}
+
+/// What recovery did when the store was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Predictions that were processing and are now failed.
+    pub failed: Vec<String>,
+    /// Predictions put back in their queue (idempotent models, or claimed
+    /// but not yet started).
+    pub requeued: Vec<String>,
+}
+
+/// A page of predictions, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The predictions.
+    pub results: Vec<Record>,
+    /// Whether older ones exist after the last.
+    pub more_after: bool,
+    /// Whether newer ones exist before the first.
+    pub more_before: bool,
+}
+
+/// Where a listing starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cursor {
+    /// The newest.
+    Start,
+    /// Those created before `seq` (next page).
+    Before(i64),
+    /// Those created after `seq` (previous page).
+    After(i64),
+}
+
+/// The durable queue and record store behind the predictions API.
+///
+/// All methods are synchronous and short; they may block on disk.
+pub trait PredictionQueue: Send + Sync {
+    /// Persists a new record (status `starting`) and appends it to its
+    /// model's queue, atomically. Returns the record's sequence number.
+    /// When this returns, the prediction survives a crash.
+    fn enqueue(&self, record: &Record) -> Result<i64, StoreError>;
+
+    /// The record with `id`.
+    fn get(&self, id: &str) -> Result<Option<Record>, StoreError>;
+
+    /// Up to `limit` records of `kind` of `account` (all accounts if
+    /// `None`), newest first, from `cursor`.
+    fn list(
+        &self,
+        account: Option<&str>,
+        kind: JobKind,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError>;
+
+    /// Claims the oldest unclaimed entry of `queue` for `owner` until
+    /// `now + lease_ms`, returning its record.
+    fn claim(
+        &self,
+        queue: &str,
+        owner: &str,
+        now: Millis,
+        lease_ms: Millis,
+    ) -> Result<Option<Record>, StoreError>;
+
+    /// Extends every lease `owner` holds to `now + lease_ms`.
+    fn heartbeat(&self, owner: &str, now: Millis, lease_ms: Millis) -> Result<usize, StoreError>;
+
+    /// Moves a `starting` record to `processing` at `now` and records
+    /// `deliveries` (its `start` webhook) in the same transaction. `false`
+    /// (and nothing written) if it was no longer `starting` (canceled or
+    /// ended meanwhile).
+    fn start(&self, id: &str, now: Millis, deliveries: &[Delivery]) -> Result<bool, StoreError>;
+
+    /// Saves a running record's output and logs so far.
+    fn save_progress(&self, id: &str, output: &serde_json::Value, logs: &str) -> Result<(), StoreError>;
+
+    /// Ends a record: writes its terminal fields if it is not terminal yet,
+    /// removes its queue entry, and records `deliveries` — all in one
+    /// transaction. `false` (and nothing written) if it had already ended.
+    fn finish(&self, record: &Record, deliveries: &[Delivery]) -> Result<bool, StoreError>;
+
+    /// Deliveries due at `now`, oldest first.
+    fn due_deliveries(&self, now: Millis, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+
+    /// The soonest pending delivery time.
+    fn next_delivery_at(&self) -> Result<Option<Millis>, StoreError>;
+
+    /// After an attempt: delivered (`next_at = None` and `delivered`), to
+    /// retry at `next_at`, or given up.
+    fn delivery_attempted(
+        &self,
+        id: &str,
+        delivered: bool,
+        next_at: Option<Millis>,
+    ) -> Result<(), StoreError>;
+
+    /// Records waiting in a queue (unclaimed, `starting`) whose deadline or
+    /// lifetime passed by `now` (the cordon loop's query).
+    fn expired_waiting(&self, now: Millis, limit: usize) -> Result<Vec<Record>, StoreError>;
+
+    /// Handles claims whose lease expired by `now`: entries not started
+    /// go back to their queue; started ones are returned for the caller
+    /// to fail or re-queue (see [`PredictionQueue::requeue`]).
+    fn sweep_expired_claims(&self, now: Millis) -> Result<Vec<Record>, StoreError>;
+
+    /// Puts a processing record back in its queue as `starting` (an
+    /// idempotent model's prediction whose worker died).
+    fn requeue(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Deletes queue entries enqueued before `before` (stuck entries; the
+    /// cordon loop or lifetime normally ends them first). Their records
+    /// fail. Returns the ids.
+    fn prune_queue(&self, before: Millis, now: Millis) -> Result<Vec<String>, StoreError>;
+
+    /// Removes input, output and logs of records that ended before
+    /// `before` (`data_removed: true`). Returns how many.
+    fn remove_data(&self, before: Millis) -> Result<usize, StoreError>;
+
+    /// The webhook signing secret, created on first use and kept.
+    fn webhook_secret(&self, create: &dyn Fn() -> String) -> Result<String, StoreError>;
+}
+
+/// The SQLite store (one file, WAL journal).
+///
+/// Writes go to one writer thread that **group-commits**: it takes every
+/// write waiting, runs each in its own savepoint (a failing write rolls
+/// back alone), commits them in one transaction and only then answers
+/// each caller — so a write has returned only once it is durable, and N
+/// concurrent writes cost one commit instead of N. Reads use their own
+/// connection (WAL readers do not block the writer).
+///
+/// Write methods block the calling thread until the commit; inside a
+/// multi-threaded tokio runtime they do so in `block_in_place`, so other
+/// tasks keep running meanwhile.
+pub struct SqliteQueue {
+    read: Mutex<Connection>,
+    writer: Mutex<std::sync::mpsc::Sender<WriteOp>>,
+    /// Dropped with the store, which ends the checkpointer thread.
+    _checkpointer: std::sync::mpsc::Sender<()>,
+}
+
+/// How often the WAL is checkpointed into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Runs one write inside the current batch; returns what to do once the
+/// batch's commit is known (`None`: committed; `Some(e)`: it failed).
+type WriteOp = Box<dyn FnOnce(&Connection) -> Box<dyn FnOnce(Option<&str>) + Send> + Send>;
+
+/// The most writes one commit takes.
+const MAX_BATCH: usize = 1024;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS predictions (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    deployment TEXT,
+    account TEXT NOT NULL,
+    input TEXT,
+    output TEXT,
+    logs TEXT NOT NULL DEFAULT '',
+    error TEXT,
+    status TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    started_at INTEGER,
+    completed_at INTEGER,
+    deadline INTEGER,
+    lifetime_deadline INTEGER,
+    webhook TEXT,
+    webhook_events INTEGER NOT NULL,
+    stream INTEGER NOT NULL,
+    destination TEXT,
+    data_removed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS predictions_account ON predictions(account, seq);
+CREATE INDEX IF NOT EXISTS predictions_ended ON predictions(completed_at) WHERE data_removed = 0;
+CREATE TABLE IF NOT EXISTS queue (
+    seq INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    prediction TEXT NOT NULL UNIQUE,
+    enqueued_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    owner TEXT,
+    lease_until INTEGER
+);
+CREATE INDEX IF NOT EXISTS queue_free ON queue(queue, seq) WHERE owner IS NULL;
+CREATE INDEX IF NOT EXISTS queue_expiry ON queue(expires_at) WHERE owner IS NULL;
+CREATE INDEX IF NOT EXISTS queue_owner ON queue(owner);
+CREATE TABLE IF NOT EXISTS deliveries (
+    id TEXT PRIMARY KEY,
+    prediction TEXT NOT NULL,
+    event TEXT NOT NULL,
+    url TEXT NOT NULL,
+    body TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at INTEGER,
+    delivered INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries(next_at) WHERE next_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+";
+
+const COLUMNS: &str =
+    "seq, id, kind, model, version, deployment, account, input, output, logs, error, status, \
+     created_at, started_at, completed_at, deadline, lifetime_deadline, webhook, webhook_events, stream, \
+     destination, data_removed";
+
+impl SqliteQueue {
+    /// Opens (creating) `dir/predictions.sqlite3` and starts its writer
+    /// thread (it ends when the store is dropped).
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|source| StoreError::Dir { path: dir.display().to_string(), source })?;
+        let path = dir.join("predictions.sqlite3");
+        let connect = || -> Result<Connection, StoreError> {
+            let conn = Connection::open(&path)?;
+            // WAL with synchronous=NORMAL: a committed transaction survives
+            // the process being killed (the WAL is in the OS's hands); only
+            // an OS crash or power loss can lose the last commits.
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.pragma_update(None, "busy_timeout", 5000)?;
+            conn.set_prepared_statement_cache_capacity(64);
+            Ok(conn)
+        };
+        let write = connect()?;
+        write.execute_batch(SCHEMA)?;
+        // Checkpoints (which fsync) run on their own thread, not inside a
+        // commit that callers wait for.
+        write.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let read = connect()?;
+        let checkpoint = connect()?;
+        let spawn_error = |source| StoreError::Dir { path: dir.display().to_string(), source };
+        let (tx, rx) = std::sync::mpsc::channel::<WriteOp>();
+        std::thread::Builder::new()
+            .name("predictions-writer".into())
+            .spawn(move || write_batches(write, rx))
+            .map_err(spawn_error)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("predictions-checkpoint".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    if let Err(e) = checkpoint.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        tracing::warn!("prediction store checkpoint: {e}");
+                    }
+                }
+            })
+            .map_err(spawn_error)?;
+        Ok(SqliteQueue { read: Mutex::new(read), writer: Mutex::new(tx), _checkpointer: stop })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `f` to run on the writer connection in the next batch, in
+    /// its own savepoint; `reply` gets its result once the batch's commit
+    /// is known.
+    fn submit<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        reply: impl FnOnce(Result<T, StoreError>) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let op: WriteOp = Box::new(move |conn| {
+            let result = in_savepoint(conn, f);
+            Box::new(move |commit_error: Option<&str>| {
+                reply(match commit_error {
+                    None => result,
+                    Some(e) => Err(StoreError::Commit(e.to_owned())),
+                })
+            })
+        });
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).send(op).map_err(|_| StoreError::Closed)
+    }
+
+    /// Runs `f` in the next batch and returns its result once the batch
+    /// has committed, blocking (in `block_in_place` on a multi-threaded
+    /// tokio runtime).
+    fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.submit(f, move |r| {
+            let _ = tx.send(r);
+        })?;
+        let wait = move || rx.recv().map_err(|_| StoreError::Closed);
+        let in_multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if in_multi_thread {
+            tokio::task::block_in_place(wait)?
+        } else {
+            wait()?
+        }
+    }
+
+    /// [`PredictionQueue::enqueue`] for async callers: awaits the commit
+    /// without holding a thread (the create path's latency).
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the write: the prediction may
+    /// still be stored.
+    pub async fn enqueue_async(&self, record: &Record) -> Result<i64, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let r = record.clone();
+        self.submit(
+            move |conn| insert_new(conn, &r),
+            move |result| {
+                let _ = tx.send(result);
+            },
+        )?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Recovery after a restart: every claim in the file belongs to a dead
+    /// process (a data directory belongs to one server). Claimed entries
+    /// that never started go back to their queue; processing ones are
+    /// re-queued when `idempotent(model)`, failed otherwise, with `now` as
+    /// their end and a `completed` webhook from `completed(record)`.
+    pub fn recover(
+        &self,
+        now: Millis,
+        idempotent: &dyn Fn(&str) -> bool,
+        completed: &dyn Fn(&Record) -> Option<Delivery>,
+    ) -> Result<Recovery, StoreError> {
+        let orphans: Vec<Record> = self.write(|conn| {
+            conn.execute(
+                "UPDATE queue SET owner = NULL, lease_until = NULL WHERE owner IS NOT NULL \
+                 AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
+                [],
+            )?;
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {COLUMNS} FROM predictions WHERE status = 'processing' ORDER BY seq"
+            ))?;
+            let rows = collect(stmt.query_map([], read_row)?);
+            rows
+        })?;
+        let mut out = Recovery::default();
+        for mut r in orphans {
+            if idempotent(&r.model) {
+                if self.requeue(&r.id)? {
+                    out.requeued.push(r.id);
+                }
+                continue;
+            }
+            r.status = Status::Failed;
+            r.error = Some("the server stopped while this prediction was running; it was not retried because the model is not marked idempotent".into());
+            r.completed_at = Some(now);
+            if self.finish(&r, &completed(&r).into_iter().collect::<Vec<_>>())? {
+                out.failed.push(r.id);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The writer thread: batches of writes, one commit each, until every
+/// sender is gone.
+fn write_batches(conn: Connection, ops: std::sync::mpsc::Receiver<WriteOp>) {
+    while let Ok(first) = ops.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match ops.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let message = e.to_string();
+            for op in batch {
+                // Not run: report the failure to its caller.
+                let reply = op(&conn);
+                reply(Some(&message));
+            }
+            continue;
+        }
+        let replies: Vec<_> = batch.into_iter().map(|op| op(&conn)).collect();
+        let committed = conn.execute_batch("COMMIT").map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            e.to_string()
+        });
+        let error = committed.err();
+        for reply in replies {
+            reply(error.as_deref());
+        }
+    }
+}
+
+/// Runs `f` in a savepoint: its writes are kept if it succeeds and undone
+/// if it fails, without touching the rest of the batch.
+fn in_savepoint<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.prepare_cached("SAVEPOINT op")?.execute([])?;
+    let result = f(conn);
+    let end = match &result {
+        Ok(_) => conn.execute_batch("RELEASE op"),
+        Err(_) => conn.execute_batch("ROLLBACK TO op; RELEASE op"),
+    };
+    match (result, end) {
+        (Ok(v), Ok(())) => Ok(v),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e.into()),
+    }
+}
+
+/// Inserts a new record and its queue entry.
+fn insert_new(conn: &Connection, r: &Record) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO predictions (id, kind, model, version, deployment, account, input, status, created_at, \
+         deadline, lifetime_deadline, webhook, webhook_events, stream, destination) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+    )?
+    .execute(params![
+        r.id,
+        r.kind.as_str(),
+        r.model,
+        r.version,
+        r.deployment,
+        r.account,
+        r.input.to_string(),
+        r.status.as_str(),
+        r.created_at as i64,
+        r.deadline.map(|t| t as i64),
+        r.lifetime_deadline.map(|t| t as i64),
+        r.webhook,
+        r.webhook_events.bits(),
+        r.stream,
+        r.destination,
+    ])?;
+    let seq = conn.last_insert_rowid();
+    let expires = match (r.deadline, r.lifetime_deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    conn.prepare_cached(
+        "INSERT INTO queue (queue, prediction, enqueued_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![r.kind.queue(&r.model), r.id, r.created_at as i64, expires.map(|t| t as i64)])?;
+    Ok(seq)
+}
+
+fn insert_delivery(conn: &Connection, d: &Delivery) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO deliveries (id, prediction, event, url, body, attempts, next_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![d.id, d.prediction, d.event.as_str(), d.url, d.body, d.attempts, d.next_at as i64])?;
+    Ok(())
+}
+
+type RowResult = Result<Record, StoreError>;
+
+fn read_row(row: &Row<'_>) -> rusqlite::Result<RowResult> {
+    let id: String = row.get(1)?;
+    let corrupt = |what: &str| StoreError::Corrupt { id: id.clone(), what: what.to_owned() };
+    let json = |i: usize| -> rusqlite::Result<Result<Option<serde_json::Value>, StoreError>> {
+        let s: Option<String> = row.get(i)?;
+        Ok(s.map(|s| serde_json::from_str(&s)).transpose().map_err(|e| corrupt(&format!("column {i}: {e}"))))
+    };
+    let kind: String = row.get(2)?;
+    let status: String = row.get(11)?;
+    let input = match json(7)? {
+        Ok(v) => v.unwrap_or(serde_json::Value::Null),
+        Err(e) => return Ok(Err(e)),
+    };
+    let output = match json(8)? {
+        Ok(v) => v,
+        Err(e) => return Ok(Err(e)),
+    };
+    let (Some(kind), Some(status)) = (JobKind::parse(&kind), Status::parse(&status)) else {
+        return Ok(Err(corrupt(&format!("kind `{kind}` / status `{status}`"))));
+    };
+    let ms = |i: usize| -> rusqlite::Result<Option<Millis>> {
+        Ok(row.get::<_, Option<i64>>(i)?.map(|v| v as Millis))
+    };
+    let events: u8 = row.get(18)?;
+    Ok(Ok(Record {
+        seq: row.get(0)?,
+        id: id.clone(),
+        kind,
+        model: row.get(3)?,
+        version: row.get(4)?,
+        deployment: row.get(5)?,
+        account: row.get(6)?,
+        input,
+        output,
+        logs: row.get(9)?,
+        error: row.get(10)?,
+        status,
+        created_at: row.get::<_, i64>(12)? as Millis,
+        started_at: ms(13)?,
+        completed_at: ms(14)?,
+        deadline: ms(15)?,
+        lifetime_deadline: ms(16)?,
+        webhook: row.get(17)?,
+        webhook_events: Filter::from_bits(events),
+        stream: row.get(19)?,
+        destination: row.get(20)?,
+        data_removed: row.get(21)?,
+    }))
+}
+
+fn collect(
+    rows: rusqlite::MappedRows<'_, impl FnMut(&Row<'_>) -> rusqlite::Result<RowResult>>,
+) -> Result<Vec<Record>, StoreError> {
+    let mut out = Vec::new();
+    for r in rows {
+        out.push(r??);
+    }
+    Ok(out)
+}
+
+impl PredictionQueue for SqliteQueue {
+    fn enqueue(&self, r: &Record) -> Result<i64, StoreError> {
+        let r = r.clone();
+        self.write(move |conn| insert_new(conn, &r))
+    }
+
+    fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM predictions WHERE id = ?1"))?;
+        stmt.query_row([id], read_row).optional()?.transpose()
+    }
+
+    fn list(
+        &self,
+        account: Option<&str>,
+        kind: JobKind,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let conn = self.conn();
+        let kind = kind.as_str();
+        let (cmp, order) = match cursor {
+            Cursor::Start => ("seq < ?2", "DESC"),
+            Cursor::Before(_) => ("seq < ?2", "DESC"),
+            Cursor::After(_) => ("seq > ?2", "ASC"),
+        };
+        let pivot = match cursor {
+            Cursor::Start => i64::MAX,
+            Cursor::Before(s) | Cursor::After(s) => s,
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind = ?4 AND {cmp} \
+             ORDER BY seq {order} LIMIT ?3"
+        );
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut results =
+            collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind], read_row)?)?;
+        let more = results.len() > limit;
+        results.truncate(limit);
+        let exists = |cmp: &str, seq: i64| -> Result<bool, StoreError> {
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind = ?3 AND seq {cmp} ?2)"
+            );
+            Ok(conn.prepare_cached(&sql)?.query_row(params![account, seq, kind], |r| r.get(0))?)
+        };
+        let page = match cursor {
+            Cursor::After(_) => {
+                results.reverse();
+                let more_after = match results.last() {
+                    Some(r) => exists("<", r.seq)?,
+                    None => false,
+                };
+                Page { results, more_after, more_before: more }
+            }
+            _ => {
+                let more_before = match results.first() {
+                    Some(r) => exists(">", r.seq)?,
+                    None => false,
+                };
+                Page { results, more_after: more, more_before }
+            }
+        };
+        Ok(page)
+    }
+
+    fn claim(
+        &self,
+        queue: &str,
+        owner: &str,
+        now: Millis,
+        lease_ms: Millis,
+    ) -> Result<Option<Record>, StoreError> {
+        let (queue, owner) = (queue.to_owned(), owner.to_owned());
+        self.write(move |conn| {
+            let entry: Option<(i64, String)> = conn
+                .prepare_cached("SELECT seq, prediction FROM queue WHERE queue = ?1 AND owner IS NULL ORDER BY seq LIMIT 1")?
+                .query_row([&queue], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let Some((seq, id)) = entry else { return Ok(None) };
+            conn.prepare_cached("UPDATE queue SET owner = ?2, lease_until = ?3 WHERE seq = ?1")?
+                .execute(params![seq, owner, (now + lease_ms) as i64])?;
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM predictions WHERE id = ?1"))?
+                .query_row([&id], read_row)
+                .optional()?
+                .transpose()
+        })
+    }
+
+    fn heartbeat(&self, owner: &str, now: Millis, lease_ms: Millis) -> Result<usize, StoreError> {
+        let owner = owner.to_owned();
+        self.write(move |conn| {
+            Ok(conn
+                .prepare_cached("UPDATE queue SET lease_until = ?2 WHERE owner = ?1")?
+                .execute(params![owner, (now + lease_ms) as i64])?)
+        })
+    }
+
+    fn start(&self, id: &str, now: Millis, deliveries: &[Delivery]) -> Result<bool, StoreError> {
+        let (id, deliveries) = (id.to_owned(), deliveries.to_vec());
+        self.write(move |conn| {
+            let started = conn
+                .prepare_cached(
+                    "UPDATE predictions SET status = 'processing', started_at = ?2 WHERE id = ?1 AND status = 'starting'",
+                )?
+                .execute(params![id, now as i64])?
+                == 1;
+            if started {
+                for d in &deliveries {
+                    insert_delivery(conn, d)?;
+                }
+            }
+            Ok(started)
+        })
+    }
+
+    fn save_progress(&self, id: &str, output: &serde_json::Value, logs: &str) -> Result<(), StoreError> {
+        let (id, output, logs) = (id.to_owned(), output.to_string(), logs.to_owned());
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "UPDATE predictions SET output = ?2, logs = ?3 WHERE id = ?1 AND status = 'processing'",
+            )?
+            .execute(params![id, output, logs])?;
+            Ok(())
+        })
+    }
+
+    fn finish(&self, r: &Record, deliveries: &[Delivery]) -> Result<bool, StoreError> {
+        if !r.status.is_terminal() {
+            return Ok(false);
+        }
+        let (r, deliveries) = (r.clone(), deliveries.to_vec());
+        self.write(move |conn| {
+            // Compare-and-set: only from a state that may become this one.
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE predictions SET status = ?2, output = ?3, logs = ?4, error = ?5, started_at = ?6, \
+                     completed_at = ?7 WHERE id = ?1 AND (status = 'processing' OR (status = 'starting' AND ?2 != 'succeeded'))",
+                )?
+                .execute(params![
+                    r.id,
+                    r.status.as_str(),
+                    r.output.as_ref().map(|o| o.to_string()),
+                    r.logs,
+                    r.error,
+                    r.started_at.map(|t| t as i64),
+                    r.completed_at.map(|t| t as i64),
+                ])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            conn.prepare_cached("DELETE FROM queue WHERE prediction = ?1")?.execute([&r.id])?;
+            for d in &deliveries {
+                insert_delivery(conn, d)?;
+            }
+            Ok(true)
+        })
+    }
+
+    fn due_deliveries(&self, now: Millis, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, prediction, event, url, body, attempts, next_at FROM deliveries \
+             WHERE next_at IS NOT NULL AND next_at <= ?1 ORDER BY next_at LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![now as i64, limit as i64], |r| {
+            let event: String = r.get(2)?;
+            Ok(Delivery {
+                id: r.get(0)?,
+                prediction: r.get(1)?,
+                event: Event::parse(&event).unwrap_or(Event::Completed),
+                url: r.get(3)?,
+                body: r.get(4)?,
+                attempts: r.get(5)?,
+                next_at: r.get::<_, i64>(6)? as Millis,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn next_delivery_at(&self) -> Result<Option<Millis>, StoreError> {
+        let conn = self.conn();
+        let at: Option<i64> = conn
+            .prepare_cached("SELECT MIN(next_at) FROM deliveries WHERE next_at IS NOT NULL")?
+            .query_row([], |r| r.get(0))?;
+        Ok(at.map(|t| t as Millis))
+    }
+
+    fn delivery_attempted(
+        &self,
+        id: &str,
+        delivered: bool,
+        next_at: Option<Millis>,
+    ) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "UPDATE deliveries SET attempts = attempts + ?2, delivered = ?3, next_at = ?4 WHERE id = ?1",
+            )?
+            .execute(params![
+                id,
+                i64::from(!delivered),
+                delivered,
+                next_at.map(|t| t as i64)
+            ])?;
+            Ok(())
+        })
+    }
+
+    fn expired_waiting(&self, now: Millis, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM predictions WHERE id IN \
+             (SELECT prediction FROM queue WHERE owner IS NULL AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2)"
+        ))?;
+        let rows = collect(stmt.query_map(params![now as i64, limit as i64], read_row)?)?;
+        Ok(rows.into_iter().filter(|r| r.status == Status::Starting).collect())
+    }
+
+    fn sweep_expired_claims(&self, now: Millis) -> Result<Vec<Record>, StoreError> {
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "UPDATE queue SET owner = NULL, lease_until = NULL WHERE owner IS NOT NULL AND lease_until <= ?1 \
+                 AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
+            )?
+            .execute([now as i64])?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM predictions WHERE id IN \
+                 (SELECT prediction FROM queue WHERE owner IS NOT NULL AND lease_until <= ?1)"
+            ))?;
+            let rows = collect(stmt.query_map([now as i64], read_row)?);
+            rows
+        })
+    }
+
+    fn requeue(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.write(move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE predictions SET status = 'starting', started_at = NULL, output = NULL, logs = '' \
+                     WHERE id = ?1 AND status = 'processing'",
+                )?
+                .execute([&id])?;
+            if changed == 1 {
+                conn.prepare_cached(
+                    "UPDATE queue SET owner = NULL, lease_until = NULL WHERE prediction = ?1",
+                )?
+                .execute([&id])?;
+            }
+            Ok(changed == 1)
+        })
+    }
+
+    fn prune_queue(&self, before: Millis, now: Millis) -> Result<Vec<String>, StoreError> {
+        self.write(move |conn| {
+            let ids: Vec<String> = conn
+                .prepare_cached("SELECT prediction FROM queue WHERE enqueued_at < ?1")?
+                .query_map([before as i64], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for id in &ids {
+                conn.prepare_cached(
+                    "UPDATE predictions SET status = 'failed', completed_at = ?2, \
+                     error = 'the prediction stayed in the queue for more than 24 hours and was pruned' \
+                     WHERE id = ?1 AND status IN ('starting', 'processing')",
+                )?
+                .execute(params![id, now as i64])?;
+                conn.prepare_cached("DELETE FROM queue WHERE prediction = ?1")?.execute([id])?;
+            }
+            Ok(ids)
+        })
+    }
+
+    fn remove_data(&self, before: Millis) -> Result<usize, StoreError> {
+        self.write(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "UPDATE predictions SET input = NULL, output = NULL, logs = '', data_removed = 1 \
+                     WHERE data_removed = 0 AND completed_at IS NOT NULL AND completed_at < ?1",
+                )?
+                .execute([before as i64])?)
+        })
+    }
+
+    fn webhook_secret(&self, create: &dyn Fn() -> String) -> Result<String, StoreError> {
+        let fresh = create();
+        self.write(move |conn| {
+            conn.prepare_cached("INSERT OR IGNORE INTO meta (key, value) VALUES ('webhook_secret', ?1)")?
+                .execute([&fresh])?;
+            Ok(conn
+                .prepare_cached("SELECT value FROM meta WHERE key = 'webhook_secret'")?
+                .query_row([], |r| r.get(0))?)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(crate) fn record(id: &str, model: &str, created_at: Millis) -> Record {
+        let deadlines =
+            crate::lifecycle::Deadlines { per_prediction: None, lifetime: Some(created_at + 1000) };
+        Record::starting(id.into(), model, "v", "acme", json!({"prompt": "hi"}), created_at, deadlines)
+    }
+
+    fn open() -> (tempfile::TempDir, SqliteQueue) {
+        let dir = tempfile::tempdir().unwrap();
+        let q = SqliteQueue::open(dir.path()).unwrap();
+        (dir, q)
+    }
+
+    #[test]
+    fn queue_is_ordered_per_model_and_claims_are_exclusive() {
+        let (_d, q) = open();
+        for (i, m) in ["a/x", "b/y", "a/x"].iter().enumerate() {
+            q.enqueue(&record(&format!("p{i}"), m, i as Millis)).unwrap();
+        }
+        let queue = JobKind::Prediction.queue("a/x");
+        assert_eq!(q.claim(&queue, "w1", 10, 100).unwrap().unwrap().id, "p0");
+        assert_eq!(q.claim(&queue, "w2", 10, 100).unwrap().unwrap().id, "p2");
+        assert!(q.claim(&queue, "w1", 10, 100).unwrap().is_none());
+        assert_eq!(q.claim(&JobKind::Prediction.queue("b/y"), "w1", 10, 100).unwrap().unwrap().id, "p1");
+    }
+
+    #[test]
+    fn exactly_one_terminal_state() {
+        let (_d, q) = open();
+        let mut r = record("p", "a/x", 0);
+        q.enqueue(&r).unwrap();
+        assert!(q.start("p", 5, &[]).unwrap());
+        assert!(!q.start("p", 6, &[]).unwrap());
+        r.status = Status::Succeeded;
+        r.started_at = Some(5);
+        r.completed_at = Some(9);
+        r.output = Some(json!(["a"]));
+        assert!(q.finish(&r, &[]).unwrap());
+        r.status = Status::Canceled;
+        assert!(!q.finish(&r, &[]).unwrap());
+        let got = q.get("p").unwrap().unwrap();
+        assert_eq!(got.status, Status::Succeeded);
+        assert_eq!(got.output, Some(json!(["a"])));
+        assert!(q.claim(&JobKind::Prediction.queue("a/x"), "w", 10, 10).unwrap().is_none());
+    }
+
+    #[test]
+    fn leases_expire_and_recovery_handles_orphans() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let q = SqliteQueue::open(dir.path()).unwrap();
+            for i in 0..3 {
+                q.enqueue(&record(&format!("p{i}"), "a/x", i)).unwrap();
+            }
+            let queue = JobKind::Prediction.queue("a/x");
+            q.claim(&queue, "w", 0, 100).unwrap();
+            q.start("p0", 1, &[]).unwrap();
+            q.claim(&queue, "w", 0, 100).unwrap();
+            assert_eq!(q.heartbeat("w", 50, 100).unwrap(), 2);
+            assert!(q.sweep_expired_claims(100).unwrap().is_empty());
+            let stale = q.sweep_expired_claims(150).unwrap();
+            // p1 (claimed, not started) went back; p0 is returned.
+            assert_eq!(stale.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["p0"]);
+        }
+        let q = SqliteQueue::open(dir.path()).unwrap();
+        let rec = q
+            .recover(200, &|_| false, &|r| {
+                Some(Delivery {
+                    id: format!("msg_{}", r.id),
+                    prediction: r.id.clone(),
+                    event: Event::Completed,
+                    url: "http://x".into(),
+                    body: "{}".into(),
+                    attempts: 0,
+                    next_at: 200,
+                })
+            })
+            .unwrap();
+        assert_eq!(rec.failed, ["p0"]);
+        assert_eq!(q.get("p0").unwrap().unwrap().status, Status::Failed);
+        assert_eq!(q.due_deliveries(200, 10).unwrap().len(), 1);
+        let queue = JobKind::Prediction.queue("a/x");
+        assert_eq!(q.claim(&queue, "w2", 300, 100).unwrap().unwrap().id, "p1");
+    }
+
+    #[test]
+    fn idempotent_models_are_requeued() {
+        let (_d, q) = open();
+        q.enqueue(&record("p", "a/x", 0)).unwrap();
+        q.claim(&JobKind::Prediction.queue("a/x"), "w", 0, 10).unwrap();
+        q.start("p", 1, &[]).unwrap();
+        let rec = q.recover(5, &|m| m == "a/x", &|_| None).unwrap();
+        assert_eq!(rec.requeued, ["p"]);
+        assert_eq!(q.get("p").unwrap().unwrap().status, Status::Starting);
+        assert!(q.claim(&JobKind::Prediction.queue("a/x"), "w", 0, 10).unwrap().is_some());
+    }
+
+    #[test]
+    fn pagination_both_ways() {
+        let (_d, q) = open();
+        for i in 0..25 {
+            q.enqueue(&record(&format!("p{i:02}"), "a/x", i)).unwrap();
+        }
+        let p1 = q.list(Some("acme"), JobKind::Prediction, Cursor::Start, 10).unwrap();
+        assert_eq!(p1.results[0].id, "p24");
+        assert!(p1.more_after && !p1.more_before);
+        let p2 = q.list(Some("acme"), JobKind::Prediction, Cursor::Before(p1.results[9].seq), 10).unwrap();
+        assert_eq!(p2.results[0].id, "p14");
+        assert!(p2.more_after && p2.more_before);
+        let p3 = q.list(Some("acme"), JobKind::Prediction, Cursor::Before(p2.results[9].seq), 10).unwrap();
+        assert_eq!(p3.results.len(), 5);
+        assert!(!p3.more_after);
+        let back = q.list(Some("acme"), JobKind::Prediction, Cursor::After(p2.results[0].seq), 10).unwrap();
+        assert_eq!(
+            back.results.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
+            p1.results.iter().map(|r| r.id.clone()).collect::<Vec<_>>()
+        );
+        assert!(q.list(Some("other"), JobKind::Prediction, Cursor::Start, 10).unwrap().results.is_empty());
+    }
+
+    #[test]
+    fn cordon_query_prune_and_retention() {
+        let (_d, q) = open();
+        q.enqueue(&record("old", "a/x", 0)).unwrap();
+        let mut fresh = record("new", "a/x", 5000);
+        fresh.lifetime_deadline = None;
+        q.enqueue(&fresh).unwrap();
+        assert_eq!(q.expired_waiting(999, 10).unwrap().len(), 0);
+        assert_eq!(q.expired_waiting(1000, 10).unwrap()[0].id, "old");
+        assert_eq!(q.prune_queue(1, 2).unwrap(), ["old"]);
+        assert_eq!(q.get("old").unwrap().unwrap().status, Status::Failed);
+        assert_eq!(q.remove_data(3).unwrap(), 1);
+        let old = q.get("old").unwrap().unwrap();
+        assert!(old.data_removed);
+        assert_eq!(old.input, serde_json::Value::Null);
+    }
+
+    #[test]
+    fn deliveries_are_retried_until_delivered() {
+        let (_d, q) = open();
+        let d = Delivery {
+            id: "msg_1".into(),
+            prediction: "p".into(),
+            event: Event::Start,
+            url: "http://x".into(),
+            body: "{}".into(),
+            attempts: 0,
+            next_at: 10,
+        };
+        q.enqueue(&record("p", "a/x", 0)).unwrap();
+        assert!(q.start("p", 1, std::slice::from_ref(&d)).unwrap());
+        assert!(!q.start("p", 2, std::slice::from_ref(&d)).unwrap());
+        assert!(q.due_deliveries(9, 10).unwrap().is_empty());
+        assert_eq!(q.due_deliveries(10, 10).unwrap(), vec![d.clone()]);
+        q.delivery_attempted("msg_1", false, Some(20)).unwrap();
+        assert_eq!(q.next_delivery_at().unwrap(), Some(20));
+        assert_eq!(q.due_deliveries(20, 10).unwrap()[0].attempts, 1);
+        q.delivery_attempted("msg_1", true, None).unwrap();
+        assert!(q.due_deliveries(1000, 10).unwrap().is_empty());
+        assert_eq!(q.webhook_secret(&|| "whsec_a".into()).unwrap(), "whsec_a");
+        assert_eq!(q.webhook_secret(&|| "whsec_b".into()).unwrap(), "whsec_a");
+    }
+}

@@ -1,0 +1,460 @@
+//! Cog's HTTP protocol: how the node agent talks to a cog model server
+//! (`python -m cog.server.http`, cog 0.16's Python server).
+//!
+//! - `GET /health-check` answers `{"status": S, "setup": {"status",
+//!   "logs", …}}` with `S` one of `STARTING`, `READY`, `BUSY`,
+//!   `SETUP_FAILED`, `DEFUNCT` (and `UNHEALTHY` when a user health check
+//!   fails).
+//! - `PUT /predictions/{id}` (`/trainings/{id}` in train mode) with
+//!   `Prefer: respond-async` and a body `{"id", "input", "webhook",
+//!   "webhook_events_filter"}` answers 202 and runs the prediction; 409
+//!   when the server is already running one (it runs one at a time), 422
+//!   naming the input fields it rejects.
+//! - The server then POSTs the whole prediction object to `webhook` on
+//!   `start`, `output`, `logs` and `completed`: `{"id", "input", "output",
+//!   "logs", "error", "status", "started_at", "completed_at", "metrics"}`,
+//!   where `output` is the list of items so far for an iterator output and
+//!   `logs` all the logs so far.
+//! - `POST /predictions/{id}/cancel` cancels it (404 if it is not running);
+//!   the `completed` webhook then says `canceled`.
+//!
+//! [`run`] drives one prediction: it receives the webhooks on a loopback
+//! port of its own, turns the cumulative objects into new output items and
+//! log lines ([`Progress`]), and cancels the prediction on the server if
+//! it is dropped before the end.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+/// How often a running prediction's server is checked for having died.
+const LIVENESS_INTERVAL: Duration = Duration::from_secs(2);
+/// Health checks missed in a row that mean the server is gone.
+const LIVENESS_MISSES: u32 = 3;
+/// How long to wait before asking a busy server again.
+const BUSY_RETRY: Duration = Duration::from_millis(100);
+
+/// Which of a cog model's functions a server runs (`--x-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CogMode {
+    /// `predict` in `cog.yaml`: `/predictions`.
+    Predict,
+    /// `train` in `cog.yaml`: `/trainings`.
+    Train,
+}
+
+impl CogMode {
+    /// The `--x-mode` argument.
+    pub fn arg(self) -> &'static str {
+        match self {
+            Self::Predict => "predict",
+            Self::Train => "train",
+        }
+    }
+
+    /// The collection its jobs are created in.
+    pub fn collection(self) -> &'static str {
+        match self {
+            Self::Predict => "predictions",
+            Self::Train => "trainings",
+        }
+    }
+}
+
+/// `GET /health-check`'s `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HealthStatus {
+    /// Running `setup()`.
+    Starting,
+    /// Ready for a prediction.
+    Ready,
+    /// Running a prediction.
+    Busy,
+    /// `setup()` failed; the server will not serve.
+    SetupFailed,
+    /// A fatal error after setup; the server will not serve.
+    Defunct,
+    /// The model's own health check failed.
+    Unhealthy,
+    /// A status this client does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// A cog server's answer to `GET /health-check`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Health {
+    /// Where the server is.
+    pub status: HealthStatus,
+    /// The result of `setup()`, once it ran.
+    #[serde(default)]
+    pub setup: Option<SetupResult>,
+}
+
+/// `setup()`'s outcome as the health check reports it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SetupResult {
+    /// What `setup()` printed (and its traceback when it failed).
+    #[serde(default)]
+    pub logs: Option<String>,
+}
+
+impl Health {
+    /// Whether the server can take (or is running) predictions.
+    pub fn serves(&self) -> bool {
+        matches!(self.status, HealthStatus::Ready | HealthStatus::Busy)
+    }
+
+    /// The setup logs, or empty.
+    pub fn setup_logs(&self) -> &str {
+        self.setup.as_ref().and_then(|s| s.logs.as_deref()).unwrap_or("")
+    }
+}
+
+/// Asks a cog server at `base_url` how it is.
+pub async fn health(client: &reqwest::Client, base_url: &str, timeout: Duration) -> Result<Health, String> {
+    let r = client
+        .get(format!("{base_url}/health-check"))
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| format!("no answer to /health-check: {e}"))?;
+    let body = r.bytes().await.map_err(|e| format!("/health-check broke off: {e}"))?;
+    serde_json::from_slice(&body)
+        .map_err(|e| format!("/health-check answered something else than cog's JSON: {e}"))
+}
+
+/// A prediction's status as cog reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CogStatus {
+    /// Accepted, not yet running.
+    Starting,
+    /// Running.
+    Processing,
+    /// Ended with its output.
+    Succeeded,
+    /// Ended with an error.
+    Failed,
+    /// Ended by a cancel.
+    Canceled,
+}
+
+/// The prediction object cog posts to the webhook (the fields Hangar uses).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CogPrediction {
+    /// Where it is.
+    pub status: CogStatus,
+    /// The output so far: the list of items for an iterator output; the
+    /// value once ended for any other.
+    #[serde(default)]
+    pub output: Option<Value>,
+    /// All the logs so far.
+    #[serde(default)]
+    pub logs: Option<String>,
+    /// Why it failed.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// What of a prediction's cumulative state has been passed on: turns each
+/// webhook object into the output items and complete log lines that are
+/// new since the previous one.
+#[derive(Debug, Default)]
+pub struct Progress {
+    outputs: usize,
+    log_bytes: usize,
+}
+
+impl Progress {
+    /// New output items and log lines in `p`. Log text after the last
+    /// newline is held back until the line ends, or until `p` is the last
+    /// object (`ended`).
+    pub fn update(&mut self, p: &CogPrediction, ended: bool) -> (Vec<Value>, Vec<String>) {
+        let mut items = Vec::new();
+        if let Some(Value::Array(all)) = &p.output {
+            items.extend(all.iter().skip(self.outputs).cloned());
+            self.outputs = self.outputs.max(all.len());
+        }
+        let mut lines = Vec::new();
+        let logs = p.logs.as_deref().unwrap_or("");
+        if let Some(new) = logs.get(self.log_bytes..) {
+            let complete = if ended { new.len() } else { new.rfind('\n').map_or(0, |i| i + 1) };
+            lines.extend(new[..complete].lines().map(str::to_owned));
+            self.log_bytes += complete;
+        }
+        (items, lines)
+    }
+}
+
+/// How a prediction on a cog server ended, when not with its output.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CogError {
+    /// The model failed, rejected the input, or the server went away.
+    #[error("{0}")]
+    Failed(String),
+    /// The server reports it canceled.
+    #[error("canceled")]
+    Canceled,
+}
+
+/// One prediction to run on a cog server.
+#[derive(Debug, Clone)]
+pub struct CogJob<'a> {
+    /// The server's base URL.
+    pub base_url: &'a str,
+    /// Prediction or training.
+    pub mode: CogMode,
+    /// The id it gets on the server (Hangar's prediction id).
+    pub id: &'a str,
+    /// The model's input.
+    pub input: &'a Value,
+}
+
+/// Runs `job` on its cog server and returns its output; each new output
+/// item and log line goes to `progress` as it arrives. Waits while the
+/// server is busy (409) with an earlier prediction.
+///
+/// # Cancel safety
+/// Dropping the future before the end cancels the prediction on the
+/// server (`POST …/cancel`, sent in the background) and closes the webhook
+/// port.
+pub async fn run(
+    client: &reqwest::Client,
+    job: CogJob<'_>,
+    mut progress: impl FnMut(Vec<Value>, Vec<String>),
+) -> Result<Value, CogError> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let receiver =
+        webhook_receiver(tx).await.map_err(|e| CogError::Failed(format!("no webhook port: {e}")))?;
+    let mut cancel = CancelOnDrop { client: client.clone(), url: None, receiver: Some(receiver) };
+    let url = format!("{}/{}/{}", job.base_url, job.mode.collection(), job.id);
+    let body = json!({
+        "id": job.id,
+        "input": job.input,
+        "webhook": cancel.receiver.as_ref().expect("set above").url,
+        "webhook_events_filter": ["start", "output", "logs", "completed"],
+    })
+    .to_string();
+    // From here a drop cancels: the PUT may reach the server after all.
+    cancel.url = Some(format!("{url}/cancel"));
+    loop {
+        let answer = client
+            .put(&url)
+            .header("Prefer", "respond-async")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| CogError::Failed(format!("the cog server did not answer: {e}")))?;
+        let status = answer.status();
+        if status == StatusCode::CONFLICT {
+            tokio::time::sleep(BUSY_RETRY).await;
+            continue;
+        }
+        if !status.is_success() {
+            let text = answer.text().await.unwrap_or_default();
+            return Err(CogError::Failed(rejection(status, &text)));
+        }
+        break;
+    }
+    let mut seen = Progress::default();
+    let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
+    liveness.tick().await;
+    let mut missed = 0;
+    loop {
+        tokio::select! {
+            p = rx.recv() => {
+                let p: CogPrediction = p.expect("the receiver lives as long as this loop");
+                let ended = matches!(p.status, CogStatus::Succeeded | CogStatus::Failed | CogStatus::Canceled);
+                let (items, lines) = seen.update(&p, ended);
+                if !items.is_empty() || !lines.is_empty() {
+                    progress(items, lines);
+                }
+                if ended {
+                    cancel.url = None;
+                }
+                match p.status {
+                    CogStatus::Succeeded => return Ok(p.output.unwrap_or(Value::Null)),
+                    CogStatus::Failed => {
+                        return Err(CogError::Failed(p.error.unwrap_or_else(|| "the model failed".into())))
+                    }
+                    CogStatus::Canceled => return Err(CogError::Canceled),
+                    CogStatus::Starting | CogStatus::Processing => {}
+                }
+            }
+            _ = liveness.tick() => {
+                match health(client, job.base_url, LIVENESS_INTERVAL).await {
+                    Err(e) if missed + 1 >= LIVENESS_MISSES => {
+                        cancel.url = None;
+                        return Err(CogError::Failed(format!("the cog server went away while running it ({e})")));
+                    }
+                    Err(_) => missed += 1,
+                    Ok(h) if h.status == HealthStatus::Defunct => {
+                        cancel.url = None;
+                        return Err(CogError::Failed("the cog server became DEFUNCT while running it".into()));
+                    }
+                    Ok(_) => missed = 0,
+                }
+            }
+        }
+    }
+}
+
+/// A cog server's refusal in plain words: for 422, the fields it rejected
+/// (FastAPI's `detail` list of `{loc, msg}`).
+fn rejection(status: StatusCode, body: &str) -> String {
+    let detail = serde_json::from_str::<Value>(body).ok().and_then(|v| v.get("detail").cloned());
+    match detail {
+        Some(Value::Array(items)) => {
+            let fields: Vec<String> = items
+                .iter()
+                .map(|d| {
+                    let loc = d.get("loc").and_then(Value::as_array).map(|l| {
+                        l.iter()
+                            .skip_while(|p| p.as_str() == Some("body"))
+                            .map(|p| p.to_string().replace('"', ""))
+                            .collect::<Vec<_>>()
+                            .join(".")
+                    });
+                    let msg = d.get("msg").and_then(Value::as_str).unwrap_or("invalid");
+                    format!("{}: {msg}", loc.unwrap_or_default())
+                })
+                .collect();
+            format!("the model rejected the input ({status}): {}", fields.join("; "))
+        }
+        Some(Value::String(s)) => format!("the cog server answered {status}: {s}"),
+        _ => format!("the cog server answered {status}: {body}"),
+    }
+}
+
+/// Sends the cancel of a prediction that is still running on the server
+/// when its driver goes away, and keeps the webhook port open a while for
+/// the server's last webhook: cog retries an undelivered `completed`
+/// webhook for minutes and stays BUSY meanwhile.
+struct CancelOnDrop {
+    client: reqwest::Client,
+    url: Option<String>,
+    receiver: Option<WebhookReceiver>,
+}
+
+/// Cancels sent while the server does not know the prediction yet.
+const CANCEL_ATTEMPTS: u32 = 10;
+/// How long the webhook port outlives a cancel.
+const CANCEL_LINGER: Duration = Duration::from_secs(30);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let (Some(url), Ok(rt)) = (self.url.take(), tokio::runtime::Handle::try_current()) else { return };
+        let (client, receiver) = (self.client.clone(), self.receiver.take());
+        rt.spawn(async move {
+            // 404 while a PUT sent just before may still be on its way.
+            for _ in 0..CANCEL_ATTEMPTS {
+                match client.post(&url).send().await {
+                    Ok(r) if r.status() == StatusCode::NOT_FOUND => tokio::time::sleep(BUSY_RETRY).await,
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(%url, "could not cancel a prediction on its cog server: {e}");
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(CANCEL_LINGER).await;
+            drop(receiver);
+        });
+    }
+}
+
+/// A loopback HTTP port that passes the prediction objects posted to it
+/// on; it closes when dropped.
+struct WebhookReceiver {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WebhookReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn webhook_receiver(tx: mpsc::UnboundedSender<CogPrediction>) -> std::io::Result<WebhookReceiver> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/webhook", listener.local_addr()?);
+    let app = axum::Router::new().route("/webhook", post(receive)).with_state(tx);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!("the cog webhook port failed: {e}");
+        }
+    });
+    Ok(WebhookReceiver { url, task })
+}
+
+async fn receive(State(tx): State<mpsc::UnboundedSender<CogPrediction>>, body: Bytes) -> StatusCode {
+    match serde_json::from_slice::<CogPrediction>(&body) {
+        Ok(p) => {
+            let _ = tx.send(p);
+            StatusCode::OK
+        }
+        Err(e) => {
+            tracing::warn!("a cog server posted an unreadable prediction: {e}");
+            StatusCode::BAD_REQUEST
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(status: &str, output: Value, logs: &str) -> CogPrediction {
+        serde_json::from_value(json!({"status": status, "output": output, "logs": logs})).unwrap()
+    }
+
+    #[test]
+    fn progress_passes_on_only_what_is_new() {
+        let mut p = Progress::default();
+        assert_eq!(p.update(&object("processing", Value::Null, ""), false), (vec![], vec![]));
+        let (items, lines) = p.update(&object("processing", json!(["a"]), "one\ntw"), false);
+        assert_eq!((items, lines), (vec![json!("a")], vec!["one".to_owned()]));
+        let (items, lines) = p.update(&object("processing", json!(["a", "b", "c"]), "one\ntwo\n"), false);
+        assert_eq!((items, lines), (vec![json!("b"), json!("c")], vec!["two".to_owned()]));
+        let (items, lines) = p.update(&object("succeeded", json!(["a", "b", "c"]), "one\ntwo\nend"), true);
+        assert_eq!((items, lines), (vec![], vec!["end".to_owned()]));
+    }
+
+    #[test]
+    fn health_and_objects_parse_as_cog_sends_them() {
+        let h: Health = serde_json::from_str(
+            r#"{"status":"SETUP_FAILED","setup":{"started_at":"x","logs":"boom\n","status":"failed"}}"#,
+        )
+        .unwrap();
+        assert_eq!((h.status, h.setup_logs(), h.serves()), (HealthStatus::SetupFailed, "boom\n", false));
+        let h: Health = serde_json::from_str(r#"{"status":"SOMETHING_NEW"}"#).unwrap();
+        assert_eq!(h.status, HealthStatus::Unknown);
+        let p: CogPrediction = serde_json::from_str(
+            r#"{"input":{},"output":"x","id":"p","status":"failed","error":"bad","metrics":{"predict_time":1}}"#,
+        )
+        .unwrap();
+        assert_eq!((p.status, p.error.as_deref()), (CogStatus::Failed, Some("bad")));
+    }
+
+    #[test]
+    fn rejections_name_the_fields() {
+        let body =
+            r#"{"detail":[{"type":"missing","loc":["body","input","prompt"],"msg":"Field required"}]}"#;
+        assert_eq!(
+            rejection(StatusCode::UNPROCESSABLE_ENTITY, body),
+            "the model rejected the input (422 Unprocessable Entity): input.prompt: Field required"
+        );
+        assert_eq!(rejection(StatusCode::BAD_GATEWAY, "x"), "the cog server answered 502 Bad Gateway: x");
+    }
+}

@@ -1,0 +1,284 @@
+//! Async predictions in `hangar serve`: the [`Executor`] that runs a
+//! prediction through its model's processor and engine — a streamed
+//! completion on OpenAI-style engines, cog's protocol ([`crate::cog`]) on
+//! `cog` engines, a training on a train-mode cog server of its own — and
+//! the start of the predictions service beside the gateway.
+//!
+//! # Sync and async classes
+//! A prediction enters the same per-model admission as a synchronous
+//! request ([`Processor::admit`](crate::processor::Processor::admit)):
+//! one line, one set of permits, with the line's own order (FIFO, or fair
+//! over accounts) between the two classes. Two rules keep either class
+//! from starving the other:
+//! - at most `predictions.async_slots` predictions of a model are in its
+//!   line or running at once (the rest wait in the durable queue), so a
+//!   synchronous request never finds more than that many predictions ahead
+//!   of it, and a backlog of predictions cannot fill the line (429s);
+//! - a prediction never gets 429 or 504: when the line is full it backs off
+//!   and asks again, and it waits without an admission timeout (its own
+//!   deadlines bound it), so it is served in its turn however busy the
+//!   synchronous path is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::header;
+use futures::StreamExt;
+use hangar_core::{AccountId, BlockHash};
+use hangar_predictions::llm::LlmInput;
+use hangar_predictions::record::JobKind;
+use hangar_predictions::{
+    ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError, Sink,
+};
+use hangar_router::text_blocks;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::prompt::prompt_text;
+use super::{Inner, ModelRuntime, ReplicaRouting, Server};
+use crate::cog::{self, CogError, CogJob, CogMode};
+use crate::engine::{launch_cog, LaunchContext};
+use crate::processor::{AdmitError, Lease};
+
+/// How often a prediction waiting for a replica asks for one again while
+/// its model has none.
+const RESCALE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Runs predictions on this server's models.
+struct ServeExecutor {
+    inner: Arc<Inner>,
+}
+
+impl Executor for ServeExecutor {
+    fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> hangar_predictions::ExecFuture {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            tokio::select! {
+                r = complete(inner, job, sink) => r,
+                _ = cancel.cancelled() => Err(ExecError::Canceled),
+            }
+        })
+    }
+}
+
+/// Runs `job` on its model: a completion for OpenAI-style engines, a
+/// prediction or training on a cog server for `cog` engines.
+///
+/// # Cancel safety
+/// Dropping the future leaves the line or gives the permit back, and
+/// drops the engine connection (the engine stops generating) or cancels
+/// the prediction on its cog server.
+async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, ExecError> {
+    let rt = inner
+        .models
+        .get(&job.model)
+        .cloned()
+        .ok_or_else(|| ExecError::Failed(format!("the model `{}` is not served", job.model)))?;
+    match (rt.config.engine.is_cog(), job.kind) {
+        (true, JobKind::Prediction) => predict_on_cog(&inner, &rt, &job, &sink).await,
+        (true, JobKind::Training) => train_on_cog(&inner, &rt, &job, &sink).await,
+        (false, JobKind::Prediction) => complete_on_llm(&inner, &rt, &job, &sink).await,
+        (false, JobKind::Training) => Err(ExecError::Failed(format!(
+            "the model `{}` runs on an engine that serves completions and cannot train; trainings need a \
+             `cog` engine whose cog.yaml names a `train` function",
+            job.model
+        ))),
+    }
+}
+
+/// Waits for a permit on one of the model's replicas, however long (a
+/// prediction's own deadlines bound it). Asks for replicas again every
+/// few seconds while it waits and the model has none, so a start that
+/// failed before it entered the line is retried.
+async fn admit(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    account: &AccountId,
+    prompt: Option<(&[BlockHash], u32)>,
+) -> Result<Lease, ExecError> {
+    inner.scale_for_demand(rt, 1);
+    loop {
+        let admission = rt.processor.admit_with(account.clone(), None, prompt);
+        tokio::pin!(admission);
+        let result = loop {
+            tokio::select! {
+                r = &mut admission => break r,
+                () = tokio::time::sleep(RESCALE_INTERVAL) => inner.scale_for_demand(rt, 0),
+            }
+        };
+        match result {
+            Ok(lease) => return Ok(lease),
+            // The line is full of synchronous requests: yield to them.
+            Err(AdmitError::QueueFull { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => return Err(ExecError::Failed(format!("no replica could serve it: {e}"))),
+        }
+    }
+}
+
+/// Runs a prediction on one of the model's cog servers.
+async fn predict_on_cog(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    job: &Job,
+    sink: &Sink,
+) -> Result<Value, ExecError> {
+    let lease = admit(inner, rt, &job.account, None).await?;
+    sink.started();
+    let base =
+        rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
+    let result = run_on_cog(&inner.client, &base, CogMode::Predict, job, sink).await;
+    drop(lease);
+    result
+}
+
+/// Runs a training on a cog server of its own, started in train mode
+/// beside the model's replicas (trainings run one at a time) and stopped
+/// when it ends.
+async fn train_on_cog(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    job: &Job,
+    sink: &Sink,
+) -> Result<Value, ExecError> {
+    let ctx = LaunchContext {
+        model: rt.config.key.to_string(),
+        gpus: Vec::new(),
+        gpu_fraction: 1.0,
+        hangar_exe: inner.hangar_exe.clone(),
+        mock_setup_timeout: Duration::from_secs(600),
+    };
+    let trainer = launch_cog(&rt.config.engine, &ctx, CogMode::Train)
+        .await
+        .map_err(|e| ExecError::Failed(format!("the trainer of `{}` did not start: {e}", rt.config.key)))?;
+    sink.started();
+    let result = run_on_cog(&inner.client, &trainer.base_url, CogMode::Train, job, sink).await;
+    trainer.stop(Duration::from_secs(5)).await;
+    result
+}
+
+/// Runs `job` on the cog server at `base`, passing its output items and
+/// log lines on to `sink`.
+async fn run_on_cog(
+    client: &reqwest::Client,
+    base: &str,
+    mode: CogMode,
+    job: &Job,
+    sink: &Sink,
+) -> Result<Value, ExecError> {
+    let cog_job = CogJob { base_url: base, mode, id: &job.id, input: &job.input };
+    let progress = |items: Vec<Value>, lines: Vec<String>| {
+        items.into_iter().for_each(|i| sink.output(i));
+        lines.into_iter().for_each(|l| sink.log(l));
+    };
+    cog::run(client, cog_job, progress).await.map_err(|e| match e {
+        CogError::Canceled => ExecError::Canceled,
+        e => ExecError::Failed(e.to_string()),
+    })
+}
+
+/// Streams a completion from one of the model's OpenAI-style engines.
+async fn complete_on_llm(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    job: &Job,
+    sink: &Sink,
+) -> Result<Value, ExecError> {
+    let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
+    let body = input.completion_body(rt.config.key.as_str());
+    let prompt = match rt.config.router {
+        ReplicaRouting::Kv => Some(text_blocks(&prompt_text(&body), rt.config.kv.block_chars)),
+        _ => None,
+    };
+    let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
+    let lease = admit(inner, rt, &job.account, prompt).await?;
+    sink.started();
+    let base =
+        rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
+    let body = serde_json::to_vec(&body).expect("JSON serializes");
+    let response = inner
+        .client
+        .post(format!("{base}/v1/completions"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| ExecError::Failed(format!("the replica did not answer: {e}")))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        return Err(ExecError::Failed(format!("the engine answered {status}: {text}")));
+    }
+    let mut tokens = Vec::new();
+    let mut buffer = String::new();
+    let mut chunks = response.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| ExecError::Failed(format!("the engine stream broke: {e}")))?;
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            for data in event.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim) {
+                if data == "[DONE]" {
+                    return Ok(Value::Array(tokens));
+                }
+                let v: Value = serde_json::from_str(data)
+                    .map_err(|e| ExecError::Failed(format!("the engine sent a malformed event: {e}")))?;
+                if let Some(err) = v.get("error") {
+                    return Err(ExecError::Failed(format!("the engine failed: {err}")));
+                }
+                if let Some(text) = v.pointer("/choices/0/text").and_then(Value::as_str) {
+                    if !text.is_empty() {
+                        let token = Value::String(text.to_owned());
+                        sink.output(token.clone());
+                        tokens.push(token);
+                    }
+                }
+            }
+        }
+    }
+    Ok(Value::Array(tokens))
+}
+
+impl Server {
+    /// Starts the predictions service on this server's models, storing in
+    /// `data_dir`; `base_url` is where clients reach the server. Merge
+    /// [`Service::router`] into the gateway's router. A cog model's
+    /// version shows the OpenAPI schema its server publishes, when one of
+    /// its replicas is up by now.
+    pub async fn start_predictions(
+        &self,
+        data_dir: &std::path::Path,
+        config: PredictionsConfig,
+        base_url: &str,
+    ) -> Result<Service, ServiceError> {
+        let mut models = Vec::new();
+        for rt in self.inner.models.values() {
+            let input = match rt.config.engine.is_cog() {
+                true => InputRules::Own(self.cog_schema(rt).await),
+                false => InputRules::Llm,
+            };
+            models.push(Model {
+                key: rt.config.key.to_string(),
+                version: hangar_predictions::version_id(
+                    &serde_json::to_string(&rt.config).unwrap_or_default(),
+                ),
+                settings: rt.config.predictions,
+                access: rt.config.access.clone(),
+                input,
+            });
+        }
+        let executor = Arc::new(ServeExecutor { inner: self.inner.clone() });
+        let api_keys =
+            self.inner.api_keys.iter().map(|(key, (account, _))| (key.clone(), account.clone())).collect();
+        Service::start(data_dir, config, models, api_keys, executor, base_url)
+    }
+
+    /// `GET /openapi.json` from a running replica of the cog model `rt`.
+    async fn cog_schema(&self, rt: &ModelRuntime) -> Option<Value> {
+        let url =
+            rt.replicas.lock().expect("replica table lock").values().find_map(|r| r.base_url.clone())?;
+        let answer =
+            self.inner.client.get(format!("{url}/openapi.json")).timeout(Duration::from_secs(5)).send();
+        let body = answer.await.ok()?.bytes().await.ok()?;
+        serde_json::from_slice(&body).ok()
+    }
+}

@@ -1,0 +1,132 @@
+//! The `cog` engine end to end: `hangar serve` launches cog's own model
+//! server (`python -m cog.server.http`, the pinned `cog` package) in
+//! `examples/cog-echo` and runs predictions and trainings on it over cog's
+//! HTTP protocol — streamed output, logs, cancel, input the model
+//! rejects, a setup that fails, and the OpenAI routes refusing the model.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::predictions::{client, get, post, sse_events, wait_terminal};
+use serde_json::{json, Value};
+
+/// A predictor whose `setup()` prints, then fails.
+const BROKEN: &str = r#"
+from cog import BasePredictor
+
+class Predictor(BasePredictor):
+    def setup(self) -> None:
+        print("setup: looking for weights.bin")
+        raise FileNotFoundError("weights.bin is missing")
+
+    def predict(self, prompt: str) -> str:
+        return prompt
+"#;
+
+fn config(python: &Path, broken_dir: &str) -> String {
+    common::one_gpu(&format!(
+        r#"{}
+[[models]]
+key = "examples/broken"
+engine = {{ kind = "cog", dir = "{broken_dir}", python = "{}", setup_timeout_s = 120 }}
+size = "1GB"
+"#,
+        common::cog_echo_model(python),
+        python.display()
+    ))
+}
+
+/// Polls until the prediction is `processing`.
+fn wait_processing(url: &str) {
+    let t = Instant::now();
+    while get(url)["status"] != "processing" {
+        assert!(t.elapsed() < Duration::from_secs(60), "never started: {}", get(url));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn cog_models_serve_predictions_and_trainings() {
+    let python = common::python();
+    let broken = tempfile::tempdir().unwrap();
+    std::fs::write(broken.path().join("cog.yaml"), "predict: \"predict.py:Predictor\"\n").unwrap();
+    std::fs::write(broken.path().join("predict.py"), BROKEN).unwrap();
+    let s = common::serve(&config(&python, broken.path().to_str().unwrap()));
+    let create = format!("{}/v1/models/examples/cog-echo/predictions", s.url);
+
+    // Waiting: the whole streamed output, and the model's logs.
+    let input = json!({"input": {"prompt": "hello cog world", "repeat": 2}});
+    let (status, p) = post(&create, &input, &[("Prefer", "wait=60")]);
+    assert_eq!(status, 201, "{p}");
+    assert_eq!(p["status"], "succeeded", "{p}");
+    let words = ["echo:", "hello", "cog", "world", "hello", "cog", "world"];
+    let expected: Vec<Value> = words.iter().map(|w| json!(format!("{w} "))).collect();
+    assert_eq!(p["output"], json!(expected), "{p}");
+    assert!(p["logs"].as_str().unwrap().contains("predicting 15 characters, 2 time(s)"), "{p}");
+
+    // Streaming: each word is an SSE `output` event as the model yields it.
+    let (_, p) = post(&create, &json!({"input": {"prompt": "a b c", "delay": 0.1}, "stream": true}), &[]);
+    let events = sse_events(p["urls"]["stream"].as_str().unwrap());
+    let outputs: Vec<&str> = events.iter().filter(|(e, _)| e == "output").map(|(_, d)| d.as_str()).collect();
+    assert_eq!(outputs, ["echo: ", "a ", "b ", "c "], "{events:?}");
+    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+
+    // Cancel while running: cog stops the predictor; the next prediction
+    // runs once the server is free again.
+    let (_, p) = post(&create, &json!({"input": {"prompt": "x ".repeat(50), "delay": 0.5}}), &[]);
+    let url = p["urls"]["get"].as_str().unwrap().to_owned();
+    wait_processing(&url);
+    let (status, _) = post(p["urls"]["cancel"].as_str().unwrap(), &json!({}), &[]);
+    assert_eq!(status, 200);
+    let done = wait_terminal(&url);
+    assert_eq!(done["status"], "canceled", "{done}");
+    let (_, p) = post(&create, &json!({"input": {"prompt": "after"}}), &[("Prefer", "wait")]);
+    assert_eq!(p["output"], json!(["echo: ", "after "]), "{p}");
+
+    // Input the model's signature rejects: failed, naming the field.
+    let (_, p) = post(&create, &json!({"input": {"prompt": "x", "repeat": "many"}}), &[("Prefer", "wait")]);
+    assert_eq!(p["status"], "failed", "{p}");
+    assert!(p["error"].as_str().unwrap().contains("input.repeat"), "{p}");
+
+    // The version shows the schema the cog server publishes.
+    let model = get(&format!("{}/v1/models/examples/cog-echo", s.url));
+    let schema = &model["latest_version"]["openapi_schema"]["components"]["schemas"];
+    assert_eq!(schema["Input"]["properties"]["repeat"]["maximum"].as_f64(), Some(10.0), "{model}");
+
+    // A training runs the model's `train` on a trainer of its own.
+    let version = model["latest_version"]["id"].as_str().unwrap().to_owned();
+    let (status, t) = post(
+        &format!("{}/v1/models/examples/cog-echo/versions/{version}/trainings", s.url),
+        &json!({"destination": "acme/echo-tuned", "input": {"text": "a b a c", "epochs": 2}}),
+        &[],
+    );
+    assert_eq!(status, 201, "{t}");
+    let t = wait_terminal(t["urls"]["get"].as_str().unwrap());
+    assert_eq!(t["status"], "succeeded", "{t}");
+    assert_eq!(t["output"], json!({"words": 8, "vocabulary": 3}), "{t}");
+    assert!(t["logs"].as_str().unwrap().contains("epoch 2/2: 4 words"), "{t}");
+
+    // A model whose setup fails: its predictions fail with the setup logs.
+    let (_, p) = post(
+        &format!("{}/v1/models/examples/broken/predictions", s.url),
+        &json!({"input": {"prompt": "x"}}),
+        &[],
+    );
+    let p = wait_terminal(p["urls"]["get"].as_str().unwrap());
+    assert_eq!(p["status"], "failed", "{p}");
+    let error = p["error"].as_str().unwrap();
+    assert!(error.contains("SETUP_FAILED") && error.contains("setup: looking for weights.bin"), "{p}");
+    assert!(error.contains("weights.bin is missing"), "{p}");
+
+    // The OpenAI routes do not serve cog models.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s.url))
+        .json(&common::chat("examples/cog-echo", 4))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("predictions"), "{body}");
+}
