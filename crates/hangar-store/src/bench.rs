@@ -1,4 +1,4 @@
-//! `hangar store bench`: the store against the physical reference, measured
+//! `hangar bench store`: the store against the physical reference, measured
 //! in the same run on the same bytes.
 //!
 //! 1. Import throughput vs a plain sequential `read` of the same files.
@@ -42,6 +42,9 @@ pub struct BenchConfig {
     pub size: u64,
     /// Lease-in-place calls to time.
     pub lip_calls: usize,
+    /// Also measure from a cold page cache (drops the whole machine's page
+    /// cache before every run; needs root).
+    pub cold: bool,
 }
 
 /// One throughput comparison.
@@ -88,7 +91,7 @@ impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "hangar store bench: {:.2} GiB artifact, best of {RUNS} runs",
+            "hangar bench store: {:.2} GiB artifact, best of {RUNS} runs",
             self.bytes as f64 / (1u64 << 30) as f64
         )?;
         writeln!(
@@ -341,6 +344,10 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         (Cache::Warm, "import, warm cache", "sequential read, page cache"),
         (Cache::Cold, "import, cold cache", "sequential read, from disk"),
     ] {
+        if cache == Cache::Cold && !cfg.cold {
+            notes.push(format!("{name}: skipped (--warm-only)"));
+            continue;
+        }
         match paired(cache, || plain_read(&files), &mut import_once)? {
             Some((reference, store)) => {
                 ratios.push(Ratio { name, store, reference, reference_name, target: 0.70 })
@@ -378,6 +385,10 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         (Cache::Warm, "Materialize, blob cached", "read of the blob into new memory"),
         (Cache::Cold, "Materialize, blob on disk", "read of the blob into new memory"),
     ] {
+        if cache == Cache::Cold && !cfg.cold {
+            notes.push(format!("{name}: skipped (--warm-only)"));
+            continue;
+        }
         match paired(cache, || plain_read_into_memory(&blob), materialize_once)? {
             Some((reference, store)) => {
                 ratios.push(Ratio { name, store, reference, reference_name, target: 0.90 })
