@@ -1,4 +1,4 @@
-//! `hangar store bench`: the store against the physical reference, measured
+//! `hangar bench store`: the store against the physical reference, measured
 //! in the same run on the same bytes.
 //!
 //! 1. Import throughput vs a plain sequential `read` of the same files.
@@ -7,6 +7,11 @@
 //! 3. Lease-in-place `Materialize` latency of a resident artifact (p50/p99).
 //! 4. P2P between two daemons on loopback vs a plain TCP copy of the same
 //!    bytes into freshly allocated memory.
+//!
+//! Import and local Materialize are measured twice, both sides from the same
+//! page-cache state each time: *warm* (the files are in the page cache) and
+//! *cold* (the page cache is dropped before every run of either side, which
+//! needs root; otherwise those rows are skipped with a note). P2P runs warm.
 //!
 //! Files are generated once under the working directory and reused; every
 //! figure is the best of a few runs, store and reference alternating, to
@@ -37,6 +42,9 @@ pub struct BenchConfig {
     pub size: u64,
     /// Lease-in-place calls to time.
     pub lip_calls: usize,
+    /// Also measure from a cold page cache (drops the whole machine's page
+    /// cache before every run; needs root).
+    pub cold: bool,
 }
 
 /// One throughput comparison.
@@ -63,6 +71,8 @@ pub struct BenchReport {
     pub ratios: Vec<Ratio>,
     /// Extra comparisons that explain a ratio (no target).
     pub context: Vec<Ratio>,
+    /// Measurements that could not be made, and why.
+    pub notes: Vec<String>,
     /// Lease-in-place latency p50.
     pub lip_p50: Duration,
     /// Lease-in-place latency p99.
@@ -81,7 +91,7 @@ impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "hangar store bench: {:.2} GiB artifact, best of {RUNS} runs",
+            "hangar bench store: {:.2} GiB artifact, best of {RUNS} runs",
             self.bytes as f64 / (1u64 << 30) as f64
         )?;
         writeln!(
@@ -119,7 +129,11 @@ impl fmt::Display for BenchReport {
             f,
             "{:<30} p50 {:?}  p99 {:?} over {} calls (target p99 <= 1ms) {ok}",
             "lease-in-place Materialize", self.lip_p50, self.lip_p99, self.lip_calls
-        )
+        )?;
+        for n in &self.notes {
+            writeln!(f, "{n}")?;
+        }
+        Ok(())
     }
 }
 
@@ -234,18 +248,54 @@ fn plain_tcp_copy(path: &Path) -> Result<f64, StoreError> {
     Ok(rate)
 }
 
+/// The page-cache state both sides of a comparison start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cache {
+    /// Files already in the page cache (the previous run read them).
+    Warm,
+    /// Page cache dropped before every run of either side: files come from disk.
+    Cold,
+}
+
+/// Writes back dirty pages and drops the clean page cache, so the next
+/// measurement reads from disk. `Ok(false)` if not permitted (needs root).
+fn drop_caches() -> Result<bool, StoreError> {
+    rustix::fs::sync();
+    let path = Path::new("/proc/sys/vm/drop_caches");
+    match std::fs::write(path, b"3") {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::NotFound) => {
+            Ok(false)
+        }
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
 /// Runs the reference and the store alternately [`RUNS`] times and keeps
-/// the best of each, so both see the same background load on a shared machine.
+/// the best of each, so both see the same background load on a shared
+/// machine, each run starting from the same page-cache state `cache`.
+/// `None` when a cold cache was asked for and caches cannot be dropped.
 fn paired(
+    cache: Cache,
     mut reference: impl FnMut() -> Result<f64, StoreError>,
     mut store: impl FnMut() -> Result<f64, StoreError>,
-) -> Result<(f64, f64), StoreError> {
+) -> Result<Option<(f64, f64)>, StoreError> {
+    let settle = || match cache {
+        Cache::Warm => Ok(true),
+        Cache::Cold => drop_caches(),
+    };
     let (mut r, mut s) = (0f64, 0f64);
     for _ in 0..RUNS {
+        if !settle()? {
+            return Ok(None);
+        }
         r = r.max(reference()?);
+        if !settle()? {
+            return Ok(None);
+        }
         s = s.max(store()?);
     }
-    Ok((r, s))
+    Ok(Some((r, s)))
 }
 
 fn daemon(root: &Path, size: u64, tweak: impl FnOnce(&mut DaemonConfig)) -> Result<DaemonHandle, StoreError> {
@@ -277,63 +327,75 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
     let files = model_files(&cfg.dir, cfg.size)?;
     let (root_a, root_b) = (cfg.dir.join("root-a"), cfg.dir.join("root-b"));
     let mut ratios = Vec::new();
+    let mut notes = Vec::new();
 
-    // 1. Import vs plain sequential read.
+    // 1. Import vs plain sequential read, from the page cache and from disk.
     let mut id = None;
-    let (read, import) = paired(
-        || plain_read(&files),
-        || {
-            let _ = std::fs::remove_dir_all(&root_a);
-            let store = BlobStore::open(&root_a)?;
-            let t = Instant::now();
-            let r = store.import_files(&files, &[])?;
-            let total: u64 = files.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
-            id = Some(r.id);
-            Ok(total as f64 / secs(t.elapsed()))
-        },
-    )?;
+    let mut import_once = || {
+        let _ = std::fs::remove_dir_all(&root_a);
+        let store = BlobStore::open(&root_a)?;
+        let t = Instant::now();
+        let r = store.import_files(&files, &[])?;
+        let total: u64 = files.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+        id = Some(r.id);
+        Ok(total as f64 / secs(t.elapsed()))
+    };
+    for (cache, name, reference_name) in [
+        (Cache::Warm, "import, warm cache", "sequential read, page cache"),
+        (Cache::Cold, "import, cold cache", "sequential read, from disk"),
+    ] {
+        if cache == Cache::Cold && !cfg.cold {
+            notes.push(format!("{name}: skipped (--warm-only)"));
+            continue;
+        }
+        match paired(cache, || plain_read(&files), &mut import_once)? {
+            Some((reference, store)) => {
+                ratios.push(Ratio { name, store, reference, reference_name, target: 0.70 })
+            }
+            None => notes.push(format!("{name}: skipped (dropping the page cache needs root)")),
+        }
+    }
     let id = id.expect("imported");
-    ratios.push(Ratio {
-        name: "import (hash + store)",
-        store: import,
-        reference: read,
-        reference_name: "sequential read of the same files",
-        target: 0.70,
-    });
     let copy_dir = cfg.dir.join("plain-copy");
     let copy =
         (0..RUNS).try_fold(0f64, |top, _| Ok::<_, StoreError>(top.max(plain_copy(&files, &copy_dir)?)))?;
+    let import_warm = ratios.first().map_or(0.0, |r| r.store);
     let context = vec![Ratio {
-        name: "import (hash + store)",
-        store: import,
+        name: "import, warm cache",
+        store: import_warm,
         reference: copy,
         reference_name: "plain copy of the files (read+write)",
         target: 0.0,
     }];
 
-    // 2. Cold Materialize vs plain read into memory.
+    // 2. Cold Materialize vs plain read into memory, blob in the page cache and on disk.
     let blob = root_a.join("artifacts").join(id.file_name()).join("data");
-    let (reference, cold) = paired(
-        || plain_read_into_memory(&blob),
-        || {
-            let d = daemon(&root_a, cfg.size, |_| {})?;
-            let (rate, source) = timed_materialize(d.socket(), id)?;
-            if source != Source::Local {
-                return Err(StoreError::Source {
-                    source_name: "bench".into(),
-                    reason: format!("cold load came from {source:?}"),
-                });
+    let materialize_once = || {
+        let d = daemon(&root_a, cfg.size, |_| {})?;
+        let (rate, source) = timed_materialize(d.socket(), id)?;
+        if source != Source::Local {
+            return Err(StoreError::Source {
+                source_name: "bench".into(),
+                reason: format!("cold load came from {source:?}"),
+            });
+        }
+        Ok(rate)
+    };
+    for (cache, name, reference_name) in [
+        (Cache::Warm, "Materialize, blob cached", "read of the blob into new memory"),
+        (Cache::Cold, "Materialize, blob on disk", "read of the blob into new memory"),
+    ] {
+        if cache == Cache::Cold && !cfg.cold {
+            notes.push(format!("{name}: skipped (--warm-only)"));
+            continue;
+        }
+        match paired(cache, || plain_read_into_memory(&blob), materialize_once)? {
+            Some((reference, store)) => {
+                ratios.push(Ratio { name, store, reference, reference_name, target: 0.90 })
             }
-            Ok(rate)
-        },
-    )?;
-    ratios.push(Ratio {
-        name: "cold Materialize (local blob)",
-        store: cold,
-        reference,
-        reference_name: "read of the blob into new memory",
-        target: 0.90,
-    });
+            None => notes.push(format!("{name}: skipped (dropping the page cache needs root)")),
+        }
+    }
 
     // 3. Lease-in-place latency.
     let (lip_p50, lip_p99) = {
@@ -375,6 +437,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
     })?;
     std::thread::sleep(Duration::from_millis(300)); // first heartbeat
     let (reference, p2p) = paired(
+        Cache::Warm,
         || plain_tcp_copy(&blob),
         || {
             let _ = std::fs::remove_dir_all(&root_b);
@@ -397,7 +460,8 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
             }
             Ok(rate)
         },
-    )?;
+    )?
+    .expect("a warm cache needs no dropping");
     ratios.push(Ratio {
         name: "P2P Materialize (loopback)",
         store: p2p,
@@ -405,5 +469,5 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         reference_name: "plain TCP copy into new memory",
         target: 0.80,
     });
-    Ok(BenchReport { bytes: cfg.size, ratios, context, lip_p50, lip_p99, lip_calls: cfg.lip_calls })
+    Ok(BenchReport { bytes: cfg.size, ratios, context, notes, lip_p50, lip_p99, lip_calls: cfg.lip_calls })
 }

@@ -1,4 +1,4 @@
-//! Synthetic safetensors models for tests and `hangar store bench`.
+//! Synthetic safetensors models for tests and `hangar bench store`.
 //!
 //! Nothing large is committed: fixtures are generated from a seed. Tensors
 //! mimic a transformer checkpoint (`layers.N.attn.weight`, odd-sized biases

@@ -129,3 +129,53 @@ fn a_view_of_an_artifact_held_only_by_a_peer_is_built_from_the_fetched_parent() 
     assert_eq!(parent.refs, 0);
     assert_eq!(residents.iter().find(|r| r.id == m.id).unwrap().refs, 1);
 }
+
+#[test]
+fn a_peer_never_sends_a_corrupt_chunk_and_the_load_falls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let fallback = dir.path().join("fallback");
+    let f = import(&ra, &fallback.join("org/m/v1"), 6 << 20, 24, "org/m:v1");
+    let blob = ra.join("artifacts").join(f.id.file_name()).join("data");
+    let original = std::fs::read(&blob).unwrap();
+    let mut corrupt = original.clone();
+    corrupt[(2 << 20) + 5] ^= 0x10; // chunk 2 of the peer's copy
+    std::fs::write(&blob, &corrupt).unwrap();
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let a = node(&ra, &registry, |_| {});
+    let b = node(&rb, &registry, |c| c.fallback = Some(fallback.display().to_string()));
+    let key: StoreKey = "org/m:v1".parse().unwrap();
+    let mut c = wait_registered(&b, &key);
+    let sel = Selection { artifact_id: f.id, view: None, key: Some(key) };
+    let m = c.materialize(&sel, Hold::Process).unwrap();
+    let done = c.confirm(&m, CONFIRM).unwrap();
+    assert_eq!(done.source, Source::Fallback, "the peer cut its stream before the bad chunk");
+    assert_eq!(m.data(), &original[..]);
+
+    // The plain (not upgraded) HTTP stream is cut the same way: two good chunks, then the end.
+    let url = format!("http://{}/v1/artifacts/{}/data?from_chunk=0", a.http_addr().unwrap(), f.id);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let got = rt.block_on(async {
+        let mut resp = reqwest::get(&url).await.unwrap();
+        let mut got = Vec::new();
+        while let Ok(Some(piece)) = resp.chunk().await {
+            got.extend_from_slice(&piece);
+        }
+        got
+    });
+    assert_eq!(got, original[..2 << 20], "only verified chunks are sent");
+}
+
+#[test]
+fn plain_http_clients_get_the_whole_data_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let ra = dir.path().join("a");
+    let f = import(&ra, &dir.path().join("src"), 3 << 20, 25, "org/m:v1");
+    let original = BlobStore::open(&ra).unwrap().open_artifact(&f.id).unwrap().map_verified().unwrap();
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let a = node(&ra, &registry, |_| {});
+    let url = format!("http://{}/v1/artifacts/{}/data?from_chunk=1", a.http_addr().unwrap(), f.id);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let got = rt.block_on(async { reqwest::get(&url).await.unwrap().bytes().await.unwrap() });
+    assert_eq!(&got[..], &original[1 << 20..]);
+}

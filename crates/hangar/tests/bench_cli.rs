@@ -1,6 +1,7 @@
-//! `hangar bench gateway` end to end: it starts its own mock engine and
-//! gateway, and every request on both paths is served. Timings are not
-//! asserted (they belong to the benchmark, not to a test).
+//! `hangar bench` end to end: the gateway and predictions benchmarks start
+//! their own mock engine and gateway and every request is served; the store
+//! benchmark builds its own model and daemons. Timings are not asserted
+//! (they belong to the benchmark, not to a test).
 
 use std::process::Command;
 
@@ -86,4 +87,23 @@ fn bench_predictions_runs_every_phase_and_prints_the_targets() {
     let o = run(&["bench", "predictions", "--concurrency", "0"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--concurrency"));
+}
+
+#[test]
+fn bench_store_prints_every_ratio_next_to_its_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = run(&["bench", "store", "--size", "24MiB", "--lip-calls", "50", "--warm-only", "--dir", d]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for row in [
+        "import, warm cache",
+        "Materialize, blob cached",
+        "P2P Materialize (loopback)",
+        "lease-in-place Materialize",
+        "import, cold cache: skipped (--warm-only)",
+    ] {
+        assert!(out.contains(row), "no `{row}` in:\n{out}");
+    }
+    assert!(out.contains("%"), "{out}");
 }

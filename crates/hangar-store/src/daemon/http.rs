@@ -4,7 +4,10 @@
 //! - `GET /v1/artifacts/{id}/chunks` — chunk hashes (32 bytes each)
 //! - `GET /v1/artifacts/{id}/data?from_chunk=K` — canonical data from chunk K,
 //!   streamed; every chunk is verified before it is sent and the stream is
-//!   cut (never corrupted) on a mismatch
+//!   cut (never corrupted) on a mismatch. Sent with `Upgrade: hangar-chunks`
+//!   (as daemons do), the answer is `101 Switching Protocols` and the same
+//!   bytes follow raw on the connection, without HTTP chunk framing: the
+//!   receiver reads them straight into its shared memory.
 //!
 //! Peers are served from the local blob store only (remotely fetched
 //! artifacts are persisted there first).
@@ -13,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -58,10 +61,14 @@ fn reject(status: StatusCode, msg: impl ToString) -> Response {
     (status, msg.to_string()).into_response()
 }
 
+/// The `Upgrade` protocol name under which artifact data is sent raw.
+pub(super) const RAW_DATA_PROTOCOL: &str = "hangar-chunks";
+
 async fn artifact(
     State(core): State<Arc<Core>>,
     Path((id, part)): Path<(String, String)>,
     Query(q): Query<DataQuery>,
+    mut req: Request,
 ) -> Response {
     let id: ArtifactId = match id.parse() {
         Ok(id) => id,
@@ -80,11 +87,71 @@ async fn artifact(
         "index" => art.index.to_bytes().into_response(),
         "chunks" => chunks::encode(&art.chunk_hashes).into_response(),
         "data" if q.from_chunk <= art.chunk_hashes.len() => {
-            Body::from_stream(stream_data(art, q.from_chunk, core.cfg.fault_stall_after)).into_response()
+            let chunks = stream_data(art, q.from_chunk, core.cfg.fault_stall_after);
+            if !wants_raw(&req) {
+                return Body::from_stream(chunks).into_response();
+            }
+            let upgrade = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                match upgrade.await {
+                    Ok(io) => send_raw(hyper_util::rt::TokioIo::new(io), chunks).await,
+                    Err(e) => tracing::warn!(error = %e, "peer data upgrade failed"),
+                }
+            });
+            (
+                StatusCode::SWITCHING_PROTOCOLS,
+                [(header::CONNECTION, "upgrade"), (header::UPGRADE, RAW_DATA_PROTOCOL)],
+            )
+                .into_response()
         }
         "data" => reject(StatusCode::RANGE_NOT_SATISFIABLE, "from_chunk beyond the end"),
         _ => reject(StatusCode::NOT_FOUND, format!("unknown part `{part}`")),
     }
+}
+
+fn wants_raw(req: &Request) -> bool {
+    req.headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case(RAW_DATA_PROTOCOL))
+}
+
+/// Writes verified chunks raw on an upgraded connection, straight from the
+/// blob's map. On a verification error the connection is closed early, so
+/// the receiver sees a short stream, never a wrong byte. A receiver that
+/// hangs up (it sends nothing after the upgrade) ends the transfer, which
+/// also stops the chunk producer.
+async fn send_raw(
+    io: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    chunks: impl futures::Stream<Item = Result<Bytes, StoreError>>,
+) {
+    use futures::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut rd, mut wr) = tokio::io::split(io);
+    let mut chunks = std::pin::pin!(chunks);
+    let mut probe = [0u8; 1];
+    loop {
+        let item = tokio::select! {
+            item = chunks.next() => item,
+            _ = rd.read(&mut probe) => {
+                tracing::debug!("peer hung up during a raw transfer");
+                return;
+            }
+        };
+        let sent = match item {
+            Some(Ok(bytes)) => wr.write_all(&bytes).await,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "not serving a chunk that fails verification");
+                break;
+            }
+            None => break,
+        };
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "peer went away during a raw transfer");
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
 }
 
 /// One chunk of a mapped blob, sent without copying.

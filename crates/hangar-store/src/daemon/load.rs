@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use memmap2::MmapMut;
+use tokio::io::AsyncReadExt;
 
 use super::Core;
 use crate::blob::StoredArtifact;
-use crate::chunks::{self, chunk_count, chunk_range, CHUNK_SIZE};
+use crate::chunks::{self, chunk_count, chunk_range};
 use crate::error::StoreError;
 use crate::fallback::FallbackArtifact;
 use crate::id::{hex, ArtifactId, Digest, StoreKey};
@@ -279,41 +280,43 @@ impl Core {
             return Err(source_err(peer, "chunk list does not hash to the id"));
         }
         let url = format!("{peer}/v1/artifacts/{id}/data?from_chunk={verified}");
-        let resp = tokio::time::timeout(self.cfg.peer_timeout, self.http.get(&url).send())
+        let request = self
+            .http
+            .get(&url)
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, super::http::RAW_DATA_PROTOCOL)
+            .send();
+        let resp = tokio::time::timeout(self.cfg.peer_timeout, request)
             .await
             .map_err(|_| source_err(&url, "timed out"))?
             .and_then(|r| r.error_for_status())
             .map_err(|e| source_err(&url, e))?;
-        let mut resp = resp;
-        let mut pos = *verified as u64 * CHUNK_SIZE;
-        let mut populated = *verified;
+        if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(source_err(&url, format!("answered {} to a raw data request", resp.status())));
+        }
+        let mut raw = resp.upgrade().await.map_err(|e| source_err(&url, e))?;
+        // Each chunk is read straight into its place in shared memory (pages
+        // mapped in one call first) and verified before the next is read.
         while *verified < n {
-            let next = tokio::time::timeout(self.cfg.peer_timeout, resp.chunk())
-                .await
-                .map_err(|_| source_err(&url, format!("stalled for {:?}", self.cfg.peer_timeout)))?;
-            let bytes = match next {
-                Ok(Some(b)) => b,
-                Err(e) => return Err(source_err(&url, e)),
-                Ok(None) => {
-                    return Err(source_err(&url, format!("stream ended at byte {pos} of {}", index.data_len)))
+            let (a, b) = chunk_range(*verified, index.data_len);
+            let dst = &mut mem[a as usize..b as usize];
+            crate::memory::populate(dst);
+            let mut got = 0;
+            while got < dst.len() {
+                let read = tokio::time::timeout(self.cfg.peer_timeout, raw.read(&mut dst[got..]))
+                    .await
+                    .map_err(|_| source_err(&url, format!("stalled for {:?}", self.cfg.peer_timeout)))?
+                    .map_err(|e| source_err(&url, e))?;
+                if read == 0 {
+                    let at = a + got as u64;
+                    return Err(source_err(&url, format!("stream ended at byte {at} of {}", index.data_len)));
                 }
-            };
-            let take = bytes.len().min((index.data_len - pos) as usize);
-            // Map the pages of every chunk this piece enters, one call per chunk.
-            while take > 0 && populated <= ((pos + take as u64 - 1) / CHUNK_SIZE) as usize {
-                let (a, b) = chunk_range(populated, index.data_len);
-                crate::memory::populate(&mut mem[a as usize..b as usize]);
-                populated += 1;
+                got += read;
             }
-            mem[pos as usize..pos as usize + take].copy_from_slice(&bytes[..take]);
-            pos += take as u64;
-            while *verified < n && chunk_range(*verified, index.data_len).1 <= pos {
-                let (a, b) = chunk_range(*verified, index.data_len);
-                if chunks::hash_chunk(&mem[a as usize..b as usize]) != list[*verified] {
-                    return Err(StoreError::HashMismatch { id: *id, chunk: *verified });
-                }
-                *verified += 1;
+            if chunks::hash_chunk(dst) != list[*verified] {
+                return Err(StoreError::HashMismatch { id: *id, chunk: *verified });
             }
+            *verified += 1;
         }
         Ok(())
     }

@@ -34,6 +34,32 @@ enum Command {
     /// latency at --rate creates per second (open loop). See
     /// docs/predictions.md.
     Predictions(PredictionsArgs),
+    /// The weight store against the physical reference.
+    ///
+    /// Generates a safetensors model of --size (once, under --dir), then
+    /// measures import against a sequential read of the same files, local
+    /// Materialize against a read of the blob into new memory (blob in the
+    /// page cache and, as root, on disk), lease-in-place latency, and P2P
+    /// between two daemons on loopback against a plain TCP copy. See
+    /// docs/store.md.
+    Store(StoreArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct StoreArgs {
+    /// Working directory (generated model, store roots); reused between runs.
+    #[arg(long, default_value = "target/store-bench")]
+    dir: std::path::PathBuf,
+    /// Size of the generated artifact.
+    #[arg(long, default_value = "2GiB")]
+    size: hangar_core::ByteSize,
+    /// Lease-in-place calls to time.
+    #[arg(long, default_value_t = 2_000)]
+    lip_calls: usize,
+    /// Skip the cold-cache rows, which drop the whole machine's page cache
+    /// before every run (they are skipped anyway when not root).
+    #[arg(long)]
+    warm_only: bool,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -94,6 +120,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(bench::predictions::run(&options))?;
             return print(&report, a.json);
+        }
+        Command::Store(a) => {
+            let cfg = hangar_store::bench::BenchConfig {
+                dir: a.dir,
+                size: a.size.bytes(),
+                lip_calls: a.lip_calls,
+                cold: !a.warm_only,
+            };
+            print!("{}", hangar_store::bench::run(&cfg)?);
+            return Ok(());
         }
     };
     let options = bench::Options {

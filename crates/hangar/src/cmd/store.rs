@@ -90,27 +90,11 @@ enum Command {
     },
     /// Show what a daemon holds resident.
     Status,
-    /// Measure import, cold materialize, lease-in-place and P2P against plain reads and copies.
-    Bench(BenchArgs),
     /// Remove a key (and its artifact if no other key points at it), or an artifact and all its keys.
     Rm {
         /// Artifact id or key.
         what: IdOrKey,
     },
-}
-
-/// Arguments of `hangar store bench`.
-#[derive(Debug, Parser)]
-struct BenchArgs {
-    /// Working directory (generated model, store roots); reused between runs.
-    #[arg(long, default_value = "target/store-bench")]
-    dir: PathBuf,
-    /// Size of the generated artifact.
-    #[arg(long, default_value = "2GiB")]
-    size: ByteSize,
-    /// Lease-in-place calls to time.
-    #[arg(long, default_value_t = 2_000)]
-    lip_calls: usize,
 }
 
 /// Arguments of `hangar store serve`.
@@ -267,12 +251,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     if r.ready { "" } else { " (loading)" }
                 );
             }
-        }
-        Command::Bench(b) => {
-            let cfg =
-                hangar_store::bench::BenchConfig { dir: b.dir, size: b.size.bytes(), lip_calls: b.lip_calls };
-            let report = hangar_store::bench::run(&cfg)?;
-            print!("{report}");
         }
         Command::Rm { what } => {
             let removed = open()?.remove(&what)?;
