@@ -298,6 +298,30 @@ fn paired(
     Ok(Some((r, s)))
 }
 
+/// Runs one comparison from a warm and then from a cold page cache (see
+/// [`paired`]), `rows` naming each (what, reference), and records each
+/// ratio, or a note saying why it was skipped.
+fn warm_and_cold(
+    cfg: &BenchConfig,
+    rows: [(&'static str, &'static str); 2],
+    target: f64,
+    mut reference: impl FnMut() -> Result<f64, StoreError>,
+    mut store: impl FnMut() -> Result<f64, StoreError>,
+    (ratios, notes): (&mut Vec<Ratio>, &mut Vec<String>),
+) -> Result<(), StoreError> {
+    for (cache, (name, reference_name)) in [Cache::Warm, Cache::Cold].into_iter().zip(rows) {
+        if cache == Cache::Cold && !cfg.cold {
+            notes.push(format!("{name}: skipped (--warm-only)"));
+            continue;
+        }
+        match paired(cache, &mut reference, &mut store)? {
+            Some((reference, store)) => ratios.push(Ratio { name, store, reference, reference_name, target }),
+            None => notes.push(format!("{name}: skipped (dropping the page cache needs root)")),
+        }
+    }
+    Ok(())
+}
+
 fn daemon(root: &Path, size: u64, tweak: impl FnOnce(&mut DaemonConfig)) -> Result<DaemonHandle, StoreError> {
     let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
     cfg.budget = size * 2 + (64 << 20);
@@ -340,21 +364,17 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         id = Some(r.id);
         Ok(total as f64 / secs(t.elapsed()))
     };
-    for (cache, name, reference_name) in [
-        (Cache::Warm, "import, warm cache", "sequential read, page cache"),
-        (Cache::Cold, "import, cold cache", "sequential read, from disk"),
-    ] {
-        if cache == Cache::Cold && !cfg.cold {
-            notes.push(format!("{name}: skipped (--warm-only)"));
-            continue;
-        }
-        match paired(cache, || plain_read(&files), &mut import_once)? {
-            Some((reference, store)) => {
-                ratios.push(Ratio { name, store, reference, reference_name, target: 0.70 })
-            }
-            None => notes.push(format!("{name}: skipped (dropping the page cache needs root)")),
-        }
-    }
+    warm_and_cold(
+        cfg,
+        [
+            ("import, warm cache", "sequential read, page cache"),
+            ("import, cold cache", "sequential read, from disk"),
+        ],
+        0.70,
+        || plain_read(&files),
+        &mut import_once,
+        (&mut ratios, &mut notes),
+    )?;
     let id = id.expect("imported");
     let copy_dir = cfg.dir.join("plain-copy");
     let copy =
@@ -381,21 +401,17 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         }
         Ok(rate)
     };
-    for (cache, name, reference_name) in [
-        (Cache::Warm, "Materialize, blob cached", "read of the blob into new memory"),
-        (Cache::Cold, "Materialize, blob on disk", "read of the blob into new memory"),
-    ] {
-        if cache == Cache::Cold && !cfg.cold {
-            notes.push(format!("{name}: skipped (--warm-only)"));
-            continue;
-        }
-        match paired(cache, || plain_read_into_memory(&blob), materialize_once)? {
-            Some((reference, store)) => {
-                ratios.push(Ratio { name, store, reference, reference_name, target: 0.90 })
-            }
-            None => notes.push(format!("{name}: skipped (dropping the page cache needs root)")),
-        }
-    }
+    warm_and_cold(
+        cfg,
+        [
+            ("Materialize, blob cached", "read of the blob into new memory"),
+            ("Materialize, blob on disk", "read of the blob into new memory"),
+        ],
+        0.90,
+        || plain_read_into_memory(&blob),
+        materialize_once,
+        (&mut ratios, &mut notes),
+    )?;
 
     // 3. Lease-in-place latency.
     let (lip_p50, lip_p99) = {
