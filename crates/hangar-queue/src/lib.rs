@@ -19,6 +19,9 @@
 //! [`Chooser`] (e.g. the KV-aware router), so this crate knows nothing
 //! about prompts.
 //!
+//! [`ScaleDown`] is the other half of a model's capacity policy: when
+//! replicas beyond the demand may be given back.
+//!
 //! Invariants, after every call: no replica has more permits out than its
 //! limit; either nobody waits or no healthy replica has a free permit; every
 //! submitted request reaches exactly one end (leased or dispatched and later
@@ -40,6 +43,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod scale_down;
 mod waiting;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -48,6 +52,7 @@ use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+pub use scale_down::ScaleDown;
 use waiting::Waiting;
 
 /// How the waiting line is served.

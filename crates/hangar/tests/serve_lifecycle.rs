@@ -40,6 +40,27 @@ fn replicas(url: &str, key: Option<&str>, model: &str) -> Vec<Value> {
     model_status(url, key, model)["replicas"].as_array().unwrap().clone()
 }
 
+/// Sends two requests at once (as `key`) to `model`, whose replicas have
+/// one permit each, and checks (as `admin_key`) the demand started a
+/// second replica.
+fn two_at_once_start_a_second_replica(
+    url: &str,
+    key: Option<&'static str>,
+    admin_key: Option<&str>,
+    model: &str,
+) {
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, body) = (url.to_owned(), chat(model, 150));
+            std::thread::spawn(move || post(&url, key, &body).0)
+        })
+        .collect();
+    for r in runs {
+        assert_eq!(r.join().unwrap(), 200);
+    }
+    eventually("demand started a second replica", || replicas(url, admin_key, model).len() == 2);
+}
+
 /// Polls `check` until it holds, failing after ten seconds.
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -262,16 +283,7 @@ max_replicas = 2
     assert_eq!(Client::new().get(format!("{}/readyz", s.url)).send().unwrap().status(), 200);
 
     // Demand: two requests at once on one-permit replicas start a second.
-    let runs: Vec<_> = (0..2)
-        .map(|_| {
-            let url = s.url.clone();
-            std::thread::spawn(move || post(&url, Some("sk-a"), &chat("t/scale", 100)).0)
-        })
-        .collect();
-    for r in runs {
-        assert_eq!(r.join().unwrap(), 200);
-    }
-    eventually("demand started a second replica", || replicas(&s.url, root, "t/scale").len() == 2);
+    two_at_once_start_a_second_replica(&s.url, Some("sk-a"), root, "t/scale");
 
     let path = "/admin/models/t/scale/replicas";
     let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"replicas": 3})));
@@ -357,4 +369,34 @@ kv = { block_chars = 16 }
         })
         .collect();
     assert_eq!(served, [4, 4], "each conversation stayed on its replica");
+}
+
+#[test]
+fn a_quiet_model_gives_back_its_replicas_and_wakes_on_the_next_request() {
+    let s = serve(&one_gpu(
+        r#"cpu_cache = "64GB"
+
+[[models]]
+key = "t/quiet"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+concurrency = 1
+max_replicas = 2
+scale_down_after_s = 1
+"#,
+    ));
+    two_at_once_start_a_second_replica(&s.url, None, None, "t/quiet");
+    let busy = replicas(&s.url, None, "t/quiet");
+
+    // No request for the quiet period: both go to the warm cache (min_replicas = 0).
+    eventually("the quiet model scaled to zero", || {
+        let now = replicas(&s.url, None, "t/quiet");
+        now.len() == 2 && now.iter().all(|r| r["level"] == "WARM" && r["state"] == "sleeping")
+    });
+
+    assert_eq!(post(&s.url, None, &chat("t/quiet", 2)).0, 200, "the next request wakes one");
+    let after = replicas(&s.url, None, "t/quiet");
+    let hot: Vec<&Value> = after.iter().filter(|r| r["state"] == "ready").collect();
+    assert_eq!(hot.len(), 1, "{after:?}");
+    assert!(busy.iter().any(|r| r["pid"] == hot[0]["pid"]), "woken, not restarted: {busy:?} {after:?}");
 }

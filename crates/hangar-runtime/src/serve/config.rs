@@ -98,6 +98,11 @@ pub struct ModelConfig {
     /// server's `timeout_floor_s`; always within the floor and ceiling).
     #[serde(default)]
     pub timeout_s: u64,
+    /// Seconds replicas beyond the demand (and beyond `min_replicas`) are
+    /// kept before they are evicted; a model with `min_replicas = 0`
+    /// scales to zero this long after its last request (0: never).
+    #[serde(default = "default_scale_down_after")]
+    pub scale_down_after_s: u64,
     /// How a request's replica is chosen among those with a free permit.
     #[serde(default)]
     pub router: ReplicaRouting,
@@ -146,6 +151,10 @@ fn default_listen() -> String {
 
 fn default_body() -> ByteSize {
     ByteSize::new(16 << 20)
+}
+
+fn default_scale_down_after() -> u64 {
+    300
 }
 
 fn default_concurrency() -> u32 {

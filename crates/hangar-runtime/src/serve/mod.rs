@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, Millis, ModelKey, ReplicaId};
 use hangar_placement::Cluster;
+use hangar_queue::ScaleDown;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -70,6 +71,8 @@ pub(crate) struct ModelRuntime {
     target: AtomicU32,
     /// A placement change for this model is under way.
     scaling: AtomicBool,
+    /// When replicas beyond the demand may go.
+    scale_down: Mutex<ScaleDown>,
 }
 
 pub(crate) struct Inner {
@@ -123,6 +126,7 @@ impl Server {
                     replicas: Mutex::new(BTreeMap::new()),
                     target: AtomicU32::new(m.min_replicas),
                     scaling: AtomicBool::new(false),
+                    scale_down: Mutex::new(ScaleDown::new(m.scale_down_after_s.saturating_mul(1_000))),
                 };
                 (m.key.to_string(), Arc::new(rt))
             })
@@ -138,6 +142,7 @@ impl Server {
             anonymous: "anonymous".parse().expect("a valid account id"),
             epoch: Instant::now(),
         });
+        tokio::spawn(replicas::watch_excess(Arc::downgrade(&inner)));
         for rt in inner.models.values() {
             if rt.config.min_replicas > 0 {
                 if let Err(e) = inner.ensure(rt, rt.config.min_replicas).await {

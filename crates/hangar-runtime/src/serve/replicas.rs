@@ -38,6 +38,25 @@ const HEALTH_FAILURES: u32 = 3;
 /// How long a replica being put to sleep may take to finish its requests.
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
+/// How often every model's demand is shown to its scale-down policy
+/// (arrivals show it too).
+const SCALE_DOWN_TICK: Duration = Duration::from_secs(1);
+
+/// Shows every model's demand to its scale-down policy each
+/// [`SCALE_DOWN_TICK`], so quiet models give back replicas with no request
+/// arriving; ends with the server.
+pub(super) async fn watch_excess(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(SCALE_DOWN_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        for rt in inner.models.values() {
+            inner.scale_down_if_quiet(rt, rt.wanted(0), rt.up());
+        }
+    }
+}
+
 /// Where a replica is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -188,10 +207,13 @@ impl ModelRuntime {
 impl Inner {
     /// Starts replicas when what runs, waits and `arriving` more requests
     /// need more than the model has (within `max_replicas`), until demand
-    /// is met; one such task per model at a time.
+    /// is met; one such task per model at a time. Otherwise the demand
+    /// goes to the model's scale-down policy, which may give replicas back.
     pub fn scale_for_demand(self: &Arc<Self>, rt: &Arc<ModelRuntime>, arriving: usize) {
         let mut wanted = rt.wanted(arriving);
-        if wanted <= rt.up() || rt.scaling.swap(true, Ordering::SeqCst) {
+        let up = rt.up();
+        self.scale_down_if_quiet(rt, wanted, up);
+        if wanted <= up || rt.scaling.swap(true, Ordering::SeqCst) {
             return;
         }
         let inner = self.clone();
@@ -208,6 +230,28 @@ impl Inner {
                 }
                 // Demand that arrived while the replicas started.
                 wanted = rt.wanted(0);
+            }
+            rt.scaling.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Tells the scale-down policy the demand (`wanted` replicas with `up`
+    /// up; demand at or above `up` restarts the quiet period). When the
+    /// model has had more replicas than it needed for a whole quiet period,
+    /// evicts the excess (least busy first), unless a placement change is
+    /// under way.
+    fn scale_down_if_quiet(self: &Arc<Self>, rt: &Arc<ModelRuntime>, wanted: u32, up: u32) {
+        let keep = rt.scale_down.lock().expect("scale-down lock").observe(self.now(), wanted, up);
+        let Some(keep) = keep else { return };
+        if rt.scaling.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::info!(model = %rt.config.key, up, keep, "quiet: giving back replicas beyond the demand");
+        let inner = self.clone();
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            if let Err(e) = inner.evict_down_to(&rt, keep).await {
+                tracing::error!(model = %rt.config.key, "could not scale down: {e}");
             }
             rt.scaling.store(false, Ordering::SeqCst);
         });
@@ -257,6 +301,11 @@ impl Inner {
         if replicas > 0 {
             self.ensure(rt, replicas).await?;
         }
+        self.evict_down_to(rt, replicas).await
+    }
+
+    /// Evicts the replicas up beyond `keep`, least busy first.
+    async fn evict_down_to(self: &Arc<Self>, rt: &Arc<ModelRuntime>, keep: u32) -> Result<(), String> {
         let mut up: Vec<(u32, ReplicaId)> = {
             let table = rt.replicas.lock().expect("replica table lock");
             table.iter().filter(|(_, r)| r.state.is_up()).map(|(id, _)| (0, *id)).collect()
@@ -265,7 +314,7 @@ impl Inner {
             *busy = rt.processor.in_use_on(*id);
         }
         up.sort_unstable();
-        for (_, id) in up.iter().take(up.len().saturating_sub(replicas as usize)) {
+        for (_, id) in up.iter().take(up.len().saturating_sub(keep as usize)) {
             self.evict(rt, Some(*id)).await?;
         }
         Ok(())
