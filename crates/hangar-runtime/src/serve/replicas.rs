@@ -254,6 +254,8 @@ impl Inner {
                 tracing::error!(model = %rt.config.key, "could not scale down: {e}");
             }
             rt.scaling.store(false, Ordering::SeqCst);
+            // Requests that arrived meanwhile found the scaling slot taken.
+            inner.scale_for_demand(&rt, 0);
         });
     }
 
