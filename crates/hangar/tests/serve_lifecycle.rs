@@ -61,6 +61,14 @@ fn two_at_once_start_a_second_replica(
     eventually("demand started a second replica", || replicas(url, admin_key, model).len() == 2);
 }
 
+/// Checks `/metrics` holds every one of `lines`.
+fn assert_metrics(url: &str, lines: &[&str]) {
+    let metrics = Client::new().get(format!("{url}/metrics")).send().unwrap().text().unwrap();
+    for line in lines {
+        assert!(metrics.contains(line), "missing `{line}` in\n{metrics}");
+    }
+}
+
 /// Polls `check` until it holds, failing after ten seconds.
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -312,18 +320,18 @@ max_replicas = 2
     assert_eq!(status, 400);
     assert_eq!(post(&s.url, Some("sk-b"), &chat("t/scale", 2)).0, 200, "an evicted model comes back");
 
-    let metrics = Client::new().get(format!("{}/metrics", s.url)).send().unwrap().text().unwrap();
-    for line in [
-        "hangar_requests_total{model=\"t/scale\",status=\"200\"} 3",
-        "hangar_replicas{model=\"t/scale\",state=\"ready\"} 1",
-        "hangar_permits_total{model=\"t/scale\"} 1",
-        "hangar_queue_depth{model=\"t/scale\"} 0",
-        "hangar_replica_in_flight{model=\"t/scale\",replica=\"t/scale:",
-        "hangar_request_duration_seconds_count{model=\"t/scale\"} 3",
-        "hangar_time_to_first_token_seconds_count{model=\"t/scale\"} 3",
-    ] {
-        assert!(metrics.contains(line), "missing `{line}` in\n{metrics}");
-    }
+    assert_metrics(
+        &s.url,
+        &[
+            "hangar_requests_total{model=\"t/scale\",status=\"200\"} 3",
+            "hangar_replicas{model=\"t/scale\",state=\"ready\"} 1",
+            "hangar_permits_total{model=\"t/scale\"} 1",
+            "hangar_queue_depth{model=\"t/scale\"} 0",
+            "hangar_replica_in_flight{model=\"t/scale\",replica=\"t/scale:",
+            "hangar_request_duration_seconds_count{model=\"t/scale\"} 3",
+            "hangar_time_to_first_token_seconds_count{model=\"t/scale\"} 3",
+        ],
+    );
 }
 
 #[test]
@@ -387,12 +395,20 @@ scale_down_after_s = 1
     ));
     two_at_once_start_a_second_replica(&s.url, None, None, "t/quiet");
     let busy = replicas(&s.url, None, "t/quiet");
+    let scale_down = &model_status(&s.url, None, "t/quiet")["scale_down"];
+    assert_eq!(scale_down["after_s"], 1, "{scale_down}");
 
     // No request for the quiet period: both go to the warm cache (min_replicas = 0).
     eventually("the quiet model scaled to zero", || {
         let now = replicas(&s.url, None, "t/quiet");
         now.len() == 2 && now.iter().all(|r| r["level"] == "WARM" && r["state"] == "sleeping")
     });
+    assert_eq!(
+        model_status(&s.url, None, "t/quiet")["scale_down"]["in_ms"],
+        Value::Null,
+        "nothing in excess"
+    );
+    assert_metrics(&s.url, &["hangar_replicas_scaled_down_total{model=\"t/quiet\"} 2"]);
 
     assert_eq!(post(&s.url, None, &chat("t/quiet", 2)).0, 200, "the next request wakes one");
     let after = replicas(&s.url, None, "t/quiet");

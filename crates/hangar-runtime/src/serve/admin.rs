@@ -85,6 +85,11 @@ async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<R
             "target_replicas": rt.target.load(Ordering::SeqCst),
             "concurrency": c.permits(),
             "timeout_s": rt.timeout.as_secs(),
+            "scale_down": {
+                "after_s": c.scale_down_after_s,
+                // If the model stays as quiet as now, when its excess goes.
+                "in_ms": rt.scale_down_in(inner.now()),
+            },
             "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
             "permits": {"total": load.permits, "used": load.in_use},
             "replicas": rt.status(&deployments),

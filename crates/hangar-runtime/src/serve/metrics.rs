@@ -54,6 +54,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<StatusLabels, Counter>,
     replica_failures: Family<ModelLabel, Counter>,
+    scaled_down: Family<ModelLabel, Counter>,
     queue_wait: Histograms,
     ttft: Histograms,
     e2e: Histograms,
@@ -71,6 +72,7 @@ impl Metrics {
         let m = Self {
             requests: Family::default(),
             replica_failures: Family::default(),
+            scaled_down: Family::default(),
             queue_wait: histograms(),
             ttft: histograms(),
             e2e: histograms(),
@@ -86,6 +88,11 @@ impl Metrics {
             "replica_failures",
             "Replicas removed because their engine exited or failed health checks",
             m.replica_failures.clone(),
+        );
+        registry.register(
+            "replicas_scaled_down",
+            "Replicas given back after a quiet period (scale_down_after_s)",
+            m.scaled_down.clone(),
         );
         registry.register("queue_wait_seconds", "Time from arrival to a permit", m.queue_wait.clone());
         registry.register(
@@ -117,6 +124,7 @@ impl Metrics {
             ttft: self.ttft.get_or_create(&key).clone(),
             e2e: self.e2e.get_or_create(&key).clone(),
             failures: self.replica_failures.get_or_create(&key).clone(),
+            scaled_down: self.scaled_down.get_or_create(&key).clone(),
             model: key.model,
         })
     }
@@ -155,6 +163,7 @@ pub(crate) struct ModelMetrics {
     ttft: Histogram,
     e2e: Histogram,
     failures: Counter,
+    scaled_down: Counter,
 }
 
 impl ModelMetrics {
@@ -179,6 +188,10 @@ impl ModelMetrics {
 
     pub fn replica_failed(&self) {
         self.failures.inc();
+    }
+
+    pub fn scaled_down(&self, replicas: u32) {
+        self.scaled_down.inc_by(u64::from(replicas));
     }
 }
 

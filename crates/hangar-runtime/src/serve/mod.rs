@@ -170,6 +170,13 @@ impl Server {
 }
 
 impl ModelRuntime {
+    /// Milliseconds from `now` until replicas beyond the demand are given
+    /// back if the model stays quiet; `None` when it has none in excess.
+    pub fn scale_down_in(&self, now: Millis) -> Option<Millis> {
+        let at = self.scale_down.lock().expect("scale-down lock").poll_timeout()?;
+        Some(at.saturating_sub(now))
+    }
+
     /// Whether `account` may use this model.
     pub fn allows(&self, account: &AccountId) -> bool {
         self.config.access.as_ref().is_none_or(|accounts| accounts.contains(account))
@@ -177,7 +184,7 @@ impl ModelRuntime {
 }
 
 impl Inner {
-    fn now(&self) -> Millis {
+    pub(crate) fn now(&self) -> Millis {
         self.epoch.elapsed().as_millis() as Millis
     }
 }

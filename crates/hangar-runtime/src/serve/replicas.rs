@@ -250,8 +250,9 @@ impl Inner {
         let inner = self.clone();
         let rt = rt.clone();
         tokio::spawn(async move {
-            if let Err(e) = inner.evict_down_to(&rt, keep).await {
-                tracing::error!(model = %rt.config.key, "could not scale down: {e}");
+            match inner.evict_down_to(&rt, keep).await {
+                Ok(evicted) => rt.metrics.scaled_down(evicted),
+                Err(e) => tracing::error!(model = %rt.config.key, "could not scale down: {e}"),
             }
             rt.scaling.store(false, Ordering::SeqCst);
             // Requests that arrived meanwhile found the scaling slot taken.
@@ -303,11 +304,12 @@ impl Inner {
         if replicas > 0 {
             self.ensure(rt, replicas).await?;
         }
-        self.evict_down_to(rt, replicas).await
+        self.evict_down_to(rt, replicas).await.map(drop)
     }
 
-    /// Evicts the replicas up beyond `keep`, least busy first.
-    async fn evict_down_to(self: &Arc<Self>, rt: &Arc<ModelRuntime>, keep: u32) -> Result<(), String> {
+    /// Evicts the replicas up beyond `keep`, least busy first; returns how
+    /// many it evicted.
+    async fn evict_down_to(self: &Arc<Self>, rt: &Arc<ModelRuntime>, keep: u32) -> Result<u32, String> {
         let mut up: Vec<(u32, ReplicaId)> = {
             let table = rt.replicas.lock().expect("replica table lock");
             table.iter().filter(|(_, r)| r.state.is_up()).map(|(id, _)| (0, *id)).collect()
@@ -316,10 +318,11 @@ impl Inner {
             *busy = rt.processor.in_use_on(*id);
         }
         up.sort_unstable();
+        let mut evicted = 0;
         for (_, id) in up.iter().take(up.len().saturating_sub(keep as usize)) {
-            self.evict(rt, Some(*id)).await?;
+            evicted += self.evict(rt, Some(*id)).await? as u32;
         }
-        Ok(())
+        Ok(evicted)
     }
 
     /// Lets placement change the cluster with `change`, then applies the
