@@ -86,7 +86,7 @@ async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<R
             "concurrency": c.permits(),
             "timeout_s": rt.timeout.as_secs(),
             "scale_down": {
-                "after_s": c.scale_down_after_s,
+                "after_s": c.scale_down_after_ms() / 1_000,
                 // If the model stays as quiet as now, when its excess goes.
                 "in_ms": rt.scale_down_in(inner.now()),
             },

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hangar_core::{AccountId, ByteSize, ModelKey};
+use hangar_core::{AccountId, ByteSize, Millis, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
 use hangar_router::{ApproxKvChooser, ApproxKvConfig};
@@ -101,8 +101,10 @@ pub struct ModelConfig {
     /// Seconds replicas beyond the demand (and beyond `min_replicas`) are
     /// kept before they are evicted; a model with `min_replicas = 0`
     /// scales to zero this long after its last request (0: never).
-    #[serde(default = "default_scale_down_after")]
-    pub scale_down_after_s: u64,
+    /// Default: 300, or 0 for `external` engines, whose life is not
+    /// Hangar's to manage.
+    #[serde(default)]
+    pub scale_down_after_s: Option<u64>,
     /// How a request's replica is chosen among those with a free permit.
     #[serde(default)]
     pub router: ReplicaRouting,
@@ -153,10 +155,6 @@ fn default_body() -> ByteSize {
     ByteSize::new(16 << 20)
 }
 
-fn default_scale_down_after() -> u64 {
-    300
-}
-
 fn default_concurrency() -> u32 {
     8
 }
@@ -174,6 +172,16 @@ const QUEUE_PER_PERMIT: usize = 4;
 const QUEUE_CAPACITY_CAP: usize = 1_000;
 
 impl ModelConfig {
+    /// The quiet period before replicas beyond the demand are given back,
+    /// in milliseconds (0: never).
+    pub fn scale_down_after_ms(&self) -> Millis {
+        let default = match self.engine {
+            EngineSpec::External { .. } => 0,
+            _ => 300,
+        };
+        self.scale_down_after_s.unwrap_or(default).saturating_mul(1_000)
+    }
+
     /// The most replicas the model may have.
     pub fn max_replicas(&self) -> u32 {
         self.max_replicas.unwrap_or(self.min_replicas.max(1))
@@ -309,7 +317,7 @@ mod tests {
     }
 
     #[test]
-    fn capacity_and_timeout_defaults_follow_the_documented_rules() {
+    fn capacity_timeout_and_scale_down_defaults_follow_the_documented_rules() {
         let config: ServeConfig = toml::from_str(
             "timeout_floor_s = 10\ntimeout_ceiling_s = 100\nnodes = []\n\
              [[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nconcurrency = 4\nmax_replicas = 3\n\
@@ -325,6 +333,26 @@ mod tests {
         assert_eq!(config.timeout(a).as_secs(), 10, "unset: the floor");
         assert_eq!(config.timeout(b).as_secs(), 100, "capped by the ceiling");
         assert_eq!(config.timeout(c).as_secs(), 50);
+        assert_eq!(a.scale_down_after_ms(), 300_000, "engines Hangar runs: five quiet minutes");
+
+        let config: ServeConfig = toml::from_str(
+            "nodes = []
+             [[models]]
+key = \"x\"
+engine = { kind = \"external\", url = \"http://h:1\" }
+             [[models]]
+key = \"y\"
+engine = { kind = \"external\", url = \"http://h:1\" }
+scale_down_after_s = 60
+             [[models]]
+key = \"z\"
+engine = { kind = \"mock\" }
+scale_down_after_s = 0
+",
+        )
+        .unwrap();
+        let after: Vec<_> = config.models.iter().map(ModelConfig::scale_down_after_ms).collect();
+        assert_eq!(after, [0, 60_000, 0], "external: never unless asked; 0: never");
 
         let bad: ServeConfig = toml::from_str(
             "nodes = []\n[[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nmin_replicas = 3\nmax_replicas = 2\n",

@@ -126,7 +126,7 @@ impl Server {
                     replicas: Mutex::new(BTreeMap::new()),
                     target: AtomicU32::new(m.min_replicas),
                     scaling: AtomicBool::new(false),
-                    scale_down: Mutex::new(ScaleDown::new(m.scale_down_after_s.saturating_mul(1_000))),
+                    scale_down: Mutex::new(ScaleDown::new(m.scale_down_after_ms())),
                 };
                 (m.key.to_string(), Arc::new(rt))
             })
