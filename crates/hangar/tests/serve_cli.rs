@@ -122,18 +122,19 @@ fn a_busy_model_answers_429_when_its_line_is_full_and_504_past_its_timeout() {
 fn a_malformed_config_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
-    std::fs::write(
-        &path,
-        "[[nodes]]\nid = \"n\"\n[[models]]\nkey = \"bad key\"\nengine = { kind = \"mock\" }\n",
-    )
-    .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("bad.toml") && err.contains("model key `bad key`"), "{err}");
+    let model = "[[nodes]]\nid = \"n\"\n[[models]]\nengine = { kind = \"mock\" }\n";
+    for (extra, says) in
+        [("key = \"bad key\"", "model key `bad key`"), ("key = \"m\"\nscale_down_after_s = -5", "line 6")]
+    {
+        std::fs::write(&path, format!("{model}{extra}\n")).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
+            .args(["serve", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("bad.toml") && err.contains(says), "{err}");
+    }
 }
 
 #[test]
