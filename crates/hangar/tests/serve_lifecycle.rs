@@ -169,8 +169,7 @@ min_replicas = 1
     assert_eq!(after.len(), 1, "{after:?}");
     assert_ne!(after[0]["pid"], before[0]["pid"]);
     assert_ne!(after[0]["id"], before[0]["id"]);
-    let metrics = Client::new().get(format!("{}/metrics", s.url)).send().unwrap().text().unwrap();
-    assert!(metrics.contains("hangar_replica_failures_total{model=\"t/crash\"} 1"), "{metrics}");
+    assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/crash\"} 1"]);
 }
 
 #[test]
