@@ -13,6 +13,10 @@
 //! *cold* (the page cache is dropped before every run of either side, which
 //! needs root; otherwise those rows are skipped with a note). P2P runs warm.
 //!
+//! Context rows without a target explain the import figure: a plain copy of
+//! the files, and BLAKE3 of the files on all cores with nothing written —
+//! the ceiling of any import that hashes what it stores.
+//!
 //! Files are generated once under the working directory and reused; every
 //! figure is the best of a few runs, store and reference alternating, to
 //! damp noise from a shared machine.
@@ -176,6 +180,21 @@ fn plain_read(files: &[PathBuf]) -> Result<f64, StoreError> {
             }
             total += n as u64;
         }
+    }
+    Ok(total as f64 / secs(t.elapsed()))
+}
+
+/// BLAKE3 of every chunk of `files` on all cores, read through maps and
+/// written nowhere: the least an import must do, so its ceiling; bytes/s.
+fn plain_hash(files: &[PathBuf]) -> Result<f64, StoreError> {
+    let t = Instant::now();
+    let mut total = 0u64;
+    for p in files {
+        let f = File::open(p).map_err(io_err(p))?;
+        // SAFETY: read-only map of a generated file nobody modifies.
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io_err(p))?;
+        std::hint::black_box(crate::chunks::hash_chunks(&map));
+        total += map.len() as u64;
     }
     Ok(total as f64 / secs(t.elapsed()))
 }
@@ -379,14 +398,31 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
     let copy_dir = cfg.dir.join("plain-copy");
     let copy =
         (0..RUNS).try_fold(0f64, |top, _| Ok::<_, StoreError>(top.max(plain_copy(&files, &copy_dir)?)))?;
-    let import_warm = ratios.first().map_or(0.0, |r| r.store);
-    let context = vec![Ratio {
-        name: "import, warm cache",
-        store: import_warm,
-        reference: copy,
-        reference_name: "plain copy of the files (read+write)",
-        target: 0.0,
-    }];
+    let hash = (0..RUNS).try_fold(0f64, |top, _| Ok::<_, StoreError>(top.max(plain_hash(&files)?)))?;
+    let (import_warm, read_warm) = ratios.first().map_or((0.0, 0.0), |r| (r.store, r.reference));
+    let context = vec![
+        Ratio {
+            name: "import, warm cache",
+            store: import_warm,
+            reference: copy,
+            reference_name: "plain copy of the files (read+write)",
+            target: 0.0,
+        },
+        Ratio {
+            name: "import, warm cache",
+            store: import_warm,
+            reference: hash,
+            reference_name: "BLAKE3 of the files, all cores",
+            target: 0.0,
+        },
+        Ratio {
+            name: "BLAKE3 only (import ceiling)",
+            store: hash,
+            reference: read_warm,
+            reference_name: "sequential read, page cache",
+            target: 0.0,
+        },
+    ];
 
     // 2. Cold Materialize vs plain read into memory, blob in the page cache and on disk.
     let blob = root_a.join("artifacts").join(id.file_name()).join("data");

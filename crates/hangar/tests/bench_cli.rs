@@ -98,6 +98,7 @@ fn bench_store_prints_every_ratio_next_to_its_reference() {
     let out = String::from_utf8_lossy(&o.stdout);
     for row in [
         "import, warm cache",
+        "BLAKE3 only (import ceiling)",
         "Materialize, blob cached",
         "P2P Materialize (loopback)",
         "lease-in-place Materialize",
