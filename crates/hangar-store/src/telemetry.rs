@@ -68,6 +68,7 @@ pub struct Telemetry {
     bytes_by_source: Family<SourceLabel, Counter>,
     evictions: Counter,
     load_failures: Counter,
+    peer_sent_bytes: Counter,
     next_context: AtomicU64,
     events: Mutex<VecDeque<IngestionEvent>>,
 }
@@ -82,6 +83,7 @@ impl Default for Telemetry {
             bytes_by_source: Family::default(),
             evictions: Counter::default(),
             load_failures: Counter::default(),
+            peer_sent_bytes: Counter::default(),
             next_context: AtomicU64::new(1),
             events: Mutex::new(VecDeque::with_capacity(EVENT_RING)),
             registry: Registry::default(),
@@ -92,6 +94,11 @@ impl Default for Telemetry {
         registry.register("loaded_bytes", "Bytes loaded, by source", t.bytes_by_source.clone());
         registry.register("evictions", "Resident artifacts evicted to make room", t.evictions.clone());
         registry.register("load_failures", "Loads that failed", t.load_failures.clone());
+        registry.register(
+            "peer_sent_bytes",
+            "Verified bytes sent to peer daemons",
+            t.peer_sent_bytes.clone(),
+        );
         Telemetry { registry, ..t }
     }
 }
@@ -107,6 +114,10 @@ impl Telemetry {
         if lip_hit {
             self.lip_hits.inc();
         }
+    }
+    /// Counts bytes sent to a peer.
+    pub fn peer_sent(&self, bytes: u64) {
+        self.peer_sent_bytes.inc_by(bytes);
     }
     /// Counts evictions.
     pub fn evicted(&self, n: usize) {

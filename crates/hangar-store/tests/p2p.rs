@@ -7,11 +7,13 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{eventually, http_get, import};
+use common::{eventually, http_get, import, tensor};
+use hangar_store::chunks::chunk_range;
 use hangar_store::client::{Hold, StoreClient};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
 use hangar_store::registry::RegistryHandle;
+use hangar_store::view::{ViewPlan, ViewSpec};
 use hangar_store::{BlobStore, StoreKey};
 
 const CONFIRM: Duration = Duration::from_secs(20);
@@ -106,28 +108,77 @@ fn peer_killed_mid_transfer_falls_back_to_the_directory_source() {
     fallback_case(true);
 }
 
+/// The last number on the metrics line that starts with `name`.
+fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
+    let text = http_get(addr, "/metrics");
+    let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 #[test]
-fn a_view_of_an_artifact_held_only_by_a_peer_is_built_from_the_fetched_parent() {
+fn a_view_of_an_artifact_held_only_by_a_peer_fetches_only_the_chunks_it_reads() {
     let dir = tempfile::tempdir().unwrap();
     let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
-    let f = import(&ra, &dir.path().join("src"), 3 << 20, 23, "org/v:v1");
+    let f = import(&ra, &dir.path().join("src"), 12 << 20, 23, "org/v:v1");
     let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
-    let _a = node(&ra, &registry, |_| {});
+    let a = node(&ra, &registry, |_| {});
     let b = node(&rb, &registry, |_| {});
     let key: StoreKey = "org/v:v1".parse().unwrap();
     let mut c = wait_registered(&b, &key);
-    let spec = "1/2:*.weight=0".parse().unwrap();
-    let sel = Selection { artifact_id: f.id, view: Some(spec), key: Some(key) };
+    let spec: ViewSpec = "3/4:*.weight=0".parse().unwrap();
+    let sel = Selection { artifact_id: f.id, view: Some(spec.clone()), key: Some(key) };
     let m = c.materialize(&sel, Hold::Process).unwrap();
-    assert_eq!(c.confirm(&m, CONFIRM).unwrap().source, Source::Resident);
-    let weight = &f.tensors.iter().find(|(n, _)| n == "layers.0.mlp.weight").unwrap().1;
-    let half = weight.data.len() / 2;
-    assert_eq!(m.tensor("layers.0.mlp.weight").unwrap()[..half], weight.data[half..]);
-    // The parent was held only while the view was built.
+    assert_eq!(c.confirm(&m, CONFIRM).unwrap().source, Source::Peer);
+    for l in 0..3 {
+        let name = format!("layers.{l}.mlp.weight");
+        let weight = &tensor(&f, &name).data;
+        let quarter = weight.len() / 4; // 1448 rows: four equal shards, no padding
+        assert_eq!(m.tensor(&name).unwrap(), &weight[3 * quarter..], "{name}");
+        let bias = format!("layers.{l}.mlp.bias");
+        assert_eq!(m.tensor(&bias).unwrap(), &tensor(&f, &bias).data[..], "{bias}");
+    }
+
+    // Only the parent chunks the view reads crossed the wire; the parent
+    // itself was never made resident on b, nor stored there.
+    let parent = BlobStore::open(&ra).unwrap().open_artifact(&f.id).unwrap();
+    let needed = ViewPlan::new(&parent.index, &spec).unwrap().needed_chunks();
+    let needed_bytes: u64 =
+        needed.iter().map(|&i| chunk_range(i, parent.index.data_len)).map(|(s, e)| e - s).sum();
+    assert!(needed_bytes < parent.index.data_len * 3 / 4, "the view reads {needed_bytes} bytes");
+    assert_eq!(metric(a.http_addr().unwrap(), "hangar_store_peer_sent_bytes_total"), needed_bytes);
     let (_, _, residents) = c.status().unwrap();
-    let parent = residents.iter().find(|r| r.id == f.id).expect("parent resident");
-    assert_eq!(parent.refs, 0);
-    assert_eq!(residents.iter().find(|r| r.id == m.id).unwrap().refs, 1);
+    assert!(residents.iter().all(|r| r.id != f.id), "parent resident on b: {residents:?}");
+    assert!(!BlobStore::open(&rb).unwrap().contains(&f.id));
+}
+
+#[test]
+fn a_view_whose_peer_serves_a_corrupt_chunk_is_built_from_the_whole_parent_from_the_fallback() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let fallback = dir.path().join("fallback");
+    let f = import(&ra, &fallback.join("org/v/v1"), 12 << 20, 26, "org/v:v1");
+    let blob = ra.join("artifacts").join(f.id.file_name()).join("data");
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 10; // the last chunk: the view reads rank 1 of the last weight
+    bytes[last] ^= 0x01;
+    std::fs::write(&blob, &bytes).unwrap();
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let _a = node(&ra, &registry, |_| {});
+    let b = node(&rb, &registry, |c| c.fallback = Some(fallback.display().to_string()));
+    let key: StoreKey = "org/v:v1".parse().unwrap();
+    let mut c = wait_registered(&b, &key);
+    let sel = Selection { artifact_id: f.id, view: Some("1/2:*.weight=0".parse().unwrap()), key: Some(key) };
+    let m = c.materialize(&sel, Hold::Process).unwrap();
+    assert_eq!(
+        c.confirm(&m, CONFIRM).unwrap().source,
+        Source::Resident,
+        "built from the materialized parent"
+    );
+    let weight = &tensor(&f, "layers.2.mlp.weight").data;
+    assert_eq!(m.tensor("layers.2.mlp.weight").unwrap(), &weight[weight.len() / 2..]);
+    let metrics = http_get(b.http_addr().unwrap(), "/metrics");
+    let from_fallback = format!("hangar_store_loaded_bytes_total{{source=\"fallback\"}} {}", bytes.len());
+    assert!(metrics.contains(&from_fallback), "{metrics}");
 }
 
 #[test]
@@ -167,7 +218,7 @@ fn a_peer_never_sends_a_corrupt_chunk_and_the_load_falls_back() {
 }
 
 #[test]
-fn plain_http_clients_get_the_whole_data_stream() {
+fn plain_http_clients_get_the_data_stream_or_a_run_of_chunks() {
     let dir = tempfile::tempdir().unwrap();
     let ra = dir.path().join("a");
     let f = import(&ra, &dir.path().join("src"), 3 << 20, 25, "org/m:v1");
@@ -178,4 +229,20 @@ fn plain_http_clients_get_the_whole_data_stream() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let got = rt.block_on(async { reqwest::get(&url).await.unwrap().bytes().await.unwrap() });
     assert_eq!(&got[..], &original[1 << 20..]);
+
+    // A run of chunks, and ranges that do not fit, named in the answer.
+    let base = format!("http://{}/v1/artifacts/{}/data", a.http_addr().unwrap(), f.id);
+    let got = rt.block_on(async {
+        reqwest::get(format!("{base}?from_chunk=1&to_chunk=2")).await.unwrap().bytes().await.unwrap()
+    });
+    assert_eq!(&got[..], &original[1 << 20..2 << 20]);
+    let n = original.len().div_ceil(1 << 20);
+    for query in ["from_chunk=2&to_chunk=1", &format!("to_chunk={}", n + 1)] {
+        let (status, body) = rt.block_on(async {
+            let r = reqwest::get(format!("{base}?{query}")).await.unwrap();
+            (r.status(), r.text().await.unwrap())
+        });
+        assert_eq!(status, reqwest::StatusCode::RANGE_NOT_SATISFIABLE, "{query}");
+        assert!(body.contains(&format!("0..{n}")), "{query}: {body}");
+    }
 }

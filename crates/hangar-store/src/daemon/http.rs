@@ -2,9 +2,10 @@
 //!
 //! - `GET /v1/artifacts/{id}/index` — canonical index bytes
 //! - `GET /v1/artifacts/{id}/chunks` — chunk hashes (32 bytes each)
-//! - `GET /v1/artifacts/{id}/data?from_chunk=K` — canonical data from chunk K,
-//!   streamed; every chunk is verified before it is sent and the stream is
-//!   cut (never corrupted) on a mismatch. Sent with `Upgrade: hangar-chunks`
+//! - `GET /v1/artifacts/{id}/data?from_chunk=K&to_chunk=L` — canonical data
+//!   of chunks K (default 0) up to L (exclusive; default the end), streamed;
+//!   every chunk is verified before it is sent and the stream is cut (never
+//!   corrupted) on a mismatch. Sent with `Upgrade: hangar-chunks`
 //!   (as daemons do), the answer is `101 Switching Protocols` and the same
 //!   bytes follow raw on the connection, without HTTP chunk framing: the
 //!   receiver reads them straight into its shared memory.
@@ -55,6 +56,7 @@ async fn events(State(core): State<Arc<Core>>) -> impl IntoResponse {
 struct DataQuery {
     #[serde(default)]
     from_chunk: usize,
+    to_chunk: Option<usize>,
 }
 
 fn reject(status: StatusCode, msg: impl ToString) -> Response {
@@ -86,8 +88,14 @@ async fn artifact(
     match part.as_str() {
         "index" => art.index.to_bytes().into_response(),
         "chunks" => chunks::encode(&art.chunk_hashes).into_response(),
-        "data" if q.from_chunk <= art.chunk_hashes.len() => {
-            let chunks = stream_data(art, q.from_chunk, core.cfg.fault_stall_after);
+        "data" => {
+            let n = art.chunk_hashes.len();
+            let to = q.to_chunk.unwrap_or(n);
+            if q.from_chunk > to || to > n {
+                let msg = format!("chunks {}..{to} are not within the artifact's 0..{n}", q.from_chunk);
+                return reject(StatusCode::RANGE_NOT_SATISFIABLE, msg);
+            }
+            let chunks = stream_data(core.clone(), art, q.from_chunk..to);
             if !wants_raw(&req) {
                 return Body::from_stream(chunks).into_response();
             }
@@ -104,7 +112,6 @@ async fn artifact(
             )
                 .into_response()
         }
-        "data" => reject(StatusCode::RANGE_NOT_SATISFIABLE, "from_chunk beyond the end"),
         _ => reject(StatusCode::NOT_FOUND, format!("unknown part `{part}`")),
     }
 }
@@ -166,13 +173,14 @@ impl AsRef<[u8]> for MappedChunk {
     }
 }
 
-/// Chunks from `from`, each verified (on a blocking thread, two chunks
-/// ahead of the socket) and then sent straight from the blob's map.
+/// Chunks `range`, each verified (on a blocking thread, two chunks ahead of
+/// the socket) and then sent straight from the blob's map.
 fn stream_data(
+    core: Arc<Core>,
     art: StoredArtifact,
-    from: usize,
-    stall_after: Option<u64>,
+    range: std::ops::Range<usize>,
 ) -> impl futures::Stream<Item = Result<Bytes, StoreError>> {
+    let stall_after = core.cfg.fault_stall_after;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, StoreError>>(2);
     tokio::task::spawn_blocking(move || {
         let map = match art.map_unverified() {
@@ -183,7 +191,7 @@ fn stream_data(
             }
         };
         let mut sent = 0u64;
-        for i in from..art.chunk_hashes.len() {
+        for i in range {
             if stall_after.is_some_and(|s| sent >= s) {
                 // Fault injection: hang like a wedged peer until the reader gives up.
                 while !tx.is_closed() {
@@ -197,10 +205,11 @@ fn stream_data(
                 .verify_chunk(i, &map[range.clone()])
                 .map(|()| Bytes::from_owner(MappedChunk { map: map.clone(), range }));
             let failed = item.is_err();
-            sent += b - a;
             if tx.blocking_send(item).is_err() || failed {
                 return;
             }
+            sent += b - a;
+            core.telemetry.peer_sent(b - a);
         }
     });
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })

@@ -8,6 +8,8 @@
 //! `peer_timeout` is abandoned and the load resumes, from the last verified
 //! chunk, with the next peer or the fallback. Artifacts obtained remotely are
 //! written to the local blob store afterwards, so this node can serve them.
+//! A view of a parent only peers hold fetches just the parent chunks it
+//! reads (and is not persisted: the view is cheap to rebuild from a peer).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,11 @@ use crate::registry::{Heartbeat, Holders};
 use crate::residency::Owner;
 use crate::view::ViewPlan;
 
+/// The future of [`Core::whole_parent`]: the parent's index and the parent.
+type WholeParent<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(CanonicalIndex, Parent), StoreError>> + Send + 'a>,
+>;
+
 /// A planned load.
 #[derive(Debug)]
 pub(super) enum Job {
@@ -41,6 +48,16 @@ pub(super) enum Job {
     },
     /// A view built from its parent.
     View { plan: ViewPlan, parent: Parent },
+    /// A view of a parent that only peers hold: just the parent chunks the
+    /// view reads are fetched; if no peer completes them, the whole parent
+    /// is materialized (peers, then the fallback) and the view built from it.
+    PeerView {
+        plan: ViewPlan,
+        parent: ArtifactId,
+        parent_len: u64,
+        peers: Vec<String>,
+        key: Option<StoreKey>,
+    },
 }
 
 /// Where a view reads its parent from.
@@ -53,6 +70,39 @@ pub(super) enum Parent {
         len: u64,
         _hold: InternalHold,
     },
+    /// The parent chunks a view reads, fetched from a peer and verified,
+    /// at their places in an anonymous map the parent's size (pages the
+    /// view does not read are never touched, so cost nothing).
+    Fetched {
+        memory: MmapMut,
+        len: u64,
+    },
+}
+
+impl Parent {
+    fn source(&self) -> Source {
+        match self {
+            Parent::Local(_) => Source::Local,
+            Parent::Resident { .. } => Source::Resident,
+            Parent::Fetched { .. } => Source::Peer,
+        }
+    }
+
+    /// Fills `dst` with the view `plan` of this parent.
+    fn build(&self, plan: &ViewPlan, dst: &mut [u8]) -> Result<(), StoreError> {
+        let (memory, len): (&[u8], u64) = match self {
+            Parent::Local(art) => {
+                return plan.execute(art.index.data_len, dst, |i, buf| art.read_chunk(i, buf));
+            }
+            Parent::Resident { memory, len, .. } => (memory, *len),
+            Parent::Fetched { memory, len } => (memory, *len),
+        };
+        plan.execute(len, dst, |i, buf| {
+            let (a, b) = chunk_range(i, len);
+            buf.copy_from_slice(&memory[a as usize..b as usize]);
+            Ok(())
+        })
+    }
 }
 
 /// An internal reference on a resident parent; released when dropped, so a
@@ -74,7 +124,7 @@ impl Job {
         match self {
             Job::Local(a) => &a.index,
             Job::Remote { index, .. } => index,
-            Job::View { plan, .. } => &plan.index,
+            Job::View { plan, .. } | Job::PeerView { plan, .. } => &plan.index,
         }
     }
 }
@@ -94,16 +144,46 @@ impl Core {
             let plan = ViewPlan::new(&parent.index, spec)?;
             return Ok(Job::View { plan, parent: Parent::Local(parent) });
         }
-        // Not on local disk: make the parent resident (any source) and build from memory.
-        let hold = self.internal_replica();
-        let lease = Owner::Lease { expires_at: self.now() + 600_000 };
-        let parent_sel = Selection { artifact_id: parent_id, view: None, key: sel.key.clone() };
-        let granted = Box::pin(self.materialize(&parent_sel, hold, lease)).await?;
-        let guard = InternalHold { core: self.clone(), replica: hold };
-        self.confirm(hold, super::MAX_CONFIRM).await?;
-        let memory = granted.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
-        let plan = ViewPlan::new(&granted.index, spec)?;
-        Ok(Job::View { plan, parent: Parent::Resident { memory, len: granted.index.data_len, _hold: guard } })
+        if !self.is_resident(&parent_id) {
+            if let (peers, Some(index)) = self.peers_with_index(&parent_id).await {
+                return Ok(Job::PeerView {
+                    plan: ViewPlan::new(&index, spec)?,
+                    parent: parent_id,
+                    parent_len: index.data_len,
+                    peers,
+                    key: sel.key.clone(),
+                });
+            }
+        }
+        let (index, parent) = self.whole_parent(parent_id, sel.key.clone()).await?;
+        Ok(Job::View { plan: ViewPlan::new(&index, spec)?, parent })
+    }
+
+    fn is_resident(&self, id: &ArtifactId) -> bool {
+        self.lock()
+            .residents
+            .get(id)
+            .is_some_and(|r| !matches!(*r.status.borrow(), super::LoadStatus::Failed { .. }))
+    }
+
+    /// Makes the whole parent resident (any source; lease-in-place if it
+    /// already is) and holds it until the view built from it is done.
+    ///
+    /// Boxed as `Send` by hand: materialize → load → here → materialize is a
+    /// cycle the compiler cannot prove `Send` through on its own.
+    fn whole_parent(self: &Arc<Self>, parent_id: ArtifactId, key: Option<StoreKey>) -> WholeParent<'_> {
+        Box::pin(async move {
+            let hold = self.internal_replica();
+            let lease = Owner::Lease { expires_at: self.now() + 600_000 };
+            let parent_sel = Selection { artifact_id: parent_id, view: None, key };
+            let granted = self.materialize(&parent_sel, hold, lease).await?;
+            let guard = InternalHold { core: self.clone(), replica: hold };
+            self.confirm(hold, super::MAX_CONFIRM).await?;
+            let memory =
+                granted.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
+            let len = granted.index.data_len;
+            Ok(((*granted.index).clone(), Parent::Resident { memory, len, _hold: guard }))
+        })
     }
 
     /// Local blob store, else the registry's peers, else the fallback.
@@ -111,19 +191,9 @@ impl Core {
         if self.blobs.contains(id) {
             return Ok(Job::Local(self.blobs.open_artifact(id)?));
         }
-        let peers = self.holders(id).await;
-        for peer in &peers {
-            match self.peer_index(peer, id).await {
-                Ok(index) => {
-                    return Ok(Job::Remote {
-                        index,
-                        peers: peers.clone(),
-                        fallback: None,
-                        key: key.cloned(),
-                    });
-                }
-                Err(e) => tracing::warn!(%peer, %id, error = %e, "peer could not give the index"),
-            }
+        let (peers, index) = self.peers_with_index(id).await;
+        if let Some(index) = index {
+            return Ok(Job::Remote { index, peers, fallback: None, key: key.cloned() });
         }
         match &self.fallback {
             Some(fb) => {
@@ -137,6 +207,19 @@ impl Core {
             }
             None => Err(StoreError::UnknownArtifact(*id)),
         }
+    }
+
+    /// Peers the registry says hold `id`, and the index from the first that
+    /// gives a valid one.
+    async fn peers_with_index(&self, id: &ArtifactId) -> (Vec<String>, Option<CanonicalIndex>) {
+        let peers = self.holders(id).await;
+        for peer in &peers {
+            match self.peer_index(peer, id).await {
+                Ok(index) => return (peers.clone(), Some(index)),
+                Err(e) => tracing::warn!(%peer, %id, error = %e, "peer could not give the index"),
+            }
+        }
+        (peers, None)
     }
 
     /// Peers the registry says hold `id`, excluding this node.
@@ -196,35 +279,41 @@ impl Core {
                 .map_err(|e| source_err("local", e))??;
                 Ok(Source::Local)
             }
-            Job::View { plan, parent } => {
-                let source = match parent {
-                    Parent::Local(_) => Source::Local,
-                    Parent::Resident { .. } => Source::Resident,
-                };
-                tokio::task::spawn_blocking(move || {
-                    let dst = &mut mem[..plan.index.data_len as usize];
-                    match &parent {
-                        Parent::Local(art) => {
-                            plan.execute(art.index.data_len, dst, |i, buf| art.read_chunk(i, buf))
+            Job::View { plan, parent } => Self::build_view(plan, parent, mem).await,
+            Job::PeerView { plan, parent, parent_len, peers, key } => {
+                let wanted = plan.needed_chunks();
+                let mut staged = MmapMut::map_anon(parent_len.max(1) as usize)
+                    .map_err(|e| StoreError::Io { path: "anonymous map".into(), source: e })?;
+                let mut done = 0;
+                for peer in &peers {
+                    match self
+                        .fetch_from_peer(peer, &parent, parent_len, &mut staged, &wanted, &mut done)
+                        .await
+                    {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(%peer, %parent, done, of = wanted.len(), error = %e, "peer could not give a view's chunks")
                         }
-                        // The parent's hold is released when `parent` drops, right after.
-                        Parent::Resident { memory, len, .. } => plan.execute(*len, dst, |i, buf| {
-                            let (a, b) = chunk_range(i, *len);
-                            buf.copy_from_slice(&memory[a as usize..b as usize]);
-                            Ok(())
-                        }),
                     }
-                })
-                .await
-                .map_err(|e| source_err("view", e))??;
-                Ok(source)
+                }
+                let parent = if done == wanted.len() {
+                    Parent::Fetched { memory: staged, len: parent_len }
+                } else {
+                    drop(staged);
+                    self.whole_parent(parent, key).await?.1
+                };
+                Self::build_view(plan, parent, mem).await
             }
             Job::Remote { index, peers, mut fallback, key } => {
                 let n = chunk_count(index.data_len);
+                let wanted: Vec<usize> = (0..n).collect();
                 let mut verified = 0usize;
                 let mut source = None;
                 for peer in &peers {
-                    match self.fetch_from_peer(peer, &id, &index, &mut mem, &mut verified).await {
+                    match self
+                        .fetch_from_peer(peer, &id, index.data_len, &mut mem, &wanted, &mut verified)
+                        .await
+                    {
                         Ok(()) => {
                             source = Some(Source::Peer);
                             break;
@@ -263,62 +352,88 @@ impl Core {
         }
     }
 
-    /// Streams chunks `verified..` from a peer into `mem`, verifying each.
+    /// Builds a view from its parent on a blocking thread; the parent (and
+    /// any hold on it) is released right after.
+    async fn build_view(plan: ViewPlan, parent: Parent, mut mem: MmapMut) -> Result<Source, StoreError> {
+        let source = parent.source();
+        tokio::task::spawn_blocking(move || parent.build(&plan, &mut mem[..plan.index.data_len as usize]))
+            .await
+            .map_err(|e| source_err("view", e))??;
+        Ok(source)
+    }
+
+    /// Streams the chunks `wanted[*done..]` (ascending) of artifact `id` from
+    /// a peer into their places in `mem` (laid out like the artifact),
+    /// verifying each; `done` advances past every verified chunk, so the
+    /// next source resumes where this one stopped. Each run of consecutive
+    /// chunks is one request.
     async fn fetch_from_peer(
         &self,
         peer: &str,
         id: &ArtifactId,
-        index: &CanonicalIndex,
-        mem: &mut MmapMut,
-        verified: &mut usize,
+        data_len: u64,
+        mem: &mut [u8],
+        wanted: &[usize],
+        done: &mut usize,
     ) -> Result<(), StoreError> {
-        let n = chunk_count(index.data_len);
+        let n = chunk_count(data_len);
         let list: Vec<Digest> = chunks::decode(&self.peer_get(peer, id, "chunks").await?)
             .filter(|l| l.len() == n)
             .ok_or_else(|| source_err(peer, "chunk list has the wrong length"))?;
-        if Some(&chunks::data_root(index.data_len, &list)) != id.data_root() {
+        if Some(&chunks::data_root(data_len, &list)) != id.data_root() {
             return Err(source_err(peer, "chunk list does not hash to the id"));
         }
-        let url = format!("{peer}/v1/artifacts/{id}/data?from_chunk={verified}");
+        while *done < wanted.len() {
+            let from = wanted[*done];
+            let run = wanted[*done..].iter().zip(from..).take_while(|(w, c)| *w == c).count();
+            let to = from + run;
+            let url = format!("{peer}/v1/artifacts/{id}/data?from_chunk={from}&to_chunk={to}");
+            let mut raw = self.open_raw(&url).await?;
+            // Each chunk is read straight into its place (pages mapped in
+            // one call first) and verified before the next is read.
+            for (i, want) in list.iter().enumerate().take(to).skip(from) {
+                let (a, b) = chunk_range(i, data_len);
+                let dst = &mut mem[a as usize..b as usize];
+                crate::memory::populate(dst);
+                let mut got = 0;
+                while got < dst.len() {
+                    let read = tokio::time::timeout(self.cfg.peer_timeout, raw.read(&mut dst[got..]))
+                        .await
+                        .map_err(|_| source_err(&url, format!("stalled for {:?}", self.cfg.peer_timeout)))?
+                        .map_err(|e| source_err(&url, e))?;
+                    if read == 0 {
+                        let at = a + got as u64;
+                        return Err(source_err(&url, format!("stream ended at byte {at} of {data_len}")));
+                    }
+                    got += read;
+                }
+                if chunks::hash_chunk(dst) != *want {
+                    return Err(StoreError::HashMismatch { id: *id, chunk: i });
+                }
+                *done += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks a peer for `url` with `Upgrade: hangar-chunks` and returns the
+    /// raw connection its data follows on.
+    async fn open_raw(&self, url: &str) -> Result<reqwest::Upgraded, StoreError> {
         let request = self
             .http
-            .get(&url)
+            .get(url)
             .header(reqwest::header::CONNECTION, "upgrade")
             .header(reqwest::header::UPGRADE, super::http::RAW_DATA_PROTOCOL)
             .send();
         let resp = tokio::time::timeout(self.cfg.peer_timeout, request)
             .await
-            .map_err(|_| source_err(&url, "timed out"))?
+            .map_err(|_| source_err(url, "timed out"))?
             .and_then(|r| r.error_for_status())
-            .map_err(|e| source_err(&url, e))?;
+            .map_err(|e| source_err(url, e))?;
         if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
-            return Err(source_err(&url, format!("answered {} to a raw data request", resp.status())));
+            return Err(source_err(url, format!("answered {} to a raw data request", resp.status())));
         }
-        let mut raw = resp.upgrade().await.map_err(|e| source_err(&url, e))?;
-        // Each chunk is read straight into its place in shared memory (pages
-        // mapped in one call first) and verified before the next is read.
-        while *verified < n {
-            let (a, b) = chunk_range(*verified, index.data_len);
-            let dst = &mut mem[a as usize..b as usize];
-            crate::memory::populate(dst);
-            let mut got = 0;
-            while got < dst.len() {
-                let read = tokio::time::timeout(self.cfg.peer_timeout, raw.read(&mut dst[got..]))
-                    .await
-                    .map_err(|_| source_err(&url, format!("stalled for {:?}", self.cfg.peer_timeout)))?
-                    .map_err(|e| source_err(&url, e))?;
-                if read == 0 {
-                    let at = a + got as u64;
-                    return Err(source_err(&url, format!("stream ended at byte {at} of {}", index.data_len)));
-                }
-                got += read;
-            }
-            if chunks::hash_chunk(dst) != list[*verified] {
-                return Err(StoreError::HashMismatch { id: *id, chunk: *verified });
-            }
-            *verified += 1;
-        }
-        Ok(())
+        resp.upgrade().await.map_err(|e| source_err(url, e))
     }
 
     /// Writes a remotely obtained artifact into the local blob store (in the
