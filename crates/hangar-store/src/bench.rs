@@ -83,6 +83,9 @@ pub struct BenchReport {
     pub lip_p99: Duration,
     /// Lease-in-place calls timed.
     pub lip_calls: usize,
+    /// Share of CPU time the hypervisor gave to other guests while the
+    /// lease-in-place calls ran (`None` where the kernel does not report it).
+    pub lip_steal: Option<f64>,
 }
 
 const RUNS: usize = 4;
@@ -129,11 +132,15 @@ impl fmt::Display for BenchReport {
             )?;
         }
         let ok = if self.lip_p99 <= Duration::from_millis(1) { "ok" } else { "MISS" };
-        writeln!(
+        write!(
             f,
             "{:<30} p50 {:?}  p99 {:?} over {} calls (target p99 <= 1ms) {ok}",
             "lease-in-place Materialize", self.lip_p50, self.lip_p99, self.lip_calls
         )?;
+        match self.lip_steal {
+            Some(steal) => writeln!(f, "  [host steal meanwhile: {:.0}% of CPU time]", steal * 100.0)?,
+            None => writeln!(f)?,
+        }
         for n in &self.notes {
             writeln!(f, "{n}")?;
         }
@@ -288,6 +295,14 @@ fn drop_caches() -> Result<bool, StoreError> {
         }
         Err(e) => Err(io_err(path)(e)),
     }
+}
+
+/// CPU time the hypervisor ran other guests on this VM's vCPUs (`steal` in
+/// `/proc/stat`), in seconds summed over CPUs; `None` where not reported.
+fn steal_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: u64 = stat.lines().next()?.split_whitespace().nth(8)?.parse().ok()?;
+    Some(ticks as f64 / rustix::param::clock_ticks_per_second() as f64)
 }
 
 /// Runs the reference and the store alternately [`RUNS`] times and keeps
@@ -450,7 +465,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
     )?;
 
     // 3. Lease-in-place latency.
-    let (lip_p50, lip_p99) = {
+    let (lip_p50, lip_p99, lip_steal) = {
         let d = daemon(&root_a, cfg.size, |_| {})?;
         let mut holder = StoreClient::connect(d.socket()).map_err(client_err)?;
         let sel = Selection { artifact_id: id, view: None, key: None };
@@ -458,6 +473,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         holder.confirm(&held, Duration::from_secs(30)).map_err(client_err)?;
         let mut c = StoreClient::connect(d.socket()).map_err(client_err)?;
         let mut lat = Vec::with_capacity(cfg.lip_calls);
+        let (steal_before, started) = (steal_seconds(), Instant::now());
         for _ in 0..cfg.lip_calls {
             let t = Instant::now();
             let m = c.materialize(&sel, Hold::Process).map_err(client_err)?;
@@ -470,9 +486,11 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
             }
             c.unload(&m).map_err(client_err)?;
         }
+        let cpu_seconds = secs(started.elapsed()) * crate::chunks::parallelism() as f64;
+        let steal = steal_before.zip(steal_seconds()).map(|(a, b)| (b - a) / cpu_seconds);
         lat.sort();
         let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-        (pct(0.50), pct(0.99))
+        (pct(0.50), pct(0.99), steal)
     };
 
     // 4. P2P vs plain TCP copy.
@@ -521,5 +539,14 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         reference_name: "plain TCP copy into new memory",
         target: 0.80,
     });
-    Ok(BenchReport { bytes: cfg.size, ratios, context, notes, lip_p50, lip_p99, lip_calls: cfg.lip_calls })
+    Ok(BenchReport {
+        bytes: cfg.size,
+        ratios,
+        context,
+        notes,
+        lip_p50,
+        lip_p99,
+        lip_calls: cfg.lip_calls,
+        lip_steal,
+    })
 }

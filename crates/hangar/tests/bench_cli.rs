@@ -102,6 +102,7 @@ fn bench_store_prints_every_ratio_next_to_its_reference() {
         "Materialize, blob cached",
         "P2P Materialize (loopback)",
         "lease-in-place Materialize",
+        "host steal meanwhile",
         "import, cold cache: skipped (--warm-only)",
     ] {
         assert!(out.contains(row), "no `{row}` in:\n{out}");
