@@ -14,7 +14,7 @@ use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
 use hangar_store::registry::RegistryHandle;
 use hangar_store::view::{ViewPlan, ViewSpec};
-use hangar_store::{BlobStore, StoreKey};
+use hangar_store::{ArtifactId, BlobStore, StoreKey};
 
 const CONFIRM: Duration = Duration::from_secs(20);
 
@@ -108,6 +108,17 @@ fn peer_killed_mid_transfer_falls_back_to_the_directory_source() {
     fallback_case(true);
 }
 
+/// Flips the byte at `at(len)` of the blob `root` holds for `id` (a peer's
+/// copy gone bad on disk); returns the original bytes.
+fn corrupt_blob(root: &Path, id: &ArtifactId, at: impl FnOnce(usize) -> usize) -> Vec<u8> {
+    let blob = root.join("artifacts").join(id.file_name()).join("data");
+    let original = std::fs::read(&blob).unwrap();
+    let mut corrupt = original.clone();
+    corrupt[at(original.len())] ^= 0x10;
+    std::fs::write(&blob, &corrupt).unwrap();
+    original
+}
+
 /// The last number on the metrics line that starts with `name`.
 fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
     let text = http_get(addr, "/metrics");
@@ -157,11 +168,8 @@ fn a_view_whose_peer_serves_a_corrupt_chunk_is_built_from_the_whole_parent_from_
     let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
     let fallback = dir.path().join("fallback");
     let f = import(&ra, &fallback.join("org/v/v1"), 12 << 20, 26, "org/v:v1");
-    let blob = ra.join("artifacts").join(f.id.file_name()).join("data");
-    let mut bytes = std::fs::read(&blob).unwrap();
-    let last = bytes.len() - 10; // the last chunk: the view reads rank 1 of the last weight
-    bytes[last] ^= 0x01;
-    std::fs::write(&blob, &bytes).unwrap();
+    // In the last chunk, which the view reads (rank 1 of the last weight).
+    let original = corrupt_blob(&ra, &f.id, |len| len - 10);
     let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
     let _a = node(&ra, &registry, |_| {});
     let b = node(&rb, &registry, |c| c.fallback = Some(fallback.display().to_string()));
@@ -177,7 +185,7 @@ fn a_view_whose_peer_serves_a_corrupt_chunk_is_built_from_the_whole_parent_from_
     let weight = &tensor(&f, "layers.2.mlp.weight").data;
     assert_eq!(m.tensor("layers.2.mlp.weight").unwrap(), &weight[weight.len() / 2..]);
     let metrics = http_get(b.http_addr().unwrap(), "/metrics");
-    let from_fallback = format!("hangar_store_loaded_bytes_total{{source=\"fallback\"}} {}", bytes.len());
+    let from_fallback = format!("hangar_store_loaded_bytes_total{{source=\"fallback\"}} {}", original.len());
     assert!(metrics.contains(&from_fallback), "{metrics}");
 }
 
@@ -187,11 +195,7 @@ fn a_peer_never_sends_a_corrupt_chunk_and_the_load_falls_back() {
     let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
     let fallback = dir.path().join("fallback");
     let f = import(&ra, &fallback.join("org/m/v1"), 6 << 20, 24, "org/m:v1");
-    let blob = ra.join("artifacts").join(f.id.file_name()).join("data");
-    let original = std::fs::read(&blob).unwrap();
-    let mut corrupt = original.clone();
-    corrupt[(2 << 20) + 5] ^= 0x10; // chunk 2 of the peer's copy
-    std::fs::write(&blob, &corrupt).unwrap();
+    let original = corrupt_blob(&ra, &f.id, |_| (2 << 20) + 5); // chunk 2 of the peer's copy
     let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
     let a = node(&ra, &registry, |_| {});
     let b = node(&rb, &registry, |c| c.fallback = Some(fallback.display().to_string()));
