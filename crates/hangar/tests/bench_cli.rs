@@ -108,4 +108,8 @@ fn bench_store_prints_every_ratio_next_to_its_reference() {
         assert!(out.contains(row), "no `{row}` in:\n{out}");
     }
     assert!(out.contains("%"), "{out}");
+
+    let o = run(&["bench", "store", "--lip-calls", "0", "--dir", d]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--lip-calls must be at least 1"));
 }

@@ -124,6 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return print(&report, a.json);
         }
         Command::Store(a) => {
+            anyhow::ensure!(a.lip_calls >= 1, "--lip-calls must be at least 1");
             let cfg = hangar_store::bench::BenchConfig {
                 dir: a.dir,
                 size: a.size.bytes(),
