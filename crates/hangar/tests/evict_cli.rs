@@ -65,6 +65,14 @@ fn invalid_settings_are_rejected_naming_the_variable() {
 }
 
 #[test]
+fn bench_refuses_a_tree_too_small_to_measure_by_its_flag() {
+    let out = hangar().args(["evict", "bench", "--files", "100000,10"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--files 10: trees of fewer than 1000 files"), "{err}");
+}
+
+#[test]
 fn help_lists_every_variable_as_a_flag() {
     let out = hangar().args(["evict", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);

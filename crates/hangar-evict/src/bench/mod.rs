@@ -48,6 +48,9 @@ pub enum BenchError {
     /// Loop mounts need root.
     #[error("the benchmark mounts loop devices and must run as root")]
     NotRoot,
+    /// A tree too small to measure: the ballast would outweigh it.
+    #[error("--files {0}: trees of fewer than {MIN_FILES} files leave nothing to measure")]
+    TooFewFiles(usize),
     /// An external command failed.
     #[error("`{command}` failed: {detail}")]
     Command {
@@ -114,6 +117,9 @@ pub struct Report {
 
 /// Runs the benchmark.
 pub fn run(opts: &Options) -> Result<Report, BenchError> {
+    if let Some(&files) = opts.files.iter().find(|&&f| f < MIN_FILES) {
+        return Err(BenchError::TooFewFiles(files));
+    }
     if !rustix::process::geteuid().is_root() {
         return Err(BenchError::NotRoot);
     }
@@ -124,6 +130,8 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     Ok(report)
 }
 
+/// Smallest tree measured.
+const MIN_FILES: usize = 1000;
 const BLOCK: usize = 8192;
 const RANKS: u32 = 2;
 

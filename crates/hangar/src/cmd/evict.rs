@@ -31,7 +31,7 @@ enum Sub {
 
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
-    /// Tree sizes to measure, in files of 8 KiB.
+    /// Tree sizes to measure, in files of 8 KiB (each at least 1,000).
     #[arg(long, value_delimiter = ',', default_value = "100000,500000")]
     files: Vec<usize>,
     /// Seconds over which idle CPU is measured at 80 % usage.
