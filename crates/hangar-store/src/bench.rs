@@ -297,6 +297,11 @@ fn drop_caches() -> Result<bool, StoreError> {
     }
 }
 
+/// The best of [`RUNS`] runs of a context measurement.
+fn best_of_runs(mut run: impl FnMut() -> Result<f64, StoreError>) -> Result<f64, StoreError> {
+    (0..RUNS).try_fold(0f64, |top, _| Ok(top.max(run()?)))
+}
+
 /// CPU time the hypervisor ran other guests on this VM's vCPUs (`steal` in
 /// `/proc/stat`), in seconds summed over CPUs; `None` where not reported.
 fn steal_seconds() -> Option<f64> {
@@ -411,9 +416,8 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
     )?;
     let id = id.expect("imported");
     let copy_dir = cfg.dir.join("plain-copy");
-    let copy =
-        (0..RUNS).try_fold(0f64, |top, _| Ok::<_, StoreError>(top.max(plain_copy(&files, &copy_dir)?)))?;
-    let hash = (0..RUNS).try_fold(0f64, |top, _| Ok::<_, StoreError>(top.max(plain_hash(&files)?)))?;
+    let copy = best_of_runs(|| plain_copy(&files, &copy_dir))?;
+    let hash = best_of_runs(|| plain_hash(&files))?;
     let (import_warm, read_warm) = ratios.first().map_or((0.0, 0.0), |r| (r.store, r.reference));
     let context = vec![
         Ratio {
