@@ -45,7 +45,7 @@ pub struct BenchConfig {
     /// Artifact size in bytes.
     pub size: u64,
     /// Lease-in-place calls to time.
-    pub lip_calls: usize,
+    pub lip_calls: std::num::NonZeroUsize,
     /// Also measure from a cold page cache (drops the whole machine's page
     /// cache before every run; needs root).
     pub cold: bool,
@@ -476,9 +476,9 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         let held = holder.materialize(&sel, Hold::Process).map_err(client_err)?;
         holder.confirm(&held, Duration::from_secs(30)).map_err(client_err)?;
         let mut c = StoreClient::connect(d.socket()).map_err(client_err)?;
-        let mut lat = Vec::with_capacity(cfg.lip_calls);
+        let mut lat = Vec::with_capacity(cfg.lip_calls.get());
         let (steal_before, started) = (steal_seconds(), Instant::now());
-        for _ in 0..cfg.lip_calls {
+        for _ in 0..cfg.lip_calls.get() {
             let t = Instant::now();
             let m = c.materialize(&sel, Hold::Process).map_err(client_err)?;
             lat.push(t.elapsed());
@@ -550,7 +550,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         notes,
         lip_p50,
         lip_p99,
-        lip_calls: cfg.lip_calls,
+        lip_calls: cfg.lip_calls.get(),
         lip_steal,
     })
 }

@@ -124,11 +124,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return print(&report, a.json);
         }
         Command::Store(a) => {
-            anyhow::ensure!(a.lip_calls >= 1, "--lip-calls must be at least 1");
+            let lip_calls =
+                std::num::NonZeroUsize::new(a.lip_calls).context("--lip-calls must be at least 1")?;
             let cfg = hangar_store::bench::BenchConfig {
                 dir: a.dir,
                 size: a.size.bytes(),
-                lip_calls: a.lip_calls,
+                lip_calls,
                 cold: !a.warm_only,
             };
             print!("{}", hangar_store::bench::run(&cfg)?);
