@@ -18,10 +18,12 @@
 //! ```
 #![deny(missing_docs)]
 
+mod field;
 mod ids;
 mod kv;
 mod units;
 
+pub use field::FieldError;
 pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
 pub use kv::{mix64, BlockHash, KvEvent, ROOT_BLOCK_HASH};
 pub use units::{ByteSize, ByteSizeError, Millis};
