@@ -9,8 +9,8 @@
 //! replay routes identically every time.
 //!
 //! Policies ([`RouterPolicy`]):
-//! - `round_robin`: workers in turn.
-//! - `least_outstanding`: the worker with the fewest requests in flight.
+//! - `round-robin`: workers in turn.
+//! - `least-outstanding`: the worker with the fewest requests in flight.
 //! - `kv`: the lowest cost, where for worker *w*
 //!   `cost = prefill_load_scale × (max(0, prompt blocks − overlap_credit ×
 //!   overlap_w) + queued prefill blocks_w) + active blocks_w +
@@ -85,8 +85,8 @@ pub enum RouterPolicy {
 }
 
 impl RouterPolicy {
-    /// Parses a policy name (`round_robin`, `least_outstanding`, `kv`), the
-    /// KV policy with default weights.
+    /// Parses a policy name (`round-robin`, `least-outstanding`, `kv`, or
+    /// the snake_case aliases), the KV policy with default weights.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "round_robin" | "round-robin" | "rr" => Some(Self::RoundRobin),
@@ -96,11 +96,12 @@ impl RouterPolicy {
         }
     }
 
-    /// The policy's canonical name.
+    /// The policy's canonical name, as `hangar sim --router` and `hangar
+    /// serve`'s `router` spell it.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::RoundRobin => "round_robin",
-            Self::LeastOutstanding => "least_outstanding",
+            Self::RoundRobin => "round-robin",
+            Self::LeastOutstanding => "least-outstanding",
             Self::Kv(_) => "kv",
         }
     }

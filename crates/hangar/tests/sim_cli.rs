@@ -110,16 +110,19 @@ fn bad_settings_and_files_are_clear_errors() {
 }
 
 #[test]
-fn engine_config_files_and_timing_tables_load() {
+fn the_router_takes_the_serve_config_spelling_as_an_alias() {
     let dir = tempfile::tempdir().unwrap();
     let trace = synth(dir.path(), &["--max-turns", "1"]);
-    std::fs::write(dir.path().join("t.csv"), "phase,tokens,ms\nprefill,0,5\nprefill,8192,100\ndecode,0,2\n")
-        .unwrap();
-    let cfg = dir.path().join("engine.toml");
-    std::fs::write(&cfg, "num_gpu_blocks = 4096\n[timing]\nmodel = \"table\"\npath = \"t.csv\"\n").unwrap();
-    let o = hangar(&["sim", &trace, "--engine-config", cfg.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    std::fs::write(dir.path().join("t.csv"), "phase,tokens,ms\nprefill,0,5\n").unwrap();
-    let o = hangar(&["sim", &trace, "--engine-config", cfg.to_str().unwrap()]);
-    assert!(stderr(&o).contains("t.csv:0: no `decode` points"), "{}", stderr(&o));
+    let run = |router: &str| {
+        let json = dir.path().join(format!("{router}.json"));
+        let o = hangar(&["sim", &trace, "--router", router, "--json", json.to_str().unwrap()]);
+        assert!(o.status.success(), "{router}: {}", stderr(&o));
+        std::fs::read(json).unwrap()
+    };
+    // One policy, one name in the report, whichever spelling asked for it.
+    let kebab = run("round-robin");
+    assert_eq!(kebab, run("round_robin"));
+    let parsed: serde_json::Value = serde_json::from_slice(&kebab).unwrap();
+    assert_eq!(parsed["router"], "round-robin");
+    assert_eq!(run("least_outstanding"), run("least-outstanding"));
 }

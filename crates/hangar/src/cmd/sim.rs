@@ -95,9 +95,13 @@ pub struct Args {
     requests_jsonl: Option<PathBuf>,
 }
 
+/// Spelled as in `hangar serve`'s `router`: kebab-case, with the
+/// snake_case spelling accepted as an alias.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Policy {
+    #[value(alias = "round_robin")]
     RoundRobin,
+    #[value(alias = "least_outstanding")]
     LeastOutstanding,
     Kv,
 }
