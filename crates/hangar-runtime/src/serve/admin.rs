@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::config::check_queue_capacity;
 use super::gateway::{account, ApiError};
 use super::{Inner, ModelRuntime};
 
@@ -163,6 +164,8 @@ fn set_queue(rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {
         algorithm: algorithm.unwrap_or(current.algorithm),
         capacity: capacity.unwrap_or(current.capacity),
     };
+    check_queue_capacity(config.capacity)
+        .map_err(|m| ApiError::bad_request(format!("invalid field `capacity`: {m}")).param("capacity"))?;
     rt.processor.reconfigure(config.clone());
     tracing::info!(model = %rt.config.key, ?config, "queue reconfigured");
     let answer = json!({"model": rt.config.key, "algorithm": config.algorithm, "capacity": config.capacity});

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -31,12 +31,15 @@ use super::replicas::ReplicaState;
 use super::{replica_name, Inner, ModelRuntime, ReplicaRouting};
 use crate::processor::{AdmitError, Lease};
 
-pub(crate) fn router(inner: Arc<Inner>, max_body_bytes: usize) -> Router {
+pub(crate) fn router(inner: Arc<Inner>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(forward))
         .route("/v1/completions", post(forward))
         .route("/v1/embeddings", post(forward))
         .route("/v1/models", get(models))
+        // The OpenAI SDK sends `demo/chat-small` as `demo%2Fchat-small`: one
+        // segment. (Unencoded, `/v1/models/{owner}/{name}` is Replicate's.)
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/healthz", get(|| async { StatusCode::OK }))
         .route("/readyz", get(readyz))
@@ -44,7 +47,6 @@ pub(crate) fn router(inner: Arc<Inner>, max_body_bytes: usize) -> Router {
         .fallback(|| async {
             error(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint", None)
         })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(inner)
 }
 
@@ -112,38 +114,80 @@ pub(crate) fn account(inner: &Inner, headers: &HeaderMap) -> Result<(AccountId, 
     inner.api_keys.get(key.trim()).cloned().ok_or("invalid API key")
 }
 
+/// An OpenAI model object.
+fn model_object(key: &str) -> Value {
+    json!({"id": key, "object": "model", "created": 0, "owned_by": "hangar"})
+}
+
 async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     let account = match account(&inner, &headers) {
         Ok((a, _)) => a,
         Err(message) => return denied(StatusCode::UNAUTHORIZED, message),
     };
-    let data: Vec<Value> = inner
-        .models
-        .iter()
-        .filter(|(_, rt)| rt.allows(&account))
-        .map(|(k, _)| json!({"id": k, "object": "model", "created": 0, "owned_by": "hangar"}))
-        .collect();
+    let data: Vec<Value> =
+        inner.models.iter().filter(|(_, rt)| rt.allows(&account)).map(|(k, _)| model_object(k)).collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
+/// `GET /v1/models/{id}`: one model the caller may use, as OpenAI's
+/// `models.retrieve` expects; 404 alike for an unknown model and one the
+/// account may not see.
+async fn model(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let account = match account(&inner, &headers) {
+        Ok((a, _)) => a,
+        Err(message) => return denied(StatusCode::UNAUTHORIZED, message),
+    };
+    match inner.models.get(&id) {
+        Some(rt) if rt.allows(&account) => Json(model_object(&id)).into_response(),
+        _ => no_such_model(&id),
+    }
+}
+
+/// The 404 of a model that does not exist — or that the caller's account
+/// may not see, which must not be told apart.
+fn no_such_model(model: &str) -> Response {
+    let message = format!("The model `{model}` does not exist.");
+    error(StatusCode::NOT_FOUND, "invalid_request_error", &message, Some("model"))
+}
+
 /// Ready when every model that keeps replicas has one serving.
+///
+/// It needs no key (probes carry none), so it names no model: which ones
+/// wait is in `/admin/status`.
 async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
-    let waiting: Vec<&str> = inner
+    let waiting = inner
         .models
         .values()
         .filter(|rt| {
             rt.target.load(std::sync::atomic::Ordering::SeqCst) > 0 && rt.count(ReplicaState::Ready) == 0
         })
-        .map(|rt| rt.config.key.as_str())
-        .collect();
-    match waiting.is_empty() {
-        true => (StatusCode::OK, "ready\n").into_response(),
-        false => (StatusCode::SERVICE_UNAVAILABLE, format!("no replica ready yet: {}\n", waiting.join(", ")))
+        .count();
+    match waiting {
+        0 => (StatusCode::OK, "ready\n").into_response(),
+        n => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no replica ready yet for {n} model(s); /admin/status names them\n"),
+        )
             .into_response(),
     }
 }
 
-async fn metrics(State(inner): State<Arc<Inner>>) -> Response {
+/// Prometheus `/metrics`. Its labels name every model, private ones
+/// included, so with `metrics_key` set it answers only a request bearing
+/// that key or an admin API key (401 otherwise).
+async fn metrics(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    if let Some(key) = &inner.metrics_key {
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let admin = || matches!(account(&inner, &headers), Ok((_, true))) && !inner.api_keys.is_empty();
+        if bearer != Some(key.as_str()) && !admin() {
+            let message = "/metrics needs `Authorization: Bearer METRICS_KEY` (or an admin API key)";
+            return denied(StatusCode::UNAUTHORIZED, message);
+        }
+    }
     let body = inner.metrics.render(inner.models.values().map(|rt| &**rt));
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
@@ -184,14 +228,9 @@ async fn forward(
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
     };
-    let Some(rt) = inner.models.get(&model).cloned() else {
-        let message = format!("The model `{model}` does not exist.");
-        return error(StatusCode::NOT_FOUND, "invalid_request_error", &message, Some("model"));
+    let Some(rt) = inner.models.get(&model).filter(|rt| rt.allows(&account)).cloned() else {
+        return no_such_model(&model);
     };
-    if !rt.allows(&account) {
-        let message = format!("account `{account}` may not use the model `{model}`");
-        return error(StatusCode::FORBIDDEN, "permission_error", &message, Some("model"));
-    }
     if rt.config.engine.is_cog() {
         let message = format!(
             "the model `{model}` runs on a cog engine, which serves predictions, not the OpenAI API: \
@@ -241,10 +280,24 @@ impl Forward<'_> {
                 self.rt.metrics.queue_wait(self.arrival.elapsed());
             }
             let Some(base) = self.rt.replica_url(lease.replica) else { continue };
-            let request = hyper::Request::post(format!("{base}{}", self.path))
+            let request = match hyper::Request::post(format!("{base}{}", self.path))
                 .header(header::CONTENT_TYPE, "application/json")
                 .body(Full::new(self.body.clone()))
-                .expect("a replica URL and a routed path make a valid request");
+            {
+                Ok(request) => request,
+                // Engine URLs are checked at load; should one still not
+                // make a request, this replica cannot serve.
+                Err(e) => {
+                    let name = replica_name(&self.rt.config.key, lease.replica);
+                    tracing::error!(replica = %name, "cannot address the replica at `{base}`: {e}");
+                    return error(
+                        StatusCode::BAD_GATEWAY,
+                        "service_unavailable",
+                        "the replica cannot be reached",
+                        None,
+                    );
+                }
+            };
             let answer = tokio::select! {
                 answer = self.inner.upstream.request(request) => answer,
                 () = timer.as_mut() => return timed_out(timeout_s),

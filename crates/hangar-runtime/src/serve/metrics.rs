@@ -54,6 +54,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<StatusLabels, Counter>,
     replica_failures: Family<ModelLabel, Counter>,
+    panics: Counter,
     scaled_down: Family<ModelLabel, Counter>,
     queue_wait: Histograms,
     ttft: Histograms,
@@ -72,6 +73,7 @@ impl Metrics {
         let m = Self {
             requests: Family::default(),
             replica_failures: Family::default(),
+            panics: Counter::default(),
             scaled_down: Family::default(),
             queue_wait: histograms(),
             ttft: histograms(),
@@ -88,6 +90,11 @@ impl Metrics {
             "replica_failures",
             "Replicas removed because their engine exited or failed health checks",
             m.replica_failures.clone(),
+        );
+        registry.register(
+            "http_panics",
+            "Requests whose handler panicked (answered 500 and logged with the request id)",
+            m.panics.clone(),
         );
         registry.register(
             "replicas_scaled_down",
@@ -111,6 +118,11 @@ impl Metrics {
         registry.register("replicas", "Replicas by state", m.replicas.clone());
         registry.register("replica_in_flight", "Requests holding a permit on a replica", m.in_flight.clone());
         Self { registry, ..m }
+    }
+
+    /// A handler panicked (see `guard`).
+    pub fn handler_panicked(&self) {
+        self.panics.inc();
     }
 
     /// Handles for one model's request figures, resolved once so the

@@ -17,7 +17,9 @@
 
 mod admin;
 mod config;
+mod data_dir;
 mod gateway;
+mod guard;
 mod metrics;
 mod predictions;
 mod prompt;
@@ -38,7 +40,12 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::processor::Processor;
 
-pub use config::{ApiKey, ModelConfig, QueueConfig, ReplicaRouting, ServeConfig, DEMO};
+pub use config::{
+    ApiKey, ConfigError, ModelConfig, QueueConfig, ReplicaRouting, ServeConfig, DEMO, MAX_DURATION_S,
+    MAX_QUEUE_CAPACITY,
+};
+pub use data_dir::{DataDirError, DataDirLock};
+pub use guard::install_panic_hook;
 use metrics::{Metrics, ModelMetrics};
 use replicas::Replica;
 
@@ -89,6 +96,8 @@ pub(crate) struct Inner {
     pub metrics: Metrics,
     /// The account of every request on an open gateway.
     pub anonymous: AccountId,
+    /// The bearer key `/metrics` asks for, if any.
+    pub metrics_key: Option<String>,
     epoch: Instant,
 }
 
@@ -102,17 +111,10 @@ impl Server {
     /// Builds the state and starts the `min_replicas` of every model,
     /// returning once they are ready (or failed, which is logged).
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
-        config.validate().map_err(ServeError::Config)?;
+        config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
-        let mut api_keys = HashMap::new();
-        for (i, k) in config.api_keys.iter().enumerate() {
-            if k.key.trim().is_empty() {
-                return Err(ServeError::Config(format!("api_keys[{i}].key is empty")));
-            }
-            if api_keys.insert(k.key.clone(), (k.account.clone(), k.admin)).is_some() {
-                return Err(ServeError::Config(format!("api_keys[{i}].key repeats an earlier key")));
-            }
-        }
+        let api_keys =
+            config.api_keys.iter().map(|k| (k.key.clone(), (k.account.clone(), k.admin))).collect();
         let metrics = Metrics::new();
         let models = config
             .models
@@ -140,6 +142,7 @@ impl Server {
             upstream: relay::upstream(),
             metrics,
             anonymous: "anonymous".parse().expect("a valid account id"),
+            metrics_key: config.metrics_key.clone(),
             epoch: Instant::now(),
         });
         tokio::spawn(replicas::watch_excess(Arc::downgrade(&inner)));
@@ -153,10 +156,16 @@ impl Server {
         Ok(Server { inner })
     }
 
-    /// The HTTP gateway for this server: the OpenAI API, the admin API,
-    /// health and metrics.
-    pub fn router(&self, max_body_bytes: usize) -> axum::Router {
-        gateway::router(self.inner.clone(), max_body_bytes).merge(admin::router(self.inner.clone()))
+    /// Every route of `hangar serve`: the OpenAI API, the admin API,
+    /// health, metrics and the `predictions` API, under one body limit
+    /// (413 beyond `max_body_bytes`) and the [`guard`] (request ids; a
+    /// panicking handler answers 500).
+    pub fn router(&self, predictions: &hangar_predictions::Service, max_body_bytes: usize) -> axum::Router {
+        gateway::router(self.inner.clone())
+            .merge(admin::router(self.inner.clone()))
+            .merge(predictions.router())
+            .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
+            .layer(axum::middleware::from_fn_with_state(self.inner.clone(), guard::guard))
     }
 
     /// Stops every engine this server started.

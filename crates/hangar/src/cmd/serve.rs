@@ -7,7 +7,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
 use hangar_runtime::engine::EngineSpec;
-use hangar_runtime::serve::{ServeConfig, Server};
+use hangar_runtime::serve::{DataDirLock, ServeConfig, Server};
 
 use super::engine::shutdown_signal;
 use super::read_text;
@@ -30,8 +30,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut config: ServeConfig = match &args.config {
-        Some(path) => toml::from_str::<ServeConfig>(&read_text(path)?)
-            .with_context(|| format!("invalid configuration {}", path.display()))?,
+        Some(path) => ServeConfig::from_toml(&read_text(path)?, &path.display().to_string())?,
         None => ServeConfig::demo(),
     };
     if let Some(listen) = args.listen {
@@ -42,6 +41,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         resolve_engine_paths(&mut config, base)?;
     }
     let data_dir = data_dir(&config, base)?;
+    // Before anything starts: a second server on this directory would take
+    // the first one's running predictions for abandoned.
+    let _lock = DataDirLock::acquire(&data_dir)?;
+    hangar_runtime::serve::install_panic_hook();
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -49,7 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let addr = listener.local_addr()?;
-        let first_model = config.models.first().map(|m| m.key.to_string()).unwrap_or_default();
+        let try_line = try_line(&config, addr);
         let body_limit = config.max_body_bytes.bytes() as usize;
         let predictions = std::mem::take(&mut config.predictions);
         let server = Server::start(config, exe).await?;
@@ -59,14 +62,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot start predictions in {}", data_dir.display()))?;
         // One write, and errors ignored: whoever started us may read only
         // the first line and close the pipe, which must not stop a server.
-        let announce = format!(
-            "listening on http://{addr}\ntry: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
-             -d '{{\"model\": \"{first_model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16}}'\n"
-        );
+        let announce = format!("listening on http://{addr}\ntry: {try_line}\n");
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
         drop(out);
-        let router = server.router(body_limit).merge(service.router());
+        let router = server.router(&service, body_limit);
         // Streamed answers (tokens, SSE) are small writes: send each at
         // once (no Nagle).
         let listener = listener.tap_io(|tcp| {
@@ -77,6 +77,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         server.shutdown().await;
         Ok(())
     })
+}
+
+/// A ready-to-paste curl line for the first model: a chat completion, or a
+/// prediction when every model runs on cog (which serves no chat).
+fn try_line(config: &ServeConfig, addr: std::net::SocketAddr) -> String {
+    let key = match config.models.iter().find(|m| !m.engine.is_cog()) {
+        Some(chat) => {
+            return format!(
+                "curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
+                 -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16}}'",
+                chat.key
+            )
+        }
+        None => config.models.first().map(|m| m.key.to_string()).unwrap_or_default(),
+    };
+    format!(
+        "curl -s http://{addr}/v1/models/{key}/predictions -H 'content-type: application/json' \
+         -H 'Prefer: wait' -d '{{\"input\": {{\"prompt\": \"Hello\"}}}}'  (its inputs: GET /v1/models/{key}/versions)"
+    )
 }
 
 /// The directory of the configuration file `file`, against which its
@@ -128,4 +147,22 @@ fn data_dir(config: &ServeConfig, beside: Option<&Path>) -> anyhow::Result<PathB
         .or_else(|| env("XDG_DATA_HOME").map(|d| d.join("hangar")))
         .or_else(|| env("HOME").map(|h| h.join(".local/share/hangar")))
         .context("no data directory: set data_dir in a configuration file, or HANGAR_DATA_DIR")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_try_line_is_a_chat_unless_every_model_runs_on_cog() {
+        let addr: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let line = try_line(&ServeConfig::demo(), addr);
+        assert!(line.contains("/v1/chat/completions") && line.contains("demo/chat-small"), "{line}");
+        let cog_only: ServeConfig = toml::from_str(
+            "nodes = []\n[[models]]\nkey = \"acme/echo\"\nengine = { kind = \"cog\", dir = \"m\" }\n",
+        )
+        .unwrap();
+        let line = try_line(&cog_only, addr);
+        assert!(line.contains("/v1/models/acme/echo/predictions") && !line.contains("chat"), "{line}");
+    }
 }

@@ -1,4 +1,13 @@
-//! `hangar serve`'s configuration file.
+//! `hangar serve`'s configuration file: the types ([`ServeConfig`] and
+//! what it holds), the rules a parsed file must also meet ([`validate`]),
+//! and loading with errors that name the file, line and field ([`load`]).
+
+mod load;
+mod validate;
+
+pub use load::ConfigError;
+pub(crate) use validate::check_queue_capacity;
+pub use validate::{MAX_DURATION_S, MAX_QUEUE_CAPACITY};
 
 use std::time::Duration;
 
@@ -43,6 +52,11 @@ pub struct ServeConfig {
     /// `Authorization: Bearer KEY` (401 otherwise).
     #[serde(default)]
     pub api_keys: Vec<ApiKey>,
+    /// A bearer key `GET /metrics` then requires (an admin API key also
+    /// works). Its labels name every model, private ones included; default
+    /// none: open, for a scraper on a trusted network.
+    #[serde(default)]
+    pub metrics_key: Option<String>,
     /// Where durable state lives (the predictions database). Relative
     /// paths are resolved against the configuration file's directory;
     /// default: `hangar-data` beside the file (or the user's data
@@ -127,19 +141,25 @@ pub struct ModelConfig {
 pub struct QueueConfig {
     /// `fifo` or `fair`.
     pub algorithm: QueueAlgorithm,
-    /// Requests that may wait (per account when fair). Default: 4 × the
-    /// model's permits at `max_replicas`, at most 1,000.
+    /// Requests that may wait (per account when fair), 1 to 1,000 (seed
+    /// 001's bound; a larger value is refused). Default: 4 × the model's
+    /// permits at `max_replicas`, at most 1,000.
     pub capacity: Option<usize>,
 }
 
 /// How the replica for a request is chosen among those with a free permit.
+///
+/// Spelled as in `hangar sim --router`: `least-outstanding`, `round-robin`,
+/// `kv`; the snake_case spellings are accepted as aliases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum ReplicaRouting {
     /// The replica with the fewest requests in flight.
     #[default]
+    #[serde(alias = "least_outstanding")]
     LeastOutstanding,
     /// Replicas in turn.
+    #[serde(alias = "round_robin")]
     RoundRobin,
     /// The KV router's cost over the prompt's cached prefix, in its
     /// approximate mode: the gateway hashes the prompt text in blocks and
@@ -167,9 +187,9 @@ fn default_timeout_ceiling() -> u64 {
     240
 }
 
-/// The default line length: four waiting requests per permit, capped.
+/// The default line length: four waiting requests per permit, capped at
+/// [`MAX_QUEUE_CAPACITY`].
 const QUEUE_PER_PERMIT: usize = 4;
-const QUEUE_CAPACITY_CAP: usize = 1_000;
 
 impl ModelConfig {
     /// The quiet period before replicas beyond the demand are given back,
@@ -210,23 +230,8 @@ impl ModelConfig {
     pub fn admission(&self) -> AdmissionConfig {
         let permits = self.permits() as usize * self.max_replicas() as usize;
         let capacity =
-            self.queue.capacity.unwrap_or((QUEUE_PER_PERMIT * permits).clamp(1, QUEUE_CAPACITY_CAP));
+            self.queue.capacity.unwrap_or((QUEUE_PER_PERMIT * permits).clamp(1, MAX_QUEUE_CAPACITY));
         AdmissionConfig { algorithm: self.queue.algorithm, capacity }
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        let key = &self.key;
-        if self.concurrency == 0 {
-            return Err(format!("model `{key}`: concurrency must be at least 1"));
-        }
-        if self.max_replicas() == 0 || self.max_replicas() < self.min_replicas {
-            return Err(format!(
-                "model `{key}`: max_replicas ({}) must be at least 1 and at least min_replicas ({})",
-                self.max_replicas(),
-                self.min_replicas
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -236,17 +241,6 @@ impl ServeConfig {
     /// first request.
     pub fn demo() -> Self {
         toml::from_str(DEMO).expect("the built-in demo configuration parses")
-    }
-
-    /// Checks what the field types cannot: ranges and cross-field rules.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.timeout_floor_s == 0 || self.timeout_ceiling_s < self.timeout_floor_s {
-            return Err(format!(
-                "timeout_floor_s ({}) must be at least 1 and at most timeout_ceiling_s ({})",
-                self.timeout_floor_s, self.timeout_ceiling_s
-            ));
-        }
-        self.models.iter().try_for_each(ModelConfig::validate)
     }
 
     /// How long a request for `model` may take: its `timeout_s`, at least
@@ -309,7 +303,7 @@ mod tests {
         let demo = ServeConfig::demo();
         assert_eq!(demo.models.len(), 2);
         assert_eq!(demo.listen, "127.0.0.1:8080");
-        let doc = include_str!("../../../../docs/config.md");
+        let doc = include_str!("../../../../../docs/config.md");
         let example = doc.split("```toml").nth(1).and_then(|s| s.split("```").next()).expect("an example");
         let parsed: ServeConfig = toml::from_str(example).unwrap();
         assert_eq!(parsed.models, demo.models);
@@ -319,10 +313,11 @@ mod tests {
     #[test]
     fn capacity_timeout_and_scale_down_defaults_follow_the_documented_rules() {
         let config: ServeConfig = toml::from_str(
-            "timeout_floor_s = 10\ntimeout_ceiling_s = 100\nnodes = []\n\
-             [[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nconcurrency = 4\nmax_replicas = 3\n\
-             [[models]]\nkey = \"b\"\nengine = { kind = \"mock\" }\nconcurrency = 300\ntimeout_s = 500\n\
-             [[models]]\nkey = \"c\"\nengine = { kind = \"mock\" }\ntimeout_s = 50\nqueue = { capacity = 7 }\n",
+            "timeout_floor_s = 10\ntimeout_ceiling_s = 100\n\
+             [[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\
+             [[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nsize = \"1GB\"\nconcurrency = 4\nmax_replicas = 3\n\
+             [[models]]\nkey = \"b\"\nengine = { kind = \"mock\" }\nsize = \"1GB\"\nconcurrency = 300\ntimeout_s = 500\n\
+             [[models]]\nkey = \"c\"\nengine = { kind = \"mock\" }\nsize = \"1GB\"\ntimeout_s = 50\nqueue = { capacity = 7 }\n",
         )
         .unwrap();
         config.validate().unwrap();
@@ -355,14 +350,35 @@ scale_down_after_s = 0
         assert_eq!(after, [0, 60_000, 0], "external: never unless asked; 0: never");
 
         let bad: ServeConfig = toml::from_str(
-            "nodes = []\n[[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nmin_replicas = 3\nmax_replicas = 2\n",
+            "[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\
+             [[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nmin_replicas = 3\nmax_replicas = 2\n",
         )
         .unwrap();
-        assert!(bad.validate().unwrap_err().contains("max_replicas (2) must be at least"));
+        assert!(bad.validate().unwrap_err().to_string().contains("max_replicas (2) must be at least"));
         let bad: ServeConfig =
             toml::from_str("timeout_floor_s = 50\ntimeout_ceiling_s = 40\nnodes = []\nmodels = []\n")
                 .unwrap();
-        assert!(bad.validate().unwrap_err().contains("timeout_floor_s (50)"));
+        assert!(bad.validate().unwrap_err().to_string().contains("timeout_floor_s (50)"));
+    }
+
+    #[test]
+    fn the_router_is_spelled_as_in_sim_and_the_snake_case_spelling_is_an_alias() {
+        let parse = |router: &str| {
+            let text = format!("nodes = []\n[[models]]\nkey = \"m\"\nengine = {{ kind = \"mock\" }}\nrouter = \"{router}\"\n");
+            toml::from_str::<ServeConfig>(&text).map(|c| c.models[0].router)
+        };
+        assert_eq!(parse("round-robin").unwrap(), ReplicaRouting::RoundRobin);
+        assert_eq!(parse("round_robin").unwrap(), ReplicaRouting::RoundRobin);
+        assert_eq!(parse("least-outstanding").unwrap(), ReplicaRouting::LeastOutstanding);
+        assert_eq!(parse("least_outstanding").unwrap(), ReplicaRouting::LeastOutstanding);
+        assert_eq!(parse("kv").unwrap(), ReplicaRouting::Kv);
+        // Each spelling names the same policy as `hangar sim --router`.
+        for (routing, policy) in [
+            (ReplicaRouting::RoundRobin, hangar_router::RouterPolicy::RoundRobin),
+            (ReplicaRouting::LeastOutstanding, hangar_router::RouterPolicy::LeastOutstanding),
+        ] {
+            assert_eq!(parse(policy.name()).unwrap(), routing);
+        }
     }
 
     #[test]
@@ -376,6 +392,6 @@ scale_down_after_s = 0
             "nodes = []\n[[models]]\nkey = \"m\"\nengine = { kind = \"mock\" }\nrouter = \"random\"\n",
         )
         .unwrap_err();
-        assert!(e.to_string().contains("random") && e.to_string().contains("round_robin"), "{e}");
+        assert!(e.to_string().contains("random") && e.to_string().contains("round-robin"), "{e}");
     }
 }

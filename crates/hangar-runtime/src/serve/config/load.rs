@@ -1,0 +1,154 @@
+//! Loading a configuration file: parse, validate, and point at the line.
+//!
+//! TOML syntax and type errors come from the parser with their line and
+//! column. A value that parses but is refused ([`ServeConfig::validate`])
+//! comes back as a field path; this module finds that path in the file's
+//! spanned tree so the error names the line too — or the line of the
+//! nearest enclosing entry when the field was left to its default.
+
+use hangar_core::FieldError;
+use toml::de::{DeArray, DeTable, DeValue};
+
+use super::ServeConfig;
+
+/// A configuration file that cannot be served, naming the file, the line
+/// and the field.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Not TOML, or a field of the wrong type, unknown or missing (the
+    /// parser's message names the line, column and field).
+    #[error("invalid configuration {origin}: {source}")]
+    Syntax {
+        /// The file (or `the built-in demo`).
+        origin: String,
+        /// The parser's error.
+        source: toml::de::Error,
+    },
+    /// A value out of range or inconsistent with another.
+    #[error("invalid configuration {origin}:{line}: {error}")]
+    Invalid {
+        /// The file.
+        origin: String,
+        /// 1-based line of the field, or of its nearest enclosing entry.
+        line: usize,
+        /// The field and what is wrong with it.
+        error: FieldError,
+    },
+}
+
+impl ServeConfig {
+    /// Parses and validates the configuration `text` read from `origin`
+    /// (a path, for messages).
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: ServeConfig =
+            toml::from_str(text).map_err(|source| ConfigError::Syntax { origin: origin.into(), source })?;
+        config.validate().map_err(|error| ConfigError::Invalid {
+            origin: origin.into(),
+            line: line_of(text, &error.field),
+            error,
+        })?;
+        Ok(config)
+    }
+}
+
+/// One step of a field path.
+#[derive(Debug, PartialEq)]
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// `models[2].queue.capacity` → `models`, `[2]`, `queue`, `capacity`.
+fn steps(path: &str) -> Vec<Step<'_>> {
+    let mut out = Vec::new();
+    for part in path.split('.') {
+        let (key, mut rest) = part.split_once('[').map_or((part, ""), |(k, r)| (k, r));
+        if !key.is_empty() {
+            out.push(Step::Key(key));
+        }
+        while let Some((index, after)) = rest.split_once(']') {
+            if let Ok(i) = index.parse() {
+                out.push(Step::Index(i));
+            }
+            rest = after.strip_prefix('[').unwrap_or(after);
+        }
+    }
+    out
+}
+
+/// The 1-based line of `path` in `text`: the field's own line if it is
+/// written there, else the line of the deepest entry on its path that is
+/// (line 1 if none is).
+fn line_of(text: &str, path: &str) -> usize {
+    let Ok(root) = DeTable::parse(text) else { return 1 };
+    let mut offset = 0;
+    let mut table: Option<&DeTable<'_>> = Some(root.get_ref());
+    let mut array: Option<&DeArray<'_>> = None;
+    for step in steps(path) {
+        let found = match (step, table, array) {
+            (Step::Key(k), Some(t), _) => t.get(k),
+            (Step::Index(i), _, Some(a)) => a.get(i),
+            _ => None,
+        };
+        let Some(value) = found else { break };
+        offset = value.span().start;
+        (table, array) = match value.get_ref() {
+            DeValue::Table(t) => (Some(t), None),
+            DeValue::Array(a) => (None, Some(a)),
+            _ => (None, None),
+        };
+    }
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "listen = \"127.0.0.1:0\"\n\
+        timeout_ceiling_s = 99999999999\n\
+        [[nodes]]\n\
+        id = \"n\"\n\
+        gpus = 1\n\
+        gpu_memory = \"80GB\"\n\
+        [[models]]\n\
+        key = \"a\"\n\
+        engine = { kind = \"mock\" }\n\
+        size = \"1GB\"\n\
+        [[models]]\n\
+        key = \"b\"\n\
+        engine = { kind = \"external\", url = \"not a url\" }\n\
+        queue = { capacity = 5000 }\n";
+
+    #[test]
+    fn paths_split_into_keys_and_indices() {
+        assert_eq!(
+            steps("models[2].queue.capacity"),
+            [Step::Key("models"), Step::Index(2), Step::Key("queue"), Step::Key("capacity")]
+        );
+        assert_eq!(steps("a[1][0]"), [Step::Key("a"), Step::Index(1), Step::Index(0)]);
+    }
+
+    #[test]
+    fn a_field_is_found_on_its_line_or_its_entry() {
+        assert_eq!(line_of(TEXT, "timeout_ceiling_s"), 2);
+        assert_eq!(line_of(TEXT, "nodes[0].gpus"), 5);
+        assert_eq!(line_of(TEXT, "models[1].engine.url"), 13);
+        assert_eq!(line_of(TEXT, "models[1].queue.capacity"), 14);
+        // Left to its default: the line of the model's entry.
+        assert!((11..=12).contains(&line_of(TEXT, "models[1].min_replicas")));
+        assert_eq!(line_of(TEXT, "nowhere.at.all"), 1);
+    }
+
+    #[test]
+    fn errors_name_the_file_the_line_and_the_field() {
+        let e = ServeConfig::from_toml(TEXT, "serve.toml").unwrap_err().to_string();
+        assert_eq!(e, "invalid configuration serve.toml:2: timeout_ceiling_s: 99999999999 is out of range: 1 to 2592000 seconds (30 days)");
+        let fixed = TEXT.replace("timeout_ceiling_s = 99999999999\n", "");
+        let e = ServeConfig::from_toml(&fixed, "serve.toml").unwrap_err().to_string();
+        assert!(e.starts_with("invalid configuration serve.toml:13: models[1].queue.capacity:"), "{e}");
+        let e = ServeConfig::from_toml("listen = 5\n", "x.toml").unwrap_err().to_string();
+        assert!(e.contains("x.toml") && e.contains("line 1") && e.contains("listen"), "{e}");
+    }
+}

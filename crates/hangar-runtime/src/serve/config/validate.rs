@@ -1,0 +1,388 @@
+//! The rules a parsed configuration must also meet: ranges, bounds and
+//! cross-field checks the field types cannot express.
+//!
+//! Each rule answers with a [`FieldError`] naming the field by its path
+//! (`models[1].queue.capacity`), which [`super::load`] turns into the
+//! file's line. A configuration that passes can run: every duration fits
+//! in the clock's arithmetic, every URL parses, every model has a place on
+//! the nodes for the replicas it must keep.
+
+use std::collections::{BTreeMap, HashMap};
+
+use hangar_core::FieldError;
+use hangar_placement::{CandidateLevel, Cluster, ConfigError as PlacementError, ReplicaRequest};
+use rand::SeedableRng;
+
+use super::{ModelConfig, ServeConfig};
+use crate::engine::EngineSpec;
+
+/// The longest duration any `*_s` setting may hold: 30 days. It keeps
+/// every deadline (`Instant` + duration, milliseconds since the epoch) far
+/// from overflow; nothing Hangar waits for legitimately takes longer.
+pub const MAX_DURATION_S: u64 = 30 * 24 * 3600;
+
+/// The most requests one model's line may hold (per account when fair):
+/// seed 001's bound for Workers AI's queues. A larger configured value is
+/// refused rather than clamped, so what runs is what was written.
+pub const MAX_QUEUE_CAPACITY: usize = 1_000;
+
+/// The most concurrent requests one replica may be given.
+pub const MAX_CONCURRENCY: u32 = 4_096;
+
+/// The smallest and largest `max_body_bytes`: 1 KiB (a chat request
+/// must fit) to 1 GiB.
+pub const BODY_LIMIT_RANGE: std::ops::RangeInclusive<u64> = 1 << 10..=1 << 30;
+
+/// Whether `capacity` may be a line's length (also checked when the admin
+/// API switches a queue).
+pub fn check_queue_capacity(capacity: usize) -> Result<(), String> {
+    match capacity {
+        0 => Err("must be at least 1 (a line that holds nobody refuses every request)".into()),
+        c if c > MAX_QUEUE_CAPACITY => {
+            Err(format!("{c} is above {MAX_QUEUE_CAPACITY}, the most a line may hold (seed 001)"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `value` seconds is a usable duration for `field` (`min` is 0 or 1).
+fn seconds(field: &str, value: u64, min: u64) -> Result<(), FieldError> {
+    if value < min || value > MAX_DURATION_S {
+        return Err(FieldError::new(
+            field,
+            format!("{value} is out of range: {min} to {MAX_DURATION_S} seconds (30 days)"),
+        ));
+    }
+    Ok(())
+}
+
+impl ServeConfig {
+    /// Checks what the field types cannot: ranges, bounds, duplicates,
+    /// URLs, and that every model's `min_replicas` can be placed on the
+    /// nodes. The error names the first offending field by its path.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let body = self.max_body_bytes.bytes();
+        if !BODY_LIMIT_RANGE.contains(&body) {
+            return Err(FieldError::new(
+                "max_body_bytes",
+                format!("{} is out of range: 1KiB to 1GiB", self.max_body_bytes),
+            ));
+        }
+        seconds("timeout_floor_s", self.timeout_floor_s, 1)?;
+        seconds("timeout_ceiling_s", self.timeout_ceiling_s, 1)?;
+        if self.timeout_ceiling_s < self.timeout_floor_s {
+            return Err(FieldError::new(
+                "timeout_ceiling_s",
+                format!(
+                    "{} is below timeout_floor_s ({}): the ceiling must be at least the floor",
+                    self.timeout_ceiling_s, self.timeout_floor_s
+                ),
+            ));
+        }
+        if self.nodes.is_empty() {
+            return Err(FieldError::new("nodes", "at least one `[[nodes]]` entry is required"));
+        }
+        if let Some(i) = self.nodes.iter().position(|n| n.gpus == 0) {
+            return Err(FieldError::new(
+                format!("nodes[{i}].gpus"),
+                "must be at least 1: a node without GPUs can host no replica (use `virtual_gpus = true` \
+                 on a machine without accelerators)",
+            ));
+        }
+        if self.models.is_empty() {
+            return Err(FieldError::new("models", "at least one `[[models]]` entry is required"));
+        }
+        let mut keys = HashMap::new();
+        for (i, m) in self.models.iter().enumerate() {
+            if let Some(first) = keys.insert(m.key.as_str(), i) {
+                return Err(FieldError::new(
+                    format!("models[{i}].key"),
+                    format!("model `{}` is already declared at models[{first}]", m.key),
+                ));
+            }
+            m.validate().map_err(|e| e.within(&format!("models[{i}]")))?;
+        }
+        self.check_api_keys()?;
+        self.predictions.validate().map_err(|e| e.within("predictions"))?;
+        for (i, d) in self.predictions.deployments.iter().enumerate() {
+            if !keys.contains_key(d.model.as_str()) {
+                return Err(FieldError::new(
+                    format!("predictions.deployments[{i}].model"),
+                    format!("deployment `{}` names `{}`, which is not a served model", d.name, d.model),
+                ));
+            }
+        }
+        self.check_placement()
+    }
+
+    fn check_api_keys(&self) -> Result<(), FieldError> {
+        if self.metrics_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(FieldError::new("metrics_key", "is empty (leave it out for an open /metrics)"));
+        }
+        let mut seen = HashMap::new();
+        for (i, k) in self.api_keys.iter().enumerate() {
+            if k.key.trim().is_empty() {
+                return Err(FieldError::new(format!("api_keys[{i}].key"), "is empty"));
+            }
+            if let Some(first) = seen.insert(k.key.as_str(), i) {
+                return Err(FieldError::new(
+                    format!("api_keys[{i}].key"),
+                    format!("repeats the key of api_keys[{first}]"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The nodes and model sizes make a cluster, and each model alone on
+    /// it can hold its `min_replicas` (at least one replica): a model that
+    /// can never be placed is refused here instead of waiting forever.
+    fn check_placement(&self) -> Result<(), FieldError> {
+        let cluster = || Cluster::new(self.cluster()).map_err(|e| self.placement_error(e));
+        cluster()?;
+        for (i, m) in self.models.iter().enumerate() {
+            let wanted = m.min_replicas.max(1);
+            let mut alone = cluster()?;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed);
+            let request = ReplicaRequest { model_key: m.key.clone(), replicas: wanted, dedicated: false };
+            let outcome = alone.deploy(&[request], 0, &mut rng);
+            let replicas = &outcome.models[0].replicas;
+            let placed = replicas.iter().filter(|r| r.level != CandidateLevel::CantAccommodate).count();
+            let why = replicas.iter().find_map(|r| r.reason.as_ref()).map(|r| r.to_string());
+            let size_field = if m.size.is_some() { "size" } else { "parameters" };
+            match (placed, why) {
+                (0, why) => {
+                    return Err(FieldError::new(
+                        format!("models[{i}].{size_field}"),
+                        format!(
+                            "model `{}` fits on no node: {}",
+                            m.key,
+                            why.unwrap_or_else(|| "no room".into())
+                        ),
+                    ))
+                }
+                (placed, _) if placed < wanted as usize => {
+                    return Err(FieldError::new(
+                        format!("models[{i}].min_replicas"),
+                        format!(
+                            "{wanted} replicas of `{}` are wanted, but the nodes can hold at most {placed} \
+                             even with nothing else on them",
+                            m.key
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Placement's own configuration error, named by its path in this file.
+    fn placement_error(&self, e: PlacementError) -> FieldError {
+        let message = e.to_string();
+        let field = match &e {
+            PlacementError::Placement { field, .. } => format!("placement.{field}"),
+            PlacementError::Node { index, field, .. } => format!("nodes[{index}].{field}"),
+            PlacementError::DuplicateNode { second, .. } => format!("nodes[{second}].id"),
+            PlacementError::Model { model, .. } => {
+                let index: BTreeMap<_, _> =
+                    self.models.iter().enumerate().map(|(i, m)| (m.key.as_str(), i)).collect();
+                match index.get(model.as_str()) {
+                    Some(i) => format!("models[{i}]"),
+                    None => "models".into(),
+                }
+            }
+            _ => "nodes".into(),
+        };
+        // The message already starts with placement's own path; keep only
+        // what it says after it.
+        let message = message.split_once(": ").map_or(message.clone(), |(_, why)| why.to_owned());
+        FieldError::new(field, message)
+    }
+}
+
+impl ModelConfig {
+    /// The model's own ranges; paths are relative to its `[[models]]` entry.
+    fn validate(&self) -> Result<(), FieldError> {
+        if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
+            return Err(FieldError::new(
+                "concurrency",
+                format!("{} is out of range: 1 to {MAX_CONCURRENCY}", self.concurrency),
+            ));
+        }
+        let max = self.max_replicas();
+        if max == 0 || max < self.min_replicas {
+            return Err(FieldError::new(
+                "max_replicas",
+                format!(
+                    "max_replicas ({max}) must be at least 1 and at least min_replicas ({})",
+                    self.min_replicas
+                ),
+            ));
+        }
+        if let Some(capacity) = self.queue.capacity {
+            check_queue_capacity(capacity).map_err(|m| FieldError::new("queue.capacity", m))?;
+        }
+        seconds("timeout_s", self.timeout_s, 0)?;
+        if let Some(after) = self.scale_down_after_s {
+            seconds("scale_down_after_s", after, 0)?;
+        }
+        if self.kv.block_chars == 0 {
+            return Err(FieldError::new("kv.block_chars", "must be at least 1"));
+        }
+        if self.kv.cache_blocks == 0 {
+            return Err(FieldError::new("kv.cache_blocks", "must be at least 1"));
+        }
+        self.engine.validate().map_err(|e| e.within("engine"))?;
+        self.predictions.validate().map_err(|e| e.within("predictions"))
+    }
+}
+
+impl EngineSpec {
+    /// What can be known of an engine before it runs: an `external` URL
+    /// parses as http(s) with a host, a command template is not empty, a
+    /// readiness path is a path, setup timeouts are in range.
+    fn validate(&self) -> Result<(), FieldError> {
+        match self {
+            EngineSpec::Mock { .. } => Ok(()),
+            EngineSpec::External { url } => {
+                let parsed = reqwest::Url::parse(url)
+                    .map_err(|e| FieldError::new("url", format!("`{url}` is not a URL: {e}")))?;
+                if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
+                    return Err(FieldError::new("url", format!("`{url}` is not an http(s) URL with a host")));
+                }
+                if !parsed.username().is_empty() || parsed.password().is_some() {
+                    return Err(FieldError::new("url", "credentials in the URL are not supported"));
+                }
+                Ok(())
+            }
+            EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
+                if command.split_whitespace().next().is_none() {
+                    return Err(FieldError::new("command", "is empty"));
+                }
+                if !readiness_path.starts_with('/') {
+                    return Err(FieldError::new(
+                        "readiness_path",
+                        format!("`{readiness_path}` must be a path starting with `/`"),
+                    ));
+                }
+                seconds("setup_timeout_s", *setup_timeout_s, 1)
+            }
+            EngineSpec::Cog { setup_timeout_s, .. } => seconds("setup_timeout_s", *setup_timeout_s, 1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration of one node with one virtual 80 GB GPU and `models`.
+    fn config(models: &str) -> String {
+        format!("[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\nvirtual_gpus = true\n{models}")
+    }
+
+    fn refused(text: &str) -> FieldError {
+        toml::from_str::<ServeConfig>(text).unwrap().validate().unwrap_err()
+    }
+
+    const MOCK: &str = "[[models]]\nkey = \"m\"\nengine = { kind = \"mock\" }\nsize = \"10GB\"\n";
+
+    #[test]
+    fn the_demo_is_valid() {
+        ServeConfig::demo().validate().unwrap();
+    }
+
+    #[test]
+    fn timeouts_near_u64_max_are_refused_by_their_bound() {
+        let e = refused(&format!("timeout_ceiling_s = 18446744073709551615\n{}", config(MOCK)));
+        assert_eq!(e.field, "timeout_ceiling_s");
+        assert!(e.message.contains("30 days"), "{e}");
+        let e = refused(&config(&format!("{MOCK}timeout_s = 18446744073709551000\n")));
+        assert_eq!(e.field, "models[0].timeout_s");
+        let e = refused(&config(&format!("{MOCK}scale_down_after_s = 99999999999\n")));
+        assert_eq!(e.field, "models[0].scale_down_after_s");
+    }
+
+    #[test]
+    fn an_external_url_that_does_not_parse_is_refused_at_load() {
+        for url in ["not a url", "ftp://h/", "http://", "http://u:p@h:1"] {
+            let model =
+                format!("[[models]]\nkey = \"m\"\nengine = {{ kind = \"external\", url = \"{url}\" }}\n");
+            let e = refused(&config(&model));
+            assert_eq!(e.field, "models[0].engine.url", "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn duplicate_model_keys_are_refused_naming_both() {
+        let e = refused(&config(&format!("{MOCK}{MOCK}")));
+        assert_eq!(e.field, "models[1].key");
+        assert!(e.message.contains("models[0]"), "{e}");
+    }
+
+    #[test]
+    fn no_nodes_no_gpus_and_no_models_are_refused() {
+        assert_eq!(refused(&format!("nodes = []\n{MOCK}")).field, "nodes");
+        let zero = format!("[[nodes]]\nid = \"n\"\ngpus = 0\n{MOCK}");
+        assert_eq!(refused(&zero).field, "nodes[0].gpus");
+        let no_models = format!("models = []\n{}", config(""));
+        assert_eq!(refused(&no_models).field, "models");
+    }
+
+    #[test]
+    fn min_replicas_beyond_what_the_nodes_can_hold_is_refused() {
+        // One 80 GB GPU holds one 60 GB replica (a whole GPU), not two.
+        let e = refused(&config(
+            "[[models]]\nkey = \"big\"\nengine = { kind = \"mock\" }\nsize = \"60GB\"\n\
+             min_replicas = 2\nmax_replicas = 2\n",
+        ));
+        assert_eq!(e.field, "models[0].min_replicas");
+        assert!(e.message.contains("at most 1"), "{e}");
+        // Larger than any node: refused whatever min_replicas says.
+        let e =
+            refused(&config("[[models]]\nkey = \"huge\"\nengine = { kind = \"mock\" }\nsize = \"200GB\"\n"));
+        assert_eq!(e.field, "models[0].size");
+        assert!(e.message.contains("needs 3 GPUs"), "{e}");
+        // Three small replicas share the GPU.
+        toml::from_str::<ServeConfig>(&config(
+            "[[models]]\nkey = \"s\"\nengine = { kind = \"mock\" }\nsize = \"5GB\"\nmin_replicas = 3\n",
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn queue_capacity_is_one_to_a_thousand() {
+        for (capacity, ok) in [(0, false), (1, true), (1000, true), (5000, false)] {
+            let text = config(&format!("{MOCK}queue = {{ capacity = {capacity} }}\n"));
+            let result = toml::from_str::<ServeConfig>(&text).unwrap().validate();
+            assert_eq!(result.is_ok(), ok, "{capacity}: {result:?}");
+            if let Err(e) = result {
+                assert_eq!(e.field, "models[0].queue.capacity");
+            }
+        }
+    }
+
+    #[test]
+    fn api_keys_and_deployments_are_checked() {
+        let keys = "[[api_keys]]\nkey = \"k\"\naccount = \"a\"\n[[api_keys]]\nkey = \"k\"\naccount = \"b\"\n";
+        assert_eq!(refused(&format!("{keys}{}", config(MOCK))).field, "api_keys[1].key");
+        let deployment = "[[predictions.deployments]]\nname = \"o/d\"\nmodel = \"nope\"\n";
+        assert_eq!(
+            refused(&config(&format!("{MOCK}{deployment}"))).field,
+            "predictions.deployments[0].model"
+        );
+    }
+
+    #[test]
+    fn engine_templates_are_checked() {
+        let openai =
+            "[[models]]\nkey = \"m\"\nsize = \"1GB\"\nengine = { kind = \"openai\", command = \" \" }\n";
+        assert_eq!(refused(&config(openai)).field, "models[0].engine.command");
+        let openai = "[[models]]\nkey = \"m\"\nsize = \"1GB\"\n\
+                      engine = { kind = \"openai\", command = \"x {port}\", readiness_path = \"health\" }\n";
+        assert_eq!(refused(&config(openai)).field, "models[0].engine.readiness_path");
+    }
+}
