@@ -263,6 +263,14 @@ queue = {{ algorithm = "fifo", capacity = 10 }}
     assert_eq!(status, 200, "{r}");
     assert_eq!(model_status(&s.url, root, "t/one")["queue"]["algorithm"], "fair");
     assert_eq!(waiting(&s.url), 4, "nobody was lost by the switch");
+    // A line that holds nobody, or more than seed 001's 1,000, is refused.
+    for capacity in [0, 1001] {
+        let body = Some(json!({"capacity": capacity}));
+        let (status, r) = admin(&s.url, root, "PUT", "/admin/models/t/one/queue", body);
+        assert_eq!(status, 400, "{r}");
+        assert_eq!(r["error"]["param"], "capacity", "{r}");
+    }
+    assert_eq!(waiting(&s.url), 4, "a refused switch changes nothing");
     assert_eq!(holder.join().unwrap(), 200);
     for t in threads {
         t.join().unwrap();
