@@ -13,16 +13,15 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures::FutureExt;
+use prometheus_client::metrics::counter::Counter;
 
 use super::gateway::error;
-use super::Inner;
 
 /// The header carrying a request's id, both ways.
 pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -52,18 +51,18 @@ fn request_id(request: &Request) -> HeaderValue {
 }
 
 /// The middleware: runs the rest of the stack with the request id set,
-/// catching a panic of the handler's future.
+/// catching a panic of the handler's future; `panics` counts them.
 ///
 /// # Cancel safety
 /// Dropping it drops the handler's future, as without it.
-pub(crate) async fn guard(State(inner): State<Arc<Inner>>, request: Request, next: Next) -> Response {
+pub(crate) async fn guard(State(panics): State<Counter>, request: Request, next: Next) -> Response {
     let id = request_id(&request);
     let run = AssertUnwindSafe(CURRENT.scope(id.clone(), next.run(request))).catch_unwind();
     let mut response = match run.await {
         Ok(response) => response,
         Err(_) => {
             // The hook has logged it, with the id.
-            inner.metrics.handler_panicked();
+            panics.inc();
             let message = format!(
                 "internal error: the server failed on this request (request id {}); it is logged",
                 id.to_str().unwrap_or_default()
@@ -97,7 +96,32 @@ pub fn install_panic_hook() {
 
 #[cfg(test)]
 mod tests {
+    use axum::routing::get;
+    use tower::ServiceExt;
+
     use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_with_its_request_id_and_is_counted() {
+        let panics = Counter::default();
+        let app = axum::Router::new()
+            .route("/boom", get(|| async { panic!("a bug") as &'static str }))
+            .route("/fine", get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(panics.clone(), guard));
+        let request =
+            |path: &str| Request::get(path).header(&REQUEST_ID, "req-7").body(axum::body::Body::empty());
+        let r = app.clone().oneshot(request("/boom").unwrap()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(r.headers()[&REQUEST_ID], "req-7");
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("request id req-7") && !body.contains("a bug"), "{body}");
+        assert_eq!(panics.get(), 1);
+        // The server goes on serving, and counts nothing for a good request.
+        let r = app.oneshot(request("/fine").unwrap()).await.unwrap();
+        assert_eq!((r.status(), panics.get()), (StatusCode::OK, 1));
+        assert_eq!(r.headers()[&REQUEST_ID], "req-7");
+    }
 
     #[test]
     fn a_caller_id_is_kept_when_usable_and_replaced_otherwise() {

@@ -120,9 +120,9 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    /// A handler panicked (see `guard`).
-    pub fn handler_panicked(&self) {
-        self.panics.inc();
+    /// The counter of handlers that panicked, for the guard to bump.
+    pub fn panics(&self) -> Counter {
+        self.panics.clone()
     }
 
     /// Handles for one model's request figures, resolved once so the

@@ -165,7 +165,7 @@ impl Server {
             .merge(admin::router(self.inner.clone()))
             .merge(predictions.router())
             .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
-            .layer(axum::middleware::from_fn_with_state(self.inner.clone(), guard::guard))
+            .layer(axum::middleware::from_fn_with_state(self.inner.metrics.panics(), guard::guard))
     }
 
     /// Stops every engine this server started.
