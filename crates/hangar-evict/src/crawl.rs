@@ -80,7 +80,8 @@ impl Shard {
 /// Everything one sweep needs.
 pub(crate) struct SweepInput<'a> {
     pub(crate) config: &'a Config,
-    pub(crate) root: &'a Path,
+    /// `st_dev` of the cache root: shards on any other filesystem are skipped.
+    pub(crate) root_dev: u64,
     pub(crate) opener: &'a Opener,
     pub(crate) stats: &'a Stats,
     pub(crate) shutdown: &'a Shutdown,
@@ -90,16 +91,14 @@ pub(crate) struct SweepInput<'a> {
     pub(crate) now_ns: i64,
 }
 
-/// Walks the tree once and returns the shards and the filled selection.
-pub(crate) fn sweep(input: &SweepInput<'_>, selection: Selection) -> (Vec<Shard>, Selection) {
-    let root_fd = match input.opener.root(input.root) {
-        Ok(fd) => fd,
-        Err(e) => {
-            tracing::warn!(root = %input.root.display(), error = %e, "cache root unreadable; nothing to evict");
-            return (Vec::new(), selection);
-        }
-    };
-    let shards = find_shards(input, &root_fd);
+/// Walks the tree below the open cache root once and returns the shards and
+/// the filled selection.
+pub(crate) fn sweep(
+    input: &SweepInput<'_>,
+    root_fd: &OwnedFd,
+    selection: Selection,
+) -> (Vec<Shard>, Selection) {
+    let shards = find_shards(input, root_fd);
     let selection = crawl(input, &shards, selection);
     (shards, selection)
 }
@@ -521,6 +520,13 @@ fn push_shard(
     model: String,
 ) {
     match input.opener.dir(parent, name) {
+        Ok(fd) if rustix::fs::fstat(&fd).is_ok_and(|st| st.st_dev != input.root_dev) => {
+            // A mount below the root: deleting there never lowers the
+            // measured usage (the deleter's `openat2` refuses crossing
+            // mounts below a shard, this the shard itself).
+            Stats::add(&input.stats.errors, 1);
+            tracing::warn!(shard = %path.display(), "skipping a directory on another filesystem than the cache root");
+        }
         Ok(fd) => {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();

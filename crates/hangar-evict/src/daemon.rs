@@ -13,6 +13,10 @@ pub fn run(config: Config) -> Result<(), EvictError> {
     let disk = Statvfs::new(&config.pvc_mount_path);
     let usage =
         disk.usage().map_err(|source| EvictError::Mount { path: config.pvc_mount_path.clone(), source })?;
+    // Refuse a symlinked root, or one on another filesystem, before doing
+    // anything; a root that does not exist yet is waited for (every sweep
+    // opens it again, with the same checks).
+    crate::engine::open_root(&config)?;
     match disk.atime_mode() {
         Ok(AtimeMode::Relative) => tracing::warn!(
             mount = %config.pvc_mount_path.display(),
@@ -26,9 +30,6 @@ pub fn run(config: Config) -> Result<(), EvictError> {
         _ => {}
     }
     let root = config.cache_root();
-    if !root.is_dir() {
-        tracing::warn!(root = %root.display(), "cache directory does not exist yet; waiting for it");
-    }
     tracing::info!(
         root = %root.display(),
         usage_percent = format_args!("{:.2}", usage.percent()),

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::crawl::{self, DirHook, Shard, SweepInput};
 use crate::delete::{Deleter, Removed};
-use crate::fsops::{self, Opener};
+use crate::fsops::{self, Opener, Root, RootError};
 use crate::hysteresis::{Hysteresis, Mode};
 use crate::select::{Candidate, Selection};
 use crate::shutdown::Shutdown;
@@ -57,6 +57,39 @@ pub enum EvictError {
         /// Underlying error.
         #[source]
         source: io::Error,
+    },
+    /// The cache root, or a directory on the way to it, is a symbolic link.
+    /// Symlinks are never followed, at any level, so the evictor refuses
+    /// the root instead of deleting wherever the link points.
+    #[error(
+        "refusing cache root {}: {} is a symbolic link, and the evictor never follows symlinks; \
+         set PVC_MOUNT_PATH and CACHE_DIRECTORY to the real directory",
+        root.display(),
+        component.display()
+    )]
+    Symlink {
+        /// `PVC_MOUNT_PATH/CACHE_DIRECTORY` as configured.
+        root: PathBuf,
+        /// The configured path up to and including the symlink.
+        component: PathBuf,
+    },
+    /// The cache root is on another filesystem than `PVC_MOUNT_PATH`, whose
+    /// usage is measured: deleting there could never lower it.
+    #[error(
+        "refusing cache root {}: it is on another filesystem (device {root_dev}) than \
+         PVC_MOUNT_PATH {} (device {mount_dev}), whose usage is measured; deleting there could never lower it",
+        root.display(),
+        mount.display()
+    )]
+    OtherFilesystem {
+        /// `PVC_MOUNT_PATH/CACHE_DIRECTORY` as configured.
+        root: PathBuf,
+        /// `PVC_MOUNT_PATH`.
+        mount: PathBuf,
+        /// `major:minor` of the cache root's filesystem.
+        root_dev: String,
+        /// `major:minor` of the mount's filesystem.
+        mount_dev: String,
     },
     /// A background service (signals, metrics, events) could not start.
     #[error("cannot start {what}")]
@@ -249,7 +282,12 @@ impl Evictor {
 
     /// Walks the tree once and selects the least recently used files whose
     /// sizes cover what `usage` is above the target.
-    pub fn sweep(&mut self, usage: Usage) -> Sweep {
+    ///
+    /// The cache root is opened afresh from `/`, never through a symlink;
+    /// a symlinked root or one on another filesystem than `PVC_MOUNT_PATH`
+    /// is an error ([`EvictError::Symlink`], [`EvictError::OtherFilesystem`]),
+    /// a missing or unreadable one an empty sweep.
+    pub fn sweep(&mut self, usage: Usage) -> Result<Sweep, EvictError> {
         let need = usage.bytes_above(self.config.target_threshold);
         let budget_bytes = need + (usage.capacity_bytes() as f64 * BUDGET_MARGIN) as u64;
         let selection =
@@ -257,10 +295,12 @@ impl Evictor {
         Stats::add(&self.stats.sweeps, 1);
         self.stats.discovered.store(0, Relaxed);
         self.stats.hot_skipped.store(0, Relaxed);
-        let root = self.config.cache_root();
+        let Some(root) = open_root(&self.config)? else {
+            return Ok(Sweep { shards: Vec::new(), candidates: Vec::new(), budget_bytes, need_bytes: need });
+        };
         let input = SweepInput {
             config: &self.config,
-            root: &root,
+            root_dev: root.dev,
             opener: &self.opener,
             stats: &self.stats,
             shutdown: &self.shutdown,
@@ -269,7 +309,7 @@ impl Evictor {
             now_ns: fsops::now_ns(),
         };
         let started = Instant::now();
-        let (shards, selection) = crawl::sweep(&input, selection);
+        let (shards, selection) = crawl::sweep(&input, &root.fd, selection);
         let candidates = selection.into_oldest_first();
         self.stats.queued.store(candidates.len() as u64, Relaxed);
         tracing::debug!(
@@ -279,7 +319,7 @@ impl Evictor {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "sweep done"
         );
-        Sweep { shards, candidates, budget_bytes, need_bytes: need }
+        Ok(Sweep { shards, candidates, budget_bytes, need_bytes: need })
     }
 
     /// Deletes a sweep's selection oldest first, in batches of
@@ -380,7 +420,7 @@ impl Evictor {
         if mode == Mode::Off {
             return Ok(Tick::Idle { usage_percent: usage.percent() });
         }
-        let sweep = self.sweep(usage);
+        let sweep = self.sweep(usage)?;
         if sweep.is_empty() {
             return Ok(Tick::NothingEligible);
         }
@@ -447,6 +487,29 @@ impl Evictor {
                 what: "status reporter",
                 source,
             })
+    }
+}
+
+/// Opens `PVC_MOUNT_PATH/CACHE_DIRECTORY` without following symlinks (see
+/// [`fsops::open_root`]). A symlink on the way or another filesystem is an
+/// error; a root that is missing or unreadable is logged and `None`: there
+/// is nothing to evict until it appears.
+pub(crate) fn open_root(config: &Config) -> Result<Option<Root>, EvictError> {
+    let root = || config.cache_root();
+    match fsops::open_root(&config.pvc_mount_path, &config.cache_directory) {
+        Ok(r) => Ok(Some(r)),
+        Err(RootError::Symlink { component }) => Err(EvictError::Symlink { root: root(), component }),
+        Err(RootError::OtherFilesystem { mount, root_dev, mount_dev }) => {
+            Err(EvictError::OtherFilesystem { root: root(), mount, root_dev, mount_dev })
+        }
+        Err(e) if e.is_missing() => {
+            tracing::warn!(root = %root().display(), error = %e, "cache directory does not exist (yet); nothing to evict");
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::warn!(root = %root().display(), error = %e, "cache directory unreadable; nothing to evict");
+            Ok(None)
+        }
     }
 }
 

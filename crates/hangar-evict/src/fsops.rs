@@ -5,6 +5,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use rustix::fs::{self as rfs, AtFlags, Dir, FileType, Mode, OFlags};
@@ -69,13 +70,109 @@ impl Opener {
         let mid = self.dir(parent, &cstr(first.to_owned())?)?;
         self.dir(mid.as_fd(), &cstr(second.to_owned())?)
     }
+}
 
-    /// Opens a directory by path (the cache root; symlinks in the configured
-    /// path itself are the operator's choice).
-    pub(crate) fn root(&self, path: &std::path::Path) -> io::Result<OwnedFd> {
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        Ok(rfs::open(path, flags, Mode::empty())?)
+/// The cache root, opened from `/` one component at a time, none of them a
+/// symlink, and known to be on the filesystem of the measured mount.
+#[derive(Debug)]
+pub(crate) struct Root {
+    pub(crate) fd: OwnedFd,
+    /// `st_dev` of the root (and of the mount).
+    pub(crate) dev: u64,
+}
+
+/// Why the cache root could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RootError {
+    /// A component of the path is a symbolic link: refused, never followed.
+    #[error("{} is a symbolic link", component.display())]
+    Symlink {
+        /// The path up to and including the symlink.
+        component: PathBuf,
+    },
+    /// The root is on another filesystem than the mount path.
+    #[error("it is on another filesystem (device {root_dev}) than PVC_MOUNT_PATH {} (device {mount_dev})", mount.display())]
+    OtherFilesystem { mount: PathBuf, root_dev: String, mount_dev: String },
+    /// A component is missing, not a directory or unreadable.
+    #[error("{}: {source}", component.display())]
+    Io {
+        /// The path up to and including the component that failed.
+        component: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl RootError {
+    /// Whether the root simply does not exist (yet).
+    pub(crate) fn is_missing(&self) -> bool {
+        matches!(self, RootError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
     }
+}
+
+/// Opens `mount/cache_directory` without following a symlink anywhere: `/`,
+/// then each component with `O_NOFOLLOW | O_DIRECTORY` relative to its
+/// parent's handle (`O_PATH` on the way, so only search permission is
+/// needed, as for a path lookup). A symlinked component is refused and
+/// named; the root must be on the same filesystem (`st_dev`) as `mount`,
+/// whose usage is measured, since deleting anywhere else can never lower it.
+pub(crate) fn open_root(mount: &Path, cache_directory: &Path) -> Result<Root, RootError> {
+    let mut at = PathBuf::from("/");
+    let io_at = |at: &Path, e: Errno| RootError::Io { component: at.to_owned(), source: e.into() };
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let top = rfs::open("/", flags, Mode::empty()).map_err(|e| io_at(&at, e))?;
+    if !mount.is_absolute() {
+        let source = io::Error::new(io::ErrorKind::InvalidInput, "not an absolute path");
+        return Err(RootError::Io { component: mount.to_owned(), source });
+    }
+    let mount_fd = descend(top, &mut at, mount)?;
+    let mount_dev = rfs::fstat(&mount_fd).map_err(|e| io_at(&at, e))?.st_dev;
+    let dir = descend(mount_fd, &mut at, cache_directory)?;
+    let readable = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = rfs::openat(&dir, c".", readable, Mode::empty()).map_err(|e| io_at(&at, e))?;
+    let dev = rfs::fstat(&fd).map_err(|e| io_at(&at, e))?.st_dev;
+    if dev != mount_dev {
+        let show = |d: u64| format!("{}:{}", rfs::major(d), rfs::minor(d));
+        return Err(RootError::OtherFilesystem {
+            mount: mount.to_owned(),
+            root_dev: show(dev),
+            mount_dev: show(mount_dev),
+        });
+    }
+    Ok(Root { fd, dev })
+}
+
+/// Opens each component of `rel` below `dir` with `O_PATH | O_NOFOLLOW |
+/// O_DIRECTORY`, extending `at` as it goes.
+fn descend(mut dir: OwnedFd, at: &mut PathBuf, rel: &Path) -> Result<OwnedFd, RootError> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Component;
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    for component in rel.components() {
+        let name = match component {
+            Component::RootDir | Component::CurDir => continue,
+            Component::Prefix(_) => unreachable!("no path prefixes on Unix"),
+            Component::ParentDir => c"..".to_owned(),
+            Component::Normal(name) => CString::new(name.as_bytes()).map_err(|_| RootError::Io {
+                component: at.join(name),
+                source: io::ErrorKind::InvalidInput.into(),
+            })?,
+        };
+        at.push(component);
+        dir = match rfs::openat(&dir, &name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(e @ (Errno::NOTDIR | Errno::LOOP)) => {
+                let symlink = rfs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
+                if symlink {
+                    return Err(RootError::Symlink { component: at.clone() });
+                }
+                return Err(RootError::Io { component: at.clone(), source: e.into() });
+            }
+            Err(e) => return Err(RootError::Io { component: at.clone(), source: e.into() }),
+        };
+    }
+    Ok(dir)
 }
 
 /// One directory entry other than `.` and `..`.

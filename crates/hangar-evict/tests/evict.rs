@@ -6,6 +6,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -13,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use common::{eventually, spec, Dial, Fixture, TreeUsage};
 use hangar_evict::layout::Layout;
 use hangar_evict::synth::{set_times, TreeSpec};
-use hangar_evict::{Evictor, Statvfs, Stop, Tick, UsageSource};
+use hangar_evict::{EvictError, Evictor, Statvfs, Stop, Tick, UsageSource};
 
 fn evicted(t: Tick) -> hangar_evict::EvictReport {
     match t {
@@ -93,7 +94,7 @@ fn regression_file_read_after_it_was_queued_is_spared() {
     let usage = TreeUsage::filled_to(&fx.root, 90.0);
     let mut ev = Evictor::new(fx.config(&[]), usage.source());
     let (u, _) = ev.check().unwrap();
-    let sweep = ev.sweep(u);
+    let sweep = ev.sweep(u).unwrap();
     let selected = sweep.paths();
     assert!(selected.len() > 2);
 
@@ -193,6 +194,165 @@ fn symlinks_foreign_names_and_outside_files_are_never_touched() {
     }
 }
 
+/// Writes 20 cold blocks under `real`, runs an evictor that wants to delete
+/// everything with `config`, and returns the error it stopped with, after
+/// checking that every block behind the symlink survived.
+fn refused_with_every_file_kept(fx: &Fixture, real: &Path, extra: &[(&str, &str)]) -> EvictError {
+    let files = spec(20).write(real, SystemTime::now(), 2).unwrap();
+    let usage = TreeUsage::filled_to(real, 99.0);
+    let mut env = vec![("CLEANUP_THRESHOLD", "1"), ("TARGET_THRESHOLD", "0")];
+    env.extend_from_slice(extra);
+    let mut ev = Evictor::new(fx.config(&env), usage.source());
+    let err = ev.tick().expect_err("the evictor went through a symlink");
+    let (u, _) = ev.check().unwrap();
+    assert!(ev.sweep(u).is_err(), "a sweep went through a symlink");
+    let kept = files.iter().filter(|f| real.join(&f.path).exists()).count();
+    assert_eq!(kept, 20, "files behind the symlink were deleted: {err}");
+    assert_eq!(ev.stats().snapshot().deleted, 0);
+    err
+}
+
+fn assert_symlink_named(err: &EvictError, root: &Path, link: &Path) {
+    match err {
+        EvictError::Symlink { root: r, component } => {
+            assert_eq!((r.as_path(), component.as_path()), (root, link), "{err}");
+        }
+        other => panic!("expected a symlink refusal, got {other}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains(&root.display().to_string()), "{text}");
+    assert!(text.contains(&format!("{} is a symbolic link", link.display())), "{text}");
+}
+
+#[test]
+fn regression_a_symlinked_cache_directory_is_refused_and_what_it_points_to_survives() {
+    let fx = Fixture::new();
+    let real = fx.tmp.path().join("other-volume/cache");
+    std::fs::remove_dir(&fx.root).unwrap();
+    std::fs::create_dir_all(&real).unwrap();
+    symlink(&real, &fx.root).unwrap(); // <mnt>/cache -> elsewhere
+    let err = refused_with_every_file_kept(&fx, &real, &[]);
+    assert_symlink_named(&err, &fx.root, &fx.root);
+}
+
+#[test]
+fn regression_a_symlinked_component_of_the_cache_directory_is_refused() {
+    let fx = Fixture::new();
+    let elsewhere = fx.tmp.path().join("other-volume");
+    std::fs::create_dir_all(elsewhere.join("cache")).unwrap();
+    let link = fx.mount().join("kv");
+    symlink(&elsewhere, &link).unwrap(); // <mnt>/kv -> elsewhere, CACHE_DIRECTORY=kv/cache
+    let err = refused_with_every_file_kept(&fx, &elsewhere.join("cache"), &[("CACHE_DIRECTORY", "kv/cache")]);
+    assert_symlink_named(&err, &link.join("cache"), &link);
+}
+
+#[test]
+fn regression_a_symlinked_mount_path_is_refused() {
+    let fx = Fixture::new();
+    let link = fx.tmp.path().join("mnt-link");
+    symlink(fx.mount(), &link).unwrap(); // PVC_MOUNT_PATH=<tmp>/mnt-link -> <tmp>/mnt
+    let err = refused_with_every_file_kept(&fx, &fx.root, &[("PVC_MOUNT_PATH", link.to_str().unwrap())]);
+    assert_symlink_named(&err, &link.join("cache"), &link);
+}
+
+/// A writable temporary directory reachable from `/` without symlinks on
+/// another filesystem than `/`, if this machine has one.
+fn tempdir_off_the_root_filesystem() -> Option<tempfile::TempDir> {
+    use std::os::unix::fs::MetadataExt;
+    let root_dev = std::fs::metadata("/").ok()?.dev();
+    let candidates = [
+        PathBuf::from("/dev/shm"),
+        PathBuf::from("/run"),
+        std::env::temp_dir(),
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+    ];
+    candidates.into_iter().find_map(|dir| {
+        let real = std::fs::canonicalize(&dir).ok().filter(|r| *r == dir)?;
+        (std::fs::metadata(&real).ok()?.dev() != root_dev).then(|| tempfile::tempdir_in(&real).ok())?
+    })
+}
+
+#[test]
+fn regression_a_cache_directory_on_another_filesystem_than_the_mount_is_refused() {
+    // PVC_MOUNT_PATH=/ with the cache on another filesystem below it: no
+    // symlink anywhere, but deleting there never lowers `/`'s usage.
+    let Some(other) = tempdir_off_the_root_filesystem() else {
+        eprintln!("skipped: no writable directory on another filesystem than / on this machine");
+        return;
+    };
+    let fx = Fixture::new();
+    let real = other.path().join("cache");
+    let files = spec(20).write(&real, SystemTime::now(), 2).unwrap();
+    let usage = TreeUsage::filled_to(&real, 99.0);
+    let relative = real.strip_prefix("/").unwrap().to_str().unwrap();
+    let config = fx.config(&[
+        ("PVC_MOUNT_PATH", "/"),
+        ("CACHE_DIRECTORY", relative),
+        ("CLEANUP_THRESHOLD", "1"),
+        ("TARGET_THRESHOLD", "0"),
+    ]);
+    let mut ev = Evictor::new(config, usage.source());
+    let err = ev.tick().expect_err("the evictor deleted on another filesystem");
+    match &err {
+        EvictError::OtherFilesystem { root, mount, .. } => {
+            assert_eq!((root.as_path(), mount.as_path()), (real.as_path(), Path::new("/")));
+        }
+        other => panic!("expected a filesystem refusal, got {other}"),
+    }
+    assert!(err.to_string().contains("another filesystem"), "{err}");
+    let kept = files.iter().filter(|f| real.join(&f.path).exists()).count();
+    assert_eq!(kept, 20, "files on the other filesystem were deleted");
+}
+
+/// Unmounts (lazily) when dropped, also when the test fails.
+struct TmpfsMount(PathBuf);
+
+impl TmpfsMount {
+    /// Mounts a small tmpfs at `at`, or `None` when not permitted here.
+    fn new(at: &Path) -> Option<TmpfsMount> {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+            .arg(at)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| TmpfsMount(at.to_owned()))
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_shard_mounted_from_another_filesystem_is_skipped() {
+    let fx = Fixture::new();
+    let files = fx.tree(TreeSpec { files: 40, ranks: 2, ..TreeSpec::default() });
+    // Rank 1's shard directory becomes the mount point of another volume
+    // holding its own copy of the blocks.
+    let shard1 = fx.root.join(TreeSpec::default().shard_dir(1));
+    let Some(_mount) = TmpfsMount::new(&shard1) else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)");
+        return;
+    };
+    let (rank0, rank1): (Vec<_>, Vec<_>) =
+        files.iter().cloned().partition(|f| f.path.starts_with(TreeSpec::default().shard_dir(0)));
+    for f in &rank1 {
+        let p = fx.root.join(&f.path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"block").unwrap();
+        set_times(&p, f.last_use, f.last_use).unwrap();
+    }
+    let usage = TreeUsage::filled_to(&fx.root, 99.0);
+    let config = fx.config(&[("CLEANUP_THRESHOLD", "1"), ("TARGET_THRESHOLD", "0")]);
+    let mut ev = Evictor::new(config, usage.source());
+    drain(&mut ev);
+    assert!(!rank0.is_empty() && fx.remaining(&rank0).is_empty(), "the shard on the volume was not evicted");
+    assert_eq!(fx.remaining(&rank1).len(), rank1.len(), "a block on another filesystem was deleted");
+}
+
 #[test]
 fn files_vanishing_before_their_turn_are_skipped() {
     let fx = Fixture::new();
@@ -201,7 +361,7 @@ fn files_vanishing_before_their_turn_are_skipped() {
     let config = fx.config(&[("CLEANUP_THRESHOLD", "1"), ("TARGET_THRESHOLD", "0")]);
     let mut ev = Evictor::new(config, usage.source());
     let (u, _) = ev.check().unwrap();
-    let sweep = ev.sweep(u);
+    let sweep = ev.sweep(u).unwrap();
     let selected = sweep.paths();
     for p in selected.iter().take(5) {
         std::fs::remove_file(fx.root.join(p)).unwrap();
@@ -230,7 +390,7 @@ fn regression_both_layouts_including_a_bf16_dtype_directory() {
     let config = fx.config(&[("CLEANUP_THRESHOLD", "1"), ("TARGET_THRESHOLD", "0")]);
     let mut ev = Evictor::new(config, usage.source());
     let (u, _) = ev.check().unwrap();
-    let sweep = ev.sweep(u);
+    let sweep = ev.sweep(u).unwrap();
 
     let mut shards: Vec<_> = sweep
         .shards()
@@ -262,7 +422,7 @@ fn regression_a_full_queue_slows_discovery_instead_of_dropping_files() {
     ]);
     let mut ev = Evictor::new(config, usage.source());
     let (u, _) = ev.check().unwrap();
-    let sweep = ev.sweep(u);
+    let sweep = ev.sweep(u).unwrap();
     assert_eq!(ev.stats().snapshot().discovered, 300);
     assert_eq!(sweep.len(), 300, "discovered files were dropped");
 }
@@ -276,7 +436,7 @@ fn regression_discovered_counts_the_current_sweep_only() {
     let mut ev = Evictor::new(fx.config(&[]), dial.source());
     for _ in 0..3 {
         let (u, _) = ev.check().unwrap();
-        ev.sweep(u);
+        ev.sweep(u).unwrap();
         assert_eq!(ev.stats().snapshot().discovered, 120);
     }
     assert_eq!(ev.stats().snapshot().sweeps, 3);
@@ -301,7 +461,7 @@ fn regression_status_reports_on_while_deleting() {
     let line = ev.stats().snapshot().status_line(&Default::default(), Duration::from_secs(1), false);
     assert!(line.contains("deletion=ON"), "{line}");
     ev = ev.with_removed_sink(ev_sink);
-    let sweep = ev.sweep(u);
+    let sweep = ev.sweep(u).unwrap();
     ev.evict(sweep).unwrap();
     assert!(seen_on.load(Ordering::Relaxed), "status said OFF while deleting");
     assert!(!ev.stats().snapshot().deleting, "OFF after reaching the target");
@@ -321,7 +481,7 @@ fn regression_a_panicking_crawler_is_restarted_and_counted() {
         }
     }));
     let (u, _) = ev.check().unwrap();
-    let sweep = ev.sweep(u);
+    let sweep = ev.sweep(u).unwrap();
     assert_eq!(ev.stats().snapshot().crawler_restarts, 1);
     assert!(sweep.len() >= 99, "the restarted crawlers finished the sweep: {}", sweep.len());
     ev.evict(sweep).unwrap();
@@ -388,7 +548,7 @@ fn stale_temporary_files_are_removed() {
     dial.set(90.0);
     let mut ev = Evictor::new(fx.config(&[]), dial.source());
     let (u, _) = ev.check().unwrap();
-    ev.sweep(u);
+    ev.sweep(u).unwrap();
     assert!(!stale.exists() && fresh.exists());
     assert_eq!(ev.stats().snapshot().tmp_removed, 1);
 }
@@ -425,7 +585,7 @@ fn regression_each_bucket_is_listed_once_per_sweep() {
     let mut ev = Evictor::new(config, dial.source())
         .with_dir_hook(Arc::new(move |p| log.lock().unwrap().push(p.to_owned())));
     let (u, _) = ev.check().unwrap();
-    ev.sweep(u);
+    ev.sweep(u).unwrap();
 
     let listed = listed.lock().unwrap();
     let distinct: HashSet<_> = listed.iter().collect();

@@ -1,7 +1,8 @@
 //! `hangar evict` as a process: settings errors, signals, /metrics.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -139,4 +140,109 @@ fn metrics_are_served_in_prometheus_text() {
     let pid = rustix::process::Pid::from_child(&p.0);
     rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
     assert!(wait_exit(&mut p, Duration::from_secs(10)).is_some_and(|s| s.success()));
+}
+
+/// Starts `hangar evict` over `mount` with `args`, ON from the start and
+/// never at target, so it would delete every cold block it can reach, and
+/// returns its exit status and stderr once it has exited (it must refuse).
+fn refused(mount: &Path, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut c = hangar();
+    c.arg("evict")
+        .args(args)
+        .env("PVC_MOUNT_PATH", mount)
+        .env("CACHE_DIRECTORY", "cache")
+        .env("CLEANUP_THRESHOLD", "0.001")
+        .env("TARGET_THRESHOLD", "0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut p = Proc(c.spawn().expect("spawn hangar evict"));
+    let status = wait_exit(&mut p, Duration::from_secs(30)).expect("still running: the root was not refused");
+    let mut err = String::new();
+    p.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (status, err)
+}
+
+/// Writes 20 cold blocks under `root` and returns their paths.
+fn cold_tree(root: &Path) -> Vec<PathBuf> {
+    let files = TreeSpec { files: 20, ..TreeSpec::default() }.write(root, SystemTime::now(), 2).unwrap();
+    files.into_iter().map(|f| root.join(f.path)).collect()
+}
+
+#[test]
+fn regression_symlinks_in_the_cache_path_are_refused_at_start_and_nothing_behind_them_is_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mount = tmp.path().join("mnt");
+    let elsewhere = tmp.path().join("other-volume");
+    std::fs::create_dir_all(&mount).unwrap();
+    let blocks = cold_tree(&elsewhere.join("cache"));
+    let link = |name: &str, to: &Path| {
+        let at = tmp.path().join(name);
+        let _ = std::fs::remove_file(&at);
+        symlink(to, &at).unwrap();
+        at
+    };
+    // (flags, root as configured, the symlinked component)
+    let cases: Vec<(Vec<String>, PathBuf, PathBuf)> = vec![
+        // CACHE_DIRECTORY=cache, <mnt>/cache -> elsewhere/cache
+        {
+            let l = link("mnt/cache", &elsewhere.join("cache"));
+            (vec![], l.clone(), l)
+        },
+        // --cache-directory kv/cache, <mnt>/kv -> elsewhere
+        {
+            let l = link("mnt/kv", &elsewhere);
+            (vec!["--cache-directory".into(), "kv/cache".into()], l.join("cache"), l)
+        },
+        // --pvc-mount-path <tmp>/mnt-link, <tmp>/mnt-link -> elsewhere
+        {
+            let l = link("mnt-link", &elsewhere);
+            (vec!["--pvc-mount-path".into(), l.to_str().unwrap().to_owned()], l.join("cache"), l)
+        },
+    ];
+    for (args, root, component) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (status, err) = refused(&mount, &args);
+        assert_eq!(status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&format!("refusing cache root {}", root.display())), "{args:?}: {err}");
+        assert!(err.contains(&format!("{} is a symbolic link", component.display())), "{args:?}: {err}");
+        let kept = blocks.iter().filter(|b| b.exists()).count();
+        assert_eq!(kept, 20, "{args:?}: files behind the symlink were deleted");
+    }
+}
+
+/// A writable temporary directory reachable from `/` without symlinks on
+/// another filesystem than `/`, if this machine has one.
+fn tempdir_off_the_root_filesystem() -> Option<tempfile::TempDir> {
+    use std::os::unix::fs::MetadataExt;
+    let root_dev = std::fs::metadata("/").ok()?.dev();
+    let candidates = [
+        PathBuf::from("/dev/shm"),
+        PathBuf::from("/run"),
+        std::env::temp_dir(),
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+    ];
+    candidates.into_iter().find_map(|dir| {
+        let real = std::fs::canonicalize(&dir).ok().filter(|r| *r == dir)?;
+        (std::fs::metadata(&real).ok()?.dev() != root_dev).then(|| tempfile::tempdir_in(&real).ok())?
+    })
+}
+
+#[test]
+fn regression_a_cache_directory_on_another_filesystem_than_the_mount_is_refused_at_start() {
+    let Some(other) = tempdir_off_the_root_filesystem() else {
+        eprintln!("skipped: no writable directory on another filesystem than / on this machine");
+        return;
+    };
+    let root = other.path().join("cache");
+    let blocks = cold_tree(&root);
+    let relative = root.strip_prefix("/").unwrap().to_str().unwrap().to_owned();
+    let (status, err) = refused(Path::new("/"), &["--cache-directory", &relative]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("refusing cache root {}", root.display())), "{err}");
+    assert!(err.contains("another filesystem") && err.contains("PVC_MOUNT_PATH /"), "{err}");
+    assert_eq!(
+        blocks.iter().filter(|b| b.exists()).count(),
+        20,
+        "files on the other filesystem were deleted"
+    );
 }

@@ -24,12 +24,18 @@ pub(crate) struct Walk {
     pub(crate) deleted: u64,
 }
 
-/// Walks the shard directories `root/*/` bucket by bucket on `threads`
-/// threads, unlinking each block whose last use is at or before
-/// `delete_up_to_ns` (`None`: delete nothing, only warm the caches).
-pub(crate) fn walk(root: &Path, threads: usize, delete_up_to_ns: Option<i64>) -> io::Result<Walk> {
+/// Walks the shard directories `mount/cache_directory/*/` bucket by bucket
+/// on `threads` threads, unlinking each block whose last use is at or
+/// before `delete_up_to_ns` (`None`: delete nothing, only warm the caches).
+/// The root is opened as the evictor opens it: no symlinks, same filesystem.
+pub(crate) fn walk(
+    mount: &Path,
+    cache_directory: &Path,
+    threads: usize,
+    delete_up_to_ns: Option<i64>,
+) -> io::Result<Walk> {
     let opener = Opener::default();
-    let root_fd = opener.root(root)?;
+    let root_fd = fsops::open_root(mount, cache_directory).map_err(io::Error::other)?.fd;
     let mut buckets = Vec::new();
     let mut shards = Listing::reopen(root_fd.as_fd())?;
     while let Some(shard) = shards.next_entry() {

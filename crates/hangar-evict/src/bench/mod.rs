@@ -123,6 +123,13 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     if !rustix::process::geteuid().is_root() {
         return Err(BenchError::NotRoot);
     }
+    // The evictor refuses a root with a symlink anywhere on its path, so the
+    // images are mounted below the real path of the work directory.
+    let work_dir = &opts.work_dir;
+    std::fs::create_dir_all(work_dir).map_err(io_err(format!("creating {}", work_dir.display())))?;
+    let work_dir =
+        std::fs::canonicalize(work_dir).map_err(io_err(format!("resolving {}", work_dir.display())))?;
+    let opts = &Options { work_dir, ..opts.clone() };
     let mut report = Report::default();
     for &files in &opts.files {
         report.rows.push(one(opts, files)?);
@@ -130,6 +137,8 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     Ok(report)
 }
 
+/// The evictor's default `CACHE_DIRECTORY`, under which the tree is written.
+const CACHE_DIRECTORY: &str = "kv/model-cache/models";
 /// Smallest tree measured.
 const MIN_FILES: usize = 1000;
 const BLOCK: usize = 8192;
@@ -139,7 +148,8 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     let dir = opts.work_dir.join(format!("hangar-evict-bench-{}-{files}", std::process::id()));
     let mut vol = Volume::create(&dir, files)?;
     let mnt = vol.mnt.clone();
-    let root = mnt.join("kv/model-cache/models");
+    let cache_directory = Path::new(CACHE_DIRECTORY);
+    let root = mnt.join(cache_directory);
     let spec = TreeSpec {
         layout: Layout::Current { bucket_len: 3 },
         model: "meta-llama/Llama-3.1-70B".into(),
@@ -169,10 +179,10 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     // The bare walk's copy is taken before the evictor runs; copying remounts
     // both, so both are warmed by the same walk.
     let bare_vol = vol.copy(&dir.join("bare-walk"))?;
-    let bare_root = bare_vol.mnt.join("kv/model-cache/models");
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    for r in [&root, &bare_root] {
-        bare_walk::walk(r, threads, None).map_err(io_err(format!("warming {}", r.display())))?;
+    for m in [&mnt, &bare_vol.mnt] {
+        bare_walk::walk(m, cache_directory, threads, None)
+            .map_err(io_err(format!("warming {}", m.join(cache_directory).display())))?;
     }
 
     let log = dir.join("evict.log");
@@ -192,7 +202,8 @@ fn one(opts: &Options, files: usize) -> Result<Row, BenchError> {
     let Survivors { deleted, recent, order_violations, newest_deleted } = survivors(&root, &plan);
     let up_to_ns = newest_deleted
         .map_or(i64::MIN, |t| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64));
-    let bare = bare_walk::walk(&bare_root, threads, Some(up_to_ns)).map_err(io_err("the bare walk"))?;
+    let bare = bare_walk::walk(&bare_vol.mnt, cache_directory, threads, Some(up_to_ns))
+        .map_err(io_err("the bare walk"))?;
     tracing::info!(
         secs = bare.elapsed.as_secs_f64(),
         files = bare.files,
@@ -399,6 +410,7 @@ impl Evictor {
         let child = Command::new(exe)
             .arg("evict")
             .env("PVC_MOUNT_PATH", mnt)
+            .env("CACHE_DIRECTORY", CACHE_DIRECTORY)
             // Logging only: one status line per second, sweep timings.
             .env("STATUS_INTERVAL_SECONDS", "1")
             .env("LOG_LEVEL", "DEBUG")
