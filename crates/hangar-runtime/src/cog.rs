@@ -17,6 +17,11 @@
 //!   `logs` all the logs so far.
 //! - `POST /predictions/{id}/cancel` cancels it (404 if it is not running);
 //!   the `completed` webhook then says `canceled`.
+//! - `POST /shutdown` stops the server: uvicorn stops, the worker process
+//!   running the model is terminated and joined, the process exits 0. A
+//!   server started with `--await-explicit-shutdown true` (as the node
+//!   agent starts them) waits for this (or a SIGINT — which it cannot
+//!   receive if it inherited SIGINT ignored) and ignores SIGTERM.
 //!
 //! [`run`] drives one prediction: it receives the webhooks on a loopback
 //! port of its own, turns the cumulative objects into new output items and
@@ -129,6 +134,21 @@ pub async fn health(client: &reqwest::Client, base_url: &str, timeout: Duration)
     let body = r.bytes().await.map_err(|e| format!("/health-check broke off: {e}"))?;
     serde_json::from_slice(&body)
         .map_err(|e| format!("/health-check answered something else than cog's JSON: {e}"))
+}
+
+/// Asks a cog server at `base_url` to shut down (`POST /shutdown`); it
+/// exits shortly after answering.
+pub async fn shutdown(client: &reqwest::Client, base_url: &str, timeout: Duration) -> Result<(), String> {
+    let r = client
+        .post(format!("{base_url}/shutdown"))
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| format!("no answer to /shutdown: {e}"))?;
+    if !r.status().is_success() {
+        return Err(format!("/shutdown answered {}", r.status()));
+    }
+    Ok(())
 }
 
 /// A prediction's status as cog reports it.

@@ -19,9 +19,20 @@
 //! process exits, the setup fails (`SETUP_FAILED`, with `setup()`'s logs)
 //! or the setup timeout passes — killing what it started, so no failure
 //! leaves a process behind. A [`RunningEngine`] is stopped with
-//! [`RunningEngine::stop`] (SIGTERM — SIGINT for cog, which waits for an
-//! explicit shutdown — then SIGKILL after a grace period) and is killed if
-//! dropped.
+//! [`RunningEngine::stop`] (SIGTERM, then SIGKILL after a grace period) and
+//! is killed if dropped.
+//!
+//! A cog server is a process tree: the HTTP server runs the model in a
+//! worker process of its own (and Python's resource tracker beside it).
+//! Killing only the server leaves the worker reading a closed pipe, and it
+//! dies printing an `EOFError` traceback. So a cog server is always asked
+//! to shut down through cog's own `POST /shutdown` — also when its setup
+//! failed or timed out — which terminates the worker and exits cleanly, and
+//! does not depend on the server's signal dispositions (it ignores SIGTERM
+//! and, started from a shell in the background, inherits SIGINT ignored).
+//! It runs in a process group of its own, so that the SIGKILL of last resort
+//! takes the whole tree, and a Ctrl-C at the terminal reaches only
+//! `hangar`, which stops it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -168,7 +179,17 @@ pub struct RunningEngine {
     pub base_url: String,
     child: Option<Child>,
     /// What asks the process to stop.
-    stop_signal: Signal,
+    stop_by: StopBy,
+}
+
+/// How a started engine is asked to stop before it is killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopBy {
+    /// SIGTERM to the process.
+    Terminate,
+    /// cog's `POST /shutdown` (SIGINT if it does not answer); the process
+    /// leads a process group of its own, which SIGKILL takes whole.
+    CogShutdown,
 }
 
 impl RunningEngine {
@@ -182,19 +203,60 @@ impl RunningEngine {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
-    /// Stops the engine: SIGTERM, then SIGKILL if it has not exited after
-    /// `grace`. External engines are left alone.
+    /// Stops the engine: SIGTERM (a cog server: `POST /shutdown`), then
+    /// SIGKILL if it has not exited after `grace` (a cog server: its whole
+    /// process group). External engines are left alone.
     ///
     /// # Cancel safety
     /// If the future is dropped, the process is killed when `self` is.
     pub async fn stop(mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else { return };
-        if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-            let _ = rustix::process::kill_process(pid, self.stop_signal);
+        let deadline = tokio::time::Instant::now() + grace;
+        let Some(child) = self.child.as_mut() else { return };
+        let pid = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
+        match self.stop_by {
+            StopBy::Terminate => {
+                if let Some(pid) = pid {
+                    let _ = rustix::process::kill_process(pid, Signal::TERM);
+                }
+            }
+            StopBy::CogShutdown => {
+                let client = reqwest::Client::new();
+                if cog::shutdown(&client, &self.base_url, grace).await.is_err() {
+                    if let Some(pid) = pid {
+                        let _ = rustix::process::kill_process(pid, Signal::INT);
+                    }
+                }
+            }
         }
-        if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        if tokio::time::timeout_at(deadline, child.wait()).await.is_ok() {
+            self.child = None;
+            return;
+        }
+        self.kill_group();
+        if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
         }
+    }
+
+    /// SIGKILL to a cog server's process group, taking its worker along.
+    /// Only while the server has not been reaped: until then its pid, and
+    /// so the group id, cannot have been reused.
+    fn kill_group(&self) {
+        if self.stop_by != StopBy::CogShutdown {
+            return;
+        }
+        let pid = self.child.as_ref().and_then(Child::id);
+        if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+        }
+    }
+}
+
+impl Drop for RunningEngine {
+    /// `kill_on_drop` kills the engine process; a cog server's worker goes
+    /// with its process group.
+    fn drop(&mut self) {
+        self.kill_group();
     }
 }
 
@@ -205,7 +267,7 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
         EngineSpec::External { url } => Ok(RunningEngine {
             base_url: url.trim_end_matches('/').to_owned(),
             child: None,
-            stop_signal: Signal::TERM,
+            stop_by: StopBy::Terminate,
         }),
         EngineSpec::Cog { .. } => launch_cog(spec, ctx, CogMode::Predict).await,
         EngineSpec::Mock { preset, startup_delay_ms } => {
@@ -256,6 +318,9 @@ pub async fn launch_cog(
         .env("PORT", port.to_string())
         .env("CUDA_VISIBLE_DEVICES", &gpus)
         .stdin(Stdio::null())
+        // Its own process group: the SIGKILL of last resort takes its
+        // worker too, and a Ctrl-C at the terminal does not reach it.
+        .process_group(0)
         .kill_on_drop(true);
     // Cog starts its worker with the `python` it finds on PATH: make that
     // the interpreter that has cog (a virtual environment's).
@@ -269,20 +334,21 @@ pub async fn launch_cog(
     }
     output_to_stderr(&mut cmd)?;
     die_with_parent(&mut cmd);
-    let mut child =
+    let child =
         cmd.spawn().map_err(|source| LaunchError::Spawn { program: python.display().to_string(), source })?;
     let base_url = format!("http://127.0.0.1:{port}");
+    let mut engine = RunningEngine { base_url, child: Some(child), stop_by: StopBy::CogShutdown };
     let client = reqwest::Client::new();
     let timeout = Duration::from_secs(*setup_timeout_s);
     let deadline = tokio::time::Instant::now() + timeout;
     let failure = loop {
+        let child = engine.child.as_mut().expect("the cog server is ours until it is stopped");
         if let Some(status) = child.try_wait()? {
+            engine.child = None;
             return Err(LaunchError::Exited { status });
         }
-        match cog::health(&client, &base_url, Duration::from_secs(2)).await.map(|h| (h.status, h)) {
-            Ok((HealthStatus::Ready | HealthStatus::Busy, _)) => {
-                return Ok(RunningEngine { base_url, child: Some(child), stop_signal: Signal::INT })
-            }
+        match cog::health(&client, &engine.base_url, Duration::from_secs(2)).await.map(|h| (h.status, h)) {
+            Ok((HealthStatus::Ready | HealthStatus::Busy, _)) => return Ok(engine),
             Ok((HealthStatus::SetupFailed, h)) => {
                 break LaunchError::SetupFailed { logs: h.setup_logs().to_owned() }
             }
@@ -291,9 +357,14 @@ pub async fn launch_cog(
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let _ = child.kill().await;
+    // Still up (awaiting an explicit shutdown, or stuck in setup): shut it
+    // down as any cog server, not by killing it under its worker.
+    engine.stop(FAILED_COG_GRACE).await;
     Err(failure)
 }
+
+/// How long a cog server whose setup failed has to shut down.
+const FAILED_COG_GRACE: Duration = Duration::from_secs(5);
 
 /// Sends what the engine prints to this process's stderr (its log): our
 /// stdout is for this process's own output (`hangar serve` announces its
@@ -373,7 +444,7 @@ async fn ready(
             return Err(LaunchError::Exited { status });
         }
         if client.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
-            return Ok(RunningEngine { base_url, child: Some(child), stop_signal: Signal::TERM });
+            return Ok(RunningEngine { base_url, child: Some(child), stop_by: StopBy::Terminate });
         }
         if tokio::time::Instant::now() >= deadline {
             let _ = child.kill().await;

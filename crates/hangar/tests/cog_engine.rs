@@ -2,11 +2,14 @@
 //! server (`python -m cog.server.http`, the pinned `cog` package) in
 //! `examples/cog-echo` and runs predictions and trainings on it over cog's
 //! HTTP protocol — streamed output, logs, cancel, input the model
-//! rejects, a setup that fails, and the OpenAI routes refusing the model.
+//! rejects, a setup that fails, and the OpenAI routes refusing the model —
+//! and stopping those servers quietly.
 
 mod common;
 
-use std::path::Path;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::predictions::{client, get, post, sse_events, wait_terminal};
@@ -129,4 +132,124 @@ fn cog_models_serve_predictions_and_trainings() {
     assert_eq!(r.status(), 400);
     let body: Value = r.json().unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("predictions"), "{body}");
+}
+
+/// `hangar serve` whose log the test reads once it has stopped.
+struct LoggedServe {
+    child: Child,
+    url: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoggedServe {
+    fn start(config: &str) -> LoggedServe {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, log) = (dir.path().join("serve.toml"), dir.path().join("serve.log"));
+        std::fs::write(&path, config).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut s = LoggedServe { child, url: String::new(), log, _dir: dir };
+        let mut line = String::new();
+        BufReader::new(s.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        s.url = line.trim().strip_prefix("listening on ").expect("listening on URL").to_owned();
+        s
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops the server as an operator does (SIGTERM: it stops its
+    /// engines, then exits) and returns what it logged from then on.
+    fn stop(&mut self) -> String {
+        let before = self.log().len();
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        // A bound for liveness only: stopping takes about a second.
+        let t = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(120), "hangar serve did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.log()[before..].to_owned()
+    }
+}
+
+impl Drop for LoggedServe {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- hangar serve's log ---\n{}", self.log());
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a Python process prints when the cog server it worked for went
+/// away without shutting it down: its worker's `EOFError` on the closed
+/// pipe, and the resource tracker's warning about what was left behind.
+const UNCLEAN_STOP: [&str; 3] = ["EOFError", "Process _ChildWorker", "leaked semaphore"];
+
+/// A `python` that runs `python` with SIGINT ignored, as every process
+/// started in the background by a non-interactive shell inherits it.
+fn python_ignoring_sigint(python: &Path, dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    // Resolved here: the engine puts the wrapper's directory first on PATH.
+    let real = if python.components().count() > 1 {
+        python.to_owned()
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path).map(|d| d.join(python)).find(|p| p.is_file()).expect("python on PATH")
+    };
+    let wrapper = dir.join("python");
+    std::fs::write(&wrapper, format!("#!/bin/sh\ntrap '' INT\nexec '{}' \"$@\"\n", real.display())).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wrapper
+}
+
+#[test]
+fn regression_stopping_cog_servers_leaves_no_traceback_in_the_log() {
+    let bin = tempfile::tempdir().unwrap();
+    let python = python_ignoring_sigint(&common::python(), bin.path());
+    let broken = tempfile::tempdir().unwrap();
+    std::fs::write(broken.path().join("cog.yaml"), "predict: \"predict.py:Predictor\"\n").unwrap();
+    std::fs::write(broken.path().join("predict.py"), BROKEN).unwrap();
+    let mut s = LoggedServe::start(&config(&python, broken.path().to_str().unwrap()));
+
+    // A replica that serves, a trainer started and stopped for one
+    // training, and a server stopped because its setup failed.
+    let create = format!("{}/v1/models/examples/cog-echo/predictions", s.url);
+    let (_, p) = post(&create, &json!({"input": {"prompt": "hi"}}), &[("Prefer", "wait=60")]);
+    assert_eq!(p["status"], "succeeded", "{p}");
+    let model = get(&format!("{}/v1/models/examples/cog-echo", s.url));
+    let version = model["latest_version"]["id"].as_str().unwrap().to_owned();
+    let (_, t) = post(
+        &format!("{}/v1/models/examples/cog-echo/versions/{version}/trainings", s.url),
+        &json!({"destination": "acme/echo-tuned", "input": {"text": "a b"}}),
+        &[],
+    );
+    let t = wait_terminal(t["urls"]["get"].as_str().unwrap());
+    assert_eq!(t["status"], "succeeded", "{t}");
+    let (_, p) = post(
+        &format!("{}/v1/models/examples/broken/predictions", s.url),
+        &json!({"input": {"prompt": "x"}}),
+        &[],
+    );
+    let p = wait_terminal(p["urls"]["get"].as_str().unwrap());
+    assert!(p["error"].as_str().unwrap().contains("SETUP_FAILED"), "{p}");
+
+    // Stopping the server stops the serving replica: not a line of
+    // Python traceback (the broken model's own setup traceback, logged
+    // while it failed, came before).
+    let after_stop = s.stop();
+    assert!(!after_stop.contains("Traceback"), "a traceback while stopping:\n{after_stop}");
+    let log = s.log();
+    for unclean in UNCLEAN_STOP {
+        assert!(!log.contains(unclean), "a cog server was not shut down cleanly ({unclean}):\n{log}");
+    }
 }
