@@ -3,6 +3,11 @@
 //! Errors are RFC 7807 problem documents (`application/problem+json`)
 //! with `title`, `detail` and `status`; input validation errors (422) add
 //! `invalid_fields` naming each bad field.
+//!
+//! Every route authenticates first (401 before anything is looked up), and
+//! a model an account may not use — and its versions and deployments — is
+//! answered exactly as one that does not exist: the same 404, the same
+//! body, so its existence does not leak.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +30,7 @@ use crate::record::{rfc3339, JobKind, Record, StatusView};
 use crate::service::{now, Inner, InputRules, Service};
 use crate::store::{Cursor, PredictionQueue};
 use crate::webhook_policy::{Event, Filter};
+use crate::webhook_target;
 
 /// Predictions per page of `GET /v1/predictions`.
 pub const PAGE_SIZE: usize = 100;
@@ -61,6 +67,29 @@ impl Problem {
 
     fn bad_request(detail: impl Into<String>) -> Self {
         Problem::new(StatusCode::BAD_REQUEST, "Bad request", detail)
+    }
+
+    /// A 400 naming `field` (a value refused outright, not input to fix).
+    fn bad_field(field: &str, message: &str) -> Self {
+        Problem {
+            status: StatusCode::BAD_REQUEST,
+            title: "Bad request",
+            detail: format!("{field}: {message}"),
+            invalid: Some((field.to_owned(), message.to_owned())),
+        }
+    }
+
+    /// The problem of a body that could not be read: its status (413 when
+    /// over the length limit, 400 otherwise), a title to match.
+    fn body_rejected(r: BytesRejection) -> Self {
+        let status = r.status();
+        let title = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => "Payload too large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "Unsupported media type",
+            s if s.is_server_error() => "Internal error",
+            _ => "Bad request",
+        };
+        Problem::new(status, title, r.body_text())
     }
 
     fn not_found(detail: impl Into<String>) -> Self {
@@ -116,6 +145,7 @@ impl Service {
             .route("/v1/deployments/{owner}/{name}", get(deployment))
             .route("/v1/deployments/{owner}/{name}/predictions", post(create_by_deployment))
             .route("/v1/webhooks/default/secret", get(secret))
+            .route("/v1/webhooks/default/secret/rotate", post(rotate_secret))
             .with_state(self.inner.clone())
     }
 }
@@ -156,7 +186,7 @@ impl Target {
 }
 
 fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, Problem> {
-    let body = body.map_err(|r| Problem::new(r.status(), "Bad request", r.body_text()))?;
+    let body = body.map_err(Problem::body_rejected)?;
     match serde_json::from_slice::<Value>(&body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(Problem::bad_request("the body must be a JSON object")),
@@ -169,28 +199,64 @@ async fn create_by_version(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
+    let account = account(&inner, &headers)?;
     let body = parse_body(body)?;
     let version = match body.get("version") {
         Some(Value::String(v)) => v.clone(),
         None => return Err(Problem::invalid("version", "is required")),
         Some(_) => return Err(Problem::invalid("version", "must be a string")),
     };
-    let model = resolve_version(&inner, &version)?;
-    create(&inner, &headers, Target::model(model), body).await
+    let model = resolve_version(&inner, &account, &version)?;
+    create(&inner, &headers, &account, Target::model(model), body).await
 }
 
-/// The model of `owner/name`, `owner/name:<id>` or `<id>`.
-fn resolve_version(inner: &Inner, version: &str) -> Result<String, Problem> {
+/// The model of `owner/name`, `owner/name:<id>` or `<id>`, among those
+/// `account` may use (the others are not found, as unknown ones).
+fn resolve_version(inner: &Inner, account: &AccountId, version: &str) -> Result<String, Problem> {
     let unknown = || Problem::not_found(format!("version `{version}` does not exist"));
+    let visible = |key: &str| inner.models.get(key).filter(|m| m.allows(account));
     match version.split_once(':') {
         Some((model, id)) => {
-            let m = inner.models.get(model).ok_or_else(unknown)?;
+            let m = visible(model).ok_or_else(unknown)?;
             (m.version == id).then(|| m.key.clone()).ok_or_else(unknown)
         }
-        None if version.contains('/') => inner.models.get(version).map(|m| m.key.clone()).ok_or_else(unknown),
-        None => {
-            inner.models.values().find(|m| m.version == version).map(|m| m.key.clone()).ok_or_else(unknown)
-        }
+        None if version.contains('/') => visible(version).map(|m| m.key.clone()).ok_or_else(unknown),
+        None => inner
+            .models
+            .values()
+            .find(|m| m.version == version && m.allows(account))
+            .map(|m| m.key.clone())
+            .ok_or_else(unknown),
+    }
+}
+
+/// The model `owner/name` if `account` may use it; otherwise the 404 of a
+/// model that does not exist.
+fn visible_model<'a>(
+    inner: &'a Inner,
+    account: &AccountId,
+    owner: &str,
+    name: &str,
+) -> Result<&'a crate::Model, Problem> {
+    let key = format!("{owner}/{name}");
+    match inner.models.get(&key) {
+        Some(m) if m.allows(account) => Ok(m),
+        _ => Err(Problem::not_found(format!("model `{key}` does not exist"))),
+    }
+}
+
+/// The deployment `owner/name` (its model and settings) if `account` may
+/// use its model; otherwise the 404 of a deployment that does not exist.
+fn visible_deployment<'a>(
+    inner: &'a Inner,
+    account: &AccountId,
+    owner: &str,
+    name: &str,
+) -> Result<(String, &'a (String, crate::ModelSettings)), Problem> {
+    let key = format!("{owner}/{name}");
+    match inner.deployments.get(&key) {
+        Some(d) if inner.models.get(&d.0).is_some_and(|m| m.allows(account)) => Ok((key, d)),
+        _ => Err(Problem::not_found(format!("deployment `{key}` does not exist"))),
     }
 }
 
@@ -200,12 +266,10 @@ async fn create_by_model(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let key = format!("{owner}/{name}");
-    if !inner.models.contains_key(&key) {
-        return Err(Problem::not_found(format!("model `{key}` does not exist")));
-    }
+    let account = account(&inner, &headers)?;
+    let key = visible_model(&inner, &account, &owner, &name)?.key.clone();
     let body = parse_body(body)?;
-    create(&inner, &headers, Target::model(key), body).await
+    create(&inner, &headers, &account, Target::model(key), body).await
 }
 
 async fn create_by_deployment(
@@ -214,13 +278,12 @@ async fn create_by_deployment(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let key = format!("{owner}/{name}");
-    let Some((model, _)) = inner.deployments.get(&key) else {
-        return Err(Problem::not_found(format!("deployment `{key}` does not exist")));
-    };
+    let account = account(&inner, &headers)?;
+    let (key, (model, _)) = visible_deployment(&inner, &account, &owner, &name)?;
     let model = model.clone();
     let body = parse_body(body)?;
-    create(&inner, &headers, Target { model, deployment: Some(key), kind: JobKind::Prediction }, body).await
+    let target = Target { model, deployment: Some(key), kind: JobKind::Prediction };
+    create(&inner, &headers, &account, target, body).await
 }
 
 /// A training of a model version: its own queue, one at a time per
@@ -231,12 +294,14 @@ async fn create_training(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
+    let account = account(&inner, &headers)?;
     let key = format!("{owner}/{name}");
-    if inner.models.get(&key).is_none_or(|m| m.version != version) {
+    if inner.models.get(&key).is_none_or(|m| m.version != version || !m.allows(&account)) {
         return Err(Problem::not_found(format!("version `{version}` of `{key}` does not exist")));
     }
     let body = parse_body(body)?;
-    create(&inner, &headers, Target { model: key, deployment: None, kind: JobKind::Training }, body).await
+    create(&inner, &headers, &account, Target { model: key, deployment: None, kind: JobKind::Training }, body)
+        .await
 }
 
 /// `Prefer: wait` / `wait=n` (1–60 s, default 60).
@@ -259,21 +324,17 @@ fn prefer_wait(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
     Ok(None)
 }
 
+/// Creates a prediction of `target`, which the callers resolved among
+/// the models `account` may use.
 async fn create(
     inner: &Arc<Inner>,
     headers: &HeaderMap,
+    account: &AccountId,
     target: Target,
     body: Map<String, Value>,
 ) -> ApiResult {
-    let account = account(inner, headers)?;
     let model = &inner.models[&target.model];
-    if !model.allows(&account) {
-        return Err(Problem::new(
-            StatusCode::FORBIDDEN,
-            "Forbidden",
-            format!("account `{account}` may not use the model `{}`", model.key),
-        ));
-    }
+    debug_assert!(model.allows(account), "callers resolve only visible models");
     let input = match body.get("input") {
         Some(v @ Value::Object(_)) => v.clone(),
         None => return Err(Problem::invalid("input", "is required")),
@@ -307,10 +368,10 @@ async fn create(
     let webhook = match body.get("webhook") {
         None | Some(Value::Null) => None,
         Some(Value::String(url)) => {
-            let ok = reqwest::Url::parse(url)
-                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
-            if !ok {
-                return Err(Problem::bad_request(format!("webhook `{url}` is not an http(s) URL")));
+            // Refused outright (400), not input to correct: where the
+            // server may send requests (see `webhook_target`).
+            if let Err(e) = webhook_target::check_url(url, &inner.allow) {
+                return Err(Problem::bad_field("webhook", &format!("`{url}` is refused: {e}")));
             }
             Some(url.clone())
         }
@@ -468,19 +529,12 @@ async fn list(
     let account = account(&inner, &headers)?;
     let cursor = match q.cursor.as_deref() {
         None | Some("") => Cursor::Start,
-        Some(c) => {
-            let bad = || {
-                Problem::bad_request(format!(
-                    "cursor `{c}` is invalid; use the `next`/`previous` URLs as given"
-                ))
-            };
-            let n = |s: &str| s.parse::<i64>().map_err(|_| bad());
-            match c.split_at(1) {
-                ("b", s) => Cursor::Before(n(s)?),
-                ("a", s) => Cursor::After(n(s)?),
-                _ => return Err(bad()),
-            }
-        }
+        Some(c) => parse_cursor(c).ok_or_else(|| {
+            Problem::bad_field(
+                "cursor",
+                &format!("`{c}` is invalid; use the `next`/`previous` URLs as given"),
+            )
+        })?,
     };
     let page =
         inner.store.list(Some(account.as_str()), kind, cursor, PAGE_SIZE).map_err(Problem::internal)?;
@@ -491,6 +545,15 @@ async fn list(
     let view = view(&headers);
     let results: Vec<Value> = page.results.iter().map(|r| r.to_json(&inner.base_url, view)).collect();
     Ok(Json(json!({"next": next, "previous": previous, "results": results})).into_response())
+}
+
+/// A listing cursor: `b<seq>` (the page after) or `a<seq>` (the page
+/// before). Any other text, non-ASCII included, is `None`.
+fn parse_cursor(c: &str) -> Option<Cursor> {
+    if let Some(seq) = c.strip_prefix('b') {
+        return seq.parse().ok().map(Cursor::Before);
+    }
+    c.strip_prefix('a')?.parse().ok().map(Cursor::After)
 }
 
 /// SSE at `urls.stream`: `output` and `logs` events as they happen (from
@@ -615,21 +678,13 @@ fn version_json(inner: &Inner, key: &str) -> Value {
     })
 }
 
-fn visible_model(inner: &Inner, headers: &HeaderMap, owner: &str, name: &str) -> Result<String, Problem> {
-    let account = account(inner, headers)?;
-    let key = format!("{owner}/{name}");
-    match inner.models.get(&key) {
-        Some(m) if m.allows(&account) => Ok(key),
-        _ => Err(Problem::not_found(format!("model `{key}` does not exist"))),
-    }
-}
-
 async fn model(
     State(inner): State<Arc<Inner>>,
     Path((owner, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let key = visible_model(&inner, &headers, &owner, &name)?;
+    let account = account(&inner, &headers)?;
+    let key = visible_model(&inner, &account, &owner, &name)?.key.clone();
     Ok(Json(json!({
         "url": format!("{}/{key}", inner.base_url),
         "owner": owner,
@@ -649,7 +704,8 @@ async fn versions(
     Path((owner, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let key = visible_model(&inner, &headers, &owner, &name)?;
+    let account = account(&inner, &headers)?;
+    let key = visible_model(&inner, &account, &owner, &name)?.key.clone();
     Ok(Json(json!({"next": null, "previous": null, "results": [version_json(&inner, &key)]})).into_response())
 }
 
@@ -658,7 +714,8 @@ async fn version(
     Path((owner, name, id)): Path<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let key = visible_model(&inner, &headers, &owner, &name)?;
+    let account = account(&inner, &headers)?;
+    let key = visible_model(&inner, &account, &owner, &name)?.key.clone();
     if inner.models[&key].version != id {
         return Err(Problem::not_found(format!("version `{id}` of `{key}` does not exist")));
     }
@@ -670,11 +727,8 @@ async fn deployment(
     Path((owner, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult {
-    account(&inner, &headers)?;
-    let key = format!("{owner}/{name}");
-    let Some((model, settings)) = inner.deployments.get(&key) else {
-        return Err(Problem::not_found(format!("deployment `{key}` does not exist")));
-    };
+    let account = account(&inner, &headers)?;
+    let (_, (model, settings)) = visible_deployment(&inner, &account, &owner, &name)?;
     Ok(Json(json!({
         "owner": owner,
         "name": name,
@@ -693,7 +747,23 @@ async fn deployment(
     .into_response())
 }
 
+/// The account's current signing secret (each account has its own).
 async fn secret(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
-    account(&inner, &headers)?;
-    Ok(Json(json!({"key": inner.secret})).into_response())
+    let account = account(&inner, &headers)?;
+    let mut secrets = inner.signing_secrets(account.as_str()).map_err(Problem::internal)?;
+    Ok(Json(json!({"key": secrets.swap_remove(0)})).into_response())
+}
+
+/// Makes a new signing secret for the account. The one it replaces stays
+/// valid for `webhook_secret_grace_s`: until then webhooks carry both
+/// signatures.
+async fn rotate_secret(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
+    let account = account(&inner, &headers)?;
+    let grace = inner.config.webhook_secret_grace_s.saturating_mul(1000);
+    let r = inner
+        .store
+        .rotate_webhook_secret(account.as_str(), now(), grace, &crate::signing::new_secret)
+        .map_err(Problem::internal)?;
+    Ok(Json(json!({"key": r.key, "previous_key_valid_until": r.previous_valid_until.map(rfc3339)}))
+        .into_response())
 }

@@ -3,8 +3,31 @@
 
 use serde::{Deserialize, Serialize};
 
+use hangar_core::FieldError;
+
 use crate::lifecycle::{Limits, DEFAULT_MAX_RUN_LIFETIME, DEFAULT_PREDICT_TIMEOUT, DEFAULT_TRAIN_TIMEOUT};
 use crate::webhook_policy::Retry;
+use crate::webhook_target::AllowList;
+
+/// The longest run duration accepted (`max_run_lifetime_s`,
+/// `predict_timeout_s`, `train_timeout_s`): 30 days. Far below anything
+/// that could overflow `Millis` or `Instant` arithmetic.
+pub const MAX_RUN_S: u64 = 30 * 86_400;
+/// The longest `retention_s`: 365 days.
+pub const MAX_RETENTION_S: u64 = 365 * 86_400;
+/// `lease_s` bounds: 1 s to 1 h (the heartbeat is a third of it).
+pub const LEASE_S: std::ops::RangeInclusive<u64> = 1..=3600;
+/// `async_slots` bounds.
+pub const ASYNC_SLOTS: std::ops::RangeInclusive<u32> = 1..=1024;
+/// The smallest `webhook_retry_base_ms`: 100 ms, so a failing receiver
+/// gets at most ten attempts a second of one webhook.
+pub const MIN_RETRY_BASE_MS: u64 = 100;
+/// The largest `webhook_retry_cap_ms` (and base): 1 h.
+pub const MAX_RETRY_CAP_MS: u64 = 3_600_000;
+/// `webhook_max_attempts` bounds.
+pub const MAX_ATTEMPTS: std::ops::RangeInclusive<u32> = 1..=50;
+/// The longest `webhook_secret_grace_s`: 7 days.
+pub const MAX_SECRET_GRACE_S: u64 = 7 * 86_400;
 
 /// Server-wide predictions settings. Every field has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +59,16 @@ pub struct PredictionsConfig {
     /// Attempts before a webhook is given up (default 12).
     #[serde(default = "default_retry_attempts")]
     pub webhook_max_attempts: u32,
+    /// What webhooks may reach beyond public addresses: CIDRs
+    /// (`127.0.0.0/8`, `::1/128`, a bare address), host names
+    /// (`hooks.example.com`) and `*.example.com` (every name under it).
+    /// Default: nothing (see [`crate::webhook_target`]).
+    #[serde(default)]
+    pub webhook_allow: Vec<String>,
+    /// Seconds a rotated-out webhook signing secret stays valid (webhooks
+    /// carry both signatures meanwhile). Default 86400.
+    #[serde(default = "default_secret_grace")]
+    pub webhook_secret_grace_s: u64,
     /// Named deployments (`POST /v1/deployments/{owner}/{name}/predictions`).
     #[serde(default)]
     pub deployments: Vec<Deployment>,
@@ -86,13 +119,37 @@ impl Default for ModelSettings {
 }
 
 impl ModelSettings {
+    /// Refuses durations over [`MAX_RUN_S`] (30 days). 0 keeps its
+    /// meaning: no lifetime, the default predict timeout, a training
+    /// bounded by the predict timeout alone. Field paths are relative to
+    /// the settings table (`predict_timeout_s`).
+    pub fn validate(&self) -> Result<(), FieldError> {
+        for (field, value) in [
+            ("max_run_lifetime_s", self.max_run_lifetime_s),
+            ("predict_timeout_s", self.predict_timeout_s),
+            ("train_timeout_s", self.train_timeout_s),
+        ] {
+            if value > MAX_RUN_S {
+                return Err(FieldError::new(
+                    field,
+                    format!("{value} s is over the limit of {MAX_RUN_S} s (30 days)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The limits of a prediction (`training: false`) or training. A
     /// training's run timeout is the larger of the two, as Replicate's.
     pub fn limits(&self, training: bool) -> Limits {
-        let predict = self.predict_timeout_s * 1000;
+        let predict = self.predict_timeout_s.saturating_mul(1000);
         Limits {
-            max_run_lifetime: self.max_run_lifetime_s * 1000,
-            predict_timeout: if training { predict.max(self.train_timeout_s * 1000) } else { predict },
+            max_run_lifetime: self.max_run_lifetime_s.saturating_mul(1000),
+            predict_timeout: if training {
+                predict.max(self.train_timeout_s.saturating_mul(1000))
+            } else {
+                predict
+            },
         }
     }
 }
@@ -104,6 +161,100 @@ impl Default for PredictionsConfig {
 }
 
 impl PredictionsConfig {
+    /// Refuses values that parse but must not run (bounds in
+    /// docs/predictions.md and the constants of this module). Field
+    /// paths are relative to the `[predictions]` table:
+    /// `webhook_retry_base_ms`, `webhook_allow[0]`,
+    /// `deployments[1].settings.predict_timeout_s`.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let err = FieldError::new;
+        if let Some(url) = &self.public_url {
+            let ok = url::Url::parse(url).is_ok_and(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.has_host()
+                    && u.username().is_empty()
+                    && u.password().is_none()
+                    && u.query().is_none()
+                    && u.fragment().is_none()
+            });
+            if !ok {
+                return Err(err(
+                    "public_url",
+                    format!("`{url}` is not an http(s) URL without credentials, query or fragment"),
+                ));
+            }
+        }
+        if self.retention_s > MAX_RETENTION_S {
+            return Err(err(
+                "retention_s",
+                format!("{} s is over the limit of {MAX_RETENTION_S} s (365 days)", self.retention_s),
+            ));
+        }
+        if !LEASE_S.contains(&self.lease_s) {
+            return Err(err("lease_s", format!("{} s is outside 1 to 3600 s", self.lease_s)));
+        }
+        if !ASYNC_SLOTS.contains(&self.async_slots) {
+            return Err(err("async_slots", format!("{} is outside 1 to 1024", self.async_slots)));
+        }
+        let (base, cap) = (self.webhook_retry_base_ms, self.webhook_retry_cap_ms);
+        if !(MIN_RETRY_BASE_MS..=MAX_RETRY_CAP_MS).contains(&base) {
+            return Err(err(
+                "webhook_retry_base_ms",
+                format!(
+                    "{base} ms is outside {MIN_RETRY_BASE_MS} to {MAX_RETRY_CAP_MS} ms: \
+                     a shorter first delay floods a failing receiver"
+                ),
+            ));
+        }
+        if !(base..=MAX_RETRY_CAP_MS).contains(&cap) {
+            return Err(err(
+                "webhook_retry_cap_ms",
+                format!("{cap} ms is outside webhook_retry_base_ms ({base}) to {MAX_RETRY_CAP_MS} ms"),
+            ));
+        }
+        if !MAX_ATTEMPTS.contains(&self.webhook_max_attempts) {
+            return Err(err(
+                "webhook_max_attempts",
+                format!("{} is outside 1 to 50", self.webhook_max_attempts),
+            ));
+        }
+        if self.webhook_secret_grace_s > MAX_SECRET_GRACE_S {
+            return Err(err(
+                "webhook_secret_grace_s",
+                format!(
+                    "{} s is over the limit of {MAX_SECRET_GRACE_S} s (7 days)",
+                    self.webhook_secret_grace_s
+                ),
+            ));
+        }
+        AllowList::parse(&self.webhook_allow).map_err(|e| e.within("webhook_allow"))?;
+        let mut names = std::collections::HashSet::new();
+        for (i, d) in self.deployments.iter().enumerate() {
+            let at = format!("deployments[{i}]");
+            let owner_name = d.name.split_once('/').is_some_and(|(o, n)| {
+                !o.is_empty()
+                    && !n.is_empty()
+                    && !n.contains('/')
+                    && d.name.parse::<hangar_core::ModelKey>().is_ok()
+            });
+            if !owner_name {
+                return Err(err("name", format!("`{}` is not `owner/name`", d.name)).within(&at));
+            }
+            if !names.insert(d.name.as_str()) {
+                return Err(
+                    err("name", format!("`{}` names an earlier deployment again", d.name)).within(&at)
+                );
+            }
+            if d.model.is_empty() {
+                return Err(FieldError::new("model", "is empty").within(&at));
+            }
+            if let Some(settings) = &d.settings {
+                settings.validate().map_err(|e| e.within(&format!("{at}.settings")))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The webhook back-off.
     pub fn retry(&self) -> Retry {
         Retry {
@@ -132,6 +283,9 @@ fn default_retry_cap() -> u64 {
 fn default_retry_attempts() -> u32 {
     12
 }
+fn default_secret_grace() -> u64 {
+    86_400
+}
 fn default_lifetime() -> u64 {
     DEFAULT_MAX_RUN_LIFETIME / 1000
 }
@@ -145,6 +299,7 @@ fn default_train_timeout() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn defaults_and_training_limits() {
@@ -156,5 +311,121 @@ mod tests {
         assert_eq!(m.limits(true).predict_timeout, 86_400_000);
         let e = serde_json::from_str::<ModelSettings>(r#"{"idempotnt": true}"#).unwrap_err();
         assert!(e.to_string().contains("idempotnt"), "{e}");
+        assert_eq!(c.webhook_secret_grace_s, 86_400);
+        assert!(c.webhook_allow.is_empty());
+        assert_eq!(c.validate(), Ok(()), "the defaults are valid");
+    }
+
+    fn config(toml_json: serde_json::Value) -> PredictionsConfig {
+        serde_json::from_value(toml_json).unwrap()
+    }
+
+    /// The flood of issue 17: no first delay, no attempt limit.
+    #[test]
+    fn retry_settings_that_could_flood_are_refused() {
+        for (c, field) in [
+            (json!({"webhook_retry_base_ms": 0, "webhook_max_attempts": 1000000}), "webhook_retry_base_ms"),
+            (json!({"webhook_retry_base_ms": 99}), "webhook_retry_base_ms"),
+            (
+                json!({"webhook_retry_base_ms": 3_600_001, "webhook_retry_cap_ms": 3_600_001}),
+                "webhook_retry_base_ms",
+            ),
+            (json!({"webhook_retry_base_ms": 1000, "webhook_retry_cap_ms": 999}), "webhook_retry_cap_ms"),
+            (json!({"webhook_retry_cap_ms": 3_600_001}), "webhook_retry_cap_ms"),
+            (json!({"webhook_max_attempts": 0}), "webhook_max_attempts"),
+            (json!({"webhook_max_attempts": 51}), "webhook_max_attempts"),
+            (json!({"webhook_secret_grace_s": 604_801}), "webhook_secret_grace_s"),
+        ] {
+            let e = config(c.clone()).validate().unwrap_err();
+            assert_eq!(e.field, field, "{c}: {e}");
+        }
+        for ok in [
+            json!({"webhook_retry_base_ms": 100, "webhook_retry_cap_ms": 100, "webhook_max_attempts": 1}),
+            json!({
+                "webhook_retry_base_ms": 3_600_000, "webhook_retry_cap_ms": 3_600_000, "webhook_max_attempts": 50
+            }),
+            json!({"webhook_secret_grace_s": 0}),
+        ] {
+            assert_eq!(config(ok.clone()).validate(), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn durations_out_of_bounds_are_refused_and_zero_keeps_its_meaning() {
+        for (c, field) in [
+            (json!({"lease_s": 0}), "lease_s"),
+            (json!({"lease_s": 3601}), "lease_s"),
+            (json!({"retention_s": 365 * 86_400 + 1}), "retention_s"),
+            (json!({"async_slots": 0}), "async_slots"),
+            (json!({"async_slots": 1025}), "async_slots"),
+        ] {
+            assert_eq!(config(c.clone()).validate().unwrap_err().field, field, "{c}");
+        }
+        assert_eq!(config(json!({"retention_s": 0})).validate(), Ok(()));
+        let max = ModelSettings {
+            max_run_lifetime_s: MAX_RUN_S,
+            predict_timeout_s: MAX_RUN_S,
+            train_timeout_s: MAX_RUN_S,
+            idempotent: false,
+        };
+        assert_eq!(max.validate(), Ok(()));
+        let zero = ModelSettings {
+            max_run_lifetime_s: 0,
+            predict_timeout_s: 0,
+            train_timeout_s: 0,
+            idempotent: false,
+        };
+        assert_eq!(zero.validate(), Ok(()));
+        for field in ["max_run_lifetime_s", "predict_timeout_s", "train_timeout_s"] {
+            let mut s = serde_json::to_value(ModelSettings::default()).unwrap();
+            s[field] = json!(MAX_RUN_S + 1);
+            let e = serde_json::from_value::<ModelSettings>(s).unwrap().validate().unwrap_err();
+            assert_eq!(e.field, field);
+        }
+        // u64::MAX seconds would overflow the milliseconds of `limits`.
+        let huge = ModelSettings { predict_timeout_s: u64::MAX, ..ModelSettings::default() };
+        assert_eq!(huge.validate().unwrap_err().field, "predict_timeout_s");
+    }
+
+    #[test]
+    fn public_url_allow_list_and_deployments_are_checked_with_their_paths() {
+        for (c, field) in [
+            (json!({"public_url": "ftp://example.com"}), "public_url".to_owned()),
+            (json!({"public_url": "not a url"}), "public_url".to_owned()),
+            (json!({"public_url": "https://u:p@example.com"}), "public_url".to_owned()),
+            (json!({"webhook_allow": ["127.0.0.0/8", "10.0.0.0/40"]}), "webhook_allow[1]".to_owned()),
+            (json!({"webhook_allow": ["hooks example"]}), "webhook_allow[0]".to_owned()),
+            (
+                json!({"deployments": [{"name": "a/b", "model": "m/x"}, {"name": "ab", "model": "m/x"}]}),
+                "deployments[1].name".to_owned(),
+            ),
+            (json!({"deployments": [{"name": "a/b/c", "model": "m/x"}]}), "deployments[0].name".to_owned()),
+            (json!({"deployments": [{"name": "/b", "model": "m/x"}]}), "deployments[0].name".to_owned()),
+            (json!({"deployments": [{"name": "a b/c", "model": "m/x"}]}), "deployments[0].name".to_owned()),
+            (
+                json!({"deployments": [{"name": "a/b", "model": "m/x"}, {"name": "a/b", "model": "m/y"}]}),
+                "deployments[1].name".to_owned(),
+            ),
+            (
+                json!({"deployments": [
+                    {"name": "a/b", "model": "m/x"},
+                    {"name": "a/c", "model": "m/x", "settings": {"predict_timeout_s": 2_600_000}},
+                ]}),
+                "deployments[1].settings.predict_timeout_s".to_owned(),
+            ),
+        ] {
+            let e = config(c.clone()).validate().unwrap_err();
+            assert_eq!(e.field, field, "{c}: {e}");
+        }
+        let ok = json!({
+            "public_url": "https://api.example.com/base",
+            "webhook_allow": [
+                "127.0.0.0/8", "::1/128", "10.1.2.3", "hooks.example.com", "*.corp.example.com"
+            ],
+            "deployments": [
+                {"name": "acme/chat-prod", "model": "demo/chat-small", "settings": {"max_run_lifetime_s": 0}}
+            ],
+        });
+        assert_eq!(config(ok).validate(), Ok(()));
     }
 }

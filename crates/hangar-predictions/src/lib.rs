@@ -7,7 +7,7 @@
 //! client by polling, `Prefer: wait`, server-sent events or signed
 //! webhooks. The rules — statuses, deadlines, webhook throttling and
 //! retry — are sans-IO policies that take `now` ([`lifecycle`],
-//! [`webhook_policy`]); [`Service`] drives them with real time and
+//! [`webhook_policy`], [`webhook_target`]); [`Service`] drives them with real time and
 //! serves the HTTP API ([`Service::router`]).
 #![deny(missing_docs)]
 
@@ -21,6 +21,7 @@ mod service;
 pub mod signing;
 pub mod store;
 pub mod webhook_policy;
+pub mod webhook_target;
 
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
 pub use executor::{ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};

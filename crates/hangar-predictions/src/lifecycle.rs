@@ -15,10 +15,16 @@
 //!   (default 24 h; 0 disables it);
 //! - the **predict timeout**: start + `predict_timeout` (default 30 min).
 //!
-//! The earliest applicable one wins. A deadline already passed when the
-//! prediction would start (dequeue, or the cordon loop while it waits)
-//! ends it as `aborted` (per-prediction) or `failed` (lifetime); one that
-//! passes while it runs ends it as `canceled` (per-prediction) or `failed`
+//! One of them applies, chosen by priority as Director's
+//! `getEffectiveDeadline` does: the per-prediction deadline if the
+//! prediction has one; else the lifetime deadline if the model has a
+//! lifetime; else — only then — the predict timeout from the start, the
+//! fallback for a prediction without any deadline. (The per-prediction
+//! deadline is capped by the lifetime when created, so it is never the
+//! later of the two.) A deadline already passed when the prediction would
+//! start (dequeue, or the cordon loop while it waits) ends it as
+//! `aborted` (per-prediction) or `failed` (lifetime); one that passes
+//! while it runs ends it as `canceled` (per-prediction) or `failed`
 //! (lifetime, predict timeout).
 
 use hangar_core::Millis;
@@ -172,24 +178,25 @@ impl Deadlines {
         }
     }
 
-    /// The earliest deadline that applies before the prediction starts;
-    /// on a tie the per-prediction deadline wins (it is checked first).
+    /// The deadline of the prediction, by priority: the per-prediction
+    /// deadline if set, else the lifetime deadline; `None` when it has
+    /// neither (then only the predict timeout bounds its run).
     pub fn before_start(&self) -> Option<(Millis, DeadlineSource)> {
-        earliest([
-            self.per_prediction.map(|d| (d, DeadlineSource::PerPrediction)),
-            self.lifetime.map(|d| (d, DeadlineSource::Lifetime)),
-        ])
+        match (self.per_prediction, self.lifetime) {
+            (Some(at), _) => Some((at, DeadlineSource::PerPrediction)),
+            (None, Some(at)) => Some((at, DeadlineSource::Lifetime)),
+            (None, None) => None,
+        }
     }
 
-    /// The earliest deadline of a prediction that started at `started_at`.
+    /// The deadline of a prediction that started at `started_at`: its
+    /// deadline ([`Deadlines::before_start`]) if it has one, else the
+    /// predict timeout from the start (the fallback; it does not apply
+    /// to a prediction that has a deadline).
     pub fn while_running(&self, limits: &Limits, started_at: Millis) -> (Millis, DeadlineSource) {
-        let timeout = started_at.saturating_add(limits.predict_timeout());
-        earliest([
-            self.per_prediction.map(|d| (d, DeadlineSource::PerPrediction)),
-            self.lifetime.map(|d| (d, DeadlineSource::Lifetime)),
-            Some((timeout, DeadlineSource::PredictTimeout)),
-        ])
-        .expect("the predict timeout always applies")
+        self.before_start().unwrap_or_else(|| {
+            (started_at.saturating_add(limits.predict_timeout()), DeadlineSource::PredictTimeout)
+        })
     }
 
     /// What happens to a prediction about to start (or waiting) at `now`:
@@ -198,12 +205,6 @@ impl Deadlines {
         let (at, source) = self.before_start()?;
         (at <= now).then(|| Ending::expired_before_start(source))
     }
-}
-
-fn earliest<const N: usize>(c: [Option<(Millis, DeadlineSource)>; N]) -> Option<(Millis, DeadlineSource)> {
-    // `min_by_key` keeps the first of equal elements: the order of `c` is
-    // the priority on ties.
-    c.into_iter().flatten().min_by_key(|(at, _)| *at)
 }
 
 /// How and why a prediction ends without succeeding.
@@ -340,22 +341,54 @@ mod tests {
         }
     }
 
+    /// The three worked scenarios of the reference (Replicate's Director,
+    /// seed 001, "Timeout Behavior Examples").
     #[test]
     fn the_seed_scenarios() {
-        // Scenario 1: lifetime 300 s, dequeued at 60 s: 240 s remain.
+        // Scenario 1: lifetime 300 s, predict timeout 1800 s, dequeued at
+        // 60 s: it runs until 300 s (240 s remain), not 60 + 1800 s.
         let limits = Limits { max_run_lifetime: 300_000, predict_timeout: 1_800_000 };
         let d = Deadlines::new(&limits, 0, None);
         assert_eq!(d.at_dequeue(60_000), None);
         assert_eq!(d.while_running(&limits, 60_000), (300_000, DeadlineSource::Lifetime));
-        // Scenario 2: per-prediction 180 s under a 600 s lifetime.
+        // Scenario 2: per-prediction 180 s under a 600 s lifetime, dequeued
+        // at 30 s: 180 s (150 s remain).
         let limits = Limits { max_run_lifetime: 600_000, predict_timeout: 1_800_000 };
         let d = Deadlines::new(&limits, 0, Some(180_000));
+        assert_eq!(d.at_dequeue(30_000), None);
         assert_eq!(d.while_running(&limits, 30_000), (180_000, DeadlineSource::PerPrediction));
-        // Scenario 3: no lifetime: the predict timeout from start.
+        // Scenario 3: lifetime 0, no per-prediction deadline: no deadline;
+        // the predict timeout, 1800 s from the start.
         let limits = Limits { max_run_lifetime: 0, predict_timeout: 1_800_000 };
         let d = Deadlines::new(&limits, 0, None);
         assert_eq!(d.before_start(), None);
-        assert_eq!(d.while_running(&limits, 10), (1_800_010, DeadlineSource::PredictTimeout));
+        assert_eq!(d.at_dequeue(u64::MAX / 2), None);
+        assert_eq!(d.while_running(&limits, 10_000), (1_810_000, DeadlineSource::PredictTimeout));
+    }
+
+    /// Where the priority order differs from "the earliest of the three":
+    /// a lifetime longer than start + predict timeout still wins, since
+    /// the predict timeout is only the fallback for no deadline at all.
+    #[test]
+    fn the_predict_timeout_applies_only_without_a_deadline() {
+        // The defaults: a 24 h lifetime and a 30 min predict timeout.
+        let limits = Limits::default();
+        let d = Deadlines::new(&limits, 0, None);
+        assert_eq!(d.while_running(&limits, 1_000), (DEFAULT_MAX_RUN_LIFETIME, DeadlineSource::Lifetime));
+        // A Cancel-After of 2 h, started at once: 2 h, not 30 min.
+        let d = Deadlines::new(&limits, 0, Some(7_200_000));
+        assert_eq!(d.while_running(&limits, 0), (7_200_000, DeadlineSource::PerPrediction));
+        // Without a lifetime and a Cancel-After, the per-prediction deadline
+        // still replaces the predict timeout.
+        let no_lifetime = Limits { max_run_lifetime: 0, predict_timeout: 60_000 };
+        let d = Deadlines::new(&no_lifetime, 0, Some(600_000));
+        assert_eq!(d.while_running(&no_lifetime, 0), (600_000, DeadlineSource::PerPrediction));
+        // 0 is the 30 min default of the fallback.
+        let d = Deadlines::new(&Limits { max_run_lifetime: 0, predict_timeout: 0 }, 0, None);
+        assert_eq!(
+            d.while_running(&Limits { max_run_lifetime: 0, predict_timeout: 0 }, 5),
+            (5 + DEFAULT_PREDICT_TIMEOUT, DeadlineSource::PredictTimeout)
+        );
     }
 
     #[test]
@@ -400,17 +433,32 @@ mod tests {
             }
         }
 
+        /// The running deadline never passes the lifetime or the
+        /// `Cancel-After` the prediction was created with, and the predict
+        /// timeout decides it exactly when there is neither.
         #[test]
-        fn running_deadline_is_the_earliest(
+        fn running_deadline_follows_the_priority(
             created in 0u64..1 << 40, after in proptest::option::of(5_000u64..1 << 25),
             lifetime in 0u64..1 << 25, wait in 0u64..1 << 25, timeout in 0u64..1 << 25,
+            other_timeout in 0u64..1 << 25,
         ) {
             let limits = Limits { max_run_lifetime: lifetime, predict_timeout: timeout };
             let d = Deadlines::new(&limits, created, after);
             let started = created + wait;
-            let (at, _) = d.while_running(&limits, started);
-            for c in [d.per_prediction, d.lifetime, Some(started + limits.predict_timeout())].into_iter().flatten() {
-                prop_assert!(at <= c);
+            let (at, source) = d.while_running(&limits, started);
+            if lifetime > 0 { prop_assert!(at <= created + lifetime); }
+            if let Some(after) = after { prop_assert!(at <= created + after); }
+            // The running deadline is the same deadline that applied while
+            // it waited, when it had one.
+            prop_assert_eq!(d.before_start().is_some(), source != DeadlineSource::PredictTimeout);
+            if let Some(before) = d.before_start() { prop_assert_eq!((at, source), before); }
+            if source == DeadlineSource::PredictTimeout {
+                prop_assert!(after.is_none() && lifetime == 0);
+                prop_assert_eq!(at, started + limits.predict_timeout());
+            } else {
+                // With a deadline the predict timeout plays no part.
+                let other = Limits { predict_timeout: other_timeout, ..limits };
+                prop_assert_eq!(d.while_running(&other, started), (at, source));
             }
         }
 

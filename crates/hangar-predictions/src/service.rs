@@ -21,6 +21,7 @@ use crate::record::{JobKind, Record, StatusView};
 use crate::signing;
 use crate::store::{Delivery, PredictionQueue, SqliteQueue, StoreError};
 use crate::webhook_policy::{retry_delay, Decision, Event, Throttle};
+use crate::webhook_target::{self, AllowList};
 
 /// The wall clock, in ms since the Unix epoch.
 pub(crate) fn now() -> Millis {
@@ -100,7 +101,8 @@ pub(crate) struct Inner {
     pub api_keys: HashMap<String, AccountId>,
     pub config: PredictionsConfig,
     pub base_url: String,
-    pub secret: String,
+    /// What webhooks may reach beyond public addresses.
+    pub allow: Arc<AllowList>,
     executor: Arc<dyn Executor>,
     owner: String,
     live: Mutex<HashMap<String, Arc<Live>>>,
@@ -129,6 +131,18 @@ impl Service {
         executor: Arc<dyn Executor>,
         base_url: &str,
     ) -> Result<Self, ServiceError> {
+        // The server's loader validates too (naming file and line); this
+        // keeps an unvalidated configuration from ever running.
+        config.validate().map_err(|e| ServiceError::Config(e.to_string()))?;
+        for m in &models {
+            m.settings
+                .validate()
+                .map_err(|e| ServiceError::Config(format!("model `{}`: predictions.{e}", m.key)))?;
+        }
+        let allow = Arc::new(
+            AllowList::parse(&config.webhook_allow)
+                .map_err(|e| ServiceError::Config(e.within("webhook_allow").to_string()))?,
+        );
         let store = SqliteQueue::open(data_dir)?;
         let models: BTreeMap<String, Model> = models.into_iter().map(|m| (m.key.clone(), m)).collect();
         let mut deployments = BTreeMap::new();
@@ -136,15 +150,9 @@ impl Service {
             let model = models.get(&d.model).ok_or_else(|| {
                 ServiceError::Config(format!("deployment `{}` names unknown model `{}`", d.name, d.model))
             })?;
-            if d.name.split('/').count() != 2 {
-                return Err(ServiceError::Config(format!(
-                    "deployment name `{}` is not `owner/name`",
-                    d.name
-                )));
-            }
             deployments.insert(d.name.clone(), (d.model.clone(), d.settings.unwrap_or(model.settings)));
         }
-        let secret = store.webhook_secret(&signing::new_secret)?;
+        store.retire_shared_webhook_secret(now(), config.webhook_secret_grace_s.saturating_mul(1000))?;
         let base_url = config.public_url.clone().unwrap_or_else(|| base_url.to_owned());
         let base_url = base_url.trim_end_matches('/').to_owned();
         let wake = models
@@ -159,13 +167,13 @@ impl Service {
             api_keys,
             config,
             base_url,
-            secret,
+            http: webhook_target::client(allow.clone()),
+            allow,
             executor,
             owner: format!("node-{}", crate::api::new_id()),
             live: Mutex::new(HashMap::new()),
             wake,
             deliveries: Notify::new(),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default(),
             stop: CancellationToken::new(),
         });
         let recovered = {
@@ -192,9 +200,10 @@ impl Service {
         self.inner.stop.cancel();
     }
 
-    /// The signing secret of webhooks.
-    pub fn webhook_secret(&self) -> &str {
-        &self.inner.secret
+    /// The current webhook signing secret of `account` (created on first
+    /// use).
+    pub fn webhook_secret(&self, account: &AccountId) -> Result<String, StoreError> {
+        Ok(self.inner.signing_secrets(account.as_str())?.swap_remove(0))
     }
 
     fn spawn_loops(&self) {
@@ -217,6 +226,23 @@ impl Inner {
             return *s;
         }
         self.models.get(&r.model).map(|m| m.settings).unwrap_or_default()
+    }
+
+    /// The secrets that sign `account`'s webhooks now, the current one
+    /// first (never empty).
+    pub fn signing_secrets(&self, account: &str) -> Result<Vec<String>, StoreError> {
+        if account.is_empty() {
+            // A delivery whose prediction is gone has no account to sign for.
+            return Err(StoreError::Corrupt { id: String::new(), what: "no account to sign for".into() });
+        }
+        let secrets = self.store.webhook_secrets(account, now(), &signing::new_secret)?;
+        if secrets.is_empty() {
+            return Err(StoreError::Corrupt {
+                id: account.to_owned(),
+                what: "no current webhook secret".into(),
+            });
+        }
+        Ok(secrets)
     }
 
     /// Persists a new prediction (returning once it is durable) and wakes
@@ -306,6 +332,7 @@ impl Inner {
             body: r.to_json(&self.base_url, StatusView::Exact).to_string(),
             attempts: 0,
             next_at: now(),
+            account: r.account.clone(),
         })
     }
 
@@ -508,9 +535,13 @@ impl Inner {
         }
         let body = snapshot.to_json(&self.base_url, StatusView::Exact).to_string();
         let id = format!("msg_{}", crate::api::new_id());
-        let (http, secret) = (self.http.clone(), self.secret.clone());
+        let secrets = match self.signing_secrets(&r.account) {
+            Ok(s) => s,
+            Err(e) => return tracing::error!(prediction = %r.id, "webhook secret: {e}"),
+        };
+        let (http, allow) = (self.http.clone(), self.allow.clone());
         tokio::spawn(async move {
-            if let Err(e) = post_webhook(&http, &secret, &id, &url, body).await {
+            if let Err(e) = post_webhook(&http, &allow, &secrets, &id, &url, body).await {
                 tracing::debug!(%url, ?event, "intermediate webhook not delivered: {e}");
             }
         });
@@ -631,7 +662,12 @@ impl Inner {
                 let Ok(permit) = limit.clone().acquire_owned().await else { return };
                 let (me, in_flight) = (self.clone(), in_flight.clone());
                 tokio::spawn(async move {
-                    let ok = post_webhook(&me.http, &me.secret, &d.id, &d.url, d.body.clone()).await;
+                    let ok = match me.signing_secrets(&d.account) {
+                        Ok(secrets) => {
+                            post_webhook(&me.http, &me.allow, &secrets, &d.id, &d.url, d.body.clone()).await
+                        }
+                        Err(e) => Err(format!("no signing secret: {e}")),
+                    };
                     let next = match &ok {
                         Ok(()) => None,
                         Err(e) => {
@@ -663,16 +699,23 @@ impl Inner {
     }
 }
 
-/// POSTs one signed webhook; `Ok` on a 2xx answer.
+/// POSTs one webhook signed with each of `secrets`; `Ok` on a 2xx
+/// answer. Anything else fails the attempt: a 3xx too, since redirects
+/// are not followed (they could point anywhere). The destination is
+/// checked again first: reqwest resolves names through the vetting
+/// resolver of [`webhook_target::client`], but connects to IP literals
+/// without asking it.
 async fn post_webhook(
     http: &reqwest::Client,
-    secret: &str,
+    allow: &AllowList,
+    secrets: &[String],
     id: &str,
     url: &str,
     body: String,
 ) -> Result<(), String> {
+    webhook_target::check_url(url, allow).map_err(|e| format!("refused destination: {e}"))?;
     let ts = now() / 1000;
-    let signature = signing::sign(secret, id, ts, &body);
+    let signature = signing::sign_all(secrets, id, ts, &body);
     let response = http
         .post(url)
         .header("content-type", "application/json")
@@ -682,7 +725,7 @@ async fn post_webhook(
         .body(body)
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| webhook_target::error_chain(&e))?;
     if response.status().is_success() {
         Ok(())
     } else {

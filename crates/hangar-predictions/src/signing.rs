@@ -5,6 +5,13 @@
 //! webhook carries `webhook-id`, `webhook-timestamp` (Unix seconds) and
 //! `webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`
 //! where `key` is the base64-decoded part of the secret after `whsec_`.
+//!
+//! Each account has its own secret (a shared one would let any account
+//! forge webhooks that another account's receiver accepts). While a
+//! rotated-out secret is still in its grace period, a webhook carries one
+//! signature per valid secret, space-separated in the one header, as the
+//! Standard Webhooks spec allows ([`sign_all`]); a receiver that knows
+//! either secret accepts it.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -35,6 +42,12 @@ pub fn sign(secret: &str, id: &str, timestamp: u64, body: &str) -> String {
     format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
 }
 
+/// The `webhook-signature` header value signed with each of `secrets`:
+/// `v1,<sig>` entries separated by spaces, in the order given.
+pub fn sign_all(secrets: &[String], id: &str, timestamp: u64, body: &str) -> String {
+    secrets.iter().map(|s| sign(s, id, timestamp, body)).collect::<Vec<_>>().join(" ")
+}
+
 /// Whether `header` (space-separated `v1,<sig>` entries) holds a valid
 /// signature of the webhook.
 pub fn verify(secret: &str, id: &str, timestamp: u64, body: &str, header: &str) -> bool {
@@ -56,5 +69,17 @@ mod tests {
         assert!(verify(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body, &format!("v1,bad {sig}")));
         assert!(!verify(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265331, body, &sig));
         assert!(new_secret().starts_with("whsec_"));
+    }
+
+    #[test]
+    fn a_header_signed_with_two_secrets_verifies_with_either() {
+        let (old, new, other) = (new_secret(), new_secret(), new_secret());
+        let header = sign_all(&[new.clone(), old.clone()], "msg_1", 10, "{}");
+        assert_eq!(header.split(' ').count(), 2);
+        assert!(header.split(' ').all(|s| s.starts_with("v1,")));
+        assert!(verify(&new, "msg_1", 10, "{}", &header));
+        assert!(verify(&old, "msg_1", 10, "{}", &header));
+        assert!(!verify(&other, "msg_1", 10, "{}", &header));
+        assert_eq!(sign_all(std::slice::from_ref(&new), "msg_1", 10, "{}"), sign(&new, "msg_1", 10, "{}"));
     }
 }

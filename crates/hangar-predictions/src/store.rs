@@ -77,6 +77,19 @@ pub struct Delivery {
     pub attempts: u32,
     /// Not before this time.
     pub next_at: Millis,
+    /// The account of its prediction, whose secret signs it (read back
+    /// from the prediction, not stored with the delivery).
+    pub account: String,
+}
+
+/// A rotated webhook signing secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotation {
+    /// The new secret.
+    pub key: String,
+    /// Until when the secret it replaced stays valid (webhooks carry both
+    /// signatures until then); `None` when there was none.
+    pub previous_valid_until: Option<Millis>,
 }
 
 /// What recovery did when the store was opened.
@@ -197,8 +210,25 @@ pub trait PredictionQueue: Send + Sync {
     /// `before` (`data_removed: true`). Returns how many.
     fn remove_data(&self, before: Millis) -> Result<usize, StoreError>;
 
-    /// The webhook signing secret, created on first use and kept.
-    fn webhook_secret(&self, create: &dyn Fn() -> String) -> Result<String, StoreError>;
+    /// The webhook signing secrets of `account` valid at `now`, newest
+    /// first: its current secret (created with `create` on first use and
+    /// kept), then rotated-out ones still in their grace period.
+    fn webhook_secrets(
+        &self,
+        account: &str,
+        now: Millis,
+        create: &dyn Fn() -> String,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Makes a new current secret for `account` (with `create`); the one
+    /// it replaces stays valid until `now + grace_ms`.
+    fn rotate_webhook_secret(
+        &self,
+        account: &str,
+        now: Millis,
+        grace_ms: Millis,
+        create: &dyn Fn() -> String,
+    ) -> Result<Rotation, StoreError>;
 }
 
 /// The SQLite store (one file, WAL journal).
@@ -281,7 +311,27 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries(next_at) WHERE next_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS webhook_secrets (
+    seq INTEGER PRIMARY KEY,
+    account TEXT NOT NULL,
+    secret TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS webhook_secrets_account ON webhook_secrets(account, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS webhook_secrets_current ON webhook_secrets(account) WHERE expires_at IS NULL;
 ";
+
+// Schema history. Every statement of `SCHEMA` is `IF NOT EXISTS`, so
+// opening a file of an older version adds what it lacks:
+// - v2 (issue 17): `webhook_secrets`, one signing secret per account,
+//   replacing the one shared secret of `meta.webhook_secret`. That shared
+//   secret, if the file has one, is retired rather than dropped: when the
+//   server starts it gets an end (`meta.webhook_secret_retired_until`,
+//   start + the grace period, see [`SqliteQueue::retire_shared_webhook_secret`]),
+//   and until then each account's webhooks carry its signature too, so
+//   receivers configured with it keep verifying while they move to their
+//   account's own secret.
 
 const COLUMNS: &str =
     "seq, id, kind, model, version, deployment, account, input, output, logs, error, status, \
@@ -758,8 +808,9 @@ impl PredictionQueue for SqliteQueue {
     fn due_deliveries(&self, now: Millis, limit: usize) -> Result<Vec<Delivery>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT id, prediction, event, url, body, attempts, next_at FROM deliveries \
-             WHERE next_at IS NOT NULL AND next_at <= ?1 ORDER BY next_at LIMIT ?2",
+            "SELECT d.id, d.prediction, d.event, d.url, d.body, d.attempts, d.next_at, COALESCE(p.account, '') \
+             FROM deliveries d LEFT JOIN predictions p ON p.id = d.prediction \
+             WHERE d.next_at IS NOT NULL AND d.next_at <= ?1 ORDER BY d.next_at LIMIT ?2",
         )?;
         let rows = stmt.query_map(params![now as i64, limit as i64], |r| {
             let event: String = r.get(2)?;
@@ -771,6 +822,7 @@ impl PredictionQueue for SqliteQueue {
                 body: r.get(4)?,
                 attempts: r.get(5)?,
                 next_at: r.get::<_, i64>(6)? as Millis,
+                account: r.get(7)?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -880,16 +932,134 @@ impl PredictionQueue for SqliteQueue {
         })
     }
 
-    fn webhook_secret(&self, create: &dyn Fn() -> String) -> Result<String, StoreError> {
-        let fresh = create();
+    fn webhook_secrets(
+        &self,
+        account: &str,
+        now: Millis,
+        create: &dyn Fn() -> String,
+    ) -> Result<Vec<String>, StoreError> {
+        let valid = valid_secrets(&self.conn(), account, now)?;
+        if valid.iter().any(|(_, current)| *current) {
+            return Ok(valid.into_iter().map(|(s, _)| s).collect());
+        }
+        let (account, fresh) = (account.to_owned(), create());
+        let valid = self.write(move |conn| {
+            // Another caller may have created it since the read: the
+            // partial unique index keeps one current secret either way.
+            if !has_secret(conn, &account, true)? {
+                adopt_shared_secret(conn, &account, now)?;
+                conn.prepare_cached(
+                    "INSERT OR IGNORE INTO webhook_secrets (account, secret, created_at) VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![account, fresh, now as i64])?;
+            }
+            valid_secrets(conn, &account, now)
+        })?;
+        Ok(valid.into_iter().map(|(s, _)| s).collect())
+    }
+
+    fn rotate_webhook_secret(
+        &self,
+        account: &str,
+        now: Millis,
+        grace_ms: Millis,
+        create: &dyn Fn() -> String,
+    ) -> Result<Rotation, StoreError> {
+        let (account, fresh) = (account.to_owned(), create());
+        let until = now.saturating_add(grace_ms);
         self.write(move |conn| {
-            conn.prepare_cached("INSERT OR IGNORE INTO meta (key, value) VALUES ('webhook_secret', ?1)")?
-                .execute([&fresh])?;
-            Ok(conn
-                .prepare_cached("SELECT value FROM meta WHERE key = 'webhook_secret'")?
-                .query_row([], |r| r.get(0))?)
+            adopt_shared_secret(conn, &account, now)?;
+            conn.prepare_cached(
+                "DELETE FROM webhook_secrets WHERE account = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
+            )?
+            .execute(params![account, now as i64])?;
+            let retired = conn
+                .prepare_cached(
+                    "UPDATE webhook_secrets SET expires_at = ?2 WHERE account = ?1 AND expires_at IS NULL",
+                )?
+                .execute(params![account, until as i64])?;
+            conn.prepare_cached("INSERT INTO webhook_secrets (account, secret, created_at) VALUES (?1, ?2, ?3)")?
+                .execute(params![account, fresh, now as i64])?;
+            Ok(Rotation { key: fresh, previous_valid_until: (retired > 0).then_some(until) })
         })
     }
+}
+
+impl SqliteQueue {
+    /// Gives the one shared signing secret of older versions
+    /// (`meta.webhook_secret`), if the file has one, its end: `now +
+    /// grace_ms`, fixed the first time this runs on the file. Until then
+    /// each account's webhooks are signed with it as well as with the
+    /// account's own secret. The end, if there is a shared secret.
+    pub fn retire_shared_webhook_secret(
+        &self,
+        now: Millis,
+        grace_ms: Millis,
+    ) -> Result<Option<Millis>, StoreError> {
+        let until = now.saturating_add(grace_ms);
+        self.write(move |conn| {
+            let shared: bool = conn
+                .prepare_cached("SELECT EXISTS (SELECT 1 FROM meta WHERE key = 'webhook_secret')")?
+                .query_row([], |r| r.get(0))?;
+            if !shared {
+                return Ok(None);
+            }
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('webhook_secret_retired_until', ?1)",
+            )?
+            .execute([until.to_string()])?;
+            let until: String = conn
+                .prepare_cached("SELECT value FROM meta WHERE key = 'webhook_secret_retired_until'")?
+                .query_row([], |r| r.get(0))?;
+            Ok(until.parse().ok())
+        })
+    }
+}
+
+/// `account`'s secrets valid at `now`, newest first, each with whether
+/// it is the current one.
+fn valid_secrets(conn: &Connection, account: &str, now: Millis) -> Result<Vec<(String, bool)>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT secret, expires_at IS NULL FROM webhook_secrets \
+         WHERE account = ?1 AND (expires_at IS NULL OR expires_at > ?2) ORDER BY seq DESC",
+    )?;
+    let rows = stmt.query_map(params![account, now as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Whether `account` has a current secret (`current`), or any secret.
+fn has_secret(conn: &Connection, account: &str, current: bool) -> Result<bool, StoreError> {
+    let sql = match current {
+        true => "SELECT EXISTS (SELECT 1 FROM webhook_secrets WHERE account = ?1 AND expires_at IS NULL)",
+        false => "SELECT EXISTS (SELECT 1 FROM webhook_secrets WHERE account = ?1)",
+    };
+    Ok(conn.prepare_cached(sql)?.query_row([account], |r| r.get(0))?)
+}
+
+/// The first time `account` gets a secret of its own: the shared secret
+/// of older versions joins it as a rotated-out one, while its retirement
+/// (see [`SqliteQueue::retire_shared_webhook_secret`]) has not come.
+fn adopt_shared_secret(conn: &Connection, account: &str, now: Millis) -> Result<(), StoreError> {
+    if has_secret(conn, account, false)? {
+        return Ok(());
+    }
+    let shared: Option<(String, String)> = conn
+        .prepare_cached(
+            "SELECT s.value, u.value FROM meta s JOIN meta u \
+             ON s.key = 'webhook_secret' AND u.key = 'webhook_secret_retired_until'",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    if let Some((secret, until)) = shared {
+        let until: Millis = until.parse().unwrap_or(0);
+        if until > now {
+            conn.prepare_cached(
+                "INSERT INTO webhook_secrets (account, secret, created_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![account, secret, now as i64, until as i64])?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -971,6 +1141,7 @@ mod tests {
                     body: "{}".into(),
                     attempts: 0,
                     next_at: 200,
+                    account: r.account.clone(),
                 })
             })
             .unwrap();
@@ -1044,6 +1215,7 @@ mod tests {
             body: "{}".into(),
             attempts: 0,
             next_at: 10,
+            account: "acme".into(),
         };
         q.enqueue(&record("p", "a/x", 0)).unwrap();
         assert!(q.start("p", 1, std::slice::from_ref(&d)).unwrap());
@@ -1055,7 +1227,95 @@ mod tests {
         assert_eq!(q.due_deliveries(20, 10).unwrap()[0].attempts, 1);
         q.delivery_attempted("msg_1", true, None).unwrap();
         assert!(q.due_deliveries(1000, 10).unwrap().is_empty());
-        assert_eq!(q.webhook_secret(&|| "whsec_a".into()).unwrap(), "whsec_a");
-        assert_eq!(q.webhook_secret(&|| "whsec_b".into()).unwrap(), "whsec_a");
+    }
+
+    #[test]
+    fn each_account_has_its_own_secret_kept_across_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let q = SqliteQueue::open(dir.path()).unwrap();
+            assert_eq!(q.webhook_secrets("a", 0, &|| "whsec_a".into()).unwrap(), ["whsec_a"]);
+            assert_eq!(q.webhook_secrets("b", 0, &|| "whsec_b".into()).unwrap(), ["whsec_b"]);
+            assert_eq!(q.webhook_secrets("a", 1, &|| "whsec_other".into()).unwrap(), ["whsec_a"]);
+        }
+        let q = SqliteQueue::open(dir.path()).unwrap();
+        assert_eq!(q.webhook_secrets("a", 2, &|| "whsec_other".into()).unwrap(), ["whsec_a"]);
+        assert_eq!(q.webhook_secrets("b", 2, &|| "whsec_other".into()).unwrap(), ["whsec_b"]);
+    }
+
+    #[test]
+    fn a_rotated_secret_stays_valid_for_the_grace_period_only() {
+        let (_d, q) = open();
+        assert_eq!(q.webhook_secrets("a", 0, &|| "whsec_old".into()).unwrap(), ["whsec_old"]);
+        let r = q.rotate_webhook_secret("a", 1000, 500, &|| "whsec_new".into()).unwrap();
+        assert_eq!(r, Rotation { key: "whsec_new".into(), previous_valid_until: Some(1500) });
+        let never = || -> String { panic!("no secret is created while one is current") };
+        assert_eq!(q.webhook_secrets("a", 1000, &never).unwrap(), ["whsec_new", "whsec_old"]);
+        assert_eq!(q.webhook_secrets("a", 1499, &never).unwrap(), ["whsec_new", "whsec_old"]);
+        assert_eq!(q.webhook_secrets("a", 1500, &never).unwrap(), ["whsec_new"]);
+        // Another account is untouched.
+        assert_eq!(q.webhook_secrets("b", 1000, &|| "whsec_b".into()).unwrap(), ["whsec_b"]);
+        // A rotation without a current secret retires nothing; a zero grace
+        // period retires at once.
+        let r = q.rotate_webhook_secret("c", 0, 500, &|| "whsec_c".into()).unwrap();
+        assert_eq!(r.previous_valid_until, None);
+        q.rotate_webhook_secret("c", 10, 0, &|| "whsec_c2".into()).unwrap();
+        assert_eq!(q.webhook_secrets("c", 10, &never).unwrap(), ["whsec_c2"]);
+    }
+
+    /// The schema of the version before per-account secrets.
+    const V1_SCHEMA: &str = "
+CREATE TABLE predictions (
+    seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, model TEXT NOT NULL,
+    version TEXT NOT NULL, deployment TEXT, account TEXT NOT NULL, input TEXT, output TEXT,
+    logs TEXT NOT NULL DEFAULT '', error TEXT, status TEXT NOT NULL, created_at INTEGER NOT NULL,
+    started_at INTEGER, completed_at INTEGER, deadline INTEGER, lifetime_deadline INTEGER,
+    webhook TEXT, webhook_events INTEGER NOT NULL, stream INTEGER NOT NULL, destination TEXT,
+    data_removed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX predictions_account ON predictions(account, seq);
+CREATE INDEX predictions_ended ON predictions(completed_at) WHERE data_removed = 0;
+CREATE TABLE queue (
+    seq INTEGER PRIMARY KEY, queue TEXT NOT NULL, prediction TEXT NOT NULL UNIQUE,
+    enqueued_at INTEGER NOT NULL, expires_at INTEGER, owner TEXT, lease_until INTEGER
+);
+CREATE INDEX queue_free ON queue(queue, seq) WHERE owner IS NULL;
+CREATE INDEX queue_expiry ON queue(expires_at) WHERE owner IS NULL;
+CREATE INDEX queue_owner ON queue(owner);
+CREATE TABLE deliveries (
+    id TEXT PRIMARY KEY, prediction TEXT NOT NULL, event TEXT NOT NULL, url TEXT NOT NULL,
+    body TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_at INTEGER,
+    delivered INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX deliveries_due ON deliveries(next_at) WHERE next_at IS NOT NULL;
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO predictions (id, kind, model, version, account, input, status, created_at, webhook,
+    webhook_events, stream) VALUES ('p_old', 'prediction', 'a/x', 'v', 'acme', '{}', 'starting', 5,
+    'http://x', 15, 0);
+INSERT INTO queue (queue, prediction, enqueued_at) VALUES ('input:prediction:a/x', 'p_old', 5);
+INSERT INTO deliveries (id, prediction, event, url, body, next_at) VALUES ('msg_old', 'p_old', 'start', 'http://x', '{}', 7);
+INSERT INTO meta (key, value) VALUES ('webhook_secret', 'whsec_shared');
+";
+
+    #[test]
+    fn a_file_of_the_previous_version_opens_and_retires_its_shared_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        Connection::open(dir.path().join("predictions.sqlite3")).unwrap().execute_batch(V1_SCHEMA).unwrap();
+        let q = SqliteQueue::open(dir.path()).unwrap();
+        assert_eq!(q.get("p_old").unwrap().unwrap().account, "acme");
+        assert_eq!(q.due_deliveries(10, 10).unwrap()[0].account, "acme");
+        assert_eq!(q.claim(&JobKind::Prediction.queue("a/x"), "w", 10, 100).unwrap().unwrap().id, "p_old");
+        // The shared secret ends 1000 ms after the first start, and keeps
+        // that end across restarts.
+        assert_eq!(q.retire_shared_webhook_secret(100, 1000).unwrap(), Some(1100));
+        assert_eq!(q.retire_shared_webhook_secret(500, 1000).unwrap(), Some(1100));
+        let signing = q.webhook_secrets("acme", 200, &|| "whsec_acme".into()).unwrap();
+        assert_eq!(signing, ["whsec_acme", "whsec_shared"]);
+        assert_eq!(q.webhook_secrets("acme", 1100, &|| unreachable!()).unwrap(), ["whsec_acme"]);
+        // An account first seen after the end never gets it.
+        assert_eq!(q.webhook_secrets("late", 1200, &|| "whsec_late".into()).unwrap(), ["whsec_late"]);
+        // A file without a shared secret has nothing to retire.
+        let (_d, fresh) = open();
+        assert_eq!(fresh.retire_shared_webhook_secret(0, 1000).unwrap(), None);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::predictions::{client, get, post, sse_events, wait_terminal};
+use common::predictions::{client, get, get_as, post, sse_events, wait_terminal};
 use common::{serve, serve_in};
 use serde_json::{json, Value};
 
@@ -554,4 +554,191 @@ fn data_is_removed_after_the_retention_period() {
         assert!(t.elapsed() < Duration::from_secs(10), "data kept past the retention period: {p}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The hostile destinations of issue 17: cloud metadata, private ranges,
+/// loopback in every spelling, credentials.
+const HOSTILE_WEBHOOKS: [&str; 20] = [
+    "http://169.254.169.254/",
+    "http://metadata.google.internal/",
+    "http://[fd00:ec2::254]/",
+    "http://100.100.100.200/",
+    "http://10.0.0.1/",
+    "http://172.16.0.1/",
+    "http://192.168.1.1/",
+    "http://127.1/",
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://[::1]/",
+    "http://localhost/",
+    "http://0.0.0.0/",
+    "http://user:pass@host/",
+    "http://017700000001/",
+    "http://[::ffff:a9fe:a9fe]/latest/meta-data/",
+    "http://[64:ff9b::a9fe:a9fe]/",
+    "http://foo.localhost:8080/",
+    "http://[fe80::1]/",
+];
+
+#[test]
+fn hostile_webhooks_and_an_unlisted_loopback_receiver_are_refused() {
+    let allow = "webhook_allow = [\"127.0.0.1/32\"]\n";
+    assert!(CONFIG.contains(allow));
+    let s = serve(&CONFIG.replace(allow, ""));
+    let create = format!("{}/v1/models/t/fast/predictions", s.url);
+    let hooks = receiver(0);
+    for url in HOSTILE_WEBHOOKS.iter().copied().chain([hooks.url.as_str()]) {
+        let body = json!({"input": {"prompt": "x", "max_tokens": 1}, "webhook": url});
+        let (status, p) = problem(&create, &body.to_string(), &[]);
+        assert_eq!(status, 400, "{url}: {p}");
+        assert_eq!(p["invalid_fields"][0]["field"], "webhook", "{url}: {p}");
+        assert!(p["detail"].as_str().unwrap().starts_with("webhook: "), "{url}: {p}");
+    }
+    // A public destination is accepted.
+    let (status, p) =
+        post(&create, &json!({"input": {"prompt": "x"}, "webhook": "https://hooks.example.com/x"}), &[]);
+    assert_eq!(status, 201, "{p}");
+    assert!(hooks.attempts.lock().unwrap().is_empty());
+}
+
+/// CONFIG with API keys for the accounts `acme` and `other`, a model
+/// `t/private` only `acme` may use, and a deployment of it.
+fn keyed_config() -> String {
+    format!(
+        "{CONFIG}
+[[api_keys]]
+key = \"sk-acme\"
+account = \"acme\"
+
+[[api_keys]]
+key = \"sk-other\"
+account = \"other\"
+
+[[models]]
+key = \"t/private\"
+engine = {{ kind = \"mock\", preset = \"fast\" }}
+size = \"10GB\"
+access = [\"acme\"]
+
+[[predictions.deployments]]
+name = \"acme/private-prod\"
+model = \"t/private\"
+"
+    )
+}
+
+const ACME: (&str, &str) = ("authorization", "Bearer sk-acme");
+const OTHER: (&str, &str) = ("authorization", "Bearer sk-other");
+
+#[test]
+fn a_private_model_looks_missing_to_other_accounts_and_to_no_key() {
+    let s = serve(&keyed_config());
+    let version = get_as(&format!("{}/v1/models/t/private", s.url), Some("sk-acme"));
+    assert_eq!(version.0, 200, "{}", version.1);
+    let version = version.1["latest_version"]["id"].as_str().unwrap().to_owned();
+    // Each route on the private model, and the same on names that do not exist.
+    let routes = [
+        ("GET", "/v1/models/t/private".to_owned(), "/v1/models/t/nope".to_owned(), None),
+        ("GET", "/v1/models/t/private/versions".into(), "/v1/models/t/nope/versions".into(), None),
+        (
+            "POST",
+            "/v1/models/t/private/predictions".into(),
+            "/v1/models/t/nope/predictions".into(),
+            Some(json!({"input": {"prompt": "x"}})),
+        ),
+        (
+            "POST",
+            format!("/v1/models/t/private/versions/{version}/trainings"),
+            format!("/v1/models/t/nope/versions/{version}/trainings"),
+            Some(json!({"destination": "a/b", "input": {}})),
+        ),
+        ("GET", "/v1/deployments/acme/private-prod".into(), "/v1/deployments/acme/nope".into(), None),
+        (
+            "POST",
+            "/v1/deployments/acme/private-prod/predictions".into(),
+            "/v1/deployments/acme/nope/predictions".into(),
+            Some(json!({"input": {"prompt": "x"}})),
+        ),
+    ];
+    let send = |method: &str, path: &str, body: &Option<Value>, key: Option<(&str, &str)>| -> (u16, String) {
+        let mut r = client().request(method.parse().unwrap(), format!("{}{path}", s.url));
+        if let Some((k, v)) = key {
+            r = r.header(k, v);
+        }
+        if let Some(b) = body {
+            r = r.json(b);
+        }
+        let r = r.send().unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    };
+    for (method, private, missing, body) in &routes {
+        let (seen_status, seen) = send(method, private, body, Some(OTHER));
+        let (missing_status, missing_body) = send(method, missing, body, Some(OTHER));
+        assert_eq!(seen_status, 404, "{method} {private}: {seen}");
+        assert_eq!(missing_status, 404, "{method} {missing}: {missing_body}");
+        let anonymised = seen.replace("t/private", "t/nope").replace("private-prod", "nope");
+        assert_eq!(anonymised, missing_body, "{method} {private}: the same answer as for {missing}");
+        // Without a key: 401 first, for both.
+        let (a, a_body) = send(method, private, body, None);
+        let (b, b_body) = send(method, missing, body, None);
+        assert_eq!((a, &a_body), (401, &b_body), "{method} {private} without a key");
+        assert_eq!(b, 401);
+        // The account on the access list sees it.
+        let (owner, owner_body) = send(method, private, body, Some(ACME));
+        assert!((200..300).contains(&owner), "{method} {private} for acme: {owner} {owner_body}");
+    }
+    let (status, p) = post(
+        &format!("{}/v1/predictions", s.url),
+        &json!({"version": format!("t/private:{version}"), "input": {"prompt": "x"}}),
+        &[OTHER],
+    );
+    assert_eq!(status, 404, "{p}");
+}
+
+#[test]
+fn webhook_secrets_are_per_account_and_rotate_with_a_grace_period() {
+    let s = serve(&keyed_config());
+    let secret_of = |key: &str| {
+        let (status, v) = get_as(&format!("{}/v1/webhooks/default/secret", s.url), Some(key));
+        assert_eq!(status, 200, "{v}");
+        v["key"].as_str().unwrap().to_owned()
+    };
+    let (acme, other) = (secret_of("sk-acme"), secret_of("sk-other"));
+    assert_ne!(acme, other, "each account has its own secret");
+    let hooks = receiver(0);
+    let create = format!("{}/v1/models/t/fast/predictions", s.url);
+    let body = json!({
+        "input": {"prompt": "x", "max_tokens": 2}, "webhook": hooks.url, "webhook_events_filter": ["completed"]
+    });
+    let wait_hooks = |n: usize| {
+        let t = Instant::now();
+        while hooks.hooks().len() < n {
+            assert!(t.elapsed() < Duration::from_secs(20), "webhook not delivered: {:?}", hooks.hooks());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        hooks.hooks()[n - 1].clone()
+    };
+    let verifies = |h: &Hook, secret: &str| {
+        hangar_predictions::signing::verify(secret, &h.id, h.timestamp, &h.body, &h.signature)
+    };
+    let (status, p) = post(&create, &body, &[ACME]);
+    assert_eq!(status, 201, "{p}");
+    let h = wait_hooks(1);
+    assert!(verifies(&h, &acme), "{h:?}");
+    assert!(!verifies(&h, &other), "another account's secret must not verify: {h:?}");
+
+    let (status, rotated) =
+        post(&format!("{}/v1/webhooks/default/secret/rotate", s.url), &json!({}), &[ACME]);
+    assert_eq!(status, 200, "{rotated}");
+    let new = rotated["key"].as_str().unwrap().to_owned();
+    assert_ne!(new, acme);
+    assert!(rotated["previous_key_valid_until"].is_string(), "{rotated}");
+    assert_eq!(secret_of("sk-acme"), new);
+    assert_eq!(secret_of("sk-other"), other);
+    let (status, p) = post(&create, &body, &[ACME]);
+    assert_eq!(status, 201, "{p}");
+    let h = wait_hooks(2);
+    assert!(verifies(&h, &new) && verifies(&h, &acme), "both during the grace period: {h:?}");
+    assert!(!verifies(&h, &other));
 }

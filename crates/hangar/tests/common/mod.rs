@@ -134,6 +134,9 @@ concurrency = 1
 async_slots = 1
 webhook_retry_base_ms = 100
 webhook_retry_cap_ms = 400
+# The tests' webhook receivers listen on loopback, which webhooks may not
+# reach unless opened.
+webhook_allow = ["127.0.0.1/32"]
 
 [[predictions.deployments]]
 name = "acme/fast-prod"

@@ -26,6 +26,18 @@ pub fn get(url: &str) -> Value {
     client().get(url).send().unwrap().json().unwrap()
 }
 
+/// Gets `url`, with a bearer `key` if given: the status and the JSON
+/// answer (null if it is not JSON).
+pub fn get_as(url: &str, key: Option<&str>) -> (u16, Value) {
+    let mut r = client().get(url);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let r = r.send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
 /// Polls a prediction until it is terminal.
 pub fn wait_terminal(url: &str) -> Value {
     let t = Instant::now();

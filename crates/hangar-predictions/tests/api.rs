@@ -1,0 +1,498 @@
+//! The `/v1` API of a [`Service`] with an in-process executor: routes
+//! called through the router (`oneshot`), webhooks delivered to receivers
+//! on loopback.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hangar_core::AccountId;
+use hangar_predictions::{
+    signing, ExecFuture, Executor, InputRules, Job, Model, ModelSettings, PredictionsConfig, Service,
+    ServiceError, Sink,
+};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// Answers every job at once: `max_tokens` (default 2) tokens.
+struct Echo;
+
+impl Executor for Echo {
+    fn execute(&self, job: Job, sink: Sink, _cancel: CancellationToken) -> ExecFuture {
+        Box::pin(async move {
+            sink.started();
+            let n = job.input.get("max_tokens").and_then(Value::as_u64).unwrap_or(2);
+            let out: Vec<Value> = (0..n).map(|i| json!(format!("t{i}"))).collect();
+            for t in &out {
+                sink.output(t.clone());
+            }
+            Ok(Value::Array(out))
+        })
+    }
+}
+
+const ACME: &str = "sk-acme";
+const OTHER: &str = "sk-other";
+
+fn model(key: &str, access: Option<&[&str]>) -> Model {
+    Model {
+        key: key.into(),
+        version: hangar_predictions::version_id(key),
+        settings: ModelSettings::default(),
+        access: access.map(|a| a.iter().map(|s| s.parse().unwrap()).collect()),
+        input: InputRules::Llm,
+    }
+}
+
+fn keys() -> HashMap<String, AccountId> {
+    [(ACME, "acme"), (OTHER, "other")].into_iter().map(|(k, a)| (k.to_owned(), a.parse().unwrap())).collect()
+}
+
+/// A running service and its data directory.
+struct Running {
+    service: Service,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.service.stop();
+    }
+}
+
+fn start(config: serde_json::Value, models: Vec<Model>, keys: HashMap<String, AccountId>) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let config: PredictionsConfig = serde_json::from_value(config).unwrap();
+    let service =
+        Service::start(dir.path(), config, models, keys, Arc::new(Echo), "http://127.0.0.1:9").unwrap();
+    Running { service, _dir: dir }
+}
+
+/// A service with `t/open`, `t/private` (only `acme` may use it) and a
+/// deployment of each; API keys for `acme` and `other`.
+fn with_private_model() -> Running {
+    let config = json!({"deployments": [
+        {"name": "acme/open-prod", "model": "t/open"},
+        {"name": "acme/private-prod", "model": "t/private"},
+    ]});
+    start(config, vec![model("t/open", None), model("t/private", Some(&["acme"]))], keys())
+}
+
+/// The same service where `t/private` (and its deployment) does not
+/// exist.
+fn without_private_model() -> Running {
+    let config = json!({"deployments": [{"name": "acme/open-prod", "model": "t/open"}]});
+    start(config, vec![model("t/open", None)], keys())
+}
+
+/// Status, content type and JSON body of one request.
+async fn call(
+    router: &axum::Router,
+    method: &str,
+    uri: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+) -> Answer {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(k) = key {
+        req = req.header("authorization", format!("Bearer {k}"));
+    }
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    let req = req.body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned()))).unwrap();
+    let r = router.clone().oneshot(req).await.unwrap();
+    let status = r.status();
+    let content_type = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+    let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+    Answer { status, content_type, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null) }
+}
+
+#[derive(Debug, PartialEq)]
+struct Answer {
+    status: StatusCode,
+    content_type: Option<String>,
+    body: Value,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_non_ascii_cursor_is_a_400_naming_the_cursor() {
+    let s = start(json!({}), vec![model("t/open", None)], HashMap::new());
+    let router = s.service.router();
+    for list in ["/v1/predictions", "/v1/trainings"] {
+        for cursor in ["%C3%A9", "%C3%A9%C3%A9", "b%C3%A9", "%F0%9F%98%80", "x1", "b", "a-", "%C3%A91"] {
+            let a = call(&router, "GET", &format!("{list}?cursor={cursor}"), None, None).await;
+            assert_eq!(a.status, StatusCode::BAD_REQUEST, "{list} {cursor}: {a:?}");
+            assert_eq!(a.content_type.as_deref(), Some("application/problem+json"));
+            assert_eq!(a.body["invalid_fields"][0]["field"], "cursor", "{a:?}");
+            assert!(a.body["detail"].as_str().unwrap().starts_with("cursor: "), "{a:?}");
+        }
+        for ok in ["b5", "a5", ""] {
+            let a = call(&router, "GET", &format!("{list}?cursor={ok}"), None, None).await;
+            assert_eq!(a.status, StatusCode::OK, "{list} {ok}: {a:?}");
+        }
+    }
+}
+
+/// Every route that names a model, version or deployment, on `t/private`
+/// (its version `vid`), with a body where it takes one.
+fn private_routes(vid: &str) -> Vec<(&'static str, String, Option<String>)> {
+    let create = r#"{"input": {"prompt": "x"}}"#.to_owned();
+    vec![
+        ("GET", "/v1/models/t/private".into(), None),
+        ("GET", "/v1/models/t/private/versions".into(), None),
+        ("GET", format!("/v1/models/t/private/versions/{vid}"), None),
+        ("POST", "/v1/models/t/private/predictions".into(), Some(create.clone())),
+        ("POST", "/v1/models/t/private/predictions".into(), Some("{oops".into())),
+        (
+            "POST",
+            format!("/v1/models/t/private/versions/{vid}/trainings"),
+            Some(r#"{"destination": "acme/tuned", "input": {}}"#.into()),
+        ),
+        (
+            "POST",
+            "/v1/predictions".into(),
+            Some(r#"{"version": "t/private", "input": {"prompt": "x"}}"#.into()),
+        ),
+        (
+            "POST",
+            "/v1/predictions".into(),
+            Some(format!(r#"{{"version": "t/private:{vid}", "input": {{"prompt": "x"}}}}"#)),
+        ),
+        (
+            "POST",
+            "/v1/predictions".into(),
+            Some(format!(r#"{{"version": "{vid}", "input": {{"prompt": "x"}}}}"#)),
+        ),
+        ("GET", "/v1/deployments/acme/private-prod".into(), None),
+        ("POST", "/v1/deployments/acme/private-prod/predictions".into(), Some(create)),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_private_model_answers_other_accounts_exactly_as_a_missing_one() {
+    let (with, without) = (with_private_model(), without_private_model());
+    let (with, without) = (with.service.router(), without.service.router());
+    let vid = hangar_predictions::version_id("t/private");
+    for (method, uri, body) in private_routes(&vid) {
+        let seen = call(&with, method, &uri, Some(OTHER), body.as_deref()).await;
+        let missing = call(&without, method, &uri, Some(OTHER), body.as_deref()).await;
+        assert_eq!(seen.status, StatusCode::NOT_FOUND, "{method} {uri}: {seen:?}");
+        assert_eq!(seen, missing, "{method} {uri}: other account vs. no such model");
+        // The account on the access list does see it (so the route is real).
+        if body.as_deref() != Some("{oops") {
+            let owner = call(&with, method, &uri, Some(ACME), body.as_deref()).await;
+            assert!(owner.status.is_success(), "{method} {uri} for acme: {owner:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_key_every_route_is_401_for_existing_and_unknown_models_alike() {
+    let (with, without) = (with_private_model(), without_private_model());
+    let (with, without) = (with.service.router(), without.service.router());
+    let vid = hangar_predictions::version_id("t/private");
+    let mut routes = private_routes(&vid);
+    let open_vid = hangar_predictions::version_id("t/open");
+    routes.push((
+        "POST",
+        "/v1/models/t/open/predictions".into(),
+        Some(r#"{"input": {"prompt": "x"}}"#.into()),
+    ));
+    routes.push((
+        "POST",
+        "/v1/models/t/nope/predictions".into(),
+        Some(r#"{"input": {"prompt": "x"}}"#.into()),
+    ));
+    routes.push(("POST", format!("/v1/models/t/open/versions/{open_vid}/trainings"), Some("{}".into())));
+    routes.push(("GET", "/v1/deployments/acme/open-prod".into(), None));
+    routes.push(("GET", "/v1/deployments/acme/nope".into(), None));
+    routes.push(("GET", "/v1/webhooks/default/secret".into(), None));
+    routes.push(("POST", "/v1/webhooks/default/secret/rotate".into(), None));
+    let first = call(&with, "GET", "/v1/models/t/open", None, None).await;
+    assert_eq!(first.status, StatusCode::UNAUTHORIZED, "{first:?}");
+    for (method, uri, body) in routes {
+        for router in [&with, &without] {
+            let a = call(router, method, &uri, None, body.as_deref()).await;
+            assert_eq!(a, first, "{method} {uri} without a key");
+        }
+        let a = call(&with, method, &uri, Some("sk-wrong"), body.as_deref()).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{method} {uri} with a wrong key: {a:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversized_body_is_payload_too_large() {
+    let s = start(json!({}), vec![model("t/open", None)], HashMap::new());
+    let router = s.service.router().layer(DefaultBodyLimit::max(64));
+    let big = format!(r#"{{"input": {{"prompt": "{}"}}}}"#, "x".repeat(1000));
+    for uri in ["/v1/models/t/open/predictions", "/v1/predictions"] {
+        let a = call(&router, "POST", uri, None, Some(&big)).await;
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{uri}: {a:?}");
+        assert_eq!(a.body["title"], "Payload too large", "{a:?}");
+        assert_eq!(a.body["status"], 413);
+        assert_eq!(a.content_type.as_deref(), Some("application/problem+json"));
+    }
+    let a = call(&router, "POST", "/v1/models/t/open/predictions", None, Some("{oops")).await;
+    assert_eq!((a.status, a.body["title"].as_str()), (StatusCode::BAD_REQUEST, Some("Bad request")), "{a:?}");
+}
+
+/// The hostile destinations of issue 17.
+const HOSTILE: [&str; 20] = [
+    "http://169.254.169.254/",
+    "http://metadata.google.internal/",
+    "http://[fd00:ec2::254]/",
+    "http://100.100.100.200/",
+    "http://10.0.0.1/",
+    "http://172.16.0.1/",
+    "http://192.168.1.1/",
+    "http://127.1/",
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://[::1]/",
+    "http://localhost/",
+    "http://0.0.0.0/",
+    "http://user:pass@host/",
+    "http://017700000001/",
+    "http://[::ffff:a9fe:a9fe]/latest/meta-data/",
+    "http://[64:ff9b::a9fe:a9fe]/",
+    "http://foo.localhost:8080/",
+    "http://[fe80::1]/",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_webhooks_are_refused_at_create_and_the_allow_list_opens_what_it_names() {
+    let s = start(json!({}), vec![model("t/open", None)], HashMap::new());
+    let router = s.service.router();
+    let create = |url: &str| json!({"input": {"prompt": "x"}, "webhook": url}).to_string();
+    for url in HOSTILE {
+        let a = call(&router, "POST", "/v1/models/t/open/predictions", None, Some(&create(url))).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{url}: {a:?}");
+        assert_eq!(a.body["invalid_fields"][0]["field"], "webhook", "{url}: {a:?}");
+    }
+    let a = call(
+        &router,
+        "POST",
+        "/v1/models/t/open/predictions",
+        None,
+        Some(&create("https://hooks.example.com/x")),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED, "a public destination: {a:?}");
+    let open = start(json!({"webhook_allow": ["127.0.0.1/32"]}), vec![model("t/open", None)], HashMap::new());
+    let router = open.service.router();
+    for (url, status) in [
+        ("http://127.0.0.1:9/hook", StatusCode::CREATED),
+        ("http://127.1:9/hook", StatusCode::CREATED),
+        ("http://127.0.0.2/", StatusCode::BAD_REQUEST),
+        ("http://[::1]/", StatusCode::BAD_REQUEST),
+        ("http://169.254.169.254/", StatusCode::BAD_REQUEST),
+        ("http://user:pass@127.0.0.1/", StatusCode::BAD_REQUEST),
+    ] {
+        let a = call(&router, "POST", "/v1/models/t/open/predictions", None, Some(&create(url))).await;
+        assert_eq!(a.status, status, "{url}: {a:?}");
+    }
+}
+
+/// One webhook request as a receiver saw it.
+#[derive(Debug, Clone)]
+struct Hook {
+    id: String,
+    timestamp: u64,
+    signature: String,
+    body: String,
+}
+
+impl Hook {
+    fn verifies_with(&self, secret: &str) -> bool {
+        signing::verify(secret, &self.id, self.timestamp, &self.body, &self.signature)
+    }
+}
+
+type Seen = Arc<Mutex<Vec<Hook>>>;
+
+/// A receiver on loopback that records each request, whatever its
+/// method, and answers 200, or redirects (`302`, `307`) to a URL.
+async fn receiver(redirect: Option<(StatusCode, String)>) -> (String, Seen) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let seen: Seen = Arc::default();
+    async fn handle(
+        State((seen, redirect)): State<(Seen, Option<(StatusCode, String)>)>,
+        headers: HeaderMap,
+        body: String,
+    ) -> Response {
+        let h = |k: &str| headers.get(k).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+        seen.lock().unwrap().push(Hook {
+            id: h("webhook-id"),
+            timestamp: h("webhook-timestamp").parse().unwrap_or(0),
+            signature: h("webhook-signature"),
+            body,
+        });
+        match redirect {
+            Some((status, to)) => (status, [("location", to)]).into_response(),
+            None => StatusCode::OK.into_response(),
+        }
+    }
+    let app =
+        axum::Router::new().route("/hook", axum::routing::any(handle)).with_state((seen.clone(), redirect));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// Waits until `seen` holds `n` requests (failing after 20 s, so a
+/// broken build does not hang).
+async fn wait_for(seen: &Seen, n: usize) -> Vec<Hook> {
+    let t = Instant::now();
+    loop {
+        let hooks = seen.lock().unwrap().clone();
+        if hooks.len() >= n {
+            return hooks;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{} of {n} webhooks arrived: {hooks:?}", hooks.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn create_with_webhook(router: &axum::Router, key: &str, webhook: &str) {
+    let body = json!({"input": {"prompt": "x"}, "webhook": webhook, "webhook_events_filter": ["completed"]});
+    let a = call(router, "POST", "/v1/models/t/open/predictions", Some(key), Some(&body.to_string())).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+}
+
+async fn secret_of(router: &axum::Router, key: &str) -> String {
+    let a = call(router, "GET", "/v1/webhooks/default/secret", Some(key), None).await;
+    a.body["key"].as_str().unwrap_or_else(|| panic!("{a:?}")).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_account_signs_with_its_own_secret_and_rotation_keeps_the_old_one_for_the_grace_period() {
+    let s = start(json!({"webhook_allow": ["127.0.0.1/32"]}), vec![model("t/open", None)], keys());
+    let router = s.service.router();
+    let (acme, other) = (secret_of(&router, ACME).await, secret_of(&router, OTHER).await);
+    assert!(acme.starts_with("whsec_") && other.starts_with("whsec_"));
+    assert_ne!(acme, other, "two accounts, two secrets");
+    assert_eq!(secret_of(&router, ACME).await, acme, "kept");
+    assert_eq!(s.service.webhook_secret(&"acme".parse().unwrap()).unwrap(), acme);
+
+    let (url, seen) = receiver(None).await;
+    create_with_webhook(&router, ACME, &url).await;
+    let hook = wait_for(&seen, 1).await.remove(0);
+    assert!(hook.verifies_with(&acme), "{hook:?}");
+    assert!(!hook.verifies_with(&other), "another account's secret does not verify: {hook:?}");
+    // And the other way round.
+    create_with_webhook(&router, OTHER, &url).await;
+    let hook = wait_for(&seen, 2).await.remove(1);
+    assert!(hook.verifies_with(&other) && !hook.verifies_with(&acme), "{hook:?}");
+
+    // Rotation: a new key; the old one valid for the default day.
+    let r = call(&router, "POST", "/v1/webhooks/default/secret/rotate", Some(ACME), None).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let new = r.body["key"].as_str().unwrap().to_owned();
+    assert!(new.starts_with("whsec_") && new != acme, "{r:?}");
+    assert!(r.body["previous_key_valid_until"].as_str().unwrap().ends_with('Z'), "{r:?}");
+    assert_eq!(secret_of(&router, ACME).await, new);
+    assert_eq!(secret_of(&router, OTHER).await, other, "the other account's secret is untouched");
+    create_with_webhook(&router, ACME, &url).await;
+    let hook = wait_for(&seen, 3).await.remove(2);
+    assert_eq!(hook.signature.split(' ').count(), 2, "{hook:?}");
+    assert!(hook.verifies_with(&new) && hook.verifies_with(&acme), "both during the grace period: {hook:?}");
+    assert!(!hook.verifies_with(&other));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_the_grace_period_only_the_new_secret_signs() {
+    // A zero grace period: the rotated-out secret ends at once.
+    let config = json!({"webhook_allow": ["127.0.0.1/32"], "webhook_secret_grace_s": 0});
+    let s = start(config, vec![model("t/open", None)], keys());
+    let router = s.service.router();
+    let old = secret_of(&router, ACME).await;
+    let r = call(&router, "POST", "/v1/webhooks/default/secret/rotate", Some(ACME), None).await;
+    let new = r.body["key"].as_str().unwrap().to_owned();
+    let (url, seen) = receiver(None).await;
+    create_with_webhook(&router, ACME, &url).await;
+    let hook = wait_for(&seen, 1).await.remove(0);
+    assert!(hook.verifies_with(&new), "{hook:?}");
+    assert!(!hook.verifies_with(&old), "the old secret no longer signs: {hook:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_is_a_failed_attempt_retried_and_its_target_gets_nothing() {
+    let config = json!({
+        "webhook_allow": ["127.0.0.1/32"],
+        "webhook_retry_base_ms": 100, "webhook_retry_cap_ms": 100, "webhook_max_attempts": 3,
+    });
+    let s = start(config, vec![model("t/open", None)], HashMap::new());
+    let router = s.service.router();
+    // The target records any request, so a followed redirect (a 302 turns
+    // the POST into a GET; a 307 keeps it) would show there.
+    let (target, target_seen) = receiver(None).await;
+    for status in [StatusCode::FOUND, StatusCode::TEMPORARY_REDIRECT] {
+        let (redirecting, redirecting_seen) = receiver(Some((status, target.clone()))).await;
+        let body =
+            json!({"input": {"prompt": "x"}, "webhook": redirecting, "webhook_events_filter": ["completed"]});
+        let a = call(&router, "POST", "/v1/models/t/open/predictions", None, Some(&body.to_string())).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        // All three attempts reach the redirecting receiver: each redirect
+        // failed its attempt; none reaches the target.
+        let t = Instant::now();
+        while redirecting_seen.lock().unwrap().len() < 3 {
+            assert!(target_seen.lock().unwrap().is_empty(), "{status}: the redirect was followed");
+            assert!(t.elapsed() < Duration::from_secs(20), "{status}: not retried");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let attempts = redirecting_seen.lock().unwrap().clone();
+        assert!(
+            attempts.iter().all(|h| h.id == attempts[0].id),
+            "{status}: one webhook retried: {attempts:?}"
+        );
+        assert!(target_seen.lock().unwrap().is_empty(), "{status}: the redirect was followed");
+    }
+    // The target is reachable and allowed: a webhook addressed to it arrives.
+    let body = json!({"input": {"prompt": "x"}, "webhook": target, "webhook_events_filter": ["completed"]});
+    let a = call(&router, "POST", "/v1/models/t/open/predictions", None, Some(&body.to_string())).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    assert_eq!(wait_for(&target_seen, 1).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn start_refuses_an_invalid_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    for (config, says) in [
+        (json!({"webhook_retry_base_ms": 0, "webhook_max_attempts": 1000000}), "webhook_retry_base_ms"),
+        (json!({"webhook_allow": ["10.0.0.0/99"]}), "webhook_allow[0]"),
+        (json!({"deployments": [{"name": "x", "model": "t/open"}]}), "deployments[0].name"),
+    ] {
+        let config: PredictionsConfig = serde_json::from_value(config).unwrap();
+        let e = Service::start(
+            dir.path(),
+            config,
+            vec![model("t/open", None)],
+            HashMap::new(),
+            Arc::new(Echo),
+            "http://x",
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(&e, ServiceError::Config(m) if m.contains(says)), "{e}");
+    }
+    let mut m = model("t/open", None);
+    m.settings.max_run_lifetime_s = u64::MAX;
+    let e = Service::start(
+        dir.path(),
+        PredictionsConfig::default(),
+        vec![m],
+        HashMap::new(),
+        Arc::new(Echo),
+        "http://x",
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("max_run_lifetime_s"), "{e}");
+}
