@@ -684,13 +684,21 @@ async fn model(
     headers: HeaderMap,
 ) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let key = visible_model(&inner, &account, &owner, &name)?.key.clone();
+    let model = visible_model(&inner, &account, &owner, &name)?;
+    let key = model.key.clone();
+    let visibility = if model.access.is_some() { "private" } else { "public" };
     Ok(Json(json!({
+        // OpenAI's model object too: `client.models.retrieve("owner/name")`
+        // sent unencoded reaches this route.
+        "id": key,
+        "object": "model",
+        "created": 0,
+        "owned_by": "hangar",
         "url": format!("{}/{key}", inner.base_url),
         "owner": owner,
         "name": name,
         "description": format!("{key}, served by hangar"),
-        "visibility": "public",
+        "visibility": visibility,
         "github_url": null, "paper_url": null, "license_url": null, "cover_image_url": null,
         "run_count": 0,
         "default_example": null,

@@ -72,6 +72,16 @@ def main(base_url, api_key):
     assert all(m.object == "model" for m in models.data)
     ok("models.list")
 
+    # The key holds a slash: the SDK sends it as one encoded segment.
+    model = client.models.retrieve(SMALL)
+    assert (model.id, model.object, model.owned_by) == (SMALL, "model", "hangar"), model
+    try:
+        client.models.retrieve("acme/no-such-model")
+        raise AssertionError("an unknown model was retrieved")
+    except openai.NotFoundError:
+        pass
+    ok("models.retrieve")
+
     messages = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hello, gateway! How are you?"},

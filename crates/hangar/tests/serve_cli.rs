@@ -113,7 +113,8 @@ fn a_busy_model_answers_429_when_its_line_is_full_and_504_past_its_timeout() {
 fn a_malformed_config_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
-    let model = "[[nodes]]\nid = \"n\"\ngpus = 2\ngpu_memory = \"80GB\"\n[[models]]\nengine = { kind = \"mock\" }\n";
+    let model =
+        "[[nodes]]\nid = \"n\"\ngpus = 2\ngpu_memory = \"80GB\"\n[[models]]\nengine = { kind = \"mock\" }\n";
     for (extra, says) in [
         ("key = \"bad key\"", "model key `bad key`"),
         ("key = \"m\"\nscale_down_after_s = -5", "line 8"),
@@ -185,10 +186,14 @@ access = ["acme"]
         .unwrap();
     assert_eq!(r.to_string().replace("t/private", "t/nowhere"), unknown.to_string());
     // The OpenAI SDK's models.retrieve: the key as one encoded segment.
-    let retrieve = |key: &str| client.get(format!("{}/v1/models/t%2Fprivate", s.url)).bearer_auth(key).send().unwrap();
+    let retrieve =
+        |key: &str| client.get(format!("{}/v1/models/t%2Fprivate", s.url)).bearer_auth(key).send().unwrap();
     let mine = retrieve("sk-acme");
     assert_eq!(mine.status(), 200);
-    assert_eq!(mine.json::<Value>().unwrap(), json!({"id": "t/private", "object": "model", "created": 0, "owned_by": "hangar"}));
+    assert_eq!(
+        mine.json::<Value>().unwrap(),
+        json!({"id": "t/private", "object": "model", "created": 0, "owned_by": "hangar"})
+    );
     assert_eq!(retrieve("sk-other").status(), 404);
     let listed: Value =
         client.get(format!("{}/v1/models", s.url)).bearer_auth("sk-other").send().unwrap().json().unwrap();
