@@ -1,0 +1,352 @@
+//! A model's `[models.scaling]` table: which policy, and its knobs, each
+//! with its source's default.
+
+use hangar_core::{FieldError, Millis};
+use serde::{Deserialize, Serialize};
+
+/// The scaling policy of one model and its settings.
+///
+/// ```toml
+/// [models.scaling]
+/// policy = "replicate"          # or "workers-ai", "hangar" (default), "fixed"
+/// scale_in_window_s = 120
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "policy", rename_all = "kebab-case")]
+pub enum ScalingConfig {
+    /// Replicate's backlog-per-instance HPA (seed 001).
+    Replicate(ReplicateSettings),
+    /// Workers AI's EZ utilization loop (seed 001).
+    WorkersAi(WorkersAiSettings),
+    /// Hangar's own: demand-sized, cold-start-aware, no reversal under
+    /// steady load.
+    Hangar(HangarSettings),
+    /// Exactly `min_replicas`, whatever the load.
+    Fixed,
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        ScalingConfig::Hangar(HangarSettings::default())
+    }
+}
+
+impl ScalingConfig {
+    /// The policy's name, as the config spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ScalingConfig::Replicate(_) => "replicate",
+            ScalingConfig::WorkersAi(_) => "workers-ai",
+            ScalingConfig::Hangar(_) => "hangar",
+            ScalingConfig::Fixed => "fixed",
+        }
+    }
+
+    /// Checks every knob's range; paths are relative to the table.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        match self {
+            ScalingConfig::Replicate(s) => s.validate(),
+            ScalingConfig::WorkersAi(s) => s.validate(),
+            ScalingConfig::Hangar(s) => s.validate(),
+            ScalingConfig::Fixed => Ok(()),
+        }
+    }
+}
+
+/// The longest window or delay any knob may hold: 30 days.
+const MAX_S: u64 = 30 * 24 * 3600;
+
+fn seconds(field: &str, v: u64, min: u64) -> Result<(), FieldError> {
+    match (min..=MAX_S).contains(&v) {
+        true => Ok(()),
+        false => Err(FieldError::new(field, format!("{v} is out of range: {min} to {MAX_S} seconds"))),
+    }
+}
+
+fn fraction(field: &str, v: f64, low: f64, high: f64) -> Result<(), FieldError> {
+    match v.is_finite() && v >= low && v <= high {
+        true => Ok(()),
+        false => Err(FieldError::new(field, format!("{v} is out of range: {low} to {high}"))),
+    }
+}
+
+/// Replicate's autoscaler (`computeNewReplicaCountV2`, seed 001): desired
+/// = current × backlog-per-instance / target, damped by scaling policies,
+/// stabilization windows and hysteresis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicateSettings {
+    /// Backlog (waiting + running requests + `queue_headroom`) per replica
+    /// the scaler aims at. Seed 001: a CLI flag, no default given; here
+    /// the model's `concurrency` (a replica is on target with every permit
+    /// busy and nobody waiting).
+    pub target_backlog_per_replica: Option<f64>,
+    /// Added to the backlog (seed 001's `queueHeadroom`). Default 0.
+    pub queue_headroom: u32,
+    /// Milliseconds between decisions. Seed 001: the scaler runs every 1 s.
+    pub interval_ms: Millis,
+    /// Scale-out stabilization: the lowest recommendation of this window
+    /// is used. Seed 001: 30 s.
+    pub scale_out_window_s: u64,
+    /// Scale-in stabilization: the highest recommendation of this window is
+    /// used. Seed 001: 2 min.
+    pub scale_in_window_s: u64,
+    /// Scale-out policy: at most this many replicas more per period…
+    /// Seed 001: +5…
+    pub scale_out_step: u32,
+    /// …or this many percent more, whichever is larger. Seed 001: +100 %…
+    pub scale_out_percent: u32,
+    /// …per this period. Seed 001: per minute.
+    pub scale_out_period_s: u64,
+    /// Ratios of metric to target within this of 1 change nothing. Seed
+    /// 001: 0.02.
+    pub hysteresis: f64,
+    /// Until a first replica is ready, at most this many. Seed 001: 5.
+    pub slow_start_cap: u32,
+    /// Seconds without a request before the last replica goes (when
+    /// `min_replicas` is 0). Seed 001: configurable, no default given;
+    /// here 300, Hangar's quiet period.
+    pub scale_to_zero_delay_s: u64,
+    /// Emergency cap below `max_replicas` (seed 001's `cap-max-replicas`
+    /// flag). Default none.
+    pub cap_max_replicas: Option<u32>,
+}
+
+impl Default for ReplicateSettings {
+    fn default() -> Self {
+        ReplicateSettings {
+            target_backlog_per_replica: None,
+            queue_headroom: 0,
+            interval_ms: 1_000,
+            scale_out_window_s: 30,
+            scale_in_window_s: 120,
+            scale_out_step: 5,
+            scale_out_percent: 100,
+            scale_out_period_s: 60,
+            hysteresis: 0.02,
+            slow_start_cap: 5,
+            scale_to_zero_delay_s: 300,
+            cap_max_replicas: None,
+        }
+    }
+}
+
+impl ReplicateSettings {
+    fn validate(&self) -> Result<(), FieldError> {
+        if let Some(t) = self.target_backlog_per_replica {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(FieldError::new("target_backlog_per_replica", format!("{t} must be above 0")));
+            }
+        }
+        if !(100..=3_600_000).contains(&self.interval_ms) {
+            return Err(FieldError::new("interval_ms", "must be 100 ms to 1 hour"));
+        }
+        seconds("scale_out_window_s", self.scale_out_window_s, 0)?;
+        seconds("scale_in_window_s", self.scale_in_window_s, 0)?;
+        seconds("scale_out_period_s", self.scale_out_period_s, 1)?;
+        seconds("scale_to_zero_delay_s", self.scale_to_zero_delay_s, 0)?;
+        fraction("hysteresis", self.hysteresis, 0.0, 1.0)?;
+        if self.scale_out_step == 0 && self.scale_out_percent == 0 {
+            return Err(FieldError::new(
+                "scale_out_step",
+                "and scale_out_percent are both 0: it could never grow",
+            ));
+        }
+        if self.slow_start_cap == 0 {
+            return Err(FieldError::new("slow_start_cap", "must be at least 1"));
+        }
+        if self.cap_max_replicas == Some(0) {
+            return Err(FieldError::new(
+                "cap_max_replicas",
+                "must be at least 1 (use `fixed` to hold a model at 0)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Workers AI's EZ utilization-based autoscaler (seed 001): utilization
+/// from inference time over a window, a min/max deadband, out-of-capacity
+/// inflation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkersAiSettings {
+    /// Seconds between decisions. Seed 001: every 5 minutes.
+    pub interval_s: u64,
+    /// Seconds of history utilization is measured over. Seed 001: 15-minute
+    /// windows.
+    pub window_s: u64,
+    /// Below this utilization, scale down. Seed 001: 0.3.
+    pub min_utilization: f64,
+    /// Above this utilization, scale up. Seed 001: 0.8.
+    pub max_utilization: f64,
+    /// Measured utilization is multiplied by this. Seed 001: 1.0.
+    pub utilization_scale: f64,
+    /// Inflate utilization by `(successful + out_of_capacity) /
+    /// successful` (successful floored at 0.1 per minute). Seed 001: true.
+    pub use_out_of_cap: bool,
+    /// The inflated utilization is capped at this multiple of the measured
+    /// one. Seed 001: 2×.
+    pub out_of_cap_max_inflation: f64,
+    /// At most this many replicas fewer per cycle. Seed 001: 10.
+    pub max_downscale_per_cycle: u32,
+    /// The kill switch: keep the current count. Seed 001:
+    /// `scaling_config.disabled`, default false.
+    pub disabled: bool,
+}
+
+impl Default for WorkersAiSettings {
+    fn default() -> Self {
+        WorkersAiSettings {
+            interval_s: 300,
+            window_s: 900,
+            min_utilization: 0.3,
+            max_utilization: 0.8,
+            utilization_scale: 1.0,
+            use_out_of_cap: true,
+            out_of_cap_max_inflation: 2.0,
+            max_downscale_per_cycle: 10,
+            disabled: false,
+        }
+    }
+}
+
+impl WorkersAiSettings {
+    fn validate(&self) -> Result<(), FieldError> {
+        seconds("interval_s", self.interval_s, 1)?;
+        seconds("window_s", self.window_s, 1)?;
+        fraction("min_utilization", self.min_utilization, 0.0, 1.0)?;
+        fraction("max_utilization", self.max_utilization, 0.0, 1.0)?;
+        if self.max_utilization <= self.min_utilization {
+            return Err(FieldError::new(
+                "max_utilization",
+                format!(
+                    "{} must be above min_utilization ({}): the deadband is empty",
+                    self.max_utilization, self.min_utilization
+                ),
+            ));
+        }
+        fraction("utilization_scale", self.utilization_scale, 0.01, 100.0)?;
+        fraction("out_of_cap_max_inflation", self.out_of_cap_max_inflation, 1.0, 100.0)?;
+        if self.max_downscale_per_cycle == 0 {
+            return Err(FieldError::new("max_downscale_per_cycle", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The utilization a resized model is sized for: the middle of the
+    /// deadband, so neither edge is crossed again at once.
+    pub(crate) fn aim(&self) -> f64 {
+        (self.min_utilization + self.max_utilization) / 2.0
+    }
+}
+
+/// Hangar's policy: as many replicas as the demand needs, counting
+/// replicas still loading as capacity on the way; up at once, down only
+/// after a quiet period and never below what is busy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HangarSettings {
+    /// Milliseconds between decisions. Default 1000.
+    pub interval_ms: Millis,
+    /// Share of a replica's permits the sizing aims to fill (1.0: a
+    /// replica per `concurrency` requests running or waiting). Default 1.0.
+    pub target_occupancy: f64,
+    /// Seconds the demand must stay below the replicas before any is given
+    /// back; the period's peak is kept. It is also the stabilization
+    /// window: under steady load no decision reverses another within it.
+    /// Default 300 (the quiet period Hangar always had).
+    pub scale_down_after_s: u64,
+    /// A model with a TTFT objective: while requests wait and the recent
+    /// p99 TTFT is above it, one replica more than the demand sizing.
+    /// Default none.
+    pub slo_ttft_ms: Option<Millis>,
+    /// An idle replica stays WARM (asleep, its weights in CPU memory) for
+    /// this many times its measured COLD start before it is let go; at
+    /// least `min_warm_s`. Default 10.
+    pub warm_keep_factor: f64,
+    /// The least time an idle replica stays WARM. Default 600.
+    pub min_warm_s: u64,
+}
+
+impl Default for HangarSettings {
+    fn default() -> Self {
+        HangarSettings {
+            interval_ms: 1_000,
+            target_occupancy: 1.0,
+            scale_down_after_s: 300,
+            slo_ttft_ms: None,
+            warm_keep_factor: 10.0,
+            min_warm_s: 600,
+        }
+    }
+}
+
+impl HangarSettings {
+    fn validate(&self) -> Result<(), FieldError> {
+        if !(100..=3_600_000).contains(&self.interval_ms) {
+            return Err(FieldError::new("interval_ms", "must be 100 ms to 1 hour"));
+        }
+        fraction("target_occupancy", self.target_occupancy, 0.05, 1.0)?;
+        seconds("scale_down_after_s", self.scale_down_after_s, 0)?;
+        seconds("min_warm_s", self.min_warm_s, 0)?;
+        fraction("warm_keep_factor", self.warm_keep_factor, 0.0, 10_000.0)?;
+        if self.slo_ttft_ms == Some(0) {
+            return Err(FieldError::new("slo_ttft_ms", "must be above 0"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Model {
+        #[serde(default)]
+        scaling: ScalingConfig,
+    }
+
+    fn parse(text: &str) -> Result<ScalingConfig, String> {
+        toml::from_str::<Model>(text).map(|m| m.scaling).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn each_policy_parses_by_name_with_the_seed_defaults() {
+        assert_eq!(parse("").unwrap(), ScalingConfig::Hangar(HangarSettings::default()));
+        let r = parse("[scaling]\npolicy = \"replicate\"\nscale_in_window_s = 60\n").unwrap();
+        let ScalingConfig::Replicate(s) = r else { panic!("{r:?}") };
+        assert_eq!(
+            (s.scale_in_window_s, s.scale_out_window_s, s.hysteresis, s.slow_start_cap),
+            (60, 30, 0.02, 5)
+        );
+        let w = parse("[scaling]\npolicy = \"workers-ai\"\n").unwrap();
+        assert_eq!(w, ScalingConfig::WorkersAi(WorkersAiSettings::default()));
+        assert_eq!(parse("[scaling]\npolicy = \"fixed\"\n").unwrap(), ScalingConfig::Fixed);
+    }
+
+    #[test]
+    fn unknown_policies_and_knobs_are_errors_naming_them() {
+        let e = parse("[scaling]\npolicy = \"magic\"\n").unwrap_err();
+        assert!(e.contains("magic") && e.contains("workers-ai"), "{e}");
+        let e = parse("[scaling]\npolicy = \"replicate\"\nhysterisis = 0.1\n").unwrap_err();
+        assert!(e.contains("hysterisis"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_knobs_are_refused_by_name() {
+        let bad = |text: &str| parse(text).unwrap().validate().unwrap_err().field;
+        assert_eq!(bad("[scaling]\npolicy = \"workers-ai\"\nmin_utilization = 0.9\n"), "max_utilization");
+        assert_eq!(bad("[scaling]\npolicy = \"replicate\"\nhysteresis = 2.0\n"), "hysteresis");
+        assert_eq!(
+            bad("[scaling]\npolicy = \"replicate\"\ntarget_backlog_per_replica = 0.0\n"),
+            "target_backlog_per_replica"
+        );
+        assert_eq!(
+            bad("[scaling]\npolicy = \"hangar\"\nscale_down_after_s = 99999999999\n"),
+            "scale_down_after_s"
+        );
+        ScalingConfig::default().validate().unwrap();
+    }
+}
