@@ -83,6 +83,9 @@ pub enum Reason {
     },
     /// Nothing changed.
     Steady,
+    /// An operator evicted replicas: the count is lowered to what stayed
+    /// hot, so they do not come straight back.
+    Evicted,
     /// The policy wanted more than `max_replicas` (or an emergency cap).
     Capped {
         /// What the policy wanted.
@@ -120,6 +123,7 @@ impl fmt::Display for Reason {
                 write!(f, "TTFT p99 {ttft_p99_ms} ms above the {slo_ms} ms objective")
             }
             Reason::Steady => f.write_str("steady"),
+            Reason::Evicted => f.write_str("evicted by an operator"),
             Reason::Capped { wanted } => write!(f, "{wanted} wanted, capped"),
             Reason::Unplaceable { wanted } => write!(f, "{wanted} wanted, placement cannot fit more"),
         }

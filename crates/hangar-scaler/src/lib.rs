@@ -52,12 +52,14 @@
 #![deny(missing_docs)]
 
 mod config;
+mod controller;
 mod decision;
 mod observation;
 mod policy;
 mod scaler;
 
 pub use config::{HangarSettings, ReplicateSettings, ScalingConfig, WorkersAiSettings};
+pub use controller::{Action, Blocked, CommandError, Controller, ModelSpec};
 pub use decision::{Decision, DecisionLog, Reason, DECISIONS_KEPT};
 pub use observation::{Observation, ReplicaCounts};
 pub use scaler::{Bounds, Override, Scaler, StartTier, StartTimes};

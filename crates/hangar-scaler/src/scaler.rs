@@ -274,6 +274,13 @@ impl Scaler {
         (wanted, reason)
     }
 
+    /// Sets the count outside a policy decision (an eviction), logged with
+    /// `reason`.
+    pub(crate) fn set_desired(&mut self, now: Millis, desired: u32, reason: Reason) -> Option<Decision> {
+        let inputs = self.history.back().map(|(_, o)| *o).unwrap_or_default();
+        self.change(now, desired, reason, inputs)
+    }
+
     fn change(&mut self, now: Millis, desired: u32, reason: Reason, inputs: Observation) -> Option<Decision> {
         let previous = self.desired;
         if desired == previous {

@@ -1,0 +1,480 @@
+//! [`Controller`]: every model's scaler and the cluster's placement in one
+//! sans-IO state machine — the one place replica counts are decided.
+//!
+//! It owns the [`Cluster`], a [`Scaler`] per model and each model's
+//! placement state. Facts come in (observations, a replica ready, failed,
+//! or not starting), commands too (freeze, pin, release, evict), and out
+//! come [`Action`]s: deployment deltas for the driver to apply to engines,
+//! the decisions taken, and a model becoming unplaceable or placeable
+//! again. The live server drives it from one task; the simulator drives
+//! it on its logical clock.
+//!
+//! # Reconciling
+//! After each decision, and at each retry, a model's hot replicas are
+//! brought to its scaler's count: more are placed through
+//! [`Cluster::deploy`]; fewer are evicted, least busy first (to the warm
+//! cache when it has room). A model placement cannot fit is *unplaceable*:
+//! its scaler is capped at what fits, and the controller retries after a
+//! back-off (1 s doubling to 60 s) instead of trying again every tick. A
+//! WARM replica idle beyond its scaler's keep time is let go.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use hangar_core::{Millis, ModelKey, ReplicaId};
+use hangar_placement::{Cluster, DeploymentDelta, Level, ReplicaRequest};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::decision::{Decision, Reason};
+use crate::observation::Observation;
+use crate::scaler::{Bounds, Scaler, StartTier};
+use crate::ScalingConfig;
+
+/// The first retry of an unplaceable model.
+const FIRST_BACKOFF: Millis = 1_000;
+/// The longest wait between retries.
+const MAX_BACKOFF: Millis = 60_000;
+
+/// One model as the controller is given it.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// The model (it must be in the cluster's catalogue).
+    pub key: ModelKey,
+    /// Its scaling policy.
+    pub scaling: ScalingConfig,
+    /// `min_replicas` and `max_replicas`.
+    pub bounds: Bounds,
+}
+
+/// What the controller asks of its driver, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Apply these placement steps to engines (`to_cache`, `delete`,
+    /// `from_cache`, `create`, in the delta's order).
+    Apply(DeploymentDelta),
+    /// A scaler changed a model's count.
+    Decided {
+        /// The model.
+        model: ModelKey,
+        /// The decision.
+        decision: Decision,
+    },
+    /// The model's count cannot be placed (reported once per change of
+    /// reason).
+    Unplaceable {
+        /// The model.
+        model: ModelKey,
+        /// Why, as placement or the engine start said.
+        reason: String,
+    },
+    /// The model is placeable again.
+    Placeable {
+        /// The model.
+        model: ModelKey,
+    },
+}
+
+/// Why a command could not be carried out; the controller is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// No such model.
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(ModelKey),
+    /// The model has no such replica.
+    #[error("`{model}` has no replica `{replica}` on GPUs or in the warm cache")]
+    UnknownReplica {
+        /// The model.
+        model: ModelKey,
+        /// The replica asked for.
+        replica: ReplicaId,
+    },
+    /// A pinned count beyond the model's bounds.
+    #[error("{replicas} replicas is outside the model's bounds ({min} to {max})")]
+    OutOfBounds {
+        /// Asked for.
+        replicas: u32,
+        /// `min_replicas`.
+        min: u32,
+        /// `max_replicas`.
+        max: u32,
+    },
+}
+
+/// Why a model is not at its count, and when it is tried again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blocked {
+    /// Placement's or the engine's reason.
+    pub reason: String,
+    /// When placement is tried again.
+    pub retry_at: Millis,
+    /// The wait after that one fails too.
+    pub backoff: Millis,
+}
+
+#[derive(Debug, Clone)]
+struct Control {
+    scaler: Scaler,
+    blocked: Option<Blocked>,
+    /// Requests in flight on each replica, from the last observation.
+    in_flight: BTreeMap<ReplicaId, u32>,
+    /// When each WARM replica went WARM.
+    warm_since: BTreeMap<ReplicaId, Millis>,
+}
+
+/// Every model's scaler and the cluster they share. See the module doc.
+pub struct Controller {
+    cluster: Cluster,
+    rng: ChaCha8Rng,
+    models: BTreeMap<ModelKey, Control>,
+    actions: VecDeque<Action>,
+}
+
+impl Controller {
+    /// A controller of `models` on `cluster` (placement's random choices
+    /// seeded with `seed`); the first decisions are due at once.
+    pub fn new(cluster: Cluster, seed: u64, models: Vec<ModelSpec>, now: Millis) -> Self {
+        let models = models
+            .into_iter()
+            .map(|m| {
+                let control = Control {
+                    scaler: Scaler::new(&m.scaling, m.bounds, now),
+                    blocked: None,
+                    in_flight: BTreeMap::new(),
+                    warm_since: BTreeMap::new(),
+                };
+                (m.key, control)
+            })
+            .collect();
+        let mut c =
+            Controller { cluster, rng: ChaCha8Rng::seed_from_u64(seed), models, actions: VecDeque::new() };
+        let keys: Vec<ModelKey> = c.models.keys().cloned().collect();
+        for key in keys {
+            c.reconcile(now, &key);
+        }
+        c
+    }
+
+    // ---- getters -----------------------------------------------------
+
+    /// The cluster as placement sees it.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// A model's scaler.
+    pub fn scaler(&self, model: &ModelKey) -> Option<&Scaler> {
+        self.models.get(model).map(|c| &c.scaler)
+    }
+
+    /// Why a model is short of its count, if it is.
+    pub fn blocked(&self, model: &ModelKey) -> Option<&Blocked> {
+        self.models.get(model).and_then(|c| c.blocked.as_ref())
+    }
+
+    /// The earliest moment something is due: a decision or a retry.
+    pub fn poll_timeout(&self) -> Millis {
+        self.models
+            .values()
+            .flat_map(|c| {
+                let retry = c.blocked.as_ref().map(|b| b.retry_at);
+                [Some(c.scaler.poll_timeout()), retry]
+            })
+            .flatten()
+            .min()
+            .unwrap_or(Millis::MAX)
+    }
+
+    /// The next action for the driver.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    // ---- facts -------------------------------------------------------
+
+    /// `model` as it is at `now`, with the requests in flight on each of
+    /// its ready replicas (to pick the least busy when it shrinks).
+    pub fn observe(
+        &mut self,
+        now: Millis,
+        model: &ModelKey,
+        obs: Observation,
+        in_flight: &[(ReplicaId, u32)],
+    ) {
+        if let Some(c) = self.models.get_mut(model) {
+            c.scaler.observe(now, obs);
+            c.in_flight = in_flight.iter().copied().collect();
+        }
+    }
+
+    /// Takes every decision and retry due at `now`, and reconciles what
+    /// they changed. Early calls do nothing.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
+        for key in keys {
+            let c = self.models.get_mut(&key).expect("a listed model");
+            let retry = c.blocked.as_ref().is_some_and(|b| b.retry_at <= now);
+            if retry {
+                // Let the scaler ask for its full count again.
+                c.scaler.set_placeable(now, None);
+            }
+            let decided = c.scaler.handle_timeout(now);
+            let due = retry || decided.is_some();
+            if let Some(decision) = decided {
+                self.actions.push_back(Action::Decided { model: key.clone(), decision });
+            }
+            if due {
+                self.reconcile(now, &key);
+            }
+            self.expire_warm(now, &key);
+        }
+    }
+
+    /// A replica of `model` came up from `tier` after `took_ms`.
+    pub fn handle_ready(&mut self, _now: Millis, model: &ModelKey, tier: StartTier, took_ms: Millis) {
+        if let Some(c) = self.models.get_mut(model) {
+            c.scaler.handle_start(tier, took_ms);
+        }
+    }
+
+    /// A replica of `model` is gone: its engine died, stopped answering,
+    /// or never started (`start_failed`, which also backs off further
+    /// starts so a broken engine is not restarted in a tight loop). It
+    /// leaves the cluster, and the model's count is restored.
+    pub fn handle_failed(
+        &mut self,
+        now: Millis,
+        model: &ModelKey,
+        replica: ReplicaId,
+        why: &str,
+        start_failed: bool,
+    ) {
+        while self.cluster.deployment(&replica).is_some() {
+            if self.cluster.evict_replica(model, &replica).is_err() {
+                break;
+            }
+        }
+        let Some(c) = self.models.get_mut(model) else { return };
+        c.in_flight.remove(&replica);
+        c.warm_since.remove(&replica);
+        if start_failed {
+            self.block(now, model, format!("a replica did not start: {why}"));
+        } else {
+            self.reconcile(now, model);
+        }
+    }
+
+    // ---- commands ----------------------------------------------------
+
+    /// Holds `model` at its current count.
+    pub fn freeze(&mut self, now: Millis, model: &ModelKey) -> Result<(), CommandError> {
+        let decided = self.control(model)?.scaler.freeze(now);
+        self.after_command(now, model, decided);
+        Ok(())
+    }
+
+    /// Holds `model` at `replicas`.
+    pub fn pin(&mut self, now: Millis, model: &ModelKey, replicas: u32) -> Result<(), CommandError> {
+        let c = self.control(model)?;
+        let Bounds { min, max } = c.scaler.bounds();
+        if !(min..=max).contains(&replicas) {
+            return Err(CommandError::OutOfBounds { replicas, min, max });
+        }
+        let decided = c.scaler.pin(now, replicas);
+        self.after_command(now, model, decided);
+        Ok(())
+    }
+
+    /// Gives `model` back to its policy.
+    pub fn release(&mut self, now: Millis, model: &ModelKey) -> Result<(), CommandError> {
+        let decided = self.control(model)?.scaler.release(now);
+        self.after_command(now, model, decided);
+        Ok(())
+    }
+
+    /// Evicts one replica of `model`, or all its hot ones, to the warm
+    /// cache (or out, without room there), and lowers the model's count to
+    /// what stays hot so they do not come straight back; a later decision
+    /// may raise it again. Returns how many replicas changed level.
+    pub fn evict(
+        &mut self,
+        now: Millis,
+        model: &ModelKey,
+        replica: Option<ReplicaId>,
+    ) -> Result<usize, CommandError> {
+        self.control(model)?;
+        let before = self.cluster.snapshot();
+        let evicted = match replica {
+            Some(id) => self
+                .cluster
+                .evict_replica(model, &id)
+                .map_err(|_| CommandError::UnknownReplica { model: model.clone(), replica: id })?,
+            None => self.cluster.evict_model(model),
+        };
+        self.push_delta(&before);
+        let hot = self.hot(model);
+        let c = self.models.get_mut(model).expect("checked");
+        for e in &evicted {
+            if self.cluster.deployment(&e.replica_id).is_some_and(|d| d.level == Level::Warm) {
+                c.warm_since.insert(e.replica_id, now);
+            }
+        }
+        if let Some(decision) = c.scaler.lower_to(now, hot) {
+            self.actions.push_back(Action::Decided { model: model.clone(), decision });
+        }
+        Ok(evicted.len())
+    }
+
+    // ---- internals ---------------------------------------------------
+
+    fn control(&mut self, model: &ModelKey) -> Result<&mut Control, CommandError> {
+        self.models.get_mut(model).ok_or_else(|| CommandError::UnknownModel(model.clone()))
+    }
+
+    fn after_command(&mut self, now: Millis, model: &ModelKey, decided: Option<Decision>) {
+        if let Some(decision) = decided {
+            self.actions.push_back(Action::Decided { model: model.clone(), decision });
+        }
+        self.reconcile(now, model);
+    }
+
+    fn hot(&self, model: &ModelKey) -> u32 {
+        self.cluster.replicas_of(model, Level::Hot).len() as u32
+    }
+
+    /// Pushes the steps from `before` to the cluster as it is now, if any.
+    fn push_delta(&mut self, before: &hangar_placement::Snapshot) {
+        let delta = DeploymentDelta::between(before, &self.cluster.snapshot())
+            .expect("snapshots of one cluster are consistent");
+        if !delta.is_empty() {
+            self.actions.push_back(Action::Apply(delta));
+        }
+    }
+
+    /// Brings `model`'s hot replicas to its scaler's count.
+    fn reconcile(&mut self, now: Millis, model: &ModelKey) {
+        let Some(c) = self.models.get(model) else { return };
+        let desired = c.scaler.desired();
+        if c.blocked.as_ref().is_some_and(|b| b.retry_at > now) {
+            // Shrinking is always possible; growing waits for the retry.
+            if desired >= self.hot(model) {
+                return;
+            }
+        }
+        let hot = self.hot(model);
+        let before = self.cluster.snapshot();
+        if desired > hot {
+            let request = ReplicaRequest { model_key: model.clone(), replicas: desired, dedicated: false };
+            let outcome = self.cluster.deploy(&[request], now, &mut self.rng);
+            let placed = outcome.models.first().map_or(0, |m| m.hot() as u32);
+            let reason = outcome
+                .models
+                .first()
+                .and_then(|m| m.replicas.iter().find_map(|r| r.reason.as_ref()))
+                .map(ToString::to_string);
+            self.push_delta(&before);
+            for (id, level) in self.evicted_to_warm(&before) {
+                if let Some(c) = self.models.get_mut(&id.0) {
+                    if level == Level::Warm {
+                        c.warm_since.insert(id.1, now);
+                    }
+                }
+            }
+            match placed < desired {
+                true => self.block(now, model, reason.unwrap_or_else(|| "no room".into())),
+                false => self.unblock(now, model),
+            }
+        } else if desired < hot {
+            let c = &self.models[model];
+            let mut hot_replicas: Vec<(u32, ReplicaId)> = self
+                .cluster
+                .replicas_of(model, Level::Hot)
+                .iter()
+                .map(|d| (c.in_flight.get(&d.replica_id).copied().unwrap_or(0), d.replica_id))
+                .collect();
+            hot_replicas.sort_unstable();
+            for (_, id) in hot_replicas.into_iter().take((hot - desired) as usize) {
+                let _ = self.cluster.evict_replica(model, &id);
+                if self.cluster.deployment(&id).is_some_and(|d| d.level == Level::Warm) {
+                    self.models.get_mut(model).expect("listed").warm_since.insert(id, now);
+                }
+            }
+            self.push_delta(&before);
+        } else if self.models[model].blocked.is_some() {
+            self.unblock(now, model);
+        }
+    }
+
+    /// Replicas of other models that a deploy demoted, with where they went.
+    fn evicted_to_warm(&self, before: &hangar_placement::Snapshot) -> Vec<((ModelKey, ReplicaId), Level)> {
+        before
+            .deployments()
+            .values()
+            .filter(|d| d.level == Level::Hot)
+            .filter_map(|d| {
+                let now = self.cluster.deployment(&d.replica_id).map_or(Level::Cold, |n| n.level);
+                (now != Level::Hot).then(|| ((d.model_key.clone(), d.replica_id), now))
+            })
+            .collect()
+    }
+
+    fn block(&mut self, now: Millis, model: &ModelKey, reason: String) {
+        let hot = self.hot(model);
+        let c = self.models.get_mut(model).expect("listed");
+        let backoff = c.blocked.as_ref().map_or(FIRST_BACKOFF, |b| (b.backoff * 2).min(MAX_BACKOFF));
+        let changed = c.blocked.as_ref().is_none_or(|b| b.reason != reason);
+        c.blocked = Some(Blocked { reason: reason.clone(), retry_at: now.saturating_add(backoff), backoff });
+        c.scaler.set_placeable(now, Some(hot));
+        if let Some(decision) = c.scaler.handle_timeout(now) {
+            self.actions.push_back(Action::Decided { model: model.clone(), decision });
+        }
+        if changed {
+            self.actions.push_back(Action::Unplaceable { model: model.clone(), reason });
+        }
+    }
+
+    fn unblock(&mut self, now: Millis, model: &ModelKey) {
+        let c = self.models.get_mut(model).expect("listed");
+        if c.blocked.take().is_some() {
+            c.scaler.set_placeable(now, None);
+            self.actions.push_back(Action::Placeable { model: model.clone() });
+        }
+    }
+
+    /// Lets go of WARM replicas idle beyond the scaler's keep time.
+    fn expire_warm(&mut self, now: Millis, model: &ModelKey) {
+        let c = self.models.get_mut(model).expect("listed");
+        let Some(keep) = c.scaler.keep_warm_ms() else { return };
+        let expired: Vec<ReplicaId> = c
+            .warm_since
+            .iter()
+            .filter(|(_, since)| now.saturating_sub(**since) >= keep)
+            .map(|(id, _)| *id)
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        let before = self.cluster.snapshot();
+        for id in expired {
+            self.models.get_mut(model).expect("listed").warm_since.remove(&id);
+            if self.cluster.deployment(&id).is_some_and(|d| d.level == Level::Warm) {
+                let _ = self.cluster.evict_replica(model, &id);
+            }
+        }
+        self.push_delta(&before);
+    }
+}
+
+impl Scaler {
+    /// An eviction left `hot` replicas: want no more until a decision says
+    /// otherwise (`Reason::Evicted`).
+    pub(crate) fn lower_to(&mut self, now: Millis, hot: u32) -> Option<Decision> {
+        let bounds = self.bounds();
+        let target = hot.max(bounds.min);
+        if target >= self.desired() {
+            return None;
+        }
+        self.set_desired(now, target, Reason::Evicted)
+    }
+}

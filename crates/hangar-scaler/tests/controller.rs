@@ -1,0 +1,170 @@
+//! The controller on a logical clock: placement steps from scaling
+//! decisions, unplaceable models backed off, failures restored, evictions
+//! that stick.
+
+use hangar_core::{Millis, ModelKey, ReplicaId};
+use hangar_placement::{Action as Step, Cluster, ClusterConfig, Level};
+use hangar_scaler::{
+    Action, Bounds, Controller, HangarSettings, ModelSpec, Observation, ReplicaCounts, ScalingConfig,
+};
+
+fn cluster(gpus: u32, models: &[(&str, &str)]) -> Cluster {
+    let mut text =
+        format!("[[nodes]]\nid = \"n\"\ngpus = {gpus}\ngpu_memory = \"80GB\"\ncpu_cache = \"200GB\"\n");
+    for (key, size) in models {
+        text.push_str(&format!("[models.\"{key}\"]\nsize = \"{size}\"\n"));
+    }
+    Cluster::new(toml::from_str::<ClusterConfig>(&text).unwrap()).unwrap()
+}
+
+fn key(k: &str) -> ModelKey {
+    k.parse().unwrap()
+}
+
+fn hangar(after_s: u64) -> ScalingConfig {
+    ScalingConfig::Hangar(HangarSettings { scale_down_after_s: after_s, ..HangarSettings::default() })
+}
+
+fn spec(k: &str, scaling: ScalingConfig, min: u32, max: u32) -> ModelSpec {
+    ModelSpec { key: key(k), scaling, bounds: Bounds { min, max } }
+}
+
+fn drain(c: &mut Controller) -> Vec<Action> {
+    std::iter::from_fn(|| c.poll_action()).collect()
+}
+
+/// Creates (and deletes) in the actions' deltas, by model.
+fn steps(actions: &[Action], kind: Step) -> usize {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Apply(d) => Some(d.steps().filter(|s| s.action == kind).count()),
+            _ => None,
+        })
+        .sum()
+}
+
+fn load(work: u32, ready: u32) -> Observation {
+    Observation {
+        in_flight: work.min(ready * 4),
+        waiting: work.saturating_sub(ready * 4),
+        permits_per_replica: 4,
+        replicas: ReplicaCounts { ready, ..ReplicaCounts::default() },
+        ..Observation::default()
+    }
+}
+
+#[test]
+fn min_replicas_are_placed_at_once_and_demand_adds_more() {
+    let mut c = Controller::new(cluster(2, &[("m", "10GB")]), 1, vec![spec("m", hangar(300), 1, 4)], 0);
+    assert_eq!(steps(&drain(&mut c), Step::Create), 1);
+    c.observe(1_000, &key("m"), load(10, 1), &[]);
+    c.handle_timeout(1_000);
+    let actions = drain(&mut c);
+    assert_eq!(steps(&actions, Step::Create), 2, "10 requests at 4 per replica: 3");
+    assert!(actions.iter().any(|a| matches!(a, Action::Decided { decision, .. } if decision.desired == 3)));
+}
+
+/// One 80 GB GPU cannot hold two 60 GB replicas: the model is unplaceable
+/// once, retried with back-off, and never spins.
+#[test]
+fn an_unplaceable_count_is_reported_once_and_retried_with_backoff() {
+    let scaling = ScalingConfig::Fixed;
+    let mut c = Controller::new(cluster(1, &[("big", "60GB")]), 1, vec![spec("big", scaling, 2, 2)], 0);
+    let first = drain(&mut c);
+    assert_eq!(steps(&first, Step::Create), 1, "one fits");
+    assert_eq!(first.iter().filter(|a| matches!(a, Action::Unplaceable { .. })).count(), 1);
+    let blocked = c.blocked(&key("big")).unwrap().clone();
+    assert!(blocked.reason.contains("room") || blocked.reason.contains("GPU"), "{blocked:?}");
+    let mut wakeups = 0;
+    let mut now: Millis = 0;
+    let mut later = Vec::new();
+    while now < 120_000 {
+        now = c.poll_timeout().max(now + 1);
+        c.observe(now, &key("big"), load(0, 1), &[]);
+        c.handle_timeout(now);
+        later.extend(drain(&mut c));
+        wakeups += 1;
+    }
+    assert!(later.iter().all(|a| !matches!(a, Action::Unplaceable { .. } | Action::Apply(_))), "{later:?}");
+    // Decisions every second (the fixed policy's tick), retries doubling:
+    // nothing like a busy loop.
+    assert!(wakeups <= 130, "{wakeups} wake-ups in two minutes");
+    assert!(c.blocked(&key("big")).unwrap().backoff >= 32_000);
+}
+
+#[test]
+fn a_failed_replica_is_replaced_and_one_that_does_not_start_is_backed_off() {
+    let mut c = Controller::new(cluster(2, &[("m", "10GB")]), 1, vec![spec("m", hangar(300), 1, 1)], 0);
+    drain(&mut c);
+    let id = c.cluster().replicas_of(&key("m"), Level::Hot)[0].replica_id;
+    c.handle_failed(5_000, &key("m"), id, "its engine process exited", false);
+    let actions = drain(&mut c);
+    assert_eq!(steps(&actions, Step::Create), 1, "{actions:?}");
+    let replacement = c.cluster().replicas_of(&key("m"), Level::Hot)[0].replica_id;
+    assert_ne!(replacement, id);
+
+    c.handle_failed(6_000, &key("m"), replacement, "exited before it was ready", true);
+    let actions = drain(&mut c);
+    assert_eq!(steps(&actions, Step::Create), 0, "not at once: {actions:?}");
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Unplaceable { reason, .. } if reason.contains("did not start"))));
+    let retry = c.blocked(&key("m")).unwrap().retry_at;
+    c.observe(retry, &key("m"), load(0, 0), &[]);
+    c.handle_timeout(retry);
+    let actions = drain(&mut c);
+    assert_eq!(steps(&actions, Step::Create), 1, "after the back-off: {actions:?}");
+    assert!(actions.iter().any(|a| matches!(a, Action::Placeable { .. })));
+}
+
+#[test]
+fn an_admin_eviction_lowers_the_count_so_the_replica_stays_out() {
+    let mut c = Controller::new(cluster(2, &[("m", "10GB")]), 1, vec![spec("m", hangar(300), 0, 2)], 0);
+    c.observe(1_000, &key("m"), load(8, 0), &[]);
+    c.handle_timeout(1_000);
+    drain(&mut c);
+    assert_eq!(c.cluster().replicas_of(&key("m"), Level::Hot).len(), 2);
+    let id = c.cluster().replicas_of(&key("m"), Level::Hot)[0].replica_id;
+    assert_eq!(c.evict(2_000, &key("m"), Some(id)).unwrap(), 1);
+    let actions = drain(&mut c);
+    assert_eq!(steps(&actions, Step::ToCache), 1);
+    assert_eq!(c.scaler(&key("m")).unwrap().desired(), 1);
+    // Quiet: no decision brings it straight back.
+    for t in (3..60).map(|s| s * 1_000) {
+        c.observe(t, &key("m"), load(0, 1), &[]);
+        c.handle_timeout(t);
+    }
+    let later = drain(&mut c);
+    assert_eq!(steps(&later, Step::FromCache) + steps(&later, Step::Create), 0, "{later:?}");
+    assert_eq!(c.cluster().replicas_of(&key("m"), Level::Hot).len(), 1);
+    assert!(c.evict(0, &key("m"), Some(ReplicaId::from_u128(7))).is_err());
+}
+
+#[test]
+fn scaling_down_evicts_the_least_busy_and_pins_hold() {
+    let mut c = Controller::new(cluster(2, &[("m", "10GB")]), 1, vec![spec("m", hangar(10), 0, 3)], 0);
+    c.observe(1_000, &key("m"), load(12, 0), &[]);
+    c.handle_timeout(1_000);
+    drain(&mut c);
+    let hot: Vec<ReplicaId> =
+        c.cluster().replicas_of(&key("m"), Level::Hot).iter().map(|d| d.replica_id).collect();
+    assert_eq!(hot.len(), 3);
+    // Demand for 2; the busy ones stay.
+    let busy = [(hot[0], 4), (hot[1], 0), (hot[2], 4)];
+    let mut t = 2_000;
+    while c.cluster().replicas_of(&key("m"), Level::Hot).len() == 3 && t < 60_000 {
+        c.observe(t, &key("m"), load(8, 3), &busy);
+        c.handle_timeout(t);
+        t += 1_000;
+    }
+    let left: Vec<ReplicaId> =
+        c.cluster().replicas_of(&key("m"), Level::Hot).iter().map(|d| d.replica_id).collect();
+    assert_eq!(left.len(), 2, "after the quiet period");
+    assert!(!left.contains(&hot[1]), "the idle one went");
+    drain(&mut c);
+    c.pin(t, &key("m"), 3).unwrap();
+    assert_eq!(c.cluster().replicas_of(&key("m"), Level::Hot).len(), 3);
+    assert!(c.pin(t, &key("m"), 4).is_err(), "beyond max_replicas");
+    c.release(t, &key("m")).unwrap();
+}
