@@ -374,11 +374,25 @@ impl Controller {
                 .and_then(|m| m.replicas.iter().find_map(|r| r.reason.as_ref()))
                 .map(ToString::to_string);
             self.push_delta(&before);
-            for (id, level) in self.evicted_to_warm(&before) {
-                if let Some(c) = self.models.get_mut(&id.0) {
+            // Replicas of other models this deploy pushed off the GPUs:
+            // their models want only what they still have, until their own
+            // demand asks again (so two models do not take turns evicting
+            // each other).
+            let mut preempted = Vec::new();
+            for ((victim, replica), level) in self.evicted(&before) {
+                if let Some(c) = self.models.get_mut(&victim) {
                     if level == Level::Warm {
-                        c.warm_since.insert(id.1, now);
+                        c.warm_since.insert(replica, now);
                     }
+                    preempted.push(victim);
+                }
+            }
+            preempted.dedup();
+            for victim in preempted {
+                let hot = self.hot(&victim);
+                let c = self.models.get_mut(&victim).expect("listed");
+                if let Some(decision) = c.scaler.preempted(now, hot) {
+                    self.actions.push_back(Action::Decided { model: victim, decision });
                 }
             }
             match placed < desired {
@@ -406,8 +420,8 @@ impl Controller {
         }
     }
 
-    /// Replicas of other models that a deploy demoted, with where they went.
-    fn evicted_to_warm(&self, before: &hangar_placement::Snapshot) -> Vec<((ModelKey, ReplicaId), Level)> {
+    /// Replicas that were hot `before` and are not now, with where they went.
+    fn evicted(&self, before: &hangar_placement::Snapshot) -> Vec<((ModelKey, ReplicaId), Level)> {
         before
             .deployments()
             .values()
@@ -467,11 +481,23 @@ impl Controller {
 }
 
 impl Scaler {
+    /// Placement took replicas away for another model, leaving `hot`:
+    /// want no more than that until a decision says otherwise
+    /// (`Reason::Preempted`). An operator's override stands.
+    pub(crate) fn preempted(&mut self, now: Millis, hot: u32) -> Option<Decision> {
+        let target = hot.max(self.bounds().min);
+        if self.override_().is_some() || target >= self.desired() {
+            return None;
+        }
+        self.set_desired(now, target, Reason::Preempted)
+    }
+
     /// An eviction left `hot` replicas: want no more until a decision says
-    /// otherwise (`Reason::Evicted`).
+    /// otherwise (`Reason::Evicted`); an override holding more is lowered
+    /// with it, since the operator who evicted meant it.
     pub(crate) fn lower_to(&mut self, now: Millis, hot: u32) -> Option<Decision> {
-        let bounds = self.bounds();
-        let target = hot.max(bounds.min);
+        let target = hot.max(self.bounds().min);
+        self.lower_override(target);
         if target >= self.desired() {
             return None;
         }

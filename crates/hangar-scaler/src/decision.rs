@@ -86,6 +86,9 @@ pub enum Reason {
     /// An operator evicted replicas: the count is lowered to what stayed
     /// hot, so they do not come straight back.
     Evicted,
+    /// Placement gave the model's replicas to another model: the count is
+    /// lowered to what stayed hot until demand asks again.
+    Preempted,
     /// The policy wanted more than `max_replicas` (or an emergency cap).
     Capped {
         /// What the policy wanted.
@@ -124,6 +127,7 @@ impl fmt::Display for Reason {
             }
             Reason::Steady => f.write_str("steady"),
             Reason::Evicted => f.write_str("evicted by an operator"),
+            Reason::Preempted => f.write_str("its replicas were given to another model"),
             Reason::Capped { wanted } => write!(f, "{wanted} wanted, capped"),
             Reason::Unplaceable { wanted } => write!(f, "{wanted} wanted, placement cannot fit more"),
         }

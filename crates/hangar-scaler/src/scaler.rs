@@ -274,6 +274,15 @@ impl Scaler {
         (wanted, reason)
     }
 
+    /// Lowers an override's count to at most `replicas`.
+    pub(crate) fn lower_override(&mut self, replicas: u32) {
+        self.override_ = match self.override_ {
+            Some(Override::Frozen(n)) => Some(Override::Frozen(n.min(replicas))),
+            Some(Override::Pinned(n)) => Some(Override::Pinned(n.min(replicas))),
+            None => None,
+        };
+    }
+
     /// Sets the count outside a policy decision (an eviction), logged with
     /// `reason`.
     pub(crate) fn set_desired(&mut self, now: Millis, desired: u32, reason: Reason) -> Option<Decision> {

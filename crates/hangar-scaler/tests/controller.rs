@@ -168,3 +168,35 @@ fn scaling_down_evicts_the_least_busy_and_pins_hold() {
     assert!(c.pin(t, &key("m"), 4).is_err(), "beyond max_replicas");
     c.release(t, &key("m")).unwrap();
 }
+
+/// Two 60 GB models on one 80 GB GPU: placing one evicts the other, which
+/// then wants nothing until its own demand asks — no ping-pong.
+#[test]
+fn a_preempted_model_does_not_take_its_gpu_straight_back() {
+    let mut text = String::from("[placement]\nmin_deployment_age_ms = 0\n");
+    text.push_str("[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\ncpu_cache = \"200GB\"\n");
+    text.push_str("[models.\"a\"]\nsize = \"60GB\"\n[models.\"b\"]\nsize = \"60GB\"\n");
+    let cluster = Cluster::new(toml::from_str::<ClusterConfig>(&text).unwrap()).unwrap();
+    let models = vec![spec("a", hangar(300), 0, 1), spec("b", hangar(300), 0, 1)];
+    let mut c = Controller::new(cluster, 1, models, 0);
+    c.observe(1_000, &key("a"), load(1, 0), &[]);
+    c.handle_timeout(1_000);
+    c.observe(2_000, &key("a"), load(0, 1), &[]);
+    c.observe(2_000, &key("b"), load(1, 0), &[]);
+    c.handle_timeout(2_000);
+    drain(&mut c);
+    assert_eq!(c.cluster().replicas_of(&key("b"), Level::Hot).len(), 1);
+    assert_eq!(c.cluster().replicas_of(&key("a"), Level::Warm).len(), 1, "a went WARM for b");
+    assert_eq!(c.scaler(&key("a")).unwrap().desired(), 0, "a wants only what it kept");
+    for t in (3..30).map(|s| s * 1_000) {
+        c.observe(t, &key("a"), load(0, 0), &[]);
+        c.observe(t, &key("b"), load(0, 1), &[]);
+        c.handle_timeout(t);
+    }
+    let later = drain(&mut c);
+    assert!(later.iter().all(|a| !matches!(a, Action::Apply(_))), "{later:?}");
+    // a's own demand brings it back (waking its warm copy).
+    c.observe(31_000, &key("a"), load(1, 0), &[]);
+    c.handle_timeout(31_000);
+    assert_eq!(steps(&drain(&mut c), Step::FromCache), 1);
+}
