@@ -19,8 +19,8 @@
 //! [`Chooser`] (e.g. the KV-aware router), so this crate knows nothing
 //! about prompts.
 //!
-//! [`ScaleDown`] is the other half of a model's capacity policy: when
-//! replicas beyond the demand may be given back.
+//! How many replicas a model should have is not this crate's question:
+//! `hangar-scaler` decides it from what it observes of the line.
 //!
 //! Invariants, after every call: no replica has more permits out than its
 //! limit; either nobody waits or no healthy replica has a free permit; every
@@ -43,7 +43,6 @@
 //! ```
 #![deny(missing_docs)]
 
-mod scale_down;
 mod waiting;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -52,7 +51,6 @@ use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-pub use scale_down::ScaleDown;
 use waiting::Waiting;
 
 /// How the waiting line is served.
@@ -283,14 +281,6 @@ impl Admission {
     /// Permits of healthy replicas, in all.
     pub fn total_permits(&self) -> u32 {
         self.replicas.values().filter(|r| r.healthy).map(|r| r.limit).sum()
-    }
-
-    /// Replicas of `per_replica` permits needed to run everything admitted
-    /// or waiting, plus `arriving` more requests, at once: the demand a
-    /// scaler compares with the replicas it has.
-    pub fn replicas_wanted(&self, per_replica: u32, arriving: usize) -> u32 {
-        let demand = self.in_use() as usize + self.waiting.len() + arriving;
-        demand.div_ceil(per_replica.max(1) as usize).try_into().unwrap_or(u32::MAX)
     }
 
     // ---- handle_* (facts) ---------------------------------------------

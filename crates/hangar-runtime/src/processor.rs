@@ -31,6 +31,21 @@ pub struct Load {
     pub permits: u32,
     /// The line's settings.
     pub config: AdmissionConfig,
+    /// What went through it since it started.
+    pub counters: Counters,
+}
+
+/// Cumulative counts of a processor, for the scaler's windows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Requests that asked for a permit.
+    pub arrivals: u64,
+    /// Permits given back (requests that ran, however they ended).
+    pub completions: u64,
+    /// Requests turned away because the line was full (429).
+    pub rejected: u64,
+    /// Milliseconds permits were held, summed over requests.
+    pub busy_ms: u64,
 }
 
 /// Why a request was not admitted.
@@ -60,6 +75,7 @@ struct State {
     chooser: Box<dyn Chooser + Send>,
     waiters: FxHashMap<RequestId, Waiter>,
     next_id: u64,
+    counters: Counters,
 }
 
 struct Shared {
@@ -89,6 +105,8 @@ pub struct Lease {
     pub request: RequestId,
     /// The replica to send the request to.
     pub replica: ReplicaId,
+    /// When the permit was granted, on the processor's clock.
+    granted_at: Millis,
 }
 
 impl std::fmt::Debug for Lease {
@@ -99,9 +117,12 @@ impl std::fmt::Debug for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        let granted_at = self.granted_at;
         self.shared.with(|s, now| {
             s.admission.release(now, self.request, &mut *s.chooser);
             s.chooser.done(self.request);
+            s.counters.completions += 1;
+            s.counters.busy_ms += now.saturating_sub(granted_at);
         });
     }
 }
@@ -161,8 +182,13 @@ impl Processor {
     /// `chooser`; spawns its deadline timer on the current tokio runtime
     /// (it ends when the last clone is dropped).
     pub fn new(config: AdmissionConfig, chooser: Box<dyn Chooser + Send>) -> Self {
-        let state =
-            State { admission: Admission::new(config), chooser, waiters: FxHashMap::default(), next_id: 0 };
+        let state = State {
+            admission: Admission::new(config),
+            chooser,
+            waiters: FxHashMap::default(),
+            next_id: 0,
+            counters: Counters::default(),
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             epoch: Instant::now(),
@@ -198,18 +224,13 @@ impl Processor {
             in_use: s.admission.in_use(),
             permits: s.admission.total_permits(),
             config: s.admission.config().clone(),
+            counters: s.counters,
         })
     }
 
     /// Permits out on one replica.
     pub fn in_use_on(&self, replica: ReplicaId) -> u32 {
         self.shared.with(|s, _| s.admission.in_use_on(replica))
-    }
-
-    /// Replicas of `per_replica` permits needed for what runs, waits and
-    /// `arriving` more.
-    pub fn replicas_wanted(&self, per_replica: u32, arriving: usize) -> u32 {
-        self.shared.with(|s, _| s.admission.replicas_wanted(per_replica, arriving))
     }
 
     /// Switches the line's algorithm or capacity; nobody waiting is lost.
@@ -239,6 +260,7 @@ impl Processor {
             let submitted = shared.with(|s, now| {
                 let request = RequestId(s.next_id);
                 s.next_id += 1;
+                s.counters.arrivals += 1;
                 if let Some((blocks, tokens)) = prompt {
                     s.chooser.hint(request, blocks, tokens);
                 }
@@ -259,10 +281,19 @@ impl Processor {
             });
             match submitted {
                 (request, Submitted::Leased(p), _) => {
-                    return Ok(Lease { shared: self.shared.clone(), request, replica: p.replica })
+                    let granted_at = self.shared.now();
+                    return Ok(Lease {
+                        shared: self.shared.clone(),
+                        request,
+                        replica: p.replica,
+                        granted_at,
+                    });
                 }
                 (request, Submitted::Rejected { capacity }, _) => {
-                    self.shared.with(|s, _| s.chooser.done(request));
+                    self.shared.with(|s, _| {
+                        s.chooser.done(request);
+                        s.counters.rejected += 1;
+                    });
                     return Err(AdmitError::QueueFull { capacity });
                 }
                 (request, Submitted::Queued, rx) => {
@@ -274,7 +305,8 @@ impl Processor {
         let mut guard = WaitGuard { shared: self.shared.clone(), request, armed: true };
         let result = rx.await.unwrap_or(Err(AdmitError::Failed("the processor stopped".into())));
         guard.armed = false;
-        result.map(|replica| Lease { shared: self.shared.clone(), request, replica })
+        let granted_at = self.shared.now();
+        result.map(|replica| Lease { shared: self.shared.clone(), request, replica, granted_at })
     }
 }
 

@@ -132,7 +132,12 @@ fn model() -> impl Strategy<Value = String> {
             ("max_replicas", number().boxed()),
             ("concurrency", number().boxed()),
             ("timeout_s", number().boxed()),
-            ("scale_down_after_s", number().boxed()),
+            (
+                "scaling",
+                (prop::sample::select(vec!["hangar", "replicate", "workers-ai", "fixed", "magic"]), number())
+                    .prop_map(|(p, n)| format!("{{ policy = \"{p}\", interval_ms = {n} }}"))
+                    .boxed(),
+            ),
             ("queue", number().prop_map(|c| format!("{{ capacity = {c} }}")).boxed()),
             (
                 "router",
@@ -214,7 +219,7 @@ fn runs(config: &ServeConfig) {
         let capacity = m.admission().capacity;
         assert!((1..=MAX_QUEUE_CAPACITY).contains(&capacity), "{}: capacity {capacity}", m.key);
         assert!(m.max_replicas() >= 1 && m.max_replicas() >= m.min_replicas);
-        assert!(m.scale_down_after_ms() <= 30 * 24 * 3600 * 1000);
+        m.scaling().validate().expect("a loaded model's scaling knobs are in range");
     }
 }
 

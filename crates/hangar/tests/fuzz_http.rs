@@ -145,7 +145,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("GET", "/admin/status"),
     ("POST", "/admin/evict"),
-    ("POST", "/admin/models/{}/{}/replicas"),
+    ("POST", "/admin/models/{}/{}/scaling"),
     ("PUT", "/admin/models/{}/{}/queue"),
     ("POST", "/admin/models/{}"),
     ("GET", "/{}"),
@@ -339,7 +339,7 @@ proptest! {
         route in prop::sample::select(vec![
             "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/predictions",
             "/v1/models/f/open/predictions", "/v1/deployments/f/open/predictions", "/admin/evict",
-            "/admin/models/f/open/replicas",
+            "/admin/models/f/open/scaling",
         ]),
         key in prop::sample::select(vec!["k-acme", "k-admin"]),
         body in prop_oneof![

@@ -117,7 +117,7 @@ fn a_malformed_config_is_a_clear_error() {
         "[[nodes]]\nid = \"n\"\ngpus = 2\ngpu_memory = \"80GB\"\n[[models]]\nengine = { kind = \"mock\" }\n";
     for (extra, says) in [
         ("key = \"bad key\"", "model key `bad key`"),
-        ("key = \"m\"\nscale_down_after_s = -5", "line 8"),
+        ("key = \"m\"\ntimeout_s = -5", "line 8"),
         // Values the types accept but that could never run: file, line, field.
         (
             "key = \"m\"\nsize = \"500GB\"",

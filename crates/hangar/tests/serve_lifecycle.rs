@@ -300,18 +300,27 @@ max_replicas = 2
     // Demand: two requests at once on one-permit replicas start a second.
     two_at_once_start_a_second_replica(&s.url, Some("sk-a"), root, "t/scale");
 
-    let path = "/admin/models/t/scale/replicas";
-    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"replicas": 3})));
+    let path = "/admin/models/t/scale/scaling";
+    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"action": "pin", "replicas": 3})));
     assert_eq!(status, 400, "{r}");
-    assert!(r["error"]["message"].as_str().unwrap().contains("max_replicas (2)"), "{r}");
-    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"replicas": "two"})));
+    assert!(r["error"]["message"].as_str().unwrap().contains("outside the model's bounds (0 to 2)"), "{r}");
+    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"action": "pin", "replicas": "two"})));
     assert_eq!(status, 400);
-    assert!(r["error"]["message"].as_str().unwrap().contains("`replicas`"), "{r}");
-    let (status, _) = admin(&s.url, root, "POST", path, Some(json!({"replicas": 1})));
-    assert_eq!(status, 200);
+    assert!(r["error"]["message"].as_str().unwrap().contains("replicas"), "{r}");
+    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"action": "grow"})));
+    assert_eq!(status, 400, "{r}");
+    let (status, r) = admin(&s.url, root, "POST", path, Some(json!({"action": "pin", "replicas": 1})));
+    assert_eq!((status, &r["desired_replicas"]), (200, &json!(1)), "{r}");
     let now = replicas(&s.url, root, "t/scale");
     let hot: Vec<&Value> = now.iter().filter(|r| r["level"] == "HOT").collect();
-    assert_eq!(hot.len(), 1, "scaled down to one hot replica: {now:?}");
+    assert_eq!(hot.len(), 1, "pinned to one hot replica: {now:?}");
+    let scaling = &model_status(&s.url, root, "t/scale")["scaling"];
+    assert_eq!(scaling["override"], json!({"mode": "pinned", "replicas": 1}), "{scaling}");
+    let last = scaling["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!((&last["desired"], &last["reason"]), (&json!(1), &json!("pinned by an operator")), "{last}");
+    let (status, _) = admin(&s.url, root, "POST", path, Some(json!({"action": "unfreeze"})));
+    assert_eq!(status, 200);
+    assert_eq!(model_status(&s.url, root, "t/scale")["scaling"]["override"], Value::Null);
 
     let name = hot[0]["name"].as_str().unwrap().to_owned();
     let (status, r) = admin(&s.url, root, "POST", "/admin/evict", Some(json!({"replica": name})));
@@ -397,25 +406,24 @@ engine = { kind = "mock", preset = "fast" }
 size = "10GB"
 concurrency = 1
 max_replicas = 2
-scale_down_after_s = 1
+scaling = { policy = "hangar", scale_down_after_s = 1 }
 "#,
     ));
     two_at_once_start_a_second_replica(&s.url, None, None, "t/quiet");
     let busy = replicas(&s.url, None, "t/quiet");
-    let scale_down = &model_status(&s.url, None, "t/quiet")["scale_down"];
-    assert_eq!(scale_down["after_s"], 1, "{scale_down}");
+    let scaling = &model_status(&s.url, None, "t/quiet")["scaling"];
+    assert_eq!(scaling["policy"], "hangar", "{scaling}");
 
     // No request for the quiet period: both go to the warm cache (min_replicas = 0).
     eventually("the quiet model scaled to zero", || {
         let now = replicas(&s.url, None, "t/quiet");
         now.len() == 2 && now.iter().all(|r| r["level"] == "WARM" && r["state"] == "sleeping")
     });
-    assert_eq!(
-        model_status(&s.url, None, "t/quiet")["scale_down"]["in_ms"],
-        Value::Null,
-        "nothing in excess"
-    );
-    assert_metrics(&s.url, &["hangar_replicas_scaled_down_total{model=\"t/quiet\"} 2"]);
+    let decisions = model_status(&s.url, None, "t/quiet")["scaling"]["decisions"].clone();
+    let last = decisions.as_array().unwrap().last().unwrap();
+    assert_eq!(last["desired"], 0, "{decisions}");
+    assert!(last["reason"].as_str().unwrap().contains("quiet period over"), "{decisions}");
+    assert_metrics(&s.url, &["hangar_scale_decisions_total{model=\"t/quiet\",direction=\"down\"}"]);
 
     assert_eq!(post(&s.url, None, &chat("t/quiet", 2)).0, 200, "the next request wakes one");
     let after = replicas(&s.url, None, "t/quiet");

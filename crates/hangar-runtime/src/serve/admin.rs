@@ -2,18 +2,22 @@
 //!
 //! - `GET /admin/status`: every model's line and permits and every replica
 //!   (name `<model>:<replica_id>`, level, state, node, GPUs, in flight).
-//! - `POST /admin/models/{key}/replicas` `{"replicas": N}`: keep N hot
-//!   replicas (0 ≤ N ≤ `max_replicas`); extra ones are evicted.
+//! - `POST /admin/models/{key}/scaling` `{"action": "pin", "replicas": N}`,
+//!   `{"action": "freeze"}` or `{"action": "unfreeze"}`: the kill switches
+//!   of the model's scaler (docs/scaling.md).
 //! - `POST /admin/evict` `{"model": KEY}` or `{"replica": "KEY:ID"}`: to the
-//!   warm cache if it has room, else stopped; the model comes back on its
-//!   next request.
+//!   warm cache if it has room, else stopped; the model's count is lowered
+//!   so they do not come straight back, and demand brings them back.
+//!
+//! Commands go to the controller's task, which carries each out whole even
+//! if the caller leaves.
 //! - `PUT /admin/models/{key}/queue` `{"algorithm": "fair", "capacity": N}`:
 //!   switch the line without losing anyone waiting.
 //!
 //! With API keys configured, only keys marked `admin = true` may call it
 //! (403 for others, 401 without a valid key).
 
-use std::sync::atomic::Ordering;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -23,12 +27,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::ReplicaId;
+use hangar_placement::Deployment;
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
+use hangar_scaler::CommandError;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::config::check_queue_capacity;
+use super::control::ScalingCommand;
 use super::gateway::{account, ApiError};
 use super::{Inner, ModelRuntime};
 
@@ -74,23 +81,20 @@ fn model<'a>(inner: &'a Inner, key: &str) -> Result<&'a Arc<ModelRuntime>, ApiEr
 
 async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<Response, ApiError> {
     admin(&inner, &headers)?;
+    let mut control: BTreeMap<String, (Value, Vec<Deployment>)> =
+        inner.control.status().await.into_iter().map(|(k, v, d)| (k, (v, d))).collect();
     let mut models = Vec::new();
     for rt in inner.models.values() {
-        let deployments = inner.deployments(rt).await;
+        let (scaling, deployments) = control.remove(rt.config.key.as_str()).unwrap_or_default();
         let load = rt.processor.load();
         let c = &rt.config;
         models.push(json!({
             "model": c.key,
             "min_replicas": c.min_replicas,
             "max_replicas": c.max_replicas(),
-            "target_replicas": rt.target.load(Ordering::SeqCst),
             "concurrency": c.permits(),
             "timeout_s": rt.timeout.as_secs(),
-            "scale_down": {
-                "after_s": c.scale_down_after_ms() / 1_000,
-                // If the model stays as quiet as now, when its excess goes.
-                "in_ms": rt.scale_down_in(inner.now()),
-            },
+            "scaling": scaling,
             "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
             "permits": {"total": load.permits, "used": load.in_use},
             "replicas": rt.status(&deployments),
@@ -99,10 +103,20 @@ async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<R
     Ok(Json(json!({"models": models})).into_response())
 }
 
+/// `POST /admin/models/{key}/scaling`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReplicasBody {
-    replicas: u32,
+struct ScalingBody {
+    action: ScalingAction,
+    replicas: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ScalingAction {
+    Freeze,
+    Unfreeze,
+    Pin,
 }
 
 #[derive(Deserialize)]
@@ -119,7 +133,7 @@ struct EvictBody {
     replica: Option<String>,
 }
 
-/// `POST /admin/models/{key}/replicas` and `PUT /admin/models/{key}/queue`
+/// `POST /admin/models/{key}/scaling` and `PUT /admin/models/{key}/queue`
 /// (a model key may hold `/`, so the path is split here).
 async fn model_action(
     State(inner): State<Arc<Inner>>,
@@ -130,31 +144,35 @@ async fn model_action(
 ) -> Result<Response, ApiError> {
     admin(&inner, &headers)?;
     match (path.rsplit_once('/'), method) {
-        (Some((key, "replicas")), Method::POST) => set_replicas(&inner, model(&inner, key)?, &body).await,
+        (Some((key, "scaling")), Method::POST) => scaling(&inner, model(&inner, key)?, &body).await,
         (Some((key, "queue")), Method::PUT) => Ok(set_queue(model(&inner, key)?, &body)?),
         _ => Err(ApiError::not_found(format!(
-            "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/replicas \
+            "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/scaling \
              or PUT /admin/models/{{key}}/queue"
         ))),
     }
 }
 
-async fn set_replicas(
-    inner: &Arc<Inner>,
-    rt: &Arc<ModelRuntime>,
-    body: &Bytes,
-) -> Result<Response, ApiError> {
-    let ReplicasBody { replicas } = parse(body)?;
-    let max = rt.config.max_replicas();
-    if replicas > max {
-        let message = format!("`replicas` is {replicas}, above the model's max_replicas ({max})");
-        return Err(ApiError::bad_request(message).param("replicas"));
-    }
-    inner
-        .set_target(rt, replicas)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e))?;
-    Ok(Json(json!({"model": rt.config.key, "target_replicas": replicas})).into_response())
+/// A scaling command, answered once the controller has applied it (the
+/// engines follow in the background).
+async fn scaling(inner: &Arc<Inner>, rt: &Arc<ModelRuntime>, body: &Bytes) -> Result<Response, ApiError> {
+    let command = match parse::<ScalingBody>(body)? {
+        ScalingBody { action: ScalingAction::Pin, replicas: Some(n) } => ScalingCommand::Pin(n),
+        ScalingBody { action: ScalingAction::Pin, replicas: None } => {
+            return Err(ApiError::bad_request("`pin` needs `replicas`").param("replicas"))
+        }
+        ScalingBody { replicas: Some(_), .. } => {
+            return Err(ApiError::bad_request("only `pin` takes `replicas`").param("replicas"))
+        }
+        ScalingBody { action: ScalingAction::Freeze, .. } => ScalingCommand::Freeze,
+        ScalingBody { action: ScalingAction::Unfreeze, .. } => ScalingCommand::Unfreeze,
+    };
+    inner.control.scaling(&rt.config.key, command).await.map_err(|e| match e {
+        CommandError::OutOfBounds { .. } => ApiError::bad_request(e.to_string()).param("replicas"),
+        e => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e.to_string()),
+    })?;
+    let desired = rt.desired.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(Json(json!({"model": rt.config.key, "desired_replicas": desired})).into_response())
 }
 
 fn set_queue(rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {
@@ -190,15 +208,9 @@ async fn evict(
         _ => return Err(ApiError::bad_request("give exactly one of `model` and `replica`")),
     };
     let rt = model(&inner, &key)?;
-    if let Some(id) = replica {
-        if !inner.deployments(rt).await.iter().any(|d| d.replica_id == id) {
-            let message = format!("`{key}` has no replica `{id}` on GPUs or in the warm cache");
-            return Err(ApiError::not_found(message).param("replica"));
-        }
-    }
-    let evicted = inner
-        .evict(rt, replica)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e))?;
+    let evicted = inner.control.evict(&rt.config.key, replica).await.map_err(|e| match e {
+        CommandError::UnknownReplica { .. } => ApiError::not_found(e.to_string()).param("replica"),
+        e => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e.to_string()),
+    })?;
     Ok(Json(json!({"evicted": evicted})).into_response())
 }

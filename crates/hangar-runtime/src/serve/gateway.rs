@@ -158,9 +158,7 @@ async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
     let waiting = inner
         .models
         .values()
-        .filter(|rt| {
-            rt.target.load(std::sync::atomic::Ordering::SeqCst) > 0 && rt.count(ReplicaState::Ready) == 0
-        })
+        .filter(|rt| rt.config.min_replicas > 0 && rt.count(ReplicaState::Ready) == 0)
         .count();
     match waiting {
         0 => (StatusCode::OK, "ready\n").into_response(),
@@ -269,7 +267,9 @@ impl Forward<'_> {
         // One timer for the whole request: the send, then the answer.
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
         for attempt in 0..2 {
-            self.inner.scale_for_demand(self.rt, 1);
+            // A fact for the controller, not a decision: a model at zero
+            // hears of its request at once.
+            self.inner.control.arriving(self.rt);
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
             let lease = match self.rt.processor.admit_with(account.clone(), Some(left), prompt).await {

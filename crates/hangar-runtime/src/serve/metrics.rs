@@ -38,6 +38,12 @@ struct ReplicaLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    model: String,
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     model: String,
     state: &'static str,
@@ -55,7 +61,8 @@ pub(crate) struct Metrics {
     requests: Family<StatusLabels, Counter>,
     replica_failures: Family<ModelLabel, Counter>,
     panics: Counter,
-    scaled_down: Family<ModelLabel, Counter>,
+    decisions: Family<DirectionLabels, Counter>,
+    unplaceable: Family<ModelLabel, Gauge>,
     queue_wait: Histograms,
     ttft: Histograms,
     e2e: Histograms,
@@ -74,7 +81,8 @@ impl Metrics {
             requests: Family::default(),
             replica_failures: Family::default(),
             panics: Counter::default(),
-            scaled_down: Family::default(),
+            decisions: Family::default(),
+            unplaceable: Family::default(),
             queue_wait: histograms(),
             ttft: histograms(),
             e2e: histograms(),
@@ -97,9 +105,14 @@ impl Metrics {
             m.panics.clone(),
         );
         registry.register(
-            "replicas_scaled_down",
-            "Replicas given back after a quiet period (scale_down_after_s)",
-            m.scaled_down.clone(),
+            "scale_decisions",
+            "Scaler decisions that changed a model's replica count, by direction",
+            m.decisions.clone(),
+        );
+        registry.register(
+            "model_unplaceable",
+            "1 while placement cannot fit (or start) the replicas a model's scaler wants",
+            m.unplaceable.clone(),
         );
         registry.register("queue_wait_seconds", "Time from arrival to a permit", m.queue_wait.clone());
         registry.register(
@@ -129,6 +142,12 @@ impl Metrics {
     /// request path does not build label sets.
     pub fn model(&self, model: &ModelKey) -> Arc<ModelMetrics> {
         let key = label(model.as_str());
+        // One statement per label set of a family: its guard lives to the
+        // end of the statement, and a second `get_or_create` on the same
+        // family within it would wait for that guard forever.
+        let direction = |direction| DirectionLabels { model: key.model.clone(), direction };
+        let up = self.decisions.get_or_create(&direction("up")).clone();
+        let down = self.decisions.get_or_create(&direction("down")).clone();
         Arc::new(ModelMetrics {
             ok: self.requests.get_or_create(&StatusLabels { model: key.model.clone(), status: 200 }).clone(),
             requests: self.requests.clone(),
@@ -136,7 +155,9 @@ impl Metrics {
             ttft: self.ttft.get_or_create(&key).clone(),
             e2e: self.e2e.get_or_create(&key).clone(),
             failures: self.replica_failures.get_or_create(&key).clone(),
-            scaled_down: self.scaled_down.get_or_create(&key).clone(),
+            up,
+            down,
+            unplaceable: self.unplaceable.get_or_create(&key).clone(),
             model: key.model,
         })
     }
@@ -175,7 +196,9 @@ pub(crate) struct ModelMetrics {
     ttft: Histogram,
     e2e: Histogram,
     failures: Counter,
-    scaled_down: Counter,
+    up: Counter,
+    down: Counter,
+    unplaceable: Gauge,
 }
 
 impl ModelMetrics {
@@ -202,8 +225,22 @@ impl ModelMetrics {
         self.failures.inc();
     }
 
-    pub fn scaled_down(&self, replicas: u32) {
-        self.scaled_down.inc_by(u64::from(replicas));
+    /// Replicas failed so far.
+    pub fn failures(&self) -> u32 {
+        u32::try_from(self.failures.get()).unwrap_or(u32::MAX)
+    }
+
+    /// The scaler changed the count, up or down.
+    pub fn decided(&self, up: bool) {
+        match up {
+            true => self.up.inc(),
+            false => self.down.inc(),
+        };
+    }
+
+    /// The model is (not) unplaceable.
+    pub fn unplaceable(&self, yes: bool) {
+        self.unplaceable.set(i64::from(yes));
     }
 }
 

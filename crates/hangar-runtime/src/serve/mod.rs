@@ -8,15 +8,17 @@
 //! request to the chosen replica, streaming the answer back; the permit is
 //! given back when the answer ends or the client leaves.
 //!
-//! Replicas come from the placement policy (`replicas`): demand, the
-//! admin API and failures change what a model should have, placement
-//! decides where, and the resulting `DeploymentDelta` is applied in order —
+//! Replica counts come from one task (`control`) that drives
+//! `hangar-scaler`'s controller: each model's scaler decides how many
+//! replicas it should have from what it observes, placement decides where,
+//! and the resulting `DeploymentDelta` is applied (`replicas`) in order —
 //! `to_cache` puts an evicted replica's engine to sleep, `delete` stops it,
 //! `from_cache` wakes it, `create` starts a new engine process. A replica
 //! serves as soon as it is ready, and is watched until it is gone.
 
 mod admin;
 mod config;
+mod control;
 mod data_dir;
 mod gateway;
 mod guard;
@@ -28,15 +30,13 @@ mod replicas;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, Millis, ModelKey, ReplicaId};
 use hangar_placement::Cluster;
-use hangar_queue::ScaleDown;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use hangar_scaler::{Bounds, Controller, ModelSpec};
 
 use crate::processor::Processor;
 
@@ -73,13 +73,12 @@ pub(crate) struct ModelRuntime {
     pub processor: Processor,
     pub metrics: Arc<ModelMetrics>,
     replicas: Mutex<BTreeMap<ReplicaId, Replica>>,
-    /// Hot replicas kept whatever the demand: `min_replicas`, or what the
-    /// admin API last set.
-    target: AtomicU32,
-    /// A placement change for this model is under way.
-    scaling: AtomicBool,
-    /// When replicas beyond the demand may go.
-    scale_down: Mutex<ScaleDown>,
+    /// Replicas its scaler wants, as the controller last said (read on the
+    /// request path to tell the controller of a request for a model at
+    /// zero, and by `/readyz`).
+    pub desired: AtomicU32,
+    /// The controller cannot place (or start) the replicas it wants.
+    pub unplaceable: AtomicBool,
 }
 
 pub(crate) struct Inner {
@@ -87,7 +86,8 @@ pub(crate) struct Inner {
     /// API key → (account, may use the admin API); empty: the gateway is
     /// open.
     pub api_keys: HashMap<String, (AccountId, bool)>,
-    placement: tokio::sync::Mutex<(Cluster, ChaCha8Rng)>,
+    /// The controller's task.
+    pub control: control::ControlHandle,
     hangar_exe: PathBuf,
     /// For the control plane: health checks, sleep and wake-up.
     pub client: reqwest::Client,
@@ -108,8 +108,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Builds the state and starts the `min_replicas` of every model,
-    /// returning once they are ready (or failed, which is logged).
+    /// Builds the state, starts the controller's task, and returns once
+    /// every model with `min_replicas` has a replica ready (or could not
+    /// start one, which is logged).
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
@@ -126,17 +127,17 @@ impl Server {
                     processor: Processor::new(m.admission(), m.chooser(config.seed)),
                     metrics: metrics.model(&m.key),
                     replicas: Mutex::new(BTreeMap::new()),
-                    target: AtomicU32::new(m.min_replicas),
-                    scaling: AtomicBool::new(false),
-                    scale_down: Mutex::new(ScaleDown::new(m.scale_down_after_ms())),
+                    desired: AtomicU32::new(m.min_replicas),
+                    unplaceable: AtomicBool::new(false),
                 };
                 (m.key.to_string(), Arc::new(rt))
             })
             .collect();
+        let (control, commands) = control::ControlHandle::new();
         let inner = Arc::new(Inner {
             models,
             api_keys,
-            placement: tokio::sync::Mutex::new((cluster, ChaCha8Rng::seed_from_u64(config.seed))),
+            control,
             hangar_exe,
             client: reqwest::Client::new(),
             upstream: relay::upstream(),
@@ -145,14 +146,18 @@ impl Server {
             metrics_key: config.metrics_key.clone(),
             epoch: Instant::now(),
         });
-        tokio::spawn(replicas::watch_excess(Arc::downgrade(&inner)));
-        for rt in inner.models.values() {
-            if rt.config.min_replicas > 0 {
-                if let Err(e) = inner.ensure(rt, rt.config.min_replicas).await {
-                    tracing::error!(model = %rt.config.key, "could not start replicas: {e}");
-                }
-            }
-        }
+        let specs = config
+            .models
+            .iter()
+            .map(|m| ModelSpec {
+                key: m.key.clone(),
+                scaling: m.scaling(),
+                bounds: Bounds { min: m.min_replicas, max: m.max_replicas() },
+            })
+            .collect();
+        let controller = Controller::new(cluster, config.seed, specs, inner.now());
+        tokio::spawn(control::run(Arc::downgrade(&inner), controller, commands));
+        inner.min_replicas_up().await;
         Ok(Server { inner })
     }
 
@@ -179,13 +184,6 @@ impl Server {
 }
 
 impl ModelRuntime {
-    /// Milliseconds from `now` until replicas beyond the demand are given
-    /// back if the model stays quiet; `None` when it has none in excess.
-    pub fn scale_down_in(&self, now: Millis) -> Option<Millis> {
-        let at = self.scale_down.lock().expect("scale-down lock").poll_timeout()?;
-        Some(at.saturating_sub(now))
-    }
-
     /// Whether `account` may use this model.
     pub fn allows(&self, account: &AccountId) -> bool {
         self.config.access.as_ref().is_none_or(|accounts| accounts.contains(account))
@@ -193,7 +191,26 @@ impl ModelRuntime {
 }
 
 impl Inner {
+    /// Milliseconds since the server started: the controller's clock.
     pub(crate) fn now(&self) -> Millis {
         self.epoch.elapsed().as_millis() as Millis
+    }
+
+    /// Waits until every model with `min_replicas` has a replica ready, or
+    /// the controller says it cannot place or start one (it keeps trying,
+    /// with back-off), or the setup time has passed.
+    async fn min_replicas_up(&self) {
+        let limit = Instant::now() + Duration::from_secs(600);
+        for rt in self.models.values().filter(|rt| rt.config.min_replicas > 0) {
+            while rt.count(replicas::ReplicaState::Ready) == 0
+                && !rt.unplaceable.load(Ordering::Relaxed)
+                && Instant::now() < limit
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if rt.count(replicas::ReplicaState::Ready) == 0 {
+                tracing::error!(model = %rt.config.key, "no replica is ready yet; the controller keeps trying");
+            }
+        }
     }
 }

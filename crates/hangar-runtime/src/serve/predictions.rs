@@ -40,10 +40,6 @@ use crate::cog::{self, CogError, CogJob, CogMode};
 use crate::engine::{launch_cog, LaunchContext};
 use crate::processor::{AdmitError, Lease};
 
-/// How often a prediction waiting for a replica asks for one again while
-/// its model has none.
-const RESCALE_INTERVAL: Duration = Duration::from_secs(5);
-
 /// Runs predictions on this server's models.
 struct ServeExecutor {
     inner: Arc<Inner>,
@@ -87,26 +83,18 @@ async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, Exec
 }
 
 /// Waits for a permit on one of the model's replicas, however long (a
-/// prediction's own deadlines bound it). Asks for replicas again every
-/// few seconds while it waits and the model has none, so a start that
-/// failed before it entered the line is retried.
+/// prediction's own deadlines bound it). While it waits it is in the
+/// model's line, which the controller observes every second: replicas
+/// follow, and a failed start is retried on the controller's back-off.
 async fn admit(
     inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
     account: &AccountId,
     prompt: Option<(&[BlockHash], u32)>,
 ) -> Result<Lease, ExecError> {
-    inner.scale_for_demand(rt, 1);
     loop {
-        let admission = rt.processor.admit_with(account.clone(), None, prompt);
-        tokio::pin!(admission);
-        let result = loop {
-            tokio::select! {
-                r = &mut admission => break r,
-                () = tokio::time::sleep(RESCALE_INTERVAL) => inner.scale_for_demand(rt, 0),
-            }
-        };
-        match result {
+        inner.control.arriving(rt);
+        match rt.processor.admit_with(account.clone(), None, prompt).await {
             Ok(lease) => return Ok(lease),
             // The line is full of synchronous requests: yield to them.
             Err(AdmitError::QueueFull { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,

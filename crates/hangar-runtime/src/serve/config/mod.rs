@@ -11,10 +11,11 @@ pub use validate::{MAX_DURATION_S, MAX_QUEUE_CAPACITY};
 
 use std::time::Duration;
 
-use hangar_core::{AccountId, ByteSize, Millis, ModelKey};
+use hangar_core::{AccountId, ByteSize, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
 use hangar_router::{ApproxKvChooser, ApproxKvConfig};
+use hangar_scaler::{HangarSettings, ScalingConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EngineSpec;
@@ -112,13 +113,13 @@ pub struct ModelConfig {
     /// server's `timeout_floor_s`; always within the floor and ceiling).
     #[serde(default)]
     pub timeout_s: u64,
-    /// Seconds replicas beyond the demand (and beyond `min_replicas`) are
-    /// kept before they are evicted; a model with `min_replicas = 0`
-    /// scales to zero this long after its last request (0: never).
-    /// Default: 300, or 0 for `external` engines, whose life is not
-    /// Hangar's to manage.
+    /// How the model's replica count follows its load (docs/scaling.md):
+    /// `[models.scaling] policy = "hangar" | "replicate" | "workers-ai" |
+    /// "fixed"` and the policy's knobs. Default: `hangar`, whose quiet
+    /// period is 300 s, or never for `external` engines (their life is not
+    /// Hangar's to manage).
     #[serde(default)]
-    pub scale_down_after_s: Option<u64>,
+    pub scaling: Option<ScalingConfig>,
     /// How a request's replica is chosen among those with a free permit.
     #[serde(default)]
     pub router: ReplicaRouting,
@@ -192,14 +193,16 @@ fn default_timeout_ceiling() -> u64 {
 const QUEUE_PER_PERMIT: usize = 4;
 
 impl ModelConfig {
-    /// The quiet period before replicas beyond the demand are given back,
-    /// in milliseconds (0: never).
-    pub fn scale_down_after_ms(&self) -> Millis {
-        let default = match self.engine {
-            EngineSpec::External { .. } => 0,
-            _ => 300,
-        };
-        self.scale_down_after_s.unwrap_or(default).saturating_mul(1_000)
+    /// The scaling policy and its knobs, the default resolved for the
+    /// engine kind.
+    pub fn scaling(&self) -> ScalingConfig {
+        match (&self.scaling, &self.engine) {
+            (Some(s), _) => s.clone(),
+            (None, EngineSpec::External { .. }) => {
+                ScalingConfig::Hangar(HangarSettings { scale_down_after_s: 0, ..HangarSettings::default() })
+            }
+            (None, _) => ScalingConfig::default(),
+        }
     }
 
     /// The most replicas the model may have.
@@ -311,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn capacity_timeout_and_scale_down_defaults_follow_the_documented_rules() {
+    fn capacity_timeout_and_scaling_defaults_follow_the_documented_rules() {
         let config: ServeConfig = toml::from_str(
             "timeout_floor_s = 10\ntimeout_ceiling_s = 100\n\
              [[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\
@@ -328,7 +331,7 @@ mod tests {
         assert_eq!(config.timeout(a).as_secs(), 10, "unset: the floor");
         assert_eq!(config.timeout(b).as_secs(), 100, "capped by the ceiling");
         assert_eq!(config.timeout(c).as_secs(), 50);
-        assert_eq!(a.scale_down_after_ms(), 300_000, "engines Hangar runs: five quiet minutes");
+        assert_eq!(a.scaling(), ScalingConfig::default(), "engines Hangar runs: the hangar policy");
 
         let config: ServeConfig = toml::from_str(
             "nodes = []
@@ -338,16 +341,21 @@ engine = { kind = \"external\", url = \"http://h:1\" }
              [[models]]
 key = \"y\"
 engine = { kind = \"external\", url = \"http://h:1\" }
-scale_down_after_s = 60
+scaling = { policy = \"hangar\", scale_down_after_s = 60 }
              [[models]]
 key = \"z\"
 engine = { kind = \"mock\" }
-scale_down_after_s = 0
+[models.scaling]
+policy = \"replicate\"
 ",
         )
         .unwrap();
-        let after: Vec<_> = config.models.iter().map(ModelConfig::scale_down_after_ms).collect();
-        assert_eq!(after, [0, 60_000, 0], "external: never unless asked; 0: never");
+        let quiet = |s: ScalingConfig| match s {
+            ScalingConfig::Hangar(h) => Some(h.scale_down_after_s),
+            _ => None,
+        };
+        let after: Vec<_> = config.models.iter().map(|m| quiet(m.scaling())).collect();
+        assert_eq!(after, [Some(0), Some(60), None], "external: never unless asked");
 
         let bad: ServeConfig = toml::from_str(
             "[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\

@@ -224,9 +224,7 @@ impl ModelConfig {
             check_queue_capacity(capacity).map_err(|m| FieldError::new("queue.capacity", m))?;
         }
         seconds("timeout_s", self.timeout_s, 0)?;
-        if let Some(after) = self.scale_down_after_s {
-            seconds("scale_down_after_s", after, 0)?;
-        }
+        self.scaling().validate().map_err(|e| e.within("scaling"))?;
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
         }
@@ -300,8 +298,10 @@ mod tests {
         assert!(e.message.contains("30 days"), "{e}");
         let e = refused(&config(&format!("{MOCK}timeout_s = 18446744073709551000\n")));
         assert_eq!(e.field, "models[0].timeout_s");
-        let e = refused(&config(&format!("{MOCK}scale_down_after_s = 99999999999\n")));
-        assert_eq!(e.field, "models[0].scale_down_after_s");
+        let e = refused(&config(&format!(
+            "{MOCK}scaling = {{ policy = \"hangar\", scale_down_after_s = 99999999999 }}\n"
+        )));
+        assert_eq!(e.field, "models[0].scaling.scale_down_after_s");
     }
 
     #[test]
