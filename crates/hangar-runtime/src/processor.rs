@@ -78,8 +78,13 @@ struct State {
     counters: Counters,
 }
 
+/// Called (outside the processor's lock) when a request has to wait for a
+/// permit.
+pub type OnQueued = Box<dyn Fn() + Send + Sync>;
+
 struct Shared {
     state: Mutex<State>,
+    on_queued: Option<OnQueued>,
     epoch: Instant,
     /// Wakes the timer task when the earliest deadline may have changed, or
     /// when the processor is dropped so the task can end.
@@ -182,6 +187,17 @@ impl Processor {
     /// `chooser`; spawns its deadline timer on the current tokio runtime
     /// (it ends when the last clone is dropped).
     pub fn new(config: AdmissionConfig, chooser: Box<dyn Chooser + Send>) -> Self {
+        Self::with_hook(config, chooser, None)
+    }
+
+    /// [`new`](Self::new), calling `on_queued` whenever a request has to
+    /// wait for a permit (how `hangar serve` tells its controller that a
+    /// model's line is growing).
+    pub fn with_hook(
+        config: AdmissionConfig,
+        chooser: Box<dyn Chooser + Send>,
+        on_queued: Option<OnQueued>,
+    ) -> Self {
         let state = State {
             admission: Admission::new(config),
             chooser,
@@ -191,6 +207,7 @@ impl Processor {
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
+            on_queued,
             epoch: Instant::now(),
             timer: Arc::new(Notify::new()),
         });
@@ -298,6 +315,9 @@ impl Processor {
                 }
                 (request, Submitted::Queued, rx) => {
                     self.shared.timer.notify_one();
+                    if let Some(hook) = &self.shared.on_queued {
+                        hook();
+                    }
                     (request, rx.expect("queued requests wait"))
                 }
             }

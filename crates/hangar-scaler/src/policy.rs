@@ -43,6 +43,19 @@ impl Policy {
         }
     }
 
+    /// Whether `obs` calls for a decision now rather than at the next tick:
+    /// the `hangar` policy scales up at once when the work exceeds what
+    /// the wanted replicas can hold.
+    pub fn urgent(&self, obs: &Observation, desired: u32) -> bool {
+        match self {
+            Policy::Hangar(p) => {
+                let per_replica = f64::from(obs.permits_per_replica.max(1)) * p.s.target_occupancy;
+                obs.work() as f64 > f64::from(desired) * per_replica
+            }
+            _ => false,
+        }
+    }
+
     /// How far back observations are needed.
     pub fn history_ms(&self) -> Millis {
         match self {

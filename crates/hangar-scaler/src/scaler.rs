@@ -182,14 +182,17 @@ impl Scaler {
     // ---- facts -------------------------------------------------------
 
     /// The model as it is at `now`. A model at zero replicas wanted with a
-    /// request running or waiting has its next decision due at once.
+    /// request running or waiting has its next decision due at once, and so
+    /// does one whose policy scales up at once (`hangar`) when the work
+    /// exceeds its replicas.
     pub fn observe(&mut self, now: Millis, obs: Observation) {
         self.history.push_back((now, obs));
         let keep = self.policy.history_ms();
         while self.history.len() > 2 && self.history[1].0.saturating_add(keep) <= now {
             self.history.pop_front();
         }
-        if self.desired == 0 && obs.work() > 0 && self.override_.is_none() {
+        let from_zero = self.desired == 0 && obs.work() > 0;
+        if self.override_.is_none() && (from_zero || self.policy.urgent(&obs, self.desired)) {
             self.next_at = self.next_at.min(now);
         }
     }

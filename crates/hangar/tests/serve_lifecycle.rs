@@ -59,6 +59,12 @@ fn two_at_once_start_a_second_replica(
         assert_eq!(r.join().unwrap(), 200);
     }
     eventually("demand started a second replica", || replicas(url, admin_key, model).len() == 2);
+    // The server frees a permit when it has sent the last byte, which can
+    // be a moment after the client read it: wait, so what follows sees an
+    // idle model.
+    eventually("the requests gave back their permits", || {
+        model_status(url, admin_key, model)["permits"]["used"] == 0
+    });
 }
 
 /// Checks `/metrics` holds every one of `lines`.

@@ -10,10 +10,11 @@
 //! it through [`ControlHandle`]: the request path sends facts (a request
 //! for a model with no replica up), the replica tasks report a replica
 //! ready or failed, and the admin API sends commands and reads its status.
-//! Nothing is scaled on the request path, and an admin call whose client
-//! leaves still has its command carried out whole by this task.
+//! Nothing is scaled on the request path — a request that has to wait only
+//! tells the task (at most one message per model in flight) — and an admin
+//! call whose client leaves still has its command carried out whole.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -31,9 +32,10 @@ const TICK: Duration = Duration::from_secs(1);
 
 /// What the controller's task is asked.
 pub(crate) enum Command {
-    /// A request arrived for a model with no replica wanted: observe it
-    /// now, with at least that request waiting, so one starts at once.
-    Arriving(ModelKey),
+    /// A request of the model had to wait for a permit: observe the model
+    /// now (with at least that request waiting), so its scaler can act at
+    /// once rather than at the next tick.
+    Waiting(ModelKey),
     /// A replica came up.
     Ready { model: ModelKey, tier: StartTier, took: Duration },
     /// A replica died, stopped answering, or did not start.
@@ -79,11 +81,16 @@ impl ControlHandle {
         let _ = self.tx.send(command);
     }
 
-    /// A request arrives for `rt`: if nothing is up or wanted, say so at once.
-    pub fn arriving(&self, rt: &ModelRuntime) {
-        if rt.desired.load(Ordering::Relaxed) == 0 {
-            self.send(Command::Arriving(rt.config.key.clone()));
-        }
+    /// The hook a model's processor calls when a request has to wait: one
+    /// `Waiting` at a time per model (`pending`, cleared when the task
+    /// handles it), so a flood of queued requests is one message.
+    pub fn on_queued(&self, model: ModelKey, pending: Arc<AtomicBool>) -> crate::processor::OnQueued {
+        let tx = self.tx.clone();
+        Box::new(move || {
+            if !pending.swap(true, Ordering::AcqRel) {
+                let _ = tx.send(Command::Waiting(model.clone()));
+            }
+        })
     }
 
     /// Sends an operator's scaling command and waits for it to be applied.
@@ -141,11 +148,16 @@ pub(crate) async fn run(
         }
         let Some(inner) = inner.upgrade() else { return };
         let now = inner.now();
-        if tokio::time::Instant::now() >= next_tick {
+        let tick = tokio::time::Instant::now() >= next_tick;
+        // Decisions are taken on what the models are now, not on the last
+        // tick's view.
+        if tick || controller.poll_timeout() <= now {
             for rt in inner.models.values() {
                 let (obs, in_flight) = observe(rt, 0);
                 controller.observe(now, &rt.config.key, obs, &in_flight);
             }
+        }
+        if tick {
             next_tick += TICK;
         }
         controller.handle_timeout(now);
@@ -187,8 +199,9 @@ fn observe(rt: &ModelRuntime, waiting: u32) -> (Observation, Vec<(ReplicaId, u32
 fn handle(inner: &Arc<Inner>, controller: &mut Controller, command: Command) {
     let now = inner.now();
     match command {
-        Command::Arriving(model) => {
+        Command::Waiting(model) => {
             if let Some(rt) = inner.models.get(model.as_str()) {
+                rt.waiting_signal.store(false, Ordering::Release);
                 let (obs, in_flight) = observe(rt, 1);
                 controller.observe(now, &model, obs, &in_flight);
             }
@@ -200,6 +213,7 @@ fn handle(inner: &Arc<Inner>, controller: &mut Controller, command: Command) {
             controller.handle_failed(now, &model, replica, &why, start_failed);
         }
         Command::Scaling { model, command, reply } => {
+            observe_now(inner, controller, now, &model);
             let result = match command {
                 ScalingCommand::Freeze => controller.freeze(now, &model),
                 ScalingCommand::Unfreeze => controller.release(now, &model),
@@ -208,11 +222,20 @@ fn handle(inner: &Arc<Inner>, controller: &mut Controller, command: Command) {
             let _ = reply.send(result);
         }
         Command::Evict { model, replica, reply } => {
+            observe_now(inner, controller, now, &model);
             let _ = reply.send(controller.evict(now, &model, replica));
         }
         Command::Status { reply } => {
             let _ = reply.send(status(controller));
         }
+    }
+}
+
+/// Shows `model` as it is now, before a command decides on it.
+fn observe_now(inner: &Inner, controller: &mut Controller, now: Millis, model: &ModelKey) {
+    if let Some(rt) = inner.models.get(model.as_str()) {
+        let (obs, in_flight) = observe(rt, 0);
+        controller.observe(now, model, obs, &in_flight);
     }
 }
 

@@ -267,9 +267,6 @@ impl Forward<'_> {
         // One timer for the whole request: the send, then the answer.
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
         for attempt in 0..2 {
-            // A fact for the controller, not a decision: a model at zero
-            // hears of its request at once.
-            self.inner.control.arriving(self.rt);
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
             let lease = match self.rt.processor.admit_with(account.clone(), Some(left), prompt).await {

@@ -79,6 +79,8 @@ pub(crate) struct ModelRuntime {
     pub desired: AtomicU32,
     /// The controller cannot place (or start) the replicas it wants.
     pub unplaceable: AtomicBool,
+    /// A `Waiting` message for this model is on its way to the controller.
+    pub waiting_signal: Arc<AtomicBool>,
 }
 
 pub(crate) struct Inner {
@@ -117,23 +119,26 @@ impl Server {
         let api_keys =
             config.api_keys.iter().map(|k| (k.key.clone(), (k.account.clone(), k.admin))).collect();
         let metrics = Metrics::new();
+        let (control, commands) = control::ControlHandle::new();
         let models = config
             .models
             .iter()
             .map(|m| {
+                let waiting_signal = Arc::new(AtomicBool::new(false));
+                let hook = control.on_queued(m.key.clone(), waiting_signal.clone());
                 let rt = ModelRuntime {
                     config: m.clone(),
                     timeout: config.timeout(m),
-                    processor: Processor::new(m.admission(), m.chooser(config.seed)),
+                    processor: Processor::with_hook(m.admission(), m.chooser(config.seed), Some(hook)),
                     metrics: metrics.model(&m.key),
                     replicas: Mutex::new(BTreeMap::new()),
                     desired: AtomicU32::new(m.min_replicas),
                     unplaceable: AtomicBool::new(false),
+                    waiting_signal,
                 };
                 (m.key.to_string(), Arc::new(rt))
             })
             .collect();
-        let (control, commands) = control::ControlHandle::new();
         let inner = Arc::new(Inner {
             models,
             api_keys,

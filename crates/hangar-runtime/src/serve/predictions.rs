@@ -84,16 +84,15 @@ async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, Exec
 
 /// Waits for a permit on one of the model's replicas, however long (a
 /// prediction's own deadlines bound it). While it waits it is in the
-/// model's line, which the controller observes every second: replicas
-/// follow, and a failed start is retried on the controller's back-off.
+/// model's line, which the controller hears of at once and observes every
+/// second: replicas follow, and a failed start is retried on the
+/// controller's back-off.
 async fn admit(
-    inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
     account: &AccountId,
     prompt: Option<(&[BlockHash], u32)>,
 ) -> Result<Lease, ExecError> {
     loop {
-        inner.control.arriving(rt);
         match rt.processor.admit_with(account.clone(), None, prompt).await {
             Ok(lease) => return Ok(lease),
             // The line is full of synchronous requests: yield to them.
@@ -110,7 +109,7 @@ async fn predict_on_cog(
     job: &Job,
     sink: &Sink,
 ) -> Result<Value, ExecError> {
-    let lease = admit(inner, rt, &job.account, None).await?;
+    let lease = admit(rt, &job.account, None).await?;
     sink.started();
     let base =
         rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
@@ -178,7 +177,7 @@ async fn complete_on_llm(
         _ => None,
     };
     let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-    let lease = admit(inner, rt, &job.account, prompt).await?;
+    let lease = admit(rt, &job.account, prompt).await?;
     sink.started();
     let base =
         rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;

@@ -7,7 +7,6 @@
 //! nearest enclosing entry when the field was left to its default.
 
 use hangar_core::FieldError;
-use toml::de::{DeArray, DeTable, DeValue};
 
 use super::ServeConfig;
 
@@ -45,61 +44,11 @@ impl ServeConfig {
             toml::from_str(text).map_err(|source| ConfigError::Syntax { origin: origin.into(), source })?;
         config.validate().map_err(|error| ConfigError::Invalid {
             origin: origin.into(),
-            line: line_of(text, &error.field),
+            line: error.line_in(text),
             error,
         })?;
         Ok(config)
     }
-}
-
-/// One step of a field path.
-#[derive(Debug, PartialEq)]
-enum Step<'a> {
-    Key(&'a str),
-    Index(usize),
-}
-
-/// `models[2].queue.capacity` → `models`, `[2]`, `queue`, `capacity`.
-fn steps(path: &str) -> Vec<Step<'_>> {
-    let mut out = Vec::new();
-    for part in path.split('.') {
-        let (key, mut rest) = part.split_once('[').map_or((part, ""), |(k, r)| (k, r));
-        if !key.is_empty() {
-            out.push(Step::Key(key));
-        }
-        while let Some((index, after)) = rest.split_once(']') {
-            if let Ok(i) = index.parse() {
-                out.push(Step::Index(i));
-            }
-            rest = after.strip_prefix('[').unwrap_or(after);
-        }
-    }
-    out
-}
-
-/// The 1-based line of `path` in `text`: the field's own line if it is
-/// written there, else the line of the deepest entry on its path that is
-/// (line 1 if none is).
-fn line_of(text: &str, path: &str) -> usize {
-    let Ok(root) = DeTable::parse(text) else { return 1 };
-    let mut offset = 0;
-    let mut table: Option<&DeTable<'_>> = Some(root.get_ref());
-    let mut array: Option<&DeArray<'_>> = None;
-    for step in steps(path) {
-        let found = match (step, table, array) {
-            (Step::Key(k), Some(t), _) => t.get(k),
-            (Step::Index(i), _, Some(a)) => a.get(i),
-            _ => None,
-        };
-        let Some(value) = found else { break };
-        offset = value.span().start;
-        (table, array) = match value.get_ref() {
-            DeValue::Table(t) => (Some(t), None),
-            DeValue::Array(a) => (None, Some(a)),
-            _ => (None, None),
-        };
-    }
-    text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
 #[cfg(test)]
@@ -120,26 +69,6 @@ mod tests {
         key = \"b\"\n\
         engine = { kind = \"external\", url = \"not a url\" }\n\
         queue = { capacity = 5000 }\n";
-
-    #[test]
-    fn paths_split_into_keys_and_indices() {
-        assert_eq!(
-            steps("models[2].queue.capacity"),
-            [Step::Key("models"), Step::Index(2), Step::Key("queue"), Step::Key("capacity")]
-        );
-        assert_eq!(steps("a[1][0]"), [Step::Key("a"), Step::Index(1), Step::Index(0)]);
-    }
-
-    #[test]
-    fn a_field_is_found_on_its_line_or_its_entry() {
-        assert_eq!(line_of(TEXT, "timeout_ceiling_s"), 2);
-        assert_eq!(line_of(TEXT, "nodes[0].gpus"), 5);
-        assert_eq!(line_of(TEXT, "models[1].engine.url"), 13);
-        assert_eq!(line_of(TEXT, "models[1].queue.capacity"), 14);
-        // Left to its default: the line of the model's entry.
-        assert!((11..=12).contains(&line_of(TEXT, "models[1].min_replicas")));
-        assert_eq!(line_of(TEXT, "nowhere.at.all"), 1);
-    }
 
     #[test]
     fn errors_name_the_file_the_line_and_the_field() {
