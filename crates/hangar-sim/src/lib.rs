@@ -25,6 +25,7 @@
 
 mod collector;
 mod driver;
+pub mod fleet;
 mod report;
 pub mod stats;
 pub mod synth;

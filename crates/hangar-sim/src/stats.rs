@@ -128,6 +128,22 @@ impl LogHistogram {
         self.buckets[i] += 1;
     }
 
+    /// Adds every sample of `other`.
+    pub fn merge(&mut self, other: &LogHistogram) {
+        self.count += other.count;
+        self.sum += other.sum;
+        self.sum_sq += other.sum_sq;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.zeros += other.zeros;
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+            *mine += theirs;
+        }
+    }
+
     /// Summary statistics; percentiles are bucket midpoints clamped to the
     /// exact min and max.
     pub fn stats(&self) -> Stats {

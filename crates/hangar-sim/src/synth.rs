@@ -10,6 +10,13 @@
 //! prefixes are equal prompt prefixes: the shared system prompts and each
 //! session's growing history are what a prefix cache can reuse. User message
 //! and answer lengths are log-normal.
+//!
+//! For a whole-fleet simulation, `models` spreads sessions over that many
+//! models (`synth/m0`, `synth/m1`, …) with Zipf popularity, and `pattern`
+//! shapes the session arrival rate over time: `steady` (Poisson at
+//! `rate`), `diurnal` (a sine between 10 % and 190 % of `rate` over
+//! `period_s`) or `bursty` (a tenth of each period at 5× `rate`, the rest
+//! at half). With neither, the trace is exactly what it always was.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -44,6 +51,40 @@ pub struct SynthConfig {
     pub max_prompt_tokens: u32,
     /// Seed of every random draw.
     pub seed: u64,
+    /// Models the sessions are spread over (0: rows name no model).
+    pub models: u32,
+    /// Zipf exponent of model popularity.
+    pub model_zipf_s: f64,
+    /// How the arrival rate changes over time.
+    pub pattern: Pattern,
+    /// The pattern's period in seconds.
+    pub period_s: f64,
+}
+
+/// How a synthetic trace's arrival rate changes over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pattern {
+    /// Constant.
+    #[default]
+    Steady,
+    /// A sine over the period, 10 % to 190 % of the mean.
+    Diurnal,
+    /// On/off: a tenth of each period at 5×, the rest at half.
+    Bursty,
+}
+
+impl Pattern {
+    /// The rate at `t_ms` as a multiple of the mean, and the largest
+    /// multiple (for thinning).
+    fn factor(self, t_ms: f64, period_ms: f64) -> (f64, f64) {
+        let phase = (t_ms / period_ms).fract();
+        match self {
+            Pattern::Steady => (1.0, 1.0),
+            Pattern::Diurnal => (1.0 + 0.9 * (std::f64::consts::TAU * phase).sin(), 1.9),
+            Pattern::Bursty => (if phase < 0.1 { 5.0 } else { 0.5 }, 5.0),
+        }
+    }
 }
 
 impl Default for SynthConfig {
@@ -62,6 +103,10 @@ impl Default for SynthConfig {
             trace_block_size: 512,
             max_prompt_tokens: 32_768,
             seed: 0,
+            models: 0,
+            model_zipf_s: 1.0,
+            pattern: Pattern::Steady,
+            period_s: 600.0,
         }
     }
 }
@@ -83,6 +128,9 @@ pub struct SynthRow {
     /// Think time before this turn, after the previous one completed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delay: Option<u64>,
+    /// The model, when the trace spreads over several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// Why a generator setting cannot work.
@@ -126,6 +174,12 @@ impl SynthConfig {
         if self.max_prompt_tokens < self.system_prompt_tokens + 1 {
             return bad("max-prompt-tokens", "must exceed the system prompt length");
         }
+        if !(self.model_zipf_s.is_finite() && self.model_zipf_s >= 0.0) {
+            return bad("model-zipf-s", "must be ≥ 0");
+        }
+        if !(self.period_s.is_finite() && self.period_s >= 1.0) {
+            return bad("period-s", "must be at least 1");
+        }
         Ok(())
     }
 }
@@ -142,12 +196,17 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
     let zipf = zipf_cdf(cfg.system_prompts, cfg.zipf_s);
     let multi_turn = cfg.max_turns > 1;
     let mut rows = Vec::with_capacity(cfg.requests as usize);
+    let model_zipf = zipf_cdf(cfg.models.max(1), cfg.model_zipf_s);
     let mut clock_ms = 0.0;
     let mut session = 0u32;
     while rows.len() < cfg.requests as usize {
-        clock_ms += exponential(&mut rng, 1000.0 / cfg.rate);
+        clock_ms = next_arrival(&mut rng, cfg, clock_ms);
         let u: f64 = rng.random();
         let sys = zipf.partition_point(|&c| c < u).min(zipf.len() - 1) as u64;
+        let model = (cfg.models > 0).then(|| {
+            let u: f64 = rng.random();
+            format!("synth/m{}", model_zipf.partition_point(|&c| c < u).min(model_zipf.len() - 1))
+        });
         let turns = rng.random_range(1..=cfg.max_turns);
         let mut history = sys_len;
         let mut content_ids: Vec<u64> = Vec::new();
@@ -188,6 +247,7 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
                 hash_ids,
                 session_id: multi_turn.then(|| format!("s{session}")),
                 delay,
+                model: model.clone(),
             });
             prev_len = len;
             history = len + output;
@@ -196,6 +256,22 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
     }
     rows.sort_by_key(|r| r.timestamp);
     Ok(rows)
+}
+
+/// The next session arrival after `clock_ms`: Poisson at `rate`, shaped by
+/// the pattern through thinning (a steady trace draws exactly as before).
+fn next_arrival(rng: &mut ChaCha8Rng, cfg: &SynthConfig, mut clock_ms: f64) -> f64 {
+    let (_, peak) = cfg.pattern.factor(0.0, 1.0);
+    loop {
+        clock_ms += exponential(rng, 1000.0 / (cfg.rate * peak));
+        if cfg.pattern == Pattern::Steady {
+            return clock_ms;
+        }
+        let (factor, peak) = cfg.pattern.factor(clock_ms, cfg.period_s * 1000.0);
+        if rng.random::<f64>() * peak < factor {
+            return clock_ms;
+        }
+    }
 }
 
 /// Cumulative Zipf weights `1/k^s` of ranks 1..=n, normalized to end at 1.
@@ -264,6 +340,31 @@ mod tests {
         let first_block = |r: &SynthRow| r.hash_ids[0];
         let popular = rows.iter().filter(|r| first_block(r) == 0).count();
         assert!(popular > rows.len() / 8, "Zipf makes prompt 0 common: {popular}");
+    }
+
+    #[test]
+    fn models_follow_zipf_and_bursts_cluster_arrivals() {
+        let cfg = SynthConfig {
+            requests: 2000,
+            max_turns: 1,
+            models: 4,
+            model_zipf_s: 1.2,
+            pattern: Pattern::Bursty,
+            period_s: 60.0,
+            rate: 10.0,
+            ..SynthConfig::default()
+        };
+        let rows = generate(&cfg).unwrap();
+        let count = |m: &str| rows.iter().filter(|r| r.model.as_deref() == Some(m)).count();
+        assert!(count("synth/m0") > count("synth/m1") && count("synth/m1") > count("synth/m3"));
+        assert_eq!(rows.iter().filter(|r| r.model.is_none()).count(), 0);
+        // A tenth of each minute at 5x and the rest at 0.5x: over half the
+        // arrivals fall in the burst windows.
+        let in_burst = rows.iter().filter(|r| (r.timestamp % 60_000) < 6_000).count();
+        assert!(in_burst * 2 > rows.len(), "{in_burst} of {}", rows.len());
+        // Without models or a pattern, the trace is the one it always was.
+        let plain = SynthConfig { requests: 100, ..SynthConfig::default() };
+        assert!(generate(&plain).unwrap().iter().all(|r| r.model.is_none()));
     }
 
     #[test]

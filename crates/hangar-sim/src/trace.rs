@@ -6,7 +6,8 @@
 //!   `output_tokens`, optional `hash_ids` (64-bit integers, each standing for
 //!   `trace_block_size` prompt tokens; equal prefixes of ids mean equal
 //!   prompt prefixes), optional `session_id` (string or integer) and `delay`
-//!   or `delay_ms` (ms after the previous turn of the session completes).
+//!   or `delay_ms` (ms after the previous turn of the session completes),
+//!   optional `model` (the model a whole-fleet simulation sends it to).
 //! - **Azure LLM inference trace CSV**: header `TIMESTAMP,ContextTokens,
 //!   GeneratedTokens`, timestamps like `2023-11-16 18:15:46.6805900`. Prompts
 //!   carry no prefix information, so every request's tokens are its own.
@@ -34,6 +35,8 @@ pub struct TraceRequest {
     /// For a follow-up turn: ms between the previous turn's completion and
     /// this turn's arrival.
     pub delay_ms: f64,
+    /// The model it names, if any (`model`).
+    pub model: Option<String>,
     /// Line in the source file (1-based), for messages.
     pub line: usize,
 }
@@ -208,6 +211,11 @@ fn read_jsonl(text: &str, source: &str) -> Result<Trace, TraceError> {
             None | Some((_, Value::Null)) => 0.0,
             Some((name, v)) => ctx.millis(name, v)?,
         };
+        let model = match obj.get("model") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(m)) if !m.is_empty() => Some(m.clone()),
+            Some(v) => return Err(ctx.err(Some("model"), format!("expected a model key, found {v}"))),
+        };
         trace.requests.push(TraceRequest {
             timestamp_ms,
             input_len,
@@ -215,6 +223,7 @@ fn read_jsonl(text: &str, source: &str) -> Result<Trace, TraceError> {
             hash_ids,
             session,
             delay_ms,
+            model,
             line: i + 1,
         });
     }
@@ -255,6 +264,7 @@ fn read_azure_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
             hash_ids: Vec::new(),
             session: None,
             delay_ms: 0.0,
+            model: None,
             line: i + 1,
         });
     }

@@ -126,3 +126,71 @@ fn the_router_takes_the_serve_config_spelling_as_an_alias() {
     assert_eq!(parsed["router"], "round-robin");
     assert_eq!(run("least_outstanding"), run("least-outstanding"));
 }
+
+const FLEET: &str = r#"
+[[nodes]]
+id = "gpu"
+count = 2
+gpus = 2
+gpu_memory = "80GB"
+cpu_cache = "100GB"
+
+[[models]]
+key = "synth/m0"
+size = "16GB"
+max_replicas = 3
+
+[[models]]
+key = "synth/m1"
+size = "16GB"
+max_replicas = 2
+"#;
+
+#[test]
+fn a_fleet_simulates_a_multi_model_trace_and_compares_policies() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace =
+        synth(dir.path(), &["--models", "2", "--pattern", "bursty", "--period-s", "30", "--max-turns", "1"]);
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("\"model\":\"synth/m1\""));
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(&fleet, FLEET).unwrap();
+    let json = dir.path().join("fleet.json");
+    let o = hangar(&["sim", "--fleet", fleet.to_str().unwrap(), &trace, "--json", json.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(table.contains("synth/m0") && table.contains("good/GPU-h"), "{table}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["total"]["requests"], 120);
+
+    let o = hangar(&[
+        "sim",
+        "compare",
+        "--fleet",
+        fleet.to_str().unwrap(),
+        &trace,
+        "--policy",
+        "hangar",
+        "--policy",
+        "replicate",
+        "--policy",
+        "workers-ai",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    for policy in ["hangar", "replicate", "workers-ai"] {
+        assert!(table.lines().any(|l| l.starts_with(policy)), "{policy} missing:\n{table}");
+    }
+
+    // A row naming a model the fleet does not serve: its line, or skipped.
+    let other = dir.path().join("other.jsonl");
+    std::fs::write(
+        &other,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"model\": \"x/y\"}\n",
+    )
+    .unwrap();
+    let o = hangar(&["sim", "--fleet", fleet.to_str().unwrap(), other.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("other.jsonl:1") && stderr(&o).contains("x/y"), "{}", stderr(&o));
+    let o = hangar(&["sim", "--fleet", fleet.to_str().unwrap(), other.to_str().unwrap(), "--skip-unknown"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

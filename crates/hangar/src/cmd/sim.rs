@@ -8,6 +8,8 @@ use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, ValueEnum};
 use hangar_engine::EngineConfig;
 use hangar_router::{KvRouterConfig, RouterPolicy};
+use hangar_scaler::ScalingConfig;
+use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions};
 use hangar_sim::synth::{self, SynthConfig};
 use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, Slo};
 
@@ -21,9 +23,22 @@ use super::{peak_rss_mib, read_text, write_jsonl};
 /// from `--engine-config FILE` (TOML, the fields of docs/sim.md) and are
 /// overridden by the flags below.
 #[derive(Debug, ClapArgs)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    compare: Option<Compare>,
     /// Mooncake-style JSONL or Azure CSV trace.
     trace: Option<PathBuf>,
+    /// Simulate a whole fleet (nodes, models, admission, the controller
+    /// with each model's scaling policy, cold starts) described by this
+    /// file (docs/sim.md, "Whole-fleet simulation"); trace rows name their
+    /// `model`.
+    #[arg(long)]
+    fleet: Option<PathBuf>,
+    /// With --fleet: drop trace rows naming a model the fleet does not
+    /// serve, instead of refusing the trace.
+    #[arg(long)]
+    skip_unknown: bool,
     /// Workers (engines) in the simulated cluster.
     #[arg(long, default_value_t = 4)]
     workers: u32,
@@ -112,7 +127,167 @@ enum Engine {
     Sglang,
 }
 
+/// `hangar sim compare`.
+#[derive(Debug, clap::Subcommand)]
+enum Compare {
+    /// Run several scaling policies on the same fleet and trace, and print
+    /// one table: requests, SLO attainment, goodput, GPU-hours, goodput per
+    /// GPU-hour, cold starts, decisions and reversals per policy.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct CompareArgs {
+    /// The trace (rows name their `model`).
+    trace: PathBuf,
+    /// The fleet file.
+    #[arg(long)]
+    fleet: PathBuf,
+    /// A policy every model runs, with its defaults; repeat to compare.
+    #[arg(long = "policy", value_enum, required = true)]
+    policies: Vec<PolicyName>,
+    /// Divide the time between arrivals by this.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Tokens each trace hash id stands for.
+    #[arg(long, default_value_t = 512)]
+    trace_block_size: u32,
+    /// Drop rows naming a model the fleet does not serve.
+    #[arg(long)]
+    skip_unknown: bool,
+    /// Write every policy's report as a JSON array to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// A scaling policy by name.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PolicyName {
+    Hangar,
+    Replicate,
+    WorkersAi,
+    Fixed,
+}
+
+impl PolicyName {
+    fn config(self) -> ScalingConfig {
+        match self {
+            PolicyName::Hangar => ScalingConfig::Hangar(Default::default()),
+            PolicyName::Replicate => ScalingConfig::Replicate(Default::default()),
+            PolicyName::WorkersAi => ScalingConfig::WorkersAi(Default::default()),
+            PolicyName::Fixed => ScalingConfig::Fixed,
+        }
+    }
+}
+
+fn read_fleet(path: &std::path::Path) -> anyhow::Result<FleetConfig> {
+    FleetConfig::parse(&read_text(path)?, &path.display().to_string()).map_err(anyhow::Error::msg)
+}
+
+fn read_trace(path: &std::path::Path) -> anyhow::Result<trace::Trace> {
+    Ok(trace::read(&read_text(path)?, &path.display().to_string())?)
+}
+
+/// `hangar sim --fleet`.
+fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let Some(path) = &args.trace else { bail!("--fleet needs a TRACE whose rows name their `model`") };
+    let cfg = read_fleet(fleet)?;
+    let trace = read_trace(path)?;
+    let opts = FleetOptions {
+        speedup: args.speedup,
+        trace_block_size: args.trace_block_size,
+        skip_unknown: args.skip_unknown,
+        policy: None,
+        sample_ms: 0,
+    };
+    let report = simulate_fleet(&trace, &cfg, &opts)?;
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    write!(stdout, "{}", report.table())?;
+    writeln!(
+        stdout,
+        "wall {:.3} s · {} requests · peak RSS {}",
+        started.elapsed().as_secs_f64(),
+        report.total.requests,
+        peak_rss_mib().map_or("unknown".into(), |m| format!("{m:.1} MiB")),
+    )?;
+    Ok(())
+}
+
+/// `hangar sim compare`.
+fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
+    let cfg = read_fleet(&a.fleet)?;
+    let trace = read_trace(&a.trace)?;
+    let mut reports = Vec::new();
+    for policy in &a.policies {
+        let opts = FleetOptions {
+            speedup: a.speedup,
+            trace_block_size: a.trace_block_size,
+            skip_unknown: a.skip_unknown,
+            policy: Some(policy.config()),
+            sample_ms: 0,
+        };
+        reports.push(simulate_fleet(&trace, &cfg, &opts)?);
+    }
+    if let Some(path) = &a.json {
+        let json = serde_json::to_string_pretty(&reports)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{} on {}", trace.source, a.fleet.display())?;
+    writeln!(
+        out,
+        "{:<11} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>8} {:>10} {:>7} {:>5} {:>5}",
+        "policy",
+        "requests",
+        "done",
+        "429",
+        "504",
+        "TTFT p50",
+        "TTFT p99",
+        "SLO %",
+        "goodput/s",
+        "GPU-h",
+        "good/GPU-h",
+        "starts",
+        "dec",
+        "rev"
+    )?;
+    for r in &reports {
+        let t = &r.total;
+        writeln!(
+            out,
+            "{:<11} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>8.3} {:>10.0} {:>7} {:>5} {:>5}",
+            t.policy,
+            t.requests,
+            t.completed,
+            t.rejected,
+            t.timed_out,
+            t.ttft_ms.p50,
+            t.ttft_ms.p99,
+            t.slo_attainment * 100.0,
+            t.goodput_rps,
+            t.gpu_seconds.total / 3600.0,
+            t.goodput_per_gpu_hour,
+            t.cold_starts.cold + t.cold_starts.warm,
+            t.decisions,
+            t.reversals,
+        )?;
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(Compare::Compare(a)) = &args.compare {
+        return run_compare(a);
+    }
+    if let Some(fleet) = &args.fleet {
+        return run_fleet(&args, fleet);
+    }
     let started = Instant::now();
     let trace = match &args.trace {
         Some(path) => {

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use clap::{Args as ClapArgs, Subcommand};
-use hangar_sim::synth::{self, SynthConfig};
+use clap::{Args as ClapArgs, Subcommand, ValueEnum};
+use hangar_sim::synth::{self, Pattern, SynthConfig};
 
 use super::write_jsonl;
 
@@ -62,9 +62,33 @@ struct SynthArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Spread sessions over this many models (`synth/m0`, …) for a
+    /// whole-fleet simulation; 0: rows name no model.
+    #[arg(long, default_value_t = 0)]
+    models: u32,
+    /// Zipf exponent of model popularity.
+    #[arg(long, default_value_t = 1.0)]
+    model_zipf_s: f64,
+    /// Arrival pattern over time.
+    #[arg(long, value_enum, default_value_t = PatternArg::Steady)]
+    pattern: PatternArg,
+    /// The pattern's period in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    period_s: f64,
     /// Output file (default: standard output).
     #[arg(long, short)]
     out: Option<PathBuf>,
+}
+
+/// `--pattern`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PatternArg {
+    /// Poisson at `--rate`.
+    Steady,
+    /// A sine over the period, 10 % to 190 % of `--rate`.
+    Diurnal,
+    /// A tenth of each period at 5x `--rate`, the rest at half.
+    Bursty,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -83,6 +107,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         trace_block_size: a.trace_block_size,
         max_prompt_tokens: a.max_prompt_tokens,
         seed: a.seed,
+        models: a.models,
+        model_zipf_s: a.model_zipf_s,
+        pattern: match a.pattern {
+            PatternArg::Steady => Pattern::Steady,
+            PatternArg::Diurnal => Pattern::Diurnal,
+            PatternArg::Bursty => Pattern::Bursty,
+        },
+        period_s: a.period_s,
     })?;
     match &a.out {
         Some(path) => write_jsonl(path, &rows),

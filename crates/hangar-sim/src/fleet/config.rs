@@ -1,0 +1,257 @@
+//! The fleet file of `hangar sim --fleet`: nodes, models and cold starts.
+
+use hangar_core::{ByteSize, FieldError, Millis, ModelKey};
+use hangar_engine::EngineConfig;
+use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, PlacementConfig};
+use hangar_scaler::ScalingConfig;
+use serde::Deserialize;
+
+/// A whole fleet to simulate.
+///
+/// ```toml
+/// seed = 1
+///
+/// [[nodes]]
+/// id = "gpu"          # nodes gpu-0 … gpu-3
+/// count = 4
+/// gpus = 8
+/// gpu_memory = "80GB"
+/// cpu_cache = "512GB"
+///
+/// [[models]]
+/// key = "synth/m0"
+/// size = "16GB"
+/// max_replicas = 8
+/// slo_ttft_ms = 2000
+/// scaling = { policy = "hangar" }
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// Seeds placement's and the routers' random choices.
+    #[serde(default)]
+    pub seed: u64,
+    /// Placement knobs (docs/placement.md).
+    #[serde(default)]
+    pub placement: PlacementConfig,
+    /// Node groups.
+    pub nodes: Vec<FleetNodes>,
+    /// The models served.
+    pub models: Vec<FleetModel>,
+    /// How long a replica takes to come up.
+    #[serde(default)]
+    pub cold_start: ColdStart,
+    /// How often the controller observes every model (ms). Default 1000, as
+    /// `hangar serve`.
+    #[serde(default = "default_observe")]
+    pub observe_ms: Millis,
+}
+
+/// `count` alike nodes, named `{id}-0` … `{id}-{count-1}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetNodes {
+    /// The group's name.
+    pub id: String,
+    /// How many nodes (default 1).
+    #[serde(default = "one")]
+    pub count: u32,
+    /// GPUs per node.
+    pub gpus: u32,
+    /// Memory of each GPU.
+    pub gpu_memory: ByteSize,
+    /// CPU memory for the warm cache (default 0).
+    #[serde(default)]
+    pub cpu_cache: ByteSize,
+}
+
+/// One model of the fleet.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetModel {
+    /// The key trace rows name in `model`.
+    pub key: ModelKey,
+    /// Weights (and GPU footprint).
+    pub size: ByteSize,
+    /// The engine each replica runs (its scheduler and timing model;
+    /// docs/sim.md).
+    #[serde(default)]
+    pub engine: EngineConfig,
+    /// Replicas kept whatever the load.
+    #[serde(default)]
+    pub min_replicas: u32,
+    /// The most replicas (default: `min_replicas`, at least 1).
+    #[serde(default)]
+    pub max_replicas: Option<u32>,
+    /// Requests one replica is given at once (its permits). Default 8.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Requests that may wait (default 4 per permit at `max_replicas`, at
+    /// most 1000, as `hangar serve`).
+    #[serde(default)]
+    pub queue_capacity: Option<usize>,
+    /// Seconds a request may wait for a permit before it is timed out
+    /// (504). Default 30.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: u64,
+    /// The TTFT objective SLO attainment and goodput count against. Default 2000.
+    #[serde(default = "default_slo")]
+    pub slo_ttft_ms: Millis,
+    /// The scaling policy (default `hangar`).
+    #[serde(default)]
+    pub scaling: Option<ScalingConfig>,
+}
+
+/// A replica's start: loading its weights from the tier they are on, then
+/// the engine's boot.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ColdStart {
+    /// Weights read from disk, GB/s (a node's first load of a model).
+    pub disk_gbps: f64,
+    /// Weights read from the page cache, GB/s (a node that loaded the
+    /// model before).
+    pub page_cache_gbps: f64,
+    /// A WARM replica's weights copied back from CPU memory, GB/s.
+    pub wake_gbps: f64,
+    /// The engine's own start once weights are in (ms); not paid on a wake.
+    pub boot_ms: Millis,
+}
+
+impl Default for ColdStart {
+    fn default() -> Self {
+        ColdStart { disk_gbps: 2.0, page_cache_gbps: 10.0, wake_gbps: 25.0, boot_ms: 10_000 }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+fn default_observe() -> Millis {
+    1_000
+}
+fn default_concurrency() -> u32 {
+    8
+}
+fn default_timeout() -> u64 {
+    30
+}
+fn default_slo() -> Millis {
+    2_000
+}
+
+impl FleetModel {
+    /// The most replicas.
+    pub fn max_replicas(&self) -> u32 {
+        self.max_replicas.unwrap_or(self.min_replicas.max(1))
+    }
+
+    /// The line's length.
+    pub fn capacity(&self) -> usize {
+        self.queue_capacity
+            .unwrap_or((4 * self.concurrency as usize * self.max_replicas() as usize).clamp(1, 1_000))
+    }
+}
+
+impl FleetConfig {
+    /// Parses a fleet file; errors name the file, the line and the field.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, String> {
+        let fleet: FleetConfig = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+        fleet.validate().map_err(|e| format!("{origin}:{}: {e}", e.line_in(text)))?;
+        Ok(fleet)
+    }
+
+    /// Placement's view: every node and model.
+    pub fn cluster(&self) -> ClusterConfig {
+        let nodes = self
+            .nodes
+            .iter()
+            .flat_map(|g| {
+                (0..g.count).map(move |i| NodeConfig {
+                    id: format!("{}-{i}", g.id).parse().expect("validated"),
+                    gpus: g.gpus,
+                    gpu_memory: Some(g.gpu_memory),
+                    gpu_kind: None,
+                    virtual_gpus: false,
+                    cpu_cache: g.cpu_cache,
+                })
+            })
+            .collect();
+        let models = self
+            .models
+            .iter()
+            .map(|m| {
+                (
+                    m.key.clone(),
+                    ModelSpec { size: Some(m.size), parameters: None, dtype: None, padding: None },
+                )
+            })
+            .collect();
+        ClusterConfig { placement: self.placement.clone(), nodes, models }
+    }
+
+    /// Ranges and cross-field rules; a model larger than every node is
+    /// refused before the run.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if self.nodes.is_empty() {
+            return Err(FieldError::new("nodes", "at least one `[[nodes]]` group is required"));
+        }
+        for (i, g) in self.nodes.iter().enumerate() {
+            let at = format!("nodes[{i}]");
+            if format!("{}-0", g.id).parse::<hangar_placement::NodeId>().is_err() {
+                return Err(FieldError::new(format!("{at}.id"), format!("`{}` is not a node name", g.id)));
+            }
+            if g.count == 0 || g.gpus == 0 || g.gpu_memory.bytes() == 0 {
+                return Err(FieldError::new(at, "`count`, `gpus` and `gpu_memory` must be above 0"));
+            }
+        }
+        if self.models.is_empty() {
+            return Err(FieldError::new("models", "at least one `[[models]]` entry is required"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = format!("models[{i}]");
+            if !seen.insert(m.key.as_str()) {
+                return Err(FieldError::new(format!("{at}.key"), format!("`{}` is declared twice", m.key)));
+            }
+            if m.max_replicas() < m.min_replicas {
+                return Err(FieldError::new(format!("{at}.max_replicas"), "is below min_replicas"));
+            }
+            if m.concurrency == 0 {
+                return Err(FieldError::new(format!("{at}.concurrency"), "must be at least 1"));
+            }
+            if let Some(s) = &m.scaling {
+                s.validate().map_err(|e| e.within(&format!("{at}.scaling")))?;
+            }
+            hangar_engine::EngineCore::new(&m.engine, super::no_tables)
+                .map_err(|e| FieldError::new(format!("{at}.engine"), e.to_string()))?;
+        }
+        let c = &self.cold_start;
+        for (field, v) in
+            [("disk_gbps", c.disk_gbps), ("page_cache_gbps", c.page_cache_gbps), ("wake_gbps", c.wake_gbps)]
+        {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(FieldError::new(format!("cold_start.{field}"), format!("{v} must be above 0")));
+            }
+        }
+        if self.observe_ms == 0 {
+            return Err(FieldError::new("observe_ms", "must be at least 1"));
+        }
+        // Each model alone on the fleet must fit at least one replica.
+        let cluster = hangar_placement::Cluster::new(self.cluster())
+            .map_err(|e| FieldError::new("nodes", e.to_string()))?;
+        for (i, m) in self.models.iter().enumerate() {
+            let fits = cluster.nodes().iter().any(|n| {
+                let gpus = n.gpus().len() as u64;
+                m.size.bytes() <= gpus * n.gpu_memory()
+            });
+            if !fits {
+                return Err(FieldError::new(
+                    format!("models[{i}].size"),
+                    format!("`{}` ({}) is larger than every node's GPUs together", m.key, m.size),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,747 @@
+//! The whole-fleet simulation (`hangar sim --fleet`): every model's
+//! admission, the controller (scalers and placement), cold starts by the
+//! tier the weights come from, and an engine per replica, on one logical
+//! clock.
+//!
+//! It drives the same code `hangar serve` does — `hangar-queue`'s
+//! [`Admission`] per model (permits, the bounded line, 429, deadlines),
+//! `hangar-scaler`'s [`Controller`] observed every `observe_ms` and told
+//! of a request for a model at zero at once, `hangar-placement` inside it,
+//! `hangar-engine`'s [`EngineCore`] per replica — and replaces only what
+//! the live server does with processes: a replica's start takes its
+//! weights' bytes over the bandwidth of the tier they come from (disk,
+//! page cache, or a WARM wake from CPU memory) plus the engine's boot.
+//!
+//! Order at one instant: due events in the order they were scheduled
+//! (pass ends, replicas ready, admission deadlines, controller ticks),
+//! then arrivals in trace order, then passes start. Every tie is broken by
+//! that order or by a seeded generator, so a run is reproducible byte for
+//! byte.
+
+mod config;
+mod report;
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+
+use hangar_core::{AccountId, Millis, ModelKey, ReplicaId, RequestId};
+use hangar_engine::{EngineCore, EngineRequest, Pass, Prompt};
+use hangar_placement::{Action as Step, Cluster, Deployment, NodeId};
+use hangar_queue::{Action as Admit, Admission, AdmissionConfig, LeastOutstanding, Submitted};
+use hangar_scaler::{
+    Action, Bounds, Controller, ModelSpec, Observation, ReplicaCounts, ScalingConfig, StartTier,
+};
+
+pub use config::{ColdStart, FleetConfig, FleetModel, FleetNodes};
+pub use report::{ColdStarts, FleetReport, GpuSeconds, ModelReport};
+
+use crate::trace::{Trace, TraceError};
+use crate::SimError;
+
+/// How a fleet simulation runs besides its fleet file.
+///
+/// `hangar sim --fleet` and `sim compare` set it from their flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetOptions {
+    /// Divides the time between trace arrivals.
+    pub speedup: f64,
+    /// Tokens per trace `hash_id`.
+    pub trace_block_size: u32,
+    /// Drop rows naming a model the fleet does not serve (else an error
+    /// with the row's line).
+    pub skip_unknown: bool,
+    /// Every model runs this policy instead of its own (`sim compare`).
+    pub policy: Option<ScalingConfig>,
+    /// Record the fleet every this many ms for plots (0: no timeline).
+    pub sample_ms: Millis,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions { speedup: 1.0, trace_block_size: 512, skip_unknown: false, policy: None, sample_ms: 0 }
+    }
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// A replica's pass ends (slot, generation).
+    PassEnd(usize, u64),
+    /// A replica finished loading (slot, generation).
+    Loaded(usize, u64),
+    /// The controller observes every model.
+    Tick,
+    /// Something in the controller or an admission is due.
+    Due,
+    /// Take a timeline sample.
+    Sample,
+}
+
+#[derive(Debug)]
+struct Event {
+    at: f64,
+    seq: u64,
+    kind: Kind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.at.total_cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+/// Where a replica is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    /// Loading since, from a tier.
+    Loading {
+        tier: StartTier,
+    },
+    Ready,
+    /// Finishing its requests before going WARM (`to_warm`) or away.
+    Draining {
+        to_warm: bool,
+    },
+    Warm,
+}
+
+struct Replica {
+    id: ReplicaId,
+    model: usize,
+    /// GPUs it holds (fractions for a shared GPU).
+    gpus: f64,
+    engine: EngineCore,
+    state: State,
+    /// A pass is running.
+    busy: bool,
+    /// Bumped when the replica changes life, so stale events are ignored.
+    generation: u64,
+    /// When its current load began.
+    load_started: f64,
+}
+
+/// One model's live state.
+struct ModelState {
+    key: ModelKey,
+    admission: Admission,
+    chooser: LeastOutstanding,
+    timeout_ms: Millis,
+    permits: u32,
+    counters: (u64, u64, u64, u64),
+}
+
+/// Per request: when it arrived, its first token, its last, its replica.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Timing {
+    pub arrived: f64,
+    pub first_token: Option<f64>,
+    pub done: Option<f64>,
+    pub tokens: u32,
+    pub last_token: f64,
+    pub outcome: Outcome,
+    pub granted: f64,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    #[default]
+    Pending,
+    Completed,
+    Rejected,
+    TimedOut,
+    Failed,
+}
+
+struct Fleet<'t> {
+    cfg: &'t FleetConfig,
+    opts: &'t FleetOptions,
+    trace: &'t Trace,
+    /// Trace row → model index (`None`: skipped).
+    row_model: Vec<Option<usize>>,
+    heap: BinaryHeap<Event>,
+    seq: u64,
+    arrivals: VecDeque<(f64, u32)>,
+    controller: Controller,
+    models: Vec<ModelState>,
+    by_key: BTreeMap<ModelKey, usize>,
+    replicas: Vec<Replica>,
+    slots: BTreeMap<ReplicaId, usize>,
+    passes: Vec<Pass>,
+    /// Nodes that have loaded each model before (its weights are in their
+    /// page cache).
+    cached: BTreeSet<(NodeId, usize)>,
+    touched: Vec<usize>,
+    timings: Vec<Timing>,
+    report: report::Builder,
+    remaining: usize,
+    next_due: f64,
+    account: AccountId,
+}
+
+/// Runs `trace` on the fleet `cfg`. Rows must name a model (`model`) the
+/// fleet serves, unless `opts.skip_unknown`.
+pub fn simulate_fleet(
+    trace: &Trace,
+    cfg: &FleetConfig,
+    opts: &FleetOptions,
+) -> Result<FleetReport, SimError> {
+    if !(opts.speedup.is_finite() && opts.speedup > 0.0) {
+        return Err(SimError::Config(format!("--speedup must be a number above 0, got {}", opts.speedup)));
+    }
+    cfg.validate().map_err(|e| SimError::Config(e.to_string()))?;
+    let by_key: BTreeMap<ModelKey, usize> =
+        cfg.models.iter().enumerate().map(|(i, m)| (m.key.clone(), i)).collect();
+    let mut row_model = Vec::with_capacity(trace.requests.len());
+    for r in &trace.requests {
+        let found = match &r.model {
+            Some(m) => m.parse::<ModelKey>().ok().and_then(|k| by_key.get(&k).copied()),
+            None if cfg.models.len() == 1 => Some(0),
+            None => None,
+        };
+        if found.is_none() && !opts.skip_unknown {
+            let why = match &r.model {
+                Some(m) => format!("model `{m}` is not in the fleet (add it, or pass --skip-unknown)"),
+                None => "the row names no model and the fleet serves several".into(),
+            };
+            return Err(TraceError {
+                source_name: trace.source.clone(),
+                line: r.line,
+                field: Some("model".into()),
+                why,
+            }
+            .into());
+        }
+        let needed = (r.input_len as usize).div_ceil(opts.trace_block_size.max(1) as usize);
+        if !r.hash_ids.is_empty() && r.hash_ids.len() < needed {
+            let why = format!("{} ids cover fewer than the {} input tokens", r.hash_ids.len(), r.input_len);
+            return Err(TraceError {
+                source_name: trace.source.clone(),
+                line: r.line,
+                field: Some("hash_ids".into()),
+                why,
+            }
+            .into());
+        }
+        row_model.push(found);
+    }
+    let cluster = Cluster::new(cfg.cluster()).map_err(|e| SimError::Config(e.to_string()))?;
+    let specs = cfg
+        .models
+        .iter()
+        .map(|m| ModelSpec {
+            key: m.key.clone(),
+            scaling: opts.policy.clone().or_else(|| m.scaling.clone()).unwrap_or_default(),
+            bounds: Bounds { min: m.min_replicas, max: m.max_replicas() },
+        })
+        .collect();
+    let controller = Controller::new(cluster, cfg.seed, specs, 0);
+    let models = cfg
+        .models
+        .iter()
+        .map(|m| ModelState {
+            key: m.key.clone(),
+            admission: Admission::new(AdmissionConfig {
+                capacity: m.capacity(),
+                ..AdmissionConfig::default()
+            }),
+            chooser: LeastOutstanding,
+            timeout_ms: m.timeout_s * 1000,
+            permits: m.concurrency,
+            counters: (0, 0, 0, 0),
+        })
+        .collect();
+    let remaining = row_model.iter().filter(|m| m.is_some()).count();
+    let mut fleet = Fleet {
+        cfg,
+        opts,
+        trace,
+        heap: BinaryHeap::new(),
+        seq: 0,
+        arrivals: VecDeque::new(),
+        controller,
+        models,
+        by_key,
+        replicas: Vec::new(),
+        slots: BTreeMap::new(),
+        passes: Vec::new(),
+        cached: BTreeSet::new(),
+        touched: Vec::new(),
+        timings: vec![Timing::default(); trace.requests.len()],
+        report: report::Builder::new(cfg),
+        remaining,
+        next_due: f64::INFINITY,
+        account: "sim".parse().expect("a valid account"),
+        row_model,
+    };
+    fleet.seed_arrivals();
+    fleet.carry_out(0.0);
+    fleet.push(0.0, Kind::Tick);
+    if opts.sample_ms > 0 {
+        fleet.push(0.0, Kind::Sample);
+    }
+    fleet.run();
+    Ok(fleet.finish())
+}
+
+/// A fleet's engines take their timing inline: a `table` timing model is
+/// refused when the fleet file is checked.
+pub(crate) fn no_tables(path: &str) -> Result<String, String> {
+    Err(format!("`{path}`: a fleet's engines take `polynomial` or `fixed` timing, not a table file"))
+}
+
+fn ms(t: f64) -> Millis {
+    t.max(0.0).floor() as Millis
+}
+
+impl Fleet<'_> {
+    fn push(&mut self, at: f64, kind: Kind) {
+        self.seq += 1;
+        self.heap.push(Event { at, seq: self.seq, kind });
+    }
+
+    fn seed_arrivals(&mut self) {
+        let reqs = &self.trace.requests;
+        let rows = (0..reqs.len() as u32).filter(|&i| self.row_model[i as usize].is_some());
+        let t0 = rows.clone().map(|i| reqs[i as usize].timestamp_ms).fold(f64::INFINITY, f64::min);
+        let mut arrivals: Vec<(f64, u32)> =
+            rows.map(|i| ((reqs[i as usize].timestamp_ms - t0) / self.opts.speedup, i)).collect();
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.arrivals = arrivals.into();
+    }
+
+    fn next_time(&self) -> Option<f64> {
+        let heap = self.heap.peek().map(|e| e.at);
+        let arrival = self.arrivals.front().map(|a| a.0);
+        match (heap, arrival) {
+            (Some(h), Some(a)) => Some(h.min(a)),
+            (h, a) => h.or(a),
+        }
+    }
+
+    fn run(&mut self) {
+        while self.remaining > 0 {
+            let Some(now) = self.next_time() else { break };
+            while self.heap.peek().is_some_and(|e| e.at == now) {
+                let ev = self.heap.pop().expect("peeked");
+                self.handle(now, ev.kind);
+            }
+            while self.arrivals.front().is_some_and(|a| a.0 == now) {
+                let (_, i) = self.arrivals.pop_front().expect("peeked");
+                self.arrive(now, i);
+            }
+            self.settle(now);
+        }
+    }
+
+    /// After the events of an instant: the controller's actions, admission
+    /// decisions, passes, and when anything is due next.
+    fn settle(&mut self, now: f64) {
+        self.carry_out(now);
+        self.start_passes(now);
+        let due = self
+            .models
+            .iter()
+            .filter_map(|m| m.admission.poll_timeout())
+            .chain([self.controller.poll_timeout()])
+            .min()
+            .map_or(f64::INFINITY, |t| t as f64);
+        if due < self.next_due || self.next_due <= now {
+            self.next_due = due.max(now);
+            if due.is_finite() {
+                self.push(due.max(now), Kind::Due);
+            }
+        }
+    }
+
+    fn handle(&mut self, now: f64, kind: Kind) {
+        match kind {
+            Kind::PassEnd(slot, generation) => {
+                if self.replicas[slot].generation == generation {
+                    self.pass_end(now, slot);
+                }
+            }
+            Kind::Loaded(slot, generation) => {
+                if self.replicas[slot].generation == generation {
+                    self.loaded(now, slot);
+                }
+            }
+            Kind::Tick => {
+                for m in 0..self.models.len() {
+                    self.observe(now, m, 0);
+                }
+                self.controller.handle_timeout(ms(now));
+                if self.remaining > 0 {
+                    self.push(now + self.cfg.observe_ms as f64, Kind::Tick);
+                }
+            }
+            Kind::Due => {
+                if now >= self.next_due {
+                    self.next_due = f64::INFINITY;
+                }
+                self.controller.handle_timeout(ms(now));
+                for m in 0..self.models.len() {
+                    self.models[m].admission.handle_timeout(ms(now));
+                    self.admissions(now, m);
+                }
+            }
+            Kind::Sample => {
+                self.report.sample(
+                    now,
+                    &self.controller,
+                    &self.models.iter().map(|m| m.key.clone()).collect::<Vec<_>>(),
+                );
+                if self.remaining > 0 {
+                    self.push(now + self.opts.sample_ms as f64, Kind::Sample);
+                }
+            }
+        }
+    }
+
+    /// What the controller sees of model `m`; `waiting` at least.
+    fn observe(&mut self, now: f64, m: usize, waiting: u32) {
+        let mut counts = ReplicaCounts::default();
+        let mut in_flight = Vec::new();
+        for r in self.replicas.iter().filter(|r| r.model == m) {
+            match r.state {
+                State::Loading { .. } => counts.starting += 1,
+                State::Ready => {
+                    counts.ready += 1;
+                    in_flight.push((r.id, self.models[m].admission.in_use_on(r.id)));
+                }
+                State::Draining { .. } | State::Warm => counts.sleeping += 1,
+            }
+        }
+        let model = &self.models[m];
+        let (arrivals, completions, rejected, busy_ms) = model.counters;
+        let obs = Observation {
+            waiting: (model.admission.waiting() as u32).max(waiting),
+            in_flight: model.admission.in_use(),
+            permits_per_replica: model.permits,
+            replicas: counts,
+            arrivals,
+            completions,
+            rejected,
+            busy_ms,
+            ttft_p99_ms: None,
+        };
+        let key = model.key.clone();
+        self.controller.observe(ms(now), &key, obs, &in_flight);
+    }
+
+    fn arrive(&mut self, now: f64, i: u32) {
+        let m = self.row_model[i as usize].expect("only served rows arrive");
+        self.timings[i as usize].arrived = now;
+        self.models[m].counters.0 += 1;
+        let model = &mut self.models[m];
+        let deadline = Some(ms(now) + model.timeout_ms);
+        let submitted = model
+            .admission
+            .submit(ms(now), RequestId(u64::from(i)), self.account.clone(), deadline, &mut model.chooser)
+            .expect("ids are unique");
+        match submitted {
+            Submitted::Leased(p) => self.start_request(now, m, p.request, p.replica),
+            Submitted::Queued => {
+                // As `hangar serve`: a request that has to wait tells the
+                // controller at once.
+                self.observe(now, m, 1);
+                self.controller.handle_timeout(ms(now));
+            }
+            Submitted::Rejected { .. } => {
+                self.models[m].counters.2 += 1;
+                self.end(now, i, Outcome::Rejected);
+            }
+        }
+    }
+
+    /// Decisions an admission took since it was last asked.
+    fn admissions(&mut self, now: f64, m: usize) {
+        while let Some(action) = self.models[m].admission.poll_action() {
+            match action {
+                Admit::Dispatch(p) => self.start_request(now, m, p.request, p.replica),
+                Admit::Expired(r) => self.end(now, r.0 as u32, Outcome::TimedOut),
+                Admit::Failed { request, .. } => self.end(now, request.0 as u32, Outcome::Failed),
+            }
+        }
+    }
+
+    fn start_request(&mut self, now: f64, m: usize, request: RequestId, replica: ReplicaId) {
+        let i = request.0 as usize;
+        let slot = self.slots[&replica];
+        let r = &self.trace.requests[i];
+        let block_size = self.cfg.models[m].engine.block_size;
+        let prompt =
+            Prompt::from_trace(r.input_len, &r.hash_ids, self.opts.trace_block_size, block_size, request.0)
+                .expect("hash_ids coverage checked");
+        self.timings[i].granted = now;
+        let added = self.replicas[slot].engine.add_request(EngineRequest {
+            id: request,
+            prompt,
+            max_output_tokens: r.output_len,
+        });
+        match added {
+            Ok(()) => {
+                self.touched.push(slot);
+                self.account_replica(now, slot);
+            }
+            Err(_) => {
+                self.release(now, m, request);
+                self.end(now, i as u32, Outcome::Failed);
+            }
+        }
+    }
+
+    fn release(&mut self, now: f64, m: usize, request: RequestId) {
+        let model = &mut self.models[m];
+        model.admission.release(ms(now), request, &mut model.chooser);
+        model.counters.1 += 1;
+        model.counters.3 += ms(now).saturating_sub(ms(self.timings[request.0 as usize].granted));
+        self.admissions(now, m);
+    }
+
+    fn end(&mut self, now: f64, i: u32, outcome: Outcome) {
+        let t = &mut self.timings[i as usize];
+        if t.outcome != Outcome::Pending {
+            return;
+        }
+        t.outcome = outcome;
+        t.done = Some(now);
+        self.remaining -= 1;
+    }
+
+    fn pass_end(&mut self, now: f64, slot: usize) {
+        self.replicas[slot].busy = false;
+        let pass = std::mem::take(&mut self.passes[slot]);
+        for t in &pass.tokens {
+            let timing = &mut self.timings[t.request.0 as usize];
+            if t.index == 0 {
+                timing.first_token = Some(now);
+            }
+            timing.tokens += 1;
+            self.report.token_gap(self.replicas[slot].model, timing, now);
+        }
+        let m = self.replicas[slot].model;
+        for id in &pass.completed {
+            self.release(now, m, *id);
+            self.end(now, id.0 as u32, Outcome::Completed);
+        }
+        self.passes[slot] = pass;
+        self.touched.push(slot);
+        self.account_replica(now, slot);
+        self.maybe_drained(now, slot);
+    }
+
+    fn start_passes(&mut self, now: f64) {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        for &slot in &touched {
+            let r = &mut self.replicas[slot];
+            if r.busy || !r.engine.has_work() || matches!(r.state, State::Loading { .. } | State::Warm) {
+                continue;
+            }
+            let pass = &mut self.passes[slot];
+            r.engine.step(now, pass);
+            if pass.is_idle() {
+                continue;
+            }
+            r.busy = true;
+            let (end, generation) = (pass.end_ms, r.generation);
+            self.push(end, Kind::PassEnd(slot, generation));
+        }
+        touched.clear();
+        self.touched = touched;
+    }
+
+    /// The controller's actions: engines to start, wake, drain or stop.
+    fn carry_out(&mut self, now: f64) {
+        while let Some(action) = self.controller.poll_action() {
+            match action {
+                Action::Apply(delta) => {
+                    for step in delta.steps() {
+                        let d = step.deployment;
+                        match step.action {
+                            Step::Create => self.create(now, d),
+                            Step::FromCache => self.wake(now, d),
+                            Step::ToCache => self.drain(now, d.replica_id, true),
+                            Step::Delete => self.drain(now, d.replica_id, false),
+                            Step::Update => {}
+                        }
+                    }
+                }
+                Action::Decided { model, decision } => {
+                    if let Some(&m) = self.by_key.get(&model) {
+                        self.report.decided(m, now, &decision);
+                    }
+                }
+                Action::Unplaceable { model, .. } => {
+                    if let Some(&m) = self.by_key.get(&model) {
+                        self.report.unplaceable(m);
+                    }
+                }
+                Action::Placeable { .. } => {}
+            }
+        }
+    }
+
+    /// GPUs a hot deployment holds: its reserved bytes in GPUs of its node.
+    fn gpus_of(&self, d: &Deployment) -> f64 {
+        let memory = self.controller.cluster().node(&d.node).map_or(1, |n| n.gpu_memory()).max(1) as f64;
+        d.gpu_bytes_by_gpu.values().map(|b| *b as f64 / memory).sum()
+    }
+
+    fn create(&mut self, now: f64, d: &Deployment) {
+        let Some(&m) = self.by_key.get(&d.model_key) else { return };
+        let tier_cached = self.cached.contains(&(d.node.clone(), m));
+        let cs = &self.cfg.cold_start;
+        let gbps = if tier_cached { cs.page_cache_gbps } else { cs.disk_gbps };
+        let load_ms = d.size_bytes as f64 / (gbps * 1e9) * 1000.0 + cs.boot_ms as f64;
+        let engine = EngineCore::new(&self.cfg.models[m].engine, no_tables).expect("validate() built one");
+        let gpus = self.gpus_of(d);
+        let replica = Replica {
+            id: d.replica_id,
+            model: m,
+            gpus,
+            engine,
+            state: State::Loading { tier: StartTier::Cold },
+            busy: false,
+            generation: 0,
+            load_started: now,
+        };
+        let slot = match self.slots.get(&d.replica_id) {
+            Some(&slot) => {
+                self.replicas[slot] = replica;
+                slot
+            }
+            None => {
+                self.replicas.push(replica);
+                self.passes.push(Pass::default());
+                self.slots.insert(d.replica_id, self.replicas.len() - 1);
+                self.replicas.len() - 1
+            }
+        };
+        self.replicas[slot].generation = self.seq;
+        self.report.replica_state(slot, m, now, report::Bucket::Loading, gpus);
+        self.cached.insert((d.node.clone(), m));
+        let generation = self.replicas[slot].generation;
+        self.push(now + load_ms, Kind::Loaded(slot, generation));
+    }
+
+    fn wake(&mut self, now: f64, d: &Deployment) {
+        let Some(&slot) = self.slots.get(&d.replica_id) else { return self.create(now, d) };
+        if self.replicas[slot].state != State::Warm {
+            return self.create(now, d);
+        }
+        let wake_ms = d.size_bytes as f64 / (self.cfg.cold_start.wake_gbps * 1e9) * 1000.0;
+        let gpus = self.gpus_of(d);
+        let r = &mut self.replicas[slot];
+        let m = r.model;
+        r.state = State::Loading { tier: StartTier::Warm };
+        r.gpus = gpus;
+        r.load_started = now;
+        self.report.replica_state(slot, m, now, report::Bucket::Loading, gpus);
+        let generation = r.generation;
+        self.push(now + wake_ms, Kind::Loaded(slot, generation));
+    }
+
+    fn loaded(&mut self, now: f64, slot: usize) {
+        let State::Loading { tier } = self.replicas[slot].state else { return };
+        let r = &mut self.replicas[slot];
+        r.state = State::Ready;
+        let (m, id, took) = (r.model, r.id, now - r.load_started);
+        self.report.cold_start(m, tier, took);
+        self.account_replica(now, slot);
+        let key = self.models[m].key.clone();
+        self.controller.handle_ready(ms(now), &key, tier, took as Millis);
+        let model = &mut self.models[m];
+        let permits = model.permits;
+        model.admission.replica_ready(ms(now), id, permits, &mut model.chooser);
+        self.admissions(now, m);
+    }
+
+    /// A replica leaves service: it takes no new request, finishes what it
+    /// has, then goes WARM (`to_warm`) or away.
+    fn drain(&mut self, now: f64, replica: ReplicaId, to_warm: bool) {
+        let Some(&slot) = self.slots.get(&replica) else { return };
+        let m = self.replicas[slot].model;
+        match self.replicas[slot].state {
+            State::Loading { .. } => {
+                // Never served: it simply stops loading.
+                self.replicas[slot].generation = self.seq;
+                self.replicas[slot].state = if to_warm { State::Warm } else { State::Draining { to_warm } };
+                self.report.replica_state(
+                    slot,
+                    m,
+                    now,
+                    if to_warm { report::Bucket::Warm } else { report::Bucket::Gone },
+                    0.0,
+                );
+                if !to_warm {
+                    self.slots.remove(&replica);
+                }
+                return;
+            }
+            State::Warm if !to_warm => {
+                self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
+                self.slots.remove(&replica);
+                return;
+            }
+            State::Warm => return,
+            _ => {}
+        }
+        self.replicas[slot].state = State::Draining { to_warm };
+        self.models[m].admission.replica_unhealthy(ms(now), replica);
+        self.maybe_drained(now, slot);
+    }
+
+    fn maybe_drained(&mut self, now: f64, slot: usize) {
+        let r = &self.replicas[slot];
+        let State::Draining { to_warm } = r.state else { return };
+        if r.busy || r.engine.has_work() {
+            return;
+        }
+        let (m, id) = (r.model, r.id);
+        let model = &mut self.models[m];
+        model.admission.replica_gone(ms(now), id);
+        self.admissions(now, m);
+        let r = &mut self.replicas[slot];
+        r.generation = self.seq;
+        if to_warm {
+            r.state = State::Warm;
+            self.report.replica_state(slot, m, now, report::Bucket::Warm, 0.0);
+        } else {
+            self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
+            self.slots.remove(&id);
+        }
+    }
+
+    /// Books a ready or draining replica as busy or idle, as it is now.
+    fn account_replica(&mut self, now: f64, slot: usize) {
+        let r = &self.replicas[slot];
+        if !matches!(r.state, State::Ready | State::Draining { .. }) {
+            return;
+        }
+        let bucket = if r.busy || r.engine.has_work() { report::Bucket::Busy } else { report::Bucket::Idle };
+        let (gpus, m) = (r.gpus, r.model);
+        self.report.replica_state(slot, m, now, bucket, gpus);
+    }
+
+    fn finish(mut self) -> FleetReport {
+        let end = self.timings.iter().filter_map(|t| t.done).fold(0.0, f64::max);
+        for slot in 0..self.replicas.len() {
+            let m = self.replicas[slot].model;
+            self.report.replica_state(slot, m, end, report::Bucket::Gone, 0.0);
+        }
+        self.report.finish(self.cfg, self.trace, &self.row_model, &self.timings, &self.controller, end)
+    }
+}
