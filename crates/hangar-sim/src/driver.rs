@@ -9,7 +9,6 @@
 //! tie is broken by insertion order or by the seeded router, so a run is
 //! reproducible bit for bit.
 
-use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 
 use hangar_core::{KvEvent, RequestId};
@@ -122,31 +121,7 @@ enum Kind {
     Wake,
 }
 
-#[derive(Debug)]
-struct Event {
-    at: f64,
-    seq: u64,
-    kind: Kind,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Event {
-    /// Reversed, so the max-heap pops the earliest event, then the first
-    /// scheduled.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.at.total_cmp(&self.at).then(other.seq.cmp(&self.seq))
-    }
-}
+type Event = crate::clock::Event<Kind>;
 
 struct Worker {
     engine: EngineCore,

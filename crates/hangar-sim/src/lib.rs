@@ -23,6 +23,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod clock;
 mod collector;
 mod driver;
 pub mod fleet;

@@ -556,31 +556,6 @@ fn data_is_removed_after_the_retention_period() {
     }
 }
 
-/// The hostile destinations of issue 17: cloud metadata, private ranges,
-/// loopback in every spelling, credentials.
-const HOSTILE_WEBHOOKS: [&str; 20] = [
-    "http://169.254.169.254/",
-    "http://metadata.google.internal/",
-    "http://[fd00:ec2::254]/",
-    "http://100.100.100.200/",
-    "http://10.0.0.1/",
-    "http://172.16.0.1/",
-    "http://192.168.1.1/",
-    "http://127.1/",
-    "http://2130706433/",
-    "http://0x7f000001/",
-    "http://[::ffff:127.0.0.1]/",
-    "http://[::1]/",
-    "http://localhost/",
-    "http://0.0.0.0/",
-    "http://user:pass@host/",
-    "http://017700000001/",
-    "http://[::ffff:a9fe:a9fe]/latest/meta-data/",
-    "http://[64:ff9b::a9fe:a9fe]/",
-    "http://foo.localhost:8080/",
-    "http://[fe80::1]/",
-];
-
 #[test]
 fn hostile_webhooks_and_an_unlisted_loopback_receiver_are_refused() {
     let allow = "webhook_allow = [\"127.0.0.1/32\"]\n";
@@ -588,7 +563,9 @@ fn hostile_webhooks_and_an_unlisted_loopback_receiver_are_refused() {
     let s = serve(&CONFIG.replace(allow, ""));
     let create = format!("{}/v1/models/t/fast/predictions", s.url);
     let hooks = receiver(0);
-    for url in HOSTILE_WEBHOOKS.iter().copied().chain([hooks.url.as_str()]) {
+    for url in
+        hangar_predictions::webhook_target::REFUSED_BY_DEFAULT.iter().copied().chain([hooks.url.as_str()])
+    {
         let body = json!({"input": {"prompt": "x", "max_tokens": 1}, "webhook": url});
         let (status, p) = problem(&create, &body.to_string(), &[]);
         assert_eq!(status, 400, "{url}: {p}");

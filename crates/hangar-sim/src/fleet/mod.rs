@@ -21,7 +21,6 @@
 mod config;
 mod report;
 
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use hangar_core::{AccountId, Millis, ModelKey, ReplicaId, RequestId};
@@ -76,29 +75,7 @@ enum Kind {
     Sample,
 }
 
-#[derive(Debug)]
-struct Event {
-    at: f64,
-    seq: u64,
-    kind: Kind,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Event {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.at.total_cmp(&self.at).then(other.seq.cmp(&self.seq))
-    }
-}
+type Event = crate::clock::Event<Kind>;
 
 /// Where a replica is.
 #[derive(Debug, Clone, Copy, PartialEq)]

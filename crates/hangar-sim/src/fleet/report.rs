@@ -326,50 +326,47 @@ fn total_report(models: &[(ModelReport, PerModel)], all: &[(&Timing, f64)], dura
     }
 }
 
+impl ModelReport {
+    /// The header of [`row`](Self::row)s, starting with `first`.
+    pub fn header(first: &str) -> String {
+        format!(
+            "{first:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>10} {:>7} {:>5} {:>5}",
+            "policy", "requests", "done", "429", "504", "TTFT p50", "TTFT p99", "SLO %", "goodput/s", "GPU-h",
+            "good/GPU-h", "starts", "dec", "rev"
+        )
+    }
+
+    /// One table row: the model (or the policy, in `sim compare`) and its
+    /// figures.
+    pub fn row(&self, first: &str) -> String {
+        format!(
+            "{first:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>9.3} {:>10.0} {:>7} {:>5} {:>5}",
+            self.policy,
+            self.requests,
+            self.completed,
+            self.rejected,
+            self.timed_out,
+            self.ttft_ms.p50,
+            self.ttft_ms.p99,
+            self.slo_attainment * 100.0,
+            self.goodput_rps,
+            self.gpu_seconds.total / 3600.0,
+            self.goodput_per_gpu_hour,
+            self.cold_starts.cold + self.cold_starts.warm,
+            self.decisions,
+            self.reversals,
+        )
+    }
+}
+
 impl FleetReport {
     /// The report as a table, one row per model and the total.
     pub fn table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "fleet simulation of {} over {:.1} s", self.trace, self.duration_s);
-        let _ = writeln!(
-            out,
-            "{:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>10} {:>7} {:>5} {:>5}",
-            "model",
-            "policy",
-            "requests",
-            "done",
-            "429",
-            "504",
-            "TTFT p50",
-            "TTFT p99",
-            "SLO %",
-            "goodput/s",
-            "GPU-h",
-            "good/GPU-h",
-            "starts",
-            "dec",
-            "rev"
-        );
+        let _ = writeln!(out, "{}", ModelReport::header("model"));
         for r in self.models.iter().chain([&self.total]) {
-            let _ = writeln!(
-                out,
-                "{:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>9.3} {:>10.0} {:>7} {:>5} {:>5}",
-                r.model,
-                r.policy,
-                r.requests,
-                r.completed,
-                r.rejected,
-                r.timed_out,
-                r.ttft_ms.p50,
-                r.ttft_ms.p99,
-                r.slo_attainment * 100.0,
-                r.goodput_rps,
-                r.gpu_seconds.total / 3600.0,
-                r.goodput_per_gpu_hour,
-                r.cold_starts.cold + r.cold_starts.warm,
-                r.decisions,
-                r.reversals,
-            );
+            let _ = writeln!(out, "{}", r.row(&r.model));
         }
         let g = &self.total.gpu_seconds;
         let _ = writeln!(

@@ -9,7 +9,7 @@ use clap::{Args as ClapArgs, ValueEnum};
 use hangar_engine::EngineConfig;
 use hangar_router::{KvRouterConfig, RouterPolicy};
 use hangar_scaler::ScalingConfig;
-use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions};
+use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions, ModelReport};
 use hangar_sim::synth::{self, SynthConfig};
 use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, Slo};
 
@@ -239,44 +239,9 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{} on {}", trace.source, a.fleet.display())?;
-    writeln!(
-        out,
-        "{:<11} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>8} {:>10} {:>7} {:>5} {:>5}",
-        "policy",
-        "requests",
-        "done",
-        "429",
-        "504",
-        "TTFT p50",
-        "TTFT p99",
-        "SLO %",
-        "goodput/s",
-        "GPU-h",
-        "good/GPU-h",
-        "starts",
-        "dec",
-        "rev"
-    )?;
+    writeln!(out, "{}", ModelReport::header("policy"))?;
     for r in &reports {
-        let t = &r.total;
-        writeln!(
-            out,
-            "{:<11} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>8.3} {:>10.0} {:>7} {:>5} {:>5}",
-            t.policy,
-            t.requests,
-            t.completed,
-            t.rejected,
-            t.timed_out,
-            t.ttft_ms.p50,
-            t.ttft_ms.p99,
-            t.slo_attainment * 100.0,
-            t.goodput_rps,
-            t.gpu_seconds.total / 3600.0,
-            t.goodput_per_gpu_hour,
-            t.cold_starts.cold + t.cold_starts.warm,
-            t.decisions,
-            t.reversals,
-        )?;
+        writeln!(out, "{}", r.total.row(&r.total.policy))?;
     }
     Ok(())
 }

@@ -1,0 +1,33 @@
+//! What a simulation's event heap holds: a time, the order it was
+//! scheduled in, and what happens.
+
+use std::cmp::Ordering;
+
+/// One scheduled event of kind `K` at `at` (ms on the logical clock).
+///
+/// The heap is a max-heap, so the order is reversed: the earliest event
+/// pops first, and of two at the same time the one scheduled first — which
+/// keeps every run reproducible.
+#[derive(Debug)]
+pub(crate) struct Event<K> {
+    pub at: f64,
+    pub seq: u64,
+    pub kind: K,
+}
+
+impl<K> PartialEq for Event<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl<K> Eq for Event<K> {}
+impl<K> PartialOrd for Event<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<K> Ord for Event<K> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.at.total_cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
