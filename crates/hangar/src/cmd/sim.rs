@@ -239,9 +239,9 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{} on {}", trace.source, a.fleet.display())?;
-    writeln!(out, "{}", ModelReport::header("policy"))?;
+    writeln!(out, "{}", ModelReport::header("models"))?;
     for r in &reports {
-        writeln!(out, "{}", r.total.row(&r.total.policy))?;
+        writeln!(out, "{}", r.total.row("all"))?;
     }
     Ok(())
 }
