@@ -415,6 +415,7 @@ impl Controller {
                 }
             }
             self.push_delta(&before);
+            self.unblock(now, model);
         } else if self.models[model].blocked.is_some() {
             self.unblock(now, model);
         }

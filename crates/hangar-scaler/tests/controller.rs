@@ -200,3 +200,27 @@ fn a_preempted_model_does_not_take_its_gpu_straight_back() {
     c.handle_timeout(31_000);
     assert_eq!(steps(&drain(&mut c), Step::FromCache), 1);
 }
+
+/// A model blocked while growing, whose scaler then wants fewer: it is no
+/// longer blocked, and nothing is due again at the same instant (a
+/// simulator driving the controller would otherwise spin there).
+#[test]
+fn shrinking_clears_a_block_so_nothing_stays_due() {
+    let mut c = Controller::new(cluster(1, &[("big", "60GB")]), 1, vec![spec("big", hangar(1), 0, 2)], 0);
+    c.observe(1_000, &key("big"), load(8, 0), &[]);
+    c.handle_timeout(1_000);
+    assert!(c.blocked(&key("big")).is_some(), "two 60 GB replicas do not fit one GPU");
+    let mut t = 1_000;
+    while c.blocked(&key("big")).is_some() && t < 120_000 {
+        t += 1_000;
+        c.observe(t, &key("big"), load(0, 1), &[]);
+        // As a driver does: handle what is due until nothing is.
+        let mut rounds = 0;
+        while c.poll_timeout() <= t {
+            c.handle_timeout(t);
+            rounds += 1;
+            assert!(rounds < 10, "something stays due at {t}: {:?}", c.blocked(&key("big")));
+        }
+    }
+    assert!(c.blocked(&key("big")).is_none(), "still blocked at {t}");
+}

@@ -152,3 +152,47 @@ fn fleet_file_errors_name_the_field() {
     .unwrap_err();
     assert!(e.contains("models[1].max_replicas"), "{e}");
 }
+
+/// A replica still finishing its requests when the controller takes it
+/// back from WARM keeps them: every request completes.
+#[test]
+fn a_draining_replica_wanted_again_keeps_its_requests() {
+    let fleet = FleetConfig::parse(
+        &FLEET.replace("scale_down_after_s = 20 }", "scale_down_after_s = 1 }"),
+        "fleet.toml",
+    )
+    .unwrap();
+    let row = |t: u64, out: u32| {
+        format!("{{\"timestamp\": {t}, \"input_length\": 100, \"output_length\": {out}, \"model\": \"synth/m0\"}}\n")
+    };
+    let mut text = String::new();
+    for i in 0..24 {
+        text.push_str(&row(i, if i % 3 == 0 { 3000 } else { 10 }));
+    }
+    for i in 0..40 {
+        text.push_str(&row(4_000 + i * 50, 10));
+    }
+    let trace = trace::read(&text, "drain.jsonl").unwrap();
+    let r = simulate_fleet(&trace, &fleet, &FleetOptions::default()).unwrap();
+    let m0 = &r.models[0];
+    assert_eq!((m0.requests, m0.completed, m0.failed), (64, 64, 0), "{m0:?}");
+    assert!(m0.decisions >= 3, "it scaled up, down and up again: {m0:?}");
+    // And on a long, bursty multi-turn trace with a one-second quiet
+    // period: many scale-downs while replicas are busy, none loses work.
+    let rows = synth::generate(&SynthConfig {
+        requests: 3000,
+        rate: 3.0,
+        models: 2,
+        pattern: Pattern::Bursty,
+        period_s: 30.0,
+        seed: 9,
+        ..SynthConfig::default()
+    })
+    .unwrap();
+    let text: String = rows.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+    let trace = trace::read(&text, "bursty.jsonl").unwrap();
+    let r = simulate_fleet(&trace, &fleet, &FleetOptions::default()).unwrap();
+    let t = &r.total;
+    assert_eq!(t.completed + t.rejected + t.timed_out, 3000, "{t:?}");
+    assert_eq!(t.failed, 0, "{t:?}");
+}

@@ -163,6 +163,8 @@ struct Fleet<'t> {
     report: report::Builder,
     remaining: usize,
     next_due: f64,
+    /// A day after the last arrival: requests still pending then fail.
+    horizon: f64,
     account: AccountId,
 }
 
@@ -258,10 +260,12 @@ pub fn simulate_fleet(
         report: report::Builder::new(cfg),
         remaining,
         next_due: f64::INFINITY,
+        horizon: f64::INFINITY,
         account: "sim".parse().expect("a valid account"),
         row_model,
     };
     fleet.seed_arrivals();
+    fleet.horizon = fleet.arrivals.back().map_or(0.0, |a| a.0) + 86_400_000.0;
     fleet.carry_out(0.0);
     fleet.push(0.0, Kind::Tick);
     if opts.sample_ms > 0 {
@@ -358,6 +362,15 @@ impl Fleet<'_> {
                     self.observe(now, m, 0);
                 }
                 self.controller.handle_timeout(ms(now));
+                if self.arrivals.is_empty() && now > self.horizon {
+                    // A bound on the run, so a request the fleet can never
+                    // serve cannot keep the clock going forever.
+                    for i in 0..self.timings.len() as u32 {
+                        if self.row_model[i as usize].is_some() {
+                            self.end(now, i, Outcome::Failed);
+                        }
+                    }
+                }
                 if self.remaining > 0 {
                     self.push(now + self.cfg.observe_ms as f64, Kind::Tick);
                 }
@@ -616,8 +629,11 @@ impl Fleet<'_> {
 
     fn wake(&mut self, now: f64, d: &Deployment) {
         let Some(&slot) = self.slots.get(&d.replica_id) else { return self.create(now, d) };
-        if self.replicas[slot].state != State::Warm {
-            return self.create(now, d);
+        match self.replicas[slot].state {
+            State::Warm => {}
+            // Still finishing its requests on the GPU: it simply stays.
+            State::Draining { .. } => return self.resume(now, slot),
+            State::Loading { .. } | State::Ready => return,
         }
         let wake_ms = d.size_bytes as f64 / (self.cfg.cold_start.wake_gbps * 1e9) * 1000.0;
         let gpus = self.gpus_of(d);
@@ -629,6 +645,19 @@ impl Fleet<'_> {
         self.report.replica_state(slot, m, now, report::Bucket::Loading, gpus);
         let generation = r.generation;
         self.push(now + wake_ms, Kind::Loaded(slot, generation));
+    }
+
+    /// A draining replica wanted again before it went: back in service, no
+    /// load (its weights never left the GPU).
+    fn resume(&mut self, now: f64, slot: usize) {
+        let r = &mut self.replicas[slot];
+        r.state = State::Ready;
+        let (m, id) = (r.model, r.id);
+        let model = &mut self.models[m];
+        let permits = model.permits;
+        model.admission.replica_ready(ms(now), id, permits, &mut model.chooser);
+        self.account_replica(now, slot);
+        self.admissions(now, m);
     }
 
     fn loaded(&mut self, now: f64, slot: usize) {
