@@ -148,6 +148,23 @@ impl ModelRuntime {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state.is_up()).count() as u32
     }
 
+    /// A replica's state.
+    fn state(&self, replica: ReplicaId) -> Option<ReplicaState> {
+        self.replicas.lock().expect("replica table lock").get(&replica).map(|r| r.state)
+    }
+
+    /// Moves a replica from `from` to `to`; false if it was not in `from`.
+    fn set_state_if(&self, replica: ReplicaId, from: ReplicaState, to: ReplicaState) -> bool {
+        let mut replicas = self.replicas.lock().expect("replica table lock");
+        match replicas.get_mut(&replica) {
+            Some(r) if r.state == from => {
+                r.state = to;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn set_state(&self, replica: ReplicaId, state: ReplicaState) -> Option<String> {
         let mut replicas = self.replicas.lock().expect("replica table lock");
         let r = replicas.get_mut(&replica)?;
@@ -292,7 +309,10 @@ impl Inner {
         let Some(url) = rt.set_state(replica, ReplicaState::Draining) else { return };
         let name = replica_name(&rt.config.key, replica);
         let started = tokio::time::Instant::now();
-        loop {
+        // The controller may want it back while it drains (a wake sets it
+        // ready again): then it stays awake.
+        let draining = || rt.state(replica) == Some(ReplicaState::Draining);
+        while draining() {
             match self.client.post(format!("{url}/sleep")).send().await {
                 Ok(r) if r.status() == reqwest::StatusCode::CONFLICT && started.elapsed() < DRAIN_LIMIT => {
                     tokio::time::sleep(Duration::from_millis(100)).await
@@ -304,7 +324,11 @@ impl Inner {
                 }
             }
         }
-        rt.set_state(replica, ReplicaState::Sleeping);
+        if !rt.set_state_if(replica, ReplicaState::Draining, ReplicaState::Sleeping) {
+            // Woken while it went to sleep: make sure the engine is awake.
+            let _ = self.client.post(format!("{url}/wake_up")).send().await;
+            return;
+        }
         tracing::info!(replica = %name, "replica evicted to the warm cache");
     }
 
