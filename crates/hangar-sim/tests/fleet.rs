@@ -196,3 +196,10 @@ fn a_draining_replica_wanted_again_keeps_its_requests() {
     assert_eq!(t.completed + t.rejected + t.timed_out, 3000, "{t:?}");
     assert_eq!(t.failed, 0, "{t:?}");
 }
+
+#[test]
+fn the_example_fleet_parses() {
+    let text = include_str!("../../../examples/fleet.toml");
+    let fleet = FleetConfig::parse(text, "examples/fleet.toml").unwrap();
+    assert_eq!(fleet.models.len(), 4);
+}
