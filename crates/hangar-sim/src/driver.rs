@@ -314,12 +314,7 @@ impl Sim<'_> {
 
     /// The time of the next event of either source.
     fn next_time(&self) -> Option<f64> {
-        let heap = self.heap.peek().map(|e| e.at);
-        let arrival = self.arrivals.front().map(|a| a.0);
-        match (heap, arrival) {
-            (Some(h), Some(a)) => Some(h.min(a)),
-            (h, a) => h.or(a),
-        }
+        crate::clock::next_time(&self.heap, &self.arrivals)
     }
 
     /// At each instant: heap events due now (pass ends, deliveries, wakes,

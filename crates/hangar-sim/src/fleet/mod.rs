@@ -302,12 +302,7 @@ impl Fleet<'_> {
     }
 
     fn next_time(&self) -> Option<f64> {
-        let heap = self.heap.peek().map(|e| e.at);
-        let arrival = self.arrivals.front().map(|a| a.0);
-        match (heap, arrival) {
-            (Some(h), Some(a)) => Some(h.min(a)),
-            (h, a) => h.or(a),
-        }
+        crate::clock::next_time(&self.heap, &self.arrivals)
     }
 
     fn run(&mut self) {
