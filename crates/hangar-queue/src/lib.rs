@@ -83,6 +83,20 @@ impl Default for AdmissionConfig {
     }
 }
 
+/// The most requests one line may hold (per account when fair): seed
+/// 001's bound for Workers AI's queues.
+pub const MAX_CAPACITY: usize = 1_000;
+
+impl AdmissionConfig {
+    /// The line's length when none is configured, for a model with
+    /// `permits` permits at its most replicas: four waiting per permit, 1
+    /// to [`MAX_CAPACITY`]. `hangar serve` and the fleet simulation size
+    /// their lines with it.
+    pub fn default_capacity(permits: usize) -> usize {
+        permits.saturating_mul(4).clamp(1, MAX_CAPACITY)
+    }
+}
+
 /// A right to send one request to one replica, held until released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Permit {

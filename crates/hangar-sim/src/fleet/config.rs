@@ -148,8 +148,8 @@ impl FleetModel {
 
     /// The line's length.
     pub fn capacity(&self) -> usize {
-        self.queue_capacity
-            .unwrap_or((4 * self.concurrency as usize * self.max_replicas() as usize).clamp(1, 1_000))
+        let permits = self.concurrency as usize * self.max_replicas() as usize;
+        self.queue_capacity.unwrap_or(hangar_queue::AdmissionConfig::default_capacity(permits))
     }
 }
 

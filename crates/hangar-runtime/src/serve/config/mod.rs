@@ -188,10 +188,6 @@ fn default_timeout_ceiling() -> u64 {
     240
 }
 
-/// The default line length: four waiting requests per permit, capped at
-/// [`MAX_QUEUE_CAPACITY`].
-const QUEUE_PER_PERMIT: usize = 4;
-
 impl ModelConfig {
     /// The scaling policy and its knobs, the default resolved for the
     /// engine kind.
@@ -232,8 +228,7 @@ impl ModelConfig {
     /// The admission settings, with the capacity resolved.
     pub fn admission(&self) -> AdmissionConfig {
         let permits = self.permits() as usize * self.max_replicas() as usize;
-        let capacity =
-            self.queue.capacity.unwrap_or((QUEUE_PER_PERMIT * permits).clamp(1, MAX_QUEUE_CAPACITY));
+        let capacity = self.queue.capacity.unwrap_or(AdmissionConfig::default_capacity(permits));
         AdmissionConfig { algorithm: self.queue.algorithm, capacity }
     }
 }

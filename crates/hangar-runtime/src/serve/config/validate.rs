@@ -22,9 +22,9 @@ use crate::engine::EngineSpec;
 pub const MAX_DURATION_S: u64 = 30 * 24 * 3600;
 
 /// The most requests one model's line may hold (per account when fair):
-/// seed 001's bound for Workers AI's queues. A larger configured value is
+/// `hangar-queue`'s bound, seed 001's. A larger configured value is
 /// refused rather than clamped, so what runs is what was written.
-pub const MAX_QUEUE_CAPACITY: usize = 1_000;
+pub const MAX_QUEUE_CAPACITY: usize = hangar_queue::MAX_CAPACITY;
 
 /// The most concurrent requests one replica may be given.
 pub const MAX_CONCURRENCY: u32 = 4_096;
