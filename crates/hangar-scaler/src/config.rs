@@ -252,15 +252,24 @@ pub struct HangarSettings {
     /// Share of a replica's permits the sizing aims to fill (1.0: a
     /// replica per `concurrency` requests running or waiting). Default 1.0.
     pub target_occupancy: f64,
-    /// Seconds the demand must stay below the replicas before any is given
-    /// back; the period's peak is kept. It is also the stabilization
-    /// window: under steady load no decision reverses another within it.
-    /// Default 300 (the quiet period Hangar always had).
+    /// The longest quiet period, in seconds: the demand must stay below
+    /// the replicas this long before any is given back (the period's peak
+    /// is kept), until the model's restart time has been measured. It is
+    /// also the stabilization window: under steady load no decision
+    /// reverses another within it. 0: never give one back. Default 300
+    /// (the quiet period Hangar always had).
     pub scale_down_after_s: u64,
-    /// A model with a TTFT objective: while requests wait and the recent
-    /// p99 TTFT is above it, one replica more than the demand sizing.
-    /// Default none.
-    pub slo_ttft_ms: Option<Millis>,
+    /// Once restarts have been measured, the quiet period is this many
+    /// times the mean restart (WARM wake and COLD start, weighted by how
+    /// often each happened), within `min_quiet_s` and
+    /// `scale_down_after_s`: a replica that comes back in a second is
+    /// given back soon, one that takes a minute to load is kept longer (the
+    /// ski-rental rule: idle no longer than a multiple of what coming back
+    /// costs). Default 2.
+    pub quiet_factor: f64,
+    /// The shortest quiet period, in seconds (at most `scale_down_after_s`).
+    /// Default 5.
+    pub min_quiet_s: u64,
     /// An idle replica stays WARM (asleep, its weights in CPU memory) for
     /// this many times its measured COLD start before it is let go; at
     /// least `min_warm_s`. Default 10.
@@ -275,7 +284,8 @@ impl Default for HangarSettings {
             interval_ms: 1_000,
             target_occupancy: 1.0,
             scale_down_after_s: 300,
-            slo_ttft_ms: None,
+            quiet_factor: 2.0,
+            min_quiet_s: 5,
             warm_keep_factor: 10.0,
             min_warm_s: 600,
         }
@@ -289,11 +299,10 @@ impl HangarSettings {
         }
         fraction("target_occupancy", self.target_occupancy, 0.05, 1.0)?;
         seconds("scale_down_after_s", self.scale_down_after_s, 0)?;
+        seconds("min_quiet_s", self.min_quiet_s, 0)?;
+        fraction("quiet_factor", self.quiet_factor, 0.0, 10_000.0)?;
         seconds("min_warm_s", self.min_warm_s, 0)?;
         fraction("warm_keep_factor", self.warm_keep_factor, 0.0, 10_000.0)?;
-        if self.slo_ttft_ms == Some(0) {
-            return Err(FieldError::new("slo_ttft_ms", "must be above 0"));
-        }
         Ok(())
     }
 }

@@ -45,6 +45,9 @@ pub struct ModelSpec {
     pub scaling: ScalingConfig,
     /// `min_replicas` and `max_replicas`.
     pub bounds: Bounds,
+    /// Its TTFT objective (`slo_ttft_ms`), which the `hangar` policy
+    /// scales to meet.
+    pub slo_ttft_ms: Option<Millis>,
 }
 
 /// What the controller asks of its driver, in order.
@@ -139,7 +142,7 @@ impl Controller {
             .into_iter()
             .map(|m| {
                 let control = Control {
-                    scaler: Scaler::new(&m.scaling, m.bounds, now),
+                    scaler: Scaler::new(&m.scaling, m.bounds, now).with_objective(m.slo_ttft_ms),
                     blocked: None,
                     in_flight: BTreeMap::new(),
                     warm_since: BTreeMap::new(),

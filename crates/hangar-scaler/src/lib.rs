@@ -57,9 +57,11 @@ mod decision;
 mod observation;
 mod policy;
 mod scaler;
+mod ttft;
 
 pub use config::{HangarSettings, ReplicateSettings, ScalingConfig, WorkersAiSettings};
 pub use controller::{Action, Blocked, CommandError, Controller, ModelSpec};
 pub use decision::{Decision, DecisionLog, Reason, DECISIONS_KEPT};
 pub use observation::{Observation, ReplicaCounts};
 pub use scaler::{Bounds, Override, Scaler, StartTier, StartTimes};
+pub use ttft::TtftWindow;

@@ -241,41 +241,77 @@ pub(crate) struct Hangar {
     excess: Option<(Millis, u32)>,
 }
 
+/// What the `hangar` policy knows of its model besides the observations.
+pub(crate) struct Context<'a> {
+    /// Measured start times.
+    pub starts: &'a StartTimes,
+    /// The model's TTFT objective.
+    pub slo_ttft_ms: Option<Millis>,
+}
+
 impl Hangar {
     pub fn new(s: HangarSettings) -> Self {
         Hangar { s, excess: None }
     }
 
-    pub fn recommend(&mut self, now: Millis, history: &History, current: u32) -> (u32, Reason) {
+    pub fn recommend(
+        &mut self,
+        now: Millis,
+        history: &History,
+        current: u32,
+        cx: &Context<'_>,
+    ) -> (u32, Reason) {
         let o = history.back().expect("observed").1;
         let per_replica = f64::from(o.permits_per_replica.max(1)) * self.s.target_occupancy;
         let mut need = replicas(o.work() as f64 / per_replica);
         let mut reason = Reason::Demand { work: o.work(), per_replica };
-        if let (Some(slo_ms), Some(ttft_p99_ms)) = (self.s.slo_ttft_ms, o.ttft_p99_ms) {
-            if o.waiting > 0 && ttft_p99_ms > slo_ms {
-                need = need.saturating_add(1);
+        let missed = match (cx.slo_ttft_ms, o.ttft_p99_ms) {
+            (Some(slo_ms), Some(ttft_p99_ms)) if ttft_p99_ms > slo_ms => Some((ttft_p99_ms, slo_ms)),
+            _ => None,
+        };
+        if let Some((ttft_p99_ms, slo_ms)) = missed {
+            // TTFT misses its objective while requests wait for a permit:
+            // one replica more than there are, one at a time (none is added
+            // while another is still loading, so a slow start cannot run
+            // away). With nobody waiting a slow TTFT is the prompts' own
+            // prefill, which more replicas would not shorten.
+            if o.waiting > 0 && o.replicas.starting == 0 && need <= current {
+                need = current.saturating_add(1);
                 reason = Reason::SloMiss { ttft_p99_ms, slo_ms };
             }
         }
         // Up at once: replicas still loading count as capacity on the way,
         // so a burst is met once and not again while they load.
-        if need >= current {
+        if need >= current || missed.is_some() {
             self.excess = None;
-            return (need, reason);
+            return (need.max(current), if need > current { reason } else { Reason::Steady });
         }
         // Down only after a whole quiet period, keeping its peak.
-        let after = self.s.scale_down_after_s * 1000;
-        if after == 0 {
+        let Some(quiet) = self.quiet_ms(cx.starts) else {
             return (current, Reason::Steady);
-        }
+        };
         let (since, peak) = self.excess.get_or_insert((now, need));
         *peak = (*peak).max(need);
-        if now.saturating_sub(*since) < after {
+        if now.saturating_sub(*since) < quiet {
             return (current, Reason::Steady);
         }
         let peak = *peak;
         self.excess = None;
         (peak, Reason::Quiet { peak })
+    }
+
+    /// How long the demand must stay below the replicas before one is given
+    /// back: `quiet_factor` × the mean measured restart, within
+    /// `min_quiet_s` and `scale_down_after_s`; `scale_down_after_s` until a
+    /// restart has been measured. `None`: never (`scale_down_after_s = 0`).
+    fn quiet_ms(&self, starts: &StartTimes) -> Option<Millis> {
+        let longest = self.s.scale_down_after_s * 1000;
+        if longest == 0 {
+            return None;
+        }
+        let Some(restart) = starts.mean_ms() else { return Some(longest) };
+        let quiet = (restart as f64 * self.s.quiet_factor) as Millis;
+        Some(quiet.clamp((self.s.min_quiet_s * 1000).min(longest), longest))
     }
 
     /// How long an idle replica stays WARM: `warm_keep_factor` × its mean

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::config::ScalingConfig;
 use crate::decision::{Decision, DecisionLog, Reason};
 use crate::observation::Observation;
-use crate::policy::{Hangar, Policy, Replicate, WorkersAi};
+use crate::policy::{Context, Hangar, Policy, Replicate, WorkersAi};
 
 /// A model's replica bounds: `min_replicas` and `max_replicas`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -62,6 +62,16 @@ impl StartTimes {
         let mean = (mean as u128 * u128::from(n - 1) + u128::from(ms)) / u128::from(n);
         *slot = Some((mean as Millis, n));
     }
+
+    /// The mean restart over both tiers, weighted by how often each
+    /// happened; `None` before the first.
+    pub fn mean_ms(&self) -> Option<Millis> {
+        let (cold, nc) = self.cold.unwrap_or((0, 0));
+        let (warm, nw) = self.warm.unwrap_or((0, 0));
+        let n = u128::from(nc) + u128::from(nw);
+        (n > 0)
+            .then(|| ((u128::from(cold) * u128::from(nc) + u128::from(warm) * u128::from(nw)) / n) as Millis)
+    }
 }
 
 /// One model's autoscaler: a sans-IO state machine.
@@ -87,6 +97,7 @@ impl StartTimes {
 pub struct Scaler {
     policy: Policy,
     bounds: Bounds,
+    slo_ttft_ms: Option<Millis>,
     desired: u32,
     next_at: Millis,
     /// Observations kept for the policy's windows, oldest first.
@@ -116,6 +127,7 @@ impl Scaler {
             next_at: now.saturating_add(policy.interval()),
             policy,
             bounds,
+            slo_ttft_ms: None,
             desired: bounds.min,
             history: VecDeque::new(),
             log: DecisionLog::default(),
@@ -125,6 +137,13 @@ impl Scaler {
             last_direction: 0,
             reversals: 0,
         }
+    }
+
+    /// The model's TTFT objective, which the `hangar` policy scales to
+    /// meet (from `slo_ttft_ms` in the model's config).
+    pub fn with_objective(mut self, slo_ttft_ms: Option<Millis>) -> Self {
+        self.slo_ttft_ms = slo_ttft_ms;
+        self
     }
 
     // ---- getters -----------------------------------------------------
@@ -260,7 +279,10 @@ impl Scaler {
             Policy::Fixed => (self.bounds.min, Reason::Fixed),
             Policy::Replicate(p) => p.recommend(now, &self.history, self.desired),
             Policy::WorkersAi(p) => p.recommend(now, &self.history, self.desired),
-            Policy::Hangar(p) => p.recommend(now, &self.history, self.desired),
+            Policy::Hangar(p) => {
+                let cx = Context { starts: &self.starts, slo_ttft_ms: self.slo_ttft_ms };
+                p.recommend(now, &self.history, self.desired, &cx)
+            }
         };
         if wanted == 0 && latest.work() > 0 && !matches!(self.policy, Policy::Fixed) {
             (wanted, reason) = (1, Reason::FromZero);

@@ -26,7 +26,7 @@ fn hangar(after_s: u64) -> ScalingConfig {
 }
 
 fn spec(k: &str, scaling: ScalingConfig, min: u32, max: u32) -> ModelSpec {
-    ModelSpec { key: key(k), scaling, bounds: Bounds { min, max } }
+    ModelSpec { key: key(k), scaling, bounds: Bounds { min, max }, slo_ttft_ms: None }
 }
 
 fn drain(c: &mut Controller) -> Vec<Action> {

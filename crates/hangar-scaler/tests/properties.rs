@@ -9,11 +9,13 @@
 //! model at once, as many running as the ready replicas' permits allow,
 //! the rest waiting; busy time, arrivals and completions accumulate at
 //! the rate that load implies; replicas become ready `start_ms` after
-//! they are wanted.
+//! they are wanted, and the scaler is told how long they took; TTFT is
+//! above the model's 2 s objective while requests wait and well under it
+//! otherwise.
 
 use hangar_core::Millis;
 use hangar_scaler::{
-    Bounds, HangarSettings, Observation, ReplicaCounts, ReplicateSettings, Scaler, ScalingConfig,
+    Bounds, HangarSettings, Observation, ReplicaCounts, ReplicateSettings, Scaler, ScalingConfig, StartTier,
     WorkersAiSettings,
 };
 use proptest::prelude::*;
@@ -59,7 +61,7 @@ struct Model {
 
 impl Model {
     fn new(config: &ScalingConfig, bounds: Bounds, permits: u32, start_ms: Millis) -> Self {
-        let scaler = Scaler::new(config, bounds, 0);
+        let scaler = Scaler::new(config, bounds, 0).with_objective(Some(2_000));
         let up = vec![0; scaler.desired() as usize];
         Model { scaler, now: 0, permits, up, start_ms, counters: (0, 0, 0) }
     }
@@ -77,13 +79,17 @@ impl Model {
             completions: self.counters.1,
             rejected: 0,
             busy_ms: self.counters.2,
-            ttft_p99_ms: None,
+            ttft_p99_ms: Some(if load > in_flight { 5_000 } else { 300 }),
         }
     }
 
     /// One second at `load`: observe, decide, follow the decision.
     fn step(&mut self, load: u32) -> u32 {
+        let before = self.now;
         self.now += 1_000;
+        for _ in self.up.iter().filter(|t| **t > before && **t <= self.now) {
+            self.scaler.handle_start(StartTier::Cold, self.start_ms);
+        }
         let obs = self.observation(load);
         // A second of `load`: each running request holds its permit all second.
         self.counters.0 += u64::from(load);

@@ -191,7 +191,7 @@ fn observe(rt: &ModelRuntime, waiting: u32) -> (Observation, Vec<(ReplicaId, u32
         completions: load.counters.completions,
         rejected: load.counters.rejected,
         busy_ms: load.counters.busy_ms,
-        ttft_p99_ms: None,
+        ttft_p99_ms: rt.metrics.recent_ttft_p99(),
     };
     (obs, in_flight)
 }

@@ -4,10 +4,11 @@
 //! describe state (queue depth, permits, replicas by state) are read from
 //! the processors and replica tables when scraped, so they are never stale.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use hangar_core::ModelKey;
+use hangar_core::{Millis, ModelKey};
+use hangar_scaler::TtftWindow;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -158,6 +159,7 @@ impl Metrics {
             up,
             down,
             unplaceable: self.unplaceable.get_or_create(&key).clone(),
+            recent_ttft: Mutex::new((Instant::now(), TtftWindow::new())),
             model: key.model,
         })
     }
@@ -199,6 +201,9 @@ pub(crate) struct ModelMetrics {
     up: Counter,
     down: Counter,
     unplaceable: Gauge,
+    /// Recent TTFTs for the controller's observations, on a clock of its
+    /// own (`epoch`): the `hangar` policy scales on their p99.
+    recent_ttft: Mutex<(Instant, TtftWindow)>,
 }
 
 impl ModelMetrics {
@@ -215,6 +220,16 @@ impl ModelMetrics {
 
     pub fn first_byte(&self, since_arrival: Duration) {
         self.ttft.observe(since_arrival.as_secs_f64());
+        let mut recent = self.recent_ttft.lock().expect("never poisoned: no panics while held");
+        let now = recent.0.elapsed().as_millis() as Millis;
+        recent.1.record(now, since_arrival.as_millis() as Millis);
+    }
+
+    /// The p99 TTFT of the last minute's requests.
+    pub fn recent_ttft_p99(&self) -> Option<Millis> {
+        let mut recent = self.recent_ttft.lock().expect("never poisoned: no panics while held");
+        let now = recent.0.elapsed().as_millis() as Millis;
+        recent.1.p99(now)
     }
 
     pub fn finished(&self, since_arrival: Duration) {

@@ -158,6 +158,7 @@ impl Server {
                 key: m.key.clone(),
                 scaling: m.scaling(),
                 bounds: Bounds { min: m.min_replicas, max: m.max_replicas() },
+                slo_ttft_ms: m.slo_ttft_ms,
             })
             .collect();
         let controller = Controller::new(cluster, config.seed, specs, inner.now());

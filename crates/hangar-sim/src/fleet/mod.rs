@@ -28,7 +28,7 @@ use hangar_engine::{EngineCore, EngineRequest, Pass, Prompt};
 use hangar_placement::{Action as Step, Cluster, Deployment, NodeId};
 use hangar_queue::{Action as Admit, Admission, AdmissionConfig, LeastOutstanding, Submitted};
 use hangar_scaler::{
-    Action, Bounds, Controller, ModelSpec, Observation, ReplicaCounts, ScalingConfig, StartTier,
+    Action, Bounds, Controller, ModelSpec, Observation, ReplicaCounts, ScalingConfig, StartTier, TtftWindow,
 };
 
 pub use config::{ColdStart, FleetConfig, FleetModel, FleetNodes};
@@ -115,6 +115,8 @@ struct ModelState {
     timeout_ms: Millis,
     permits: u32,
     counters: (u64, u64, u64, u64),
+    /// Recent TTFTs, for the controller's observations (as `hangar serve`).
+    ttft: TtftWindow,
 }
 
 /// Per request: when it arrived, its first token, its last, its replica.
@@ -222,6 +224,7 @@ pub fn simulate_fleet(
             key: m.key.clone(),
             scaling: opts.policy.clone().or_else(|| m.scaling.clone()).unwrap_or_default(),
             bounds: Bounds { min: m.min_replicas, max: m.max_replicas() },
+            slo_ttft_ms: Some(m.slo_ttft_ms),
         })
         .collect();
     let controller = Controller::new(cluster, cfg.seed, specs, 0);
@@ -238,6 +241,7 @@ pub fn simulate_fleet(
             timeout_ms: m.timeout_s * 1000,
             permits: m.concurrency,
             counters: (0, 0, 0, 0),
+            ttft: TtftWindow::new(),
         })
         .collect();
     let remaining = row_model.iter().filter(|m| m.is_some()).count();
@@ -407,7 +411,8 @@ impl Fleet<'_> {
                 State::Draining { .. } | State::Warm => counts.sleeping += 1,
             }
         }
-        let model = &self.models[m];
+        let model = &mut self.models[m];
+        let ttft_p99_ms = model.ttft.p99(ms(now));
         let (arrivals, completions, rejected, busy_ms) = model.counters;
         let obs = Observation {
             waiting: (model.admission.waiting() as u32).max(waiting),
@@ -418,7 +423,7 @@ impl Fleet<'_> {
             completions,
             rejected,
             busy_ms,
-            ttft_p99_ms: None,
+            ttft_p99_ms,
         };
         let key = model.key.clone();
         self.controller.observe(ms(now), &key, obs, &in_flight);
@@ -511,6 +516,8 @@ impl Fleet<'_> {
             let timing = &mut self.timings[t.request.0 as usize];
             if t.index == 0 {
                 timing.first_token = Some(now);
+                let model = &mut self.models[self.replicas[slot].model];
+                model.ttft.record(ms(now), ms(now - timing.arrived));
             }
             timing.tokens += 1;
             self.report.token_gap(self.replicas[slot].model, timing, now);

@@ -113,6 +113,11 @@ pub struct ModelConfig {
     /// server's `timeout_floor_s`; always within the floor and ceiling).
     #[serde(default)]
     pub timeout_s: u64,
+    /// The model's time-to-first-token objective, ms: the `hangar` scaling
+    /// policy adds replicas while the recent p99 TTFT misses it under load,
+    /// and gives none back while it does. Default: none.
+    #[serde(default)]
+    pub slo_ttft_ms: Option<u64>,
     /// How the model's replica count follows its load (docs/scaling.md):
     /// `[models.scaling] policy = "hangar" | "replicate" | "workers-ai" |
     /// "fixed"` and the policy's knobs. Default: `hangar`, whose quiet

@@ -224,6 +224,11 @@ impl ModelConfig {
             check_queue_capacity(capacity).map_err(|m| FieldError::new("queue.capacity", m))?;
         }
         seconds("timeout_s", self.timeout_s, 0)?;
+        if let Some(slo) = self.slo_ttft_ms {
+            if !(1..=MAX_DURATION_S * 1000).contains(&slo) {
+                return Err(FieldError::new("slo_ttft_ms", format!("{slo} must be 1 ms to 30 days")));
+            }
+        }
         self.scaling().validate().map_err(|e| e.within("scaling"))?;
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
@@ -302,6 +307,8 @@ mod tests {
             "{MOCK}scaling = {{ policy = \"hangar\", scale_down_after_s = 99999999999 }}\n"
         )));
         assert_eq!(e.field, "models[0].scaling.scale_down_after_s");
+        let e = refused(&config(&format!("{MOCK}slo_ttft_ms = 0\n")));
+        assert_eq!(e.field, "models[0].slo_ttft_ms");
     }
 
     #[test]
