@@ -164,7 +164,10 @@ pub struct FreeReplica {
 /// request's prompt is ([`hint`](Self::hint), before submitting it), when a
 /// request is over ([`done`](Self::done)) and when a replica is gone
 /// ([`replica_gone`](Self::replica_gone)). Choosers that need none of it
-/// (the default methods do nothing) stay one-liners.
+/// (the default methods do nothing) stay one-liners. The routing
+/// policies (`round-robin`, `least-outstanding`, `kv`) are
+/// `hangar-router`'s `ReplicaChooser`, one implementation for the live
+/// server and the simulator; [`FirstFree`] is the simplest chooser.
 pub trait Chooser {
     /// Returns the id of one element of `free` (never empty; sorted by id).
     /// Returning anything else falls back to `free[0]`.
@@ -188,30 +191,6 @@ pub struct FirstFree;
 impl Chooser for FirstFree {
     fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
         free[0].id
-    }
-}
-
-/// Free replicas in turn: the first one after the replica chosen last.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RoundRobin {
-    last: Option<ReplicaId>,
-}
-
-impl Chooser for RoundRobin {
-    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
-        let next = self.last.and_then(|l| free.iter().find(|r| r.id > l)).unwrap_or(&free[0]).id;
-        self.last = Some(next);
-        next
-    }
-}
-
-/// The free replica with the fewest requests in flight (lowest id on ties).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LeastOutstanding;
-
-impl Chooser for LeastOutstanding {
-    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
-        free.iter().min_by_key(|r| (r.in_use, r.id)).expect("never empty").id
     }
 }
 

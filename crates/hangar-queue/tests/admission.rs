@@ -5,8 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use hangar_core::{AccountId, ReplicaId, RequestId};
 use hangar_queue::{
-    Action, Admission, AdmissionConfig, Chooser, FirstFree, FreeReplica, LeastOutstanding, QueueAlgorithm,
-    RoundRobin, Submitted,
+    Action, Admission, AdmissionConfig, Chooser, FirstFree, FreeReplica, QueueAlgorithm, Submitted,
 };
 use proptest::prelude::*;
 
@@ -182,23 +181,6 @@ impl Chooser for Spread {
     fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
         free.iter().max_by_key(|r| r.limit - r.in_use).unwrap().id
     }
-}
-
-#[test]
-fn round_robin_and_least_outstanding_choose_as_named() {
-    let free = |loads: &[(u128, u32)]| -> Vec<FreeReplica> {
-        loads.iter().map(|&(id, in_use)| FreeReplica { id: rep(id), in_use, limit: 4 }).collect()
-    };
-    let mut rr = RoundRobin::default();
-    let f = free(&[(1, 0), (2, 0), (3, 0)]);
-    let picks: Vec<ReplicaId> = (0..4).map(|i| rr.choose(RequestId(i), &f)).collect();
-    assert_eq!(picks, vec![rep(1), rep(2), rep(3), rep(1)]);
-    assert_eq!(
-        rr.choose(RequestId(9), &free(&[(1, 0), (3, 0)])),
-        rep(3),
-        "skips replicas without a free permit"
-    );
-    assert_eq!(LeastOutstanding.choose(RequestId(0), &free(&[(1, 3), (2, 1), (3, 1)])), rep(2));
 }
 
 #[derive(Debug, Clone)]

@@ -27,7 +27,7 @@
 //! use hangar_core::{BlockHash, KvEvent, RequestId};
 //! use hangar_router::{RouteRequest, Router, RouterPolicy, KvRouterConfig, WorkerId};
 //!
-//! let mut router = Router::new(RouterPolicy::Kv(KvRouterConfig::default()), 64, 7);
+//! let mut router = Router::new(RouterPolicy::Kv, 64, 7).with_kv(KvRouterConfig::default());
 //! router.add_worker(WorkerId(0));
 //! router.add_worker(WorkerId(1));
 //! let prompt = [BlockHash(11), BlockHash(12)];
@@ -37,7 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
-mod approx;
+mod chooser;
 mod index;
 
 use hangar_core::{BlockHash, KvEvent, RequestId};
@@ -46,7 +46,7 @@ use rand_chacha::ChaCha8Rng;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-pub use approx::{text_blocks, ApproxKvChooser, ApproxKvConfig};
+pub use chooser::{text_blocks, ApproxKvConfig, ReplicaChooser};
 use index::{KvIndex, WorkerSet};
 
 /// A worker (replica) as the router knows it: a small dense index the driver
@@ -72,38 +72,65 @@ impl Default for KvRouterConfig {
     }
 }
 
-/// How a [`Router`] chooses.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// How a replica is chosen: the one routing-policy type of Hangar, for
+/// `hangar serve`'s `router`, `hangar sim --router`, the fleet file's
+/// `router` and every chooser.
+///
+/// Spelled in kebab-case (`round-robin`, `least-outstanding`, `kv`); the
+/// snake_case spellings are accepted as aliases. The KV policy's weights
+/// are a [`KvRouterConfig`] of their own ([`Router::with_kv`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum RouterPolicy {
     /// Workers in turn.
+    #[serde(alias = "round_robin")]
     RoundRobin,
     /// Fewest requests in flight.
+    #[default]
+    #[serde(alias = "least_outstanding")]
     LeastOutstanding,
     /// Lowest KV-aware cost.
-    Kv(KvRouterConfig),
+    Kv,
 }
 
 impl RouterPolicy {
+    /// Every policy, in the order help texts list them.
+    pub const ALL: [RouterPolicy; 3] = [Self::RoundRobin, Self::LeastOutstanding, Self::Kv];
+
     /// Parses a policy name (`round-robin`, `least-outstanding`, `kv`, or
-    /// the snake_case aliases), the KV policy with default weights.
+    /// the snake_case aliases).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "round_robin" | "round-robin" | "rr" => Some(Self::RoundRobin),
             "least_outstanding" | "least-outstanding" => Some(Self::LeastOutstanding),
-            "kv" => Some(Self::Kv(KvRouterConfig::default())),
+            "kv" => Some(Self::Kv),
             _ => None,
         }
     }
 
-    /// The policy's canonical name, as `hangar sim --router` and `hangar
-    /// serve`'s `router` spell it.
+    /// The policy's canonical name.
     pub fn name(&self) -> &'static str {
         match self {
             Self::RoundRobin => "round-robin",
             Self::LeastOutstanding => "least-outstanding",
-            Self::Kv(_) => "kv",
+            Self::Kv => "kv",
         }
+    }
+}
+
+impl std::fmt::Display for RouterPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for RouterPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::from_name(s).ok_or_else(|| {
+            format!("unknown routing policy `{s}`: expected round-robin, least-outstanding or kv")
+        })
     }
 }
 
@@ -150,6 +177,7 @@ struct InFlight {
 #[derive(Debug)]
 pub struct Router {
     policy: RouterPolicy,
+    kv: KvRouterConfig,
     block_size: u32,
     rng: ChaCha8Rng,
     workers: Vec<Option<WorkerLoad>>,
@@ -168,6 +196,7 @@ impl Router {
     pub fn new(policy: RouterPolicy, block_size: u32, seed: u64) -> Self {
         Self {
             policy,
+            kv: KvRouterConfig::default(),
             block_size: block_size.max(1),
             rng: ChaCha8Rng::seed_from_u64(seed),
             workers: Vec::new(),
@@ -181,9 +210,15 @@ impl Router {
         }
     }
 
+    /// Sets the KV policy's weights (default [`KvRouterConfig::default`]).
+    pub fn with_kv(mut self, kv: KvRouterConfig) -> Self {
+        self.kv = kv;
+        self
+    }
+
     /// The policy in use.
-    pub fn policy(&self) -> &RouterPolicy {
-        &self.policy
+    pub fn policy(&self) -> RouterPolicy {
+        self.policy
     }
 
     /// Makes a worker routable. Adding a live worker again does nothing.
@@ -278,14 +313,14 @@ impl Router {
             return Err(RouteError::Duplicate(req.id));
         }
         let prompt_blocks = u64::from(req.prompt_tokens.div_ceil(self.block_size));
-        let (w, overlap) = match &self.policy {
+        let (w, overlap) = match self.policy {
             RouterPolicy::RoundRobin => (self.pick_round_robin(set), 0),
             RouterPolicy::LeastOutstanding => {
                 let w = self.pick_min(set, |l, _| f64::from(l.requests));
                 (w, 0)
             }
-            RouterPolicy::Kv(cfg) => {
-                let cfg = cfg.clone();
+            RouterPolicy::Kv => {
+                let cfg = self.kv.clone();
                 let mut overlap = std::mem::take(&mut self.scratch_overlap);
                 overlap.clear();
                 overlap.resize(self.workers.len(), 0);

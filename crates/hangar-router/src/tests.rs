@@ -3,7 +3,7 @@
 use hangar_core::{BlockHash, KvEvent, RequestId, ROOT_BLOCK_HASH};
 use proptest::prelude::*;
 
-use crate::{KvRouterConfig, RouteRequest, Router, RouterPolicy, WorkerId};
+use crate::{RouteRequest, Router, RouterPolicy, WorkerId};
 
 fn chain(contents: impl IntoIterator<Item = u64>) -> Vec<BlockHash> {
     let mut p = ROOT_BLOCK_HASH;
@@ -51,7 +51,7 @@ fn least_outstanding_prefers_the_idle_worker() {
 
 #[test]
 fn kv_cost_prefers_overlap_until_load_outweighs_it() {
-    let mut r = router(RouterPolicy::Kv(KvRouterConfig::default()), 2, 0);
+    let mut r = router(RouterPolicy::Kv, 2, 0);
     let prompt = chain(0..8);
     r.apply_kv_events(WorkerId(1), &[KvEvent::Stored { parent: None, blocks: prompt.clone() }]);
     // Worker 1 caches all 8 blocks: cost 0 + 8 active vs worker 0: 8 + 0.
@@ -68,7 +68,7 @@ fn kv_cost_prefers_overlap_until_load_outweighs_it() {
 
 #[test]
 fn removed_blocks_stop_counting_as_overlap() {
-    let mut r = router(RouterPolicy::Kv(KvRouterConfig::default()), 2, 0);
+    let mut r = router(RouterPolicy::Kv, 2, 0);
     let prompt = chain(0..4);
     r.apply_kv_events(WorkerId(0), &[KvEvent::Stored { parent: None, blocks: prompt.clone() }]);
     r.apply_kv_events(WorkerId(0), &[KvEvent::Removed { blocks: vec![prompt[0]] }]);
@@ -78,7 +78,7 @@ fn removed_blocks_stop_counting_as_overlap() {
 
 #[test]
 fn route_among_considers_only_the_candidates() {
-    let mut r = router(RouterPolicy::Kv(KvRouterConfig::default()), 3, 1);
+    let mut r = router(RouterPolicy::Kv, 3, 1);
     let prompt = chain([1, 2, 3, 4]);
     r.apply_kv_events(WorkerId(0), &[KvEvent::Stored { parent: None, blocks: prompt.clone() }]);
     r.apply_kv_events(WorkerId(2), &[KvEvent::Stored { parent: None, blocks: prompt[..2].to_vec() }]);
@@ -139,7 +139,7 @@ proptest! {
         ops in proptest::collection::vec((0u64..6, 1usize..10, 0u8..4), 1..60),
     ) {
         let run = |check: bool| {
-            let mut r = router(RouterPolicy::Kv(KvRouterConfig::default()), 4, seed);
+            let mut r = router(RouterPolicy::Kv, 4, seed);
             let mut picks = Vec::new();
             for (i, &(family, len, action)) in ops.iter().enumerate() {
                 let prompt = chain((0..len as u64).map(|k| family * 1000 + k));

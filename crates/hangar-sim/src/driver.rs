@@ -13,7 +13,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use hangar_core::{KvEvent, RequestId};
 use hangar_engine::{EngineConfig, EngineCore, EngineRequest, Pass, Prompt};
-use hangar_router::{RouteRequest, Router, RouterPolicy, WorkerId};
+use hangar_router::{KvRouterConfig, RouteRequest, Router, RouterPolicy, WorkerId};
 
 use crate::collector::Collector;
 use crate::report::{Report, RequestRecord};
@@ -54,6 +54,8 @@ pub struct SimConfig {
     pub workers: u32,
     /// How requests are spread over them.
     pub router: RouterPolicy,
+    /// The `kv` policy's weights.
+    pub kv: KvRouterConfig,
     /// Every worker's engine.
     pub engine: EngineConfig,
     /// Arrival mode.
@@ -73,6 +75,7 @@ impl Default for SimConfig {
         Self {
             workers: 1,
             router: RouterPolicy::RoundRobin,
+            kv: KvRouterConfig::default(),
             engine: EngineConfig::default(),
             mode: ArrivalMode::Trace { speedup: 1.0 },
             trace_block_size: 512,
@@ -167,8 +170,8 @@ pub fn simulate(
     load: impl Fn(&str) -> Result<String, String>,
 ) -> Result<SimOutput, SimError> {
     validate(trace, cfg)?;
-    let kv_router = matches!(cfg.router, RouterPolicy::Kv(_));
-    let mut router = Router::new(cfg.router.clone(), cfg.engine.block_size, cfg.seed);
+    let kv_router = cfg.router == RouterPolicy::Kv;
+    let mut router = Router::new(cfg.router, cfg.engine.block_size, cfg.seed).with_kv(cfg.kv.clone());
     let mut workers = Vec::with_capacity(cfg.workers as usize);
     for w in 0..cfg.workers {
         let mut engine = EngineCore::new(&cfg.engine, &load)?;

@@ -203,3 +203,23 @@ fn the_example_fleet_parses() {
     let fleet = FleetConfig::parse(text, "examples/fleet.toml").unwrap();
     assert_eq!(fleet.models.len(), 4);
 }
+
+#[test]
+fn every_router_serves_the_fleet_reproducibly() {
+    let trace = synth_trace(300, Pattern::Steady);
+    for router in hangar_router::RouterPolicy::ALL {
+        let text = FLEET.replace("concurrency = 8\n", &format!("concurrency = 8\nrouter = \"{router}\"\n"));
+        let cfg = FleetConfig::parse(&text, "fleet.toml").unwrap();
+        assert!(cfg.models.iter().all(|m| m.router == router));
+        let a = simulate_fleet(&trace, &cfg, &FleetOptions::default()).unwrap();
+        let b = simulate_fleet(&trace, &cfg, &FleetOptions::default()).unwrap();
+        assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap(), "{router}");
+        assert_eq!(a.total.completed, 300, "{router}");
+    }
+    let e = FleetConfig::parse(
+        &FLEET.replace("concurrency = 8\n", "concurrency = 8\nrouter = \"random\"\n"),
+        "f.toml",
+    )
+    .unwrap_err();
+    assert!(e.contains("f.toml") && e.contains("random"), "{e}");
+}

@@ -2,7 +2,7 @@
 //! semantics, sessions, and the errors users can hit.
 
 use hangar_engine::EngineConfig;
-use hangar_router::{KvRouterConfig, RouterPolicy};
+use hangar_router::RouterPolicy;
 use hangar_sim::synth::{generate, SynthConfig};
 use hangar_sim::trace::{read, Trace};
 use hangar_sim::{simulate, ArrivalMode, SimConfig, SimError, SimOutput};
@@ -18,10 +18,6 @@ fn run(trace: &Trace, cfg: &SimConfig) -> SimOutput {
     simulate(trace, cfg, |p| Err(format!("no file {p}"))).unwrap()
 }
 
-fn kv() -> RouterPolicy {
-    RouterPolicy::Kv(KvRouterConfig::default())
-}
-
 fn small_engine() -> EngineConfig {
     EngineConfig { num_gpu_blocks: 2048, max_num_seqs: 32, ..EngineConfig::default() }
 }
@@ -29,7 +25,7 @@ fn small_engine() -> EngineConfig {
 #[test]
 fn same_inputs_and_seed_give_byte_identical_reports_with_every_router() {
     let trace = synth_trace(300, 3, 1);
-    for router in [RouterPolicy::RoundRobin, RouterPolicy::LeastOutstanding, kv()] {
+    for router in [RouterPolicy::RoundRobin, RouterPolicy::LeastOutstanding, RouterPolicy::Kv] {
         let cfg = SimConfig { workers: 3, router, engine: small_engine(), seed: 9, ..SimConfig::default() };
         let a = run(&trace, &cfg);
         let b = run(&trace, &cfg);
@@ -44,7 +40,7 @@ fn kv_routing_reuses_more_prefix_than_round_robin() {
     let trace = synth_trace(400, 4, 2);
     let base = SimConfig { workers: 4, engine: small_engine(), ..SimConfig::default() };
     let rr = run(&trace, &SimConfig { router: RouterPolicy::RoundRobin, ..base.clone() });
-    let kv = run(&trace, &SimConfig { router: kv(), ..base });
+    let kv = run(&trace, &SimConfig { router: RouterPolicy::Kv, ..base });
     assert!(
         kv.report.prefix_cache_reuse_ratio > rr.report.prefix_cache_reuse_ratio,
         "kv {} vs rr {}",
@@ -56,8 +52,10 @@ fn kv_routing_reuses_more_prefix_than_round_robin() {
 #[test]
 fn every_request_completes_with_its_output_length() {
     let trace = synth_trace(200, 3, 3);
-    let out =
-        run(&trace, &SimConfig { workers: 2, router: kv(), engine: small_engine(), ..SimConfig::default() });
+    let out = run(
+        &trace,
+        &SimConfig { workers: 2, router: RouterPolicy::Kv, engine: small_engine(), ..SimConfig::default() },
+    );
     for (r, t) in out.requests.iter().zip(&trace.requests) {
         assert_eq!(r.emitted_tokens, t.output_len, "line {}", t.line);
         assert!(r.completed_ms.unwrap() >= r.last_token_ms.unwrap_or(0.0));
@@ -118,7 +116,7 @@ fn session_turns_wait_for_the_previous_turn_plus_delay() {
 fn azure_traces_replay_without_prefix_sharing() {
     let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.5,396,10\n";
     let trace = read(text, "azure.csv").unwrap();
-    let out = run(&trace, &SimConfig { workers: 1, router: kv(), ..SimConfig::default() });
+    let out = run(&trace, &SimConfig { workers: 1, router: RouterPolicy::Kv, ..SimConfig::default() });
     assert_eq!(out.report.completed, 2);
     assert_eq!(out.requests[1].arrival_ms, 1500.0);
     assert_eq!(out.report.prefix_cache_reuse_ratio, 0.0);
@@ -173,7 +171,7 @@ fn kv_event_delay_changes_routing_but_stays_reproducible() {
     let trace = synth_trace(300, 4, 5);
     let cfg = SimConfig {
         workers: 4,
-        router: kv(),
+        router: RouterPolicy::Kv,
         engine: small_engine(),
         kv_event_delay_ms: 500.0,
         ..SimConfig::default()
@@ -194,7 +192,7 @@ fn kv_event_delay_changes_routing_but_stays_reproducible() {
 fn the_sglang_engine_replays_deterministically_too() {
     let trace = synth_trace(300, 3, 4);
     let engine = EngineConfig { scheduler: hangar_engine::SchedulerKind::Sglang, ..small_engine() };
-    let cfg = SimConfig { workers: 3, router: kv(), engine, ..SimConfig::default() };
+    let cfg = SimConfig { workers: 3, router: RouterPolicy::Kv, engine, ..SimConfig::default() };
     let (a, b) = (run(&trace, &cfg), run(&trace, &cfg));
     assert_eq!(serde_json::to_string(&a.report).unwrap(), serde_json::to_string(&b.report).unwrap());
     assert_eq!(a.report.engine, "sglang");

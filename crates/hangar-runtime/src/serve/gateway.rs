@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::{AccountId, BlockHash};
-use hangar_router::text_blocks;
+use hangar_router::{text_blocks, RouterPolicy};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::{json, Value};
@@ -28,7 +28,7 @@ use tokio::time::Sleep;
 use super::prompt::prompt_text;
 use super::relay::RelayBody;
 use super::replicas::ReplicaState;
-use super::{replica_name, Inner, ModelRuntime, ReplicaRouting};
+use super::{replica_name, Inner, ModelRuntime};
 use crate::processor::{AdmitError, Lease};
 
 pub(crate) fn router(inner: Arc<Inner>) -> Router {
@@ -238,7 +238,7 @@ async fn forward(
     }
     let prompt = match rt.config.router {
         // Only the KV router reads the prompt; the body parsed before.
-        ReplicaRouting::Kv => serde_json::from_slice::<Value>(&body)
+        RouterPolicy::Kv => serde_json::from_slice::<Value>(&body)
             .ok()
             .map(|v| text_blocks(&prompt_text(&v), rt.config.kv.block_chars)),
         _ => None,

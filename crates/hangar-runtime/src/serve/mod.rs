@@ -41,8 +41,7 @@ use hangar_scaler::{Bounds, Controller, ModelSpec};
 use crate::processor::Processor;
 
 pub use config::{
-    ApiKey, ConfigError, ModelConfig, QueueConfig, ReplicaRouting, ServeConfig, DEMO, MAX_DURATION_S,
-    MAX_QUEUE_CAPACITY,
+    ApiKey, ConfigError, ModelConfig, QueueConfig, ServeConfig, DEMO, MAX_DURATION_S, MAX_QUEUE_CAPACITY,
 };
 pub use data_dir::{DataDirError, DataDirLock};
 pub use guard::install_panic_hook;

@@ -30,12 +30,12 @@ use hangar_predictions::record::JobKind;
 use hangar_predictions::{
     ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError, Sink,
 };
-use hangar_router::text_blocks;
+use hangar_router::{text_blocks, RouterPolicy};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::prompt::prompt_text;
-use super::{Inner, ModelRuntime, ReplicaRouting, Server};
+use super::{Inner, ModelRuntime, Server};
 use crate::cog::{self, CogError, CogJob, CogMode};
 use crate::engine::{launch_cog, LaunchContext};
 use crate::processor::{AdmitError, Lease};
@@ -173,7 +173,7 @@ async fn complete_on_llm(
     let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
     let body = input.completion_body(rt.config.key.as_str());
     let prompt = match rt.config.router {
-        ReplicaRouting::Kv => Some(text_blocks(&prompt_text(&body), rt.config.kv.block_chars)),
+        RouterPolicy::Kv => Some(text_blocks(&prompt_text(&body), rt.config.kv.block_chars)),
         _ => None,
     };
     let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));

@@ -3,6 +3,7 @@
 use hangar_core::{ByteSize, FieldError, Millis, ModelKey};
 use hangar_engine::EngineConfig;
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, PlacementConfig};
+use hangar_router::RouterPolicy;
 use hangar_scaler::ScalingConfig;
 use serde::Deserialize;
 
@@ -100,6 +101,11 @@ pub struct FleetModel {
     /// The scaling policy (default `hangar`).
     #[serde(default)]
     pub scaling: Option<ScalingConfig>,
+    /// How a request's replica is chosen among those with a free permit,
+    /// as `hangar serve`'s `router` (default `least-outstanding`; `kv`
+    /// scores the prompt's `hash_ids` against what each replica was sent).
+    #[serde(default)]
+    pub router: RouterPolicy,
 }
 
 /// A replica's start: loading its weights from the tier they are on, then

@@ -23,10 +23,11 @@ mod report;
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
-use hangar_core::{AccountId, Millis, ModelKey, ReplicaId, RequestId};
+use hangar_core::{AccountId, BlockHash, Millis, ModelKey, ReplicaId, RequestId, ROOT_BLOCK_HASH};
 use hangar_engine::{EngineCore, EngineRequest, Pass, Prompt};
 use hangar_placement::{Action as Step, Cluster, Deployment, NodeId};
-use hangar_queue::{Action as Admit, Admission, AdmissionConfig, LeastOutstanding, Submitted};
+use hangar_queue::{Action as Admit, Admission, AdmissionConfig, Chooser, Submitted};
+use hangar_router::{ApproxKvConfig, ReplicaChooser, RouterPolicy};
 use hangar_scaler::{
     Action, Bounds, Controller, ModelSpec, Observation, ReplicaCounts, ScalingConfig, StartTier, TtftWindow,
 };
@@ -111,7 +112,10 @@ struct Replica {
 struct ModelState {
     key: ModelKey,
     admission: Admission,
-    chooser: LeastOutstanding,
+    /// Its `router`, as `hangar serve` runs it.
+    chooser: ReplicaChooser,
+    /// The `kv` router: prompts are hinted to the chooser.
+    kv: bool,
     timeout_ms: Millis,
     permits: u32,
     counters: (u64, u64, u64, u64),
@@ -237,7 +241,8 @@ pub fn simulate_fleet(
                 capacity: m.capacity(),
                 ..AdmissionConfig::default()
             }),
-            chooser: LeastOutstanding,
+            chooser: ReplicaChooser::new(m.router, &kv_config(opts.trace_block_size), cfg.seed),
+            kv: m.router == RouterPolicy::Kv,
             timeout_ms: m.timeout_s * 1000,
             permits: m.concurrency,
             counters: (0, 0, 0, 0),
@@ -283,6 +288,12 @@ pub fn simulate_fleet(
 /// refused when the fleet file is checked.
 pub(crate) fn no_tables(path: &str) -> Result<String, String> {
     Err(format!("`{path}`: a fleet's engines take `polynomial` or `fixed` timing, not a table file"))
+}
+
+/// The `kv` router's settings in a simulation: blocks are the trace's
+/// (`hash_ids` chained), so a block counts `trace_block_size` tokens.
+fn kv_config(trace_block_size: u32) -> ApproxKvConfig {
+    ApproxKvConfig { block_chars: trace_block_size.saturating_mul(4), ..ApproxKvConfig::default() }
 }
 
 fn ms(t: f64) -> Millis {
@@ -434,6 +445,19 @@ impl Fleet<'_> {
         self.timings[i as usize].arrived = now;
         self.models[m].counters.0 += 1;
         let model = &mut self.models[m];
+        if model.kv {
+            let r = &self.trace.requests[i as usize];
+            let mut parent = ROOT_BLOCK_HASH;
+            let blocks: Vec<BlockHash> = r
+                .hash_ids
+                .iter()
+                .map(|&h| {
+                    parent = parent.chain(h);
+                    parent
+                })
+                .collect();
+            model.chooser.hint(RequestId(u64::from(i)), &blocks, r.input_len);
+        }
         let deadline = Some(ms(now) + model.timeout_ms);
         let submitted = model
             .admission
@@ -449,6 +473,7 @@ impl Fleet<'_> {
             }
             Submitted::Rejected { .. } => {
                 self.models[m].counters.2 += 1;
+                self.models[m].chooser.done(RequestId(u64::from(i)));
                 self.end(now, i, Outcome::Rejected);
             }
         }
@@ -459,8 +484,14 @@ impl Fleet<'_> {
         while let Some(action) = self.models[m].admission.poll_action() {
             match action {
                 Admit::Dispatch(p) => self.start_request(now, m, p.request, p.replica),
-                Admit::Expired(r) => self.end(now, r.0 as u32, Outcome::TimedOut),
-                Admit::Failed { request, .. } => self.end(now, request.0 as u32, Outcome::Failed),
+                Admit::Expired(r) => {
+                    self.models[m].chooser.done(r);
+                    self.end(now, r.0 as u32, Outcome::TimedOut);
+                }
+                Admit::Failed { request, .. } => {
+                    self.models[m].chooser.done(request);
+                    self.end(now, request.0 as u32, Outcome::Failed);
+                }
             }
         }
     }
@@ -494,6 +525,7 @@ impl Fleet<'_> {
     fn release(&mut self, now: f64, m: usize, request: RequestId) {
         let model = &mut self.models[m];
         model.admission.release(ms(now), request, &mut model.chooser);
+        model.chooser.done(request);
         model.counters.1 += 1;
         model.counters.3 += ms(now).saturating_sub(ms(self.timings[request.0 as usize].granted));
         self.admissions(now, m);
@@ -721,6 +753,7 @@ impl Fleet<'_> {
         let (m, id) = (r.model, r.id);
         let model = &mut self.models[m];
         model.admission.replica_gone(ms(now), id);
+        model.chooser.replica_gone(id);
         self.admissions(now, m);
         let r = &mut self.replicas[slot];
         r.generation = self.seq;

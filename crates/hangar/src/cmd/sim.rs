@@ -42,9 +42,10 @@ pub struct Args {
     /// Workers (engines) in the simulated cluster.
     #[arg(long, default_value_t = 4)]
     workers: u32,
-    /// Routing policy.
-    #[arg(long, value_enum, default_value_t = Policy::Kv)]
-    router: Policy,
+    /// Routing policy: round-robin, least-outstanding or kv (as `hangar
+    /// serve`'s `router`; the snake_case spellings are aliases).
+    #[arg(long, default_value_t = RouterPolicy::Kv)]
+    router: RouterPolicy,
     /// KV router: weight of the prefill work a worker would do.
     #[arg(long, default_value_t = 1.0)]
     prefill_load_scale: f64,
@@ -108,17 +109,6 @@ pub struct Args {
     /// Write one JSON record per request to this file.
     #[arg(long)]
     requests_jsonl: Option<PathBuf>,
-}
-
-/// Spelled as in `hangar serve`'s `router`: kebab-case, with the
-/// snake_case spelling accepted as an alias.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Policy {
-    #[value(alias = "round_robin")]
-    RoundRobin,
-    #[value(alias = "least_outstanding")]
-    LeastOutstanding,
-    Kv,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -326,14 +316,10 @@ fn sim_config(args: &Args) -> anyhow::Result<SimConfig> {
     if let Some(r) = args.speedup_ratio {
         engine.speedup_ratio = r;
     }
-    let router = match args.router {
-        Policy::RoundRobin => RouterPolicy::RoundRobin,
-        Policy::LeastOutstanding => RouterPolicy::LeastOutstanding,
-        Policy::Kv => RouterPolicy::Kv(KvRouterConfig {
-            prefill_load_scale: args.prefill_load_scale,
-            overlap_credit: args.overlap_credit,
-            active_request_weight: args.active_request_weight,
-        }),
+    let kv = KvRouterConfig {
+        prefill_load_scale: args.prefill_load_scale,
+        overlap_credit: args.overlap_credit,
+        active_request_weight: args.active_request_weight,
     };
     for (name, v) in [
         ("--prefill-load-scale", args.prefill_load_scale),
@@ -350,7 +336,8 @@ fn sim_config(args: &Args) -> anyhow::Result<SimConfig> {
     };
     Ok(SimConfig {
         workers: args.workers,
-        router,
+        router: args.router,
+        kv,
         engine,
         mode,
         trace_block_size: args.trace_block_size,

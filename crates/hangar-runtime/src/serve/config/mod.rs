@@ -14,7 +14,7 @@ use std::time::Duration;
 use hangar_core::{AccountId, ByteSize, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
-use hangar_router::{ApproxKvChooser, ApproxKvConfig};
+use hangar_router::{ApproxKvConfig, ReplicaChooser, RouterPolicy};
 use hangar_scaler::{HangarSettings, ScalingConfig};
 use serde::{Deserialize, Serialize};
 
@@ -127,7 +127,7 @@ pub struct ModelConfig {
     pub scaling: Option<ScalingConfig>,
     /// How a request's replica is chosen among those with a free permit.
     #[serde(default)]
-    pub router: ReplicaRouting,
+    pub router: RouterPolicy,
     /// Settings of the `kv` router.
     #[serde(default)]
     pub kv: ApproxKvConfig,
@@ -151,26 +151,6 @@ pub struct QueueConfig {
     /// 001's bound; a larger value is refused). Default: 4 × the model's
     /// permits at `max_replicas`, at most 1,000.
     pub capacity: Option<usize>,
-}
-
-/// How the replica for a request is chosen among those with a free permit.
-///
-/// Spelled as in `hangar sim --router`: `least-outstanding`, `round-robin`,
-/// `kv`; the snake_case spellings are accepted as aliases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum ReplicaRouting {
-    /// The replica with the fewest requests in flight.
-    #[default]
-    #[serde(alias = "least_outstanding")]
-    LeastOutstanding,
-    /// Replicas in turn.
-    #[serde(alias = "round_robin")]
-    RoundRobin,
-    /// The KV router's cost over the prompt's cached prefix, in its
-    /// approximate mode: the gateway hashes the prompt text in blocks and
-    /// assumes a replica caches what it was sent (`kv` settings).
-    Kv,
 }
 
 fn default_listen() -> String {
@@ -214,11 +194,7 @@ impl ModelConfig {
     /// The chooser implementing `router`; `seed` fixes the KV router's
     /// tie-breaking.
     pub fn chooser(&self, seed: u64) -> Box<dyn hangar_queue::Chooser + Send> {
-        match self.router {
-            ReplicaRouting::LeastOutstanding => Box::new(hangar_queue::LeastOutstanding),
-            ReplicaRouting::RoundRobin => Box::new(hangar_queue::RoundRobin::default()),
-            ReplicaRouting::Kv => Box::new(ApproxKvChooser::new(&self.kv, seed)),
-        }
+        Box::new(ReplicaChooser::new(self.router, &self.kv, seed))
     }
 
     /// Requests one replica serves at once: `concurrency`, but 1 for a
@@ -370,23 +346,16 @@ policy = \"replicate\"
     }
 
     #[test]
-    fn the_router_is_spelled_as_in_sim_and_the_snake_case_spelling_is_an_alias() {
+    fn the_router_is_hangar_routers_one_policy_type() {
         let parse = |router: &str| {
             let text = format!("nodes = []\n[[models]]\nkey = \"m\"\nengine = {{ kind = \"mock\" }}\nrouter = \"{router}\"\n");
             toml::from_str::<ServeConfig>(&text).map(|c| c.models[0].router)
         };
-        assert_eq!(parse("round-robin").unwrap(), ReplicaRouting::RoundRobin);
-        assert_eq!(parse("round_robin").unwrap(), ReplicaRouting::RoundRobin);
-        assert_eq!(parse("least-outstanding").unwrap(), ReplicaRouting::LeastOutstanding);
-        assert_eq!(parse("least_outstanding").unwrap(), ReplicaRouting::LeastOutstanding);
-        assert_eq!(parse("kv").unwrap(), ReplicaRouting::Kv);
-        // Each spelling names the same policy as `hangar sim --router`.
-        for (routing, policy) in [
-            (ReplicaRouting::RoundRobin, hangar_router::RouterPolicy::RoundRobin),
-            (ReplicaRouting::LeastOutstanding, hangar_router::RouterPolicy::LeastOutstanding),
-        ] {
-            assert_eq!(parse(policy.name()).unwrap(), routing);
+        for policy in RouterPolicy::ALL {
+            assert_eq!(parse(policy.name()).unwrap(), policy);
         }
+        assert_eq!(parse("round_robin").unwrap(), RouterPolicy::RoundRobin);
+        assert!(parse("random").is_err());
     }
 
     #[test]

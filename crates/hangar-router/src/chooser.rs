@@ -1,15 +1,17 @@
-//! KV-aware replica choice without KV events: the approximate mode.
+//! [`ReplicaChooser`]: the [`Router`]'s policies as an admission queue's
+//! [`Chooser`], for `hangar serve` and the fleet simulation alike — one
+//! implementation of each policy, with the router's tie-breaking.
 //!
-//! Engines behind an OpenAI-compatible API rarely publish their KV-cache
-//! events, and the gateway does not run their tokenizer. Like llm-d's
-//! approximate prefix-cache scorer, the gateway then cuts the prompt *text*
-//! into fixed-size character blocks ([`text_blocks`]), chains their hashes,
-//! and assumes a replica caches the blocks of the prompts it was sent —
-//! the latest `cache_blocks` of them per replica, older ones forgotten
-//! first, as an engine's LRU would. [`ApproxKvChooser`] feeds that model to
-//! the KV router's cost ([`crate::Router`] with [`RouterPolicy::Kv`]) and
-//! picks among the replicas with a free permit, as an admission queue's
-//! [`Chooser`].
+//! The `kv` policy runs in the approximate mode. Engines behind an
+//! OpenAI-compatible API rarely publish their KV-cache events, and the
+//! gateway does not run their tokenizer. Like llm-d's approximate
+//! prefix-cache scorer, the gateway then cuts the prompt *text* into
+//! fixed-size character blocks ([`text_blocks`]), chains their hashes, and
+//! assumes a replica caches the blocks of the prompts it was sent — the
+//! latest `cache_blocks` of them per replica, older ones forgotten first,
+//! as an engine's LRU would — and feeds that model to the KV router's cost.
+//! A driver that knows the prompt's real blocks (the simulator) hints those
+//! instead.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -20,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{KvRouterConfig, RouteRequest, Router, RouterPolicy, WorkerId};
 
-/// Settings of the approximate mode.
+/// Settings of the `kv` policy's approximate mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApproxKvConfig {
@@ -69,10 +71,12 @@ struct Lru {
     by_age: BTreeMap<u64, BlockHash>,
 }
 
-/// The approximate KV-aware [`Chooser`]. See the module docs.
+/// A routing policy as a [`Chooser`]. See the module docs.
 #[derive(Debug)]
-pub struct ApproxKvChooser {
+pub struct ReplicaChooser {
     router: Router,
+    /// The `kv` policy: prompts are hinted and caches modelled.
+    kv: bool,
     cache_blocks: usize,
     workers: HashMap<ReplicaId, WorkerId>,
     replicas: FxHashMap<WorkerId, ReplicaId>,
@@ -84,13 +88,15 @@ pub struct ApproxKvChooser {
     scratch: Vec<WorkerId>,
 }
 
-impl ApproxKvChooser {
-    /// `block_tokens`: the block size in estimated tokens the router's
-    /// costs count in (`block_chars / 4`).
-    pub fn new(config: &ApproxKvConfig, seed: u64) -> Self {
+impl ReplicaChooser {
+    /// A chooser running `policy`; `config` sets the `kv` policy's blocks
+    /// (the router's costs count in blocks of `block_chars / 4` estimated
+    /// tokens) and weights; `seed` fixes tie-breaking.
+    pub fn new(policy: RouterPolicy, config: &ApproxKvConfig, seed: u64) -> Self {
         let block_tokens = config.block_chars.div_ceil(4).max(1);
         Self {
-            router: Router::new(RouterPolicy::Kv(config.weights.clone()), block_tokens, seed),
+            router: Router::new(policy, block_tokens, seed).with_kv(config.weights.clone()),
+            kv: policy == RouterPolicy::Kv,
             cache_blocks: config.cache_blocks.max(1),
             workers: HashMap::new(),
             replicas: FxHashMap::default(),
@@ -150,7 +156,7 @@ impl ApproxKvChooser {
     }
 }
 
-impl Chooser for ApproxKvChooser {
+impl Chooser for ReplicaChooser {
     fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId {
         let mut candidates = std::mem::take(&mut self.scratch);
         candidates.clear();
@@ -164,7 +170,9 @@ impl Chooser for ApproxKvChooser {
         self.scratch = candidates;
         match chosen {
             Ok(w) => {
-                self.cache(w, &blocks);
+                if self.kv {
+                    self.cache(w, &blocks);
+                }
                 self.replicas[&w]
             }
             Err(_) => free[0].id,
@@ -172,7 +180,9 @@ impl Chooser for ApproxKvChooser {
     }
 
     fn hint(&mut self, request: RequestId, blocks: &[BlockHash], tokens: u32) {
-        self.prompts.insert(request, (blocks.to_vec(), tokens));
+        if self.kv {
+            self.prompts.insert(request, (blocks.to_vec(), tokens));
+        }
     }
 
     fn done(&mut self, request: RequestId) {
@@ -199,7 +209,7 @@ mod tests {
         ids.iter().map(|&i| FreeReplica { id: ReplicaId::from_u128(i), in_use: 0, limit: 4 }).collect()
     }
 
-    fn ask(c: &mut ApproxKvChooser, id: u64, text: &str, ids: &[u128]) -> ReplicaId {
+    fn ask(c: &mut ReplicaChooser, id: u64, text: &str, ids: &[u128]) -> ReplicaId {
         let (blocks, tokens) = text_blocks(text, 8);
         c.hint(RequestId(id), &blocks, tokens);
         c.choose(RequestId(id), &free(ids))
@@ -217,7 +227,11 @@ mod tests {
 
     #[test]
     fn a_repeated_prompt_returns_to_its_replica_while_others_spread() {
-        let mut c = ApproxKvChooser::new(&ApproxKvConfig { block_chars: 8, ..Default::default() }, 1);
+        let mut c = ReplicaChooser::new(
+            RouterPolicy::Kv,
+            &ApproxKvConfig { block_chars: 8, ..Default::default() },
+            1,
+        );
         let long = "the same long system prompt shared by a whole conversation, turn after turn";
         let first = ask(&mut c, 1, long, &[1, 2]);
         c.done(RequestId(1));
@@ -232,6 +246,41 @@ mod tests {
         assert_eq!(c.cached_blocks(first), 0);
     }
 
+    #[test]
+    fn round_robin_and_least_outstanding_choose_as_the_router_does() {
+        let cfg = ApproxKvConfig::default();
+        let mut rr = ReplicaChooser::new(RouterPolicy::RoundRobin, &cfg, 0);
+        let picks: Vec<_> = (0..4).map(|i| rr.choose(RequestId(i), &free(&[1, 2, 3]))).collect();
+        let ids: Vec<_> = [1, 2, 3, 1].map(ReplicaId::from_u128).to_vec();
+        assert_eq!(picks, ids);
+        // Only free replicas are candidates: 2 is full, so 3 then 1.
+        assert_eq!(rr.choose(RequestId(9), &free(&[1, 3])), ReplicaId::from_u128(3));
+
+        let mut lo = ReplicaChooser::new(RouterPolicy::LeastOutstanding, &cfg, 0);
+        let first = lo.choose(RequestId(1), &free(&[1, 2]));
+        let second = lo.choose(RequestId(2), &free(&[1, 2]));
+        assert_ne!(first, second, "the busier replica is avoided");
+        lo.done(RequestId(1));
+        assert_eq!(lo.choose(RequestId(3), &free(&[1, 2])), first, "the one whose request finished");
+    }
+
+    #[test]
+    fn policies_are_spelled_in_kebab_case_with_snake_case_aliases() {
+        #[derive(serde::Deserialize)]
+        struct Config {
+            router: RouterPolicy,
+        }
+        let parse = |s: &str| toml::from_str::<Config>(&format!("router = \"{s}\"")).map(|c| c.router);
+        for policy in RouterPolicy::ALL {
+            assert_eq!(parse(policy.name()).unwrap(), policy);
+            assert_eq!(policy.name().parse::<RouterPolicy>().unwrap(), policy);
+        }
+        assert_eq!(parse("round_robin").unwrap(), RouterPolicy::RoundRobin);
+        assert_eq!(parse("least_outstanding").unwrap(), RouterPolicy::LeastOutstanding);
+        assert!(parse("random").unwrap_err().to_string().contains("least-outstanding"));
+        assert!("random".parse::<RouterPolicy>().unwrap_err().contains("`random`"));
+    }
+
     proptest! {
         /// Whatever the traffic and churn: the choice is always one of the
         /// free replicas, and no replica is assumed to hold more than the
@@ -240,7 +289,7 @@ mod tests {
         fn choices_are_free_replicas_and_caches_stay_bounded(
             ops in proptest::collection::vec((0u8..4, 0u8..6, proptest::collection::vec(0u128..4, 1..4)), 1..200),
         ) {
-            let mut c = ApproxKvChooser::new(&ApproxKvConfig { block_chars: 4, cache_blocks: 5, ..Default::default() }, 7);
+            let mut c = ReplicaChooser::new(RouterPolicy::Kv, &ApproxKvConfig { block_chars: 4, cache_blocks: 5, ..Default::default() }, 7);
             let texts = ["aaaabbbbccccdddd", "aaaabbbbeeee", "zzzzyyyy", "aaaa"];
             for (i, (op, t, mut ids)) in ops.into_iter().enumerate() {
                 ids.sort_unstable();
