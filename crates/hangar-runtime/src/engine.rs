@@ -57,6 +57,14 @@ pub enum EngineSpec {
         /// Milliseconds the mock reports "loading" (weight loading).
         #[serde(default)]
         startup_delay_ms: u64,
+        /// Milliseconds a wake from sleep (WARM → HOT) takes.
+        #[serde(default)]
+        wake_delay_ms: u64,
+        /// An engine configuration file (TOML, the fields of docs/sim.md's
+        /// engines) replacing the preset's engine; relative paths are
+        /// resolved against the configuration file's directory.
+        #[serde(default)]
+        engine_config: Option<PathBuf>,
     },
     /// Any OpenAI-compatible server started from a command template.
     Openai {
@@ -91,6 +99,12 @@ pub enum EngineSpec {
 }
 
 impl EngineSpec {
+    /// A mock engine of `preset` that loads for `startup_delay_ms` and
+    /// wakes at once.
+    pub fn mock(preset: &str, startup_delay_ms: u64) -> Self {
+        Self::Mock { preset: preset.into(), startup_delay_ms, wake_delay_ms: 0, engine_config: None }
+    }
+
     /// Whether replicas speak cog's protocol rather than OpenAI's.
     pub fn is_cog(&self) -> bool {
         matches!(self, Self::Cog { .. })
@@ -270,10 +284,14 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
             stop_by: StopBy::Terminate,
         }),
         EngineSpec::Cog { .. } => launch_cog(spec, ctx, CogMode::Predict).await,
-        EngineSpec::Mock { preset, startup_delay_ms } => {
+        EngineSpec::Mock { preset, startup_delay_ms, wake_delay_ms, engine_config } => {
             let mut cmd = Command::new(&ctx.hangar_exe);
             cmd.args(["engine", "mock", "--port", "0", "--preset", preset, "--model", &ctx.model])
-                .args(["--startup-delay-ms", &startup_delay_ms.to_string()]);
+                .args(["--startup-delay-ms", &startup_delay_ms.to_string()])
+                .args(["--wake-delay-ms", &wake_delay_ms.to_string()]);
+            if let Some(path) = engine_config {
+                cmd.arg("--engine-config").arg(path);
+            }
             launch_announcing(cmd, &ctx.hangar_exe, ctx.mock_setup_timeout).await
         }
         EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {

@@ -46,8 +46,7 @@ async fn failures_are_clear_and_leave_no_process() {
     assert!(matches!(e, LaunchError::SetupTimeout(_)), "{e}");
     let e = launch(&openai("   ", "/health", 1), &ctx()).await.unwrap_err();
     assert!(matches!(e, LaunchError::EmptyCommand));
-    let e =
-        launch(&EngineSpec::Mock { preset: "fast".into(), startup_delay_ms: 0 }, &ctx()).await.unwrap_err();
+    let e = launch(&EngineSpec::mock("fast", 0), &ctx()).await.unwrap_err();
     assert!(matches!(e, LaunchError::Spawn { .. }), "{e}");
 }
 

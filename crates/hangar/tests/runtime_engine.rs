@@ -17,7 +17,7 @@ fn ctx(timeout: Duration) -> LaunchContext {
 
 #[tokio::test]
 async fn a_mock_engine_is_launched_ready_and_stopped() {
-    let spec = EngineSpec::Mock { preset: "fast".into(), startup_delay_ms: 200 };
+    let spec = EngineSpec::mock("fast", 200);
     let engine = launch(&spec, &ctx(Duration::from_secs(60))).await.unwrap();
     let models: serde_json::Value =
         reqwest::get(format!("{}/v1/models", engine.base_url)).await.unwrap().json().await.unwrap();
@@ -29,7 +29,7 @@ async fn a_mock_engine_is_launched_ready_and_stopped() {
 
 #[tokio::test]
 async fn a_mock_engine_that_loads_too_long_is_killed() {
-    let spec = EngineSpec::Mock { preset: "fast".into(), startup_delay_ms: 3_600_000 };
+    let spec = EngineSpec::mock("fast", 3_600_000);
     let e = launch(&spec, &ctx(Duration::from_millis(500))).await.unwrap_err();
     assert!(matches!(e, LaunchError::SetupTimeout(_)), "{e}");
 }

@@ -138,6 +138,25 @@ fn a_malformed_config_is_a_clear_error() {
 }
 
 #[test]
+fn a_mock_engine_file_that_cannot_be_read_names_the_model_and_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    std::fs::write(
+        &path,
+        "[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n[[models]]\nkey = \"m\"\nsize = \"1GB\"\n\
+         engine = { kind = \"mock\", engine_config = \"engines/missing.toml\" }\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("model m") && err.contains("engines/missing.toml"), "{err}");
+}
+
+#[test]
 fn api_keys_authenticate_and_access_lists_authorize() {
     let s = serve(&one_gpu(
         r#"

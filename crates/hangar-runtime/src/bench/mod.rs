@@ -32,6 +32,7 @@
 
 mod load;
 pub mod predictions;
+pub mod replay;
 mod report;
 
 use std::net::SocketAddr;
@@ -169,7 +170,7 @@ pub(crate) async fn launch_instant_engine(hangar_exe: &std::path::Path) -> Resul
         hangar_exe: hangar_exe.to_owned(),
         mock_setup_timeout: Duration::from_secs(60),
     };
-    let spec = EngineSpec::Mock { preset: "instant".into(), startup_delay_ms: 0 };
+    let spec = EngineSpec::mock("instant", 0);
     launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })
 }
 
@@ -198,8 +199,6 @@ pub(crate) async fn start_serve(
     extra: &str,
     what: &'static str,
 ) -> Result<Server, BenchError> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("bench-serve.toml");
     let config = format!(
         r#"listen = "127.0.0.1:0"
 
@@ -217,9 +216,23 @@ min_replicas = 1
 concurrency = {permits}
 {extra}"#
     );
+    start_serve_config(hangar_exe, &config, what).await
+}
+
+/// Starts `hangar serve` on `config` (written to a temporary directory,
+/// which also holds its data and its log, `serve.log`, kept off the
+/// benchmark's own output); `what` names it in errors.
+pub(crate) async fn start_serve_config(
+    hangar_exe: &std::path::Path,
+    config: &str,
+    what: &'static str,
+) -> Result<Server, BenchError> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("bench-serve.toml");
     std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.path().join("serve.log"))?;
     let mut cmd = Command::new(hangar_exe);
-    cmd.arg("serve").arg("--config").arg(&path);
+    cmd.arg("serve").arg("--config").arg(&path).stderr(log);
     let process = launch_announcing(cmd, hangar_exe, Duration::from_secs(60))
         .await
         .map_err(|source| BenchError::Launch { what, source })?;

@@ -13,6 +13,7 @@ pub mod evict;
 pub mod plan;
 pub mod serve;
 pub mod sim;
+mod sim_live;
 pub mod store;
 pub mod trace;
 

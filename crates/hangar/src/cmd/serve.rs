@@ -107,10 +107,11 @@ fn config_dir(file: &Path) -> &Path {
     }
 }
 
-/// Makes the model directory and interpreter of `cog` engines absolute,
-/// resolving relative ones against the configuration file's directory
-/// `base` (the server runs them from the model's directory). A bare
-/// interpreter name (`python3`) is left to `PATH`.
+/// Makes the model directory and interpreter of `cog` engines and the
+/// engine file of `mock` engines absolute, resolving relative ones against
+/// the configuration file's directory `base` (the server runs them from
+/// elsewhere). A bare interpreter name (`python3`) is left to `PATH`; a
+/// mock engine file that cannot be read is an error naming the model.
 fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> anyhow::Result<()> {
     let resolve = |path: &mut PathBuf| -> anyhow::Result<()> {
         *path = std::path::absolute(base.join(&*path))
@@ -118,11 +119,20 @@ fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> anyhow::Result
         Ok(())
     };
     for model in &mut config.models {
-        if let EngineSpec::Cog { dir, python, .. } = &mut model.engine {
-            resolve(dir)?;
-            if python.components().count() > 1 {
-                resolve(python)?;
+        match &mut model.engine {
+            EngineSpec::Cog { dir, python, .. } => {
+                resolve(dir)?;
+                if python.components().count() > 1 {
+                    resolve(python)?;
+                }
             }
+            EngineSpec::Mock { engine_config: Some(path), .. } => {
+                resolve(path)?;
+                std::fs::metadata(&*path).with_context(|| {
+                    format!("model {}: cannot read its engine_config {}", model.key, path.display())
+                })?;
+            }
+            _ => {}
         }
     }
     Ok(())

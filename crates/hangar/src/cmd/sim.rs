@@ -124,6 +124,12 @@ enum Compare {
     /// one table: requests, SLO attainment, goodput, GPU-hours, goodput per
     /// GPU-hour, cold starts, decisions and reversals per policy.
     Compare(CompareArgs),
+    /// Replay a short trace through a fleet simulation and through a live
+    /// `hangar serve` with mock engines of the same engine settings, and
+    /// compare TTFT p50 / p99 per model and the replicas wanted at every
+    /// sample (docs/sim.md, "Simulation against a live server"). Exits
+    /// non-zero outside the tolerances.
+    Live(super::sim_live::LiveArgs),
 }
 
 #[derive(Debug, ClapArgs)]
@@ -170,11 +176,11 @@ impl PolicyName {
     }
 }
 
-fn read_fleet(path: &std::path::Path) -> anyhow::Result<FleetConfig> {
+pub(super) fn read_fleet(path: &std::path::Path) -> anyhow::Result<FleetConfig> {
     FleetConfig::parse(&read_text(path)?, &path.display().to_string()).map_err(anyhow::Error::msg)
 }
 
-fn read_trace(path: &std::path::Path) -> anyhow::Result<trace::Trace> {
+pub(super) fn read_trace(path: &std::path::Path) -> anyhow::Result<trace::Trace> {
     Ok(trace::read(&read_text(path)?, &path.display().to_string())?)
 }
 
@@ -237,8 +243,10 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if let Some(Compare::Compare(a)) = &args.compare {
-        return run_compare(a);
+    match &args.compare {
+        Some(Compare::Compare(a)) => return run_compare(a),
+        Some(Compare::Live(a)) => return super::sim_live::run(a),
+        None => {}
     }
     if let Some(fleet) = &args.fleet {
         return run_fleet(&args, fleet);
