@@ -17,11 +17,19 @@
 //! its scaler is capped at what fits, and the controller retries after a
 //! back-off (1 s doubling to 60 s) instead of trying again every tick. A
 //! WARM replica idle beyond its scaler's keep time is let go.
+//!
+//! # Dedicated windows
+//! A [`Schedule`] (seed 000's dedicated deployments) is applied at each
+//! window's start and end, on time: placement keeps the window's replicas
+//! hot and marked dedicated (no other model may take their GPUs), and the
+//! model's scaler keeps at least that many until the window ends; then the
+//! replicas are ordinary again and the policy gives them back when the
+//! demand allows.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
-use hangar_placement::{Cluster, DeploymentDelta, Level, ReplicaRequest};
+use hangar_placement::{Cluster, DeploymentDelta, Level, ReplicaRequest, Schedule};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -132,6 +140,9 @@ pub struct Controller {
     rng: ChaCha8Rng,
     models: BTreeMap<ModelKey, Control>,
     actions: VecDeque<Action>,
+    schedule: Schedule,
+    /// The next window start or end not applied yet.
+    schedule_due: Option<Millis>,
 }
 
 impl Controller {
@@ -150,8 +161,14 @@ impl Controller {
                 (m.key, control)
             })
             .collect();
-        let mut c =
-            Controller { cluster, rng: ChaCha8Rng::seed_from_u64(seed), models, actions: VecDeque::new() };
+        let mut c = Controller {
+            cluster,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            models,
+            actions: VecDeque::new(),
+            schedule: Schedule::default(),
+            schedule_due: None,
+        };
         let keys: Vec<ModelKey> = c.models.keys().cloned().collect();
         for key in keys {
             c.reconcile(now, &key);
@@ -176,7 +193,13 @@ impl Controller {
         self.models.get(model).and_then(|c| c.blocked.as_ref())
     }
 
-    /// The earliest moment something is due: a decision or a retry.
+    /// The dedicated schedule in force.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The earliest moment something is due: a decision, a retry or a
+    /// dedicated window's start or end.
     pub fn poll_timeout(&self) -> Millis {
         self.models
             .values()
@@ -184,6 +207,7 @@ impl Controller {
                 let retry = c.blocked.as_ref().map(|b| b.retry_at);
                 [Some(c.scaler.poll_timeout()), retry]
             })
+            .chain([self.schedule_due])
             .flatten()
             .min()
             .unwrap_or(Millis::MAX)
@@ -214,6 +238,9 @@ impl Controller {
     /// Takes every decision and retry due at `now`, and reconciles what
     /// they changed. Early calls do nothing.
     pub fn handle_timeout(&mut self, now: Millis) {
+        if self.schedule_due.is_some_and(|t| t <= now) {
+            self.apply_schedule(now);
+        }
         let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
         for key in keys {
             let c = self.models.get_mut(&key).expect("a listed model");
@@ -329,6 +356,14 @@ impl Controller {
         Ok(evicted.len())
     }
 
+    /// Replaces the dedicated schedule and applies it at once (windows of
+    /// models the controller does not serve are ignored by placement's
+    /// catalogue check in the deploy).
+    pub fn set_schedule(&mut self, now: Millis, schedule: Schedule) {
+        self.schedule = schedule;
+        self.apply_schedule(now);
+    }
+
     // ---- internals ---------------------------------------------------
 
     fn control(&mut self, model: &ModelKey) -> Result<&mut Control, CommandError> {
@@ -377,37 +412,20 @@ impl Controller {
                 .and_then(|m| m.replicas.iter().find_map(|r| r.reason.as_ref()))
                 .map(ToString::to_string);
             self.push_delta(&before);
-            // Replicas of other models this deploy pushed off the GPUs:
-            // their models want only what they still have, until their own
-            // demand asks again (so two models do not take turns evicting
-            // each other).
-            let mut preempted = Vec::new();
-            for ((victim, replica), level) in self.evicted(&before) {
-                if let Some(c) = self.models.get_mut(&victim) {
-                    if level == Level::Warm {
-                        c.warm_since.insert(replica, now);
-                    }
-                    preempted.push(victim);
-                }
-            }
-            preempted.dedup();
-            for victim in preempted {
-                let hot = self.hot(&victim);
-                let c = self.models.get_mut(&victim).expect("listed");
-                if let Some(decision) = c.scaler.preempted(now, hot) {
-                    self.actions.push_back(Action::Decided { model: victim, decision });
-                }
-            }
+            self.lower_preempted(now, &before);
             match placed < desired {
                 true => self.block(now, model, reason.unwrap_or_else(|| "no room".into())),
                 false => self.unblock(now, model),
             }
         } else if desired < hot {
             let c = &self.models[model];
+            // A dedicated window's replicas stay (the scaler's floor keeps
+            // the count at least theirs).
             let mut hot_replicas: Vec<(u32, ReplicaId)> = self
                 .cluster
                 .replicas_of(model, Level::Hot)
                 .iter()
+                .filter(|d| !d.dedicated)
                 .map(|d| (c.in_flight.get(&d.replica_id).copied().unwrap_or(0), d.replica_id))
                 .collect();
             hot_replicas.sort_unstable();
@@ -422,6 +440,56 @@ impl Controller {
         } else if self.models[model].blocked.is_some() {
             self.unblock(now, model);
         }
+    }
+
+    /// Replicas of other models the last deploy pushed off the GPUs: their
+    /// models want only what they still have, until their own demand asks
+    /// again (so two models do not take turns evicting each other).
+    fn lower_preempted(&mut self, now: Millis, before: &hangar_placement::Snapshot) {
+        let mut preempted = Vec::new();
+        for ((victim, replica), level) in self.evicted(before) {
+            if let Some(c) = self.models.get_mut(&victim) {
+                if level == Level::Warm {
+                    c.warm_since.insert(replica, now);
+                }
+                preempted.push(victim);
+            }
+        }
+        preempted.dedup();
+        for victim in preempted {
+            let hot = self.hot(&victim);
+            let c = self.models.get_mut(&victim).expect("listed");
+            if let Some(decision) = c.scaler.preempted(now, hot) {
+                self.actions.push_back(Action::Decided { model: victim, decision });
+            }
+        }
+    }
+
+    /// Applies the dedicated windows in force at `now`: placement keeps
+    /// their replicas hot and dedicated, each model's scaler keeps at least
+    /// its window's count (none once it ended), and the next start or end
+    /// is due.
+    fn apply_schedule(&mut self, now: Millis) {
+        let before = self.cluster.snapshot();
+        self.cluster.apply_schedule(&self.schedule, now, &mut self.rng);
+        self.push_delta(&before);
+        self.lower_preempted(now, &before);
+        let floors: BTreeMap<ModelKey, u32> =
+            self.schedule.requests_at(now).into_iter().map(|r| (r.model_key, r.replicas)).collect();
+        let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
+        for key in keys {
+            let floor = floors.get(&key).copied().unwrap_or(0);
+            let c = self.models.get_mut(&key).expect("listed");
+            if c.scaler.floor() == floor {
+                continue;
+            }
+            if let Some(decision) = c.scaler.set_floor(now, floor) {
+                self.actions.push_back(Action::Decided { model: key.clone(), decision });
+            }
+            self.reconcile(now, &key);
+        }
+        self.schedule_due =
+            self.schedule.windows().iter().flat_map(|w| [w.start_ms, w.end_ms]).filter(|t| *t > now).min();
     }
 
     /// Replicas that were hot `before` and are not now, with where they went.

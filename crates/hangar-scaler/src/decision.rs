@@ -89,6 +89,11 @@ pub enum Reason {
     /// Placement gave the model's replicas to another model: the count is
     /// lowered to what stayed hot until demand asks again.
     Preempted,
+    /// A dedicated window of the schedule keeps at least this many.
+    Dedicated {
+        /// The window's replicas.
+        replicas: u32,
+    },
     /// The policy wanted more than `max_replicas` (or an emergency cap).
     Capped {
         /// What the policy wanted.
@@ -128,6 +133,7 @@ impl fmt::Display for Reason {
             Reason::Steady => f.write_str("steady"),
             Reason::Evicted => f.write_str("evicted by an operator"),
             Reason::Preempted => f.write_str("its replicas were given to another model"),
+            Reason::Dedicated { replicas } => write!(f, "a dedicated window keeps {replicas}"),
             Reason::Capped { wanted } => write!(f, "{wanted} wanted, capped"),
             Reason::Unplaceable { wanted } => write!(f, "{wanted} wanted, placement cannot fit more"),
         }

@@ -97,6 +97,8 @@ impl StartTimes {
 pub struct Scaler {
     policy: Policy,
     bounds: Bounds,
+    /// Replicas a dedicated window keeps, whatever the policy says.
+    floor: u32,
     slo_ttft_ms: Option<Millis>,
     desired: u32,
     next_at: Millis,
@@ -127,6 +129,7 @@ impl Scaler {
             next_at: now.saturating_add(policy.interval()),
             policy,
             bounds,
+            floor: 0,
             slo_ttft_ms: None,
             desired: bounds.min,
             history: VecDeque::new(),
@@ -238,11 +241,14 @@ impl Scaler {
         }
         self.next_at = now.saturating_add(self.policy.interval());
         let &(_, latest) = self.history.back()?;
-        let (wanted, reason) = match self.override_ {
+        let (mut wanted, mut reason) = match self.override_ {
             Some(Override::Frozen(n)) => (n, Reason::Frozen),
             Some(Override::Pinned(n)) => (n, Reason::Pinned),
             None => self.recommend(now, &latest),
         };
+        if wanted < self.floor {
+            (wanted, reason) = (self.floor, Reason::Dedicated { replicas: self.floor });
+        }
         self.change(now, wanted, reason, latest)
     }
 
@@ -262,6 +268,23 @@ impl Scaler {
         self.override_ = Some(Override::Pinned(replicas));
         self.next_at = now;
         self.handle_timeout(now)
+    }
+
+    /// A dedicated window keeps at least `replicas` (0: none is in force),
+    /// within the bounds; the next decision is due at once.
+    pub fn set_floor(&mut self, now: Millis, replicas: u32) -> Option<Decision> {
+        self.floor = replicas.min(self.bounds.max);
+        self.next_at = now;
+        if self.history.is_empty() {
+            // Nothing observed yet: decide on an idle model.
+            self.history.push_back((now, Observation::default()));
+        }
+        self.handle_timeout(now)
+    }
+
+    /// The replicas a dedicated window keeps now (0: none).
+    pub fn floor(&self) -> u32 {
+        self.floor
     }
 
     /// Gives the model back to its policy; the next decision is due at once.

@@ -224,3 +224,46 @@ fn shrinking_clears_a_block_so_nothing_stays_due() {
     }
     assert!(c.blocked(&key("big")).is_none(), "still blocked at {t}");
 }
+
+/// A dedicated window places its replicas when it starts, keeps them
+/// (dedicated, so another model cannot take them) while it lasts, and
+/// frees them to the policy when it ends.
+#[test]
+fn a_dedicated_window_starts_and_ends_on_time() {
+    use hangar_placement::{Schedule, Window};
+    let mut c = Controller::new(cluster(4, &[("m", "10GB")]), 1, vec![spec("m", hangar(5), 0, 4)], 0);
+    let window = Window { model_key: key("m"), replicas: 2, start_ms: 10_000, end_ms: 20_000 };
+    c.set_schedule(0, Schedule::new(vec![window]).unwrap());
+    assert!(drain(&mut c).is_empty(), "nothing before the window");
+    assert_eq!(c.poll_timeout(), 1_000, "the scaler's tick comes first");
+    while c.poll_timeout() < 10_000 {
+        let now = c.poll_timeout();
+        c.observe(now, &key("m"), load(0, 0), &[]);
+        c.handle_timeout(now);
+        assert!(drain(&mut c).is_empty(), "at {now}: the schedule is due at its start");
+    }
+    c.observe(10_000, &key("m"), load(0, 0), &[]);
+    c.handle_timeout(10_000);
+    let actions = drain(&mut c);
+    assert_eq!(steps(&actions, Step::Create), 2, "{actions:?}");
+    assert_eq!(c.scaler(&key("m")).unwrap().desired(), 2);
+    let hot = c.cluster().replicas_of(&key("m"), Level::Hot);
+    assert!(hot.len() == 2 && hot.iter().all(|d| d.dedicated));
+    // Idle all window long: the replicas stay.
+    for t in (11..20).map(|s| s * 1_000) {
+        c.observe(t, &key("m"), load(0, 2), &[]);
+        c.handle_timeout(t);
+        assert_eq!(steps(&drain(&mut c), Step::Delete), 0, "at {t} ms");
+    }
+    // At its end they are ordinary again, and the idle model gives them
+    // back after its quiet period.
+    c.observe(20_000, &key("m"), load(0, 2), &[]);
+    c.handle_timeout(20_000);
+    drain(&mut c);
+    assert!(c.cluster().replicas_of(&key("m"), Level::Hot).iter().all(|d| !d.dedicated));
+    for t in (21..40).map(|s| s * 1_000) {
+        c.observe(t, &key("m"), load(0, 2), &[]);
+        c.handle_timeout(t);
+    }
+    assert_eq!(c.scaler(&key("m")).unwrap().desired(), 0);
+}

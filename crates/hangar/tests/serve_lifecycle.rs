@@ -437,3 +437,54 @@ scaling = { policy = "hangar", scale_down_after_s = 1 }
     assert_eq!(hot.len(), 1, "{after:?}");
     assert!(busy.iter().any(|r| r["pid"] == hot[0]["pid"]), "woken, not restarted: {busy:?} {after:?}");
 }
+
+#[test]
+fn a_dedicated_window_starts_and_ends_on_time() {
+    let at = |from_now: Duration| humantime::format_rfc3339_millis(std::time::SystemTime::now() + from_now);
+    let (start_in, end_in) = (Duration::from_secs(3), Duration::from_secs(6));
+    let s = serve(&format!(
+        r#"
+[[nodes]]
+id = "local"
+gpus = 2
+gpu_memory = "80GB"
+virtual_gpus = true
+cpu_cache = "64GB"
+
+[[models]]
+key = "t/dedicated"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "10GB"
+max_replicas = 2
+scaling = {{ policy = "hangar", scale_down_after_s = 1 }}
+
+[[schedule]]
+model = "t/dedicated"
+replicas = 2
+start = "{}"
+end = "{}"
+"#,
+        at(start_in),
+        at(end_in)
+    ));
+    let started = Instant::now();
+    let dedicated =
+        |s: &str| replicas(s, None, "t/dedicated").iter().filter(|r| r["dedicated"] == true).count();
+    assert_eq!(replicas(&s.url, None, "t/dedicated").len(), 0, "nothing before the window");
+    eventually("the window's two replicas are up", || {
+        let up = replicas(&s.url, None, "t/dedicated");
+        up.iter().filter(|r| r["state"] == "ready" && r["dedicated"] == true).count() == 2
+    });
+    assert!(started.elapsed() >= start_in - Duration::from_millis(500), "not before the window opens");
+    let decisions = model_status(&s.url, None, "t/dedicated")["scaling"]["decisions"].clone();
+    assert!(decisions.to_string().contains("a dedicated window keeps 2"), "{decisions}");
+    // Idle, they stay while the window lasts; after it, the quiet model
+    // gives them back.
+    while started.elapsed() + Duration::from_millis(500) < end_in {
+        assert_eq!(dedicated(&s.url), 2, "kept while the window lasts");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eventually("the replicas went back after the window", || {
+        replicas(&s.url, None, "t/dedicated").iter().all(|r| r["state"] != "ready" && r["dedicated"] == false)
+    });
+}

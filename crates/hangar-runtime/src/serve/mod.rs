@@ -35,13 +35,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, Millis, ModelKey, ReplicaId};
-use hangar_placement::Cluster;
+use hangar_placement::{Cluster, Schedule};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
 
 use crate::processor::Processor;
 
 pub use config::{
-    ApiKey, ConfigError, ModelConfig, QueueConfig, ServeConfig, DEMO, MAX_DURATION_S, MAX_QUEUE_CAPACITY,
+    ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO, MAX_DURATION_S,
+    MAX_QUEUE_CAPACITY,
 };
 pub use data_dir::{DataDirError, DataDirLock};
 pub use guard::install_panic_hook;
@@ -160,7 +161,12 @@ impl Server {
                 slo_ttft_ms: m.slo_ttft_ms,
             })
             .collect();
-        let controller = Controller::new(cluster, config.seed, specs, inner.now());
+        let mut controller = Controller::new(cluster, config.seed, specs, inner.now());
+        let (wall, now) = (std::time::SystemTime::now(), inner.now());
+        let windows = config.schedule.iter().filter_map(|w| w.on_clock(wall, now)).collect();
+        let schedule =
+            Schedule::new(windows).expect("validated windows, each ending after it starts on the clock");
+        controller.set_schedule(now, schedule);
         tokio::spawn(control::run(Arc::downgrade(&inner), controller, commands));
         inner.min_replicas_up().await;
         Ok(Server { inner })

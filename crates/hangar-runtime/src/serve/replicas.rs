@@ -99,6 +99,8 @@ pub(crate) struct ReplicaStatus {
     pub id: String,
     /// `HOT` or `WARM`, from placement.
     pub level: Option<String>,
+    /// Kept by a dedicated window of the schedule.
+    pub dedicated: bool,
     pub state: ReplicaState,
     pub node: Option<String>,
     pub gpus: Vec<u32>,
@@ -184,6 +186,7 @@ impl ModelRuntime {
                     name: replica_name(&self.config.key, *id),
                     id: id.to_string(),
                     level: d.map(|d| d.level.to_string()),
+                    dedicated: d.is_some_and(|d| d.dedicated),
                     state: r.state,
                     node: d.map(|d| d.node.to_string()),
                     gpus: d.map(|d| d.gpu_bytes_by_gpu.keys().copied().collect()).unwrap_or_default(),

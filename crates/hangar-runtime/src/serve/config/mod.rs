@@ -9,9 +9,9 @@ pub use load::ConfigError;
 pub(crate) use validate::check_queue_capacity;
 pub use validate::{MAX_DURATION_S, MAX_QUEUE_CAPACITY};
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use hangar_core::{AccountId, ByteSize, ModelKey};
+use hangar_core::{AccountId, ByteSize, Millis, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
 use hangar_router::{ApproxKvConfig, ReplicaChooser, RouterPolicy};
@@ -67,6 +67,72 @@ pub struct ServeConfig {
     /// Async predictions settings (docs/predictions.md).
     #[serde(default)]
     pub predictions: hangar_predictions::PredictionsConfig,
+    /// Dedicated windows (seed 000): a model keeps `replicas` dedicated
+    /// replicas from `start` until `end` (docs/serve.md).
+    #[serde(default)]
+    pub schedule: Vec<DedicatedWindow>,
+}
+
+/// `[[schedule]]`: keep `replicas` dedicated replicas of `model` from
+/// `start` until `end`, both RFC 3339 times in UTC
+/// (`2026-11-24T18:00:00Z`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedicatedWindow {
+    /// The model.
+    pub model: ModelKey,
+    /// Dedicated replicas during the window (default 1).
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// When the window opens.
+    #[serde(with = "rfc3339")]
+    pub start: SystemTime,
+    /// When it closes.
+    #[serde(with = "rfc3339")]
+    pub end: SystemTime,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// RFC 3339 times as strings.
+mod rfc3339 {
+    use std::time::SystemTime;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_rfc3339_seconds(*t))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_rfc3339_weak(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "`{text}` is not an RFC 3339 time such as 2026-11-24T18:00:00Z: {e}"
+            ))
+        })
+    }
+}
+
+impl DedicatedWindow {
+    /// The window on the server's clock, which reads `now_ms` at the wall
+    /// time `wall`: `None` once it has ended (or when it is shorter than a
+    /// millisecond); a window already open starts at `now_ms`.
+    pub fn on_clock(&self, wall: SystemTime, now_ms: Millis) -> Option<hangar_placement::Window> {
+        let at = |t: SystemTime| match t.duration_since(wall) {
+            Ok(ahead) => now_ms.saturating_add(ahead.as_millis() as Millis),
+            Err(_) => now_ms,
+        };
+        let (start_ms, end_ms) = (at(self.start), at(self.end));
+        (end_ms > start_ms).then(|| hangar_placement::Window {
+            model_key: self.model.clone(),
+            replicas: self.replicas,
+            start_ms,
+            end_ms,
+        })
+    }
 }
 
 /// One API key and the account it stands for.

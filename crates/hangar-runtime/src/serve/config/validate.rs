@@ -112,6 +112,24 @@ impl ServeConfig {
                 ));
             }
         }
+        for (i, w) in self.schedule.iter().enumerate() {
+            let at = format!("schedule[{i}]");
+            let Some(m) = self.models.iter().find(|m| m.key == w.model) else {
+                return Err(FieldError::new(
+                    format!("{at}.model"),
+                    format!("`{}` is not a served model", w.model),
+                ));
+            };
+            if w.end <= w.start {
+                return Err(FieldError::new(format!("{at}.end"), "must be after start"));
+            }
+            if w.replicas == 0 || w.replicas > m.max_replicas() {
+                return Err(FieldError::new(
+                    format!("{at}.replicas"),
+                    format!("{} must be 1 to the model's max_replicas ({})", w.replicas, m.max_replicas()),
+                ));
+            }
+        }
         self.check_placement()
     }
 
@@ -294,6 +312,19 @@ mod tests {
     #[test]
     fn the_demo_is_valid() {
         ServeConfig::demo().validate().unwrap();
+    }
+
+    #[test]
+    fn schedule_windows_name_what_is_wrong() {
+        let window = |body: &str| config(&format!("{MOCK}[[schedule]]\n{body}\n"));
+        let ok = "model = \"m\"\nstart = \"2026-11-24T10:00:00Z\"\nend = \"2026-11-24T11:00:00Z\"";
+        toml::from_str::<ServeConfig>(&window(ok)).unwrap().validate().unwrap();
+        assert_eq!(refused(&window(&ok.replace("\"m\"", "\"x\""))).field, "schedule[0].model");
+        assert_eq!(refused(&window(&ok.replace("11:00", "09:00"))).field, "schedule[0].end");
+        assert_eq!(refused(&window(&format!("{ok}\nreplicas = 2"))).field, "schedule[0].replicas");
+        let e = toml::from_str::<ServeConfig>(&window(&ok.replace("2026-11-24T10:00:00Z", "at ten")))
+            .unwrap_err();
+        assert!(e.to_string().contains("`at ten` is not an RFC 3339 time"), "{e}");
     }
 
     #[test]
