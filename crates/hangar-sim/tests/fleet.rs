@@ -55,8 +55,8 @@ fn fleet() -> FleetConfig {
 fn a_fleet_run_is_reproducible_byte_for_byte_and_accounts_for_every_request() {
     let trace = synth_trace(600, Pattern::Bursty);
     let opts = FleetOptions { sample_ms: 5_000, ..FleetOptions::default() };
-    let a = simulate_fleet(&trace, &fleet(), &opts).unwrap();
-    let b = simulate_fleet(&trace, &fleet(), &opts).unwrap();
+    let a = simulate_fleet(&trace, &fleet(), &opts, |_, _| {}).unwrap();
+    let b = simulate_fleet(&trace, &fleet(), &opts, |_, _| {}).unwrap();
     assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
     let t = &a.total;
     assert_eq!(t.requests, 600);
@@ -73,6 +73,32 @@ fn a_fleet_run_is_reproducible_byte_for_byte_and_accounts_for_every_request() {
 }
 
 #[test]
+fn the_timeline_windows_hold_every_arrival_and_progress_reaches_the_total() {
+    let trace = synth_trace(400, Pattern::Bursty);
+    let opts = FleetOptions { sample_ms: 2_000, ..FleetOptions::default() };
+    let mut calls = Vec::new();
+    let r = simulate_fleet(&trace, &fleet(), &opts, |done, total| calls.push((done, total))).unwrap();
+    let timeline = &r.timeline;
+    assert_eq!(timeline.iter().map(|s| s.arrivals).sum::<u64>(), 400);
+    assert!(timeline.windows(2).all(|w| w[1].t_s - w[0].t_s == 2.0), "one sample every 2 s");
+    assert!(timeline.last().unwrap().t_s <= r.duration_s);
+    // A window's p99 is one of the run's TTFTs: within the run's range.
+    let windows: Vec<f64> = timeline.iter().filter_map(|s| s.ttft_p99_ms).collect();
+    assert!(!windows.is_empty());
+    assert!(windows.iter().all(|&p| p >= r.total.ttft_ms.min && p <= r.total.ttft_ms.max), "{windows:?}");
+    // Progress: once per request, counting up to the total.
+    assert_eq!(calls.len(), 400);
+    assert!(calls.iter().enumerate().all(|(i, &(done, total))| done == i + 1 && total == 400));
+    // Rows the fleet skips are not load.
+    let text = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"model\": \"synth/m0\"}\n\
+                {\"timestamp\": 5, \"input_length\": 10, \"output_length\": 2, \"model\": \"acme/other\"}\n";
+    let trace = trace::read(text, "t.jsonl").unwrap();
+    let opts = FleetOptions { skip_unknown: true, ..opts };
+    let r = simulate_fleet(&trace, &fleet(), &opts, |_, _| {}).unwrap();
+    assert_eq!(r.timeline.iter().map(|s| s.arrivals).sum::<u64>(), 1);
+}
+
+#[test]
 fn quiet_models_scale_to_zero_and_wake_from_warm() {
     // Two bursts for one model 100 s apart with silence between: the quiet
     // period (20 s) takes its replicas WARM, the second burst wakes them.
@@ -86,7 +112,7 @@ fn quiet_models_scale_to_zero_and_wake_from_warm() {
         }
     }
     let trace = trace::read(&text, "bursts.jsonl").unwrap();
-    let report = simulate_fleet(&trace, &fleet(), &FleetOptions::default()).unwrap();
+    let report = simulate_fleet(&trace, &fleet(), &FleetOptions::default(), |_, _| {}).unwrap();
     let m0 = &report.models[0];
     assert_eq!(m0.completed, 120, "{m0:?}");
     assert!(m0.warm_seconds > 0.0, "{m0:?}");
@@ -108,7 +134,7 @@ fn every_policy_runs_on_the_same_fleet() {
     ] {
         let name = policy.name();
         let opts = FleetOptions { policy: Some(policy), ..FleetOptions::default() };
-        let r = simulate_fleet(&trace, &fleet(), &opts).unwrap();
+        let r = simulate_fleet(&trace, &fleet(), &opts, |_, _| {}).unwrap();
         assert_eq!(r.total.policy, name);
         assert_eq!(r.total.requests, 300);
         if name != "fixed" {
@@ -125,10 +151,10 @@ fn an_unknown_model_is_named_with_its_line_unless_skipped() {
     let text = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"model\": \"synth/m0\"}\n\
                 {\"timestamp\": 5, \"input_length\": 10, \"output_length\": 2, \"model\": \"acme/other\"}\n";
     let trace = trace::read(text, "t.jsonl").unwrap();
-    let e = simulate_fleet(&trace, &fleet(), &FleetOptions::default()).unwrap_err().to_string();
+    let e = simulate_fleet(&trace, &fleet(), &FleetOptions::default(), |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("t.jsonl:2") && e.contains("acme/other") && e.contains("--skip-unknown"), "{e}");
     let opts = FleetOptions { skip_unknown: true, ..FleetOptions::default() };
-    let r = simulate_fleet(&trace, &fleet(), &opts).unwrap();
+    let r = simulate_fleet(&trace, &fleet(), &opts, |_, _| {}).unwrap();
     assert_eq!(r.total.requests, 1);
 }
 
@@ -173,7 +199,7 @@ fn a_draining_replica_wanted_again_keeps_its_requests() {
         text.push_str(&row(4_000 + i * 50, 10));
     }
     let trace = trace::read(&text, "drain.jsonl").unwrap();
-    let r = simulate_fleet(&trace, &fleet, &FleetOptions::default()).unwrap();
+    let r = simulate_fleet(&trace, &fleet, &FleetOptions::default(), |_, _| {}).unwrap();
     let m0 = &r.models[0];
     assert_eq!((m0.requests, m0.completed, m0.failed), (64, 64, 0), "{m0:?}");
     assert!(m0.decisions >= 3, "it scaled up, down and up again: {m0:?}");
@@ -191,7 +217,7 @@ fn a_draining_replica_wanted_again_keeps_its_requests() {
     .unwrap();
     let text: String = rows.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
     let trace = trace::read(&text, "bursty.jsonl").unwrap();
-    let r = simulate_fleet(&trace, &fleet, &FleetOptions::default()).unwrap();
+    let r = simulate_fleet(&trace, &fleet, &FleetOptions::default(), |_, _| {}).unwrap();
     let t = &r.total;
     assert_eq!(t.completed + t.rejected + t.timed_out, 3000, "{t:?}");
     assert_eq!(t.failed, 0, "{t:?}");
@@ -211,8 +237,8 @@ fn every_router_serves_the_fleet_reproducibly() {
         let text = FLEET.replace("concurrency = 8\n", &format!("concurrency = 8\nrouter = \"{router}\"\n"));
         let cfg = FleetConfig::parse(&text, "fleet.toml").unwrap();
         assert!(cfg.models.iter().all(|m| m.router == router));
-        let a = simulate_fleet(&trace, &cfg, &FleetOptions::default()).unwrap();
-        let b = simulate_fleet(&trace, &cfg, &FleetOptions::default()).unwrap();
+        let a = simulate_fleet(&trace, &cfg, &FleetOptions::default(), |_, _| {}).unwrap();
+        let b = simulate_fleet(&trace, &cfg, &FleetOptions::default(), |_, _| {}).unwrap();
         assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap(), "{router}");
         assert_eq!(a.total.completed, 300, "{router}");
     }

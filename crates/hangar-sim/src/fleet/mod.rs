@@ -33,7 +33,7 @@ use hangar_scaler::{
 };
 
 pub use config::{ColdStart, FleetConfig, FleetModel, FleetNodes};
-pub use report::{ColdStarts, FleetReport, GpuSeconds, ModelReport};
+pub use report::{ColdStarts, FleetReport, GpuSeconds, ModelReport, Sample};
 
 use crate::trace::{Trace, TraceError};
 use crate::SimError;
@@ -52,7 +52,8 @@ pub struct FleetOptions {
     pub skip_unknown: bool,
     /// Every model runs this policy instead of its own (`sim compare`).
     pub policy: Option<ScalingConfig>,
-    /// Record the fleet every this many ms for plots (0: no timeline).
+    /// Record the fleet every this many ms for plots, with the load and
+    /// TTFT of each window ([`FleetReport::timeline`]); 0: no timeline.
     pub sample_ms: Millis,
 }
 
@@ -172,14 +173,24 @@ struct Fleet<'t> {
     /// A day after the last arrival: requests still pending then fail.
     horizon: f64,
     account: AccountId,
+    /// Told (requests ended, requests served) as each request ends.
+    progress: &'t mut dyn FnMut(usize, usize),
+    served: usize,
 }
 
 /// Runs `trace` on the fleet `cfg`. Rows must name a model (`model`) the
 /// fleet serves, unless `opts.skip_unknown`.
+///
+/// `progress(done, total)` is called each time one of the `total` served
+/// requests ends (completed, rejected, timed out or failed), so a caller
+/// can show how far a long run is; `done` only grows and the last call has
+/// `done == total`. It is called inline: keep it cheap. The simulation
+/// itself does no I/O.
 pub fn simulate_fleet(
     trace: &Trace,
     cfg: &FleetConfig,
     opts: &FleetOptions,
+    mut progress: impl FnMut(usize, usize),
 ) -> Result<FleetReport, SimError> {
     if !(opts.speedup.is_finite() && opts.speedup > 0.0) {
         return Err(SimError::Config(format!("--speedup must be a number above 0, got {}", opts.speedup)));
@@ -272,6 +283,8 @@ pub fn simulate_fleet(
         horizon: f64::INFINITY,
         account: "sim".parse().expect("a valid account"),
         row_model,
+        progress: &mut progress,
+        served: remaining,
     };
     fleet.seed_arrivals();
     fleet.horizon = fleet.arrivals.back().map_or(0.0, |a| a.0) + 86_400_000.0;
@@ -539,6 +552,7 @@ impl Fleet<'_> {
         t.outcome = outcome;
         t.done = Some(now);
         self.remaining -= 1;
+        (self.progress)(self.served - self.remaining, self.served);
     }
 
     fn pass_end(&mut self, now: f64, slot: usize) {

@@ -79,7 +79,12 @@ pub struct ModelReport {
     pub unplaceable: u64,
 }
 
-/// Replicas per model at one moment, for plots.
+/// The fleet at one moment and the load of the window it opens, for
+/// plots.
+///
+/// The window runs from this sample to the next (the last one to the end
+/// of the run), so the windows cover the run once: their `arrivals` add
+/// up to the requests the fleet served.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Sample {
     /// Seconds since the first arrival.
@@ -88,6 +93,11 @@ pub struct Sample {
     pub desired: Vec<u32>,
     /// Replicas hot, per model.
     pub hot: Vec<u32>,
+    /// Requests that arrived in the window, all models.
+    pub arrivals: u64,
+    /// TTFT p99 in ms of the first tokens sent in the window, all models
+    /// (nearest rank, as every percentile here); `None` when none was.
+    pub ttft_p99_ms: Option<f64>,
 }
 
 /// A whole fleet simulation.
@@ -133,6 +143,8 @@ pub(crate) struct Builder {
     /// Per replica slot: its current bucket, GPUs and since when.
     slots: Vec<(Bucket, f64, f64)>,
     timeline: Vec<Sample>,
+    /// When each sample of `timeline` was taken, ms.
+    sampled_ms: Vec<f64>,
 }
 
 impl Builder {
@@ -141,6 +153,7 @@ impl Builder {
             models: cfg.models.iter().map(|_| PerModel::default()).collect(),
             slots: Vec::new(),
             timeline: Vec::new(),
+            sampled_ms: Vec::new(),
         }
     }
 
@@ -193,11 +206,33 @@ impl Builder {
             .iter()
             .map(|k| controller.cluster().replicas_of(k, hangar_placement::Level::Hot).len() as u32)
             .collect();
-        self.timeline.push(Sample { t_s: now / 1000.0, desired, hot });
+        self.timeline.push(Sample { t_s: now / 1000.0, desired, hot, arrivals: 0, ttft_p99_ms: None });
+        self.sampled_ms.push(now);
+    }
+
+    /// Books each request's arrival and first token into the window of
+    /// the sample it follows. Done from the finished timings rather than
+    /// as events come, so a first token at the very instant of a sample
+    /// lands in the same window whatever order the two events took.
+    fn fill_windows(&mut self, row_model: &[Option<usize>], timings: &[Timing]) {
+        if self.timeline.is_empty() {
+            return;
+        }
+        let window = |t: f64| self.sampled_ms.partition_point(|&s| s <= t).saturating_sub(1);
+        let mut ttft = vec![Vec::new(); self.timeline.len()];
+        for (t, _) in timings.iter().zip(row_model).filter(|(_, m)| m.is_some()) {
+            self.timeline[window(t.arrived)].arrivals += 1;
+            if let Some(first) = t.first_token {
+                ttft[window(first)].push(first - t.arrived);
+            }
+        }
+        for (sample, ttft) in self.timeline.iter_mut().zip(ttft) {
+            sample.ttft_p99_ms = (!ttft.is_empty()).then(|| Stats::exact(ttft).p99);
+        }
     }
 
     pub fn finish(
-        self,
+        mut self,
         cfg: &FleetConfig,
         trace: &Trace,
         row_model: &[Option<usize>],
@@ -206,6 +241,7 @@ impl Builder {
         end_ms: f64,
     ) -> FleetReport {
         let duration_s = (end_ms / 1000.0).max(1e-9);
+        self.fill_windows(row_model, timings);
         let mut models = Vec::new();
         let mut all = Vec::new();
         for (m, (p, spec)) in self.models.into_iter().zip(&cfg.models).enumerate() {

@@ -1,6 +1,6 @@
 //! `hangar sim`: replay a trace through simulated engines and a router.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -9,9 +9,10 @@ use clap::{Args as ClapArgs, ValueEnum};
 use hangar_engine::EngineConfig;
 use hangar_router::{KvRouterConfig, RouterPolicy};
 use hangar_scaler::ScalingConfig;
-use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions, ModelReport};
+use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions, FleetReport, ModelReport};
 use hangar_sim::synth::{self, SynthConfig};
-use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, Slo};
+use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, SimError, Slo};
+use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{peak_rss_mib, read_text, write_jsonl};
 
@@ -184,6 +185,35 @@ pub(super) fn read_trace(path: &std::path::Path) -> anyhow::Result<trace::Trace>
     Ok(trace::read(&read_text(path)?, &path.display().to_string())?)
 }
 
+/// Runs one fleet simulation with a progress bar over its requests on
+/// stderr, drawn only when stderr is a terminal so pipes, logs and tests
+/// see nothing; the bar is cleared once the run ends.
+pub(super) fn simulate_with_bar(
+    label: &str,
+    trace: &trace::Trace,
+    cfg: &FleetConfig,
+    opts: &FleetOptions,
+) -> Result<FleetReport, SimError> {
+    if !std::io::stderr().is_terminal() {
+        return simulate_fleet(trace, cfg, opts, |_, _| {});
+    }
+    let bar = ProgressBar::new(0).with_prefix(label.to_owned()).with_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] {human_pos}/{human_len} requests, {eta} left")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let report = simulate_fleet(trace, cfg, opts, |done, total| {
+        // The bar redraws at most 20 times a second anyway; this spares
+        // its lock on every one of millions of requests.
+        if done % 256 == 1 || done == total {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    });
+    bar.finish_and_clear();
+    report
+}
+
 /// `hangar sim --fleet`.
 fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
     let started = Instant::now();
@@ -197,7 +227,7 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
         policy: None,
         sample_ms: 0,
     };
-    let report = simulate_fleet(&trace, &cfg, &opts)?;
+    let report = simulate_with_bar("simulating", &trace, &cfg, &opts)?;
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
@@ -219,15 +249,17 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     let cfg = read_fleet(&a.fleet)?;
     let trace = read_trace(&a.trace)?;
     let mut reports = Vec::new();
-    for policy in &a.policies {
+    for (i, policy) in a.policies.iter().enumerate() {
+        let config = policy.config();
+        let label = format!("{} ({}/{})", config.name(), i + 1, a.policies.len());
         let opts = FleetOptions {
             speedup: a.speedup,
             trace_block_size: a.trace_block_size,
             skip_unknown: a.skip_unknown,
-            policy: Some(policy.config()),
+            policy: Some(config),
             sample_ms: 0,
         };
-        reports.push(simulate_fleet(&trace, &cfg, &opts)?);
+        reports.push(simulate_with_bar(&label, &trace, &cfg, &opts)?);
     }
     if let Some(path) = &a.json {
         let json = serde_json::to_string_pretty(&reports)?;

@@ -20,13 +20,13 @@ use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
 use hangar_engine::Prompt;
 use hangar_runtime::bench::replay::{replay, LiveRun, ReplayRequest};
-use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions, FleetReport};
+use hangar_sim::fleet::{FleetConfig, FleetOptions, FleetReport};
 use hangar_sim::stats::Stats;
 use hangar_sim::trace::Trace;
 use serde::Serialize;
 use serde_json::json;
 
-use super::sim::{read_fleet, read_trace};
+use super::sim::{read_fleet, read_trace, simulate_with_bar};
 
 /// `hangar sim live`.
 #[derive(Debug, ClapArgs)]
@@ -95,7 +95,7 @@ pub fn run(a: &LiveArgs) -> anyhow::Result<()> {
         policy: None,
         sample_ms,
     };
-    let sim = simulate_fleet(&trace, &cfg, &opts)?;
+    let sim = simulate_with_bar("simulating", &trace, &cfg, &opts)?;
 
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
     let config = serve_config(&cfg, dir.path())?;
