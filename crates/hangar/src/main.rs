@@ -28,7 +28,9 @@ enum Command {
     /// Run an engine process (the mock LLM engine).
     Engine(cmd::engine::Args),
     /// Replay a request trace through simulated engines and a router.
-    Sim(cmd::sim::Args),
+    // Boxed: its flags (the replay's, the fleet's, compare's) make it
+    // several times the size of the other commands.
+    Sim(Box<cmd::sim::Args>),
     /// Generate request traces.
     Trace(cmd::trace::Args),
     /// Dry-run replica placement for a scenario file: decisions, evictions
@@ -51,7 +53,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Engine(args) => cmd::engine::run(args),
-        Command::Sim(args) => cmd::sim::run(args),
+        Command::Sim(args) => cmd::sim::run(*args),
         Command::Trace(args) => cmd::trace::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Evict(args) => cmd::evict::run(args),

@@ -195,3 +195,68 @@ fn a_fleet_simulates_a_multi_model_trace_and_compares_policies() {
     let o = hangar(&["sim", "--fleet", fleet.to_str().unwrap(), other.to_str().unwrap(), "--skip-unknown"]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// What an SVG's `<text>` elements say, trimmed.
+fn svg_texts(svg: &str) -> Vec<&str> {
+    svg.split("</text>").filter_map(|chunk| chunk.rsplit_once('>')).map(|(_, text)| text.trim()).collect()
+}
+
+#[test]
+fn plots_draw_the_fleet_over_time_and_the_policies_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace =
+        synth(dir.path(), &["--models", "2", "--pattern", "bursty", "--period-s", "30", "--max-turns", "1"]);
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(&fleet, FLEET).unwrap();
+    let fleet = fleet.to_str().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+
+    let (svg, json) = (path("fleet.svg"), path("fleet.json"));
+    let o = hangar(&["sim", "--fleet", fleet, &trace, "--plot", &svg, "--json", &json]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "no progress bar when stderr is not a terminal");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") || text.starts_with("<?xml"), "{}", &text[..100]);
+    assert!(text.trim_end().ends_with("</svg>"));
+    for model in ["synth/m0", "synth/m1"] {
+        assert!(svg_texts(&text).contains(&model), "{model} has no legend entry");
+    }
+    // The timeline behind the plot is in the report too, every request in
+    // one window.
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let windows = report["timeline"].as_array().unwrap();
+    assert_eq!(windows.iter().map(|s| s["arrivals"].as_u64().unwrap()).sum::<u64>(), 120);
+
+    let png = path("fleet.png");
+    let o = hangar(&["sim", "--fleet", fleet, &trace, "--plot", &png]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
+
+    let compare = path("compare.svg");
+    let policies = ["--policy", "hangar", "--policy", "replicate", "--policy", "workers-ai"];
+    let o =
+        hangar(&[&["sim", "compare", "--fleet", fleet, &trace, "--plot", &compare], &policies[..]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&compare).unwrap();
+    assert!(text.starts_with("<svg") || text.starts_with("<?xml"), "{}", &text[..100]);
+    for policy in ["hangar", "replicate", "workers-ai"] {
+        assert!(svg_texts(&text).contains(&policy), "{policy} has no point label");
+    }
+
+    // A format it cannot write is refused before anything runs; a file it
+    // cannot create is named.
+    let pdf = path("fleet.pdf");
+    let o = hangar(&["sim", "--fleet", fleet, &trace, "--plot", &pdf]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains(&pdf) && stderr(&o).contains(".svg or .png"), "{}", stderr(&o));
+    let nowhere = path("missing/fleet.svg");
+    let o = hangar(&["sim", "--fleet", fleet, &trace, "--plot", &nowhere]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains(&format!("cannot write the plot {nowhere}")), "{}", stderr(&o));
+    let o =
+        hangar(&[&["sim", "compare", "--fleet", fleet, &trace, "--plot", &nowhere], &policies[..]].concat());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains(&format!("cannot write the plot {nowhere}")), "{}", stderr(&o));
+    let o = hangar(&["sim", &trace, "--plot", &svg]);
+    assert_eq!(o.status.code(), Some(2), "--plot draws a fleet run");
+}

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, ValueEnum};
+use hangar_core::Millis;
 use hangar_engine::EngineConfig;
 use hangar_router::{KvRouterConfig, RouterPolicy};
 use hangar_scaler::ScalingConfig;
@@ -15,6 +16,10 @@ use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, SimError, Slo};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{peak_rss_mib, read_text, write_jsonl};
+
+mod plot;
+
+use plot::PlotFile;
 
 /// Replay a request trace on a logical clock through mock engines behind a
 /// router, and report latency, throughput and prefix-cache reuse.
@@ -40,6 +45,10 @@ pub struct Args {
     /// serve, instead of refusing the trace.
     #[arg(long)]
     skip_unknown: bool,
+    /// With --fleet: draw load, replicas per model and TTFT p99 over
+    /// simulated time to this .svg or .png file.
+    #[arg(long, value_name = "FILE", requires = "fleet", value_parser = PlotFile::parse)]
+    plot: Option<PlotFile>,
     /// Workers (engines) in the simulated cluster.
     #[arg(long, default_value_t = 4)]
     workers: u32,
@@ -155,6 +164,10 @@ struct CompareArgs {
     /// Write every policy's report as a JSON array to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw GPU-hours against SLO attainment, one point per policy, to
+    /// this .svg or .png file.
+    #[arg(long, value_name = "FILE", value_parser = PlotFile::parse)]
+    plot: Option<PlotFile>,
 }
 
 /// A scaling policy by name.
@@ -183,6 +196,16 @@ pub(super) fn read_fleet(path: &std::path::Path) -> anyhow::Result<FleetConfig> 
 
 pub(super) fn read_trace(path: &std::path::Path) -> anyhow::Result<trace::Trace> {
     Ok(trace::read(&read_text(path)?, &path.display().to_string())?)
+}
+
+/// One timeline sample a second, or fewer on a long trace: about 600 over
+/// the trace's span, as many as a plot's width shows.
+fn sample_ms(trace: &trace::Trace, speedup: f64) -> Millis {
+    let (first, last) = trace.requests.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| {
+        (lo.min(r.timestamp_ms), hi.max(r.timestamp_ms))
+    });
+    let span_ms = ((last - first) / speedup).max(0.0);
+    ((span_ms / 600.0) as Millis).max(1000)
 }
 
 /// Runs one fleet simulation with a progress bar over its requests on
@@ -225,9 +248,12 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
         trace_block_size: args.trace_block_size,
         skip_unknown: args.skip_unknown,
         policy: None,
-        sample_ms: 0,
+        sample_ms: if args.plot.is_some() { sample_ms(&trace, args.speedup) } else { 0 },
     };
     let report = simulate_with_bar("simulating", &trace, &cfg, &opts)?;
+    if let Some(file) = &args.plot {
+        plot::timeline(&report, file)?;
+    }
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
@@ -260,6 +286,9 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
             sample_ms: 0,
         };
         reports.push(simulate_with_bar(&label, &trace, &cfg, &opts)?);
+    }
+    if let Some(file) = &a.plot {
+        plot::policies(&reports, &format!("{} on {}", trace.source, a.fleet.display()), file)?;
     }
     if let Some(path) = &a.json {
         let json = serde_json::to_string_pretty(&reports)?;
