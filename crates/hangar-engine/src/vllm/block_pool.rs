@@ -96,7 +96,7 @@ impl BlockPool {
 
     /// Takes `n` blocks from the head of the free queue into `out`, evicting
     /// their cached hashes. The caller checked `n <= free_len()`.
-    pub fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>, log: KvLog, events: &mut Vec<KvEvent>) {
+    pub fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>, log: &mut KvLog, events: &mut Vec<KvEvent>) {
         debug_assert!(n <= self.free_len);
         out.reserve(n as usize);
         for _ in 0..n {
@@ -254,7 +254,7 @@ mod tests {
         #[test]
         fn pool_keeps_its_invariants(ops in proptest::collection::vec(op(), 1..200)) {
             let mut pool = BlockPool::new(16);
-            let log = KvLog { enabled: true };
+            let mut log = KvLog::on();
             let mut events = Vec::new();
             let mut held: Vec<BlockId> = Vec::new();
             let mut names: std::collections::HashMap<BlockHash, BlockId> = Default::default();
@@ -263,7 +263,7 @@ mod tests {
                     Op::Alloc(n) => {
                         let n = u32::from(n).min(pool.free_len());
                         let mut out = Vec::new();
-                        pool.allocate(n, &mut out, log, &mut events);
+                        pool.allocate(n, &mut out, &mut log, &mut events);
                         for b in &out {
                             names.retain(|_, v| v != b);
                         }
@@ -300,16 +300,16 @@ mod tests {
     #[test]
     fn eviction_takes_the_least_recently_freed_block_and_reports_it() {
         let mut pool = BlockPool::new(2);
-        let log = KvLog { enabled: true };
+        let mut log = KvLog::on();
         let (mut ev, mut out) = (Vec::new(), Vec::new());
-        pool.allocate(2, &mut out, log, &mut ev);
+        pool.allocate(2, &mut out, &mut log, &mut ev);
         assert!(pool.register(out[0], BlockHash(1)));
         assert!(pool.register(out[1], BlockHash(2)));
         assert!(!pool.register(out[1], BlockHash(3)), "a block is named once");
         pool.release(out[1]);
         pool.release(out[0]);
         out.clear();
-        pool.allocate(1, &mut out, log, &mut ev);
+        pool.allocate(1, &mut out, &mut log, &mut ev);
         assert_eq!(ev, vec![KvEvent::Removed { blocks: vec![BlockHash(2)] }]);
         assert_eq!(pool.lookup(BlockHash(1)), Some(0));
     }

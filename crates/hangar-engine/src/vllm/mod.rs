@@ -91,7 +91,7 @@ impl VllmScheduler {
             speedup_ratio: config.speedup_ratio,
             capacity_tokens: config.capacity_tokens(),
             timing,
-            kv: KvLog { enabled: true },
+            kv: KvLog::on(),
             pool: BlockPool::new(config.num_gpu_blocks),
             requests: RequestTable::default(),
             waiting: VecDeque::new(),
@@ -165,6 +165,7 @@ impl VllmScheduler {
     }
 
     pub(crate) fn step(&mut self, now: f64, out: &mut Pass) {
+        self.kv.recycle(&mut out.kv_events);
         out.reset(now);
         let mut scheduled = std::mem::take(&mut self.scheduled);
         scheduled.clear();
@@ -282,7 +283,7 @@ impl VllmScheduler {
             return;
         }
         let s = self.requests.get_mut(slot);
-        self.pool.allocate(n, &mut s.blocks, self.kv, &mut out.kv_events);
+        self.pool.allocate(n, &mut s.blocks, &mut self.kv, &mut out.kv_events);
     }
 
     fn preempt(&mut self, slot: u32, out: &mut Pass) {
@@ -315,7 +316,7 @@ impl VllmScheduler {
             }
             s.num_computed += new;
             if self.prefix_caching {
-                register_full_blocks(s, self.block_size, &mut self.pool, self.kv, &mut out.kv_events);
+                register_full_blocks(s, self.block_size, &mut self.pool, &mut self.kv, &mut out.kv_events);
             }
             if s.num_computed == s.num_tokens() {
                 if s.generated < s.output_len {
@@ -386,7 +387,7 @@ fn register_full_blocks(
     s: &mut Seq,
     block_size: u32,
     pool: &mut BlockPool,
-    kv: KvLog,
+    kv: &mut KvLog,
     events: &mut Vec<hangar_core::KvEvent>,
 ) {
     let full = s.num_computed / block_size;
