@@ -240,6 +240,11 @@ impl VllmScheduler {
             let (first, id) = (!s.admitted_before, s.id);
             self.waiting.pop_front();
             let s = self.requests.get_mut(slot);
+            // Room for every block the request can ever hold, so neither
+            // admission nor decoding grows the list block by block.
+            let lifetime =
+                (u64::from(s.prompt_len) + u64::from(s.output_len)).div_ceil(self.block_size.into());
+            s.blocks.reserve(lifetime as usize);
             for &b in &self.hits {
                 self.pool.touch(b);
                 s.blocks.push(b);
@@ -394,6 +399,11 @@ fn register_full_blocks(
     while s.registered < full {
         let k = s.registered as usize;
         if k == s.hashes.len() {
+            if k == s.hashes.capacity() {
+                // The first generated block: make room for all of them.
+                let lifetime = (u64::from(s.prompt_len) + u64::from(s.output_len)) / u64::from(block_size);
+                s.hashes.reserve_exact((lifetime as usize).saturating_sub(k));
+            }
             let parent = if k == 0 { hangar_core::ROOT_BLOCK_HASH } else { s.hashes[k - 1] };
             s.hashes.push(parent.chain(mix64(s.salt, k as u64)));
         }
