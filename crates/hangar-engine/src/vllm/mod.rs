@@ -191,7 +191,7 @@ impl VllmScheduler {
             let slot = self.running[i];
             let s = self.seq(slot);
             let new = (s.num_tokens() - s.num_computed).min(*budget);
-            let need = blocks_for(s.num_computed + new, self.block_size) - s.blocks.len() as u32;
+            let need = blocks_short(s.num_computed + new, s.blocks.len(), self.block_size);
             // Preempt from the back until the blocks fit or this request
             // itself was the one preempted.
             let mut fits = true;
@@ -385,6 +385,18 @@ fn blocks_for(tokens: u32, block_size: u32) -> u32 {
     tokens.div_ceil(block_size)
 }
 
+/// `blocks_for(tokens) - held` for `held` blocks that cover at most
+/// `tokens`, without a division when they cover all of them: the common
+/// case of a decode step inside its last block, taken once per running
+/// request per pass.
+fn blocks_short(tokens: u32, held: usize, block_size: u32) -> u32 {
+    let covered = held as u64 * u64::from(block_size);
+    match u64::from(tokens).checked_sub(covered) {
+        None | Some(0) => 0,
+        Some(missing) => missing.div_ceil(u64::from(block_size)) as u32,
+    }
+}
+
 /// Names every newly full block of `s` in the cache and logs it. Blocks past
 /// the prompt get hashes from the request's own salt: generated tokens are
 /// never shared with another request.
@@ -395,13 +407,19 @@ fn register_full_blocks(
     kv: &mut KvLog,
     events: &mut Vec<hangar_core::KvEvent>,
 ) {
-    let full = s.num_computed / block_size;
-    while s.registered < full {
+    // Checks by multiplying: this runs for every scheduled request of every
+    // pass, and a block fills only once per `block_size` tokens.
+    let block_size = u64::from(block_size);
+    if u64::from(s.registered + 1) * block_size > u64::from(s.num_computed) {
+        return;
+    }
+    let full = (u64::from(s.num_computed) / block_size) as usize;
+    while (s.registered as usize) < full {
         let k = s.registered as usize;
         if k == s.hashes.len() {
             if k == s.hashes.capacity() {
                 // The first generated block: make room for all of them.
-                let lifetime = (u64::from(s.prompt_len) + u64::from(s.output_len)) / u64::from(block_size);
+                let lifetime = (u64::from(s.prompt_len) + u64::from(s.output_len)) / block_size;
                 s.hashes.reserve_exact((lifetime as usize).saturating_sub(k));
             }
             let parent = if k == 0 { hangar_core::ROOT_BLOCK_HASH } else { s.hashes[k - 1] };
