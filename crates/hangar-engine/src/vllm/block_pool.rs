@@ -91,6 +91,12 @@ impl BlockPool {
         self.index.find(hash, |b| self.blocks[b as usize].hash == Some(hash)).ok()
     }
 
+    /// Brings the index entries of `hashes` into cache together, ahead of
+    /// their lookups or registrations; see [`BlockIndex::prefetch`].
+    pub fn prefetch(&self, hashes: &[BlockHash]) {
+        self.index.prefetch(hashes);
+    }
+
     pub fn is_free(&self, b: BlockId) -> bool {
         self.blocks[b as usize].ref_cnt == 0
     }
@@ -294,6 +300,17 @@ impl BlockIndex {
             }
             i = (i + 1) & self.mask();
         }
+    }
+
+    /// Reads the home slots of `hashes` in one sweep, whose cache misses the
+    /// processor overlaps, so that the probes that follow — one after
+    /// another, each waiting for its own miss otherwise — find them cached.
+    fn prefetch(&self, hashes: &[BlockHash]) {
+        let mut any = 0;
+        for &h in hashes {
+            any |= self.slots[self.home(Self::tag(h))];
+        }
+        std::hint::black_box(any);
     }
 
     /// Fills `vacancy`, the empty slot that [`find`](Self::find) returned

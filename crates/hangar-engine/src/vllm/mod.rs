@@ -270,6 +270,9 @@ impl VllmScheduler {
         }
         let s = self.requests.get(slot);
         let max_hits = ((s.num_tokens() - 1) / self.block_size) as usize;
+        // All of the prompt: the blocks past the hits are registered as
+        // soon as they are computed, mostly within this pass.
+        self.pool.prefetch(&s.hashes);
         let mut free = 0;
         for &h in s.hashes.iter().take(max_hits) {
             match self.pool.lookup(h) {
@@ -414,6 +417,11 @@ fn register_full_blocks(
         return;
     }
     let full = (u64::from(s.num_computed) / block_size) as usize;
+    let known = full.min(s.hashes.len());
+    if known > s.registered as usize + 1 {
+        // A prefill chunk: take the index's cache misses together.
+        pool.prefetch(&s.hashes[s.registered as usize..known]);
+    }
     while (s.registered as usize) < full {
         let k = s.registered as usize;
         if k == s.hashes.len() {
