@@ -74,23 +74,52 @@ impl Pass {
 
 /// Appends KV events, merging consecutive removals and consecutive stores of
 /// one chain so that a pass emits few events.
-#[derive(Debug, Clone, Copy)]
+///
+/// The block lists of a pass's events are handed back with
+/// [`recycle`](Self::recycle) before the next pass and reused, so a steady
+/// run allocates none: a replay emits an event list in most passes.
+#[derive(Debug, Default)]
 pub(crate) struct KvLog {
     pub enabled: bool,
+    spare: Vec<Vec<BlockHash>>,
 }
 
 impl KvLog {
-    pub fn removed(&self, events: &mut Vec<KvEvent>, hash: BlockHash) {
+    /// A log that records.
+    pub fn on() -> Self {
+        Self { enabled: true, spare: Vec::new() }
+    }
+
+    /// Empties `events`, keeping their block lists for reuse.
+    pub fn recycle(&mut self, events: &mut Vec<KvEvent>) {
+        for e in events.drain(..) {
+            if let KvEvent::Stored { mut blocks, .. } | KvEvent::Removed { mut blocks } = e {
+                blocks.clear();
+                self.spare.push(blocks);
+            }
+        }
+    }
+
+    fn list(&mut self, first: BlockHash) -> Vec<BlockHash> {
+        let mut blocks = self.spare.pop().unwrap_or_default();
+        blocks.push(first);
+        blocks
+    }
+
+    pub fn removed(&mut self, events: &mut Vec<KvEvent>, hash: BlockHash) {
         if !self.enabled {
             return;
         }
         match events.last_mut() {
             Some(KvEvent::Removed { blocks }) => blocks.push(hash),
-            _ => events.push(KvEvent::Removed { blocks: vec![hash] }),
+            _ => {
+                let blocks = self.list(hash);
+                events.push(KvEvent::Removed { blocks });
+            }
         }
     }
 
-    pub fn stored(&self, events: &mut Vec<KvEvent>, parent: Option<BlockHash>, hash: BlockHash) {
+    pub fn stored(&mut self, events: &mut Vec<KvEvent>, parent: Option<BlockHash>, hash: BlockHash) {
         if !self.enabled {
             return;
         }
@@ -100,7 +129,8 @@ impl KvLog {
                 return;
             }
         }
-        events.push(KvEvent::Stored { parent, blocks: vec![hash] });
+        let blocks = self.list(hash);
+        events.push(KvEvent::Stored { parent, blocks });
     }
 
     pub fn cleared(&self, events: &mut Vec<KvEvent>) {

@@ -97,14 +97,15 @@ impl Prompt {
 
     /// Builds from runs in canonical form (adjacent equal tokens merged), so
     /// that equal token sequences always yield equal block hashes.
-    fn from_runs(len: u32, raw: Vec<TokenRun>, block_size: u32) -> Self {
-        let mut runs: Vec<TokenRun> = Vec::with_capacity(raw.len());
-        for r in raw {
-            match runs.last_mut() {
-                Some(last) if last.token == r.token => last.count += r.count,
-                _ => runs.push(r),
+    fn from_runs(len: u32, mut runs: Vec<TokenRun>, block_size: u32) -> Self {
+        // Merged in place: a replay builds one prompt per request.
+        runs.dedup_by(|next, kept| {
+            let same = next.token == kept.token;
+            if same {
+                kept.count += next.count;
             }
-        }
+            same
+        });
         let mut blocks = Vec::with_capacity((len / block_size) as usize);
         let mut parent = ROOT_BLOCK_HASH;
         for content in chunk_contents(&runs, block_size) {

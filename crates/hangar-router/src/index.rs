@@ -7,9 +7,10 @@
 //! tree from the root, and a worker's overlap is how far the walk gets before
 //! that worker drops out. One lookup per block answers for all workers.
 
+use std::collections::hash_map::Entry;
+
 use hangar_core::{BlockHash, KvEvent};
 use rustc_hash::FxHashMap;
-use std::collections::hash_map::Entry;
 
 use crate::WorkerId;
 
@@ -98,9 +99,17 @@ impl WorkerSet {
 }
 
 /// Block hash → workers that cache it.
+///
+/// Workers below 64 — every worker of almost any cluster — live in a
+/// [`BitTable`], one 16-byte slot per block, so that the index of a large
+/// replay stays small and its cache misses can be overlapped
+/// ([`BitTable::prefetch`]); workers from 64 up, if any, in a map beside it.
 #[derive(Debug, Default)]
 pub(crate) struct KvIndex {
-    pub(crate) blocks: FxHashMap<BlockHash, WorkerSet>,
+    low: BitTable,
+    /// Sets without their first word (it is in `low`), for the blocks some
+    /// worker from 64 up caches.
+    high: FxHashMap<BlockHash, WorkerSet>,
 }
 
 impl KvIndex {
@@ -109,13 +118,18 @@ impl KvIndex {
         for e in events {
             match e {
                 KvEvent::Stored { blocks, .. } => {
-                    for h in blocks {
-                        self.blocks.entry(*h).or_default().insert(w);
+                    self.low.prefetch(blocks);
+                    for &h in blocks {
+                        match low_bit(w) {
+                            Some(bit) => self.low.insert(h, bit),
+                            None => self.high.entry(h).or_default().insert(w),
+                        }
                     }
                 }
                 KvEvent::Removed { blocks } => {
-                    for h in blocks {
-                        self.forget(w, *h);
+                    self.low.prefetch(blocks);
+                    for &h in blocks {
+                        self.forget(w, h);
                     }
                 }
                 KvEvent::Cleared => self.forget_worker(w),
@@ -124,32 +138,45 @@ impl KvIndex {
     }
 
     fn forget(&mut self, w: WorkerId, h: BlockHash) {
-        if let Entry::Occupied(mut e) = self.blocks.entry(h) {
-            e.get_mut().remove(w);
-            if e.get().is_empty() {
-                e.remove();
+        match low_bit(w) {
+            Some(bit) => self.low.remove(h, bit),
+            None => {
+                if let Entry::Occupied(mut e) = self.high.entry(h) {
+                    e.get_mut().remove(w);
+                    if e.get().is_empty() {
+                        e.remove();
+                    }
+                }
             }
         }
     }
 
     /// Drops every block of a worker (it cleared its cache or left).
     pub fn forget_worker(&mut self, w: WorkerId) {
-        self.blocks.retain(|_, set| {
-            set.remove(w);
-            !set.is_empty()
-        });
+        match low_bit(w) {
+            Some(bit) => self.low.clear_everywhere(bit),
+            None => self.high.retain(|_, set| {
+                set.remove(w);
+                !set.is_empty()
+            }),
+        }
+    }
+
+    /// The workers caching `h`.
+    pub fn workers_of(&self, h: BlockHash) -> WorkerSet {
+        let mut set = self.high.get(&h).cloned().unwrap_or_default();
+        set.low = self.low.get(h);
+        set
     }
 
     /// For each of `workers`, how many leading blocks of `prompt` it caches;
     /// written into `overlap[w]` (which the caller sized and zeroed).
     pub fn overlaps(&self, prompt: &[BlockHash], workers: &WorkerSet, overlap: &mut [u32]) {
+        self.low.prefetch(prompt);
         let mut alive = workers.clone();
         for (k, h) in prompt.iter().enumerate() {
             let mut next = alive.clone();
-            match self.blocks.get(h) {
-                Some(set) => next.intersect(set),
-                None => next = WorkerSet::default(),
-            }
+            next.intersect(&self.workers_of(*h));
             for w in alive.minus(&next) {
                 overlap[w.0 as usize] = k as u32;
             }
@@ -166,7 +193,148 @@ impl KvIndex {
     /// Number of (block, worker) pairs indexed.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.blocks.values().map(|s| s.iter().count()).sum()
+        let low: usize = self.low.slots.iter().map(|s| s.bits.count_ones() as usize).sum();
+        low + self.high.values().map(|s| s.iter().count()).sum::<usize>()
+    }
+}
+
+/// `w`'s bit in a [`BitTable`] word, if it is below 64.
+fn low_bit(w: WorkerId) -> Option<u64> {
+    (w.0 < 64).then(|| 1 << w.0)
+}
+
+/// Block hash → a 64-bit word (never 0: a block no worker caches has no
+/// entry), by open addressing with linear probing: four slots share a cache
+/// line, a lookup mostly reads one line, and at most half the slots are
+/// used. Deletion shifts later entries back, so there are no tombstones.
+#[derive(Debug)]
+struct BitTable {
+    slots: Vec<BitSlot>,
+    len: usize,
+    /// `64 − log2(slots)`: a re-mixed hash shifted right by this is its home.
+    shift: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BitSlot {
+    key: BlockHash,
+    /// 0: the slot is empty.
+    bits: u64,
+}
+
+const EMPTY_SLOT: BitSlot = BitSlot { key: BlockHash(0), bits: 0 };
+
+/// The slots of an empty table (a power of two).
+const INITIAL_SLOTS: usize = 16;
+
+impl Default for BitTable {
+    fn default() -> Self {
+        Self::with_slots(INITIAL_SLOTS)
+    }
+}
+
+impl BitTable {
+    fn with_slots(n: usize) -> Self {
+        Self { slots: vec![EMPTY_SLOT; n], len: 0, shift: 64 - n.trailing_zeros() }
+    }
+
+    fn home(&self, key: BlockHash) -> usize {
+        (key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The slot holding `key`, or the empty slot where it would go.
+    fn probe(&self, key: BlockHash) -> (usize, bool) {
+        let mut i = self.home(key);
+        loop {
+            let s = self.slots[i];
+            if s.bits == 0 {
+                return (i, false);
+            }
+            if s.key == key {
+                return (i, true);
+            }
+            i = (i + 1) & self.mask();
+        }
+    }
+
+    fn get(&self, key: BlockHash) -> u64 {
+        match self.probe(key) {
+            (i, true) => self.slots[i].bits,
+            (_, false) => 0,
+        }
+    }
+
+    /// Reads the home slots of `keys` in one sweep, whose cache misses the
+    /// processor overlaps, so that the lookups that follow — one after
+    /// another, each waiting for its own miss otherwise — find them cached.
+    fn prefetch(&self, keys: &[BlockHash]) {
+        let mut any = 0;
+        for &k in keys {
+            any |= self.slots[self.home(k)].bits;
+        }
+        std::hint::black_box(any);
+    }
+
+    /// Sets `bit` in `key`'s word.
+    fn insert(&mut self, key: BlockHash, bit: u64) {
+        match self.probe(key) {
+            (i, true) => self.slots[i].bits |= bit,
+            (i, false) => {
+                self.slots[i] = BitSlot { key, bits: bit };
+                self.len += 1;
+                if 2 * self.len > self.slots.len() {
+                    self.rebuild(2 * self.slots.len());
+                }
+            }
+        }
+    }
+
+    /// Clears `bit` in `key`'s word, dropping the entry when it empties.
+    fn remove(&mut self, key: BlockHash, bit: u64) {
+        let (mut hole, true) = self.probe(key) else { return };
+        self.slots[hole].bits &= !bit;
+        if self.slots[hole].bits != 0 {
+            return;
+        }
+        // Shift later entries of the run back over the hole when it lies on
+        // their probe path (between their home and their slot).
+        let mask = self.mask();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let s = self.slots[j];
+            if s.bits == 0 {
+                break;
+            }
+            if j.wrapping_sub(self.home(s.key)) & mask >= j.wrapping_sub(hole) & mask {
+                self.slots[hole] = s;
+                hole = j;
+            }
+        }
+        self.slots[hole] = EMPTY_SLOT;
+        self.len -= 1;
+    }
+
+    /// Clears `bit` in every word, dropping the entries that empty.
+    fn clear_everywhere(&mut self, bit: u64) {
+        for s in &mut self.slots {
+            s.bits &= !bit;
+        }
+        self.rebuild(self.slots.len());
+    }
+
+    /// Re-inserts every entry into `n` slots.
+    fn rebuild(&mut self, n: usize) {
+        let old = std::mem::replace(self, Self::with_slots(n));
+        for s in old.slots.into_iter().filter(|s| s.bits != 0) {
+            let (i, _) = self.probe(s.key);
+            self.slots[i] = s;
+            self.len += 1;
+        }
     }
 }
 
@@ -184,6 +352,46 @@ mod tests {
                 p
             })
             .collect()
+    }
+
+    proptest::proptest! {
+        /// Random sets, clears and whole-bit clears against a map: every
+        /// key reads its word, and emptied entries are gone (the table's
+        /// length is the map's), through growth and backward-shift
+        /// deletions.
+        #[test]
+        fn bit_table_reads_like_a_map(
+            ops in proptest::collection::vec((0u8..3, 0u64..40, 0u32..4), 1..400),
+        ) {
+            let mut t = BitTable::default();
+            let mut model: std::collections::HashMap<u64, u64> = Default::default();
+            for (op, key, bit) in ops {
+                let (k, b) = (BlockHash(key), 1u64 << bit);
+                match op {
+                    0 => {
+                        t.insert(k, b);
+                        *model.entry(key).or_default() |= b;
+                    }
+                    1 => {
+                        t.remove(k, b);
+                        if let Some(w) = model.get_mut(&key) {
+                            *w &= !b;
+                        }
+                    }
+                    _ if key % 8 == 0 => {
+                        t.clear_everywhere(b);
+                        model.values_mut().for_each(|w| *w &= !b);
+                    }
+                    _ => {}
+                }
+                model.retain(|_, w| *w != 0);
+                for key in 0..40 {
+                    proptest::prop_assert_eq!(t.get(BlockHash(key)), model.get(&key).copied().unwrap_or(0));
+                }
+                proptest::prop_assert_eq!(t.len, model.len());
+                proptest::prop_assert!(2 * t.len <= t.slots.len());
+            }
+        }
     }
 
     #[test]

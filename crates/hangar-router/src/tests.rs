@@ -120,10 +120,7 @@ fn oracle_costs(r: &Router, prompt: &[BlockHash]) -> Vec<f64> {
     (0..r.workers.len() as u32)
         .map(WorkerId)
         .map(|w| {
-            let overlap = prompt
-                .iter()
-                .take_while(|h| r.index.blocks.get(h).is_some_and(|set| set.contains(w)))
-                .count() as f64;
+            let overlap = prompt.iter().take_while(|h| r.index.workers_of(**h).contains(w)).count() as f64;
             let l = r.load(w).unwrap();
             (prompt.len() as f64 - overlap).max(0.0) + l.queued_prefill_blocks as f64 + l.active_blocks as f64
         })

@@ -162,7 +162,7 @@ impl SglangScheduler {
             capacity_tokens,
             total_pages: capacity_tokens / u64::from(s.page_size),
             timing,
-            kv: KvLog { enabled: true },
+            kv: KvLog::on(),
             tree: RadixCache::new(s.page_size, config.block_size),
             private_pages: 0,
             requests: RequestTable::default(),
@@ -230,7 +230,7 @@ impl SglangScheduler {
     }
 
     pub(crate) fn clear_cache(&mut self, events: &mut Vec<KvEvent>) {
-        self.tree.evict(u64::MAX, KvLog { enabled: false }, &mut Vec::new());
+        self.tree.evict(u64::MAX, &mut KvLog::default(), &mut Vec::new());
         self.kv.cleared(events);
     }
 
@@ -251,6 +251,7 @@ impl SglangScheduler {
     }
 
     pub(crate) fn step(&mut self, now: f64, out: &mut Pass) {
+        self.kv.recycle(&mut out.kv_events);
         out.reset(now);
         let mut batch = std::mem::take(&mut self.batch);
         batch.clear();
@@ -344,7 +345,7 @@ impl SglangScheduler {
         let need = u64::from(self.pages_for(start + chunk) - held);
         let free = self.free_pages();
         if need > free {
-            self.tree.evict(need - free, self.kv, &mut out.kv_events);
+            self.tree.evict(need - free, &mut self.kv, &mut out.kv_events);
         }
         self.private_pages += need;
         let s = self.seq_mut(slot);
@@ -451,7 +452,7 @@ impl SglangScheduler {
         }
         let free = self.free_pages();
         if need > free {
-            self.tree.evict(need - free, self.kv, &mut out.kv_events);
+            self.tree.evict(need - free, &mut self.kv, &mut out.kv_events);
         }
         self.private_pages += need;
         let mut shape = DecodeShape { capacity_tokens: self.capacity_tokens, ..DecodeShape::default() };
@@ -500,7 +501,7 @@ impl SglangScheduler {
             return;
         }
         let keys = Keys { prompt: &s.page_runs, tail: s.tail_key };
-        let node = self.tree.insert(keys, s.node, upto, &s.blocks, self.kv, &mut out.kv_events);
+        let node = self.tree.insert(keys, s.node, upto, &s.blocks, &mut self.kv, &mut out.kv_events);
         self.tree.lock(node);
         self.tree.unlock(s.node);
         // The request still holds as many pages, but `upto − locked` of

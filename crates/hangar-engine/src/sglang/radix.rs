@@ -243,7 +243,7 @@ impl RadixCache {
         from: NodeId,
         upto: u32,
         blocks: &[BlockHash],
-        log: KvLog,
+        log: &mut KvLog,
         events: &mut Vec<KvEvent>,
     ) -> NodeId {
         self.tick += 1;
@@ -303,7 +303,7 @@ impl RadixCache {
     /// newest pages (as Dynamo's mocker does), so a shared head outlives a
     /// long private tail. Prompt blocks whose last token goes are logged as
     /// removed.
-    pub fn evict(&mut self, pages: u64, log: KvLog, events: &mut Vec<KvEvent>) -> u64 {
+    pub fn evict(&mut self, pages: u64, log: &mut KvLog, events: &mut Vec<KvEvent>) -> u64 {
         let mut freed = 0;
         while freed < pages {
             let Some(&(_, id)) = self.leaves.first() else { break };
@@ -331,7 +331,7 @@ impl RadixCache {
     }
 
     /// Drops the last `pages` pages of leaf `id` (fewer than it has).
-    fn trim(&mut self, id: NodeId, pages: u32, log: KvLog, events: &mut Vec<KvEvent>) {
+    fn trim(&mut self, id: NodeId, pages: u32, log: &mut KvLog, events: &mut Vec<KvEvent>) {
         let n = &mut self.nodes[id as usize];
         let mut left = pages;
         while left > 0 {
@@ -424,7 +424,7 @@ impl RadixCache {
         start: u32,
         len: u32,
         blocks: &[BlockHash],
-        log: KvLog,
+        log: &mut KvLog,
         events: &mut Vec<KvEvent>,
     ) -> NodeId {
         let id = self.alloc_id();
@@ -509,8 +509,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const ON: KvLog = KvLog { enabled: true };
-
     /// Run-length keys of a page sequence.
     fn runs(pages: &[u64]) -> Vec<TokenRun> {
         let mut out: Vec<TokenRun> = Vec::new();
@@ -529,7 +527,7 @@ mod tests {
 
     fn insert(t: &mut RadixCache, pages: &[u64], ev: &mut Vec<KvEvent>) -> NodeId {
         let r = runs(pages);
-        t.insert(keys(&r), ROOT, pages.len() as u32, &[], ON, ev)
+        t.insert(keys(&r), ROOT, pages.len() as u32, &[], &mut KvLog::on(), ev)
     }
 
     #[test]
@@ -564,17 +562,21 @@ mod tests {
         t.lock(c);
         t.match_prefix(keys(&runs(&[1, 2, 3])), 3); // `a` is now more recent than `b`
         assert_eq!(t.evictable_pages(), 4);
-        assert_eq!(t.evict(1, ON, &mut ev), 1);
+        assert_eq!(t.evict(1, &mut KvLog::on(), &mut ev), 1);
         assert_eq!(t.match_len(keys(&runs(&[1, 2, 4])), 3), 2, "the least recently used leaf went first");
         assert_eq!(t.match_len(keys(&runs(&[1, 2, 3])), 3), 3);
         // Evicting everything evictable keeps the locked `c`.
-        assert_eq!(t.evict(u64::MAX, ON, &mut ev), 3, "`a`, then its parent once it became a leaf");
+        assert_eq!(
+            t.evict(u64::MAX, &mut KvLog::on(), &mut ev),
+            3,
+            "`a`, then its parent once it became a leaf"
+        );
         // A long leaf loses only its newest pages.
         let d = insert(&mut t, &[8, 8, 8, 9, 9], &mut ev);
-        assert_eq!(t.evict(2, ON, &mut ev), 2);
+        assert_eq!(t.evict(2, &mut KvLog::on(), &mut ev), 2);
         assert_eq!(t.match_len(keys(&runs(&[8, 8, 8, 9, 9])), 5), 3);
         assert_eq!(t.end(d), 3);
-        t.evict(u64::MAX, ON, &mut ev);
+        t.evict(u64::MAX, &mut KvLog::on(), &mut ev);
         assert_eq!((t.tree_pages(), t.evictable_pages()), (2, 0));
         assert_eq!(t.match_len(keys(&runs(&[7, 7])), 2), 2);
         t.check_invariants();
@@ -591,14 +593,14 @@ mod tests {
         let mut ev = Vec::new();
         let hashes: Vec<BlockHash> = (10..13).map(BlockHash).collect();
         let r = runs(&[1, 2, 3, 4, 5, 6]);
-        t.insert(keys(&r), ROOT, 6, &hashes, ON, &mut ev);
+        t.insert(keys(&r), ROOT, 6, &hashes, &mut KvLog::on(), &mut ev);
         assert_eq!(ev, vec![KvEvent::Stored { parent: None, blocks: hashes.clone() }]);
         ev.clear();
         // A prompt sharing 3 pages (block 0 and half of block 1) splits the
         // node after page 3: block 0 moves up, blocks 1 and 2 stay below.
         let other: Vec<BlockHash> = vec![BlockHash(10), BlockHash(99)];
         let r2 = runs(&[1, 2, 3, 8]);
-        let n = t.insert(keys(&r2), ROOT, 4, &other, ON, &mut ev);
+        let n = t.insert(keys(&r2), ROOT, 4, &other, &mut KvLog::on(), &mut ev);
         assert_eq!(ev, vec![KvEvent::Stored { parent: Some(BlockHash(10)), blocks: vec![BlockHash(99)] }]);
         t.check_invariants();
         ev.clear();
@@ -606,11 +608,11 @@ mod tests {
         // The unlocked leaf holds pages 3..6. Trimming page 5 drops block 2,
         // which ends in it; trimming page 4 drops none (block 1 ends in page
         // 3); evicting page 3 drops block 1.
-        t.evict(1, ON, &mut ev);
+        t.evict(1, &mut KvLog::on(), &mut ev);
         assert_eq!(ev, vec![KvEvent::Removed { blocks: vec![BlockHash(12)] }]);
-        t.evict(1, ON, &mut ev);
+        t.evict(1, &mut KvLog::on(), &mut ev);
         assert_eq!(ev.len(), 1);
-        t.evict(u64::MAX, ON, &mut ev);
+        t.evict(u64::MAX, &mut KvLog::on(), &mut ev);
         assert_eq!(ev, vec![KvEvent::Removed { blocks: vec![BlockHash(12), BlockHash(11)] }]);
         assert_eq!(t.tree_pages(), 4);
         t.check_invariants();
@@ -667,7 +669,7 @@ mod tests {
                     }
                     Op::Evict(n) => {
                         let evictable = t.evictable_pages();
-                        let freed = t.evict(u64::from(n), ON, &mut ev);
+                        let freed = t.evict(u64::from(n), &mut KvLog::on(), &mut ev);
                         prop_assert_eq!(freed, u64::from(n).min(evictable), "exactly what was asked, if it can");
                         pages -= freed;
                     }

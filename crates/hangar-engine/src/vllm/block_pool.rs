@@ -1,5 +1,5 @@
 //! vLLM's KV block pool: fixed-size blocks with reference counts, a
-//! hash → block map of cached full blocks, and an LRU queue of free blocks.
+//! hash → block index of cached full blocks, and an LRU queue of free blocks.
 //!
 //! A block is *in use* while its reference count is above zero, and *free*
 //! (queued for reuse) otherwise. A free block that holds a cached hash is
@@ -9,59 +9,70 @@
 //! the tail, and callers free a request's blocks last-first, so the tail of a
 //! prompt is evicted before its shared head — as vLLM does.
 //!
-//! Evicting a block only clears the block's own hash; the stale `cached`
-//! entry pointing at it is left behind and recognised as stale on lookup
-//! (the block no longer carries that hash). This halves the hash-map work of
-//! a block's life, the hottest path of a replay. Stale entries are purged
-//! whenever they would make the map more than twice the pool's size, so
-//! memory stays bounded.
+//! The free queue is a ring of (block, stamp) entries rather than a linked
+//! list: a block taken out of the middle (a cache hit on a free block) is
+//! not unlinked, its entry just stops matching the block (which is in use,
+//! or was queued again under a newer stamp) and is skipped when it reaches
+//! the head. Neither a hit nor an allocation then chases pointers through
+//! the pool; the ring is compacted when skipped entries would make it more
+//! than twice the pool's size.
 //!
-//! Invariants (checked by `check_invariants` in tests): a block is in the
-//! free queue exactly when its count is 0; `free_len` is the queue's length;
-//! every block carrying hash `h` is what `cached[h]` points at.
+//! The index is a [`BlockIndex`]: a few bytes per block, so that the pools
+//! of a many-worker replay stay in cache (its lookups and registrations
+//! are among the hottest memory accesses of a replay). Evicting a block only
+//! clears the block's own hash: its index entry goes stale, and is
+//! recognised as such on lookup (the block no longer carries that hash).
+//! This spares the eviction a visit to a cold part of the index. Stale
+//! entries are purged whenever they would fill the index past three
+//! quarters, so memory stays bounded.
+//!
+//! Invariants (checked by `check_invariants` in tests): a block is free
+//! exactly when its count is 0, and then exactly one queue entry matches
+//! it; `free_len` counts the free blocks; the index finds every block
+//! carrying a hash under that hash.
 
-use std::collections::hash_map::Entry;
+use std::collections::VecDeque;
 
 use hangar_core::{BlockHash, KvEvent};
-use rustc_hash::FxHashMap;
 
 use crate::pass::KvLog;
 
 /// Index of a block in the pool.
 pub(crate) type BlockId = u32;
 
-const NIL: u32 = u32::MAX;
-
-/// One block's bookkeeping, kept together so that an allocation touches one
-/// cache line per block.
+/// One block's bookkeeping.
 #[derive(Debug, Clone, Copy)]
 struct Block {
-    prev: u32,
-    next: u32,
     ref_cnt: u32,
+    /// The stamp of the block's latest queue entry.
+    stamp: u32,
     hash: Option<BlockHash>,
 }
 
 #[derive(Debug)]
 pub(crate) struct BlockPool {
     blocks: Vec<Block>,
-    head: u32,
-    tail: u32,
+    /// The free queue, least recently freed first: (block, stamp) entries,
+    /// of which only those matching their free block count.
+    queue: VecDeque<(BlockId, u32)>,
+    /// The next queue entry's stamp. Stamps wrap, which is safe: an entry is
+    /// skipped or compacted away long before 2³² newer ones are queued.
+    next_stamp: u32,
     free_len: u32,
-    cached: FxHashMap<BlockHash, BlockId>,
+    index: BlockIndex,
 }
 
 impl BlockPool {
     pub fn new(num_blocks: u32) -> Self {
         let mut pool = Self {
-            blocks: vec![Block { prev: NIL, next: NIL, ref_cnt: 0, hash: None }; num_blocks as usize],
-            head: NIL,
-            tail: NIL,
+            blocks: vec![Block { ref_cnt: 0, stamp: 0, hash: None }; num_blocks as usize],
+            queue: VecDeque::with_capacity(2 * num_blocks as usize),
+            next_stamp: 0,
             free_len: 0,
-            cached: FxHashMap::with_capacity_and_hasher(2 * num_blocks as usize, Default::default()),
+            index: BlockIndex::new(num_blocks),
         };
         for b in 0..num_blocks {
-            pool.push_tail(b);
+            pool.enqueue(b);
         }
         pool
     }
@@ -77,8 +88,13 @@ impl BlockPool {
 
     /// The block caching `hash`, if any.
     pub fn lookup(&self, hash: BlockHash) -> Option<BlockId> {
-        let b = *self.cached.get(&hash)?;
-        (self.blocks[b as usize].hash == Some(hash)).then_some(b)
+        self.index.find(hash, |b| self.blocks[b as usize].hash == Some(hash)).ok()
+    }
+
+    /// Brings the index entries of `hashes` into cache together, ahead of
+    /// their lookups or registrations; see [`BlockIndex::prefetch`].
+    pub fn prefetch(&self, hashes: &[BlockHash]) {
+        self.index.prefetch(hashes);
     }
 
     pub fn is_free(&self, b: BlockId) -> bool {
@@ -86,30 +102,37 @@ impl BlockPool {
     }
 
     /// Takes a reference on a cached block found by [`lookup`](Self::lookup),
-    /// pulling it out of the free queue if nobody held it.
+    /// taking it out of the free queue if nobody held it.
     pub fn touch(&mut self, b: BlockId) {
-        if self.blocks[b as usize].ref_cnt == 0 {
-            self.unlink(b);
+        let block = &mut self.blocks[b as usize];
+        if block.ref_cnt == 0 {
+            // Its queue entry no longer matches; see the module docs.
+            self.free_len -= 1;
         }
-        self.blocks[b as usize].ref_cnt += 1;
+        block.ref_cnt += 1;
     }
 
     /// Takes `n` blocks from the head of the free queue into `out`, evicting
     /// their cached hashes. The caller checked `n <= free_len()`.
-    pub fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>, log: KvLog, events: &mut Vec<KvEvent>) {
+    pub fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>, log: &mut KvLog, events: &mut Vec<KvEvent>) {
         debug_assert!(n <= self.free_len);
         out.reserve(n as usize);
-        for _ in 0..n {
-            let b = self.head;
-            self.unlink(b);
+        let mut taken = 0;
+        while taken < n {
+            let (b, stamp) = self.queue.pop_front().expect("free_len counts queued blocks");
             let block = &mut self.blocks[b as usize];
+            if block.ref_cnt != 0 || block.stamp != stamp {
+                continue;
+            }
             block.ref_cnt = 1;
             if let Some(h) = block.hash.take() {
-                // The map entry goes stale; see the module docs.
+                // The index entry goes stale; see the module docs.
                 log.removed(events, h);
             }
             out.push(b);
+            taken += 1;
         }
+        self.free_len -= n;
     }
 
     /// Drops one reference; a block nobody holds joins the free queue's tail
@@ -119,7 +142,7 @@ impl BlockPool {
         debug_assert!(*rc > 0, "block {b} released more often than taken");
         *rc -= 1;
         if *rc == 0 {
-            self.push_tail(b);
+            self.enqueue(b);
         }
     }
 
@@ -131,96 +154,200 @@ impl BlockPool {
         if self.blocks[b as usize].hash.is_some() {
             return false;
         }
-        if self.cached.len() >= 2 * self.blocks.len() {
+        let Err(vacancy) = self.index.find(hash, |c| self.blocks[c as usize].hash == Some(hash)) else {
+            return false;
+        };
+        self.blocks[b as usize].hash = Some(hash);
+        if self.index.insert_at(vacancy, hash, b) {
             self.purge_stale();
         }
-        match self.cached.entry(hash) {
-            Entry::Occupied(mut e) => {
-                let holder = *e.get();
-                if self.blocks[holder as usize].hash == Some(hash) {
-                    return false;
-                }
-                e.insert(b);
-            }
-            Entry::Vacant(v) => {
-                v.insert(b);
-            }
-        }
-        self.blocks[b as usize].hash = Some(hash);
         true
     }
 
     /// Forgets every cached hash of free blocks (e.g. on sleep). In-use blocks
     /// keep theirs.
     pub fn clear_cache(&mut self) {
-        let mut b = self.head;
-        while b != NIL {
-            self.blocks[b as usize].hash = None;
-            b = self.blocks[b as usize].next;
+        for block in &mut self.blocks {
+            if block.ref_cnt == 0 {
+                block.hash = None;
+            }
         }
         self.purge_stale();
     }
 
-    /// Drops map entries whose block no longer carries their hash.
+    /// Drops index entries whose block no longer carries their hash.
     fn purge_stale(&mut self) {
         let blocks = &self.blocks;
-        self.cached.retain(|h, b| blocks[*b as usize].hash == Some(*h));
+        self.index.retain(|b, tag| blocks[b as usize].hash.is_some_and(|h| BlockIndex::tag(h) == tag));
     }
 
-    fn push_tail(&mut self, b: BlockId) {
-        let tail = self.tail;
-        let block = &mut self.blocks[b as usize];
-        block.prev = tail;
-        block.next = NIL;
-        if tail == NIL {
-            self.head = b;
-        } else {
-            self.blocks[tail as usize].next = b;
+    /// Queues a block that just became free at the tail.
+    fn enqueue(&mut self, b: BlockId) {
+        if self.queue.len() >= 2 * self.blocks.len() {
+            let blocks = &self.blocks;
+            self.queue
+                .retain(|&(c, stamp)| blocks[c as usize].ref_cnt == 0 && blocks[c as usize].stamp == stamp);
         }
-        self.tail = b;
+        let stamp = self.next_stamp;
+        self.next_stamp = stamp.wrapping_add(1);
+        self.blocks[b as usize].stamp = stamp;
+        self.queue.push_back((b, stamp));
         self.free_len += 1;
-    }
-
-    fn unlink(&mut self, b: BlockId) {
-        let Block { prev: p, next: n, .. } = self.blocks[b as usize];
-        if p == NIL {
-            self.head = n;
-        } else {
-            self.blocks[p as usize].next = n;
-        }
-        if n == NIL {
-            self.tail = p;
-        } else {
-            self.blocks[n as usize].prev = p;
-        }
-        let block = &mut self.blocks[b as usize];
-        block.prev = NIL;
-        block.next = NIL;
-        self.free_len -= 1;
     }
 
     /// Panics if an invariant of the module docs does not hold.
     #[cfg(test)]
     pub fn check_invariants(&self) {
-        let mut in_queue = vec![false; self.blocks.len()];
-        let mut b = self.head;
-        let mut len = 0;
-        while b != NIL {
-            assert!(!in_queue[b as usize], "block {b} queued twice");
-            in_queue[b as usize] = true;
-            len += 1;
-            b = self.blocks[b as usize].next;
-        }
-        assert_eq!(len, self.free_len, "free_len disagrees with the queue");
-        for (i, &q) in in_queue.iter().enumerate() {
-            assert_eq!(q, self.blocks[i].ref_cnt == 0, "block {i}: free exactly when unreferenced");
-        }
-        for (i, block) in self.blocks.iter().enumerate() {
-            if let Some(h) = block.hash {
-                assert_eq!(self.cached.get(&h), Some(&(i as u32)), "block {i}'s hash maps back to it");
+        let mut matched = vec![0u32; self.blocks.len()];
+        for &(b, stamp) in &self.queue {
+            let block = &self.blocks[b as usize];
+            if block.ref_cnt == 0 && block.stamp == stamp {
+                matched[b as usize] += 1;
             }
         }
-        assert!(self.cached.len() <= 2 * self.blocks.len() + 1, "stale entries are purged");
+        for (i, &m) in matched.iter().enumerate() {
+            let free = self.blocks[i].ref_cnt == 0;
+            assert_eq!(m, u32::from(free), "block {i}: one matching entry exactly when free");
+        }
+        let free = self.blocks.iter().filter(|b| b.ref_cnt == 0).count();
+        assert_eq!(free, self.free_len as usize, "free_len counts the free blocks");
+        assert!(self.queue.len() <= 2 * self.blocks.len(), "skipped entries are compacted");
+        for (i, block) in self.blocks.iter().enumerate() {
+            if let Some(h) = block.hash {
+                assert_eq!(self.lookup(h), Some(i as u32), "block {i}'s hash maps back to it");
+            }
+        }
+        assert!(self.index.used <= self.index.limit(), "stale entries are purged");
+    }
+}
+
+/// Cached block hash → block, for [`BlockPool`]: open addressing with
+/// linear probing, one `u64` per slot holding the block id and 32 bits of
+/// the (multiplicatively re-mixed) hash as a tag, so eight slots share a
+/// cache line and a probe rarely leaves its first. Entries are never
+/// removed one by one, only purged together ([`retain`](Self::retain)); a
+/// tag match is confirmed by the caller against the block's own hash, which
+/// also tells a stale entry from a live one.
+#[derive(Debug)]
+struct BlockIndex {
+    slots: Vec<u64>,
+    /// `64 − log2(slots)`: a re-mixed hash shifted right by this is its home.
+    shift: u32,
+    /// Slots holding an entry, live or stale.
+    used: usize,
+    /// Kept entries during a purge; kept to reuse its allocation.
+    scratch: Vec<u64>,
+}
+
+const EMPTY: u64 = u64::MAX;
+
+/// Index slots per block: the live entries then fill at most a quarter of
+/// the index, and stale ones another half before a purge, so purges come
+/// once per two pool-fulls of registrations.
+const SLOTS_PER_BLOCK: u64 = 4;
+
+impl BlockIndex {
+    fn new(num_blocks: u32) -> Self {
+        let slots = (SLOTS_PER_BLOCK * u64::from(num_blocks)).next_power_of_two();
+        Self {
+            slots: vec![EMPTY; slots as usize],
+            shift: 64 - slots.trailing_zeros(),
+            used: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    fn mixed(hash: BlockHash) -> u64 {
+        hash.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    fn tag(hash: BlockHash) -> u32 {
+        (Self::mixed(hash) >> 32) as u32
+    }
+
+    fn entry(hash: BlockHash, b: BlockId) -> u64 {
+        (u64::from(Self::tag(hash)) << 32) | u64::from(b)
+    }
+
+    /// Where probing for an entry starts: the top bits of the re-mixed
+    /// hash, so an entry's home follows from its tag alone.
+    fn home(&self, tag: u32) -> usize {
+        ((u64::from(tag) << 32) >> self.shift) as usize
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// Entries past this many trigger a purge: three quarters of the slots.
+    fn limit(&self) -> usize {
+        self.slots.len() / 4 * 3
+    }
+
+    /// The block under `hash`, the first whose tag matches and that `holds`
+    /// confirms; or else the empty slot that ended the search, where such an
+    /// entry would go.
+    fn find(&self, hash: BlockHash, holds: impl Fn(BlockId) -> bool) -> Result<BlockId, usize> {
+        let tag = Self::tag(hash);
+        let mut i = self.home(tag);
+        loop {
+            let e = self.slots[i];
+            if e == EMPTY {
+                return Err(i);
+            }
+            if (e >> 32) as u32 == tag && holds(e as u32) {
+                return Ok(e as u32);
+            }
+            i = (i + 1) & self.mask();
+        }
+    }
+
+    /// Reads the home slots of `hashes` in one sweep, whose cache misses the
+    /// processor overlaps, so that the probes that follow — one after
+    /// another, each waiting for its own miss otherwise — find them cached.
+    fn prefetch(&self, hashes: &[BlockHash]) {
+        let mut any = 0;
+        for &h in hashes {
+            any |= self.slots[self.home(Self::tag(h))];
+        }
+        std::hint::black_box(any);
+    }
+
+    /// Fills `vacancy`, the empty slot that [`find`](Self::find) returned
+    /// for `hash`, with `b`. Returns whether the index is now due a purge.
+    fn insert_at(&mut self, vacancy: usize, hash: BlockHash, b: BlockId) -> bool {
+        debug_assert_eq!(self.slots[vacancy], EMPTY);
+        self.slots[vacancy] = Self::entry(hash, b);
+        self.used += 1;
+        self.used > self.limit()
+    }
+
+    /// Keeps the entries `(block, tag)` for which `live` holds (each once)
+    /// and re-inserts them into an otherwise empty index.
+    fn retain(&mut self, live: impl Fn(BlockId, u32) -> bool) {
+        let mut kept = std::mem::take(&mut self.scratch);
+        kept.clear();
+        for e in &mut self.slots {
+            if *e != EMPTY && live(*e as u32, (*e >> 32) as u32) {
+                kept.push(*e);
+            }
+            *e = EMPTY;
+        }
+        self.used = 0;
+        'kept: for &e in &kept {
+            let mut i = self.home((e >> 32) as u32);
+            while self.slots[i] != EMPTY {
+                if self.slots[i] == e {
+                    // A block whose old and new hashes share a tag has two
+                    // equal entries, with one home: one will do.
+                    continue 'kept;
+                }
+                i = (i + 1) & self.mask();
+            }
+            self.slots[i] = e;
+            self.used += 1;
+        }
+        self.scratch = kept;
     }
 }
 
@@ -241,29 +368,34 @@ mod tests {
         prop_oneof![
             (1u8..6).prop_map(Op::Alloc),
             any::<u8>().prop_map(Op::Release),
-            (any::<u8>(), 0u8..12).prop_map(|(b, h)| Op::Register(b, h)),
-            (0u8..12).prop_map(Op::Hit),
+            (any::<u8>(), 0u8..24).prop_map(|(b, h)| Op::Register(b, h)),
+            (0u8..24).prop_map(Op::Hit),
         ]
     }
 
     proptest! {
         /// Random allocate / release / register / hit sequences against a
-        /// model of who holds what: no block is both free and in use,
-        /// reference counts never go negative, and a hit always returns the
-        /// block registered under exactly that hash.
+        /// model of who holds what and of the free queue's order: no block
+        /// is both free and in use, allocation takes the least recently
+        /// freed blocks, a block is named at most once and a name at most
+        /// once, and a hit always returns the block registered under
+        /// exactly that hash. Small pools purge their index often.
         #[test]
-        fn pool_keeps_its_invariants(ops in proptest::collection::vec(op(), 1..200)) {
-            let mut pool = BlockPool::new(16);
-            let log = KvLog { enabled: true };
+        fn pool_keeps_its_invariants(blocks in 1u32..17, ops in proptest::collection::vec(op(), 1..300)) {
+            let mut pool = BlockPool::new(blocks);
+            let mut log = KvLog::on();
             let mut events = Vec::new();
             let mut held: Vec<BlockId> = Vec::new();
+            let mut free: VecDeque<BlockId> = (0..blocks).collect();
             let mut names: std::collections::HashMap<BlockHash, BlockId> = Default::default();
             for op in ops {
                 match op {
                     Op::Alloc(n) => {
                         let n = u32::from(n).min(pool.free_len());
                         let mut out = Vec::new();
-                        pool.allocate(n, &mut out, log, &mut events);
+                        pool.allocate(n, &mut out, &mut log, &mut events);
+                        let expected: Vec<BlockId> = free.drain(..n as usize).collect();
+                        prop_assert_eq!(&out, &expected, "least recently freed first");
                         for b in &out {
                             names.retain(|_, v| v != b);
                         }
@@ -272,11 +404,16 @@ mod tests {
                     Op::Release(i) if !held.is_empty() => {
                         let b = held.swap_remove(i as usize % held.len());
                         pool.release(b);
+                        if !held.contains(&b) {
+                            free.push_back(b);
+                        }
                     }
                     Op::Register(i, h) if !held.is_empty() => {
                         let b = held[i as usize % held.len()];
                         let h = BlockHash(u64::from(h));
-                        if pool.register(b, h) {
+                        let new = !names.contains_key(&h) && !names.values().any(|&v| v == b);
+                        prop_assert_eq!(pool.register(b, h), new);
+                        if new {
                             names.insert(h, b);
                         }
                     }
@@ -285,14 +422,34 @@ mod tests {
                         prop_assert_eq!(pool.lookup(h), names.get(&h).copied());
                         if let Some(b) = pool.lookup(h) {
                             pool.touch(b);
+                            if !held.contains(&b) {
+                                free.retain(|&f| f != b);
+                            }
                             held.push(b);
                         }
                     }
                     _ => {}
                 }
                 pool.check_invariants();
-                let in_use = pool.num_blocks() - pool.free_len();
-                prop_assert_eq!(in_use as usize, held.iter().collect::<std::collections::HashSet<_>>().len());
+                prop_assert_eq!(pool.free_len() as usize, free.len());
+            }
+        }
+    }
+
+    #[test]
+    fn stale_index_entries_are_purged_and_never_found() {
+        let mut pool = BlockPool::new(2);
+        let mut log = KvLog::on();
+        let (mut ev, mut out) = (Vec::new(), Vec::new());
+        for i in 0..100 {
+            out.clear();
+            pool.allocate(1, &mut out, &mut log, &mut ev);
+            assert!(pool.register(out[0], BlockHash(i)));
+            pool.release(out[0]);
+            pool.check_invariants();
+            assert_eq!(pool.lookup(BlockHash(i)), Some(out[0]));
+            if i >= 2 {
+                assert_eq!(pool.lookup(BlockHash(i - 2)), None, "evicted two allocations ago");
             }
         }
     }
@@ -300,16 +457,16 @@ mod tests {
     #[test]
     fn eviction_takes_the_least_recently_freed_block_and_reports_it() {
         let mut pool = BlockPool::new(2);
-        let log = KvLog { enabled: true };
+        let mut log = KvLog::on();
         let (mut ev, mut out) = (Vec::new(), Vec::new());
-        pool.allocate(2, &mut out, log, &mut ev);
+        pool.allocate(2, &mut out, &mut log, &mut ev);
         assert!(pool.register(out[0], BlockHash(1)));
         assert!(pool.register(out[1], BlockHash(2)));
         assert!(!pool.register(out[1], BlockHash(3)), "a block is named once");
         pool.release(out[1]);
         pool.release(out[0]);
         out.clear();
-        pool.allocate(1, &mut out, log, &mut ev);
+        pool.allocate(1, &mut out, &mut log, &mut ev);
         assert_eq!(ev, vec![KvEvent::Removed { blocks: vec![BlockHash(2)] }]);
         assert_eq!(pool.lookup(BlockHash(1)), Some(0));
     }

@@ -91,7 +91,7 @@ impl VllmScheduler {
             speedup_ratio: config.speedup_ratio,
             capacity_tokens: config.capacity_tokens(),
             timing,
-            kv: KvLog { enabled: true },
+            kv: KvLog::on(),
             pool: BlockPool::new(config.num_gpu_blocks),
             requests: RequestTable::default(),
             waiting: VecDeque::new(),
@@ -165,6 +165,7 @@ impl VllmScheduler {
     }
 
     pub(crate) fn step(&mut self, now: f64, out: &mut Pass) {
+        self.kv.recycle(&mut out.kv_events);
         out.reset(now);
         let mut scheduled = std::mem::take(&mut self.scheduled);
         scheduled.clear();
@@ -190,7 +191,7 @@ impl VllmScheduler {
             let slot = self.running[i];
             let s = self.seq(slot);
             let new = (s.num_tokens() - s.num_computed).min(*budget);
-            let need = blocks_for(s.num_computed + new, self.block_size) - s.blocks.len() as u32;
+            let need = blocks_short(s.num_computed + new, s.blocks.len(), self.block_size);
             // Preempt from the back until the blocks fit or this request
             // itself was the one preempted.
             let mut fits = true;
@@ -239,6 +240,11 @@ impl VllmScheduler {
             let (first, id) = (!s.admitted_before, s.id);
             self.waiting.pop_front();
             let s = self.requests.get_mut(slot);
+            // Room for every block the request can ever hold, so neither
+            // admission nor decoding grows the list block by block.
+            let lifetime =
+                (u64::from(s.prompt_len) + u64::from(s.output_len)).div_ceil(self.block_size.into());
+            s.blocks.reserve(lifetime as usize);
             for &b in &self.hits {
                 self.pool.touch(b);
                 s.blocks.push(b);
@@ -264,6 +270,9 @@ impl VllmScheduler {
         }
         let s = self.requests.get(slot);
         let max_hits = ((s.num_tokens() - 1) / self.block_size) as usize;
+        // All of the prompt: the blocks past the hits are registered as
+        // soon as they are computed, mostly within this pass.
+        self.pool.prefetch(&s.hashes);
         let mut free = 0;
         for &h in s.hashes.iter().take(max_hits) {
             match self.pool.lookup(h) {
@@ -282,7 +291,7 @@ impl VllmScheduler {
             return;
         }
         let s = self.requests.get_mut(slot);
-        self.pool.allocate(n, &mut s.blocks, self.kv, &mut out.kv_events);
+        self.pool.allocate(n, &mut s.blocks, &mut self.kv, &mut out.kv_events);
     }
 
     fn preempt(&mut self, slot: u32, out: &mut Pass) {
@@ -315,7 +324,7 @@ impl VllmScheduler {
             }
             s.num_computed += new;
             if self.prefix_caching {
-                register_full_blocks(s, self.block_size, &mut self.pool, self.kv, &mut out.kv_events);
+                register_full_blocks(s, self.block_size, &mut self.pool, &mut self.kv, &mut out.kv_events);
             }
             if s.num_computed == s.num_tokens() {
                 if s.generated < s.output_len {
@@ -379,6 +388,18 @@ fn blocks_for(tokens: u32, block_size: u32) -> u32 {
     tokens.div_ceil(block_size)
 }
 
+/// `blocks_for(tokens) - held` for `held` blocks that cover at most
+/// `tokens`, without a division when they cover all of them: the common
+/// case of a decode step inside its last block, taken once per running
+/// request per pass.
+fn blocks_short(tokens: u32, held: usize, block_size: u32) -> u32 {
+    let covered = held as u64 * u64::from(block_size);
+    match u64::from(tokens).checked_sub(covered) {
+        None | Some(0) => 0,
+        Some(missing) => missing.div_ceil(u64::from(block_size)) as u32,
+    }
+}
+
 /// Names every newly full block of `s` in the cache and logs it. Blocks past
 /// the prompt get hashes from the request's own salt: generated tokens are
 /// never shared with another request.
@@ -386,13 +407,29 @@ fn register_full_blocks(
     s: &mut Seq,
     block_size: u32,
     pool: &mut BlockPool,
-    kv: KvLog,
+    kv: &mut KvLog,
     events: &mut Vec<hangar_core::KvEvent>,
 ) {
-    let full = s.num_computed / block_size;
-    while s.registered < full {
+    // Checks by multiplying: this runs for every scheduled request of every
+    // pass, and a block fills only once per `block_size` tokens.
+    let block_size = u64::from(block_size);
+    if u64::from(s.registered + 1) * block_size > u64::from(s.num_computed) {
+        return;
+    }
+    let full = (u64::from(s.num_computed) / block_size) as usize;
+    let known = full.min(s.hashes.len());
+    if known > s.registered as usize + 1 {
+        // A prefill chunk: take the index's cache misses together.
+        pool.prefetch(&s.hashes[s.registered as usize..known]);
+    }
+    while (s.registered as usize) < full {
         let k = s.registered as usize;
         if k == s.hashes.len() {
+            if k == s.hashes.capacity() {
+                // The first generated block: make room for all of them.
+                let lifetime = (u64::from(s.prompt_len) + u64::from(s.output_len)) / block_size;
+                s.hashes.reserve_exact((lifetime as usize).saturating_sub(k));
+            }
             let parent = if k == 0 { hangar_core::ROOT_BLOCK_HASH } else { s.hashes[k - 1] };
             s.hashes.push(parent.chain(mix64(s.salt, k as u64)));
         }
