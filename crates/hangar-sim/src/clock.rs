@@ -2,7 +2,7 @@
 //! scheduled in, and what happens.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 /// One scheduled event of kind `K` at `at` (ms on the logical clock).
 ///
@@ -34,11 +34,9 @@ impl<K> Ord for Event<K> {
 }
 
 /// When the next thing happens: the earlier of the heap's first event and
-/// the next (time, row) arrival, kept apart because arrivals are known up
-/// front and already sorted.
-pub(crate) fn next_time<K>(heap: &BinaryHeap<Event<K>>, arrivals: &VecDeque<(f64, u32)>) -> Option<f64> {
+/// the next arrival, kept apart because arrivals come in time order.
+pub(crate) fn next_time<K>(heap: &BinaryHeap<Event<K>>, arrival: Option<f64>) -> Option<f64> {
     let heap = heap.peek().map(|e| e.at);
-    let arrival = arrivals.front().map(|a| a.0);
     match (heap, arrival) {
         (Some(h), Some(a)) => Some(h.min(a)),
         (h, a) => h.or(a),

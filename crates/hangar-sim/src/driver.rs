@@ -317,7 +317,7 @@ impl Sim<'_> {
 
     /// The time of the next event of either source.
     fn next_time(&self) -> Option<f64> {
-        crate::clock::next_time(&self.heap, &self.arrivals)
+        crate::clock::next_time(&self.heap, self.arrivals.front().map(|a| a.0))
     }
 
     /// At each instant: heap events due now (pass ends, deliveries, wakes,

@@ -103,22 +103,155 @@ impl TraceFormat {
     /// with `TIMESTAMP` means Azure, anything else JSONL.
     pub fn detect(text: &str) -> Self {
         match text.lines().find(|l| !l.trim().is_empty()) {
-            Some(l) if l.trim_start().starts_with("TIMESTAMP") => Self::AzureCsv,
-            _ => Self::MooncakeJsonl,
+            Some(l) => Self::of_first_line(l),
+            None => Self::MooncakeJsonl,
+        }
+    }
+
+    fn of_first_line(line: &str) -> Self {
+        if line.trim_start().starts_with("TIMESTAMP") {
+            Self::AzureCsv
+        } else {
+            Self::MooncakeJsonl
         }
     }
 }
 
 /// Parses a trace held in memory; `source_name` appears in errors.
 pub fn read(text: &str, source_name: &str) -> Result<Trace, TraceError> {
-    let trace = match TraceFormat::detect(text) {
-        TraceFormat::MooncakeJsonl => read_jsonl(text, source_name)?,
-        TraceFormat::AzureCsv => read_azure_csv(text, source_name)?,
-    };
-    if trace.requests.is_empty() {
+    let mut rows = TraceRows::new(text.as_bytes(), source_name);
+    let requests = rows.by_ref().collect::<Result<Vec<_>, _>>()?;
+    if requests.is_empty() {
         return Err(TraceError::empty(source_name));
     }
-    Ok(trace)
+    Ok(Trace { source: source_name.to_owned(), requests, sessions: rows.sessions() })
+}
+
+/// A trace read one row at a time, in file order, from any reader: what
+/// [`read`] collects, and what a whole-fleet simulation streams so that a
+/// trace of millions of rows never sits in memory at once.
+///
+/// The format is told by the first non-blank line ([`TraceFormat::detect`]).
+/// After an error the iterator ends.
+pub struct TraceRows<R> {
+    reader: R,
+    source: String,
+    line: usize,
+    buf: String,
+    format: Option<Columns>,
+    /// Session keys seen so far and their dense index; `None` when the
+    /// reader was told sessions do not matter ([`without_sessions`](Self::without_sessions)).
+    sessions: Option<FxHashMap<String, u32>>,
+    done: bool,
+}
+
+/// Where a format's fields are.
+enum Columns {
+    Jsonl,
+    /// Azure CSV: the header's width and the columns of the timestamp,
+    /// prompt and output tokens.
+    Csv {
+        width: usize,
+        ts: usize,
+        input: usize,
+        output: usize,
+    },
+}
+
+impl<R: std::io::BufRead> TraceRows<R> {
+    /// Rows of `reader`; `source_name` appears in errors.
+    pub fn new(reader: R, source_name: &str) -> Self {
+        TraceRows {
+            reader,
+            source: source_name.to_owned(),
+            line: 0,
+            buf: String::new(),
+            format: None,
+            sessions: Some(FxHashMap::default()),
+            done: false,
+        }
+    }
+
+    /// Rows without their sessions numbered (`session` is `None`): for a
+    /// run that ignores them, so a trace of millions of one-turn sessions
+    /// does not keep a map of their keys.
+    pub fn without_sessions(mut self) -> Self {
+        self.sessions = None;
+        self
+    }
+
+    /// The name errors give the source.
+    pub fn source_name(&self) -> &str {
+        &self.source
+    }
+
+    /// Distinct sessions among the rows read so far.
+    pub fn sessions(&self) -> u32 {
+        self.sessions.as_ref().map_or(0, |s| s.len() as u32)
+    }
+
+    fn ctx(&self) -> LineCtx<'_> {
+        LineCtx { source: &self.source, line: self.line }
+    }
+
+    /// The next non-blank line into `buf`, without its line break.
+    fn next_line(&mut self) -> Option<Result<(), TraceError>> {
+        loop {
+            self.buf.clear();
+            match self.reader.read_line(&mut self.buf) {
+                Ok(0) => return None,
+                Ok(_) => self.line += 1,
+                Err(e) => {
+                    self.line += 1;
+                    return Some(Err(self.ctx().err(None, format!("cannot be read: {e}"))));
+                }
+            }
+            let trimmed = self.buf.trim_end_matches(['\n', '\r']).len();
+            self.buf.truncate(trimmed);
+            if !self.buf.trim().is_empty() {
+                return Some(Ok(()));
+            }
+        }
+    }
+
+    fn row(&mut self) -> Option<Result<TraceRequest, TraceError>> {
+        if let Err(e) = self.next_line()? {
+            return Some(Err(e));
+        }
+        if self.format.is_none() {
+            if TraceFormat::of_first_line(&self.buf) == TraceFormat::AzureCsv {
+                // The header: the rows follow it.
+                return match csv_header(&self.buf, &self.ctx()) {
+                    Ok(columns) => {
+                        self.format = Some(columns);
+                        self.row()
+                    }
+                    Err(e) => Some(Err(e)),
+                };
+            }
+            self.format = Some(Columns::Jsonl);
+        }
+        let ctx = LineCtx { source: &self.source, line: self.line };
+        Some(match self.format.as_ref().expect("set above") {
+            Columns::Jsonl => jsonl_row(&self.buf, &ctx, self.sessions.as_mut()),
+            &Columns::Csv { width, ts, input, output } => {
+                csv_row(&self.buf, &ctx, width, [ts, input, output])
+            }
+        })
+    }
+}
+
+impl<R: std::io::BufRead> Iterator for TraceRows<R> {
+    type Item = Result<TraceRequest, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let row = self.row();
+        self.done = !matches!(row, Some(Ok(_)));
+        row
+    }
 }
 
 struct LineCtx<'a> {
@@ -184,40 +317,36 @@ struct Row<'a> {
     model: Option<String>,
 }
 
-fn read_jsonl(text: &str, source: &str) -> Result<Trace, TraceError> {
-    let mut trace = Trace { source: source.to_owned(), ..Trace::default() };
-    let mut sessions: FxHashMap<String, u32> = FxHashMap::default();
-    for (i, raw) in text.lines().enumerate() {
-        if raw.trim().is_empty() {
-            continue;
+/// One JSONL row, its session numbered in `sessions` (when kept).
+fn jsonl_row(
+    raw: &str,
+    ctx: &LineCtx<'_>,
+    sessions: Option<&mut FxHashMap<String, u32>>,
+) -> Result<TraceRequest, TraceError> {
+    let row = match FastRow::parse(raw) {
+        Some(row) => row,
+        None => parse_row(raw, ctx)?,
+    };
+    let session = sessions.zip(row.session).map(|(sessions, key)| {
+        let next = sessions.len() as u32;
+        match key {
+            SessionKey::Str(s) => match sessions.get(s.as_ref()) {
+                Some(&known) => known,
+                None => *sessions.entry(s.into_owned()).or_insert(next),
+            },
+            SessionKey::Num(n) => *sessions.entry(n.to_string()).or_insert(next),
         }
-        let row = match FastRow::parse(raw) {
-            Some(row) => row,
-            None => parse_row(raw, &LineCtx { source, line: i + 1 })?,
-        };
-        let session = row.session.map(|key| {
-            let next = sessions.len() as u32;
-            match key {
-                SessionKey::Str(s) => match sessions.get(s.as_ref()) {
-                    Some(&known) => known,
-                    None => *sessions.entry(s.into_owned()).or_insert(next),
-                },
-                SessionKey::Num(n) => *sessions.entry(n.to_string()).or_insert(next),
-            }
-        });
-        trace.requests.push(TraceRequest {
-            timestamp_ms: row.timestamp_ms,
-            input_len: row.input_len,
-            output_len: row.output_len,
-            hash_ids: row.hash_ids,
-            session,
-            delay_ms: row.delay_ms,
-            model: row.model,
-            line: i + 1,
-        });
-    }
-    trace.sessions = sessions.len() as u32;
-    Ok(trace)
+    });
+    Ok(TraceRequest {
+        timestamp_ms: row.timestamp_ms,
+        input_len: row.input_len,
+        output_len: row.output_len,
+        hash_ids: row.hash_ids,
+        session,
+        delay_ms: row.delay_ms,
+        model: row.model,
+        line: ctx.line,
+    })
 }
 
 /// A row read straight into its fields, without building a JSON map: the
@@ -348,44 +477,51 @@ fn parse_row(raw: &str, ctx: &LineCtx<'_>) -> Result<Row<'static>, TraceError> {
     Ok(Row { timestamp_ms, input_len, output_len, hash_ids, session, delay_ms, model })
 }
 
-fn read_azure_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
-    let mut trace = Trace { source: source.to_owned(), ..Trace::default() };
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
-    let (hi, header) = lines.next().expect("detect() saw a header");
+/// The columns an Azure CSV header names.
+fn csv_header(header: &str, ctx: &LineCtx<'_>) -> Result<Columns, TraceError> {
     let cols: Vec<&str> = header.split(',').map(str::trim).collect();
     let find = |name: &str| {
-        cols.iter().position(|c| *c == name).ok_or_else(|| {
-            LineCtx { source, line: hi + 1 }
-                .err(Some(name), format!("missing column; the header is `{header}`"))
-        })
+        cols.iter()
+            .position(|c| *c == name)
+            .ok_or_else(|| ctx.err(Some(name), format!("missing column; the header is `{header}`")))
     };
-    let (ts_col, in_col, out_col) = (find("TIMESTAMP")?, find("ContextTokens")?, find("GeneratedTokens")?);
-    for (i, raw) in lines {
-        let ctx = LineCtx { source, line: i + 1 };
-        let fields: Vec<&str> = raw.split(',').map(str::trim).collect();
-        if fields.len() != cols.len() {
-            return Err(ctx.err(None, format!("expected {} fields, found {}", cols.len(), fields.len())));
-        }
-        let timestamp_ms = parse_datetime_ms(fields[ts_col]).ok_or_else(|| {
-            ctx.err(Some("TIMESTAMP"), format!("`{}` is not `YYYY-MM-DD HH:MM:SS[.f]`", fields[ts_col]))
-        })?;
-        let num = |col: usize, name: &str| {
-            fields[col]
-                .parse::<u32>()
-                .map_err(|_| ctx.err(Some(name), format!("`{}` is not a token count", fields[col])))
-        };
-        trace.requests.push(TraceRequest {
-            timestamp_ms,
-            input_len: num(in_col, "ContextTokens")?,
-            output_len: num(out_col, "GeneratedTokens")?,
-            hash_ids: Vec::new(),
-            session: None,
-            delay_ms: 0.0,
-            model: None,
-            line: i + 1,
-        });
+    Ok(Columns::Csv {
+        width: cols.len(),
+        ts: find("TIMESTAMP")?,
+        input: find("ContextTokens")?,
+        output: find("GeneratedTokens")?,
+    })
+}
+
+/// One Azure CSV row; `[ts, input, output]` are its columns.
+fn csv_row(
+    raw: &str,
+    ctx: &LineCtx<'_>,
+    width: usize,
+    [ts, input, output]: [usize; 3],
+) -> Result<TraceRequest, TraceError> {
+    let fields: Vec<&str> = raw.split(',').map(str::trim).collect();
+    if fields.len() != width {
+        return Err(ctx.err(None, format!("expected {width} fields, found {}", fields.len())));
     }
-    Ok(trace)
+    let timestamp_ms = parse_datetime_ms(fields[ts]).ok_or_else(|| {
+        ctx.err(Some("TIMESTAMP"), format!("`{}` is not `YYYY-MM-DD HH:MM:SS[.f]`", fields[ts]))
+    })?;
+    let num = |col: usize, name: &str| {
+        fields[col]
+            .parse::<u32>()
+            .map_err(|_| ctx.err(Some(name), format!("`{}` is not a token count", fields[col])))
+    };
+    Ok(TraceRequest {
+        timestamp_ms,
+        input_len: num(input, "ContextTokens")?,
+        output_len: num(output, "GeneratedTokens")?,
+        hash_ids: Vec::new(),
+        session: None,
+        delay_ms: 0.0,
+        model: None,
+        line: ctx.line,
+    })
 }
 
 /// Milliseconds since 1970-01-01 of a `YYYY-MM-DD HH:MM:SS[.fraction]` UTC

@@ -2,7 +2,7 @@
 //! the controller scaling models up and to zero, bad input named.
 
 use hangar_scaler::{ReplicateSettings, ScalingConfig};
-use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions};
+use hangar_sim::fleet::{simulate_fleet, simulate_fleet_rows, FleetConfig, FleetOptions};
 use hangar_sim::synth::{self, Pattern, SynthConfig};
 use hangar_sim::trace::{self, Trace};
 
@@ -158,11 +158,63 @@ fn an_unknown_model_is_named_with_its_line_unless_skipped() {
     assert_eq!(r.total.requests, 1);
 }
 
+/// A streamed file gives the report the trace held in memory gives; a
+/// row out of time order, or a bad one, ends the run naming its line.
+#[test]
+fn a_streamed_trace_runs_as_one_in_memory_and_must_be_in_time_order() {
+    let trace = synth_trace(300, Pattern::Bursty);
+    let text: String = trace
+        .requests
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": {}, \"hash_ids\": {:?}, \"model\": {:?}}}\n",
+                r.timestamp_ms,
+                r.input_len,
+                r.output_len,
+                r.hash_ids,
+                r.model.as_deref().unwrap()
+            )
+        })
+        .collect();
+    let opts = FleetOptions { sample_ms: 5_000, ..FleetOptions::default() };
+    let streamed = |text: &str| {
+        let rows = trace::TraceRows::new(text.as_bytes(), "s.jsonl").without_sessions();
+        simulate_fleet_rows(rows, "s.jsonl", &fleet(), &opts, |_| {})
+    };
+    let held = simulate_fleet(&trace, &fleet(), &opts, |_, _| {}).unwrap();
+    let mut from_file = streamed(&text).unwrap();
+    from_file.trace = held.trace.clone();
+    assert_eq!(serde_json::to_string(&held).unwrap(), serde_json::to_string(&from_file).unwrap());
+
+    let backwards = "{\"timestamp\": 50, \"input_length\": 10, \"output_length\": 2, \"model\": \"synth/m0\"}\n\
+                     {\"timestamp\": 20, \"input_length\": 10, \"output_length\": 2, \"model\": \"synth/m0\"}\n";
+    let e = streamed(backwards).unwrap_err().to_string();
+    assert!(
+        e.contains("s.jsonl:2")
+            && e.contains("timestamp")
+            && e.contains("line 1")
+            && e.contains("time order"),
+        "{e}"
+    );
+    // Held in memory, the same rows are simply sorted.
+    let sorted = simulate_fleet(&trace::read(backwards, "b.jsonl").unwrap(), &fleet(), &opts, |_, _| {});
+    assert_eq!(sorted.unwrap().total.requests, 2);
+    let broken = format!("{}{{\"timestamp\": 99999999, \"input_length\": 1}}\n", text);
+    let e = streamed(&broken).unwrap_err().to_string();
+    assert!(e.contains("s.jsonl:301") && e.contains("output_length"), "{e}");
+}
+
 #[test]
 fn fleet_file_errors_name_the_field() {
     let too_big = FLEET.replace("size = \"30GB\"", "size = \"500GB\"");
     let e = FleetConfig::parse(&too_big, "f.toml").unwrap_err();
-    assert!(e.starts_with("f.toml:20: models[1].size") && e.contains("larger than every node"), "{e}");
+    assert!(
+        e.starts_with("f.toml:20: models[1].size")
+            && e.contains("fits on no node")
+            && e.contains("needs 7 GPUs"),
+        "{e}"
+    );
     let e = FleetConfig::parse(&FLEET.replace("count = 2", "count = 0"), "f.toml").unwrap_err();
     assert!(e.contains("nodes[0]"), "{e}");
     let e = FleetConfig::parse(

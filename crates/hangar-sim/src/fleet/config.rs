@@ -196,8 +196,13 @@ impl FleetConfig {
         ClusterConfig { placement: self.placement.clone(), nodes, models }
     }
 
-    /// Ranges and cross-field rules; a model larger than every node is
-    /// refused before the run.
+    /// Each model's index in `models`, by key.
+    pub(crate) fn by_key(&self) -> std::collections::BTreeMap<ModelKey, usize> {
+        self.models.iter().enumerate().map(|(i, m)| (m.key.clone(), i)).collect()
+    }
+
+    /// Ranges and cross-field rules; a model the fleet cannot hold (or
+    /// not `min_replicas` of it, even alone) is refused before the run.
     pub fn validate(&self) -> Result<(), FieldError> {
         if self.nodes.is_empty() {
             return Err(FieldError::new("nodes", "at least one `[[nodes]]` group is required"));
@@ -243,18 +248,27 @@ impl FleetConfig {
         if self.observe_ms == 0 {
             return Err(FieldError::new("observe_ms", "must be at least 1"));
         }
-        // Each model alone on the fleet must fit at least one replica.
+        // Each model alone on the fleet must fit at least one replica, and
+        // its `min_replicas`.
         let cluster = hangar_placement::Cluster::new(self.cluster())
             .map_err(|e| FieldError::new("nodes", e.to_string()))?;
         for (i, m) in self.models.iter().enumerate() {
-            let fits = cluster.nodes().iter().any(|n| {
-                let gpus = n.gpus().len() as u64;
-                m.size.bytes() <= gpus * n.gpu_memory()
-            });
-            if !fits {
+            let wanted = m.min_replicas.max(1);
+            let room = cluster.room_for(&m.key, wanted, self.seed);
+            if room.placed == 0 {
+                let why = room.reason.unwrap_or_else(|| "no room".into());
                 return Err(FieldError::new(
                     format!("models[{i}].size"),
-                    format!("`{}` ({}) is larger than every node's GPUs together", m.key, m.size),
+                    format!("`{}` ({}) fits on no node: {why}", m.key, m.size),
+                ));
+            }
+            if room.placed < wanted {
+                return Err(FieldError::new(
+                    format!("models[{i}].min_replicas"),
+                    format!(
+                        "{wanted} replicas of `{}` are wanted, but the nodes can hold at most {} even with nothing else on them",
+                        m.key, room.placed
+                    ),
                 ));
             }
         }

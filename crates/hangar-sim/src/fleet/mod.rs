@@ -12,6 +12,10 @@
 //! weights' bytes over the bandwidth of the tier they come from (disk,
 //! page cache, or a WARM wake from CPU memory) plus the engine's boot.
 //!
+//! The trace is read as the clock reaches it ([`simulate_fleet_rows`]) and
+//! each request is booked in the report as it ends, so memory follows the
+//! fleet and what is in flight, not the trace's length.
+//!
 //! Order at one instant: due events in the order they were scheduled
 //! (pass ends, replicas ready, admission deadlines, controller ticks),
 //! then arrivals in trace order, then passes start. Every tie is broken by
@@ -20,8 +24,9 @@
 
 mod config;
 mod report;
+mod requests;
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use hangar_core::{AccountId, BlockHash, Millis, ModelKey, ReplicaId, RequestId, ROOT_BLOCK_HASH};
 use hangar_engine::{EngineCore, EngineRequest, Pass, Prompt};
@@ -35,8 +40,9 @@ use hangar_scaler::{
 pub use config::{ColdStart, FleetConfig, FleetModel, FleetNodes};
 pub use report::{ColdStarts, FleetReport, GpuSeconds, ModelReport, Sample};
 
-use crate::trace::{Trace, TraceError};
+use crate::trace::{Trace, TraceError, TraceRequest};
 use crate::SimError;
+use requests::{InFlight, Requests};
 
 /// How a fleet simulation runs besides its fleet file.
 ///
@@ -99,7 +105,9 @@ struct Replica {
     model: usize,
     /// GPUs it holds (fractions for a shared GPU).
     gpus: f64,
-    engine: EngineCore,
+    /// Its engine while it is on a GPU; a WARM or stopped replica has none
+    /// (its KV cache went with the GPU memory).
+    engine: Option<EngineCore>,
     state: State,
     /// A pass is running.
     busy: bool,
@@ -107,6 +115,12 @@ struct Replica {
     generation: u64,
     /// When its current load began.
     load_started: f64,
+}
+
+impl Replica {
+    fn has_work(&self) -> bool {
+        self.engine.as_ref().is_some_and(EngineCore::has_work)
+    }
 }
 
 /// One model's live state.
@@ -150,12 +164,16 @@ pub(crate) enum Outcome {
 struct Fleet<'t> {
     cfg: &'t FleetConfig,
     opts: &'t FleetOptions,
-    trace: &'t Trace,
-    /// Trace row → model index (`None`: skipped).
-    row_model: Vec<Option<usize>>,
+    rows: &'t mut dyn Iterator<Item = Result<TraceRequest, TraceError>>,
+    source: String,
+    /// The next served row, its model and when it arrives.
+    next: Option<(f64, usize, TraceRequest)>,
+    /// The first served row's timestamp: the clock's zero.
+    t0: Option<f64>,
+    /// The last row read (timestamp, line), to hold the trace to time order.
+    last_row: Option<(f64, usize)>,
     heap: BinaryHeap<Event>,
     seq: u64,
-    arrivals: VecDeque<(f64, u32)>,
     controller: Controller,
     models: Vec<ModelState>,
     by_key: BTreeMap<ModelKey, usize>,
@@ -166,20 +184,22 @@ struct Fleet<'t> {
     /// page cache).
     cached: BTreeSet<(NodeId, usize)>,
     touched: Vec<usize>,
-    timings: Vec<Timing>,
+    requests: Requests,
     report: report::Builder,
-    remaining: usize,
     next_due: f64,
     /// A day after the last arrival: requests still pending then fail.
     horizon: f64,
+    /// The last request's end: the run's length.
+    last_end: f64,
     account: AccountId,
-    /// Told (requests ended, requests served) as each request ends.
-    progress: &'t mut dyn FnMut(usize, usize),
-    served: usize,
+    /// Told how many requests have ended, as each one does.
+    progress: &'t mut dyn FnMut(usize),
+    ended: usize,
 }
 
-/// Runs `trace` on the fleet `cfg`. Rows must name a model (`model`) the
-/// fleet serves, unless `opts.skip_unknown`.
+/// Runs `trace` on the fleet `cfg`, its rows taken in time order (a
+/// stable sort, so rows of one instant keep their file order). Rows must
+/// name a model (`model`) the fleet serves, unless `opts.skip_unknown`.
 ///
 /// `progress(done, total)` is called each time one of the `total` served
 /// requests ends (completed, rejected, timed out or failed), so a caller
@@ -192,45 +212,33 @@ pub fn simulate_fleet(
     opts: &FleetOptions,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<FleetReport, SimError> {
+    let by_key = cfg.by_key();
+    let served = (trace.requests.iter()).filter(|r| model_of(r, cfg, &by_key).is_some()).count();
+    let mut order: Vec<usize> = (0..trace.requests.len()).collect();
+    order.sort_by(|&a, &b| trace.requests[a].timestamp_ms.total_cmp(&trace.requests[b].timestamp_ms));
+    let rows = order.into_iter().map(|i| Ok(trace.requests[i].clone()));
+    simulate_fleet_rows(rows, &trace.source, cfg, opts, |done| progress(done, served))
+}
+
+/// Runs the rows of a trace on the fleet `cfg` as the clock reaches them,
+/// without holding the trace: how `hangar sim --fleet` runs a file of any
+/// length. Rows must come in time order (a row earlier than the one
+/// before it is an error naming both lines) and name a model the fleet
+/// serves, unless `opts.skip_unknown`; a bad row ends the run with its
+/// error. `progress(done)` is told how many requests have ended, as each
+/// one does.
+pub fn simulate_fleet_rows(
+    rows: impl Iterator<Item = Result<TraceRequest, TraceError>>,
+    source_name: &str,
+    cfg: &FleetConfig,
+    opts: &FleetOptions,
+    mut progress: impl FnMut(usize),
+) -> Result<FleetReport, SimError> {
     if !(opts.speedup.is_finite() && opts.speedup > 0.0) {
         return Err(SimError::Config(format!("--speedup must be a number above 0, got {}", opts.speedup)));
     }
     cfg.validate().map_err(|e| SimError::Config(e.to_string()))?;
-    let by_key: BTreeMap<ModelKey, usize> =
-        cfg.models.iter().enumerate().map(|(i, m)| (m.key.clone(), i)).collect();
-    let mut row_model = Vec::with_capacity(trace.requests.len());
-    for r in &trace.requests {
-        let found = match &r.model {
-            Some(m) => m.parse::<ModelKey>().ok().and_then(|k| by_key.get(&k).copied()),
-            None if cfg.models.len() == 1 => Some(0),
-            None => None,
-        };
-        if found.is_none() && !opts.skip_unknown {
-            let why = match &r.model {
-                Some(m) => format!("model `{m}` is not in the fleet (add it, or pass --skip-unknown)"),
-                None => "the row names no model and the fleet serves several".into(),
-            };
-            return Err(TraceError {
-                source_name: trace.source.clone(),
-                line: r.line,
-                field: Some("model".into()),
-                why,
-            }
-            .into());
-        }
-        let needed = (r.input_len as usize).div_ceil(opts.trace_block_size.max(1) as usize);
-        if !r.hash_ids.is_empty() && r.hash_ids.len() < needed {
-            let why = format!("{} ids cover fewer than the {} input tokens", r.hash_ids.len(), r.input_len);
-            return Err(TraceError {
-                source_name: trace.source.clone(),
-                line: r.line,
-                field: Some("hash_ids".into()),
-                why,
-            }
-            .into());
-        }
-        row_model.push(found);
-    }
+    let by_key = cfg.by_key();
     let cluster = Cluster::new(cfg.cluster()).map_err(|e| SimError::Config(e.to_string()))?;
     let specs = cfg
         .models
@@ -260,14 +268,17 @@ pub fn simulate_fleet(
             ttft: TtftWindow::new(),
         })
         .collect();
-    let remaining = row_model.iter().filter(|m| m.is_some()).count();
+    let mut rows = rows;
     let mut fleet = Fleet {
         cfg,
         opts,
-        trace,
+        rows: &mut rows,
+        source: source_name.to_owned(),
+        next: None,
+        t0: None,
+        last_row: None,
         heap: BinaryHeap::new(),
         seq: 0,
-        arrivals: VecDeque::new(),
         controller,
         models,
         by_key,
@@ -276,25 +287,26 @@ pub fn simulate_fleet(
         passes: Vec::new(),
         cached: BTreeSet::new(),
         touched: Vec::new(),
-        timings: vec![Timing::default(); trace.requests.len()],
-        report: report::Builder::new(cfg),
-        remaining,
+        requests: Requests::default(),
+        report: report::Builder::new(cfg, opts.sample_ms),
         next_due: f64::INFINITY,
         horizon: f64::INFINITY,
+        last_end: 0.0,
         account: "sim".parse().expect("a valid account"),
-        row_model,
         progress: &mut progress,
-        served: remaining,
+        ended: 0,
     };
-    fleet.seed_arrivals();
-    fleet.horizon = fleet.arrivals.back().map_or(0.0, |a| a.0) + 86_400_000.0;
-    fleet.carry_out(0.0);
-    fleet.push(0.0, Kind::Tick);
-    if opts.sample_ms > 0 {
-        fleet.push(0.0, Kind::Sample);
-    }
-    fleet.run();
+    fleet.run()?;
     Ok(fleet.finish())
+}
+
+/// The fleet model a row is for: the one it names, or the only one.
+fn model_of(row: &TraceRequest, cfg: &FleetConfig, by_key: &BTreeMap<ModelKey, usize>) -> Option<usize> {
+    match &row.model {
+        Some(m) => m.parse::<ModelKey>().ok().and_then(|k| by_key.get(&k).copied()),
+        None if cfg.models.len() == 1 => Some(0),
+        None => None,
+    }
 }
 
 /// A fleet's engines take their timing inline: a `table` timing model is
@@ -319,33 +331,82 @@ impl Fleet<'_> {
         self.heap.push(Event { at, seq: self.seq, kind });
     }
 
-    fn seed_arrivals(&mut self) {
-        let reqs = &self.trace.requests;
-        let rows = (0..reqs.len() as u32).filter(|&i| self.row_model[i as usize].is_some());
-        let t0 = rows.clone().map(|i| reqs[i as usize].timestamp_ms).fold(f64::INFINITY, f64::min);
-        let mut arrivals: Vec<(f64, u32)> =
-            rows.map(|i| ((reqs[i as usize].timestamp_ms - t0) / self.opts.speedup, i)).collect();
-        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
-        self.arrivals = arrivals.into();
+    /// Reads rows up to the next one the fleet serves: checked, and
+    /// timed on the clock.
+    fn read_next(&mut self) -> Result<(), SimError> {
+        self.next = None;
+        for row in &mut *self.rows {
+            let r = row?;
+            let err = |field: &str, why: String| TraceError {
+                source_name: self.source.clone(),
+                line: r.line,
+                field: Some(field.into()),
+                why,
+            };
+            if let Some((ts, line)) = self.last_row.filter(|(ts, _)| r.timestamp_ms < *ts) {
+                let why = format!(
+                    "{} is earlier than line {line}'s {ts}; a fleet run reads its trace in time order (sort it by timestamp)",
+                    r.timestamp_ms
+                );
+                return Err(err("timestamp", why).into());
+            }
+            self.last_row = Some((r.timestamp_ms, r.line));
+            let Some(m) = model_of(&r, self.cfg, &self.by_key) else {
+                if self.opts.skip_unknown {
+                    continue;
+                }
+                let why = match &r.model {
+                    Some(m) => format!("model `{m}` is not in the fleet (add it, or pass --skip-unknown)"),
+                    None => "the row names no model and the fleet serves several".into(),
+                };
+                return Err(err("model", why).into());
+            };
+            let needed = (r.input_len as usize).div_ceil(self.opts.trace_block_size.max(1) as usize);
+            if !r.hash_ids.is_empty() && r.hash_ids.len() < needed {
+                let why =
+                    format!("{} ids cover fewer than the {} input tokens", r.hash_ids.len(), r.input_len);
+                return Err(err("hash_ids", why).into());
+            }
+            let t0 = *self.t0.get_or_insert(r.timestamp_ms);
+            self.next = Some(((r.timestamp_ms - t0) / self.opts.speedup, m, r));
+            return Ok(());
+        }
+        Ok(())
     }
 
     fn next_time(&self) -> Option<f64> {
-        crate::clock::next_time(&self.heap, &self.arrivals)
+        crate::clock::next_time(&self.heap, self.next.as_ref().map(|n| n.0))
     }
 
-    fn run(&mut self) {
-        while self.remaining > 0 {
+    /// Rows still to come or requests in flight.
+    fn more(&self) -> bool {
+        self.next.is_some() || self.requests.open() > 0
+    }
+
+    fn run(&mut self) -> Result<(), SimError> {
+        self.read_next()?;
+        self.carry_out(0.0);
+        self.push(0.0, Kind::Tick);
+        if self.opts.sample_ms > 0 {
+            self.push(0.0, Kind::Sample);
+        }
+        while self.more() {
             let Some(now) = self.next_time() else { break };
             while self.heap.peek().is_some_and(|e| e.at == now) {
                 let ev = self.heap.pop().expect("peeked");
                 self.handle(now, ev.kind);
             }
-            while self.arrivals.front().is_some_and(|a| a.0 == now) {
-                let (_, i) = self.arrivals.pop_front().expect("peeked");
-                self.arrive(now, i);
+            while self.next.as_ref().is_some_and(|n| n.0 == now) {
+                let (_, m, row) = self.next.take().expect("peeked");
+                self.read_next()?;
+                if self.next.is_none() {
+                    self.horizon = now + 86_400_000.0;
+                }
+                self.arrive(now, m, row);
             }
             self.settle(now);
         }
+        Ok(())
     }
 
     /// After the events of an instant: the controller's actions, admission
@@ -385,16 +446,14 @@ impl Fleet<'_> {
                     self.observe(now, m, 0);
                 }
                 self.controller.handle_timeout(ms(now));
-                if self.arrivals.is_empty() && now > self.horizon {
+                if self.next.is_none() && now > self.horizon {
                     // A bound on the run, so a request the fleet can never
                     // serve cannot keep the clock going forever.
-                    for i in 0..self.timings.len() as u32 {
-                        if self.row_model[i as usize].is_some() {
-                            self.end(now, i, Outcome::Failed);
-                        }
+                    for id in self.requests.open_ids() {
+                        self.end(now, id, Outcome::Failed);
                     }
                 }
-                if self.remaining > 0 {
+                if self.more() {
                     self.push(now + self.cfg.observe_ms as f64, Kind::Tick);
                 }
             }
@@ -414,7 +473,7 @@ impl Fleet<'_> {
                     &self.controller,
                     &self.models.iter().map(|m| m.key.clone()).collect::<Vec<_>>(),
                 );
-                if self.remaining > 0 {
+                if self.more() {
                     self.push(now + self.opts.sample_ms as f64, Kind::Sample);
                 }
             }
@@ -453,13 +512,18 @@ impl Fleet<'_> {
         self.controller.observe(ms(now), &key, obs, &in_flight);
     }
 
-    fn arrive(&mut self, now: f64, i: u32) {
-        let m = self.row_model[i as usize].expect("only served rows arrive");
-        self.timings[i as usize].arrived = now;
+    fn arrive(&mut self, now: f64, m: usize, row: TraceRequest) {
         self.models[m].counters.0 += 1;
+        let id = self.requests.insert(InFlight {
+            model: m,
+            input_len: row.input_len,
+            output_len: row.output_len,
+            hash_ids: row.hash_ids,
+            timing: Timing { arrived: now, ..Timing::default() },
+        });
         let model = &mut self.models[m];
         if model.kv {
-            let r = &self.trace.requests[i as usize];
+            let r = self.requests.get(id).expect("just inserted");
             let mut parent = ROOT_BLOCK_HASH;
             let blocks: Vec<BlockHash> = r
                 .hash_ids
@@ -469,12 +533,12 @@ impl Fleet<'_> {
                     parent
                 })
                 .collect();
-            model.chooser.hint(RequestId(u64::from(i)), &blocks, r.input_len);
+            model.chooser.hint(id, &blocks, r.input_len);
         }
         let deadline = Some(ms(now) + model.timeout_ms);
         let submitted = model
             .admission
-            .submit(ms(now), RequestId(u64::from(i)), self.account.clone(), deadline, &mut model.chooser)
+            .submit(ms(now), id, self.account.clone(), deadline, &mut model.chooser)
             .expect("ids are unique");
         match submitted {
             Submitted::Leased(p) => self.start_request(now, m, p.request, p.replica),
@@ -486,8 +550,8 @@ impl Fleet<'_> {
             }
             Submitted::Rejected { .. } => {
                 self.models[m].counters.2 += 1;
-                self.models[m].chooser.done(RequestId(u64::from(i)));
-                self.end(now, i, Outcome::Rejected);
+                self.models[m].chooser.done(id);
+                self.end(now, id, Outcome::Rejected);
             }
         }
     }
@@ -499,30 +563,27 @@ impl Fleet<'_> {
                 Admit::Dispatch(p) => self.start_request(now, m, p.request, p.replica),
                 Admit::Expired(r) => {
                     self.models[m].chooser.done(r);
-                    self.end(now, r.0 as u32, Outcome::TimedOut);
+                    self.end(now, r, Outcome::TimedOut);
                 }
                 Admit::Failed { request, .. } => {
                     self.models[m].chooser.done(request);
-                    self.end(now, request.0 as u32, Outcome::Failed);
+                    self.end(now, request, Outcome::Failed);
                 }
             }
         }
     }
 
     fn start_request(&mut self, now: f64, m: usize, request: RequestId, replica: ReplicaId) {
-        let i = request.0 as usize;
         let slot = self.slots[&replica];
-        let r = &self.trace.requests[i];
         let block_size = self.cfg.models[m].engine.block_size;
+        let Some(r) = self.requests.get_mut(request) else { return };
+        r.timing.granted = now;
         let prompt =
             Prompt::from_trace(r.input_len, &r.hash_ids, self.opts.trace_block_size, block_size, request.0)
                 .expect("hash_ids coverage checked");
-        self.timings[i].granted = now;
-        let added = self.replicas[slot].engine.add_request(EngineRequest {
-            id: request,
-            prompt,
-            max_output_tokens: r.output_len,
-        });
+        let engine = self.replicas[slot].engine.as_mut().expect("a ready replica has its engine");
+        let added =
+            engine.add_request(EngineRequest { id: request, prompt, max_output_tokens: r.output_len });
         match added {
             Ok(()) => {
                 self.touched.push(slot);
@@ -530,48 +591,50 @@ impl Fleet<'_> {
             }
             Err(_) => {
                 self.release(now, m, request);
-                self.end(now, i as u32, Outcome::Failed);
+                self.end(now, request, Outcome::Failed);
             }
         }
     }
 
     fn release(&mut self, now: f64, m: usize, request: RequestId) {
+        let granted = self.requests.get(request).map_or(now, |r| r.timing.granted);
         let model = &mut self.models[m];
         model.admission.release(ms(now), request, &mut model.chooser);
         model.chooser.done(request);
         model.counters.1 += 1;
-        model.counters.3 += ms(now).saturating_sub(ms(self.timings[request.0 as usize].granted));
+        model.counters.3 += ms(now).saturating_sub(ms(granted));
         self.admissions(now, m);
     }
 
-    fn end(&mut self, now: f64, i: u32, outcome: Outcome) {
-        let t = &mut self.timings[i as usize];
-        if t.outcome != Outcome::Pending {
-            return;
-        }
-        t.outcome = outcome;
-        t.done = Some(now);
-        self.remaining -= 1;
-        (self.progress)(self.served - self.remaining, self.served);
+    /// Request `id` ends: booked in the report and forgotten. A request
+    /// ends once; later calls for it do nothing.
+    fn end(&mut self, now: f64, id: RequestId, outcome: Outcome) {
+        let Some(mut r) = self.requests.remove(id) else { return };
+        r.timing.outcome = outcome;
+        r.timing.done = Some(now);
+        self.report.ended(r.model, &r.timing);
+        self.last_end = self.last_end.max(now);
+        self.ended += 1;
+        (self.progress)(self.ended);
     }
 
     fn pass_end(&mut self, now: f64, slot: usize) {
         self.replicas[slot].busy = false;
         let pass = std::mem::take(&mut self.passes[slot]);
+        let m = self.replicas[slot].model;
         for t in &pass.tokens {
-            let timing = &mut self.timings[t.request.0 as usize];
+            let Some(r) = self.requests.get_mut(t.request) else { continue };
+            let timing = &mut r.timing;
             if t.index == 0 {
                 timing.first_token = Some(now);
-                let model = &mut self.models[self.replicas[slot].model];
-                model.ttft.record(ms(now), ms(now - timing.arrived));
+                self.models[m].ttft.record(ms(now), ms(now - timing.arrived));
             }
             timing.tokens += 1;
-            self.report.token_gap(self.replicas[slot].model, timing, now);
+            self.report.token_gap(m, timing, now);
         }
-        let m = self.replicas[slot].model;
         for id in &pass.completed {
             self.release(now, m, *id);
-            self.end(now, id.0 as u32, Outcome::Completed);
+            self.end(now, *id, Outcome::Completed);
         }
         self.passes[slot] = pass;
         self.touched.push(slot);
@@ -585,11 +648,11 @@ impl Fleet<'_> {
         touched.dedup();
         for &slot in &touched {
             let r = &mut self.replicas[slot];
-            if r.busy || !r.engine.has_work() || matches!(r.state, State::Loading { .. } | State::Warm) {
+            if r.busy || !r.has_work() || matches!(r.state, State::Loading { .. } | State::Warm) {
                 continue;
             }
             let pass = &mut self.passes[slot];
-            r.engine.step(now, pass);
+            r.engine.as_mut().expect("it has work").step(now, pass);
             if pass.is_idle() {
                 continue;
             }
@@ -650,7 +713,7 @@ impl Fleet<'_> {
             id: d.replica_id,
             model: m,
             gpus,
-            engine,
+            engine: Some(engine),
             state: State::Loading { tier: StartTier::Cold },
             busy: false,
             generation: 0,
@@ -687,6 +750,8 @@ impl Fleet<'_> {
         let gpus = self.gpus_of(d);
         let r = &mut self.replicas[slot];
         let m = r.model;
+        r.engine =
+            Some(EngineCore::new(&self.cfg.models[m].engine, no_tables).expect("validate() built one"));
         r.state = State::Loading { tier: StartTier::Warm };
         r.gpus = gpus;
         r.load_started = now;
@@ -732,6 +797,7 @@ impl Fleet<'_> {
             State::Loading { .. } => {
                 // Never served: it simply stops loading.
                 self.replicas[slot].generation = self.seq;
+                self.replicas[slot].engine = None;
                 self.replicas[slot].state = if to_warm { State::Warm } else { State::Draining { to_warm } };
                 self.report.replica_state(
                     slot,
@@ -761,7 +827,7 @@ impl Fleet<'_> {
     fn maybe_drained(&mut self, now: f64, slot: usize) {
         let r = &self.replicas[slot];
         let State::Draining { to_warm } = r.state else { return };
-        if r.busy || r.engine.has_work() {
+        if r.busy || r.has_work() {
             return;
         }
         let (m, id) = (r.model, r.id);
@@ -771,6 +837,7 @@ impl Fleet<'_> {
         self.admissions(now, m);
         let r = &mut self.replicas[slot];
         r.generation = self.seq;
+        r.engine = None;
         if to_warm {
             r.state = State::Warm;
             self.report.replica_state(slot, m, now, report::Bucket::Warm, 0.0);
@@ -786,17 +853,17 @@ impl Fleet<'_> {
         if !matches!(r.state, State::Ready | State::Draining { .. }) {
             return;
         }
-        let bucket = if r.busy || r.engine.has_work() { report::Bucket::Busy } else { report::Bucket::Idle };
+        let bucket = if r.busy || r.has_work() { report::Bucket::Busy } else { report::Bucket::Idle };
         let (gpus, m) = (r.gpus, r.model);
         self.report.replica_state(slot, m, now, bucket, gpus);
     }
 
     fn finish(mut self) -> FleetReport {
-        let end = self.timings.iter().filter_map(|t| t.done).fold(0.0, f64::max);
+        let end = self.last_end;
         for slot in 0..self.replicas.len() {
             let m = self.replicas[slot].model;
             self.report.replica_state(slot, m, end, report::Bucket::Gone, 0.0);
         }
-        self.report.finish(self.cfg, self.trace, &self.row_model, &self.timings, &self.controller, end)
+        self.report.finish(self.cfg, &self.source, &self.controller, end)
     }
 }

@@ -2,13 +2,12 @@
 
 use std::fmt::Write as _;
 
-use hangar_core::ModelKey;
+use hangar_core::{Millis, ModelKey};
 use hangar_scaler::{Controller, Decision, StartTier};
 use serde::Serialize;
 
 use super::{FleetConfig, Outcome, Timing};
 use crate::stats::{LogHistogram, Stats};
-use crate::trace::Trace;
 
 /// GPU-seconds by what the replicas holding them were doing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -135,25 +134,45 @@ struct PerModel {
     warm: u64,
     decisions: u64,
     unplaceable: u64,
+    /// Requests ended, by how.
+    requests: u64,
+    rejected: u64,
+    timed_out: u64,
+    failed: u64,
+    /// TTFT and end-to-end latency of each completed request (ms): one
+    /// number each per request, so the percentiles stay exact.
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    /// Completed within the objective.
+    good: u64,
 }
 
-/// Collects as the simulation runs.
+/// Collects as the simulation runs. Each request is booked once, as it
+/// ends ([`ended`](Self::ended)), so nothing per request outlives it but
+/// its latencies.
 pub(crate) struct Builder {
     models: Vec<PerModel>,
+    /// The TTFT objective of each model, ms.
+    slo_ms: Vec<f64>,
     /// Per replica slot: its current bucket, GPUs and since when.
     slots: Vec<(Bucket, f64, f64)>,
     timeline: Vec<Sample>,
-    /// When each sample of `timeline` was taken, ms.
-    sampled_ms: Vec<f64>,
+    /// The timeline's period (ms); 0: none.
+    sample_ms: f64,
+    /// Per window of the timeline: arrivals, and the TTFTs of the first
+    /// tokens sent in it.
+    windows: Vec<(u64, Vec<f64>)>,
 }
 
 impl Builder {
-    pub fn new(cfg: &FleetConfig) -> Self {
+    pub fn new(cfg: &FleetConfig, sample_ms: Millis) -> Self {
         Builder {
             models: cfg.models.iter().map(|_| PerModel::default()).collect(),
+            slo_ms: cfg.models.iter().map(|m| m.slo_ttft_ms as f64).collect(),
             slots: Vec::new(),
             timeline: Vec::new(),
-            sampled_ms: Vec::new(),
+            sample_ms: sample_ms as f64,
+            windows: Vec::new(),
         }
     }
 
@@ -163,6 +182,42 @@ impl Builder {
             self.models[m].itl.add(now - t.last_token);
         }
         t.last_token = now;
+    }
+
+    /// Request `t` of model `m` ended (its `outcome` and `done` set).
+    pub fn ended(&mut self, m: usize, t: &Timing) {
+        let p = &mut self.models[m];
+        p.requests += 1;
+        match t.outcome {
+            Outcome::Completed => {
+                let ttft = t.first_token.map(|f| f - t.arrived);
+                p.ttft.extend(ttft);
+                p.e2e.extend(t.done.map(|d| d - t.arrived));
+                if ttft.is_some_and(|v| v <= self.slo_ms[m]) {
+                    p.good += 1;
+                }
+            }
+            Outcome::Rejected => p.rejected += 1,
+            Outcome::TimedOut => p.timed_out += 1,
+            Outcome::Failed | Outcome::Pending => p.failed += 1,
+        }
+        if self.sample_ms > 0.0 {
+            self.window(t.arrived).0 += 1;
+            if let Some(first) = t.first_token {
+                self.window(first).1.push(first - t.arrived);
+            }
+        }
+    }
+
+    /// The window of the timeline `t` falls in: samples are taken every
+    /// `sample_ms` from 0, so it is told by `t` alone, whatever order
+    /// the sample and the event took at the same instant.
+    fn window(&mut self, t: f64) -> &mut (u64, Vec<f64>) {
+        let k = (t / self.sample_ms).floor().max(0.0) as usize;
+        if self.windows.len() <= k {
+            self.windows.resize_with(k + 1, Default::default);
+        }
+        &mut self.windows[k]
     }
 
     /// Replica `slot` of model `m` is in `bucket` with `gpus` from `now`.
@@ -207,24 +262,16 @@ impl Builder {
             .map(|k| controller.cluster().replicas_of(k, hangar_placement::Level::Hot).len() as u32)
             .collect();
         self.timeline.push(Sample { t_s: now / 1000.0, desired, hot, arrivals: 0, ttft_p99_ms: None });
-        self.sampled_ms.push(now);
     }
 
-    /// Books each request's arrival and first token into the window of
-    /// the sample it follows. Done from the finished timings rather than
-    /// as events come, so a first token at the very instant of a sample
-    /// lands in the same window whatever order the two events took.
-    fn fill_windows(&mut self, row_model: &[Option<usize>], timings: &[Timing]) {
-        if self.timeline.is_empty() {
-            return;
-        }
-        let window = |t: f64| self.sampled_ms.partition_point(|&s| s <= t).saturating_sub(1);
+    /// Books each window's arrivals and first tokens into its sample; a
+    /// window past the last sample belongs to the last.
+    fn fill_windows(&mut self) {
+        let Some(last) = self.timeline.len().checked_sub(1) else { return };
         let mut ttft = vec![Vec::new(); self.timeline.len()];
-        for (t, _) in timings.iter().zip(row_model).filter(|(_, m)| m.is_some()) {
-            self.timeline[window(t.arrived)].arrivals += 1;
-            if let Some(first) = t.first_token {
-                ttft[window(first)].push(first - t.arrived);
-            }
+        for (k, (arrivals, firsts)) in std::mem::take(&mut self.windows).into_iter().enumerate() {
+            self.timeline[k.min(last)].arrivals += arrivals;
+            ttft[k.min(last)].extend(firsts);
         }
         for (sample, ttft) in self.timeline.iter_mut().zip(ttft) {
             sample.ttft_p99_ms = (!ttft.is_empty()).then(|| Stats::exact(ttft).p99);
@@ -234,35 +281,28 @@ impl Builder {
     pub fn finish(
         mut self,
         cfg: &FleetConfig,
-        trace: &Trace,
-        row_model: &[Option<usize>],
-        timings: &[Timing],
+        source: &str,
         controller: &Controller,
         end_ms: f64,
     ) -> FleetReport {
         let duration_s = (end_ms / 1000.0).max(1e-9);
-        self.fill_windows(row_model, timings);
+        self.fill_windows();
         let mut models = Vec::new();
-        let mut all = Vec::new();
-        for (m, (p, spec)) in self.models.into_iter().zip(&cfg.models).enumerate() {
-            let rows: Vec<&Timing> =
-                timings.iter().zip(row_model).filter(|(_, rm)| **rm == Some(m)).map(|(t, _)| t).collect();
+        for (p, spec) in self.models.into_iter().zip(&cfg.models) {
             let scaler = controller.scaler(&spec.key);
             let report = model_report(
                 spec.key.as_str(),
                 scaler.map_or("", |s| s.policy()),
-                &rows,
+                &p,
                 spec.slo_ttft_ms as f64,
                 duration_s,
-                &p,
                 scaler.map_or(0, |s| s.reversals()),
             );
-            all.extend(rows.iter().map(|t| (*t, spec.slo_ttft_ms as f64)));
             models.push((report, p));
         }
-        let total = total_report(&models, &all, duration_s);
+        let total = total_report(&models, duration_s);
         FleetReport {
-            trace: trace.source.clone(),
+            trace: source.to_owned(),
             duration_s,
             models: models.into_iter().map(|(r, _)| r).collect(),
             total,
@@ -274,33 +314,27 @@ impl Builder {
 fn model_report(
     model: &str,
     policy: &str,
-    rows: &[&Timing],
+    p: &PerModel,
     slo_ms: f64,
     duration_s: f64,
-    p: &PerModel,
     reversals: u64,
 ) -> ModelReport {
-    let count = |o: Outcome| rows.iter().filter(|t| t.outcome == o).count() as u64;
-    let completed: Vec<&&Timing> = rows.iter().filter(|t| t.outcome == Outcome::Completed).collect();
-    let ttft: Vec<f64> = completed.iter().filter_map(|t| t.first_token.map(|f| f - t.arrived)).collect();
-    let e2e: Vec<f64> = completed.iter().filter_map(|t| t.done.map(|d| d - t.arrived)).collect();
-    let good =
-        completed.iter().filter(|t| t.first_token.is_some_and(|f| f - t.arrived <= slo_ms)).count() as f64;
     let mut gpu = p.gpu;
     gpu.total = gpu.loading + gpu.idle + gpu.busy;
+    let good = p.good as f64;
     ModelReport {
         model: model.to_owned(),
         policy: policy.to_owned(),
-        requests: rows.len() as u64,
-        completed: completed.len() as u64,
-        rejected: count(Outcome::Rejected),
-        timed_out: count(Outcome::TimedOut),
-        failed: count(Outcome::Failed),
-        ttft_ms: Stats::exact(ttft),
+        requests: p.requests,
+        completed: p.e2e.len() as u64,
+        rejected: p.rejected,
+        timed_out: p.timed_out,
+        failed: p.failed,
+        ttft_ms: Stats::exact(p.ttft.clone()),
         itl_ms: p.itl.stats(),
-        e2e_ms: Stats::exact(e2e),
+        e2e_ms: Stats::exact(p.e2e.clone()),
         slo_ttft_ms: slo_ms,
-        slo_attainment: if rows.is_empty() { 1.0 } else { good / rows.len() as f64 },
+        slo_attainment: if p.requests == 0 { 1.0 } else { good / p.requests as f64 },
         goodput_rps: good / duration_s,
         gpu_seconds: gpu,
         warm_seconds: p.warm_s,
@@ -312,54 +346,31 @@ fn model_report(
     }
 }
 
-fn total_report(models: &[(ModelReport, PerModel)], all: &[(&Timing, f64)], duration_s: f64) -> ModelReport {
-    let sum = |f: fn(&ModelReport) -> u64| models.iter().map(|(r, _)| f(r)).sum::<u64>();
-    let completed: Vec<&(&Timing, f64)> =
-        all.iter().filter(|(t, _)| t.outcome == Outcome::Completed).collect();
-    let ttft: Vec<f64> = completed.iter().filter_map(|(t, _)| t.first_token.map(|f| f - t.arrived)).collect();
-    let e2e: Vec<f64> = completed.iter().filter_map(|(t, _)| t.done.map(|d| d - t.arrived)).collect();
-    let good =
-        completed.iter().filter(|(t, slo)| t.first_token.is_some_and(|f| f - t.arrived <= *slo)).count()
-            as f64;
-    let mut gpu = GpuSeconds::default();
-    let mut itl = LogHistogram::default();
-    let mut starts = Vec::new();
-    let mut warm_s = 0.0;
+fn total_report(models: &[(ModelReport, PerModel)], duration_s: f64) -> ModelReport {
+    let mut all = PerModel::default();
+    let mut reversals = 0;
     for (r, p) in models {
-        gpu.loading += r.gpu_seconds.loading;
-        gpu.idle += r.gpu_seconds.idle;
-        gpu.busy += r.gpu_seconds.busy;
-        warm_s += p.warm_s;
-        itl.merge(&p.itl);
-        starts.extend_from_slice(&p.starts);
+        all.gpu.loading += p.gpu.loading;
+        all.gpu.idle += p.gpu.idle;
+        all.gpu.busy += p.gpu.busy;
+        all.warm_s += p.warm_s;
+        all.itl.merge(&p.itl);
+        all.starts.extend_from_slice(&p.starts);
+        all.cold += p.cold;
+        all.warm += p.warm;
+        all.decisions += p.decisions;
+        all.unplaceable += p.unplaceable;
+        all.requests += p.requests;
+        all.rejected += p.rejected;
+        all.timed_out += p.timed_out;
+        all.failed += p.failed;
+        all.ttft.extend_from_slice(&p.ttft);
+        all.e2e.extend_from_slice(&p.e2e);
+        all.good += p.good;
+        reversals += r.reversals;
     }
-    gpu.total = gpu.loading + gpu.idle + gpu.busy;
-    ModelReport {
-        model: "*".into(),
-        policy: models.first().map(|(r, _)| r.policy.clone()).unwrap_or_default(),
-        requests: all.len() as u64,
-        completed: completed.len() as u64,
-        rejected: sum(|r| r.rejected),
-        timed_out: sum(|r| r.timed_out),
-        failed: sum(|r| r.failed),
-        ttft_ms: Stats::exact(ttft),
-        itl_ms: itl.stats(),
-        e2e_ms: Stats::exact(e2e),
-        slo_ttft_ms: f64::NAN,
-        slo_attainment: if all.is_empty() { 1.0 } else { good / all.len() as f64 },
-        goodput_rps: good / duration_s,
-        gpu_seconds: gpu,
-        warm_seconds: warm_s,
-        goodput_per_gpu_hour: if gpu.total > 0.0 { good / (gpu.total / 3600.0) } else { 0.0 },
-        cold_starts: ColdStarts {
-            cold: sum(|r| r.cold_starts.cold),
-            warm: sum(|r| r.cold_starts.warm),
-            ms: Stats::exact(starts),
-        },
-        decisions: sum(|r| r.decisions),
-        reversals: sum(|r| r.reversals),
-        unplaceable: sum(|r| r.unplaceable),
-    }
+    let policy = models.first().map_or("", |(r, _)| r.policy.as_str());
+    model_report("*", policy, &all, f64::NAN, duration_s, reversals)
 }
 
 impl ModelReport {

@@ -1,7 +1,9 @@
 //! `hangar sim`: replay a trace through simulated engines and a router.
 
+use std::cell::Cell;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -10,9 +12,9 @@ use hangar_core::Millis;
 use hangar_engine::EngineConfig;
 use hangar_router::{KvRouterConfig, RouterPolicy};
 use hangar_scaler::ScalingConfig;
-use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions, FleetReport, ModelReport};
+use hangar_sim::fleet::{simulate_fleet_rows, FleetConfig, FleetOptions, FleetReport, ModelReport};
 use hangar_sim::synth::{self, SynthConfig};
-use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, SimError, Slo};
+use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, Slo};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{peak_rss_mib, read_text, write_jsonl};
@@ -198,43 +200,78 @@ pub(super) fn read_trace(path: &std::path::Path) -> anyhow::Result<trace::Trace>
     Ok(trace::read(&read_text(path)?, &path.display().to_string())?)
 }
 
-/// One timeline sample a second, or fewer on a long trace: about 600 over
-/// the trace's span, as many as a plot's width shows.
-fn sample_ms(trace: &trace::Trace, speedup: f64) -> Millis {
-    let (first, last) = trace.requests.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| {
-        (lo.min(r.timestamp_ms), hi.max(r.timestamp_ms))
-    });
-    let span_ms = ((last - first) / speedup).max(0.0);
-    ((span_ms / 600.0) as Millis).max(1000)
+/// The rows of the trace file at `path`, read as they are asked for (a
+/// fleet run never holds its trace), and a count of the bytes read so far
+/// for a progress bar.
+fn stream_rows(path: &std::path::Path) -> anyhow::Result<(FileRows, Rc<Cell<u64>>)> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let read = Rc::new(Cell::new(0));
+    let reader = std::io::BufReader::with_capacity(1 << 16, Counted { file, read: read.clone() });
+    Ok((trace::TraceRows::new(reader, &path.display().to_string()).without_sessions(), read))
 }
 
-/// Runs one fleet simulation with a progress bar over its requests on
-/// stderr, drawn only when stderr is a terminal so pipes, logs and tests
-/// see nothing; the bar is cleared once the run ends.
+/// A trace file's rows as [`stream_rows`] reads them.
+type FileRows = trace::TraceRows<std::io::BufReader<Counted>>;
+
+/// A file that counts the bytes read from it.
+struct Counted {
+    file: std::fs::File,
+    read: Rc<Cell<u64>>,
+}
+
+impl std::io::Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// One timeline sample a second, or fewer on a long trace: about 600 over
+/// the trace's span, as many as a plot's width shows. Reads the trace
+/// once more for its span.
+fn sample_ms(path: &std::path::Path, speedup: f64) -> anyhow::Result<Millis> {
+    let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
+    for row in stream_rows(path)?.0 {
+        let t = row?.timestamp_ms;
+        (first, last) = (first.min(t), last.max(t));
+    }
+    let span_ms = ((last - first) / speedup).max(0.0);
+    Ok(((span_ms / 600.0) as Millis).max(1000))
+}
+
+/// Runs one fleet simulation of the trace file at `path`, streamed, with
+/// a progress bar over the file on stderr, drawn only when stderr is a
+/// terminal so pipes, logs and tests see nothing; the bar is cleared once
+/// the run ends.
 pub(super) fn simulate_with_bar(
     label: &str,
-    trace: &trace::Trace,
+    path: &std::path::Path,
     cfg: &FleetConfig,
     opts: &FleetOptions,
-) -> Result<FleetReport, SimError> {
+) -> anyhow::Result<FleetReport> {
+    let (rows, read) = stream_rows(path)?;
+    let source = rows.source_name().to_owned();
     if !std::io::stderr().is_terminal() {
-        return simulate_fleet(trace, cfg, opts, |_, _| {});
+        return Ok(simulate_fleet_rows(rows, &source, cfg, opts, |_| {})?);
     }
-    let bar = ProgressBar::new(0).with_prefix(label.to_owned()).with_style(
-        ProgressStyle::with_template("{prefix} [{bar:40}] {human_pos}/{human_len} requests, {eta} left")
-            .expect("a valid template")
-            .progress_chars("=> "),
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    let bar = ProgressBar::new(size).with_prefix(label.to_owned()).with_style(
+        ProgressStyle::with_template(
+            "{prefix} [{bar:40}] {binary_bytes}/{binary_total_bytes} of the trace, {eta} left",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
     );
-    let report = simulate_fleet(trace, cfg, opts, |done, total| {
+    let report = simulate_fleet_rows(rows, &source, cfg, opts, |done| {
         // The bar redraws at most 20 times a second anyway; this spares
         // its lock on every one of millions of requests.
-        if done % 256 == 1 || done == total {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
+        if done % 256 == 1 {
+            bar.set_position(read.get());
         }
     });
     bar.finish_and_clear();
-    report
+    Ok(report?)
 }
 
 /// `hangar sim --fleet`.
@@ -242,15 +279,14 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
     let started = Instant::now();
     let Some(path) = &args.trace else { bail!("--fleet needs a TRACE whose rows name their `model`") };
     let cfg = read_fleet(fleet)?;
-    let trace = read_trace(path)?;
     let opts = FleetOptions {
         speedup: args.speedup,
         trace_block_size: args.trace_block_size,
         skip_unknown: args.skip_unknown,
         policy: None,
-        sample_ms: if args.plot.is_some() { sample_ms(&trace, args.speedup) } else { 0 },
+        sample_ms: if args.plot.is_some() { sample_ms(path, args.speedup)? } else { 0 },
     };
-    let report = simulate_with_bar("simulating", &trace, &cfg, &opts)?;
+    let report = simulate_with_bar("simulating", path, &cfg, &opts)?;
     if let Some(file) = &args.plot {
         plot::timeline(&report, file)?;
     }
@@ -273,7 +309,6 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
 /// `hangar sim compare`.
 fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     let cfg = read_fleet(&a.fleet)?;
-    let trace = read_trace(&a.trace)?;
     let mut reports = Vec::new();
     for (i, policy) in a.policies.iter().enumerate() {
         let config = policy.config();
@@ -285,17 +320,17 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
             policy: Some(config),
             sample_ms: 0,
         };
-        reports.push(simulate_with_bar(&label, &trace, &cfg, &opts)?);
+        reports.push(simulate_with_bar(&label, &a.trace, &cfg, &opts)?);
     }
     if let Some(file) = &a.plot {
-        plot::policies(&reports, &format!("{} on {}", trace.source, a.fleet.display()), file)?;
+        plot::policies(&reports, &format!("{} on {}", a.trace.display(), a.fleet.display()), file)?;
     }
     if let Some(path) = &a.json {
         let json = serde_json::to_string_pretty(&reports)?;
         std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
     }
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{} on {}", trace.source, a.fleet.display())?;
+    writeln!(out, "{} on {}", a.trace.display(), a.fleet.display())?;
     writeln!(out, "{}", ModelReport::header("models"))?;
     for r in &reports {
         writeln!(out, "{}", r.total.row("all"))?;

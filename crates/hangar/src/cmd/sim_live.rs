@@ -95,7 +95,7 @@ pub fn run(a: &LiveArgs) -> anyhow::Result<()> {
         policy: None,
         sample_ms,
     };
-    let sim = simulate_with_bar("simulating", &trace, &cfg, &opts)?;
+    let sim = simulate_with_bar("simulating", &a.trace, &cfg, &opts)?;
 
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
     let config = serve_config(&cfg, dir.path())?;

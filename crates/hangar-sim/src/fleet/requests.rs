@@ -1,0 +1,113 @@
+//! The requests a fleet simulation has in flight, from arrival to end.
+//!
+//! Ids count the served rows from 0 in arrival order, and only the window
+//! from the oldest request still in flight to the newest is kept: memory
+//! follows what is in flight (at most a timeout's worth of arrivals while
+//! requests wait), not the length of the trace, so an hour at thousands of
+//! requests a second fits in a few megabytes.
+
+use std::collections::VecDeque;
+
+use hangar_core::RequestId;
+
+use super::Timing;
+
+/// A served request while it is in the fleet: what its engine needs and
+/// when things happened to it.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    /// Its model's index in the fleet.
+    pub model: usize,
+    pub input_len: u32,
+    pub output_len: u32,
+    pub hash_ids: Vec<u64>,
+    pub timing: Timing,
+}
+
+/// Requests in flight by id.
+#[derive(Debug, Default)]
+pub(crate) struct Requests {
+    /// The id of `window[0]`.
+    base: u64,
+    /// `None`: ended.
+    window: VecDeque<Option<InFlight>>,
+    open: usize,
+}
+
+impl Requests {
+    /// Adds the next request; its id follows the last one's.
+    pub fn insert(&mut self, request: InFlight) -> RequestId {
+        self.window.push_back(Some(request));
+        self.open += 1;
+        RequestId(self.base + self.window.len() as u64 - 1)
+    }
+
+    fn index(&self, id: RequestId) -> Option<usize> {
+        let k = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
+        (k < self.window.len()).then_some(k)
+    }
+
+    /// The request `id`, unless it ended.
+    pub fn get(&self, id: RequestId) -> Option<&InFlight> {
+        self.window.get(self.index(id)?)?.as_ref()
+    }
+
+    pub fn get_mut(&mut self, id: RequestId) -> Option<&mut InFlight> {
+        let k = self.index(id)?;
+        self.window.get_mut(k)?.as_mut()
+    }
+
+    /// Takes request `id` out as it ends; `None` if it already had.
+    pub fn remove(&mut self, id: RequestId) -> Option<InFlight> {
+        let k = self.index(id)?;
+        let request = self.window[k].take()?;
+        self.open -= 1;
+        while self.window.front().is_some_and(Option::is_none) {
+            self.window.pop_front();
+            self.base += 1;
+        }
+        Some(request)
+    }
+
+    /// Requests in flight.
+    pub fn open(&self) -> usize {
+        self.open
+    }
+
+    /// The ids of the requests in flight, oldest first.
+    pub fn open_ids(&self) -> Vec<RequestId> {
+        (self.window.iter().enumerate())
+            .filter(|(_, r)| r.is_some())
+            .map(|(k, _)| RequestId(self.base + k as u64))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> InFlight {
+        InFlight { model: 0, input_len: 1, output_len: 1, hash_ids: Vec::new(), timing: Timing::default() }
+    }
+
+    #[test]
+    fn ids_follow_arrivals_and_the_window_shrinks_from_its_oldest_end() {
+        let mut live = Requests::default();
+        let ids: Vec<RequestId> = (0..4).map(|_| live.insert(request())).collect();
+        assert_eq!(ids, (0..4).map(RequestId).collect::<Vec<_>>());
+        assert!(live.remove(ids[1]).is_some());
+        assert!(live.remove(ids[1]).is_none(), "a request ends once");
+        assert_eq!(
+            (live.open(), live.window.len()),
+            (3, 4),
+            "an ended request behind the oldest stays a hole"
+        );
+        assert!(live.remove(ids[0]).is_some());
+        assert_eq!((live.base, live.window.len()), (2, 2));
+        assert!(live.get(ids[0]).is_none() && live.get(ids[2]).is_some());
+        assert_eq!(live.open_ids(), vec![ids[2], ids[3]]);
+        assert_eq!(live.insert(request()), RequestId(4));
+        assert!(live.get(RequestId(99)).is_none());
+    }
+}
