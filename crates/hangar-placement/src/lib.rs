@@ -75,7 +75,7 @@ pub use error::{ConfigError, DeltaError, EvictError, RestoreError, ScheduleError
 pub use eviction::EvictionCost;
 pub use node::{Gpu, Node, ReplicaMap};
 pub use outcome::{
-    DeployOutcome, Eviction, EvictionCause, ModelOutcome, ReplicaOutcome, ReplicaRequest, Unplaceable,
+    DeployOutcome, Eviction, EvictionCause, Fit, ModelOutcome, ReplicaOutcome, ReplicaRequest, Unplaceable,
 };
 pub use schedule::{Schedule, Window};
 pub use sizing::{Dtype, ModelSpec, ParamCount, ParamCountError, DEFAULT_PADDING};

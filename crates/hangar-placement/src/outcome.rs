@@ -170,6 +170,15 @@ pub struct Eviction {
     pub cause: EvictionCause,
 }
 
+/// What [`Cluster::room_for`](crate::Cluster::room_for) found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fit {
+    /// Replicas that could be placed.
+    pub placed: u32,
+    /// Why one could not, if one could not.
+    pub reason: Option<String>,
+}
+
 /// What [`Cluster::deploy`](crate::Cluster::deploy) did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeployOutcome {

@@ -15,8 +15,12 @@
 //! [`Cluster::deploy`]; fewer are evicted, least busy first (to the warm
 //! cache when it has room). A model placement cannot fit is *unplaceable*:
 //! its scaler is capped at what fits, and the controller retries after a
-//! back-off (1 s doubling to 60 s) instead of trying again every tick. A
-//! WARM replica idle beyond its scaler's keep time is let go.
+//! back-off (1 s doubling to 60 s) instead of trying again every tick —
+//! or at once when GPUs are freed (another model shrinks, a replica fails,
+//! a dedicated window ends), so a model waiting for room, and the WARM
+//! replicas it holds in the warm cache, come back as soon as there is
+//! room rather than at the end of a back-off. A WARM replica idle beyond
+//! its scaler's keep time is let go.
 //!
 //! # Dedicated windows
 //! A [`Schedule`] (seed 000's dedicated deployments) is applied at each
@@ -285,6 +289,7 @@ impl Controller {
                 break;
             }
         }
+        self.capacity_freed(now);
         let Some(c) = self.models.get_mut(model) else { return };
         c.in_flight.remove(&replica);
         c.warm_since.remove(&replica);
@@ -437,6 +442,7 @@ impl Controller {
             }
             self.push_delta(&before);
             self.unblock(now, model);
+            self.capacity_freed(now);
         } else if self.models[model].blocked.is_some() {
             self.unblock(now, model);
         }
@@ -474,6 +480,9 @@ impl Controller {
         self.cluster.apply_schedule(&self.schedule, now, &mut self.rng);
         self.push_delta(&before);
         self.lower_preempted(now, &before);
+        // A window that ended left its replicas to the policy: room may
+        // come from them soon, and a waiting model should see it.
+        self.capacity_freed(now);
         let floors: BTreeMap<ModelKey, u32> =
             self.schedule.requests_at(now).into_iter().map(|r| (r.model_key, r.replicas)).collect();
         let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
@@ -517,6 +526,17 @@ impl Controller {
         }
         if changed {
             self.actions.push_back(Action::Unplaceable { model: model.clone(), reason });
+        }
+    }
+
+    /// GPUs were (or may soon be) freed: every unplaceable model retries
+    /// now rather than at the end of its back-off. The back-off itself is
+    /// kept, so a model that still does not fit waits longer next time.
+    fn capacity_freed(&mut self, now: Millis) {
+        for c in self.models.values_mut() {
+            if let Some(b) = c.blocked.as_mut() {
+                b.retry_at = b.retry_at.min(now);
+            }
         }
     }
 

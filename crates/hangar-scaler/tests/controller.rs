@@ -267,3 +267,43 @@ fn a_dedicated_window_starts_and_ends_on_time() {
     }
     assert_eq!(c.scaler(&key("m")).unwrap().desired(), 0);
 }
+
+/// A model waiting for room, with a WARM replica in the warm cache, comes
+/// back the moment another model frees the GPU — not at the end of its
+/// back-off.
+#[test]
+fn a_warm_replica_comes_back_as_soon_as_gpus_are_freed() {
+    let models = vec![spec("a", hangar(1), 0, 1), spec("b", hangar(1), 0, 1)];
+    let mut c = Controller::new(cluster(1, &[("a", "60GB"), ("b", "60GB")]), 1, models, 0);
+    // Steps the clock a second at a time with each model's load, as a
+    // driver does, and returns what happened at each second.
+    let run = |c: &mut Controller, from: u64, to: u64, a: (u32, u32), b: (u32, u32)| {
+        let mut seen = Vec::new();
+        for t in (from..to).map(|s| s * 1_000) {
+            let retry_before = c.blocked(&key("b")).map(|b| b.retry_at);
+            c.observe(t, &key("a"), load(a.0, a.1), &[]);
+            c.observe(t, &key("b"), load(b.0, b.1), &[]);
+            while c.poll_timeout() <= t {
+                c.handle_timeout(t);
+            }
+            seen.push((t, retry_before, drain(c)));
+        }
+        seen
+    };
+    run(&mut c, 1, 2, (0, 0), (1, 0));
+    run(&mut c, 2, 20, (0, 0), (0, 1));
+    assert_eq!(c.cluster().replicas_of(&key("b"), Level::Warm).len(), 1, "b went WARM when idle");
+    run(&mut c, 20, 21, (1, 0), (0, 0));
+    assert_eq!(c.cluster().replicas_of(&key("a"), Level::Hot).len(), 1);
+    // b wants its replica back, but a is young and holds the only GPU.
+    run(&mut c, 21, 40, (1, 1), (1, 0));
+    let blocked = c.blocked(&key("b")).expect("b waits for room").clone();
+    assert!(blocked.backoff >= 8_000, "{blocked:?}");
+    // a goes idle and gives its GPU back: b wakes its WARM copy then.
+    let seen = run(&mut c, 40, 60, (0, 1), (1, 0));
+    let freed = seen.iter().find(|(_, _, acts)| steps(acts, Step::ToCache) == 1).expect("a shrinks");
+    assert_eq!(steps(&freed.2, Step::FromCache), 1, "b wakes at {} as a leaves: {:?}", freed.0, freed.2);
+    assert!(freed.1.is_some_and(|retry| retry > freed.0), "b's back-off would have waited: {freed:?}");
+    assert!(c.blocked(&key("b")).is_none());
+    assert_eq!(c.cluster().replicas_of(&key("b"), Level::Hot).len(), 1);
+}

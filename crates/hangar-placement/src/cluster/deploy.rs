@@ -18,7 +18,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 use super::{fraction, Cluster};
 use crate::candidate::{Candidate, CandidateLevel, Shape};
@@ -27,7 +27,7 @@ use crate::deployment::{Deployment, Level};
 use crate::eviction::{min_clear, min_cover, Clearable, EvictionCost, Item};
 use crate::node::Node;
 use crate::outcome::{
-    DeployOutcome, Eviction, EvictionCause, ModelOutcome, ReplicaOutcome, ReplicaRequest, Unplaceable,
+    DeployOutcome, Eviction, EvictionCause, Fit, ModelOutcome, ReplicaOutcome, ReplicaRequest, Unplaceable,
 };
 use crate::schedule::Schedule;
 
@@ -71,6 +71,23 @@ impl Ask<'_> {
 type Room = (BTreeMap<u32, u64>, Vec<(ModelKey, ReplicaId)>, EvictionCost);
 
 impl Cluster {
+    /// How many of `wanted` replicas of `model` this cluster could hold
+    /// as it is, and why not more: asked of an empty cluster, what a
+    /// configuration is checked against before anything runs (`hangar
+    /// serve`, `hangar sim --fleet`), so both refuse a model alike. The
+    /// cluster itself is not changed.
+    pub fn room_for(&self, model: &ModelKey, wanted: u32, seed: u64) -> Fit {
+        let mut trial = self.clone();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let request = ReplicaRequest { model_key: model.clone(), replicas: wanted, dedicated: false };
+        let outcome = trial.deploy(&[request], 0, &mut rng);
+        let replicas = outcome.models.first().map_or(&[][..], |m| &m.replicas[..]);
+        Fit {
+            placed: replicas.iter().filter(|r| r.level != CandidateLevel::CantAccommodate).count() as u32,
+            reason: replicas.iter().find_map(|r| r.reason.as_ref()).map(ToString::to_string),
+        }
+    }
+
     /// Makes each requested model have at least `replicas` hot replicas.
     ///
     /// Models are handled largest first (ties by key), so big models claim

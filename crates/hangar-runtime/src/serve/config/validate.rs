@@ -10,8 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hangar_core::FieldError;
-use hangar_placement::{CandidateLevel, Cluster, ConfigError as PlacementError, ReplicaRequest};
-use rand::SeedableRng;
+use hangar_placement::{Cluster, ConfigError as PlacementError};
 
 use super::{ModelConfig, ServeConfig};
 use crate::engine::EngineSpec;
@@ -156,40 +155,30 @@ impl ServeConfig {
     /// it can hold its `min_replicas` (at least one replica): a model that
     /// can never be placed is refused here instead of waiting forever.
     fn check_placement(&self) -> Result<(), FieldError> {
-        let cluster = || Cluster::new(self.cluster()).map_err(|e| self.placement_error(e));
-        cluster()?;
+        let cluster = Cluster::new(self.cluster()).map_err(|e| self.placement_error(e))?;
         for (i, m) in self.models.iter().enumerate() {
             let wanted = m.min_replicas.max(1);
-            let mut alone = cluster()?;
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed);
-            let request = ReplicaRequest { model_key: m.key.clone(), replicas: wanted, dedicated: false };
-            let outcome = alone.deploy(&[request], 0, &mut rng);
-            let replicas = &outcome.models[0].replicas;
-            let placed = replicas.iter().filter(|r| r.level != CandidateLevel::CantAccommodate).count();
-            let why = replicas.iter().find_map(|r| r.reason.as_ref()).map(|r| r.to_string());
+            let room = cluster.room_for(&m.key, wanted, self.seed);
             let size_field = if m.size.is_some() { "size" } else { "parameters" };
-            match (placed, why) {
-                (0, why) => {
-                    return Err(FieldError::new(
-                        format!("models[{i}].{size_field}"),
-                        format!(
-                            "model `{}` fits on no node: {}",
-                            m.key,
-                            why.unwrap_or_else(|| "no room".into())
-                        ),
-                    ))
-                }
-                (placed, _) if placed < wanted as usize => {
-                    return Err(FieldError::new(
-                        format!("models[{i}].min_replicas"),
-                        format!(
-                            "{wanted} replicas of `{}` are wanted, but the nodes can hold at most {placed} \
-                             even with nothing else on them",
-                            m.key
-                        ),
-                    ))
-                }
-                _ => {}
+            if room.placed == 0 {
+                return Err(FieldError::new(
+                    format!("models[{i}].{size_field}"),
+                    format!(
+                        "model `{}` fits on no node: {}",
+                        m.key,
+                        room.reason.unwrap_or_else(|| "no room".into())
+                    ),
+                ));
+            }
+            if room.placed < wanted {
+                return Err(FieldError::new(
+                    format!("models[{i}].min_replicas"),
+                    format!(
+                        "{wanted} replicas of `{}` are wanted, but the nodes can hold at most {} \
+                         even with nothing else on them",
+                        m.key, room.placed
+                    ),
+                ));
             }
         }
         Ok(())
