@@ -276,6 +276,13 @@ pub struct HangarSettings {
     pub warm_keep_factor: f64,
     /// The least time an idle replica stays WARM. Default 600.
     pub min_warm_s: u64,
+    /// Flap damping: replicas taken back within the quiet period after
+    /// they were given back double the quiet period, up to this many
+    /// times (and at most `scale_down_after_s`); a step up only after
+    /// twice the period halves it again. Noisy steady traffic then stops
+    /// giving back replicas it wants a moment later. 0: off. Default 3
+    /// (×8).
+    pub flap_damping: u32,
 }
 
 impl Default for HangarSettings {
@@ -288,6 +295,7 @@ impl Default for HangarSettings {
             min_quiet_s: 5,
             warm_keep_factor: 10.0,
             min_warm_s: 600,
+            flap_damping: 3,
         }
     }
 }
@@ -300,6 +308,9 @@ impl HangarSettings {
         fraction("target_occupancy", self.target_occupancy, 0.05, 1.0)?;
         seconds("scale_down_after_s", self.scale_down_after_s, 0)?;
         seconds("min_quiet_s", self.min_quiet_s, 0)?;
+        if self.flap_damping > 10 {
+            return Err(FieldError::new("flap_damping", "must be 0 to 10 doublings"));
+        }
         fraction("quiet_factor", self.quiet_factor, 0.0, 10_000.0)?;
         seconds("min_warm_s", self.min_warm_s, 0)?;
         fraction("warm_keep_factor", self.warm_keep_factor, 0.0, 10_000.0)?;

@@ -239,6 +239,12 @@ pub(crate) struct Hangar {
     s: HangarSettings,
     /// Since when the demand has been below the count, and its peak since.
     excess: Option<(Millis, u32)>,
+    /// The last give-back: when, the quiet period it waited, and the
+    /// count it gave back from.
+    last_down: Option<(Millis, Millis, u32)>,
+    /// Flap damping: the quiet period is doubled this many times (at
+    /// most `flap_damping`).
+    damping: u32,
 }
 
 /// What the `hangar` policy knows of its model besides the observations.
@@ -251,7 +257,7 @@ pub(crate) struct Context<'a> {
 
 impl Hangar {
     pub fn new(s: HangarSettings) -> Self {
-        Hangar { s, excess: None }
+        Hangar { s, excess: None, last_down: None, damping: 0 }
     }
 
     pub fn recommend(
@@ -284,12 +290,16 @@ impl Hangar {
         // so a burst is met once and not again while they load.
         if need >= current || missed.is_some() {
             self.excess = None;
+            if need > current {
+                self.damp(now, need);
+            }
             return (need.max(current), if need > current { reason } else { Reason::Steady });
         }
         // Down only after a whole quiet period, keeping its peak.
         let Some(quiet) = self.quiet_ms(cx.starts) else {
             return (current, Reason::Steady);
         };
+        let quiet = quiet.saturating_mul(1 << self.damping).min(self.s.scale_down_after_s * 1000);
         let (since, peak) = self.excess.get_or_insert((now, need));
         *peak = (*peak).max(need);
         if now.saturating_sub(*since) < quiet {
@@ -297,7 +307,26 @@ impl Hangar {
         }
         let peak = *peak;
         self.excess = None;
+        self.last_down = Some((now, quiet, current));
         (peak, Reason::Quiet { peak })
+    }
+
+    /// Flap damping, on a step up to `need` at `now`: taking back, within
+    /// the quiet period, replicas just given back (no more than there
+    /// were) means the period was too short for this model's traffic — it
+    /// doubles (up to `scale_down_after_s`, at most `flap_damping` times) — and a step up
+    /// only after twice the period halves it again. Noisy steady traffic
+    /// so settles on a period long enough not to give back replicas it
+    /// wants a moment later, while a burst that grows past the old count
+    /// is growth, not a flap.
+    fn damp(&mut self, now: Millis, need: u32) {
+        let Some((at, quiet, before)) = self.last_down.take() else { return };
+        let since = now.saturating_sub(at);
+        if since < quiet && need <= before {
+            self.damping = (self.damping + 1).min(self.s.flap_damping);
+        } else if since >= quiet.saturating_mul(2) {
+            self.damping = self.damping.saturating_sub(1);
+        }
     }
 
     /// How long the demand must stay below the replicas before one is given

@@ -95,3 +95,32 @@ fn nothing_is_given_back_while_the_objective_is_missed() {
     let gone = (100..200).find(|t| at(&mut s, t * 1_000, load(4, 3, 0, Some(900))) < 3);
     assert_eq!(gone, Some(105));
 }
+
+/// Steady but noisy demand — three replicas' worth for a second every
+/// 8 s, two otherwise — after a give-back takes the replica straight
+/// back: the quiet period doubles until it outlasts the gaps, so the
+/// count stops flapping; with damping off it flaps all along.
+#[test]
+fn flap_damping_stops_giving_back_what_noisy_demand_takes_back() {
+    let reversals = |flap_damping: u32| {
+        let settings = HangarSettings { flap_damping, ..HangarSettings::default() };
+        let mut s = Scaler::new(&ScalingConfig::Hangar(settings), Bounds { min: 0, max: 8 }, 0);
+        s.handle_start(StartTier::Warm, 1_000);
+        let mut late = 0;
+        for t in 1..=600u64 {
+            let work = if t % 8 == 0 { 12 } else { 8 };
+            let before = s.reversals();
+            let ready = s.desired();
+            at(&mut s, t * 1_000, load(work, ready, 0, None));
+            if t > 300 {
+                late += s.reversals() - before;
+            }
+        }
+        (s.reversals(), late)
+    };
+    let (off, off_late) = reversals(0);
+    let (on, on_late) = reversals(3);
+    assert!(off_late >= 30, "without damping it keeps flapping: {off} reversals, {off_late} late");
+    assert_eq!(on_late, 0, "damped, the second five minutes hold steady ({on} reversals in all)");
+    assert!(on < off / 4, "{on} vs {off}");
+}
