@@ -52,6 +52,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod control_loop;
 mod controller;
 mod decision;
 mod observation;
@@ -60,6 +61,7 @@ mod scaler;
 mod ttft;
 
 pub use config::{HangarSettings, ReplicateSettings, ScalingConfig, WorkersAiSettings};
+pub use control_loop::{ControlLoop, Input};
 pub use controller::{Action, Blocked, CommandError, Controller, ModelSpec};
 pub use decision::{Decision, DecisionLog, Reason, DECISIONS_KEPT};
 pub use observation::{Observation, ReplicaCounts};

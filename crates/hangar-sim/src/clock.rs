@@ -7,11 +7,13 @@ use std::collections::BinaryHeap;
 /// One scheduled event of kind `K` at `at` (ms on the logical clock).
 ///
 /// The heap is a max-heap, so the order is reversed: the earliest event
-/// pops first, and of two at the same time the one scheduled first — which
-/// keeps every run reproducible.
+/// pops first; of two at the same time the lower `rank`, then the one
+/// scheduled first — which keeps every run reproducible.
 #[derive(Debug)]
 pub(crate) struct Event<K> {
     pub at: f64,
+    /// Orders events of one instant before their scheduling order does.
+    pub rank: u8,
     pub seq: u64,
     pub kind: K,
 }
@@ -29,7 +31,7 @@ impl<K> PartialOrd for Event<K> {
 }
 impl<K> Ord for Event<K> {
     fn cmp(&self, other: &Self) -> Ordering {
-        other.at.total_cmp(&self.at).then(other.seq.cmp(&self.seq))
+        other.at.total_cmp(&self.at).then(other.rank.cmp(&self.rank)).then(other.seq.cmp(&self.seq))
     }
 }
 

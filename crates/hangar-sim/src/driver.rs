@@ -264,7 +264,7 @@ fn link_sessions(trace: &Trace) -> Vec<Option<u32>> {
 impl Sim<'_> {
     fn push(&mut self, at: f64, kind: Kind) {
         self.seq += 1;
-        self.heap.push(Event { at, seq: self.seq, kind });
+        self.heap.push(Event { at, rank: 0, seq: self.seq, kind });
     }
 
     /// First turns (and standalone requests) are the entry points; later

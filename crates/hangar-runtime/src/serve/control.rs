@@ -2,11 +2,14 @@
 //! counts.
 //!
 //! It owns `hangar-scaler`'s [`Controller`] (every model's scaler and the
-//! cluster's placement) and drives it on the wall clock: every second it
-//! shows it each model's line, replicas and counters, calls its timeout
-//! when due, and carries out its actions — deployment deltas are applied
-//! to engines in tasks of their own ([`Inner::apply`]), decisions and
-//! placement trouble are logged once and counted. Everything else talks to
+//! cluster's placement) in a [`ControlLoop`] — the cadence the fleet
+//! simulation drives it with too — and runs it on the wall clock: every
+//! second, and before each due decision, it shows it each model's line,
+//! replicas and counters, calls its timeout, and carries out its actions —
+//! deployment deltas are applied to engines in tasks of their own
+//! ([`Inner::apply`]), decisions and placement trouble are logged once and
+//! counted. At one instant what is due on the clock comes before the
+//! commands that arrive, as in the simulator. Everything else talks to
 //! it through [`ControlHandle`]: the request path sends facts (a request
 //! for a model with no replica up), the replica tasks report a replica
 //! ready or failed, and the admin API sends commands and reads its status.
@@ -20,7 +23,7 @@ use std::time::Duration;
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use hangar_placement::{Deployment, Level};
-use hangar_scaler::{Action, CommandError, Controller, Observation, ReplicaCounts, StartTier};
+use hangar_scaler::{Action, CommandError, ControlLoop, Controller, Observation, ReplicaCounts, StartTier};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -28,7 +31,7 @@ use super::replicas::ReplicaState;
 use super::{Inner, ModelRuntime};
 
 /// How often every model is observed.
-const TICK: Duration = Duration::from_secs(1);
+pub(crate) const TICK: Duration = Duration::from_secs(1);
 
 /// What the controller's task is asked.
 pub(crate) enum Command {
@@ -122,46 +125,89 @@ impl ControlHandle {
     }
 }
 
-/// Runs the controller until the server is dropped (its handle closes).
-pub(crate) async fn run(
-    inner: Weak<Inner>,
-    mut controller: Controller,
+/// What the control task drives: `hangar serve`'s models and engines
+/// ([`Inner`]), or a test's stand-in.
+pub(crate) trait Fleet: Send + Sync + 'static {
+    /// Milliseconds on the controller's clock.
+    fn now(&self) -> Millis;
+    /// When `at` on that clock is, to sleep until it.
+    fn instant(&self, at: Millis) -> tokio::time::Instant;
+    /// The models, in a fixed order.
+    fn models(&self) -> Vec<ModelKey>;
+    /// `model` as it is now, with at least `waiting` requests waiting.
+    fn observe(&self, model: &ModelKey, waiting: u32) -> Option<(Observation, Vec<(ReplicaId, u32)>)>;
+    /// A `Waiting` of `model` is being handled: the next queued request
+    /// may announce itself again.
+    fn waiting_handled(&self, model: &ModelKey);
+    /// Carries out one of the controller's actions.
+    fn carry_out(self: &Arc<Self>, action: Action);
+}
+
+/// Runs the control loop until the fleet is dropped (its handle closes).
+pub(crate) async fn run<F: Fleet>(
+    fleet: Weak<F>,
+    mut control: ControlLoop,
     mut rx: mpsc::UnboundedReceiver<Command>,
 ) {
-    let mut next_tick = tokio::time::Instant::now();
     loop {
-        let epoch = match inner.upgrade() {
-            Some(i) => i.epoch,
-            None => return,
-        };
-        let due = epoch
-            .checked_add(Duration::from_millis(controller.poll_timeout()))
-            .map_or(next_tick, tokio::time::Instant::from_std);
-        let wake = next_tick.min(due);
+        let Some(wake) = fleet.upgrade().map(|f| f.instant(control.poll_timeout())) else { return };
+        // Biased: at one instant, what is due on the clock first, then the
+        // commands that arrived (as the simulator orders them).
         tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(wake) => {}
             command = rx.recv() => {
                 let Some(command) = command else { return };
-                let Some(inner) = inner.upgrade() else { return };
-                handle(&inner, &mut controller, command);
+                let Some(fleet) = fleet.upgrade() else { return };
+                handle(&fleet, &mut control, command);
             }
-            () = tokio::time::sleep_until(wake) => {}
         }
-        let Some(inner) = inner.upgrade() else { return };
-        let now = inner.now();
-        let tick = tokio::time::Instant::now() >= next_tick;
+        let Some(fleet) = fleet.upgrade() else { return };
+        let now = fleet.now();
         // Decisions are taken on what the models are now, not on the last
         // tick's view.
-        if tick || controller.poll_timeout() <= now {
-            for rt in inner.models.values() {
-                let (obs, in_flight) = observe(rt, 0);
-                controller.observe(now, &rt.config.key, obs, &in_flight);
+        if control.wants_observations(now) {
+            for model in fleet.models() {
+                if let Some((obs, in_flight)) = fleet.observe(&model, 0) {
+                    control.observe(now, &model, obs, &in_flight);
+                }
             }
         }
-        if tick {
-            next_tick += TICK;
+        control.handle_timeout(now);
+        while let Some(action) = control.poll_action() {
+            fleet.carry_out(action);
         }
-        controller.handle_timeout(now);
-        carry_out(&inner, &mut controller);
+    }
+}
+
+impl Fleet for Inner {
+    fn now(&self) -> Millis {
+        Inner::now(self)
+    }
+
+    fn instant(&self, at: Millis) -> tokio::time::Instant {
+        self.epoch.checked_add(Duration::from_millis(at)).map_or_else(
+            || tokio::time::Instant::now() + Duration::from_secs(86_400),
+            tokio::time::Instant::from_std,
+        )
+    }
+
+    fn models(&self) -> Vec<ModelKey> {
+        self.models.values().map(|rt| rt.config.key.clone()).collect()
+    }
+
+    fn observe(&self, model: &ModelKey, waiting: u32) -> Option<(Observation, Vec<(ReplicaId, u32)>)> {
+        self.models.get(model.as_str()).map(|rt| observe(rt, waiting))
+    }
+
+    fn waiting_handled(&self, model: &ModelKey) {
+        if let Some(rt) = self.models.get(model.as_str()) {
+            rt.waiting_signal.store(false, Ordering::Release);
+        }
+    }
+
+    fn carry_out(self: &Arc<Self>, action: Action) {
+        carry_out(self, action);
     }
 }
 
@@ -196,24 +242,24 @@ fn observe(rt: &ModelRuntime, waiting: u32) -> (Observation, Vec<(ReplicaId, u32
     (obs, in_flight)
 }
 
-fn handle(inner: &Arc<Inner>, controller: &mut Controller, command: Command) {
-    let now = inner.now();
+fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command) {
+    let now = fleet.now();
     match command {
         Command::Waiting(model) => {
-            if let Some(rt) = inner.models.get(model.as_str()) {
-                rt.waiting_signal.store(false, Ordering::Release);
-                let (obs, in_flight) = observe(rt, 1);
-                controller.observe(now, &model, obs, &in_flight);
+            fleet.waiting_handled(&model);
+            if let Some((obs, in_flight)) = fleet.observe(&model, 1) {
+                control.waiting(now, &model, obs, &in_flight);
             }
         }
         Command::Ready { model, tier, took } => {
-            controller.handle_ready(now, &model, tier, took.as_millis() as Millis);
+            control.handle_ready(now, &model, tier, took.as_millis() as Millis);
         }
         Command::Failed { model, replica, why, start_failed } => {
-            controller.handle_failed(now, &model, replica, &why, start_failed);
+            control.controller_mut().handle_failed(now, &model, replica, &why, start_failed);
         }
         Command::Scaling { model, command, reply } => {
-            observe_now(inner, controller, now, &model);
+            observe_now(fleet.as_ref(), control, now, &model);
+            let controller = control.controller_mut();
             let result = match command {
                 ScalingCommand::Freeze => controller.freeze(now, &model),
                 ScalingCommand::Unfreeze => controller.release(now, &model),
@@ -222,20 +268,19 @@ fn handle(inner: &Arc<Inner>, controller: &mut Controller, command: Command) {
             let _ = reply.send(result);
         }
         Command::Evict { model, replica, reply } => {
-            observe_now(inner, controller, now, &model);
-            let _ = reply.send(controller.evict(now, &model, replica));
+            observe_now(fleet.as_ref(), control, now, &model);
+            let _ = reply.send(control.controller_mut().evict(now, &model, replica));
         }
         Command::Status { reply } => {
-            let _ = reply.send(status(controller));
+            let _ = reply.send(status(control.controller()));
         }
     }
 }
 
 /// Shows `model` as it is now, before a command decides on it.
-fn observe_now(inner: &Inner, controller: &mut Controller, now: Millis, model: &ModelKey) {
-    if let Some(rt) = inner.models.get(model.as_str()) {
-        let (obs, in_flight) = observe(rt, 0);
-        controller.observe(now, model, obs, &in_flight);
+fn observe_now<F: Fleet>(fleet: &F, control: &mut ControlLoop, now: Millis, model: &ModelKey) {
+    if let Some((obs, in_flight)) = fleet.observe(model, 0) {
+        control.observe(now, model, obs, &in_flight);
     }
 }
 
@@ -274,35 +319,194 @@ fn status(controller: &Controller) -> Status {
         .collect()
 }
 
-/// Carries out the controller's actions.
-fn carry_out(inner: &Arc<Inner>, controller: &mut Controller) {
-    while let Some(action) = controller.poll_action() {
-        match action {
-            Action::Apply(delta) => {
-                let inner = inner.clone();
-                tokio::spawn(async move { inner.apply(&delta).await });
+/// Carries out one of the controller's actions.
+fn carry_out(inner: &Arc<Inner>, action: Action) {
+    match action {
+        Action::Apply(delta) => {
+            let inner = inner.clone();
+            tokio::spawn(async move { inner.apply(&delta).await });
+        }
+        Action::Decided { model, decision } => {
+            let Some(rt) = inner.models.get(model.as_str()) else { return };
+            tracing::info!(%model, from = decision.previous, to = decision.desired, "scaling: {}", decision.reason);
+            rt.desired.store(decision.desired, Ordering::Relaxed);
+            rt.metrics.decided(decision.desired > decision.previous);
+        }
+        Action::Unplaceable { model, reason } => {
+            let Some(rt) = inner.models.get(model.as_str()) else { return };
+            tracing::warn!(%model, "unplaceable: {reason}; retrying with back-off");
+            rt.unplaceable.store(true, Ordering::Relaxed);
+            rt.metrics.unplaceable(true);
+            if rt.up() == 0 {
+                rt.processor.fail_waiting(&format!("no replica of `{model}` can run now: {reason}"));
             }
-            Action::Decided { model, decision } => {
-                let Some(rt) = inner.models.get(model.as_str()) else { continue };
-                tracing::info!(%model, from = decision.previous, to = decision.desired, "scaling: {}", decision.reason);
-                rt.desired.store(decision.desired, Ordering::Relaxed);
-                rt.metrics.decided(decision.desired > decision.previous);
+        }
+        Action::Placeable { model } => {
+            let Some(rt) = inner.models.get(model.as_str()) else { return };
+            tracing::info!(%model, "placeable again");
+            rt.unplaceable.store(false, Ordering::Relaxed);
+            rt.metrics.unplaceable(false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The live control task against the fleet simulation: the same trace
+    //! through both, on a paused clock, takes the same scale decisions.
+
+    use std::collections::{BTreeMap, VecDeque};
+    use std::sync::Mutex;
+
+    use hangar_scaler::Input;
+    use hangar_sim::fleet::{simulate_fleet, FleetConfig, FleetOptions};
+    use hangar_sim::synth::{self, Pattern, SynthConfig};
+
+    use super::*;
+
+    const FLEET: &str = r#"
+seed = 7
+
+[cold_start]
+boot_ms = 1000
+
+[[nodes]]
+id = "gpu"
+count = 2
+gpus = 2
+gpu_memory = "80GB"
+cpu_cache = "200GB"
+
+[[models]]
+key = "synth/m0"
+size = "16GB"
+max_replicas = 4
+concurrency = 4
+
+[[models]]
+key = "synth/m1"
+size = "60GB"
+max_replicas = 3
+concurrency = 4
+scaling = { policy = "replicate" }
+"#;
+
+    type Seen = (Observation, Vec<(ReplicaId, u32)>);
+
+    /// The simulated fleet as the live task sees it: each model observed
+    /// as the simulator observed it at that very millisecond. A look at a
+    /// moment the simulator did not look is a divergence, kept to fail on.
+    struct Replay {
+        start: tokio::time::Instant,
+        keys: Vec<ModelKey>,
+        observed: Mutex<BTreeMap<(Millis, ModelKey), VecDeque<Seen>>>,
+        waiting: Mutex<BTreeMap<(Millis, ModelKey), VecDeque<Seen>>>,
+        decided: Mutex<Vec<Input>>,
+        diverged: Mutex<Vec<String>>,
+    }
+
+    impl Fleet for Replay {
+        fn now(&self) -> Millis {
+            self.start.elapsed().as_millis() as Millis
+        }
+
+        fn instant(&self, at: Millis) -> tokio::time::Instant {
+            self.start + Duration::from_millis(at.min(86_400_000_000))
+        }
+
+        fn models(&self) -> Vec<ModelKey> {
+            self.keys.clone()
+        }
+
+        fn observe(&self, model: &ModelKey, waiting: u32) -> Option<Seen> {
+            let now = self.now();
+            let book = if waiting > 0 { &self.waiting } else { &self.observed };
+            let seen = book.lock().unwrap().get_mut(&(now, model.clone())).and_then(VecDeque::pop_front);
+            if seen.is_none() {
+                self.diverged.lock().unwrap().push(format!("the live task looked at {model} at {now} ms"));
             }
-            Action::Unplaceable { model, reason } => {
-                let Some(rt) = inner.models.get(model.as_str()) else { continue };
-                tracing::warn!(%model, "unplaceable: {reason}; retrying with back-off");
-                rt.unplaceable.store(true, Ordering::Relaxed);
-                rt.metrics.unplaceable(true);
-                if rt.up() == 0 {
-                    rt.processor.fail_waiting(&format!("no replica of `{model}` can run now: {reason}"));
+            seen
+        }
+
+        fn waiting_handled(&self, _model: &ModelKey) {}
+
+        fn carry_out(self: &Arc<Self>, action: Action) {
+            if let Action::Decided { model, decision } = action {
+                let (at, previous, desired) = (decision.at, decision.previous, decision.desired);
+                self.decided.lock().unwrap().push(Input::Decided { at, model, previous, desired });
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_live_task_takes_the_simulators_decisions_on_the_same_trace() {
+        let rows = synth::generate(&SynthConfig {
+            requests: 1500,
+            rate: 4.0,
+            models: 2,
+            max_turns: 1,
+            pattern: Pattern::Bursty,
+            period_s: 40.0,
+            seed: 11,
+            ..SynthConfig::default()
+        })
+        .unwrap();
+        let text: String = rows.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+        let trace = hangar_sim::trace::read(&text, "synth.jsonl").unwrap();
+        let cfg = FleetConfig::parse(FLEET, "fleet.toml").unwrap();
+        let opts = FleetOptions { record_control: true, ..FleetOptions::default() };
+        let record = simulate_fleet(&trace, &cfg, &opts, |_, _| {}).unwrap().control_record;
+
+        let mut observed: BTreeMap<(Millis, ModelKey), VecDeque<Seen>> = BTreeMap::new();
+        let mut waiting: BTreeMap<(Millis, ModelKey), VecDeque<Seen>> = BTreeMap::new();
+        let mut facts = Vec::new();
+        let mut expected = Vec::new();
+        for input in &record {
+            match input {
+                Input::Observed { at, model, obs, in_flight } => {
+                    observed.entry((*at, model.clone())).or_default().push_back((*obs, in_flight.clone()));
                 }
+                Input::Waiting { at, model, obs, in_flight } => {
+                    waiting.entry((*at, model.clone())).or_default().push_back((*obs, in_flight.clone()));
+                    facts.push((*at, Command::Waiting(model.clone())));
+                }
+                Input::Ready { at, model, tier, took_ms } => {
+                    let took = Duration::from_millis(*took_ms);
+                    facts.push((*at, Command::Ready { model: model.clone(), tier: *tier, took }));
+                }
+                Input::Decided { .. } => expected.push(input.clone()),
             }
-            Action::Placeable { model } => {
-                let Some(rt) = inner.models.get(model.as_str()) else { continue };
-                tracing::info!(%model, "placeable again");
-                rt.unplaceable.store(false, Ordering::Relaxed);
-                rt.metrics.unplaceable(false);
-            }
+        }
+        assert!(expected.len() >= 10, "a run that scales: {} decisions", expected.len());
+        let end = record.iter().map(input_at).max().unwrap();
+
+        let replay = Arc::new(Replay {
+            start: tokio::time::Instant::now(),
+            keys: cfg.models.iter().map(|m| m.key.clone()).collect(),
+            observed: Mutex::new(observed),
+            waiting: Mutex::new(waiting),
+            decided: Mutex::new(Vec::new()),
+            diverged: Mutex::new(Vec::new()),
+        });
+        let control = ControlLoop::new(cfg.controller(None).unwrap(), cfg.observe_ms, 0);
+        let (handle, rx) = ControlHandle::new();
+        let task = tokio::spawn(run(Arc::downgrade(&replay), control, rx));
+        for (at, command) in facts {
+            tokio::time::sleep_until(replay.instant(at)).await;
+            handle.send(command);
+        }
+        tokio::time::sleep_until(replay.instant(end + 1)).await;
+        task.abort();
+
+        let diverged = replay.diverged.lock().unwrap();
+        assert!(diverged.is_empty(), "{} divergences, first {:?}", diverged.len(), diverged.first());
+        assert_eq!(*replay.decided.lock().unwrap(), expected);
+    }
+
+    fn input_at(input: &Input) -> Millis {
+        match input {
+            Input::Observed { at, .. } | Input::Waiting { at, .. } | Input::Ready { at, .. } => *at,
+            Input::Decided { at, .. } => *at,
         }
     }
 }

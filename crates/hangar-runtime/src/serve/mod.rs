@@ -167,7 +167,8 @@ impl Server {
         let schedule =
             Schedule::new(windows).expect("validated windows, each ending after it starts on the clock");
         controller.set_schedule(now, schedule);
-        tokio::spawn(control::run(Arc::downgrade(&inner), controller, commands));
+        let control = hangar_scaler::ControlLoop::new(controller, control::TICK.as_millis() as Millis, now);
+        tokio::spawn(control::run(Arc::downgrade(&inner), control, commands));
         inner.min_replicas_up().await;
         Ok(Server { inner })
     }

@@ -196,6 +196,23 @@ impl FleetConfig {
         ClusterConfig { placement: self.placement.clone(), nodes, models }
     }
 
+    /// The controller of this fleet, every model on its own scaling policy
+    /// or on `policy` (`sim compare`): what a simulation of it drives.
+    pub fn controller(&self, policy: Option<&ScalingConfig>) -> Result<hangar_scaler::Controller, String> {
+        let cluster = hangar_placement::Cluster::new(self.cluster()).map_err(|e| e.to_string())?;
+        let specs = self
+            .models
+            .iter()
+            .map(|m| hangar_scaler::ModelSpec {
+                key: m.key.clone(),
+                scaling: policy.or(m.scaling.as_ref()).cloned().unwrap_or_default(),
+                bounds: hangar_scaler::Bounds { min: m.min_replicas, max: m.max_replicas() },
+                slo_ttft_ms: Some(m.slo_ttft_ms),
+            })
+            .collect();
+        Ok(hangar_scaler::Controller::new(cluster, self.seed, specs, 0))
+    }
+
     /// Each model's index in `models`, by key.
     pub(crate) fn by_key(&self) -> std::collections::BTreeMap<ModelKey, usize> {
         self.models.iter().enumerate().map(|(i, m)| (m.key.clone(), i)).collect()

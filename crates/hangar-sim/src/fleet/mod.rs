@@ -5,8 +5,10 @@
 //!
 //! It drives the same code `hangar serve` does — `hangar-queue`'s
 //! [`Admission`] per model (permits, the bounded line, 429, deadlines),
-//! `hangar-scaler`'s [`Controller`] observed every `observe_ms` and told
-//! of a request for a model at zero at once, `hangar-placement` inside it,
+//! `hangar-scaler`'s [`Controller`] driven by the same [`ControlLoop`] as
+//! the live control task (every model observed each `observe_ms` and
+//! before each due decision, a request that has to wait decided on at
+//! once), `hangar-placement` inside it,
 //! `hangar-engine`'s [`EngineCore`] per replica — and replaces only what
 //! the live server does with processes: a replica's start takes its
 //! weights' bytes over the bandwidth of the tier they come from (disk,
@@ -30,12 +32,10 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use hangar_core::{AccountId, BlockHash, Millis, ModelKey, ReplicaId, RequestId, ROOT_BLOCK_HASH};
 use hangar_engine::{EngineCore, EngineRequest, Pass, Prompt};
-use hangar_placement::{Action as Step, Cluster, Deployment, NodeId};
+use hangar_placement::{Action as Step, Deployment, NodeId};
 use hangar_queue::{Action as Admit, Admission, AdmissionConfig, Chooser, Submitted};
 use hangar_router::{ApproxKvConfig, ReplicaChooser, RouterPolicy};
-use hangar_scaler::{
-    Action, Bounds, Controller, ModelSpec, Observation, ReplicaCounts, ScalingConfig, StartTier, TtftWindow,
-};
+use hangar_scaler::{Action, ControlLoop, Observation, ReplicaCounts, ScalingConfig, StartTier, TtftWindow};
 
 pub use config::{ColdStart, FleetConfig, FleetModel, FleetNodes};
 pub use report::{ColdStarts, FleetReport, GpuSeconds, ModelReport, Sample};
@@ -61,11 +61,21 @@ pub struct FleetOptions {
     /// Record the fleet every this many ms for plots, with the load and
     /// TTFT of each window ([`FleetReport::timeline`]); 0: no timeline.
     pub sample_ms: Millis,
+    /// Keep what the control loop was told and decided
+    /// ([`FleetReport::control_record`]), to replay it elsewhere.
+    pub record_control: bool,
 }
 
 impl Default for FleetOptions {
     fn default() -> Self {
-        FleetOptions { speedup: 1.0, trace_block_size: 512, skip_unknown: false, policy: None, sample_ms: 0 }
+        FleetOptions {
+            speedup: 1.0,
+            trace_block_size: 512,
+            skip_unknown: false,
+            policy: None,
+            sample_ms: 0,
+            record_control: false,
+        }
     }
 }
 
@@ -75,9 +85,8 @@ enum Kind {
     PassEnd(usize, u64),
     /// A replica finished loading (slot, generation).
     Loaded(usize, u64),
-    /// The controller observes every model.
-    Tick,
-    /// Something in the controller or an admission is due.
+    /// Something in the control loop (a tick, a decision, a retry) or an
+    /// admission is due.
     Due,
     /// Take a timeline sample.
     Sample,
@@ -174,7 +183,7 @@ struct Fleet<'t> {
     last_row: Option<(f64, usize)>,
     heap: BinaryHeap<Event>,
     seq: u64,
-    controller: Controller,
+    control: ControlLoop,
     models: Vec<ModelState>,
     by_key: BTreeMap<ModelKey, usize>,
     replicas: Vec<Replica>,
@@ -239,18 +248,9 @@ pub fn simulate_fleet_rows(
     }
     cfg.validate().map_err(|e| SimError::Config(e.to_string()))?;
     let by_key = cfg.by_key();
-    let cluster = Cluster::new(cfg.cluster()).map_err(|e| SimError::Config(e.to_string()))?;
-    let specs = cfg
-        .models
-        .iter()
-        .map(|m| ModelSpec {
-            key: m.key.clone(),
-            scaling: opts.policy.clone().or_else(|| m.scaling.clone()).unwrap_or_default(),
-            bounds: Bounds { min: m.min_replicas, max: m.max_replicas() },
-            slo_ttft_ms: Some(m.slo_ttft_ms),
-        })
-        .collect();
-    let controller = Controller::new(cluster, cfg.seed, specs, 0);
+    let controller = cfg.controller(opts.policy.as_ref()).map_err(SimError::Config)?;
+    let control = ControlLoop::new(controller, cfg.observe_ms, 0);
+    let control = if opts.record_control { control.recording() } else { control };
     let models = cfg
         .models
         .iter()
@@ -279,7 +279,7 @@ pub fn simulate_fleet_rows(
         last_row: None,
         heap: BinaryHeap::new(),
         seq: 0,
-        controller,
+        control,
         models,
         by_key,
         replicas: Vec::new(),
@@ -328,7 +328,11 @@ fn ms(t: f64) -> Millis {
 impl Fleet<'_> {
     fn push(&mut self, at: f64, kind: Kind) {
         self.seq += 1;
-        self.heap.push(Event { at, seq: self.seq, kind });
+        // What is due on the control loop's clock comes first at its
+        // instant, before replicas loaded or passes ended then — the order
+        // the live control task takes them in.
+        let rank = u8::from(!matches!(kind, Kind::Due));
+        self.heap.push(Event { at, rank, seq: self.seq, kind });
     }
 
     /// Reads rows up to the next one the fleet serves: checked, and
@@ -386,7 +390,7 @@ impl Fleet<'_> {
     fn run(&mut self) -> Result<(), SimError> {
         self.read_next()?;
         self.carry_out(0.0);
-        self.push(0.0, Kind::Tick);
+        self.settle(0.0);
         if self.opts.sample_ms > 0 {
             self.push(0.0, Kind::Sample);
         }
@@ -418,7 +422,7 @@ impl Fleet<'_> {
             .models
             .iter()
             .filter_map(|m| m.admission.poll_timeout())
-            .chain([self.controller.poll_timeout()])
+            .chain([self.control.poll_timeout()])
             .min()
             .map_or(f64::INFINITY, |t| t as f64);
         if due < self.next_due || self.next_due <= now {
@@ -441,11 +445,17 @@ impl Fleet<'_> {
                     self.loaded(now, slot);
                 }
             }
-            Kind::Tick => {
-                for m in 0..self.models.len() {
-                    self.observe(now, m, 0);
+            Kind::Due => {
+                if now >= self.next_due {
+                    self.next_due = f64::INFINITY;
                 }
-                self.controller.handle_timeout(ms(now));
+                if self.control.wants_observations(ms(now)) {
+                    for m in 0..self.models.len() {
+                        let (key, obs, in_flight) = self.observation(now, m, 0);
+                        self.control.observe(ms(now), &key, obs, &in_flight);
+                    }
+                }
+                self.control.handle_timeout(ms(now));
                 if self.next.is_none() && now > self.horizon {
                     // A bound on the run, so a request the fleet can never
                     // serve cannot keep the clock going forever.
@@ -453,15 +463,6 @@ impl Fleet<'_> {
                         self.end(now, id, Outcome::Failed);
                     }
                 }
-                if self.more() {
-                    self.push(now + self.cfg.observe_ms as f64, Kind::Tick);
-                }
-            }
-            Kind::Due => {
-                if now >= self.next_due {
-                    self.next_due = f64::INFINITY;
-                }
-                self.controller.handle_timeout(ms(now));
                 for m in 0..self.models.len() {
                     self.models[m].admission.handle_timeout(ms(now));
                     self.admissions(now, m);
@@ -470,7 +471,7 @@ impl Fleet<'_> {
             Kind::Sample => {
                 self.report.sample(
                     now,
-                    &self.controller,
+                    self.control.controller(),
                     &self.models.iter().map(|m| m.key.clone()).collect::<Vec<_>>(),
                 );
                 if self.more() {
@@ -480,8 +481,14 @@ impl Fleet<'_> {
         }
     }
 
-    /// What the controller sees of model `m`; `waiting` at least.
-    fn observe(&mut self, now: f64, m: usize, waiting: u32) {
+    /// What the controller sees of model `m`, as `hangar serve` shows it;
+    /// `waiting` at least.
+    fn observation(
+        &mut self,
+        now: f64,
+        m: usize,
+        waiting: u32,
+    ) -> (ModelKey, Observation, Vec<(ReplicaId, u32)>) {
         let mut counts = ReplicaCounts::default();
         let mut in_flight = Vec::new();
         for r in self.replicas.iter().filter(|r| r.model == m) {
@@ -508,8 +515,7 @@ impl Fleet<'_> {
             busy_ms,
             ttft_p99_ms,
         };
-        let key = model.key.clone();
-        self.controller.observe(ms(now), &key, obs, &in_flight);
+        (model.key.clone(), obs, in_flight)
     }
 
     fn arrive(&mut self, now: f64, m: usize, row: TraceRequest) {
@@ -545,8 +551,8 @@ impl Fleet<'_> {
             Submitted::Queued => {
                 // As `hangar serve`: a request that has to wait tells the
                 // controller at once.
-                self.observe(now, m, 1);
-                self.controller.handle_timeout(ms(now));
+                let (key, obs, in_flight) = self.observation(now, m, 1);
+                self.control.waiting(ms(now), &key, obs, &in_flight);
             }
             Submitted::Rejected { .. } => {
                 self.models[m].counters.2 += 1;
@@ -666,7 +672,7 @@ impl Fleet<'_> {
 
     /// The controller's actions: engines to start, wake, drain or stop.
     fn carry_out(&mut self, now: f64) {
-        while let Some(action) = self.controller.poll_action() {
+        while let Some(action) = self.control.poll_action() {
             match action {
                 Action::Apply(delta) => {
                     for step in delta.steps() {
@@ -697,7 +703,8 @@ impl Fleet<'_> {
 
     /// GPUs a hot deployment holds: its reserved bytes in GPUs of its node.
     fn gpus_of(&self, d: &Deployment) -> f64 {
-        let memory = self.controller.cluster().node(&d.node).map_or(1, |n| n.gpu_memory()).max(1) as f64;
+        let memory =
+            self.control.controller().cluster().node(&d.node).map_or(1, |n| n.gpu_memory()).max(1) as f64;
         d.gpu_bytes_by_gpu.values().map(|b| *b as f64 / memory).sum()
     }
 
@@ -781,7 +788,7 @@ impl Fleet<'_> {
         self.report.cold_start(m, tier, took);
         self.account_replica(now, slot);
         let key = self.models[m].key.clone();
-        self.controller.handle_ready(ms(now), &key, tier, took as Millis);
+        self.control.handle_ready(ms(now), &key, tier, took as Millis);
         let model = &mut self.models[m];
         let permits = model.permits;
         model.admission.replica_ready(ms(now), id, permits, &mut model.chooser);
@@ -864,6 +871,9 @@ impl Fleet<'_> {
             let m = self.replicas[slot].model;
             self.report.replica_state(slot, m, end, report::Bucket::Gone, 0.0);
         }
-        self.report.finish(self.cfg, &self.source, &self.controller, end)
+        let record = self.control.take_record();
+        let mut report = self.report.finish(self.cfg, &self.source, self.control.controller(), end);
+        report.control_record = record;
+        report
     }
 }

@@ -112,6 +112,10 @@ pub struct FleetReport {
     pub total: ModelReport,
     /// Replicas over time (with `sample_ms`).
     pub timeline: Vec<Sample>,
+    /// What the control loop was told and decided, in order (with
+    /// `record_control`; not in the JSON).
+    #[serde(skip)]
+    pub control_record: Vec<hangar_scaler::Input>,
 }
 
 /// Where a replica's time is booked.
@@ -307,6 +311,7 @@ impl Builder {
             models: models.into_iter().map(|(r, _)| r).collect(),
             total,
             timeline: self.timeline,
+            control_record: Vec::new(),
         }
     }
 }

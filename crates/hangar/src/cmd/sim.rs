@@ -285,6 +285,7 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
         skip_unknown: args.skip_unknown,
         policy: None,
         sample_ms: if args.plot.is_some() { sample_ms(path, args.speedup)? } else { 0 },
+        ..FleetOptions::default()
     };
     let report = simulate_with_bar("simulating", path, &cfg, &opts)?;
     if let Some(file) = &args.plot {
@@ -318,7 +319,7 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
             trace_block_size: a.trace_block_size,
             skip_unknown: a.skip_unknown,
             policy: Some(config),
-            sample_ms: 0,
+            ..FleetOptions::default()
         };
         reports.push(simulate_with_bar(&label, &a.trace, &cfg, &opts)?);
     }

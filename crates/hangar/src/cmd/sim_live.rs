@@ -92,8 +92,8 @@ pub fn run(a: &LiveArgs) -> anyhow::Result<()> {
         speedup: a.speedup,
         trace_block_size: a.trace_block_size,
         skip_unknown: false,
-        policy: None,
         sample_ms,
+        ..FleetOptions::default()
     };
     let sim = simulate_with_bar("simulating", &a.trace, &cfg, &opts)?;
 
