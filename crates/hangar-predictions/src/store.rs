@@ -146,8 +146,11 @@ pub trait PredictionQueue: Send + Sync {
         limit: usize,
     ) -> Result<Page, StoreError>;
 
-    /// Claims the oldest unclaimed entry of `queue` for `owner` until
-    /// `now + lease_ms`, returning its record.
+    /// Claims an unclaimed entry of `queue` for `owner` until `now +
+    /// lease_ms`, returning its record: the oldest entry of the account
+    /// whose turn it is, accounts with waiting work taking turns (one
+    /// claim each, a newcomer at the back of the rotation), so one
+    /// account's backlog does not hold up another's predictions.
     fn claim(
         &self,
         queue: &str,
@@ -294,9 +297,17 @@ CREATE TABLE IF NOT EXISTS queue (
     enqueued_at INTEGER NOT NULL,
     expires_at INTEGER,
     owner TEXT,
-    lease_until INTEGER
+    lease_until INTEGER,
+    account TEXT
 );
 CREATE INDEX IF NOT EXISTS queue_free ON queue(queue, seq) WHERE owner IS NULL;
+CREATE TABLE IF NOT EXISTS queue_turns (
+    queue TEXT NOT NULL,
+    account TEXT NOT NULL,
+    turn INTEGER NOT NULL,
+    PRIMARY KEY (queue, account)
+);
+CREATE INDEX IF NOT EXISTS queue_turns_next ON queue_turns(queue, turn);
 CREATE INDEX IF NOT EXISTS queue_expiry ON queue(expires_at) WHERE owner IS NULL;
 CREATE INDEX IF NOT EXISTS queue_owner ON queue(owner);
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -332,6 +343,10 @@ CREATE UNIQUE INDEX IF NOT EXISTS webhook_secrets_current ON webhook_secrets(acc
 //   and until then each account's webhooks carry its signature too, so
 //   receivers configured with it keep verifying while they move to their
 //   account's own secret.
+// - v3 (issue 19): queue entries carry their `account`, and `queue_turns`
+//   holds, per queue, each account with waiting work and its place in the
+//   rotation claims follow ([`migrate_fair_queue`] adds the column to an
+//   older file and fills both from `predictions`).
 
 const COLUMNS: &str =
     "seq, id, kind, model, version, deployment, account, input, output, logs, error, status, \
@@ -358,6 +373,7 @@ impl SqliteQueue {
         };
         let write = connect()?;
         write.execute_batch(SCHEMA)?;
+        migrate_fair_queue(&write)?;
         // Checkpoints (which fsync) run on their own thread, not inside a
         // commit that callers wait for.
         write.pragma_update(None, "wal_autocheckpoint", 0)?;
@@ -465,6 +481,7 @@ impl SqliteQueue {
                  AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
                 [],
             )?;
+            rejoin_turns(conn)?;
             let mut stmt = conn.prepare(&format!(
                 "SELECT {COLUMNS} FROM predictions WHERE status = 'processing' ORDER BY seq"
             ))?;
@@ -570,11 +587,92 @@ fn insert_new(conn: &Connection, r: &Record) -> Result<i64, StoreError> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
+    let queue = r.kind.queue(&r.model);
     conn.prepare_cached(
-        "INSERT INTO queue (queue, prediction, enqueued_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO queue (queue, prediction, enqueued_at, expires_at, account) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![r.kind.queue(&r.model), r.id, r.created_at as i64, expires.map(|t| t as i64)])?;
+    .execute(params![queue, r.id, r.created_at as i64, expires.map(|t| t as i64), r.account])?;
+    take_turn(conn, &queue, &r.account, false)?;
     Ok(seq)
+}
+
+/// The entry of `queue` to claim next: the oldest of the account first in
+/// the rotation that still has one waiting (accounts with none leave it),
+/// else — an entry no account's turn covers — the oldest of all.
+fn next_fair(conn: &Connection, queue: &str) -> Result<Option<(i64, String, Option<String>)>, StoreError> {
+    loop {
+        let first: Option<String> = conn
+            .prepare_cached("SELECT account FROM queue_turns WHERE queue = ?1 ORDER BY turn LIMIT 1")?
+            .query_row([queue], |r| r.get(0))
+            .optional()?;
+        let Some(account) = first else { break };
+        let entry: Option<(i64, String)> = conn
+            .prepare_cached(
+                "SELECT seq, prediction FROM queue WHERE queue = ?1 AND account = ?2 AND owner IS NULL \
+                 ORDER BY seq LIMIT 1",
+            )?
+            .query_row(params![queue, account], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        match entry {
+            Some((seq, id)) => return Ok(Some((seq, id, Some(account)))),
+            None => {
+                conn.prepare_cached("DELETE FROM queue_turns WHERE queue = ?1 AND account = ?2")?
+                    .execute(params![queue, account])?;
+            }
+        }
+    }
+    Ok(conn
+        .prepare_cached(
+            "SELECT seq, prediction, account FROM queue WHERE queue = ?1 AND owner IS NULL ORDER BY seq LIMIT 1",
+        )?
+        .query_row([queue], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?)
+}
+
+/// Puts `account` in `queue`'s rotation: at its back if `again` (it was
+/// just served) or if it was not in it; left where it is otherwise.
+fn take_turn(conn: &Connection, queue: &str, account: &str, again: bool) -> Result<(), StoreError> {
+    let sql = if again {
+        "INSERT INTO queue_turns (queue, account, turn) \
+         VALUES (?1, ?2, (SELECT COALESCE(MAX(turn), 0) + 1 FROM queue_turns WHERE queue = ?1)) \
+         ON CONFLICT (queue, account) DO UPDATE SET turn = excluded.turn"
+    } else {
+        "INSERT OR IGNORE INTO queue_turns (queue, account, turn) \
+         VALUES (?1, ?2, (SELECT COALESCE(MAX(turn), 0) + 1 FROM queue_turns WHERE queue = ?1))"
+    };
+    conn.prepare_cached(sql)?.execute(params![queue, account])?;
+    Ok(())
+}
+
+/// Gives every account with unclaimed entries a place in its queue's
+/// rotation: after claims are released (a restart, an expired lease, a
+/// requeue), whose accounts may have left it when they had nothing
+/// waiting.
+fn rejoin_turns(conn: &Connection) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO queue_turns (queue, account, turn) \
+         SELECT queue, account, (SELECT COALESCE(MAX(turn), 0) FROM queue_turns) + MIN(seq) \
+         FROM queue WHERE owner IS NULL AND account IS NOT NULL GROUP BY queue, account",
+    )?
+    .execute([])?;
+    Ok(())
+}
+
+/// Schema v3 on a file of an older version: the queue's `account` column
+/// (filled from each entry's prediction), its index, and the rotation.
+fn migrate_fair_queue(conn: &Connection) -> Result<(), StoreError> {
+    let has_account =
+        conn.prepare("SELECT 1 FROM pragma_table_info('queue') WHERE name = 'account'")?.exists([])?;
+    if !has_account {
+        conn.execute_batch(
+            "ALTER TABLE queue ADD COLUMN account TEXT;
+             UPDATE queue SET account = (SELECT account FROM predictions WHERE id = queue.prediction);",
+        )?;
+    }
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS queue_fair ON queue(queue, account, seq) WHERE owner IS NULL;",
+    )?;
+    rejoin_turns(conn)
 }
 
 fn insert_delivery(conn: &Connection, d: &Delivery) -> Result<(), StoreError> {
@@ -721,13 +819,12 @@ impl PredictionQueue for SqliteQueue {
     ) -> Result<Option<Record>, StoreError> {
         let (queue, owner) = (queue.to_owned(), owner.to_owned());
         self.write(move |conn| {
-            let entry: Option<(i64, String)> = conn
-                .prepare_cached("SELECT seq, prediction FROM queue WHERE queue = ?1 AND owner IS NULL ORDER BY seq LIMIT 1")?
-                .query_row([&queue], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
-            let Some((seq, id)) = entry else { return Ok(None) };
+            let Some((seq, id, account)) = next_fair(conn, &queue)? else { return Ok(None) };
             conn.prepare_cached("UPDATE queue SET owner = ?2, lease_until = ?3 WHERE seq = ?1")?
                 .execute(params![seq, owner, (now + lease_ms) as i64])?;
+            if let Some(account) = account {
+                take_turn(conn, &queue, &account, true)?;
+            }
             conn.prepare_cached(&format!("SELECT {COLUMNS} FROM predictions WHERE id = ?1"))?
                 .query_row([&id], read_row)
                 .optional()?
@@ -874,6 +971,7 @@ impl PredictionQueue for SqliteQueue {
                  AND prediction IN (SELECT id FROM predictions WHERE status = 'starting')",
             )?
             .execute([now as i64])?;
+            rejoin_turns(conn)?;
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM predictions WHERE id IN \
                  (SELECT prediction FROM queue WHERE owner IS NOT NULL AND lease_until <= ?1)"
@@ -897,6 +995,7 @@ impl PredictionQueue for SqliteQueue {
                     "UPDATE queue SET owner = NULL, lease_until = NULL WHERE prediction = ?1",
                 )?
                 .execute([&id])?;
+                rejoin_turns(conn)?;
             }
             Ok(changed == 1)
         })
@@ -1090,6 +1189,37 @@ mod tests {
         assert_eq!(q.claim(&queue, "w2", 10, 100).unwrap().unwrap().id, "p2");
         assert!(q.claim(&queue, "w1", 10, 100).unwrap().is_none());
         assert_eq!(q.claim(&JobKind::Prediction.queue("b/y"), "w1", 10, 100).unwrap().unwrap().id, "p1");
+    }
+
+    /// One account's backlog does not hold up another's prediction: the
+    /// accounts with work take turns, a newcomer at the back of the
+    /// rotation, each account's own entries in order; an account whose
+    /// claim is released (its lease expired) rejoins the rotation.
+    #[test]
+    fn accounts_take_turns_so_a_backlog_does_not_hold_up_others() {
+        let (_d, q) = open();
+        let of =
+            |id: &str, account: &str, t: Millis| Record { account: account.into(), ..record(id, "a/x", t) };
+        for i in 0..200 {
+            q.enqueue(&of(&format!("a{i}"), "big", i)).unwrap();
+        }
+        q.enqueue(&of("b0", "small", 300)).unwrap();
+        q.enqueue(&of("b1", "small", 301)).unwrap();
+        q.enqueue(&of("c0", "other", 302)).unwrap();
+        let queue = JobKind::Prediction.queue("a/x");
+        let claimed: Vec<String> =
+            (0..7).map(|_| q.claim(&queue, "w", 1_000, 100).unwrap().unwrap().id).collect();
+        assert_eq!(claimed, ["a0", "b0", "c0", "a1", "b1", "a2", "a3"]);
+        // An expired claim goes back to its account's turn.
+        assert_eq!(
+            q.sweep_expired_claims(2_000).unwrap().len(),
+            0,
+            "starting records are requeued, not returned"
+        );
+        q.enqueue(&of("c1", "other", 2_001)).unwrap();
+        let next: Vec<String> =
+            (0..3).map(|_| q.claim(&queue, "w", 2_002, 100).unwrap().unwrap().id).collect();
+        assert!(next.contains(&"b0".to_string()) && next.contains(&"c0".to_string()), "{next:?}");
     }
 
     #[test]
