@@ -41,17 +41,23 @@ pub(crate) struct AppState {
 
 type Shared = Arc<AppState>;
 
-pub(crate) fn router(state: Shared, max_body_bytes: usize) -> Router {
-    Router::new()
+pub(crate) fn router(state: Shared, max_body_bytes: usize, sleep_api: bool) -> Router {
+    let routes = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/sleep", post(sleep))
-        .route("/wake_up", post(wake_up))
-        .route("/is_sleeping", get(is_sleeping))
+        .route("/metrics", get(metrics));
+    let routes = if sleep_api {
+        routes
+            .route("/sleep", post(sleep))
+            .route("/wake_up", post(wake_up))
+            .route("/is_sleeping", get(is_sleeping))
+    } else {
+        routes
+    };
+    routes
         .fallback(|| async {
             ApiError { status: StatusCode::NOT_FOUND, ..ApiError::bad_request("no such endpoint", None) }
         })

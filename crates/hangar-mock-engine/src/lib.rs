@@ -53,6 +53,10 @@ pub struct MockConfig {
     pub default_max_tokens: u32,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
+    /// Whether it serves vLLM's sleep API (`/sleep`, `/wake_up`,
+    /// `/is_sleeping`); without it those answer 404, as llama.cpp's
+    /// server does, so the engine can only be stopped, not put to sleep.
+    pub sleep_api: bool,
 }
 
 impl MockConfig {
@@ -64,6 +68,7 @@ impl MockConfig {
             embedding_dims: p.embedding_dims,
             startup_delay: Duration::ZERO,
             wake_delay: Duration::ZERO,
+            sleep_api: true,
             default_max_tokens: 16,
             max_body_bytes: 16 << 20,
         }
@@ -111,7 +116,7 @@ pub async fn serve(
         next_id: AtomicU64::new(0),
         metrics,
     });
-    let app = api::router(state, config.max_body_bytes);
+    let app = api::router(state, config.max_body_bytes, config.sleep_api);
     // Streamed tokens are small writes: send each at once (no Nagle).
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);

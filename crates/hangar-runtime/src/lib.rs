@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod capabilities;
 pub mod cog;
 pub mod engine;
 pub mod processor;

@@ -284,20 +284,37 @@ impl Controller {
         why: &str,
         start_failed: bool,
     ) {
-        while self.cluster.deployment(&replica).is_some() {
-            if self.cluster.evict_replica(model, &replica).is_err() {
-                break;
-            }
+        if !self.models.contains_key(model) {
+            return;
         }
-        self.capacity_freed(now);
-        let Some(c) = self.models.get_mut(model) else { return };
-        c.in_flight.remove(&replica);
-        c.warm_since.remove(&replica);
+        self.remove(now, model, replica);
         if start_failed {
             self.block(now, model, format!("a replica did not start: {why}"));
         } else {
             self.reconcile(now, model);
         }
+    }
+
+    /// A replica of `model` that placement sent to the warm cache was
+    /// stopped instead (its engine cannot sleep): it leaves the cluster,
+    /// so it is neither counted WARM nor woken; the model's count stands.
+    pub fn handle_stopped(&mut self, now: Millis, model: &ModelKey, replica: ReplicaId) {
+        self.remove(now, model, replica);
+    }
+
+    /// Takes `replica` out of the cluster (hot or warm) and out of its
+    /// model's books; the GPUs it held are free for whoever waits.
+    fn remove(&mut self, now: Millis, model: &ModelKey, replica: ReplicaId) {
+        while self.cluster.deployment(&replica).is_some() {
+            if self.cluster.evict_replica(model, &replica).is_err() {
+                break;
+            }
+        }
+        if let Some(c) = self.models.get_mut(model) {
+            c.in_flight.remove(&replica);
+            c.warm_since.remove(&replica);
+        }
+        self.capacity_freed(now);
     }
 
     // ---- commands ----------------------------------------------------

@@ -133,6 +133,60 @@ size = "60GB"
     assert_eq!(replicas(&s.url, None, "t/b")[0]["state"], "sleeping");
 }
 
+/// An engine without a sleep API (as llama.cpp's server) is stopped when
+/// placement sends its replica to the warm cache — never a WARM replica
+/// whose process keeps its memory — and starts afresh (COLD) when wanted
+/// again; one with vLLM's sleeps and wakes as before. `/admin/status`
+/// shows what each engine can do.
+#[test]
+fn an_engine_that_cannot_sleep_is_stopped_rather_than_kept_warm() {
+    let hangar = env!("CARGO_BIN_EXE_hangar");
+    let s = serve(&format!(
+        r#"
+[placement]
+min_deployment_age_ms = 0
+
+[[nodes]]
+id = "local"
+gpus = 1
+gpu_memory = "80GB"
+virtual_gpus = true
+cpu_cache = "200GB"
+
+[[models]]
+key = "t/nosleep"
+engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --preset fast --model t/nosleep --no-sleep", readiness_path = "/health" }}
+size = "60GB"
+
+[[models]]
+key = "t/b"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "60GB"
+"#
+    ));
+    assert_eq!(post(&s.url, None, &chat("t/nosleep", 2)).0, 200, "cold start");
+    let first = replicas(&s.url, None, "t/nosleep");
+    assert_eq!(
+        first[0]["capabilities"],
+        json!({"sleep": null, "metrics": true, "slots": false}),
+        "{first:?}"
+    );
+
+    // t/b's start sends t/nosleep to the warm cache: it is stopped instead.
+    assert_eq!(post(&s.url, None, &chat("t/b", 2)).0, 200);
+    assert_eq!(replicas(&s.url, None, "t/b")[0]["capabilities"]["sleep"], "vllm");
+    eventually("the engine that cannot sleep was stopped", || replicas(&s.url, None, "t/nosleep").is_empty());
+
+    // Wanted again: a fresh engine (COLD), and t/b goes to sleep.
+    assert_eq!(post(&s.url, None, &chat("t/nosleep", 2)).0, 200);
+    let again = replicas(&s.url, None, "t/nosleep");
+    assert_eq!((again.len(), again[0]["state"].as_str()), (1, Some("ready")));
+    assert_ne!(again[0]["pid"], first[0]["pid"], "started afresh");
+    assert_eq!(replicas(&s.url, None, "t/b")[0]["state"], "sleeping");
+    let log = s.log();
+    assert!(log.contains("cannot sleep: stopping it instead of keeping it WARM"), "{log}");
+}
+
 #[test]
 fn a_crashed_engine_is_replaced_and_its_requests_retried_or_ended() {
     let s = serve(&one_gpu(

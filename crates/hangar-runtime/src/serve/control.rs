@@ -43,6 +43,9 @@ pub(crate) enum Command {
     Ready { model: ModelKey, tier: StartTier, took: Duration },
     /// A replica died, stopped answering, or did not start.
     Failed { model: ModelKey, replica: ReplicaId, why: String, start_failed: bool },
+    /// A replica placement sent to the warm cache was stopped instead (its
+    /// engine cannot sleep): it is gone, not WARM.
+    Stopped { model: ModelKey, replica: ReplicaId },
     /// An operator's scaling command.
     Scaling { model: ModelKey, command: ScalingCommand, reply: oneshot::Sender<Result<(), CommandError>> },
     /// An operator's eviction.
@@ -256,6 +259,9 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
         }
         Command::Failed { model, replica, why, start_failed } => {
             control.controller_mut().handle_failed(now, &model, replica, &why, start_failed);
+        }
+        Command::Stopped { model, replica } => {
+            control.controller_mut().handle_stopped(now, &model, replica);
         }
         Command::Scaling { model, command, reply } => {
             observe_now(fleet.as_ref(), control, now, &model);

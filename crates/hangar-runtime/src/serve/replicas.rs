@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use super::control::Command;
 use super::{replica_name, Inner, ModelRuntime};
+use crate::capabilities::{self, Capabilities};
 use crate::cog;
 use crate::engine::{launch, LaunchContext, RunningEngine};
 
@@ -90,6 +91,8 @@ pub(crate) struct Replica {
     /// Known once the engine has started.
     pub base_url: Option<String>,
     engine: Option<RunningEngine>,
+    /// What the engine can do, probed once it answered.
+    pub capabilities: Capabilities,
 }
 
 /// A replica as the admin API shows it.
@@ -108,6 +111,8 @@ pub(crate) struct ReplicaStatus {
     pub url: Option<String>,
     /// The engine process, when this node started one.
     pub pid: Option<u32>,
+    /// What its engine can do (sleep, metrics, slots).
+    pub capabilities: Capabilities,
 }
 
 impl ModelRuntime {
@@ -193,6 +198,7 @@ impl ModelRuntime {
                     in_flight: self.processor.in_use_on(*id),
                     url: r.base_url.clone(),
                     pid: r.engine.as_ref().and_then(RunningEngine::pid),
+                    capabilities: r.capabilities,
                 }
             })
             .collect()
@@ -212,9 +218,6 @@ impl Inner {
             let d = step.deployment;
             let Some(rt) = self.models.get(d.model_key.as_str()).cloned() else { continue };
             match step.action {
-                // A cog server has no sleep mode: it stops, and a wake-up
-                // from the cache starts a fresh one.
-                Action::ToCache if rt.config.engine.is_cog() => self.stop(&rt, d.replica_id).await,
                 Action::ToCache => self.put_to_sleep(&rt, d.replica_id).await,
                 Action::Delete => self.stop(&rt, d.replica_id).await,
                 Action::FromCache => {
@@ -234,7 +237,12 @@ impl Inner {
     async fn start_replica(self: &Arc<Self>, rt: Arc<ModelRuntime>, d: Deployment) {
         let id = d.replica_id;
         let name = replica_name(&rt.config.key, id);
-        let replica = Replica { state: ReplicaState::Starting, base_url: None, engine: None };
+        let replica = Replica {
+            state: ReplicaState::Starting,
+            base_url: None,
+            engine: None,
+            capabilities: Capabilities::default(),
+        };
         rt.replicas.lock().expect("replica table lock").insert(id, replica);
         let ctx = LaunchContext {
             model: d.model_key.to_string(),
@@ -255,6 +263,7 @@ impl Inner {
             }
         };
         let url = engine.base_url.clone();
+        let capabilities = capabilities::probe(&self.client, &url, &rt.config.engine).await;
         let unwanted = {
             let mut table = rt.replicas.lock().expect("replica table lock");
             match table.get_mut(&id) {
@@ -262,6 +271,7 @@ impl Inner {
                     r.state = ReplicaState::Ready;
                     r.base_url = Some(url.clone());
                     r.engine = Some(engine);
+                    r.capabilities = capabilities;
                     None
                 }
                 // Evicted or stopped while starting: nothing wants it now.
@@ -282,15 +292,18 @@ impl Inner {
     /// Wakes a sleeping replica; false if there is none to wake (its
     /// engine is gone), so a fresh one must start.
     async fn wake(&self, rt: &ModelRuntime, replica: ReplicaId) -> bool {
-        let url = {
+        let found = {
             let table = rt.replicas.lock().expect("replica table lock");
-            table.get(&replica).and_then(|r| r.base_url.clone())
+            table.get(&replica).and_then(|r| Some((r.base_url.clone()?, r.capabilities.sleep?)))
         };
-        let Some(url) = url else { return false };
+        let Some((url, api)) = found else { return false };
         let started = std::time::Instant::now();
-        let woke =
-            self.client.post(format!("{url}/wake_up")).send().await.is_ok_and(|r| r.status().is_success());
+        let answer =
+            self.client.post(format!("{url}{}", api.wake_path())).json(&serde_json::json!({})).send().await;
+        let woke = matches!(&answer, Ok(r) if r.status().is_success());
         if !woke {
+            let why = capabilities::describe(answer).await;
+            tracing::warn!(replica = %replica_name(&rt.config.key, replica), "did not wake ({why}); starting a fresh engine");
             let gone = rt.replicas.lock().expect("replica table lock").remove(&replica);
             if let Some(e) = gone.and_then(|r| r.engine) {
                 e.stop(Duration::from_secs(1)).await;
@@ -306,33 +319,64 @@ impl Inner {
     }
 
     /// Takes a replica out of service and puts its engine to sleep once its
-    /// requests have finished (the engine refuses to sleep while busy).
+    /// requests have finished (the engine refuses to sleep while busy). An
+    /// engine that cannot sleep (no sleep API, or the call failed) is
+    /// stopped instead, and the controller told it is gone rather than
+    /// WARM: a replica counted WARM never holds its GPU memory.
     async fn put_to_sleep(&self, rt: &ModelRuntime, replica: ReplicaId) {
+        let name = replica_name(&rt.config.key, replica);
+        let api =
+            rt.replicas.lock().expect("replica table lock").get(&replica).and_then(|r| r.capabilities.sleep);
+        let Some(api) = api else {
+            tracing::info!(replica = %name, "its engine cannot sleep: stopping it instead of keeping it WARM");
+            return self.stop_cold(rt, replica).await;
+        };
         rt.processor.replica_gone(replica);
         let Some(url) = rt.set_state(replica, ReplicaState::Draining) else { return };
-        let name = replica_name(&rt.config.key, replica);
         let started = tokio::time::Instant::now();
         // The controller may want it back while it drains (a wake sets it
         // ready again): then it stays awake.
         let draining = || rt.state(replica) == Some(ReplicaState::Draining);
         while draining() {
-            match self.client.post(format!("{url}/sleep")).send().await {
+            let answer = self
+                .client
+                .post(format!("{url}{}", api.sleep_path()))
+                .json(&serde_json::json!({}))
+                .send()
+                .await;
+            match answer {
                 Ok(r) if r.status() == reqwest::StatusCode::CONFLICT && started.elapsed() < DRAIN_LIMIT => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
                 Ok(r) if r.status().is_success() => break,
                 other => {
-                    tracing::warn!(replica = %name, "the engine did not go to sleep: {other:?}");
+                    let why = capabilities::describe(other).await;
+                    tracing::warn!(replica = %name, "the engine did not go to sleep ({why}): stopping it instead");
+                    if draining() {
+                        return self.stop_cold(rt, replica).await;
+                    }
                     break;
                 }
             }
         }
         if !rt.set_state_if(replica, ReplicaState::Draining, ReplicaState::Sleeping) {
             // Woken while it went to sleep: make sure the engine is awake.
-            let _ = self.client.post(format!("{url}/wake_up")).send().await;
+            let _ = self
+                .client
+                .post(format!("{url}{}", api.wake_path()))
+                .json(&serde_json::json!({}))
+                .send()
+                .await;
             return;
         }
         tracing::info!(replica = %name, "replica evicted to the warm cache");
+    }
+
+    /// Stops a replica placement meant to keep WARM, and tells the
+    /// controller it is gone (COLD): its next start loads afresh.
+    async fn stop_cold(&self, rt: &ModelRuntime, replica: ReplicaId) {
+        self.stop(rt, replica).await;
+        self.control.send(Command::Stopped { model: rt.config.key.clone(), replica });
     }
 
     /// Takes a replica out of service and stops its engine.

@@ -58,6 +58,10 @@ struct MockArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    /// Serve no sleep API (`/sleep`, `/wake_up`, `/is_sleeping` answer
+    /// 404), as llama.cpp's server: the engine can only be stopped.
+    #[arg(long)]
+    no_sleep: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -75,6 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.wake_delay = Duration::from_millis(a.wake_delay_ms);
     config.default_max_tokens = a.default_max_tokens;
     config.max_body_bytes = a.max_body_bytes;
+    config.sleep_api = !a.no_sleep;
     let base = a.engine_config.as_ref().and_then(|p| p.parent().map(PathBuf::from));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -53,6 +53,13 @@ impl Drop for Serve {
     }
 }
 
+impl Serve {
+    /// What the server has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("serve.log")).unwrap_or_default()
+    }
+}
+
 /// Starts `hangar serve` with `config` on a free loopback port and waits
 /// for its `listening on` line.
 pub fn serve(config: &str) -> Serve {
