@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use tokio::time::Sleep;
 
 use super::prompt::prompt_text;
-use super::relay::RelayBody;
+use super::relay::{self, RelayBody};
 use super::replicas::ReplicaState;
 use super::{replica_name, Inner, ModelRuntime};
 use crate::processor::{AdmitError, Lease};
@@ -277,26 +277,21 @@ impl Forward<'_> {
                 self.rt.metrics.queue_wait(self.arrival.elapsed());
             }
             let Some(base) = self.rt.replica_url(lease.replica) else { continue };
-            let request = match hyper::Request::post(format!("{base}{}", self.path))
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Full::new(self.body.clone()))
-            {
-                Ok(request) => request,
+            let url = format!("{base}{}", self.path);
+            if let Err(e) = self.request(&url) {
                 // Engine URLs are checked at load; should one still not
                 // make a request, this replica cannot serve.
-                Err(e) => {
-                    let name = replica_name(&self.rt.config.key, lease.replica);
-                    tracing::error!(replica = %name, "cannot address the replica at `{base}`: {e}");
-                    return error(
-                        StatusCode::BAD_GATEWAY,
-                        "service_unavailable",
-                        "the replica cannot be reached",
-                        None,
-                    );
-                }
-            };
+                let name = replica_name(&self.rt.config.key, lease.replica);
+                tracing::error!(replica = %name, "cannot address the replica at `{base}`: {e}");
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    "service_unavailable",
+                    "the replica cannot be reached",
+                    None,
+                );
+            }
             let answer = tokio::select! {
-                answer = self.inner.upstream.request(request) => answer,
+                answer = self.send(&url) => answer,
                 () = timer.as_mut() => return timed_out(timeout_s),
             };
             match answer {
@@ -312,6 +307,28 @@ impl Forward<'_> {
         }
         let message = "the replica failed before answering, and so did the retry";
         error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None)
+    }
+
+    fn request(&self, url: &str) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
+        hyper::Request::post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(self.body.clone()))
+    }
+
+    /// Sends the request on a pooled connection, and once more on a fresh
+    /// one if that connection was lost before any answer came back (an
+    /// engine such as llama.cpp's server closes idle keep-alive
+    /// connections, and one may close just as it is reused).
+    async fn send(&self, url: &str) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
+        let request = self.request(url).expect("checked by the caller");
+        match self.rt.upstream.pooled.request(request).await {
+            Err(e) if relay::connection_lost(&e) => {
+                tracing::debug!(%url, "pooled connection lost before an answer ({e}); sending on a fresh one");
+                self.rt.metrics.connection_retried();
+                self.rt.upstream.fresh.request(self.request(url).expect("checked by the caller")).await
+            }
+            answer => answer,
+        }
     }
 
     /// Streams the replica's answer to the client, holding the permit

@@ -61,6 +61,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<StatusLabels, Counter>,
     replica_failures: Family<ModelLabel, Counter>,
+    connection_retries: Family<ModelLabel, Counter>,
     panics: Counter,
     decisions: Family<DirectionLabels, Counter>,
     unplaceable: Family<ModelLabel, Gauge>,
@@ -81,6 +82,7 @@ impl Metrics {
         let m = Self {
             requests: Family::default(),
             replica_failures: Family::default(),
+            connection_retries: Family::default(),
             panics: Counter::default(),
             decisions: Family::default(),
             unplaceable: Family::default(),
@@ -99,6 +101,11 @@ impl Metrics {
             "replica_failures",
             "Replicas removed because their engine exited or failed health checks",
             m.replica_failures.clone(),
+        );
+        registry.register(
+            "connection_retries",
+            "Requests sent again on a fresh connection because their pooled one was lost before an answer",
+            m.connection_retries.clone(),
         );
         registry.register(
             "http_panics",
@@ -156,6 +163,7 @@ impl Metrics {
             ttft: self.ttft.get_or_create(&key).clone(),
             e2e: self.e2e.get_or_create(&key).clone(),
             failures: self.replica_failures.get_or_create(&key).clone(),
+            connection_retries: self.connection_retries.get_or_create(&key).clone(),
             up,
             down,
             unplaceable: self.unplaceable.get_or_create(&key).clone(),
@@ -198,6 +206,7 @@ pub(crate) struct ModelMetrics {
     ttft: Histogram,
     e2e: Histogram,
     failures: Counter,
+    connection_retries: Counter,
     up: Counter,
     down: Counter,
     unplaceable: Gauge,
@@ -238,6 +247,11 @@ impl ModelMetrics {
 
     pub fn replica_failed(&self) {
         self.failures.inc();
+    }
+
+    /// A request went again on a fresh connection.
+    pub fn connection_retried(&self) {
+        self.connection_retries.inc();
     }
 
     /// Replicas failed so far.

@@ -81,6 +81,8 @@ pub(crate) struct ModelRuntime {
     pub unplaceable: AtomicBool,
     /// A `Waiting` message for this model is on its way to the controller.
     pub waiting_signal: Arc<AtomicBool>,
+    /// Its connections to its replicas, for forwarding requests.
+    pub upstream: relay::Upstream,
 }
 
 pub(crate) struct Inner {
@@ -93,8 +95,6 @@ pub(crate) struct Inner {
     hangar_exe: PathBuf,
     /// For the control plane: health checks, sleep and wake-up.
     pub client: reqwest::Client,
-    /// For forwarding requests.
-    pub upstream: relay::Upstream,
     pub metrics: Metrics,
     /// The account of every request on an open gateway.
     pub anonymous: AccountId,
@@ -135,6 +135,7 @@ impl Server {
                     desired: AtomicU32::new(m.min_replicas),
                     unplaceable: AtomicBool::new(false),
                     waiting_signal,
+                    upstream: relay::upstream(&m.connections),
                 };
                 (m.key.to_string(), Arc::new(rt))
             })
@@ -145,7 +146,6 @@ impl Server {
             control,
             hangar_exe,
             client: reqwest::Client::new(),
-            upstream: relay::upstream(),
             metrics,
             anonymous: "anonymous".parse().expect("a valid account id"),
             metrics_key: config.metrics_key.clone(),

@@ -205,6 +205,29 @@ pub struct ModelConfig {
     /// `idempotent` (docs/predictions.md).
     #[serde(default)]
     pub predictions: hangar_predictions::ModelSettings,
+    /// The keep-alive connections requests are forwarded to its replicas on.
+    #[serde(default)]
+    pub connections: ConnectionPool,
+}
+
+/// A model's pool of keep-alive connections to its replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionPool {
+    /// An idle connection is closed after this many ms. Keep it below the
+    /// engine's own keep-alive timeout (llama.cpp's server and uvicorn
+    /// close idle connections after 5 s), so Hangar closes a connection
+    /// before the engine does rather than sending on one the engine is
+    /// closing. 0: no connection is kept idle. Default 2000.
+    pub idle_timeout_ms: u64,
+    /// The most idle connections kept per replica. Default 64.
+    pub max_idle: usize,
+}
+
+impl Default for ConnectionPool {
+    fn default() -> Self {
+        ConnectionPool { idle_timeout_ms: 2_000, max_idle: 64 }
+    }
 }
 
 /// A model's waiting line as configured.
