@@ -4,6 +4,7 @@
 //! <root>/artifacts/<id>/index.json   canonical index (its BLAKE3 is the id's first half)
 //! <root>/artifacts/<id>/chunks       BLAKE3 of every 1 MiB chunk (root = id's second half)
 //! <root>/artifacts/<id>/data         canonical data layout, padding zero
+//! <root>/artifacts/<id>/used         empty; its mtime is when the artifact was last used
 //! <root>/keys.json                   {"name:tag": "hg1:…"}, rewritten atomically under keys.lock
 //! <root>/tmp/                        staging; an artifact appears by one rename of its directory
 //! ```
@@ -221,6 +222,39 @@ impl BlobStore {
             return Err(corrupt(format!("data is {len} bytes, index says {}", index.data_len)));
         }
         Ok(StoredArtifact { id: *id, index, chunk_hashes, data, data_path })
+    }
+
+    /// Records that `id` was used now (imported, loaded): the disk
+    /// budget removes the least recently used first.
+    pub fn mark_used(&self, id: &ArtifactId) -> Result<(), StoreError> {
+        let path = self.artifact_dir(id).join("used");
+        let file =
+            File::options().create(true).truncate(false).write(true).open(&path).map_err(io_err(&path))?;
+        file.set_modified(std::time::SystemTime::now()).map_err(io_err(&path))
+    }
+
+    /// Every stored artifact's bytes on disk and when it was last used (ms
+    /// since the epoch; never marked: when it was stored).
+    pub fn usage(&self) -> Result<Vec<(ArtifactId, u64, u64)>, StoreError> {
+        let dir = self.root.join("artifacts");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            let Some(id) = entry.file_name().to_str().and_then(|n| n.replace('-', ":").parse().ok()) else {
+                continue;
+            };
+            let path = entry.path();
+            let bytes = ["index.json", "chunks", "data"]
+                .iter()
+                .filter_map(|f| fs::metadata(path.join(f)).ok())
+                .map(|m| m.len())
+                .sum();
+            let used = fs::metadata(path.join("used")).or_else(|_| fs::metadata(path.join("index.json")));
+            let when = used.and_then(|m| m.modified()).map_err(io_err(&path))?;
+            let ms = when.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            out.push((id, bytes, ms));
+        }
+        Ok(out)
     }
 
     /// Every stored artifact with its keys, sorted by id.

@@ -31,6 +31,7 @@ pub mod blob;
 pub mod chunks;
 pub mod client;
 pub mod daemon;
+pub mod disk_budget;
 pub mod error;
 pub mod export;
 pub mod fallback;

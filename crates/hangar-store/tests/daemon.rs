@@ -128,6 +128,40 @@ fn budget_evicts_unreferenced_lru_and_never_referenced() {
     assert_eq!(a.tensor("layers.0.mlp.weight").unwrap(), &tensor(&fx[0], "layers.0.mlp.weight").data[..]);
 }
 
+/// Under a disk budget the daemon removes stored artifacts least recently
+/// used first, and never one a holder references, however old.
+#[test]
+fn the_disk_budget_removes_the_least_recently_used_unreferenced_blobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let fx: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(20)); // distinct import times
+            import(dir.path(), &src.join(i.to_string()), 1 << 20, 20 + i, &format!("m:v{i}"))
+        })
+        .collect();
+    let on_disk = || -> Vec<(ArtifactId, u64)> {
+        let usage = hangar_store::BlobStore::open(dir.path()).unwrap().usage().unwrap();
+        usage.into_iter().map(|(id, bytes, _)| (id, bytes)).collect()
+    };
+    let each = on_disk()[0].1;
+    let mut cfg = hangar_store::daemon::DaemonConfig::new(dir.path(), dir.path().join("store.sock"));
+    cfg.disk_budget = Some(each * 3 + each / 2);
+    let d = hangar_store::daemon::DaemonHandle::start(cfg).unwrap();
+    let mut c = StoreClient::connect(d.socket()).unwrap();
+    // The oldest is held; the newest is used now.
+    let oldest = c.materialize(&sel(fx[0].id), Hold::Process).unwrap();
+    c.confirm(&oldest, CONFIRM).unwrap();
+    let newest = c.materialize(&sel(fx[3].id), Hold::Process).unwrap();
+    c.confirm(&newest, CONFIRM).unwrap();
+    eventually("the store is under its disk budget", || on_disk().len() == 3);
+    let kept: Vec<ArtifactId> = on_disk().into_iter().map(|(id, _)| id).collect();
+    assert!(!kept.contains(&fx[1].id), "the least recently used unreferenced one goes: {kept:?}");
+    assert!(kept.contains(&fx[0].id), "the oldest is held: it stays");
+    assert!(kept.contains(&fx[2].id) && kept.contains(&fx[3].id));
+    drop((oldest, newest, d));
+}
+
 /// Data bytes of a stored artifact.
 fn stored_size(id: &ArtifactId, root: &std::path::Path) -> u64 {
     hangar_store::BlobStore::open(root).unwrap().open_artifact(id).unwrap().index.data_len

@@ -28,6 +28,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::blob::BlobStore;
 use crate::blob::CommitReport;
+use crate::disk_budget::{over_budget, DiskEntry};
 use crate::error::StoreError;
 use crate::fallback::Fallback;
 use crate::id::{ArtifactId, StoreKey};
@@ -66,6 +67,10 @@ pub struct DaemonConfig {
     /// Fault injection for tests: stop sending artifact data to peers after
     /// this many bytes (the connection stays open, as with a hung peer).
     pub fault_stall_after: Option<u64>,
+    /// Bytes the blob store may hold on disk: after each materialization,
+    /// artifacts beyond it are removed least recently used first, never one
+    /// a holder references ([`crate::disk_budget`]). `None`: no limit.
+    pub disk_budget: Option<u64>,
 }
 
 impl DaemonConfig {
@@ -83,6 +88,7 @@ impl DaemonConfig {
             fallback: None,
             peer_timeout: Duration::from_secs(5),
             fault_stall_after: None,
+            disk_budget: None,
         }
     }
 }
@@ -109,6 +115,9 @@ struct State {
     /// Replicas whose artifact failed to load, with the error, until they
     /// `Confirm` or `Unload` (their references are already gone).
     failed: HashMap<ReplicaId, (ErrorKind, String, ArtifactId)>,
+    /// The stored artifact each resident was made from (itself, or a
+    /// view's parent): what a holder keeps on disk.
+    stored_of: HashMap<ArtifactId, ArtifactId>,
 }
 
 /// What `Materialize` hands back.
@@ -188,6 +197,8 @@ impl Core {
         if let ArtifactId::View(_) = sel.artifact_id {
             return Err(StoreError::View("select the parent artifact id and give the view spec".into()));
         }
+        self.lock().stored_of.insert(id, sel.artifact_id);
+        self.used(sel.artifact_id);
         if let Some(g) = self.try_lip(&mut self.lock(), id, replica, owner)? {
             self.telemetry.materialized(true);
             self.watch_owner(owner);
@@ -246,6 +257,9 @@ impl Core {
             Ok(source) => {
                 self.telemetry.finished(ctx, id, Ok(source), bytes, duration_ms);
                 let _ = tx.send(LoadStatus::Ready { source, bytes, duration_ms });
+                // A load from a peer or the fallback stored a new blob.
+                let stored = self.lock().stored_of.get(&id).copied().unwrap_or(id);
+                self.used(stored);
             }
             Err(e) => {
                 let message = e.to_string();
@@ -261,6 +275,57 @@ impl Core {
                 let _ = tx.send(LoadStatus::Failed { kind: error_kind(&e), message });
             }
         }
+    }
+
+    /// Marks `stored` used (if this node stores it) and, under a disk
+    /// budget, removes what exceeds it; in the background, off the
+    /// caller's path.
+    fn used(self: &Arc<Self>, stored: ArtifactId) {
+        let core = self.clone();
+        tokio::task::spawn_blocking(move || {
+            if core.blobs.contains(&stored) {
+                if let Err(e) = core.blobs.mark_used(&stored) {
+                    tracing::warn!(id = %stored, "cannot mark the artifact used: {e}");
+                }
+            }
+            if let Err(e) = core.reap_disk() {
+                tracing::warn!("disk budget: {e}");
+            }
+        });
+    }
+
+    /// Removes stored artifacts beyond the disk budget, least recently
+    /// used first, never one a holder references. Returns what it removed.
+    fn reap_disk(&self) -> Result<Vec<ArtifactId>, StoreError> {
+        let Some(budget) = self.cfg.disk_budget else { return Ok(Vec::new()) };
+        let referenced: std::collections::HashSet<ArtifactId> = {
+            let mut st = self.lock();
+            let live: std::collections::HashSet<ArtifactId> =
+                st.residency.residents().map(|(id, _, _)| id).collect();
+            st.stored_of.retain(|id, _| live.contains(id));
+            st.residency
+                .residents()
+                .filter(|(_, _, refs)| *refs > 0)
+                .map(|(id, _, _)| st.stored_of.get(&id).copied().unwrap_or(id))
+                .collect()
+        };
+        let entries: Vec<DiskEntry> = self
+            .blobs
+            .usage()?
+            .into_iter()
+            .map(|(id, bytes, last_used_ms)| DiskEntry {
+                id,
+                bytes,
+                last_used_ms,
+                referenced: referenced.contains(&id),
+            })
+            .collect();
+        let doomed = over_budget(&entries, budget);
+        for id in &doomed {
+            self.blobs.remove(&crate::id::IdOrKey::Id(*id))?;
+            tracing::info!(%id, "removed from disk: the store is over its disk budget and nothing uses it");
+        }
+        Ok(doomed)
     }
 
     /// `Confirm`: waits (at most [`MAX_CONFIRM`]) for the replica's load.
@@ -566,6 +631,7 @@ async fn serve(
             residency: Residency::new(cfg.budget),
             residents: HashMap::new(),
             failed: HashMap::new(),
+            stored_of: HashMap::new(),
         }),
         cfg,
         blobs,

@@ -112,6 +112,11 @@ struct ServeArgs {
     /// Resident memory budget, e.g. `64GiB`.
     #[arg(long, default_value = "4GiB")]
     budget: ByteSize,
+    /// Disk budget of the blob store, e.g. `500GB`: artifacts beyond it
+    /// are removed least recently used first, never one a lease or a
+    /// running replica uses (default: no limit).
+    #[arg(long)]
+    disk_budget: Option<ByteSize>,
     /// Registry base URL, e.g. `http://10.0.0.2:7700`.
     #[arg(long)]
     registry: Option<String>,
@@ -220,6 +225,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 cfg.node = node;
             }
             cfg.budget = s.budget.bytes();
+            cfg.disk_budget = s.disk_budget.map(|b| b.bytes());
             cfg.registry = s.registry.map(|r| r.trim_end_matches('/').to_owned());
             cfg.heartbeat = Duration::from_millis(s.heartbeat_ms);
             cfg.fallback = s.fallback;
