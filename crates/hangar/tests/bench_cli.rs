@@ -1,6 +1,7 @@
 //! `hangar bench` end to end: the gateway and predictions benchmarks start
 //! their own mock engine and gateway and every request is served; the store
-//! benchmark builds its own model and daemons. Timings are not asserted
+//! benchmark builds its own model and daemons; the queue benchmark its own
+//! stores. Timings are not asserted
 //! (they belong to the benchmark, not to a test).
 
 use std::process::Command;
@@ -112,4 +113,21 @@ fn bench_store_prints_every_ratio_next_to_its_reference() {
     let o = run(&["bench", "store", "--lip-calls", "0", "--dir", d]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--lip-calls must be at least 1"));
+}
+
+/// The queue benchmark claims every prediction it creates, and another
+/// account's prediction waits one claim behind a backlog, not the backlog.
+#[test]
+fn bench_queue_claims_everything_and_an_account_waits_one_claim() {
+    let args = ["bench", "queue", "--requests", "300", "--backlog", "200", "--probes", "5", "--slots", "2"];
+    let o = run(&[&args[..], &["--json"]].concat());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((report["backend"].as_str(), report["requests"].as_u64()), (Some("sqlite"), Some(300)));
+    assert!(report["create_claim_per_s"].as_f64().is_some_and(|x| x > 0.0), "{report}");
+    assert_eq!(report["claims_before"], serde_json::json!([1, 1, 1]), "{report}");
+    assert_eq!(report["slot_waits"], serde_json::json!([1, 1, 1]), "{report}");
+    let o = run(&["bench", "queue", "--slots", "0"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--slots"));
 }

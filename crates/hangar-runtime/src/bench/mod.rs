@@ -32,6 +32,7 @@
 
 mod load;
 pub mod predictions;
+pub mod queue;
 pub mod replay;
 mod report;
 

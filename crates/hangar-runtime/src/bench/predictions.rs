@@ -133,7 +133,8 @@ async fn measure(options: &Options, url: &str) -> Result<Report, BenchError> {
 }
 
 /// Waits until the newest page of predictions has none left running —
-/// with FIFO queues, every older prediction has then been dequeued too.
+/// its one account's predictions are claimed in order, so every older one
+/// has then been dequeued too.
 async fn wait_drained(url: &str) -> Result<(), BenchError> {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(600);

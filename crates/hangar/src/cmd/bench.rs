@@ -34,6 +34,15 @@ enum Command {
     /// latency at --rate creates per second (open loop). See
     /// docs/predictions.md.
     Predictions(PredictionsArgs),
+    /// The durable predictions queue on its own.
+    ///
+    /// In-process against the embedded SQLite store (in a temporary
+    /// directory): predictions created and claimed per second with
+    /// --slots claiming workers, and fairness — how many claims a second
+    /// account's prediction waits behind another account's backlog of
+    /// --backlog, in claims and in replica-slot waits (p50, p99, max). See
+    /// docs/predictions.md.
+    Queue(QueueArgs),
     /// The weight store against the physical reference.
     ///
     /// Generates a safetensors model of --size (once, under --dir), then
@@ -62,6 +71,25 @@ struct StoreArgs {
     /// before every run (they are skipped anyway when not root).
     #[arg(long)]
     warm_only: bool,
+}
+
+#[derive(Debug, ClapArgs)]
+struct QueueArgs {
+    /// Predictions created and claimed.
+    #[arg(long, default_value_t = 20_000)]
+    requests: usize,
+    /// Claiming workers (replica slots).
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+    /// The first account's backlog.
+    #[arg(long, default_value_t = 10_000)]
+    backlog: usize,
+    /// The second account's predictions, one at a time.
+    #[arg(long, default_value_t = 200)]
+    probes: usize,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -121,6 +149,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(bench::predictions::run(&options))?;
+            return print(&report, a.json);
+        }
+        Command::Queue(a) => {
+            let options = bench::queue::Options {
+                requests: a.requests,
+                slots: a.slots,
+                backlog: a.backlog,
+                probes: a.probes,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = runtime.block_on(bench::queue::run(&options))?;
             return print(&report, a.json);
         }
         Command::Store(a) => {

@@ -1,0 +1,220 @@
+//! `hangar bench queue`: the durable predictions queue on its own — the
+//! embedded SQLite store today, the backend a cluster's Redis Streams queue
+//! will be printed beside.
+//!
+//! Two figures, in-process against a store in a temporary directory:
+//! 1. **Create → claim per second**: producers create predictions (each
+//!    create committed before it returns, up to 256 in flight) while
+//!    `slots` workers claim them; the rate is the predictions over the time
+//!    from the first create to the last claim.
+//! 2. **Fairness**: one account holds a backlog of `backlog` predictions;
+//!    another account then creates one, `probes` times, and a worker
+//!    claims until it gets it. The claims that went to the backlog first
+//!    are what it waited; with `slots` workers each claim frees one slot,
+//!    so it starts within `ceil((claims before + 1) / slots)` slot waits.
+//!    Target: one.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hangar_predictions::lifecycle::Deadlines;
+use hangar_predictions::record::{JobKind, Record};
+use hangar_predictions::store::{PredictionQueue, SqliteQueue};
+use serde::Serialize;
+
+use super::BenchError;
+
+/// The model the bench's predictions are for.
+const MODEL: &str = "bench/queue";
+
+/// How to run it.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Predictions created and claimed in figure 1.
+    pub requests: usize,
+    /// Workers claiming (replica slots).
+    pub slots: usize,
+    /// The first account's backlog in figure 2.
+    pub backlog: usize,
+    /// Predictions of the second account in figure 2.
+    pub probes: usize,
+}
+
+/// The figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The queue's backend.
+    pub backend: &'static str,
+    /// Predictions in figure 1.
+    pub requests: usize,
+    /// Claiming workers.
+    pub slots: usize,
+    /// Creates per second while claims ran.
+    pub creates_per_s: f64,
+    /// Predictions created and claimed per second, first create to last claim.
+    pub create_claim_per_s: f64,
+    /// The first account's backlog in figure 2.
+    pub backlog: usize,
+    /// The second account's predictions in figure 2.
+    pub probes: usize,
+    /// Claims that went to the backlog before the second account's
+    /// prediction: p50, p99, max.
+    pub claims_before: [usize; 3],
+    /// Slot waits before it started: p50, p99, max.
+    pub slot_waits: [usize; 3],
+}
+
+/// Runs both figures on a fresh SQLite store each.
+///
+/// # Cancel safety
+/// Dropping the future leaves blocking claim threads to finish their
+/// current claim; the stores are removed with their directories.
+pub async fn run(options: &Options) -> Result<Report, BenchError> {
+    if options.requests == 0 || options.slots == 0 || options.backlog == 0 || options.probes == 0 {
+        return Err(BenchError::Options(
+            "--requests, --slots, --backlog and --probes must be positive".into(),
+        ));
+    }
+    let (creates_per_s, create_claim_per_s) = throughput(options).await?;
+    let (claims_before, slot_waits) = fairness(options).await?;
+    Ok(Report {
+        backend: "sqlite",
+        requests: options.requests,
+        slots: options.slots,
+        creates_per_s,
+        create_claim_per_s,
+        backlog: options.backlog,
+        probes: options.probes,
+        claims_before,
+        slot_waits,
+    })
+}
+
+fn store_error(e: impl fmt::Display) -> BenchError {
+    BenchError::Options(format!("the predictions store failed: {e}"))
+}
+
+fn open() -> Result<(tempfile::TempDir, Arc<SqliteQueue>), BenchError> {
+    let dir = tempfile::tempdir()?;
+    let queue = SqliteQueue::open(dir.path()).map_err(store_error)?;
+    Ok((dir, Arc::new(queue)))
+}
+
+fn record(n: usize, account: &str) -> Record {
+    let deadlines = Deadlines { per_prediction: None, lifetime: None };
+    Record::starting(format!("p{n}"), MODEL, "v", account, serde_json::json!({"n": n}), 0, deadlines)
+}
+
+/// Figure 1: (creates per second, create → claim per second).
+async fn throughput(options: &Options) -> Result<(f64, f64), BenchError> {
+    let (_dir, queue) = open()?;
+    let claimed = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..options.slots)
+        .map(|w| {
+            let (queue, claimed, total) = (queue.clone(), claimed.clone(), options.requests);
+            tokio::task::spawn_blocking(move || -> Result<(), BenchError> {
+                let queue_name = JobKind::Prediction.queue(MODEL);
+                let owner = format!("w{w}");
+                while claimed.load(Ordering::Relaxed) < total {
+                    match queue.claim(&queue_name, &owner, 0, 60_000).map_err(store_error)? {
+                        Some(_) => {
+                            claimed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        None => std::thread::yield_now(),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let mut in_flight: tokio::task::JoinSet<Result<(), hangar_predictions::store::StoreError>> =
+        tokio::task::JoinSet::new();
+    for n in 0..options.requests {
+        if in_flight.len() >= 256 {
+            in_flight.join_next().await.expect("not empty").expect("no panic").map_err(store_error)?;
+        }
+        let queue = queue.clone();
+        in_flight.spawn(async move { queue.enqueue_async(&record(n, "a")).await.map(drop) });
+    }
+    while let Some(done) = in_flight.join_next().await {
+        done.expect("no panic").map_err(store_error)?;
+    }
+    let created = start.elapsed().as_secs_f64();
+    for w in workers {
+        w.await.expect("no panic")?;
+    }
+    let all = start.elapsed().as_secs_f64();
+    Ok((options.requests as f64 / created, options.requests as f64 / all))
+}
+
+/// Figure 2: claims before, and slot waits, each as p50, p99, max.
+async fn fairness(options: &Options) -> Result<([usize; 3], [usize; 3]), BenchError> {
+    let (_dir, queue) = open()?;
+    let mut creates: tokio::task::JoinSet<Result<(), hangar_predictions::store::StoreError>> =
+        tokio::task::JoinSet::new();
+    for n in 0..options.backlog {
+        let queue = queue.clone();
+        creates.spawn(async move { queue.enqueue_async(&record(n, "big")).await.map(drop) });
+        if creates.len() >= 256 {
+            creates.join_next().await.expect("not empty").expect("no panic").map_err(store_error)?;
+        }
+    }
+    while let Some(done) = creates.join_next().await {
+        done.expect("no panic").map_err(store_error)?;
+    }
+    let queue_name = JobKind::Prediction.queue(MODEL);
+    let mut before = Vec::with_capacity(options.probes);
+    for probe in 0..options.probes {
+        let id = format!("p{}", options.backlog + probe);
+        queue.enqueue_async(&record(options.backlog + probe, "small")).await.map_err(store_error)?;
+        let mut claims: usize = 0;
+        loop {
+            let got = queue.claim(&queue_name, "w", 0, 60_000).map_err(store_error)?;
+            match got {
+                Some(r) if r.id == id => break,
+                Some(_) => claims += 1,
+                None => return Err(BenchError::Options(format!("{id} was never claimed"))),
+            }
+        }
+        before.push(claims);
+    }
+    before.sort_unstable();
+    let pick = |v: &[usize], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    let waits: Vec<usize> = before.iter().map(|&c: &usize| (c + 1).div_ceil(options.slots)).collect();
+    Ok((
+        [pick(&before, 0.5), pick(&before, 0.99), *before.last().expect("probes > 0")],
+        [pick(&waits, 0.5), pick(&waits, 0.99), *waits.last().expect("probes > 0")],
+    ))
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "hangar bench queue: the durable predictions queue ({}), {} claiming workers",
+            self.backend, self.slots
+        )?;
+        writeln!(
+            f,
+            "create -> claim   {} predictions: {:.0} creates/s, {:.0} created and claimed/s",
+            self.requests, self.creates_per_s, self.create_claim_per_s
+        )?;
+        let [c50, c99, cmax] = self.claims_before;
+        let [w50, w99, wmax] = self.slot_waits;
+        writeln!(
+            f,
+            "fairness          {} probes behind a {}-prediction backlog of another account: \
+             claims before p50 {c50}, p99 {c99}, max {cmax}; slot waits p50 {w50}, p99 {w99}, max {wmax}",
+            self.probes, self.backlog
+        )?;
+        writeln!(
+            f,
+            "target: another account's prediction starts within one slot wait (p99): {} {}",
+            w99,
+            if w99 <= 1 { "meets" } else { "MISSES" }
+        )
+    }
+}
