@@ -1,7 +1,8 @@
 //! What an engine can do beyond serving requests, found out when it
 //! starts: whether it can sleep (give back its GPU memory and keep its
 //! weights in CPU memory, the WARM tier) and through which API, whether it
-//! serves Prometheus metrics and llama.cpp's slot view.
+//! loads LoRA adapters at run time, whether it serves Prometheus metrics
+//! and llama.cpp's slot view.
 //!
 //! Engines differ: vLLM sleeps through `/sleep` and `/wake_up` (and says
 //! so at `/is_sleeping`), SGLang through `/release_memory_occupation` and
@@ -25,6 +26,9 @@ pub struct Capabilities {
     pub metrics: bool,
     /// It serves llama.cpp's `/slots`.
     pub slots: bool,
+    /// It loads LoRA adapters at run time (vLLM's `/v1/load_lora_adapter`,
+    /// served with `VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
+    pub lora: bool,
 }
 
 /// An engine's way of sleeping and waking.
@@ -80,10 +84,22 @@ pub async fn probe(client: &reqwest::Client, base: &str, spec: &EngineSpec) -> C
     } else {
         None
     };
+    // An empty body loads nothing: an engine with the route refuses it
+    // (400 or 422), one without answers 404.
+    let lora = client
+        .post(format!("{base}/v1/load_lora_adapter"))
+        .json(&serde_json::json!({}))
+        .timeout(PROBE_TIMEOUT)
+        .send()
+        .await
+        .is_ok_and(|r| {
+            ![reqwest::StatusCode::NOT_FOUND, reqwest::StatusCode::METHOD_NOT_ALLOWED].contains(&r.status())
+        });
     Capabilities {
         sleep,
         metrics: answers("/metrics").await.is_some(),
         slots: answers("/slots").await.is_some(),
+        lora,
     }
 }
 
@@ -103,5 +119,49 @@ pub async fn describe(answer: Result<reqwest::Response, reqwest::Error>) -> Stri
             }
         }
         Err(e) => format!("it could not be reached: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+
+    use super::*;
+
+    /// Serves `app` on a free loopback port until the test ends.
+    async fn serve(app: axum::Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    fn openai() -> EngineSpec {
+        EngineSpec::Openai { command: "x".into(), readiness_path: "/health".into(), setup_timeout_s: 1 }
+    }
+
+    #[tokio::test]
+    async fn each_engine_is_asked_what_it_can_do() {
+        let client = reqwest::Client::new();
+        // SGLang-like: server info, LoRA route that refuses an empty body.
+        let sglang = axum::Router::new()
+            .route("/get_server_info", get(|| async { "{}" }))
+            .route("/v1/load_lora_adapter", post(|| async { StatusCode::BAD_REQUEST }))
+            .route("/metrics", get(|| async { "" }));
+        let caps = probe(&client, &serve(sglang).await, &openai()).await;
+        assert_eq!(
+            caps,
+            Capabilities { sleep: Some(SleepApi::Sglang), metrics: true, slots: false, lora: true }
+        );
+        // vLLM-like: /is_sleeping answers with the field.
+        let vllm = axum::Router::new().route("/is_sleeping", get(|| async { r#"{"is_sleeping": false}"# }));
+        assert_eq!(probe(&client, &serve(vllm).await, &openai()).await.sleep, Some(SleepApi::Vllm));
+        // llama.cpp-like: slots, no sleep, no LoRA route.
+        let llama = axum::Router::new().route("/slots", get(|| async { "[]" }));
+        let caps = probe(&client, &serve(llama).await, &openai()).await;
+        assert_eq!(caps, Capabilities { sleep: None, metrics: false, slots: true, lora: false });
+        // Nothing answers: nothing claimed.
+        assert_eq!(probe(&client, "http://127.0.0.1:9", &openai()).await, Capabilities::default());
     }
 }

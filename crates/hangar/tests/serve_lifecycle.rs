@@ -168,7 +168,7 @@ size = "60GB"
     let first = replicas(&s.url, None, "t/nosleep");
     assert_eq!(
         first[0]["capabilities"],
-        json!({"sleep": null, "metrics": true, "slots": false}),
+        json!({"sleep": null, "metrics": true, "slots": false, "lora": false}),
         "{first:?}"
     );
 
