@@ -224,6 +224,20 @@ impl BlobStore {
         Ok(StoredArtifact { id: *id, index, chunk_hashes, data, data_path })
     }
 
+    /// The ids of the artifacts under `artifacts/` (entries whose names
+    /// are not ids are not artifacts and are skipped).
+    fn stored_ids(&self) -> Result<Vec<ArtifactId>, StoreError> {
+        let dir = self.root.join("artifacts");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            if let Some(id) = entry.file_name().to_str().and_then(|n| n.replace('-', ":").parse().ok()) {
+                out.push(id);
+            }
+        }
+        Ok(out)
+    }
+
     /// Records that `id` was used now (imported, loaded): the disk
     /// budget removes the least recently used first.
     pub fn mark_used(&self, id: &ArtifactId) -> Result<(), StoreError> {
@@ -236,14 +250,9 @@ impl BlobStore {
     /// Every stored artifact's bytes on disk and when it was last used (ms
     /// since the epoch; never marked: when it was stored).
     pub fn usage(&self) -> Result<Vec<(ArtifactId, u64, u64)>, StoreError> {
-        let dir = self.root.join("artifacts");
         let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-            let entry = entry.map_err(io_err(&dir))?;
-            let Some(id) = entry.file_name().to_str().and_then(|n| n.replace('-', ":").parse().ok()) else {
-                continue;
-            };
-            let path = entry.path();
+        for id in self.stored_ids()? {
+            let path = self.artifact_dir(&id);
             let bytes = ["index.json", "chunks", "data"]
                 .iter()
                 .filter_map(|f| fs::metadata(path.join(f)).ok())
@@ -260,13 +269,8 @@ impl BlobStore {
     /// Every stored artifact with its keys, sorted by id.
     pub fn list(&self) -> Result<Vec<ArtifactSummary>, StoreError> {
         let keys = self.keys()?;
-        let dir = self.root.join("artifacts");
         let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-            let entry = entry.map_err(io_err(&dir))?;
-            let Some(id) = entry.file_name().to_str().and_then(|n| n.replace('-', ":").parse().ok()) else {
-                continue;
-            };
+        for id in self.stored_ids()? {
             let art = self.open_artifact(&id)?;
             out.push(ArtifactSummary {
                 id,

@@ -84,10 +84,9 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn a_replica_is_reused_evicted_to_the_warm_cache_and_woken_again() {
-    let s = serve(
-        r#"
+/// One 80 GB GPU that two 60 GB models take turns on, with a warm cache
+/// and no minimum age, so a model's start evicts the other at once.
+const ONE_GPU_AND_WARM_CACHE: &str = r#"
 [placement]
 min_deployment_age_ms = 0
 
@@ -97,18 +96,23 @@ gpus = 1
 gpu_memory = "80GB"
 virtual_gpus = true
 cpu_cache = "200GB"
+"#;
 
+#[test]
+fn a_replica_is_reused_evicted_to_the_warm_cache_and_woken_again() {
+    let s = serve(&format!(
+        r#"{ONE_GPU_AND_WARM_CACHE}
 [[models]]
 key = "t/a"
-engine = { kind = "mock", preset = "fast" }
+engine = {{ kind = "mock", preset = "fast" }}
 size = "60GB"
 
 [[models]]
 key = "t/b"
-engine = { kind = "mock", preset = "fast" }
+engine = {{ kind = "mock", preset = "fast" }}
 size = "60GB"
-"#,
-    );
+"#
+    ));
     assert_eq!(post(&s.url, None, &chat("t/a", 2)).0, 200, "cold start");
     let first = replicas(&s.url, None, "t/a");
     assert_eq!(first.len(), 1);
@@ -142,17 +146,7 @@ size = "60GB"
 fn an_engine_that_cannot_sleep_is_stopped_rather_than_kept_warm() {
     let hangar = env!("CARGO_BIN_EXE_hangar");
     let s = serve(&format!(
-        r#"
-[placement]
-min_deployment_age_ms = 0
-
-[[nodes]]
-id = "local"
-gpus = 1
-gpu_memory = "80GB"
-virtual_gpus = true
-cpu_cache = "200GB"
-
+        r#"{ONE_GPU_AND_WARM_CACHE}
 [[models]]
 key = "t/nosleep"
 engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --preset fast --model t/nosleep --no-sleep", readiness_path = "/health" }}

@@ -298,8 +298,7 @@ impl Inner {
         };
         let Some((url, api)) = found else { return false };
         let started = std::time::Instant::now();
-        let answer =
-            self.client.post(format!("{url}{}", api.wake_path())).json(&serde_json::json!({})).send().await;
+        let answer = self.engine_call(&url, api.wake_path()).await;
         let woke = matches!(&answer, Ok(r) if r.status().is_success());
         if !woke {
             let why = capabilities::describe(answer).await;
@@ -338,13 +337,7 @@ impl Inner {
         // ready again): then it stays awake.
         let draining = || rt.state(replica) == Some(ReplicaState::Draining);
         while draining() {
-            let answer = self
-                .client
-                .post(format!("{url}{}", api.sleep_path()))
-                .json(&serde_json::json!({}))
-                .send()
-                .await;
-            match answer {
+            match self.engine_call(&url, api.sleep_path()).await {
                 Ok(r) if r.status() == reqwest::StatusCode::CONFLICT && started.elapsed() < DRAIN_LIMIT => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
@@ -361,15 +354,16 @@ impl Inner {
         }
         if !rt.set_state_if(replica, ReplicaState::Draining, ReplicaState::Sleeping) {
             // Woken while it went to sleep: make sure the engine is awake.
-            let _ = self
-                .client
-                .post(format!("{url}{}", api.wake_path()))
-                .json(&serde_json::json!({}))
-                .send()
-                .await;
+            let _ = self.engine_call(&url, api.wake_path()).await;
             return;
         }
         tracing::info!(replica = %name, "replica evicted to the warm cache");
+    }
+
+    /// `POST {url}{path}` with an empty JSON object: a sleep or wake call
+    /// (SGLang's take a body, vLLM's ignore it).
+    async fn engine_call(&self, url: &str, path: &str) -> reqwest::Result<reqwest::Response> {
+        self.client.post(format!("{url}{path}")).json(&serde_json::json!({})).send().await
     }
 
     /// Stops a replica placement meant to keep WARM, and tells the
