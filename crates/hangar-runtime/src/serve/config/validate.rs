@@ -317,6 +317,20 @@ mod tests {
     }
 
     #[test]
+    fn flap_damping_and_connection_pools_name_what_is_wrong() {
+        let e = refused(&config(&format!("{MOCK}scaling = {{ policy = \"hangar\", flap_damping = 11 }}\n")));
+        assert_eq!(e.field, "models[0].scaling.flap_damping");
+        let pool = |body: &str| {
+            toml::from_str::<ServeConfig>(&config(&format!("{MOCK}connections = {{ {body} }}\n")))
+        };
+        pool("idle_timeout_ms = 0, max_idle = 8").unwrap().validate().unwrap();
+        let e = pool("idle_timeout = 5").unwrap_err().to_string();
+        assert!(e.contains("idle_timeout") && e.contains("idle_timeout_ms"), "{e}");
+        let e = pool("max_idle = -1").unwrap_err().to_string();
+        assert!(e.contains("max_idle"), "{e}");
+    }
+
+    #[test]
     fn timeouts_near_u64_max_are_refused_by_their_bound() {
         let e = refused(&format!("timeout_ceiling_s = 18446744073709551615\n{}", config(MOCK)));
         assert_eq!(e.field, "timeout_ceiling_s");
