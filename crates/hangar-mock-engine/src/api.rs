@@ -37,6 +37,7 @@ pub(crate) struct AppState {
     pub ready_at: Instant,
     pub next_id: AtomicU64,
     pub metrics: Metrics,
+    pub weights: Option<crate::WeightsRead>,
 }
 
 type Shared = Arc<AppState>;
@@ -380,9 +381,11 @@ async fn embeddings(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -
 }
 
 async fn models(State(s): State<Shared>) -> Json<Value> {
-    Json(
-        json!({"object": "list", "data": [{"id": s.model, "object": "model", "created": 0, "owned_by": "hangar"}]}),
-    )
+    let mut model = json!({"id": s.model, "object": "model", "created": 0, "owned_by": "hangar"});
+    if let Some(w) = &s.weights {
+        model["weights"] = json!(w);
+    }
+    Json(json!({"object": "list", "data": [model]}))
 }
 
 async fn health(State(s): State<Shared>) -> Response {

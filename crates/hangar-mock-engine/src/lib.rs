@@ -57,6 +57,21 @@ pub struct MockConfig {
     /// `/is_sleeping`); without it those answer 404, as llama.cpp's
     /// server does, so the engine can only be stopped, not put to sleep.
     pub sleep_api: bool,
+    /// The weights file it read at start (`--weights`), which `/v1/models`
+    /// reports: what a test checks to know the engine opened the bytes it
+    /// was handed.
+    pub weights: Option<WeightsRead>,
+}
+
+/// A weights file the mock engine read whole before serving.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WeightsRead {
+    /// The path it was given.
+    pub path: String,
+    /// Bytes read.
+    pub bytes: u64,
+    /// BLAKE3 of those bytes, hex.
+    pub blake3: String,
 }
 
 impl MockConfig {
@@ -71,6 +86,7 @@ impl MockConfig {
             sleep_api: true,
             default_max_tokens: 16,
             max_body_bytes: 16 << 20,
+            weights: None,
         }
     }
 }
@@ -115,6 +131,7 @@ pub async fn serve(
         ready_at: Instant::now() + config.startup_delay,
         next_id: AtomicU64::new(0),
         metrics,
+        weights: config.weights,
     });
     let app = api::router(state, config.max_body_bytes, config.sleep_api);
     // Streamed tokens are small writes: send each at once (no Nagle).

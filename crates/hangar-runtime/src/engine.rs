@@ -34,6 +34,7 @@
 //! takes the whole tree, and a Ctrl-C at the terminal reaches only
 //! `hangar`, which stops it.
 
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -69,7 +70,8 @@ pub enum EngineSpec {
     /// Any OpenAI-compatible server started from a command template.
     Openai {
         /// The command, split on whitespace after substituting `{model}`,
-        /// `{port}`, `{gpus}` and `{gpu_fraction}`.
+        /// `{port}`, `{gpus}`, `{gpu_fraction}` and `{weights}` (a path to
+        /// the model's `weights`, materialized by the store).
         command: String,
         /// The path answering 200 once the server is ready.
         #[serde(default = "default_readiness")]
@@ -140,6 +142,27 @@ pub struct LaunchContext {
     pub hangar_exe: PathBuf,
     /// Setup timeout for `mock` engines (others carry their own).
     pub mock_setup_timeout: Duration,
+    /// The replica's weights, an open descriptor of their shared memory
+    /// ([`crate::weights`]): the engine inherits it at the same number and
+    /// is given `/proc/self/fd/N` as `{weights}` (a mock: `--weights`). It
+    /// must stay open until the launch returns.
+    pub weights: Option<RawFd>,
+}
+
+impl LaunchContext {
+    /// The path `{weights}` stands for.
+    fn weights_path(&self) -> Option<String> {
+        self.weights.map(|fd| format!("/proc/self/fd/{fd}"))
+    }
+
+    /// Lets the engine inherit the weights descriptor.
+    fn pass_weights(&self, cmd: &mut Command) {
+        if let Some(fd) = self.weights {
+            // SAFETY: the closure runs in the forked child before exec and
+            // makes one async-signal-safe system call (fcntl).
+            unsafe { cmd.pre_exec(move || crate::weights::inherit_in_child(fd)) };
+        }
+    }
 }
 
 /// Why an engine did not start.
@@ -157,6 +180,9 @@ pub enum LaunchError {
     /// The command template is empty after substitution.
     #[error("the engine command template is empty")]
     EmptyCommand,
+    /// The command template uses `{weights}` but the model has none.
+    #[error("the engine command uses {{weights}} but the model has no `weights`")]
+    NoWeights,
     /// The process exited before it was ready.
     #[error("the engine exited before it was ready ({status})")]
     Exited {
@@ -292,6 +318,10 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
             if let Some(path) = engine_config {
                 cmd.arg("--engine-config").arg(path);
             }
+            if let Some(path) = ctx.weights_path() {
+                cmd.args(["--weights", &path]);
+            }
+            ctx.pass_weights(&mut cmd);
             launch_announcing(cmd, &ctx.hangar_exe, ctx.mock_setup_timeout).await
         }
         EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
@@ -302,12 +332,18 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
                 .replace("{port}", &port.to_string())
                 .replace("{gpus}", &gpus)
                 .replace("{gpu_fraction}", &format!("{:.3}", ctx.gpu_fraction));
+            let line = match ctx.weights_path() {
+                Some(path) => line.replace("{weights}", &path),
+                None if line.contains("{weights}") => return Err(LaunchError::NoWeights),
+                None => line,
+            };
             let mut words = line.split_whitespace();
             let program = words.next().ok_or(LaunchError::EmptyCommand)?.to_owned();
             let mut cmd = Command::new(&program);
             cmd.args(words).env("CUDA_VISIBLE_DEVICES", &gpus).stdin(Stdio::null()).kill_on_drop(true);
             output_to_stderr(&mut cmd)?;
             die_with_parent(&mut cmd);
+            ctx.pass_weights(&mut cmd);
             let child = cmd.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
             let base_url = format!("http://127.0.0.1:{port}");
             ready(child, base_url, readiness_path, Duration::from_secs(*setup_timeout_s)).await

@@ -14,3 +14,4 @@ pub mod cog;
 pub mod engine;
 pub mod processor;
 pub mod serve;
+pub mod weights;

@@ -13,6 +13,7 @@ fn ctx() -> LaunchContext {
         gpu_fraction: 0.5,
         hangar_exe: PathBuf::from("/nonexistent/hangar"),
         mock_setup_timeout: Duration::from_secs(30),
+        weights: None,
     }
 }
 

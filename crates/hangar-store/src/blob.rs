@@ -105,7 +105,9 @@ impl BlobStore {
         Registration::new(self, index)
     }
 
-    /// Imports safetensors files as one artifact and points `keys` at it.
+    /// Imports files as one artifact and points `keys` at it: safetensors
+    /// files tensor by tensor, any other file whole (one `file:NAME` tensor,
+    /// [`format::FILE_TENSOR_PREFIX`]).
     ///
     /// The canonical data is assembled chunk by chunk on all cores: each
     /// thread `pread`s the tensor bytes of a chunk from the sources into a
@@ -121,6 +123,13 @@ impl BlobStore {
             let name = path.display().to_string();
             let file = File::open(path).map_err(io_err(path))?;
             let len = file.metadata().map_err(io_err(path))?.len();
+            if !format::is_safetensors(path) {
+                let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                tensors.push(format::whole_file(&file_name, i, len));
+                let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
+                opened.push(file);
+                continue;
+            }
             let mut first8 = [0u8; 8];
             if len < 8 {
                 return Err(format::FormatError::Truncated { file: name, len }.into());

@@ -21,7 +21,7 @@
 //! `Materialize` does not take a second reference.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -127,6 +127,12 @@ impl Materialized {
         let t = self.index.tensor(name)?;
         Some(&self.data()[t.offset as usize..(t.offset + t.len) as usize])
     }
+    /// The shared memory's descriptor (read-only, sealed): what a process
+    /// that should map the artifact itself (an engine) is handed.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// `(device, inode)` of the shared memory: equal across processes iff
     /// they map the same memory.
     pub fn memory_identity(&self) -> std::io::Result<(u64, u64)> {

@@ -1,4 +1,5 @@
-//! Writing an artifact back out as a safetensors file (`hangar store get`).
+//! Writing an artifact back out (`hangar store get`): a whole-file artifact
+//! as the file it was imported from, any other as a safetensors file.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,27 @@ impl View for Borrowed<'_> {
     fn data_len(&self) -> usize {
         self.data.len()
     }
+}
+
+/// Writes the artifact `index` whose canonical bytes are `data` into `dir`:
+/// a whole file ([`CanonicalIndex::whole_file`]) under its own name, any
+/// other artifact as `model.safetensors` ([`write_safetensors`]). A file
+/// name that is not a plain name (a path, `..`) is written as safetensors,
+/// never outside `dir`.
+pub fn write_artifact(index: &CanonicalIndex, data: &[u8], dir: &Path) -> Result<PathBuf, StoreError> {
+    let plain = |name: &&str| !name.is_empty() && Path::new(name).file_name() == Some(name.as_ref());
+    let Some(name) = index.whole_file().filter(plain) else {
+        return write_safetensors(index, data, dir);
+    };
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, &data[..index.data_len as usize]).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err(&tmp)(e)
+    })?;
+    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    Ok(path)
 }
 
 /// Writes the tensors of `index` whose canonical bytes are `data` to

@@ -18,6 +18,27 @@ use crate::index::{tensor_bytes, CanonicalIndex, IndexError, TensorSpec};
 /// Headers larger than this are refused (the safetensors limit).
 pub const MAX_HEADER: u64 = 100_000_000;
 
+/// Tensor names starting with this are whole files: a file that is not
+/// safetensors (a llama.cpp GGUF, say) is imported as one `U8` tensor
+/// `file:<its name>` holding its bytes unchanged, so an engine can open the
+/// artifact as the file it was. Safetensors tensors may not use the prefix.
+pub const FILE_TENSOR_PREFIX: &str = "file:";
+
+/// Whether `path` is read as safetensors (its name ends in `.safetensors`);
+/// any other file is imported whole ([`whole_file`]).
+pub fn is_safetensors(path: &std::path::Path) -> bool {
+    path.extension().is_some_and(|e| e == "safetensors")
+}
+
+/// The tensor that holds the whole file `file_name` of `len` bytes, read
+/// from file number `file_idx` of an import.
+pub fn whole_file(file_name: &str, file_idx: usize, len: u64) -> (TensorSpec, TensorLocation) {
+    (
+        TensorSpec { name: format!("{FILE_TENSOR_PREFIX}{file_name}"), dtype: Dtype::U8, shape: vec![len] },
+        TensorLocation { file: file_idx, start: 0 },
+    )
+}
+
 /// Why a safetensors file cannot be imported.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -134,6 +155,11 @@ pub fn parse_header(
         let info: TensorInfo =
             serde_json::from_value(value).map_err(|e| malformed(format!("tensor `{name}`: {e}")))?;
         let bad = |reason: String| FormatError::BadTensor { file: file.into(), tensor: name.clone(), reason };
+        if name.starts_with(FILE_TENSOR_PREFIX) {
+            return Err(bad(format!(
+                "names starting with `{FILE_TENSOR_PREFIX}` are reserved for whole files"
+            )));
+        }
         let shape: Vec<u64> = info.shape.iter().map(|&d| d as u64).collect();
         let (s, e) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
         let want = tensor_bytes(info.dtype, &shape)

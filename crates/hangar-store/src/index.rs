@@ -150,6 +150,16 @@ impl CanonicalIndex {
         Ok(idx)
     }
 
+    /// The file name, if the artifact is one whole file imported as it was
+    /// (a GGUF, say): its bytes are then the canonical data from offset 0,
+    /// and the shared memory can be opened as that file.
+    pub fn whole_file(&self) -> Option<&str> {
+        match self.tensors.as_slice() {
+            [only] => only.name.strip_prefix(crate::format::FILE_TENSOR_PREFIX),
+            _ => None,
+        }
+    }
+
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Option<&IndexEntry> {
         self.tensors

@@ -50,3 +50,17 @@ pub mod view;
 pub use blob::{BlobStore, CommitReport, Registration, StoredArtifact};
 pub use error::StoreError;
 pub use id::{ArtifactId, IdOrKey, StoreKey};
+
+/// The node's store when none is named: `$HANGAR_STORE_ROOT`, else
+/// `$XDG_DATA_HOME/hangar/store`, else `~/.local/share/hangar/store` — one
+/// per machine, shared by `hangar store` and `hangar serve`.
+pub fn default_root() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    env("HANGAR_STORE_ROOT").unwrap_or_else(|| {
+        env("XDG_DATA_HOME")
+            .or_else(|| env("HOME").map(|h| h.join(".local/share")))
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join("hangar/store")
+    })
+}

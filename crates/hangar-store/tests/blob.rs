@@ -146,3 +146,46 @@ fn bad_safetensors_get_clear_errors_and_leave_nothing_visible() {
     assert!(store.keys().unwrap().is_empty());
     assert_eq!(fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
 }
+
+#[test]
+fn a_file_that_is_not_safetensors_is_stored_whole_and_exported_as_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.Q4_1.gguf");
+    // Not a multiple of the 64-byte alignment nor of a chunk: the bytes come
+    // back exactly, with no padding.
+    let bytes: Vec<u8> = (0..(1u32 << 20) + 77).map(|i| (i * 31 % 251) as u8).collect();
+    fs::write(&gguf, &bytes).unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let a = store.import_files(std::slice::from_ref(&gguf), &[key("smol:q4")]).unwrap();
+    let art = store.open_artifact(&a.id).unwrap();
+    assert_eq!(art.index.whole_file(), Some("tiny.Q4_1.gguf"));
+    assert_eq!(art.index.data_len, bytes.len() as u64);
+    assert_eq!(&art.map_verified().unwrap()[..], &bytes[..]);
+    let out = hangar_store::export::write_artifact(
+        &art.index,
+        &art.map_verified().unwrap(),
+        &dir.path().join("out"),
+    )
+    .unwrap();
+    assert_eq!(out.file_name().unwrap(), "tiny.Q4_1.gguf");
+    assert_eq!(fs::read(&out).unwrap(), bytes);
+    // The same bytes under another name are another artifact: the name is
+    // part of what an engine is handed.
+    let renamed = dir.path().join("other.gguf");
+    fs::copy(&gguf, &renamed).unwrap();
+    assert_ne!(store.import_files(&[renamed], &[]).unwrap().id, a.id);
+}
+
+#[test]
+fn a_safetensors_tensor_may_not_pose_as_a_whole_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = br#"{"file:x.gguf":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header);
+    bytes.extend_from_slice(&[1, 2, 3, 4]);
+    let path = dir.path().join("w.safetensors");
+    fs::write(&path, bytes).unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let e = store.import_files(&[path], &[]).unwrap_err().to_string();
+    assert!(e.contains("w.safetensors") && e.contains("reserved for whole files"), "{e}");
+}

@@ -12,6 +12,7 @@ fn ctx(timeout: Duration) -> LaunchContext {
         gpu_fraction: 1.0,
         hangar_exe: PathBuf::from(env!("CARGO_BIN_EXE_hangar")),
         mock_setup_timeout: timeout,
+        weights: None,
     }
 }
 

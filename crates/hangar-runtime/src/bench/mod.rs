@@ -170,6 +170,7 @@ pub(crate) async fn launch_instant_engine(hangar_exe: &std::path::Path) -> Resul
         gpu_fraction: 1.0,
         hangar_exe: hangar_exe.to_owned(),
         mock_setup_timeout: Duration::from_secs(60),
+        weights: None,
     };
     let spec = EngineSpec::mock("instant", 0);
     launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })

@@ -39,6 +39,7 @@ use hangar_placement::{Cluster, Schedule};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
 
 use crate::processor::Processor;
+use crate::weights::WeightStore;
 
 pub use config::{
     ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO, MAX_DURATION_S,
@@ -100,6 +101,8 @@ pub(crate) struct Inner {
     pub anonymous: AccountId,
     /// The bearer key `/metrics` asks for, if any.
     pub metrics_key: Option<String>,
+    /// The node's weight store, when a model has `weights`.
+    pub weights: Option<Arc<WeightStore>>,
     epoch: Instant,
 }
 
@@ -118,6 +121,7 @@ impl Server {
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
         let api_keys =
             config.api_keys.iter().map(|k| (k.key.clone(), (k.account.clone(), k.admin))).collect();
+        let weights = open_weight_store(&config).await?;
         let metrics = Metrics::new();
         let (control, commands) = control::ControlHandle::new();
         let models = config
@@ -149,6 +153,7 @@ impl Server {
             metrics,
             anonymous: "anonymous".parse().expect("a valid account id"),
             metrics_key: config.metrics_key.clone(),
+            weights,
             epoch: Instant::now(),
         });
         let specs = config
@@ -193,6 +198,22 @@ impl Server {
             }
         }
     }
+}
+
+/// Opens the node's weight store (starting its daemon if none runs) when a
+/// model has `weights`, and checks what can be checked before any replica
+/// starts: files readable, keys known.
+async fn open_weight_store(config: &ServeConfig) -> Result<Option<Arc<WeightStore>>, ServeError> {
+    if config.models.iter().all(|m| m.weights.is_none()) {
+        return Ok(None);
+    }
+    let (settings, models) = (config.store.clone(), config.models.clone());
+    let opened = tokio::task::spawn_blocking(move || {
+        WeightStore::open(settings, models.iter().filter_map(|m| Some((&m.key, m.weights.as_ref()?))))
+    })
+    .await
+    .expect("opening the weight store does not panic");
+    opened.map(|s| Some(Arc::new(s))).map_err(|e| ServeError::Config(e.to_string()))
 }
 
 impl ModelRuntime {

@@ -133,6 +133,7 @@ async fn train_on_cog(
         gpu_fraction: 1.0,
         hangar_exe: inner.hangar_exe.clone(),
         mock_setup_timeout: Duration::from_secs(600),
+        weights: None,
     };
     let trainer = launch_cog(&rt.config.engine, &ctx, CogMode::Train)
         .await

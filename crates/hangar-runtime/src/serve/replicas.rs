@@ -27,6 +27,7 @@ use super::{replica_name, Inner, ModelRuntime};
 use crate::capabilities::{self, Capabilities};
 use crate::cog;
 use crate::engine::{launch, LaunchContext, RunningEngine};
+use crate::weights::{LoadedWeights, WeightsReport};
 
 /// How often a ready replica is health-checked.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
@@ -93,6 +94,33 @@ pub(crate) struct Replica {
     engine: Option<RunningEngine>,
     /// What the engine can do, probed once it answered.
     pub capabilities: Capabilities,
+    /// Its weights, materialized by the store, while the replica lives.
+    weights: Option<LoadedWeights>,
+    /// How its start went, phase by phase, once it is ready.
+    start: Option<StartReport>,
+}
+
+/// How a replica started, phase by phase (seed 001's setup-run report):
+/// placed at 0, then its weights materialized (from which source), its
+/// engine started and answering, ready. In `/admin/status` and the log.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StartReport {
+    /// The weights phase, for a model with `weights`.
+    pub weights: Option<WeightsReport>,
+    /// Engine process spawned → answering its readiness check, ms.
+    pub engine_ms: u64,
+    /// Placed → ready, ms (the phases above and the capability probe).
+    pub ready_ms: u64,
+}
+
+impl std::fmt::Display for StartReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("placed")?;
+        if let Some(w) = &self.weights {
+            write!(f, " → weights {} ms ({}, {} bytes)", w.took_ms, w.source, w.bytes)?;
+        }
+        write!(f, " → engine {} ms → ready at {} ms", self.engine_ms, self.ready_ms)
+    }
 }
 
 /// A replica as the admin API shows it.
@@ -113,6 +141,8 @@ pub(crate) struct ReplicaStatus {
     pub pid: Option<u32>,
     /// What its engine can do (sleep, metrics, slots).
     pub capabilities: Capabilities,
+    /// How its last cold start went.
+    pub start: Option<StartReport>,
 }
 
 impl ModelRuntime {
@@ -199,6 +229,7 @@ impl ModelRuntime {
                     url: r.base_url.clone(),
                     pid: r.engine.as_ref().and_then(RunningEngine::pid),
                     capabilities: r.capabilities,
+                    start: r.start.clone(),
                 }
             })
             .collect()
@@ -232,7 +263,8 @@ impl Inner {
         futures::future::join_all(starts).await;
     }
 
-    /// Starts an engine for a hot deployment; it serves once ready. Either
+    /// Starts an engine for a hot deployment: its weights materialized
+    /// first (if it has any), then the engine; it serves once ready. Either
     /// way the controller hears of it.
     async fn start_replica(self: &Arc<Self>, rt: Arc<ModelRuntime>, d: Deployment) {
         let id = d.replica_id;
@@ -242,28 +274,37 @@ impl Inner {
             base_url: None,
             engine: None,
             capabilities: Capabilities::default(),
+            weights: None,
+            start: None,
         };
         rt.replicas.lock().expect("replica table lock").insert(id, replica);
+        let placed = std::time::Instant::now();
+        let weights = match self.load_weights(&rt, id).await {
+            Ok(weights) => weights,
+            Err(why) => return self.start_failed(&rt, id, why).await,
+        };
         let ctx = LaunchContext {
             model: d.model_key.to_string(),
             gpus: d.gpu_bytes_by_gpu.keys().copied().collect(),
             gpu_fraction: d.gpu_fraction.unwrap_or(1.0),
             hangar_exe: self.hangar_exe.clone(),
             mock_setup_timeout: Duration::from_secs(600),
+            weights: weights.as_ref().map(LoadedWeights::fd),
         };
-        let started = std::time::Instant::now();
+        let spawned = std::time::Instant::now();
         let engine = match launch(&rt.config.engine, &ctx).await {
             Ok(engine) => engine,
-            Err(e) => {
-                rt.replicas.lock().expect("replica table lock").remove(&id);
-                tracing::error!(replica = %name, "did not start: {e}");
-                let (model, why) = (rt.config.key.clone(), e.to_string());
-                self.control.send(Command::Failed { model, replica: id, why, start_failed: true });
-                return;
-            }
+            Err(e) => return self.start_failed(&rt, id, e.to_string()).await,
         };
+        let engine_ms = spawned.elapsed().as_millis() as u64;
         let url = engine.base_url.clone();
         let capabilities = capabilities::probe(&self.client, &url, &rt.config.engine).await;
+        let took = placed.elapsed();
+        let report = StartReport {
+            weights: weights.as_ref().map(|w| w.report.clone()),
+            engine_ms,
+            ready_ms: took.as_millis() as u64,
+        };
         let unwanted = {
             let mut table = rt.replicas.lock().expect("replica table lock");
             match table.get_mut(&id) {
@@ -272,6 +313,8 @@ impl Inner {
                     r.base_url = Some(url.clone());
                     r.engine = Some(engine);
                     r.capabilities = capabilities;
+                    r.weights = weights;
+                    r.start = Some(report.clone());
                     None
                 }
                 // Evicted or stopped while starting: nothing wants it now.
@@ -280,13 +323,41 @@ impl Inner {
         };
         if let Some(engine) = unwanted {
             engine.stop(Duration::from_secs(5)).await;
+            self.release_weights(id).await;
             return;
         }
-        let took = started.elapsed();
-        tracing::info!(replica = %name, %url, took_ms = took.as_millis() as u64, "replica ready");
+        tracing::info!(replica = %name, %url, took_ms = took.as_millis() as u64, "replica ready: {report}");
         rt.processor.replica_ready(id, rt.config.permits());
         self.control.send(Command::Ready { model: rt.config.key.clone(), tier: StartTier::Cold, took });
         self.watch(&rt, id);
+    }
+
+    /// Materializes the model's weights for a replica, if it has any.
+    async fn load_weights(
+        &self,
+        rt: &ModelRuntime,
+        replica: ReplicaId,
+    ) -> Result<Option<LoadedWeights>, String> {
+        let Some(source) = &rt.config.weights else { return Ok(None) };
+        let store = self.weights.as_ref().expect("a store is opened when a model has weights");
+        store.load(&rt.config.key, source, replica).await.map(Some).map_err(|e| e.to_string())
+    }
+
+    /// A replica that did not start: out of the table, its weights let go,
+    /// the controller told.
+    async fn start_failed(&self, rt: &ModelRuntime, replica: ReplicaId, why: String) {
+        rt.replicas.lock().expect("replica table lock").remove(&replica);
+        self.release_weights(replica).await;
+        tracing::error!(replica = %replica_name(&rt.config.key, replica), "did not start: {why}");
+        let model = rt.config.key.clone();
+        self.control.send(Command::Failed { model, replica, why, start_failed: true });
+    }
+
+    /// Drops a replica's reference to its weights in the store.
+    async fn release_weights(&self, replica: ReplicaId) {
+        if let Some(store) = &self.weights {
+            store.release(replica).await;
+        }
     }
 
     /// Wakes a sleeping replica; false if there is none to wake (its
@@ -380,6 +451,7 @@ impl Inner {
         if let Some(e) = removed.and_then(|r| r.engine) {
             e.stop(Duration::from_secs(5)).await;
         }
+        self.release_weights(replica).await;
         tracing::info!(replica = %replica_name(&rt.config.key, replica), "replica stopped");
     }
 
@@ -396,9 +468,13 @@ impl Inner {
         rt.processor.replica_gone(replica);
         let model = rt.config.key.clone();
         self.control.send(Command::Failed { model, replica, why: why.to_owned(), start_failed: false });
-        if let Some(e) = failed.engine {
-            tokio::spawn(async move { e.stop(Duration::from_millis(500)).await });
-        }
+        let inner = self.clone();
+        tokio::spawn(async move {
+            if let Some(e) = failed.engine {
+                e.stop(Duration::from_millis(500)).await;
+            }
+            inner.release_weights(replica).await;
+        });
     }
 
     /// Checks a replica now; a dead one is handled as failed. Returns

@@ -1,13 +1,13 @@
 //! `hangar engine`: run an engine process.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Subcommand};
 use hangar_engine::EngineConfig;
-use hangar_mock_engine::{preset, presets, MockConfig};
+use hangar_mock_engine::{preset, presets, MockConfig, WeightsRead};
 
 use super::read_text;
 
@@ -62,6 +62,11 @@ struct MockArgs {
     /// 404), as llama.cpp's server: the engine can only be stopped.
     #[arg(long)]
     no_sleep: bool,
+    /// A weights file to read whole before serving, as a real engine
+    /// loads its weights (`hangar serve` passes `{weights}` here);
+    /// `/v1/models` reports its size and BLAKE3.
+    #[arg(long)]
+    weights: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -80,6 +85,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.default_max_tokens = a.default_max_tokens;
     config.max_body_bytes = a.max_body_bytes;
     config.sleep_api = !a.no_sleep;
+    if let Some(path) = &a.weights {
+        config.weights = Some(read_weights(path)?);
+    }
     let base = a.engine_config.as_ref().and_then(|p| p.parent().map(PathBuf::from));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -107,6 +115,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
+/// Reads a weights file whole, hashing it as it goes.
+fn read_weights(path: &Path) -> anyhow::Result<WeightsRead> {
+    let mut file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open the weights file {}", path.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    let bytes = std::io::copy(&mut file, &mut hasher)
+        .with_context(|| format!("cannot read the weights file {}", path.display()))?;
+    Ok(WeightsRead {
+        path: path.display().to_string(),
+        bytes,
+        blake3: hasher.finalize().to_hex().to_string(),
+    })
+}
+
 pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

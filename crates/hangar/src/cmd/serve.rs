@@ -8,6 +8,7 @@ use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
 use hangar_runtime::engine::EngineSpec;
 use hangar_runtime::serve::{DataDirLock, ServeConfig, Server};
+use hangar_runtime::weights::WeightsSource;
 
 use super::engine::shutdown_signal;
 use super::read_text;
@@ -107,8 +108,8 @@ fn config_dir(file: &Path) -> &Path {
     }
 }
 
-/// Makes the model directory and interpreter of `cog` engines and the
-/// engine file of `mock` engines absolute, resolving relative ones against
+/// Makes the store's root and socket, weights files, the model directory and interpreter of `cog`
+/// engines and the engine file of `mock` engines absolute, resolving relative ones against
 /// the configuration file's directory `base` (the server runs them from
 /// elsewhere). A bare interpreter name (`python3`) is left to `PATH`; a
 /// mock engine file that cannot be read is an error naming the model.
@@ -118,7 +119,13 @@ fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> anyhow::Result
             .with_context(|| format!("cannot resolve {}", path.display()))?;
         Ok(())
     };
+    for path in [&mut config.store.root, &mut config.store.socket].into_iter().flatten() {
+        resolve(path)?;
+    }
     for model in &mut config.models {
+        if let Some(WeightsSource::File(path)) = &mut model.weights {
+            resolve(path)?;
+        }
         match &mut model.engine {
             EngineSpec::Cog { dir, python, .. } => {
                 resolve(dir)?;

@@ -25,7 +25,7 @@ use hangar_store::{BlobStore, IdOrKey, StoreKey};
 #[derive(Debug, Parser)]
 pub struct Args {
     /// Store root directory (blobs, keys).
-    #[arg(long, global = true, env = "HANGAR_STORE_ROOT", default_value_os_t = default_root())]
+    #[arg(long, global = true, env = "HANGAR_STORE_ROOT", default_value_os_t = hangar_store::default_root())]
     root: PathBuf,
     /// The daemon's Unix socket (`serve` listens on it, default `<root>/store.sock`;
     /// `get` goes through the daemon only when this is given).
@@ -37,9 +37,11 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Import safetensors files as one artifact (idempotent: same content → same id, `existed`).
+    /// Import files as one artifact (idempotent: same content → same id,
+    /// `existed`): `*.safetensors` tensor by tensor, any other file (a GGUF)
+    /// whole, as the file an engine opens.
     Import {
-        /// Safetensors files; together they form one artifact.
+        /// Safetensors files, or whole files; together they form one artifact.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Keys (`name:tag`) to point at the artifact; may repeat.
@@ -66,7 +68,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write an artifact (or a view of it) as `DIR/model.safetensors`; every byte verified.
+    /// Write an artifact (or a view of it) as `DIR/model.safetensors` (a
+    /// whole-file artifact as `DIR/<its file name>`); every byte verified.
     Get {
         /// Artifact id (`hg1:…`) or key (`name:tag`).
         what: IdOrKey,
@@ -134,14 +137,6 @@ struct ServeArgs {
     fault_stall_peer_after: Option<u64>,
 }
 
-fn default_root() -> PathBuf {
-    let data = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    data.join("hangar/store")
-}
-
 /// Runs `hangar store …`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let open =
@@ -201,7 +196,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let store = open()?;
                 let art = store.open_artifact(&store.resolve(&what)?)?;
                 let path = match view {
-                    None => hangar_store::export::write_safetensors(&art.index, &art.map_verified()?, &out)?,
+                    None => hangar_store::export::write_artifact(&art.index, &art.map_verified()?, &out)?,
                     Some(spec) => {
                         let plan = ViewPlan::new(&art.index, &spec)?;
                         let mut data = vec![0u8; plan.index.data_len as usize];
@@ -283,7 +278,7 @@ fn get_via_daemon(
     };
     let m = client.materialize(&Selection { artifact_id, view, key }, Hold::Process)?;
     let confirmed = client.confirm(&m, Duration::from_secs(30))?;
-    let path = hangar_store::export::write_safetensors(&m.index, m.data(), out)?;
+    let path = hangar_store::export::write_artifact(&m.index, m.data(), out)?;
     client.unload(&m)?;
     println!("wrote {} ({}, from {})", path.display(), m.id, confirmed.source.as_str());
     Ok(())

@@ -19,6 +19,7 @@ use hangar_scaler::{HangarSettings, ScalingConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EngineSpec;
+use crate::weights::{StoreSettings, WeightsSource};
 
 /// The whole file. Every field has a default except `nodes` and `models`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +72,9 @@ pub struct ServeConfig {
     /// replicas from `start` until `end` (docs/serve.md).
     #[serde(default)]
     pub schedule: Vec<DedicatedWindow>,
+    /// The node's weight store, for models with `weights`.
+    #[serde(default)]
+    pub store: StoreSettings,
 }
 
 /// `[[schedule]]`: keep `replicas` dedicated replicas of `model` from
@@ -208,6 +212,12 @@ pub struct ModelConfig {
     /// The keep-alive connections requests are forwarded to its replicas on.
     #[serde(default)]
     pub connections: ConnectionPool,
+    /// Its weights: `store:KEY` (an artifact of the weight store) or a
+    /// file path (imported into the store on first use), materialized by
+    /// the store before each replica starts and handed to the engine as
+    /// `{weights}` (docs/store.md).
+    #[serde(default)]
+    pub weights: Option<WeightsSource>,
 }
 
 /// A model's pool of keep-alive connections to its replicas.

@@ -244,7 +244,33 @@ impl ModelConfig {
             return Err(FieldError::new("kv.cache_blocks", "must be at least 1"));
         }
         self.engine.validate().map_err(|e| e.within("engine"))?;
+        self.check_weights()?;
         self.predictions.validate().map_err(|e| e.within("predictions"))
+    }
+}
+
+impl ModelConfig {
+    /// `weights` and `{weights}` go together: an `openai` command uses
+    /// `{weights}` exactly when the model has weights; a mock reads them;
+    /// `cog` and `external` engines load their own.
+    fn check_weights(&self) -> Result<(), FieldError> {
+        let uses =
+            matches!(&self.engine, EngineSpec::Openai { command, .. } if command.contains("{weights}"));
+        match (&self.weights, &self.engine) {
+            (None, _) if uses => Err(FieldError::new(
+                "engine.command",
+                "uses {weights} but the model has no `weights` (`store:KEY` or a file path)",
+            )),
+            (Some(w), EngineSpec::Openai { .. }) if !uses => Err(FieldError::new(
+                "weights",
+                format!("`{w}` is never handed to the engine: put {{weights}} in its command where it takes the model file"),
+            )),
+            (Some(_), EngineSpec::Cog { .. } | EngineSpec::External { .. }) => Err(FieldError::new(
+                "weights",
+                "only `openai` and `mock` engines take weights; `cog` and `external` engines load their own",
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -425,5 +451,28 @@ mod tests {
         let openai = "[[models]]\nkey = \"m\"\nsize = \"1GB\"\n\
                       engine = { kind = \"openai\", command = \"x {port}\", readiness_path = \"health\" }\n";
         assert_eq!(refused(&config(openai)).field, "models[0].engine.readiness_path");
+    }
+
+    #[test]
+    fn weights_and_the_weights_placeholder_go_together() {
+        let model = |weights: &str, engine: &str| {
+            config(&format!("[[models]]\nkey = \"m\"\nsize = \"1GB\"\n{weights}engine = {engine}\n"))
+        };
+        let llama = "{ kind = \"openai\", command = \"llama-server -m {weights} --port {port}\" }";
+        let e = refused(&model("", llama));
+        assert_eq!(e.field, "models[0].engine.command");
+        assert!(e.message.contains("{weights}"), "{e}");
+        let unused = "{ kind = \"openai\", command = \"llama-server --port {port}\" }";
+        let e = refused(&model("weights = \"store:smol:q4\"\n", unused));
+        assert_eq!(e.field, "models[0].weights");
+        assert!(e.message.contains("store:smol:q4"), "{e}");
+        let external = "{ kind = \"external\", url = \"http://10.0.0.7:8000\" }";
+        assert_eq!(refused(&model("weights = \"w.gguf\"\n", external)).field, "models[0].weights");
+        let ok = |text: &str| toml::from_str::<ServeConfig>(text).unwrap().validate().unwrap();
+        ok(&model("weights = \"store:smol:q4\"\n", llama));
+        ok(&model("weights = \"w.gguf\"\n", "{ kind = \"mock\" }"));
+        let bad_key = model("weights = \"store:a/../b\"\n", llama);
+        let e = ServeConfig::from_toml(&bad_key, "serve.toml").unwrap_err().to_string();
+        assert!(e.contains("weights") && e.contains("store:a/../b"), "{e}");
     }
 }

@@ -1,0 +1,471 @@
+//! Model weights on the serving path, through the node's weight store
+//! (docs/store.md).
+//!
+//! A model's `weights` is `store:KEY`, an artifact of the store, or a file
+//! path, imported into the store the first time a replica needs it. Before a
+//! replica's engine starts, its weights are materialized through the store
+//! daemon — lease-in-place when they are resident, else from the local blob
+//! store, a peer or the fallback — into sealed shared memory, and the engine
+//! is handed a path to that memory: the memfd, which the engine process
+//! inherits at the same descriptor number, as `/proc/self/fd/N` (the
+//! `{weights}` of its command template). An engine that maps its weights
+//! file (llama.cpp maps a GGUF) then maps the very pages every other replica
+//! of the artifact on the node maps: a second replica costs no read and no
+//! memory for its weights.
+//!
+//! Only whole-file artifacts (a GGUF, imported as it was) can be handed over
+//! as a file: the store's canonical layout of safetensors tensors is not a
+//! safetensors file, and engines would need a store-aware loader for it.
+//!
+//! `hangar serve` uses the daemon that serves the store's root, and starts
+//! one in its own process when none answers on the socket. Each replica
+//! holds its materialization as this process's reference (the daemon sees
+//! it through a pidfd), released when the replica stops or this process
+//! exits; the engine's own mapping keeps the memory alive as long as it
+//! runs, whatever the daemon does.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use hangar_core::{ByteSize, ModelKey, ReplicaId};
+use hangar_store::client::{ClientError, Hold, Materialized, StoreClient};
+use hangar_store::daemon::{DaemonConfig, DaemonHandle};
+use hangar_store::protocol::{Selection, Source};
+use hangar_store::{ArtifactId, BlobStore, StoreKey};
+use serde::{Deserialize, Serialize};
+
+/// Where a model's weights come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum WeightsSource {
+    /// `store:KEY`: an artifact of the weight store.
+    Store(StoreKey),
+    /// A file, imported into the store on first use (relative paths are
+    /// resolved against the configuration file's directory).
+    File(PathBuf),
+}
+
+impl FromStr for WeightsSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix("store:") {
+            Some(key) => key
+                .parse()
+                .map(WeightsSource::Store)
+                .map_err(|e| format!("`{s}` is not a store key (`store:name:tag`): {e}")),
+            None if s.is_empty() => Err("is empty: give `store:KEY` or a file path".into()),
+            None => Ok(WeightsSource::File(s.into())),
+        }
+    }
+}
+
+impl TryFrom<String> for WeightsSource {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<WeightsSource> for String {
+    fn from(w: WeightsSource) -> String {
+        w.to_string()
+    }
+}
+
+impl fmt::Display for WeightsSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WeightsSource::Store(key) => write!(f, "store:{key}"),
+            WeightsSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// `[store]`: the node's weight store, used by models with `weights`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    /// The store's root (default: `hangar_store::default_root()`, the
+    /// root `hangar store` uses); file weights are imported into it.
+    pub root: Option<PathBuf>,
+    /// The daemon's socket (default `<root>/store.sock`). When nothing
+    /// answers there, `hangar serve` runs the daemon itself.
+    pub socket: Option<PathBuf>,
+    /// Resident memory the daemon it runs may use.
+    pub budget: ByteSize,
+    /// Bytes of blobs the daemon it runs keeps on disk (default: no limit).
+    pub disk_budget: Option<ByteSize>,
+    /// The registry URL of the daemon it runs (peers), if any.
+    pub registry: Option<String>,
+    /// The fallback directory or object-store URL of the daemon it runs.
+    pub fallback: Option<String>,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            root: None,
+            socket: None,
+            budget: ByteSize::new(16 << 30),
+            disk_budget: None,
+            registry: None,
+            fallback: None,
+        }
+    }
+}
+
+impl StoreSettings {
+    /// The store's root.
+    pub fn root(&self) -> PathBuf {
+        self.root.clone().unwrap_or_else(hangar_store::default_root)
+    }
+
+    /// The daemon's socket.
+    pub fn socket(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(|| self.root().join("store.sock"))
+    }
+
+    /// Whether a missing key can only be missing: no registry or fallback
+    /// could supply it later.
+    fn local_only(&self) -> bool {
+        self.registry.is_none() && self.fallback.is_none()
+    }
+}
+
+/// Why a replica's weights are not there.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WeightsError {
+    /// The store daemon could not be started or reached.
+    #[error("model {model}: the weight store at {socket} is not reachable: {why}")]
+    Unreachable {
+        /// The model.
+        model: String,
+        /// The daemon's socket.
+        socket: String,
+        /// What failed.
+        why: String,
+    },
+    /// The key names nothing the store (or its peers and fallback) holds.
+    #[error("model {model}: weights `store:{key}`: no such key in the store at {root}")]
+    UnknownKey {
+        /// The model.
+        model: String,
+        /// The key.
+        key: String,
+        /// The store's root.
+        root: String,
+    },
+    /// The weights file cannot be read.
+    #[error("model {model}: weights file {path}: {why}")]
+    File {
+        /// The model.
+        model: String,
+        /// The path.
+        path: String,
+        /// What failed.
+        why: String,
+    },
+    /// The artifact is not one whole file, so it cannot be handed to an
+    /// engine as a path.
+    #[error(
+        "model {model}: weights {weights} hold safetensors tensors, not one whole file: an engine \
+         is handed a file (import a GGUF or other single file)"
+    )]
+    NotAFile {
+        /// The model.
+        model: String,
+        /// The weights as configured.
+        weights: String,
+    },
+    /// Materializing failed (a source failed, verification, budget).
+    #[error("model {model}: weights {weights}: {why}")]
+    Load {
+        /// The model.
+        model: String,
+        /// The weights as configured.
+        weights: String,
+        /// What the store said.
+        why: String,
+    },
+}
+
+/// A replica's weights, materialized: the memory stays mapped and its
+/// descriptor open while this lives.
+#[derive(Debug)]
+pub struct LoadedWeights {
+    memory: Materialized,
+    /// What was loaded and how.
+    pub report: WeightsReport,
+}
+
+/// How a replica's weights were materialized (its start report's weights
+/// phase).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WeightsReport {
+    /// The artifact.
+    pub artifact: String,
+    /// Where the bytes came from: `resident` (lease-in-place), `local` (the
+    /// blob store), `peer` or `fallback`.
+    pub source: &'static str,
+    /// The artifact's bytes.
+    pub bytes: u64,
+    /// Materialize to confirmed, including any import of a file, ms.
+    pub took_ms: u64,
+}
+
+impl LoadedWeights {
+    /// The descriptor the engine inherits.
+    pub fn fd(&self) -> RawFd {
+        self.memory.fd().as_raw_fd()
+    }
+
+    /// The path the engine opens: its inherited descriptor.
+    pub fn path(&self) -> String {
+        format!("/proc/self/fd/{}", self.fd())
+    }
+}
+
+/// The node's weight store as `hangar serve` uses it.
+pub struct WeightStore {
+    settings: StoreSettings,
+    /// The daemon this process runs, if none was running.
+    _daemon: Option<DaemonHandle>,
+    /// File weights already imported: `(path, length, mtime)` → artifact.
+    imported: Mutex<HashMap<(PathBuf, u64, SystemTime), ArtifactId>>,
+}
+
+impl fmt::Debug for WeightStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeightStore").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+/// How long a load may take before the replica fails.
+const LOAD_LIMIT: Duration = Duration::from_secs(600);
+
+impl WeightStore {
+    /// Connects to the daemon on the store's socket, starting one in this
+    /// process when nothing answers there; then checks every model's weights
+    /// that can be checked before anything runs: a file is readable, a key
+    /// is known (when no registry or fallback could supply it later).
+    pub fn open<'m>(
+        settings: StoreSettings,
+        models: impl IntoIterator<Item = (&'m ModelKey, &'m WeightsSource)>,
+    ) -> Result<Self, WeightsError> {
+        let socket = settings.socket();
+        let daemon = match StoreClient::connect(&socket) {
+            Ok(_) => None,
+            Err(_) => {
+                let mut cfg = DaemonConfig::new(settings.root(), &socket);
+                cfg.budget = settings.budget.bytes();
+                cfg.disk_budget = settings.disk_budget.map(|b| b.bytes());
+                cfg.registry = settings.registry.clone();
+                cfg.fallback = settings.fallback.clone();
+                let daemon = DaemonHandle::start(cfg).map_err(|e| WeightsError::Unreachable {
+                    model: "(every model with weights)".into(),
+                    socket: socket.display().to_string(),
+                    why: e.to_string(),
+                })?;
+                tracing::info!(socket = %socket.display(), root = %settings.root().display(), "weight store daemon started");
+                Some(daemon)
+            }
+        };
+        let store = WeightStore { settings, _daemon: daemon, imported: Mutex::new(HashMap::new()) };
+        for (model, source) in models {
+            store.check(model, source)?;
+        }
+        Ok(store)
+    }
+
+    fn check(&self, model: &ModelKey, source: &WeightsSource) -> Result<(), WeightsError> {
+        match source {
+            WeightsSource::File(path) => {
+                std::fs::File::open(path).map(drop).map_err(|e| WeightsError::File {
+                    model: model.to_string(),
+                    path: path.display().to_string(),
+                    why: e.to_string(),
+                })
+            }
+            WeightsSource::Store(key) => match self.client(model)?.resolve_key(key) {
+                Err(ClientError::UnknownKey(_)) if self.settings.local_only() => {
+                    Err(self.unknown(model, key))
+                }
+                // The registry or fallback may hold it by the time a
+                // replica starts; then it fails there, by name.
+                Err(ClientError::UnknownKey(_)) => Ok(()),
+                Err(e) => Err(self.load_error(model, source, e)),
+                Ok(_) => Ok(()),
+            },
+        }
+    }
+
+    fn client(&self, model: &ModelKey) -> Result<StoreClient, WeightsError> {
+        let socket = self.settings.socket();
+        StoreClient::connect(&socket).map_err(|e| WeightsError::Unreachable {
+            model: model.to_string(),
+            socket: socket.display().to_string(),
+            why: e.to_string(),
+        })
+    }
+
+    fn unknown(&self, model: &ModelKey, key: &StoreKey) -> WeightsError {
+        WeightsError::UnknownKey {
+            model: model.to_string(),
+            key: key.to_string(),
+            root: self.settings.root().display().to_string(),
+        }
+    }
+
+    fn load_error(&self, model: &ModelKey, source: &WeightsSource, e: impl fmt::Display) -> WeightsError {
+        WeightsError::Load { model: model.to_string(), weights: source.to_string(), why: e.to_string() }
+    }
+
+    /// Materializes `model`'s weights for `replica` and waits until every
+    /// byte is loaded and verified.
+    ///
+    /// # Cancel safety
+    /// The work runs on a blocking thread that finishes even if this future
+    /// is dropped; the materialization it made is then released by
+    /// [`WeightStore::release`] of the replica, or when this process exits.
+    pub async fn load(
+        self: &Arc<Self>,
+        model: &ModelKey,
+        source: &WeightsSource,
+        replica: ReplicaId,
+    ) -> Result<LoadedWeights, WeightsError> {
+        let (this, model, source) = (self.clone(), model.clone(), source.clone());
+        tokio::task::spawn_blocking(move || this.load_blocking(&model, &source, replica))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
+    fn load_blocking(
+        &self,
+        model: &ModelKey,
+        source: &WeightsSource,
+        replica: ReplicaId,
+    ) -> Result<LoadedWeights, WeightsError> {
+        let started = Instant::now();
+        let mut client = self.client(model)?;
+        let selection = match source {
+            WeightsSource::Store(key) => {
+                let id = client.resolve_key(key).map_err(|e| match e {
+                    ClientError::UnknownKey(_) => self.unknown(model, key),
+                    e => self.load_error(model, source, e),
+                })?;
+                Selection { artifact_id: id, view: None, key: Some(key.clone()) }
+            }
+            WeightsSource::File(path) => {
+                Selection { artifact_id: self.import(model, path)?, view: None, key: None }
+            }
+        };
+        let memory = client
+            .materialize_as(&selection, replica, Hold::Process)
+            .map_err(|e| self.load_error(model, source, e))?;
+        let release = |client: &mut StoreClient, e: WeightsError| {
+            let _ = client.unload_replica(replica);
+            e
+        };
+        if memory.index.whole_file().is_none() {
+            let e = WeightsError::NotAFile { model: model.to_string(), weights: source.to_string() };
+            return Err(release(&mut client, e));
+        }
+        let confirmed = loop {
+            match client.confirm(&memory, LOAD_LIMIT) {
+                Ok(c) => break c,
+                Err(ClientError::Timeout(_)) if started.elapsed() < LOAD_LIMIT => continue,
+                Err(e) => {
+                    let e = self.load_error(model, source, e);
+                    return Err(release(&mut client, e));
+                }
+            }
+        };
+        let report = WeightsReport {
+            artifact: memory.id.to_string(),
+            source: source_name(confirmed.source, memory.reused),
+            bytes: memory.index.data_len,
+            took_ms: started.elapsed().as_millis() as u64,
+        };
+        Ok(LoadedWeights { memory, report })
+    }
+
+    /// Imports a weights file into the store, once per file version.
+    fn import(&self, model: &ModelKey, path: &Path) -> Result<ArtifactId, WeightsError> {
+        let file_error = |why: String| WeightsError::File {
+            model: model.to_string(),
+            path: path.display().to_string(),
+            why,
+        };
+        let meta = std::fs::metadata(path).map_err(|e| file_error(e.to_string()))?;
+        let version = (path.to_owned(), meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+        let blobs = BlobStore::open(self.settings.root()).map_err(|e| file_error(e.to_string()))?;
+        if let Some(id) = self.imported.lock().expect("import table lock").get(&version) {
+            // Still stored (the disk budget may have removed it since)?
+            if blobs.contains(id) {
+                return Ok(*id);
+            }
+        }
+        let report = blobs.import_files(&[path.to_owned()], &[]).map_err(|e| file_error(e.to_string()))?;
+        tracing::info!(model = %model, path = %path.display(), artifact = %report.id, existed = report.existed, "weights file imported into the store");
+        self.imported.lock().expect("import table lock").insert(version, report.id);
+        Ok(report.id)
+    }
+
+    /// Drops `replica`'s reference to its weights (the memory stays with
+    /// the store, resident for the next replica, until its budget needs it).
+    pub async fn release(self: &Arc<Self>, replica: ReplicaId) {
+        let socket = self.settings.socket();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Ok(mut client) = StoreClient::connect(&socket) {
+                let _ = client.unload_replica(replica);
+            }
+        })
+        .await;
+    }
+}
+
+/// The report's name for where bytes came from: a reused materialization is
+/// resident whatever the first load read.
+fn source_name(source: Source, reused: bool) -> &'static str {
+    if reused {
+        Source::Resident.as_str()
+    } else {
+        source.as_str()
+    }
+}
+
+/// Keeps `fd` open across `exec` in a child (clears its close-on-exec flag
+/// there). For a `pre_exec` hook: one async-signal-safe `fcntl`.
+pub(crate) fn inherit_in_child(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: called in the forked child, where `fd` is still open (the
+    // parent keeps it open until the engine has started).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::io::fcntl_setfd(fd.as_fd(), rustix::io::FdFlags::empty()).map_err(std::io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_are_a_store_key_or_a_path() {
+        let w: WeightsSource = "store:smol/lm2:q4".parse().unwrap();
+        assert!(matches!(&w, WeightsSource::Store(k) if k.to_string() == "smol/lm2:q4"));
+        assert_eq!(w.to_string(), "store:smol/lm2:q4");
+        let latest: WeightsSource = "store:smol".parse().unwrap();
+        assert_eq!(latest.to_string(), "store:smol:latest");
+        assert_eq!(
+            "m/model.gguf".parse::<WeightsSource>().unwrap(),
+            WeightsSource::File("m/model.gguf".into())
+        );
+        let bad = "store:a/../b".parse::<WeightsSource>().unwrap_err();
+        assert!(bad.contains("store:a/../b"), "{bad}");
+        assert!("".parse::<WeightsSource>().is_err());
+    }
+}

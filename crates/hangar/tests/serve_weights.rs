@@ -1,0 +1,156 @@
+//! The weight store on the serving path: a model's `weights` materialized
+//! by the store before each replica's engine starts, handed to the engine
+//! as a path it opens, each start reported phase by phase; and the errors a
+//! bad `weights` gets.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{chat, one_gpu, post, serve_in};
+use serde_json::Value;
+
+/// Writes a stand-in weights file (not safetensors, so the store keeps it
+/// whole, as it keeps a GGUF) and returns its BLAKE3.
+fn weights_file(path: &Path, len: usize) -> String {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
+    std::fs::write(path, &bytes).unwrap();
+    blake3::hash(&bytes).to_hex().to_string()
+}
+
+fn hangar(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hangar")).args(args).output().unwrap()
+}
+
+/// The model's replicas in `/admin/status` once `n` of them are ready.
+fn ready_replicas(url: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status: Value = reqwest::blocking::get(format!("{url}/admin/status")).unwrap().json().unwrap();
+        let replicas = status["models"][0]["replicas"].as_array().cloned().unwrap_or_default();
+        if replicas.iter().filter(|r| r["state"] == "ready").count() >= n {
+            return replicas;
+        }
+        assert!(Instant::now() < deadline, "{n} replicas not ready in time: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What the replica's engine says it read at start.
+fn engine_weights(replica: &Value) -> Value {
+    let url = replica["url"].as_str().unwrap();
+    let models: Value = reqwest::blocking::get(format!("{url}/v1/models")).unwrap().json().unwrap();
+    models["data"][0]["weights"].clone()
+}
+
+#[test]
+fn replicas_load_their_weights_from_the_store_and_the_second_leases_the_first_ones_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("src/tiny.Q4.gguf");
+    let hash = weights_file(&file, (3 << 20) + 5);
+    let store = dir.path().join("store");
+    let o = hangar(&[
+        "store",
+        "--root",
+        store.to_str().unwrap(),
+        "import",
+        file.to_str().unwrap(),
+        "--key",
+        "tiny:v1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = serve_in(
+        dir,
+        &format!(
+            "[store]\nroot = \"store\"\n{}",
+            one_gpu(
+                r#"
+[[models]]
+key = "t/w"
+engine = { kind = "mock", preset = "instant" }
+size = "10GB"
+min_replicas = 2
+weights = "store:tiny:v1"
+"#
+            )
+        ),
+    );
+    let replicas = ready_replicas(&s.url, 2);
+    let mut sources: Vec<&str> = Vec::new();
+    for r in &replicas {
+        let read = engine_weights(r);
+        assert_eq!(read["blake3"], hash.as_str(), "the engine read other bytes: {read}");
+        assert_eq!(read["bytes"], (3 << 20) + 5);
+        assert!(read["path"].as_str().unwrap().starts_with("/proc/self/fd/"), "{read}");
+        let start = &r["start"];
+        assert_eq!(start["weights"]["bytes"], (3 << 20) + 5, "{start}");
+        assert!(start["weights"]["artifact"].as_str().unwrap().starts_with("hg1:"), "{start}");
+        assert!(start["ready_ms"].as_u64().unwrap() >= start["engine_ms"].as_u64().unwrap(), "{start}");
+        sources.push(start["weights"]["source"].as_str().unwrap());
+    }
+    sources.sort();
+    // The first start loads the blob; the second finds it resident.
+    assert_eq!(sources, ["local", "resident"], "{replicas:?}");
+    let (status, body) = post(&s.url, None, &chat("t/w", 2));
+    assert_eq!(status, 200, "{body}");
+    assert!(s.log().contains("replica ready: placed → weights"), "{}", s.log());
+}
+
+#[test]
+fn a_weights_file_is_imported_into_the_store_on_first_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("weights/model.gguf");
+    let hash = weights_file(&file, 100_000);
+    let s = serve_in(
+        dir,
+        &format!(
+            "[store]\nroot = \"store\"\n{}",
+            one_gpu(
+                r#"
+[[models]]
+key = "t/file"
+engine = { kind = "mock", preset = "instant" }
+size = "10GB"
+min_replicas = 1
+weights = "weights/model.gguf"
+"#
+            )
+        ),
+    );
+    let replicas = ready_replicas(&s.url, 1);
+    assert_eq!(engine_weights(&replicas[0])["blake3"], hash.as_str());
+    assert_eq!(replicas[0]["start"]["weights"]["source"], "local", "{replicas:?}");
+    assert!(s.log().contains("weights file imported into the store"), "{}", s.log());
+}
+
+#[test]
+fn bad_weights_name_the_model_and_the_key_or_path_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    let model = |weights: &str, engine: &str| {
+        format!(
+            "[store]\nroot = \"store\"\n[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\
+             [[models]]\nkey = \"t/bad\"\nsize = \"1GB\"\nweights = \"{weights}\"\nengine = {engine}\n"
+        )
+    };
+    let mock = "{ kind = \"mock\" }";
+    for (config, says) in [
+        (model("store:nope:v1", mock), vec!["model t/bad", "store:nope:v1", "no such key"]),
+        (model("missing/model.gguf", mock), vec!["model t/bad", "missing/model.gguf"]),
+        (
+            model("store:x:v1", "{ kind = \"openai\", command = \"llama-server --port {port}\" }"),
+            vec!["serve.toml:", "models[0].weights", "{weights}"],
+        ),
+    ] {
+        std::fs::write(&path, config).unwrap();
+        let o = hangar(&["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&o.stderr);
+        for s in says {
+            assert!(err.contains(s), "want `{s}` in: {err}");
+        }
+    }
+}
