@@ -52,6 +52,38 @@ enum Command {
     /// between two daemons on loopback against a plain TCP copy. See
     /// docs/store.md.
     Store(StoreArgs),
+    /// A replica's cold start, placement → first token, by where its
+    /// weights come from.
+    ///
+    /// Starts the engine of --command (an `openai` template using
+    /// {weights} and {port}) on --weights, --runs times each: opening the
+    /// file itself (dropped from the page cache, or in it), from the weight
+    /// store (a fresh daemon loading the blob from disk or page cache, or
+    /// the artifact resident: lease-in-place), and a WARM wake where the
+    /// engine can sleep. Prints each start's phases and, beside them, the
+    /// store's weight read against a raw sequential read of the same
+    /// bytes. See docs/engines.md.
+    Coldstart(ColdstartArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct ColdstartArgs {
+    /// The engine's command template, e.g. `llama-server -m {weights}
+    /// --port {port}`.
+    #[arg(long)]
+    command: String,
+    /// The weights file (a GGUF for llama.cpp).
+    #[arg(long)]
+    weights: std::path::PathBuf,
+    /// Starts of each kind (the median is printed).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Seconds an engine may take to become ready.
+    #[arg(long, default_value_t = 120)]
+    setup_timeout_s: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -160,6 +192,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(bench::queue::run(&options))?;
+            return print(&report, a.json);
+        }
+        Command::Coldstart(a) => {
+            let options = bench::coldstart::Options {
+                command: a.command,
+                weights: a.weights,
+                runs: a.runs,
+                setup_timeout: std::time::Duration::from_secs(a.setup_timeout_s),
+                hangar_exe,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = runtime.block_on(bench::coldstart::run(&options))?;
             return print(&report, a.json);
         }
         Command::Store(a) => {
