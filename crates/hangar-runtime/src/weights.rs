@@ -258,6 +258,7 @@ impl WeightStore {
         settings: StoreSettings,
         models: impl IntoIterator<Item = (&'m ModelKey, &'m WeightsSource)>,
     ) -> Result<Self, WeightsError> {
+        let models: Vec<_> = models.into_iter().collect();
         let socket = settings.socket();
         let daemon = match StoreClient::connect(&socket) {
             Ok(_) => None,
@@ -267,8 +268,9 @@ impl WeightStore {
                 cfg.disk_budget = settings.disk_budget.map(|b| b.bytes());
                 cfg.registry = settings.registry.clone();
                 cfg.fallback = settings.fallback.clone();
+                let names: Vec<String> = models.iter().map(|(m, _)| m.to_string()).collect();
                 let daemon = DaemonHandle::start(cfg).map_err(|e| WeightsError::Unreachable {
-                    model: "(every model with weights)".into(),
+                    model: names.join(", "),
                     socket: socket.display().to_string(),
                     why: e.to_string(),
                 })?;

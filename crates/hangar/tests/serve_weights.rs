@@ -130,16 +130,21 @@ weights = "weights/model.gguf"
 fn bad_weights_name_the_model_and_the_key_or_path_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("serve.toml");
-    let model = |weights: &str, engine: &str| {
+    let with_store = |store: &str, weights: &str, engine: &str| {
         format!(
-            "[store]\nroot = \"store\"\n[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\
+            "[store]\n{store}\n[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\
              [[models]]\nkey = \"t/bad\"\nsize = \"1GB\"\nweights = \"{weights}\"\nengine = {engine}\n"
         )
     };
+    let model = |weights: &str, engine: &str| with_store("root = \"store\"", weights, engine);
     let mock = "{ kind = \"mock\" }";
     for (config, says) in [
         (model("store:nope:v1", mock), vec!["model t/bad", "store:nope:v1", "no such key"]),
         (model("missing/model.gguf", mock), vec!["model t/bad", "missing/model.gguf"]),
+        (
+            with_store("socket = \"/proc/self/no/store.sock\"", "store:x:v1", mock),
+            vec!["model t/bad", "/proc/self/no/store.sock", "not reachable"],
+        ),
         (
             model("store:x:v1", "{ kind = \"openai\", command = \"llama-server --port {port}\" }"),
             vec!["serve.toml:", "models[0].weights", "{weights}"],
@@ -153,4 +158,38 @@ fn bad_weights_name_the_model_and_the_key_or_path_before_anything_starts() {
             assert!(err.contains(s), "want `{s}` in: {err}");
         }
     }
+}
+
+#[test]
+fn a_key_removed_while_serving_fails_the_replica_start_by_name_and_the_request_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("src/gone.gguf");
+    weights_file(&file, 4096);
+    let store = dir.path().join("store");
+    let root = store.to_str().unwrap();
+    let o = hangar(&["store", "--root", root, "import", file.to_str().unwrap(), "--key", "gone:v1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = serve_in(
+        dir,
+        &format!(
+            "timeout_floor_s = 3\n[store]\nroot = \"store\"\n{}",
+            one_gpu(
+                r#"
+[[models]]
+key = "t/gone"
+engine = { kind = "mock", preset = "instant" }
+size = "10GB"
+weights = "store:gone:v1"
+"#
+            )
+        ),
+    );
+    let o = hangar(&["store", "--root", root, "rm", "gone:v1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let started = Instant::now();
+    let (status, body) = post(&s.url, None, &chat("t/gone", 2));
+    assert!(status >= 500, "{status}: {body}");
+    assert!(started.elapsed() < Duration::from_secs(10), "the request hung");
+    let log = s.log();
+    assert!(log.contains("did not start: model t/gone: weights `store:gone:v1`"), "{log}");
 }
