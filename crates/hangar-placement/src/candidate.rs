@@ -27,6 +27,10 @@ pub struct Candidate {
     pub evictions: Vec<(ModelKey, ReplicaId)>,
     /// What that set costs.
     pub eviction_cost: EvictionCost,
+    /// Whether the node holds the model's weight artifact resident (false
+    /// when the model has no artifact set). Among candidates of the same
+    /// level and eviction cost, `deploy` prefers resident ones.
+    pub resident: bool,
 }
 
 /// How good a node is for a replica; lower is better, and the derived order

@@ -117,6 +117,21 @@ pub enum RestoreError {
     },
 }
 
+/// Residency information named something the cluster does not know
+/// ([`Cluster::set_model_artifact`](crate::Cluster::set_model_artifact),
+/// [`Cluster::set_resident`](crate::Cluster::set_resident)). The cluster is
+/// unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResidencyError {
+    /// The model is not in the catalogue.
+    #[error("unknown model `{0}`")]
+    UnknownModel(ModelKey),
+    /// The node is not in the cluster.
+    #[error("unknown node `{0}`")]
+    UnknownNode(NodeId),
+}
+
 /// An explicit eviction could not be carried out. The cluster is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

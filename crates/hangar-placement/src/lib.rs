@@ -14,6 +14,11 @@
 //!   replica, without `deploy`'s shortcuts (diagnostics, and the oracle the
 //!   property tests hold `deploy` to).
 //! * [`Cluster::evict_replica`] / [`Cluster::evict_model`] demote on demand.
+//! * [`Cluster::set_model_artifact`] / [`Cluster::set_resident`] say which
+//!   weight artifact a model loads and which nodes hold which artifacts
+//!   resident; among otherwise equal candidates `deploy` prefers a node
+//!   that holds the model's artifact (it never beats a better level or a
+//!   cheaper eviction set).
 //! * [`Cluster::apply_schedule`] turns a [`Schedule`] of dedicated windows
 //!   into dedicated requests and frees what left it.
 //! * [`DeploymentDelta::between`] two [`Snapshot`]s lists the `to_cache`,
@@ -71,7 +76,7 @@ pub use cluster::{Cluster, Restore};
 pub use config::{ClusterConfig, NodeConfig, PlacementConfig, MAX_GPUS_PER_NODE, MAX_GPU_MEMORY};
 pub use delta::{Action, DeploymentDelta, Snapshot, Step};
 pub use deployment::{Deployment, Level, NodeId, NodeIdError};
-pub use error::{ConfigError, DeltaError, EvictError, RestoreError, ScheduleError};
+pub use error::{ConfigError, DeltaError, EvictError, ResidencyError, RestoreError, ScheduleError};
 pub use eviction::EvictionCost;
 pub use node::{Gpu, Node, ReplicaMap};
 pub use outcome::{

@@ -1,7 +1,7 @@
 //! One node's resource accounting: its GPUs, its hot deployments, and its
 //! warm cache in CPU memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hangar_core::{ModelKey, ReplicaId};
 use serde::Serialize;
@@ -48,6 +48,10 @@ pub struct Node {
     /// contiguous record per node instead of chasing pointers.
     gpu_free: [u64; MAX_GPUS],
     min_reservation: [u64; MAX_GPUS],
+    /// Weight artifacts resident in this node's weight store (memory or
+    /// page cache), as last reported by the caller: a tie-breaker only, so
+    /// it lives apart from the accounting above and no invariant covers it.
+    resident: BTreeSet<String>,
 }
 
 const MAX_GPUS: usize = MAX_GPUS_PER_NODE as usize;
@@ -75,6 +79,7 @@ impl Node {
             empty_gpus: 0,
             gpu_free: [0; MAX_GPUS],
             min_reservation: [0; MAX_GPUS],
+            resident: BTreeSet::new(),
         };
         node.refresh_summary();
         node
@@ -113,6 +118,19 @@ impl Node {
     /// CPU memory the warm cache holds now.
     pub fn cache_used(&self) -> u64 {
         self.cache_used
+    }
+
+    /// Weight artifacts resident in the node's weight store, as last set by
+    /// [`Cluster::set_resident`](crate::Cluster::set_resident) (empty until
+    /// then). Not derived from the deployments here: a warm or evicted
+    /// replica's weights may or may not still be in the page cache, and only
+    /// the node knows.
+    pub fn resident(&self) -> &BTreeSet<String> {
+        &self.resident
+    }
+
+    pub(crate) fn set_resident(&mut self, artifacts: BTreeSet<String>) {
+        self.resident = artifacts;
     }
 
     pub(crate) fn max_free(&self) -> u64 {

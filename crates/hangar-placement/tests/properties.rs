@@ -220,15 +220,60 @@ fn check(before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), TestCaseErro
 }
 
 fn run(w: &World) -> Result<Snapshot, TestCaseError> {
+    run_with(w, |_| {}).map(|(snapshot, _)| snapshot)
+}
+
+/// Like [`run`], with `setup` applied to the fresh cluster first; also
+/// returns every deploy outcome, for comparing runs draw for draw.
+fn run_with(
+    w: &World,
+    setup: impl Fn(&mut Cluster),
+) -> Result<(Snapshot, Vec<DeployOutcome>), TestCaseError> {
     let mut c = build(w);
+    setup(&mut c);
     let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
     let mut now = 0;
+    let mut outcomes = Vec::new();
     for op in &w.ops {
         let before = c.snapshot();
         let step = apply(&mut c, op, &mut now, &mut rng);
         check(&before, &c, &step)?;
+        outcomes.extend(step.deploys);
     }
-    Ok(c.snapshot())
+    Ok((c.snapshot(), outcomes))
+}
+
+/// Random weight residency: per model, an artifact out of three (or none),
+/// so models may share one; per node, the artifacts it holds resident.
+#[derive(Debug, Clone)]
+struct Residency {
+    artifacts: Vec<Option<usize>>,
+    resident: Vec<BTreeSet<usize>>,
+}
+
+fn residency() -> impl Strategy<Value = Residency> {
+    (
+        prop::collection::vec(prop::option::weighted(0.8, 0usize..3), 6),
+        prop::collection::vec(prop::collection::btree_set(0usize..3, 0..3), 5),
+    )
+        .prop_map(|(artifacts, resident)| Residency { artifacts, resident })
+}
+
+fn artifact(i: usize) -> String {
+    format!("hg1:a{i}")
+}
+
+/// Tells `c` about `r` (entries past the cluster's models or nodes are dropped).
+fn set_residency(c: &mut Cluster, r: &Residency) {
+    let models: Vec<_> = c.models().keys().cloned().collect();
+    for m in models {
+        let i: usize = m.as_str()[1..].parse().unwrap();
+        c.set_model_artifact(&m, r.artifacts[i].map(artifact)).unwrap();
+    }
+    let nodes: Vec<_> = c.nodes().iter().map(|n| n.id().clone()).collect();
+    for (id, set) in nodes.iter().zip(&r.resident) {
+        c.set_resident(id, set.iter().map(|&a| artifact(a)).collect()).unwrap();
+    }
 }
 
 proptest! {
@@ -270,5 +315,95 @@ proptest! {
                 .iter()
                 .any(|c| c.level == best && c.eviction_cost == cost && Some(&c.node) == placed.node.as_ref()));
         }
+    }
+
+    /// The residency tie-breaker never overrides a better candidate level
+    /// or a cheaper eviction set: from the same state and seed, one more
+    /// replica lands at the same level, for the same cost, as it does with
+    /// no residency information at all.
+    #[test]
+    fn residency_never_changes_the_level_or_the_eviction_cost(
+        w in busy_world(),
+        r in residency(),
+        pick in 0usize..16,
+        dedicated: bool,
+    ) {
+        let mut plain = build(&w);
+        let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+        let mut now = 0;
+        for op in &w.ops {
+            apply(&mut plain, op, &mut now, &mut rng);
+        }
+        let mut informed = plain.clone();
+        set_residency(&mut informed, &r);
+        let model = model_key(pick % w.models.len());
+        let hot = plain.replicas_of(&model, Level::Hot).len() as u32;
+        let request = ReplicaRequest { model_key: model, replicas: hot + 1, dedicated };
+        let a = plain.deploy(std::slice::from_ref(&request), now, &mut ChaCha8Rng::seed_from_u64(pick as u64));
+        let b = informed.deploy(&[request], now, &mut ChaCha8Rng::seed_from_u64(pick as u64));
+        let (a, b) = (a.models[0].replicas.last().unwrap(), b.models[0].replicas.last().unwrap());
+        prop_assert_eq!(a.level, b.level);
+        prop_assert_eq!(a.eviction_cost, b.eviction_cost);
+        informed.check_invariants().map_err(TestCaseError::fail)?;
+    }
+
+    /// With residency in play from the start (so every operation goes
+    /// through the tie-breaker, and the invariants are checked after each):
+    /// when some node of the chosen level's tie set (same level, same
+    /// eviction cost) holds the model's artifact, the chosen node holds it.
+    #[test]
+    fn a_resident_node_in_the_tie_set_is_always_chosen(
+        w in busy_world(),
+        r in residency(),
+        pick in 0usize..16,
+        dedicated: bool,
+    ) {
+        let mut c = build(&w);
+        set_residency(&mut c, &r);
+        let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+        let mut now = 0;
+        for op in &w.ops {
+            let before = c.snapshot();
+            let step = apply(&mut c, op, &mut now, &mut rng);
+            check(&before, &c, &step)?;
+        }
+        let model = model_key(pick % w.models.len());
+        let candidates = c.candidates(&model, dedicated, now);
+        let hot = c.replicas_of(&model, Level::Hot).len() as u32;
+        let request = ReplicaRequest { model_key: model, replicas: hot + 1, dedicated };
+        let out = c.deploy(&[request], now, &mut rng);
+        let placed = out.models[0].replicas.last().unwrap();
+        let Some(node) = placed.node.as_ref() else { return Ok(()) };
+        if placed.level == CandidateLevel::Deployed {
+            return Ok(());
+        }
+        let ties: Vec<_> = candidates
+            .iter()
+            .filter(|c| c.level == placed.level && c.eviction_cost == placed.eviction_cost)
+            .collect();
+        let chosen = ties.iter().find(|c| &c.node == node);
+        let chosen = chosen.ok_or_else(|| TestCaseError::fail("the chosen node is not in the tie set"))?;
+        if ties.iter().any(|c| c.resident) {
+            prop_assert!(chosen.resident, "{} chosen over a resident tie", node);
+        }
+    }
+
+    /// Residency that selects no tie or every tie (no artifacts set, no node
+    /// holding them, or every node holding all of them) changes nothing:
+    /// same outcomes, same rng draws, same final cluster, operation for
+    /// operation.
+    #[test]
+    fn residency_that_cannot_break_a_tie_changes_nothing(w in world(), r in residency(), mode in 0u8..3) {
+        let plain = run_with(&w, |_| {})?;
+        let informed = run_with(&w, |c| {
+            let mut r = r.clone();
+            match mode {
+                0 => r.artifacts.iter_mut().for_each(|a| *a = None),
+                1 => r.resident.iter_mut().for_each(BTreeSet::clear),
+                _ => r.resident.iter_mut().for_each(|s| *s = (0..3).collect()),
+            }
+            set_residency(c, &r);
+        })?;
+        prop_assert_eq!(plain, informed);
     }
 }

@@ -13,6 +13,17 @@
 //! bounded by the best set found so far, and the scan stops once the bound
 //! exceeds it. Among nodes that need evictions, the one evicting the fewest
 //! bytes (then the fewest deployments) wins, and ties go to the rng.
+//!
+//! Weight residency is the last tie-breaker before the rng: within a level's
+//! tie set (warm copies, free nodes, or equal-cost eviction plans), if some
+//! but not all nodes hold the model's weight artifact resident, the draw is
+//! among those only. It is applied after the level and the eviction cost are
+//! settled, so it can never trade either for a warm page cache: residency
+//! only saves reading weights from storage, while a worse level or a
+//! costlier eviction set takes room from other replicas.
+//! When it selects nothing or everything the draw is over the original tie
+//! set, so without residency information the rng draws, and every outcome,
+//! are exactly what they were before residency existed.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -97,6 +108,9 @@ impl Cluster {
     /// holds it when that node is the best candidate (`CachedAndFree`,
     /// `CachedAndFull`); otherwise a fresh id is minted from `rng` and the
     /// warm copy stays cached — a warm id is never created on a second node.
+    /// Among equally good candidates (same level, same eviction cost),
+    /// nodes holding the model's weight artifact resident are preferred
+    /// ([`Cluster::set_resident`]); the rest of the tie goes to `rng`.
     /// Placing may evict non-dedicated hot replicas of other models that
     /// this call neither placed nor counted as deployed, and, for a
     /// non-dedicated request, only those at least `min_deployment_age_ms`
@@ -203,20 +217,22 @@ impl Cluster {
             .map(|d| (self.node_index[&d.node], d.replica_id))
             .collect();
         let shape = |n: &Node| Shape::for_model(&self.config, ask.size, n.gpu_memory());
+        let artifact = self.model_artifact(ask.model);
 
         // No eviction: a warm copy first, then any node.
         let cached: Vec<&(usize, ReplicaId)> = warm
             .iter()
             .filter(|(ni, _)| shape(&self.nodes[*ni]).is_some_and(|s| fits(&self.nodes[*ni], s)))
             .collect();
-        if let Some(&&(ni, id)) = pick(&cached, rng) {
+        if let Some(i) = self.pick_resident(&cached, |&&(ni, _)| ni, artifact, rng) {
+            let (ni, id) = *cached[i];
             return Some(self.free_plan(ni, CandidateLevel::CachedAndFree, Some(id), ask));
         }
         let free: Vec<usize> = (0..self.nodes.len())
             .filter(|&ni| shape(&self.nodes[ni]).is_some_and(|s| fits(&self.nodes[ni], s)))
             .collect();
-        if let Some(&ni) = pick(&free, rng) {
-            return Some(self.free_plan(ni, CandidateLevel::Free, None, ask));
+        if let Some(i) = self.pick_resident(&free, |&ni| ni, artifact, rng) {
+            return Some(self.free_plan(free[i], CandidateLevel::Free, None, ask));
         }
 
         // Evictions needed: again a warm copy first, then any node.
@@ -243,8 +259,33 @@ impl Cluster {
                 self.consider_evicting(ni, CandidateLevel::Full, None, ask, &mut ties);
             }
         }
-        let i = pick_index(ties.len(), rng)?;
+        // `ties` holds only the cheapest sets, so preferring resident nodes
+        // among them never buys a costlier eviction.
+        let i = self.pick_resident(&ties, |p| p.node, artifact, rng)?;
         Some(ties.swap_remove(i))
+    }
+
+    /// Draws the index of one of `ties` (`node_of` gives each one's node),
+    /// among those whose node holds `artifact` resident when some but not
+    /// all do. With no artifact, or none or all of them resident, this is
+    /// [`pick_index`] over the whole tie set: the same draws as without
+    /// residency, which keeps seeded runs (the simulator's golden outputs)
+    /// byte-identical when residency is not in play.
+    fn pick_resident<T, R: Rng + ?Sized>(
+        &self,
+        ties: &[T],
+        node_of: impl Fn(&T) -> usize,
+        artifact: Option<&str>,
+        rng: &mut R,
+    ) -> Option<usize> {
+        let Some(artifact) = artifact else { return pick_index(ties.len(), rng) };
+        let resident: Vec<usize> = (0..ties.len())
+            .filter(|&i| self.nodes[node_of(&ties[i])].resident().contains(artifact))
+            .collect();
+        if resident.is_empty() || resident.len() == ties.len() {
+            return pick_index(ties.len(), rng);
+        }
+        pick_index(resident.len(), rng).map(|i| resident[i])
     }
 
     /// Every node's best way to host one more replica of `model`, without
@@ -252,8 +293,9 @@ impl Cluster {
     /// with a candidate and bounds the eviction search): for diagnostics and
     /// for checking those shortcuts. A node holding a warm replica of the
     /// model answers with a `Cached*` level. `deploy` picks the lowest level
-    /// here, then the cheapest eviction set, then draws among ties. Empty for
-    /// a model not in the catalogue.
+    /// here, then the cheapest eviction set, then prefers `resident` nodes
+    /// if some of the remaining ties are, then draws among ties. Empty for a
+    /// model not in the catalogue.
     pub fn candidates(&self, model: &ModelKey, dedicated: bool, now: Millis) -> Vec<Candidate> {
         let Some(size) = self.model_size(model) else { return Vec::new() };
         let kept = BTreeSet::new();
@@ -265,6 +307,8 @@ impl Cluster {
             .rev()
             .map(|d| (self.node_index[&d.node], d.replica_id))
             .collect();
+        let artifact = self.model_artifact(model);
+        let resident = |node: &Node| artifact.is_some_and(|a| node.resident().contains(a));
         let cant = |node: &Node| Candidate {
             node: node.id().clone(),
             level: CandidateLevel::CantAccommodate,
@@ -272,6 +316,7 @@ impl Cluster {
             gpu_bytes_by_gpu: BTreeMap::new(),
             evictions: Vec::new(),
             eviction_cost: EvictionCost::default(),
+            resident: resident(node),
         };
         self.nodes
             .iter()
@@ -302,6 +347,7 @@ impl Cluster {
                     gpu_bytes_by_gpu: plan.alloc,
                     evictions: plan.evict,
                     eviction_cost: plan.cost,
+                    resident: resident(node),
                 }
             })
             .collect()
@@ -489,10 +535,6 @@ fn pick_index<R: Rng + ?Sized>(len: usize, rng: &mut R) -> Option<usize> {
     }
 }
 
-fn pick<'t, T, R: Rng + ?Sized>(ties: &'t [T], rng: &mut R) -> Option<&'t T> {
-    pick_index(ties.len(), rng).map(|i| &ties[i])
-}
-
 /// A lower bound on the bytes `node` must evict to host `shape`, or `None`
 /// if it never can (too few GPUs). Every evicted tenant costs at least the
 /// bytes it frees, so a share costs, on its best GPU, at least the shortfall
@@ -633,6 +675,105 @@ mod tests {
             });
         }
         c
+    }
+
+    const HOUR: Millis = 3_600_000;
+
+    fn key(s: &str) -> ModelKey {
+        s.parse().unwrap()
+    }
+
+    /// Registers an old, non-dedicated hot replica of `model` on `node`.
+    fn hot(c: &mut Cluster, model: &str, id: u128, node: &str) {
+        c.restore(Restore {
+            model_key: key(model),
+            replica_id: ReplicaId::from_u128(id),
+            node: node.parse().unwrap(),
+            level: Level::Hot,
+            gpus: None,
+            dedicated: false,
+            deployed_at_ms: 0,
+        })
+        .unwrap();
+    }
+
+    /// Says `m0` loads artifact `hg1:m0` and `node` holds it resident.
+    fn resident_on(c: &mut Cluster, node: &str) {
+        c.set_model_artifact(&key("m0"), Some("hg1:m0".into())).unwrap();
+        c.set_resident(&node.parse().unwrap(), BTreeSet::from(["hg1:m0".to_string()])).unwrap();
+    }
+
+    /// Where one replica of `m0` lands, deployed at 2 h with `seed`.
+    fn placed(c: &Cluster, seed: u64) -> ReplicaOutcome {
+        let mut c = c.clone();
+        let request = ReplicaRequest { model_key: key("m0"), replicas: 1, dedicated: false };
+        let out = c.deploy(&[request], 2 * HOUR, &mut ChaCha8Rng::seed_from_u64(seed));
+        out.models[0].replicas[0].clone()
+    }
+
+    fn node_of(r: &ReplicaOutcome) -> &str {
+        r.node.as_ref().unwrap().as_str()
+    }
+
+    #[test]
+    fn a_free_node_holding_the_artifact_wins_every_draw() {
+        // Two empty one-GPU nodes: without residency the rng spreads the
+        // replica over both; with n1 resident it always lands on n1.
+        let mut c = filled(&[1, 1], &[20], &[]);
+        let plain: BTreeSet<String> = (0..64).map(|seed| node_of(&placed(&c, seed)).to_owned()).collect();
+        assert_eq!(plain.len(), 2, "both nodes should win some draws without residency");
+        resident_on(&mut c, "n1");
+        for seed in 0..64 {
+            let r = placed(&c, seed);
+            assert_eq!((node_of(&r), r.level), ("n1", CandidateLevel::Free), "seed {seed}");
+        }
+        let candidates = c.candidates(&key("m0"), false, 2 * HOUR);
+        assert_eq!(candidates.iter().map(|c| c.resident).collect::<Vec<_>>(), [false, true]);
+    }
+
+    #[test]
+    fn residency_never_beats_a_better_level() {
+        // n0 is free; n1 holds the artifact but must evict first.
+        let mut c = filled(&[1, 1], &[20, 30], &[]);
+        hot(&mut c, "m1", 1, "n1");
+        resident_on(&mut c, "n1");
+        for seed in 0..16 {
+            let r = placed(&c, seed);
+            assert_eq!((node_of(&r), r.level), ("n0", CandidateLevel::Free), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn residency_never_buys_a_costlier_eviction() {
+        // Both nodes must evict: 30 GB of m1 on n0, a whole 80 GB GPU of m2
+        // on the resident n1. The cheaper set wins.
+        let mut c = filled(&[1, 1], &[20, 10, 30], &[]);
+        hot(&mut c, "m1", 1, "n0");
+        hot(&mut c, "m2", 2, "n1");
+        resident_on(&mut c, "n1");
+        for seed in 0..16 {
+            let r = placed(&c, seed);
+            assert_eq!((node_of(&r), r.level), ("n0", CandidateLevel::Full), "seed {seed}");
+            assert_eq!(r.eviction_cost, EvictionCost { bytes: 30 * GB, count: 1 });
+        }
+    }
+
+    #[test]
+    fn residency_names_only_known_models_and_nodes() {
+        let mut c = filled(&[1], &[20], &[]);
+        assert_eq!(
+            c.set_model_artifact(&key("nope"), Some("hg1:x".into())),
+            Err(crate::ResidencyError::UnknownModel(key("nope")))
+        );
+        let ghost: crate::NodeId = "ghost".parse().unwrap();
+        assert_eq!(
+            c.set_resident(&ghost, BTreeSet::from(["hg1:x".to_string()])),
+            Err(crate::ResidencyError::UnknownNode(ghost))
+        );
+        c.set_model_artifact(&key("m0"), Some("hg1:x".into())).unwrap();
+        assert_eq!(c.model_artifact(&key("m0")), Some("hg1:x"));
+        c.set_model_artifact(&key("m0"), None).unwrap();
+        assert_eq!(c.model_artifact(&key("m0")), None);
     }
 
     proptest! {

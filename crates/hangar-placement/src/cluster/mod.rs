@@ -11,7 +11,7 @@ use crate::candidate::Shape;
 use crate::config::{ClusterConfig, PlacementConfig};
 use crate::delta::Snapshot;
 use crate::deployment::{Deployment, Level, NodeId};
-use crate::error::{ConfigError, RestoreError};
+use crate::error::{ConfigError, ResidencyError, RestoreError};
 use crate::node::Node;
 
 /// Where a tracked replica is.
@@ -56,10 +56,19 @@ pub struct Restore {
 /// `free + Σ reservations = total`; every warm cache fits its budget; each
 /// replica id is unique cluster-wide and is in exactly one of one node's hot
 /// or warm maps.
+///
+/// Weight residency ([`Cluster::set_model_artifact`],
+/// [`Cluster::set_resident`]) is input the caller reports, not deployment
+/// state: it only breaks ties, is carried by `Clone` (so
+/// [`Cluster::room_for`] sees it) but not by [`Cluster::snapshot`], and no
+/// command changes it.
 #[derive(Debug, Clone)]
 pub struct Cluster {
     config: PlacementConfig,
     models: BTreeMap<ModelKey, u64>,
+    /// Model → the weight artifact its replicas load (models without one
+    /// are absent). Several models may share an artifact.
+    artifacts: BTreeMap<ModelKey, String>,
     nodes: Vec<Node>,
     node_index: BTreeMap<NodeId, usize>,
     replicas: BTreeMap<ReplicaId, Loc>,
@@ -88,6 +97,7 @@ impl Cluster {
         Ok(Self {
             config: config.placement,
             models,
+            artifacts: BTreeMap::new(),
             nodes,
             node_index,
             replicas: BTreeMap::new(),
@@ -122,6 +132,12 @@ impl Cluster {
         &self.models
     }
 
+    /// The weight artifact `model` loads, if one was set with
+    /// [`Cluster::set_model_artifact`].
+    pub fn model_artifact(&self, model: &ModelKey) -> Option<&str> {
+        self.artifacts.get(model).map(String::as_str)
+    }
+
     /// A hot or warm replica's record.
     pub fn deployment(&self, replica: &ReplicaId) -> Option<&Deployment> {
         let loc = self.replicas.get(replica)?;
@@ -143,6 +159,8 @@ impl Cluster {
 
     /// Every hot and warm deployment, keyed by replica id: the state a
     /// [`DeploymentDelta`](crate::DeploymentDelta) is computed between.
+    /// Weight residency is not part of it: a node agent has nothing to do
+    /// about it, and the caller re-reports it rather than restoring it.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot::from_deployments(
             self.nodes.iter().flat_map(|n| n.hot_deployments().chain(n.warm_deployments())).cloned(),
@@ -201,6 +219,39 @@ impl Cluster {
         }
         self.track(&dep, ni);
         Ok(dep.replica_id)
+    }
+
+    /// Says which weight artifact (an opaque id such as `hg1:…`; models may
+    /// share one) `model`'s replicas load, or that it has none (`None`).
+    /// With an artifact set, [`Cluster::deploy`] prefers, among equally good
+    /// candidates, nodes that hold it resident ([`Cluster::set_resident`]).
+    /// An unknown model is an error rather than ignored, so a typo does not
+    /// silently disable the preference; on error nothing changes.
+    pub fn set_model_artifact(
+        &mut self,
+        model: &ModelKey,
+        artifact: Option<String>,
+    ) -> Result<(), ResidencyError> {
+        if !self.models.contains_key(model) {
+            return Err(ResidencyError::UnknownModel(model.clone()));
+        }
+        match artifact {
+            Some(a) => self.artifacts.insert(model.clone(), a),
+            None => self.artifacts.remove(model),
+        };
+        Ok(())
+    }
+
+    /// Replaces the set of weight artifacts `node` holds resident (in memory
+    /// or the page cache of its weight store), as the node last reported it;
+    /// an empty set clears it. The cluster never infers residency from its
+    /// own placements: whether evicted weights are still cached is the
+    /// node's to know. An unknown node is an error (a report from a node
+    /// that left the config); on error nothing changes.
+    pub fn set_resident(&mut self, node: &NodeId, artifacts: BTreeSet<String>) -> Result<(), ResidencyError> {
+        let &ni = self.node_index.get(node).ok_or_else(|| ResidencyError::UnknownNode(node.clone()))?;
+        self.nodes[ni].set_resident(artifacts);
+        Ok(())
     }
 
     // ---- index upkeep ----
