@@ -18,11 +18,13 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod auth;
 mod field;
 mod ids;
 mod kv;
 mod units;
 
+pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;
 pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
 pub use kv::{mix64, BlockHash, KvEvent, ROOT_BLOCK_HASH};

@@ -150,22 +150,14 @@ impl Service {
     }
 }
 
-/// The account of a request, with the sync gateway's rules: `anonymous`
-/// when no API keys are configured, else the owner of the bearer key.
+/// The account of a request, by the server's one set of key rules
+/// ([`hangar_core::auth`]).
 fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Problem> {
-    let unauthorized = |d: &str| Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", d);
-    if inner.api_keys.is_empty() {
-        return Ok("anonymous".parse().expect("a valid account id"));
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match inner.api_keys.authenticate(authorization) {
+        Ok(principal) => Ok(principal.account),
+        Err(e) => Err(Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", &e.to_string())),
     }
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .ok_or_else(|| unauthorized("missing API key: send `Authorization: Bearer KEY`"))?;
-    let key = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("Token ")))
-        .ok_or_else(|| unauthorized("malformed Authorization header: expected `Bearer KEY`"))?;
-    inner.api_keys.get(key.trim()).cloned().ok_or_else(|| unauthorized("invalid API key"))
 }
 
 fn view(headers: &HeaderMap) -> StatusView {

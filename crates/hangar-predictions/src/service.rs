@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hangar_core::{AccountId, Millis};
+use hangar_core::{AccountId, ApiKeys, Millis};
 use serde_json::Value;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -98,7 +98,7 @@ pub(crate) struct Inner {
     pub store: SqliteQueue,
     pub models: BTreeMap<String, Model>,
     pub deployments: BTreeMap<String, (String, ModelSettings)>,
-    pub api_keys: HashMap<String, AccountId>,
+    pub api_keys: ApiKeys,
     pub config: PredictionsConfig,
     pub base_url: String,
     /// What webhooks may reach beyond public addresses.
@@ -127,7 +127,7 @@ impl Service {
         data_dir: &Path,
         config: PredictionsConfig,
         models: Vec<Model>,
-        api_keys: HashMap<String, AccountId>,
+        api_keys: ApiKeys,
         executor: Arc<dyn Executor>,
         base_url: &str,
     ) -> Result<Self, ServiceError> {

@@ -2,7 +2,6 @@
 //! called through the router (`oneshot`), webhooks delivered to receivers
 //! on loopback.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,7 +9,7 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
-use hangar_core::AccountId;
+use hangar_core::{ApiKeys, Principal};
 use hangar_predictions::{
     signing, ExecFuture, Executor, InputRules, Job, Model, ModelSettings, PredictionsConfig, Service,
     ServiceError, Sink,
@@ -49,8 +48,12 @@ fn model(key: &str, access: Option<&[&str]>) -> Model {
     }
 }
 
-fn keys() -> HashMap<String, AccountId> {
-    [(ACME, "acme"), (OTHER, "other")].into_iter().map(|(k, a)| (k.to_owned(), a.parse().unwrap())).collect()
+fn keys() -> ApiKeys {
+    ApiKeys::new(
+        [(ACME, "acme"), (OTHER, "other")]
+            .into_iter()
+            .map(|(k, a)| (k.to_owned(), Principal { account: a.parse().unwrap(), admin: false })),
+    )
 }
 
 /// A running service and its data directory.
@@ -65,7 +68,7 @@ impl Drop for Running {
     }
 }
 
-fn start(config: serde_json::Value, models: Vec<Model>, keys: HashMap<String, AccountId>) -> Running {
+fn start(config: serde_json::Value, models: Vec<Model>, keys: ApiKeys) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let config: PredictionsConfig = serde_json::from_value(config).unwrap();
     let service =
@@ -122,7 +125,7 @@ struct Answer {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_non_ascii_cursor_is_a_400_naming_the_cursor() {
-    let s = start(json!({}), vec![model("t/open", None)], HashMap::new());
+    let s = start(json!({}), vec![model("t/open", None)], ApiKeys::default());
     let router = s.service.router();
     for list in ["/v1/predictions", "/v1/trainings"] {
         for cursor in ["%C3%A9", "%C3%A9%C3%A9", "b%C3%A9", "%F0%9F%98%80", "x1", "b", "a-", "%C3%A91"] {
@@ -228,7 +231,7 @@ async fn without_a_key_every_route_is_401_for_existing_and_unknown_models_alike(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_oversized_body_is_payload_too_large() {
-    let s = start(json!({}), vec![model("t/open", None)], HashMap::new());
+    let s = start(json!({}), vec![model("t/open", None)], ApiKeys::default());
     let router = s.service.router().layer(DefaultBodyLimit::max(64));
     let big = format!(r#"{{"input": {{"prompt": "{}"}}}}"#, "x".repeat(1000));
     for uri in ["/v1/models/t/open/predictions", "/v1/predictions"] {
@@ -244,7 +247,7 @@ async fn an_oversized_body_is_payload_too_large() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_webhooks_are_refused_at_create_and_the_allow_list_opens_what_it_names() {
-    let s = start(json!({}), vec![model("t/open", None)], HashMap::new());
+    let s = start(json!({}), vec![model("t/open", None)], ApiKeys::default());
     let router = s.service.router();
     let create = |url: &str| json!({"input": {"prompt": "x"}, "webhook": url}).to_string();
     for url in hangar_predictions::webhook_target::REFUSED_BY_DEFAULT {
@@ -261,7 +264,8 @@ async fn hostile_webhooks_are_refused_at_create_and_the_allow_list_opens_what_it
     )
     .await;
     assert_eq!(a.status, StatusCode::CREATED, "a public destination: {a:?}");
-    let open = start(json!({"webhook_allow": ["127.0.0.1/32"]}), vec![model("t/open", None)], HashMap::new());
+    let open =
+        start(json!({"webhook_allow": ["127.0.0.1/32"]}), vec![model("t/open", None)], ApiKeys::default());
     let router = open.service.router();
     for (url, status) in [
         ("http://127.0.0.1:9/hook", StatusCode::CREATED),
@@ -404,7 +408,7 @@ async fn a_redirect_is_a_failed_attempt_retried_and_its_target_gets_nothing() {
         "webhook_allow": ["127.0.0.1/32"],
         "webhook_retry_base_ms": 100, "webhook_retry_cap_ms": 100, "webhook_max_attempts": 3,
     });
-    let s = start(config, vec![model("t/open", None)], HashMap::new());
+    let s = start(config, vec![model("t/open", None)], ApiKeys::default());
     let router = s.service.router();
     // The target records any request, so a followed redirect (a 302 turns
     // the POST into a GET; a 307 keeps it) would show there.
@@ -450,7 +454,7 @@ async fn start_refuses_an_invalid_configuration() {
             dir.path(),
             config,
             vec![model("t/open", None)],
-            HashMap::new(),
+            ApiKeys::default(),
             Arc::new(Echo),
             "http://x",
         )
@@ -464,7 +468,7 @@ async fn start_refuses_an_invalid_configuration() {
         dir.path(),
         PredictionsConfig::default(),
         vec![m],
-        HashMap::new(),
+        ApiKeys::default(),
         Arc::new(Echo),
         "http://x",
     )

@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 
 use super::config::check_queue_capacity;
 use super::control::ScalingCommand;
-use super::gateway::{account, ApiError};
+use super::gateway::{principal, ApiError};
 use super::{Inner, ModelRuntime};
 
 pub(crate) fn router(inner: Arc<Inner>) -> Router {
@@ -49,14 +49,14 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
 
 /// Lets admin callers through.
 fn admin(inner: &Inner, headers: &HeaderMap) -> Result<(), ApiError> {
-    match account(inner, headers) {
-        Ok((_, true)) => Ok(()),
-        Ok((account, false)) => Err(ApiError::new(
+    match principal(inner, headers) {
+        Ok(p) if p.admin => Ok(()),
+        Ok(p) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "permission_error",
-            format!("the key of account `{account}` may not use the admin API"),
+            format!("the key of account `{}` may not use the admin API", p.account),
         )),
-        Err(message) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", message)),
+        Err(e) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", e.to_string())),
     }
 }
 

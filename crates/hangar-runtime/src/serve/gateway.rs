@@ -18,7 +18,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hangar_core::{AccountId, BlockHash};
+use hangar_core::{AccountId, AuthError, BlockHash, Principal};
 use hangar_router::{text_blocks, RouterPolicy};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -97,21 +97,16 @@ pub(crate) fn denied(status: StatusCode, message: &str) -> Response {
     error(status, kind, message, None)
 }
 
-/// The account a request acts for and whether it may use the admin API:
-/// `anonymous` (with admin rights) on an open gateway, otherwise the owner
-/// of its bearer key; the error is the 401 message.
-pub(crate) fn account(inner: &Inner, headers: &HeaderMap) -> Result<(AccountId, bool), &'static str> {
-    if inner.api_keys.is_empty() {
-        return Ok((inner.anonymous.clone(), true));
-    }
-    let value =
-        headers.get(header::AUTHORIZATION).ok_or("missing API key: send `Authorization: Bearer KEY`")?;
-    let key = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or("malformed Authorization header: expected `Bearer KEY`")?;
-    inner.api_keys.get(key.trim()).cloned().ok_or("invalid API key")
+/// Who a request acts for and whether it may use the admin API, by the
+/// server's one set of key rules ([`hangar_core::auth`]); the error is the
+/// 401 message.
+pub(crate) fn principal(inner: &Inner, headers: &HeaderMap) -> Result<Principal, AuthError> {
+    inner.api_keys.authenticate(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
+}
+
+/// The account a request acts for, or its 401.
+fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Response> {
+    principal(inner, headers).map(|p| p.account).map_err(|e| denied(StatusCode::UNAUTHORIZED, &e.to_string()))
 }
 
 /// An OpenAI model object.
@@ -121,8 +116,8 @@ fn model_object(key: &str) -> Value {
 
 async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     let account = match account(&inner, &headers) {
-        Ok((a, _)) => a,
-        Err(message) => return denied(StatusCode::UNAUTHORIZED, message),
+        Ok(a) => a,
+        Err(denied) => return denied,
     };
     let data: Vec<Value> =
         inner.models.iter().filter(|(_, rt)| rt.allows(&account)).map(|(k, _)| model_object(k)).collect();
@@ -134,8 +129,8 @@ async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
 /// account may not see.
 async fn model(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let account = match account(&inner, &headers) {
-        Ok((a, _)) => a,
-        Err(message) => return denied(StatusCode::UNAUTHORIZED, message),
+        Ok(a) => a,
+        Err(denied) => return denied,
     };
     match inner.models.get(&id) {
         Some(rt) if rt.allows(&account) => Json(model_object(&id)).into_response(),
@@ -180,7 +175,7 @@ async fn metrics(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Respons
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let admin = || matches!(account(&inner, &headers), Ok((_, true))) && !inner.api_keys.is_empty();
+        let admin = || !inner.api_keys.is_open() && principal(&inner, &headers).is_ok_and(|p| p.admin);
         if bearer != Some(key.as_str()) && !admin() {
             let message = "/metrics needs `Authorization: Bearer METRICS_KEY` (or an admin API key)";
             return denied(StatusCode::UNAUTHORIZED, message);
@@ -208,8 +203,8 @@ async fn forward(
 ) -> Response {
     let arrival = Instant::now();
     let account = match account(&inner, &headers) {
-        Ok((a, _)) => a,
-        Err(message) => return denied(StatusCode::UNAUTHORIZED, message),
+        Ok(a) => a,
+        Err(denied) => return denied,
     };
     let body = match body {
         Ok(b) => b,

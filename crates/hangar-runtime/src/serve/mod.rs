@@ -28,13 +28,13 @@ mod prompt;
 mod relay;
 mod replicas;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hangar_core::{AccountId, Millis, ModelKey, ReplicaId};
+use hangar_core::{AccountId, ApiKeys, Millis, ModelKey, Principal, ReplicaId};
 use hangar_placement::{Cluster, Schedule};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
 
@@ -90,15 +90,13 @@ pub(crate) struct Inner {
     pub models: BTreeMap<String, Arc<ModelRuntime>>,
     /// API key → (account, may use the admin API); empty: the gateway is
     /// open.
-    pub api_keys: HashMap<String, (AccountId, bool)>,
+    pub api_keys: ApiKeys,
     /// The controller's task.
     pub control: control::ControlHandle,
     hangar_exe: PathBuf,
     /// For the control plane: health checks, sleep and wake-up.
     pub client: reqwest::Client,
     pub metrics: Metrics,
-    /// The account of every request on an open gateway.
-    pub anonymous: AccountId,
     /// The bearer key `/metrics` asks for, if any.
     pub metrics_key: Option<String>,
     /// The node's weight store, when a model has `weights`.
@@ -119,8 +117,12 @@ impl Server {
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
-        let api_keys =
-            config.api_keys.iter().map(|k| (k.key.clone(), (k.account.clone(), k.admin))).collect();
+        let api_keys = ApiKeys::new(
+            config
+                .api_keys
+                .iter()
+                .map(|k| (k.key.clone(), Principal { account: k.account.clone(), admin: k.admin })),
+        );
         let weights = open_weight_store(&config).await?;
         let metrics = Metrics::new();
         let (control, commands) = control::ControlHandle::new();
@@ -151,7 +153,6 @@ impl Server {
             hangar_exe,
             client: reqwest::Client::new(),
             metrics,
-            anonymous: "anonymous".parse().expect("a valid account id"),
             metrics_key: config.metrics_key.clone(),
             weights,
             epoch: Instant::now(),

@@ -255,8 +255,7 @@ impl Server {
             });
         }
         let executor = Arc::new(ServeExecutor { inner: self.inner.clone() });
-        let api_keys =
-            self.inner.api_keys.iter().map(|(key, (account, _))| (key.clone(), account.clone())).collect();
+        let api_keys = self.inner.api_keys.clone();
         Service::start(data_dir, config, models, api_keys, executor, base_url)
     }
 
