@@ -156,7 +156,7 @@ fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Problem> {
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     match inner.api_keys.authenticate(authorization) {
         Ok(principal) => Ok(principal.account),
-        Err(e) => Err(Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", &e.to_string())),
+        Err(e) => Err(Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", e.to_string())),
     }
 }
 

@@ -104,9 +104,9 @@ pub(crate) fn principal(inner: &Inner, headers: &HeaderMap) -> Result<Principal,
     inner.api_keys.authenticate(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
 }
 
-/// The account a request acts for, or its 401.
-fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Response> {
-    principal(inner, headers).map(|p| p.account).map_err(|e| denied(StatusCode::UNAUTHORIZED, &e.to_string()))
+/// The account a request acts for.
+fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, AuthError> {
+    principal(inner, headers).map(|p| p.account)
 }
 
 /// An OpenAI model object.
@@ -117,7 +117,7 @@ fn model_object(key: &str) -> Value {
 async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     let account = match account(&inner, &headers) {
         Ok(a) => a,
-        Err(denied) => return denied,
+        Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
     };
     let data: Vec<Value> =
         inner.models.iter().filter(|(_, rt)| rt.allows(&account)).map(|(k, _)| model_object(k)).collect();
@@ -130,7 +130,7 @@ async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
 async fn model(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let account = match account(&inner, &headers) {
         Ok(a) => a,
-        Err(denied) => return denied,
+        Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
     };
     match inner.models.get(&id) {
         Some(rt) if rt.allows(&account) => Json(model_object(&id)).into_response(),
@@ -204,7 +204,7 @@ async fn forward(
     let arrival = Instant::now();
     let account = match account(&inner, &headers) {
         Ok(a) => a,
-        Err(denied) => return denied,
+        Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
     };
     let body = match body {
         Ok(b) => b,
