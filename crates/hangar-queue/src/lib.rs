@@ -177,6 +177,12 @@ pub trait Chooser {
     /// hashes and its length in tokens.
     fn hint(&mut self, _request: RequestId, _blocks: &[BlockHash], _tokens: u32) {}
 
+    /// `replica` refused the request for want of capacity (it answered 429
+    /// or 503): while another replica has a free permit, choose that one.
+    /// Only a hint — when the refusing replica is the only one free, it is
+    /// chosen, so no request waits while a permit is free.
+    fn avoid(&mut self, _request: RequestId, _replica: ReplicaId) {}
+
     /// The request is over, served or not; forget it.
     fn done(&mut self, _request: RequestId) {}
 

@@ -84,6 +84,8 @@ pub struct ReplicaChooser {
     spare: Vec<WorkerId>,
     caches: FxHashMap<WorkerId, Lru>,
     prompts: FxHashMap<RequestId, (Vec<BlockHash>, u32)>,
+    /// Requests a replica refused for want of capacity, and that replica.
+    avoid: FxHashMap<RequestId, ReplicaId>,
     tick: u64,
     scratch: Vec<WorkerId>,
 }
@@ -103,6 +105,7 @@ impl ReplicaChooser {
             spare: Vec::new(),
             caches: FxHashMap::default(),
             prompts: FxHashMap::default(),
+            avoid: FxHashMap::default(),
             tick: 0,
             scratch: Vec::new(),
         }
@@ -160,7 +163,8 @@ impl Chooser for ReplicaChooser {
     fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId {
         let mut candidates = std::mem::take(&mut self.scratch);
         candidates.clear();
-        for r in free {
+        let avoid = self.avoid.remove(&request).filter(|_| free.len() > 1);
+        for r in free.iter().filter(|r| Some(r.id) != avoid) {
             let w = self.worker(r.id);
             candidates.push(w);
         }
@@ -185,8 +189,13 @@ impl Chooser for ReplicaChooser {
         }
     }
 
+    fn avoid(&mut self, request: RequestId, replica: ReplicaId) {
+        self.avoid.insert(request, replica);
+    }
+
     fn done(&mut self, request: RequestId) {
         self.prompts.remove(&request);
+        self.avoid.remove(&request);
         self.router.finished(request);
     }
 
@@ -282,6 +291,29 @@ mod tests {
     }
 
     proptest! {
+        /// A replica that refused a request for want of capacity is not
+        /// chosen for it again while another is free, whatever the policy;
+        /// when it is the only free one it is (nobody waits on a free
+        /// permit); and the hint lasts for that one choice.
+        #[test]
+        fn an_avoided_replica_is_chosen_only_when_no_other_is_free(
+            policy in prop_oneof![Just(RouterPolicy::RoundRobin), Just(RouterPolicy::LeastOutstanding), Just(RouterPolicy::Kv)],
+            asks in proptest::collection::vec((proptest::collection::vec(0u128..5, 1..5), 0u128..5), 1..100),
+        ) {
+            let mut c = ReplicaChooser::new(policy, &ApproxKvConfig::default(), 3);
+            for (i, (mut ids, avoided)) in asks.into_iter().enumerate() {
+                ids.sort_unstable();
+                ids.dedup();
+                let avoided = ReplicaId::from_u128(ids[avoided as usize % ids.len()]);
+                c.avoid(RequestId(i as u64), avoided);
+                let got = c.choose(RequestId(i as u64), &free(&ids));
+                prop_assert!(ids.iter().any(|&r| ReplicaId::from_u128(r) == got));
+                prop_assert_eq!(got == avoided, ids.len() == 1, "chose {} among {:?}", got, ids);
+                c.done(RequestId(i as u64));
+            }
+            prop_assert!(c.avoid.is_empty());
+        }
+
         /// Whatever the traffic and churn: the choice is always one of the
         /// free replicas, and no replica is assumed to hold more than the
         /// budget.

@@ -261,16 +261,19 @@ impl Processor {
     /// Dropping the future removes the request from the line (or gives its
     /// permit back if one was granted meanwhile).
     pub async fn admit(&self, account: AccountId, timeout: Option<Duration>) -> Result<Lease, AdmitError> {
-        self.admit_with(account, timeout, None).await
+        self.admit_with(account, timeout, None, None).await
     }
 
     /// [`admit`](Self::admit), telling the chooser the request's prompt
-    /// (block hashes and token count) so it can route by cache overlap.
+    /// (block hashes and token count) so it can route by cache overlap,
+    /// and a replica to `avoid` — one that just refused the request for
+    /// want of capacity — while another has a free permit.
     pub async fn admit_with(
         &self,
         account: AccountId,
         timeout: Option<Duration>,
         prompt: Option<(&[BlockHash], u32)>,
+        avoid: Option<ReplicaId>,
     ) -> Result<Lease, AdmitError> {
         let (request, rx) = {
             let shared = &self.shared;
@@ -280,6 +283,9 @@ impl Processor {
                 s.counters.arrivals += 1;
                 if let Some((blocks, tokens)) = prompt {
                     s.chooser.hint(request, blocks, tokens);
+                }
+                if let Some(replica) = avoid {
+                    s.chooser.avoid(request, replica);
                 }
                 let deadline = timeout.map(|t| now + t.as_millis() as Millis);
                 let submitted = s

@@ -261,10 +261,12 @@ impl Forward<'_> {
         let timeout_s = self.rt.timeout.as_secs();
         // One timer for the whole request: the send, then the answer.
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
+        // A replica that refused the request for want of capacity.
+        let mut avoid = None;
         for attempt in 0..2 {
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-            let lease = match self.rt.processor.admit_with(account.clone(), Some(left), prompt).await {
+            let lease = match self.rt.processor.admit_with(account.clone(), Some(left), prompt, avoid).await {
                 Ok(lease) => lease,
                 Err(e) => return admit_error(&e, timeout_s),
             };
@@ -290,6 +292,12 @@ impl Forward<'_> {
                 () = timer.as_mut() => return timed_out(timeout_s),
             };
             match answer {
+                Ok(upstream) if attempt == 0 && self.fails_over(upstream.status()) => {
+                    let name = replica_name(&self.rt.config.key, lease.replica);
+                    tracing::info!(replica = %name, status = %upstream.status(), "out of capacity: sending the request to another replica");
+                    self.rt.metrics.capacity_failover();
+                    avoid = Some(lease.replica);
+                }
                 Ok(upstream) => return self.relay(upstream, lease, timer),
                 Err(e) => {
                     let name = replica_name(&self.rt.config.key, lease.replica);
@@ -302,6 +310,16 @@ impl Forward<'_> {
         }
         let message = "the replica failed before answering, and so did the retry";
         error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None)
+    }
+
+    /// Whether an answer says the replica is out of capacity (429, or 503
+    /// as vLLM and SGLang answer when their own queue is full) and another
+    /// replica could take the request instead: then it goes there before
+    /// the client sees a refusal (Workers AI's failover). Nothing of the
+    /// refusal reaches the client.
+    fn fails_over(&self, status: StatusCode) -> bool {
+        matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+            && self.rt.count(ReplicaState::Ready) > 1
     }
 
     fn request(&self, url: &str) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {

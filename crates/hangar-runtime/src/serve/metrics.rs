@@ -62,6 +62,7 @@ pub(crate) struct Metrics {
     requests: Family<StatusLabels, Counter>,
     replica_failures: Family<ModelLabel, Counter>,
     connection_retries: Family<ModelLabel, Counter>,
+    capacity_failovers: Family<ModelLabel, Counter>,
     panics: Counter,
     decisions: Family<DirectionLabels, Counter>,
     unplaceable: Family<ModelLabel, Gauge>,
@@ -83,6 +84,7 @@ impl Metrics {
             requests: Family::default(),
             replica_failures: Family::default(),
             connection_retries: Family::default(),
+            capacity_failovers: Family::default(),
             panics: Counter::default(),
             decisions: Family::default(),
             unplaceable: Family::default(),
@@ -106,6 +108,11 @@ impl Metrics {
             "connection_retries",
             "Requests sent again on a fresh connection because their pooled one was lost before an answer",
             m.connection_retries.clone(),
+        );
+        registry.register(
+            "capacity_failovers",
+            "Requests a replica refused for want of capacity (429 or 503) and that were sent to another",
+            m.capacity_failovers.clone(),
         );
         registry.register(
             "http_panics",
@@ -164,6 +171,7 @@ impl Metrics {
             e2e: self.e2e.get_or_create(&key).clone(),
             failures: self.replica_failures.get_or_create(&key).clone(),
             connection_retries: self.connection_retries.get_or_create(&key).clone(),
+            capacity_failovers: self.capacity_failovers.get_or_create(&key).clone(),
             up,
             down,
             unplaceable: self.unplaceable.get_or_create(&key).clone(),
@@ -207,6 +215,7 @@ pub(crate) struct ModelMetrics {
     e2e: Histogram,
     failures: Counter,
     connection_retries: Counter,
+    capacity_failovers: Counter,
     up: Counter,
     down: Counter,
     unplaceable: Gauge,
@@ -252,6 +261,11 @@ impl ModelMetrics {
     /// A request went again on a fresh connection.
     pub fn connection_retried(&self) {
         self.connection_retries.inc();
+    }
+
+    /// A request a replica refused for want of capacity went to another.
+    pub fn capacity_failover(&self) {
+        self.capacity_failovers.inc();
     }
 
     /// Replicas failed so far.

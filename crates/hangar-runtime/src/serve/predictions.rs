@@ -93,7 +93,7 @@ async fn admit(
     prompt: Option<(&[BlockHash], u32)>,
 ) -> Result<Lease, ExecError> {
     loop {
-        match rt.processor.admit_with(account.clone(), None, prompt).await {
+        match rt.processor.admit_with(account.clone(), None, prompt, None).await {
             Ok(lease) => return Ok(lease),
             // The line is full of synchronous requests: yield to them.
             Err(AdmitError::QueueFull { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,

@@ -1,0 +1,83 @@
+//! Out-of-capacity failover: a replica that refuses a request for want of
+//! capacity (429) has it sent to another replica before the client sees a
+//! refusal; with no other replica, the refusal reaches the client as the
+//! engine gave it. The engine is `full_engine.py`, whose first instance is
+//! always full.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{chat, one_gpu, post, serve_in, Serve};
+use serde_json::Value;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/full_engine.py");
+
+/// `hangar serve` with `replicas` replicas of `full_engine.py`, the first
+/// of which is out of capacity, routed round robin.
+fn serve_full(replicas: u32) -> Serve {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("first-is-full");
+    let python = common::python();
+    let config = one_gpu(&format!(
+        r#"
+[[models]]
+key = "t/full"
+engine = {{ kind = "openai", command = "{} {SCRIPT} {{port}} {}", setup_timeout_s = 30 }}
+size = "10GB"
+min_replicas = {replicas}
+max_replicas = {replicas}
+router = "round-robin"
+"#,
+        python.display(),
+        marker.display()
+    ));
+    let s = serve_in(dir, &config);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status: Value =
+            reqwest::blocking::get(format!("{}/admin/status", s.url)).unwrap().json().unwrap();
+        let ready = status["models"][0]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["state"] == "ready")
+            .count();
+        if ready == replicas as usize {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{replicas} replicas not ready: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn failovers(url: &str) -> u64 {
+    let metrics = reqwest::blocking::get(format!("{url}/metrics")).unwrap().text().unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("hangar_capacity_failovers_total{model=\"t/full\"}"))
+        .unwrap_or_else(|| panic!("no failover counter in\n{metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_request_a_full_replica_refuses_is_answered_by_another() {
+    let s = serve_full(2);
+    for i in 0..20 {
+        let (status, body) = post(&s.url, None, &chat("t/full", 2));
+        assert_eq!(status, 200, "request {i}: {body}");
+        assert_eq!(body["choices"][0]["message"]["content"], "hi");
+    }
+    // Round robin sends about half to the full replica: each went on.
+    let n = failovers(&s.url);
+    assert!(n >= 5, "only {n} failovers: the full replica was hardly tried");
+}
+
+#[test]
+fn with_no_other_replica_the_client_gets_the_engines_refusal() {
+    let s = serve_full(1);
+    let (status, body) = post(&s.url, None, &chat("t/full", 2));
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["message"], "out of capacity");
+    assert_eq!(failovers(&s.url), 0);
+}
