@@ -1,17 +1,13 @@
 //! The live control plane of `hangar serve`.
 //!
 //! This crate drives the policy crates with real time, real processes and
-//! real sockets. So far it holds the node agent's engine launcher
-//! ([`engine`]): how an engine process is started on a free loopback port,
-//! health-checked until ready, and stopped; and the model processor
-//! ([`processor`]) that admits requests onto replica permits; and
-//! [`bench`], which measures what the gateway adds in front of an engine.
+//! real sockets: the model processor ([`processor`]) that admits requests
+//! onto replica permits; [`serve`], the controller's task, replicas
+//! reconciled with placement through the node agent (`hangar-agent`, which
+//! starts, probes, sleeps and stops engines and gives them their weights),
+//! the gateway and admin APIs; and [`bench`], the benchmarks that run them.
 #![deny(missing_docs)]
 
 pub mod bench;
-pub mod capabilities;
-pub mod cog;
-pub mod engine;
 pub mod processor;
 pub mod serve;
-pub mod weights;

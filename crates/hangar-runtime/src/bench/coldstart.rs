@@ -38,9 +38,9 @@ use hangar_core::{ModelKey, ReplicaId};
 use hangar_store::{ArtifactId, BlobStore, StoreKey};
 use serde::Serialize;
 
-use crate::capabilities;
-use crate::engine::{launch, EngineSpec, LaunchContext, LaunchError, RunningEngine};
-use crate::weights::{LoadedWeights, StoreSettings, WeightStore, WeightsError, WeightsSource};
+use hangar_agent::capabilities;
+use hangar_agent::engine::{launch, EngineSpec, LaunchContext, LaunchError, RunningEngine};
+use hangar_agent::weights::{LoadedWeights, StoreSettings, WeightStore, WeightsError, WeightsSource};
 
 /// How to run it.
 #[derive(Debug, Clone)]

@@ -44,7 +44,9 @@ use std::time::Duration;
 use hyper::body::Bytes;
 use tokio::process::Command;
 
-use crate::engine::{launch, launch_announcing, EngineSpec, LaunchContext, LaunchError, RunningEngine};
+use hangar_agent::engine::{
+    launch, launch_announcing, EngineSpec, LaunchContext, LaunchError, RunningEngine,
+};
 use load::{Client, Samples, Target};
 
 pub use report::{Added, PathStats, Phase, Report};

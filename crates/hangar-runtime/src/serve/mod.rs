@@ -39,7 +39,7 @@ use hangar_placement::{Cluster, Schedule};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
 
 use crate::processor::Processor;
-use crate::weights::WeightStore;
+use hangar_agent::weights::WeightStore;
 
 pub use config::{
     ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO, MAX_DURATION_S,

@@ -1,6 +1,6 @@
 //! Async predictions in `hangar serve`: the [`Executor`] that runs a
 //! prediction through its model's processor and engine — a streamed
-//! completion on OpenAI-style engines, cog's protocol ([`crate::cog`]) on
+//! completion on OpenAI-style engines, cog's protocol ([`hangar_agent::cog`]) on
 //! `cog` engines, a training on a train-mode cog server of its own — and
 //! the start of the predictions service beside the gateway.
 //!
@@ -36,9 +36,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::prompt::prompt_text;
 use super::{Inner, ModelRuntime, Server};
-use crate::cog::{self, CogError, CogJob, CogMode};
-use crate::engine::{launch_cog, LaunchContext};
 use crate::processor::{AdmitError, Lease};
+use hangar_agent::cog::{self, CogError, CogJob, CogMode};
+use hangar_agent::engine::{launch_cog, LaunchContext};
 
 /// Runs predictions on this server's models.
 struct ServeExecutor {

@@ -24,10 +24,10 @@ use serde::Serialize;
 
 use super::control::Command;
 use super::{replica_name, Inner, ModelRuntime};
-use crate::capabilities::{self, Capabilities};
-use crate::cog;
-use crate::engine::{launch, LaunchContext, RunningEngine};
-use crate::weights::{LoadedWeights, WeightsReport};
+use hangar_agent::capabilities::{self, Capabilities};
+use hangar_agent::cog;
+use hangar_agent::engine::{launch, LaunchContext, RunningEngine};
+use hangar_agent::weights::{LoadedWeights, WeightsReport};
 
 /// How often a ready replica is health-checked.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
-use hangar_runtime::engine::EngineSpec;
+use hangar_agent::engine::EngineSpec;
+use hangar_agent::weights::WeightsSource;
 use hangar_runtime::serve::{DataDirLock, ServeConfig, Server};
-use hangar_runtime::weights::WeightsSource;
 
 use super::engine::shutdown_signal;
 use super::read_text;

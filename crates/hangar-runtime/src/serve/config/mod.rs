@@ -18,8 +18,8 @@ use hangar_router::{ApproxKvConfig, ReplicaChooser, RouterPolicy};
 use hangar_scaler::{HangarSettings, ScalingConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::EngineSpec;
-use crate::weights::{StoreSettings, WeightsSource};
+use hangar_agent::engine::EngineSpec;
+use hangar_agent::weights::{StoreSettings, WeightsSource};
 
 /// The whole file. Every field has a default except `nodes` and `models`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

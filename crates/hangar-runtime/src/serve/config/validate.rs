@@ -13,7 +13,7 @@ use hangar_core::FieldError;
 use hangar_placement::{Cluster, ConfigError as PlacementError};
 
 use super::{ModelConfig, ServeConfig};
-use crate::engine::EngineSpec;
+use hangar_agent::engine::EngineSpec;
 
 /// The longest duration any `*_s` setting may hold: 30 days. It keeps
 /// every deadline (`Instant` + duration, milliseconds since the epoch) far
@@ -243,7 +243,7 @@ impl ModelConfig {
         if self.kv.cache_blocks == 0 {
             return Err(FieldError::new("kv.cache_blocks", "must be at least 1"));
         }
-        self.engine.validate().map_err(|e| e.within("engine"))?;
+        check_engine(&self.engine).map_err(|e| e.within("engine"))?;
         self.check_weights()?;
         self.predictions.validate().map_err(|e| e.within("predictions"))
     }
@@ -274,38 +274,36 @@ impl ModelConfig {
     }
 }
 
-impl EngineSpec {
-    /// What can be known of an engine before it runs: an `external` URL
-    /// parses as http(s) with a host, a command template is not empty, a
-    /// readiness path is a path, setup timeouts are in range.
-    fn validate(&self) -> Result<(), FieldError> {
-        match self {
-            EngineSpec::Mock { .. } => Ok(()),
-            EngineSpec::External { url } => {
-                let parsed = reqwest::Url::parse(url)
-                    .map_err(|e| FieldError::new("url", format!("`{url}` is not a URL: {e}")))?;
-                if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
-                    return Err(FieldError::new("url", format!("`{url}` is not an http(s) URL with a host")));
-                }
-                if !parsed.username().is_empty() || parsed.password().is_some() {
-                    return Err(FieldError::new("url", "credentials in the URL are not supported"));
-                }
-                Ok(())
+/// What can be known of an engine before it runs: an `external` URL
+/// parses as http(s) with a host, a command template is not empty, a
+/// readiness path is a path, setup timeouts are in range.
+fn check_engine(engine: &EngineSpec) -> Result<(), FieldError> {
+    match engine {
+        EngineSpec::Mock { .. } => Ok(()),
+        EngineSpec::External { url } => {
+            let parsed = reqwest::Url::parse(url)
+                .map_err(|e| FieldError::new("url", format!("`{url}` is not a URL: {e}")))?;
+            if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
+                return Err(FieldError::new("url", format!("`{url}` is not an http(s) URL with a host")));
             }
-            EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
-                if command.split_whitespace().next().is_none() {
-                    return Err(FieldError::new("command", "is empty"));
-                }
-                if !readiness_path.starts_with('/') {
-                    return Err(FieldError::new(
-                        "readiness_path",
-                        format!("`{readiness_path}` must be a path starting with `/`"),
-                    ));
-                }
-                seconds("setup_timeout_s", *setup_timeout_s, 1)
+            if !parsed.username().is_empty() || parsed.password().is_some() {
+                return Err(FieldError::new("url", "credentials in the URL are not supported"));
             }
-            EngineSpec::Cog { setup_timeout_s, .. } => seconds("setup_timeout_s", *setup_timeout_s, 1),
+            Ok(())
         }
+        EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
+            if command.split_whitespace().next().is_none() {
+                return Err(FieldError::new("command", "is empty"));
+            }
+            if !readiness_path.starts_with('/') {
+                return Err(FieldError::new(
+                    "readiness_path",
+                    format!("`{readiness_path}` must be a path starting with `/`"),
+                ));
+            }
+            seconds("setup_timeout_s", *setup_timeout_s, 1)
+        }
+        EngineSpec::Cog { setup_timeout_s, .. } => seconds("setup_timeout_s", *setup_timeout_s, 1),
     }
 }
 

@@ -446,7 +446,7 @@ fn die_with_parent(cmd: &mut Command) {
 /// Starts a `hangar` subcommand that prints `listening on URL` as its
 /// first line (`hangar engine mock`, `hangar serve`) and waits until its
 /// `/health` answers 200; killed on any failure.
-pub(crate) async fn launch_announcing(
+pub async fn launch_announcing(
     cmd: Command,
     hangar_exe: &std::path::Path,
     timeout: Duration,

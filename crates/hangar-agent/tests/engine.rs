@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hangar_runtime::engine::{launch, EngineSpec, LaunchContext, LaunchError};
+use hangar_agent::engine::{launch, EngineSpec, LaunchContext, LaunchError};
 
 fn ctx() -> LaunchContext {
     LaunchContext {

@@ -1,0 +1,15 @@
+//! The node agent: what runs on the machine that has the GPUs. It starts an
+//! engine process for a replica ([`engine`]: `mock`, `openai` command
+//! templates, `external`, `cog`), waits until it answers, asks what it can do
+//! ([`capabilities`]: its sleep API, metrics, slots, LoRA), talks cog's
+//! protocol ([`cog`]), and gives it its weights through the node's store
+//! daemon ([`weights`]). `hangar serve` drives it for the nodes of its file
+//! today; a `hangar agent` per machine will drive the same code from the
+//! desired state a control plane publishes.
+
+#![deny(missing_docs)]
+
+pub mod capabilities;
+pub mod cog;
+pub mod engine;
+pub mod weights;
