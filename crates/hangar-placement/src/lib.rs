@@ -83,4 +83,4 @@ pub use outcome::{
     DeployOutcome, Eviction, EvictionCause, Fit, ModelOutcome, ReplicaOutcome, ReplicaRequest, Unplaceable,
 };
 pub use schedule::{Schedule, Window};
-pub use sizing::{Dtype, ModelSpec, ParamCount, ParamCountError, DEFAULT_PADDING};
+pub use sizing::{Dtype, ModelSpec, ParamCount, ParamCountError, Requirement, DEFAULT_PADDING};

@@ -95,6 +95,11 @@ impl Node {
         &self.gpus
     }
 
+    /// The label of its GPUs (`H100`, `virtual`, …; empty without GPUs).
+    pub fn gpu_kind(&self) -> &str {
+        self.gpus.first().map_or("", |g| g.kind.as_str())
+    }
+
     /// Memory of each of its GPUs (0 without GPUs).
     pub fn gpu_memory(&self) -> u64 {
         self.gpu_memory

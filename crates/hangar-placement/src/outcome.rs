@@ -52,6 +52,11 @@ pub enum Unplaceable {
         /// The most GPUs any node has.
         most_gpus_on_a_node: u32,
     },
+    /// No node has the hardware the model requires.
+    NoMatchingNode {
+        /// What it requires, in words.
+        requires: String,
+    },
     /// Nodes are big enough, but the room is held by deployments that may not
     /// be evicted: dedicated ones, ones younger than `min_deployment_age_ms`
     /// (for non-dedicated requests), replicas of the same model, or replicas
@@ -70,6 +75,7 @@ impl fmt::Display for Unplaceable {
                 "the model ({}) needs {gpus_needed} GPUs; the largest node has {most_gpus_on_a_node}",
                 hangar_core::ByteSize::new(*size_bytes)
             ),
+            Unplaceable::NoMatchingNode { requires } => write!(f, "no node has {requires}"),
             Unplaceable::NoRoom => {
                 f.write_str("no room, and what holds it may not be evicted (dedicated or too young)")
             }

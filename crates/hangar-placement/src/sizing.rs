@@ -149,9 +149,59 @@ pub struct ModelSpec {
     /// Overhead on top of the weights, as a fraction (default 0.15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub padding: Option<f64>,
+    /// The only nodes it may run on: those whose `gpu_kind` is this
+    /// hardware label (e.g. `a100-80gb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_kind: Option<String>,
+    /// The least memory each GPU of its node must have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_gpu_memory: Option<ByteSize>,
+}
+
+/// The hardware a model requires of a node ([`ModelSpec::gpu_kind`],
+/// [`ModelSpec::min_gpu_memory`]); the default admits every node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requirement {
+    /// The node's GPU kind must be this label.
+    pub gpu_kind: Option<String>,
+    /// Each GPU of the node must have at least this many bytes.
+    pub min_gpu_memory: Option<u64>,
+}
+
+impl Requirement {
+    /// Whether a node whose GPUs are of `kind` with `gpu_memory` bytes each
+    /// meets it.
+    pub fn admits(&self, kind: &str, gpu_memory: u64) -> bool {
+        self.gpu_kind.as_deref().is_none_or(|k| k == kind)
+            && self.min_gpu_memory.is_none_or(|m| gpu_memory >= m)
+    }
+
+    /// Whether it admits every node.
+    pub fn is_none(&self) -> bool {
+        self.gpu_kind.is_none() && self.min_gpu_memory.is_none()
+    }
+}
+
+impl std::fmt::Display for Requirement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.gpu_kind, self.min_gpu_memory) {
+            (Some(k), Some(m)) => write!(f, "GPUs of kind `{k}` with at least {} each", ByteSize::new(m)),
+            (Some(k), None) => write!(f, "GPUs of kind `{k}`"),
+            (None, Some(m)) => write!(f, "GPUs with at least {} each", ByteSize::new(m)),
+            (None, None) => f.write_str("any GPUs"),
+        }
+    }
 }
 
 impl ModelSpec {
+    /// The hardware it requires of a node.
+    pub fn requirement(&self) -> Requirement {
+        Requirement {
+            gpu_kind: self.gpu_kind.clone(),
+            min_gpu_memory: self.min_gpu_memory.map(|m| m.bytes()),
+        }
+    }
+
     /// The footprint in bytes, or why the spec is unusable. `model` only
     /// names the model in the error.
     pub fn footprint(&self, model: &str) -> Result<u64, ConfigError> {

@@ -72,7 +72,11 @@ fn model_key(i: usize) -> hangar_core::ModelKey {
 }
 
 fn build(w: &World) -> Cluster {
-    let config = ClusterConfig {
+    Cluster::new(config_of(w)).unwrap()
+}
+
+fn config_of(w: &World) -> ClusterConfig {
+    ClusterConfig {
         nodes: w
             .nodes
             .iter()
@@ -98,7 +102,19 @@ fn build(w: &World) -> Cluster {
             })
             .collect(),
         ..Default::default()
-    };
+    }
+}
+
+/// [`build`] with model 0 requiring virtual GPUs (the odd nodes) and
+/// model 1 GPUs of 80 GB.
+fn build_with_requirements(w: &World) -> Cluster {
+    let mut config = config_of(w);
+    if let Some(spec) = config.models.get_mut(&model_key(0)) {
+        spec.gpu_kind = Some("virtual".into());
+    }
+    if let Some(spec) = config.models.get_mut(&model_key(1)) {
+        spec.min_gpu_memory = Some(hangar_core::ByteSize::new(80 * GB));
+    }
     Cluster::new(config).unwrap()
 }
 
@@ -282,6 +298,40 @@ proptest! {
     #[test]
     fn invariants_hold_after_every_operation(w in world()) {
         run(&w)?;
+    }
+
+    /// A model that requires hardware is only ever hot or warm on nodes
+    /// that have it, and a replica it could not place says so when no node
+    /// has it.
+    #[test]
+    fn models_run_only_on_the_hardware_they_require(w in world()) {
+        let mut c = build_with_requirements(&w);
+        let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+        let mut now = 0;
+        let admits = |c: &Cluster, m: usize, node: &hangar_placement::Node| {
+            c.requirement(&model_key(m)).is_none_or(|r| r.admits(node.gpu_kind(), node.gpu_memory()))
+        };
+        for op in &w.ops {
+            let before = c.snapshot();
+            let step = apply(&mut c, op, &mut now, &mut rng);
+            check(&before, &c, &step)?;
+            for node in c.nodes() {
+                for (model, _) in node.hot().iter().chain(node.warm().iter()) {
+                    let m: usize = model.as_str()[1..].parse().unwrap();
+                    prop_assert!(admits(&c, m, node), "{model} on {} ({}, {} B)", node.id(), node.gpu_kind(), node.gpu_memory());
+                }
+            }
+            let none_has = |m: usize| !c.nodes().iter().any(|n| !n.gpus().is_empty() && admits(&c, m, n));
+            for outcome in step.deploys.iter().flat_map(|d| &d.models) {
+                let m: usize = outcome.model_key.as_str()[1..].parse().unwrap();
+                for r in outcome.replicas.iter().filter(|r| r.level == CandidateLevel::CantAccommodate) {
+                    if m < 2 && none_has(m) && !c.nodes().is_empty() {
+                        let reason = r.reason.as_ref().map(ToString::to_string).unwrap_or_default();
+                        prop_assert!(reason.starts_with("no node has GPUs"), "{reason}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

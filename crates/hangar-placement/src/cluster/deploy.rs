@@ -185,7 +185,7 @@ impl Cluster {
             let ask = Ask { model, size, dedicated, now, kept, min_age: self.config.min_deployment_age_ms };
             let Some(plan) = self.best_plan(&ask, rng) else {
                 // Nothing changed since this attempt, so the rest fail alike.
-                let reason = self.why_not(size);
+                let reason = self.why_not(model, size);
                 outcome.replicas.extend((i..missing).map(|_| unplaced(reason.clone())));
                 break;
             };
@@ -216,7 +216,7 @@ impl Cluster {
             .into_iter()
             .map(|d| (self.node_index[&d.node], d.replica_id))
             .collect();
-        let shape = |n: &Node| Shape::for_model(&self.config, ask.size, n.gpu_memory());
+        let shape = |n: &Node| self.shape_on(ask.model, ask.size, n);
         let artifact = self.model_artifact(ask.model);
 
         // No eviction: a warm copy first, then any node.
@@ -248,7 +248,7 @@ impl Cluster {
             let mut order: BinaryHeap<Reverse<(u64, usize)>> = (0..self.nodes.len())
                 .filter_map(|ni| {
                     let node = &self.nodes[ni];
-                    let shape = Shape::for_model(&self.config, ask.size, node.gpu_memory())?;
+                    let shape = self.shape_on(ask.model, ask.size, node)?;
                     Some(Reverse((eviction_lower_bound(node, shape)?, ni)))
                 })
                 .collect();
@@ -322,7 +322,7 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(ni, node)| {
-                let Some(shape) = Shape::for_model(&self.config, size, node.gpu_memory()) else {
+                let Some(shape) = self.shape_on(model, size, node) else {
                     return cant(node);
                 };
                 let cached = warm.get(&ni).copied();
@@ -355,7 +355,7 @@ impl Cluster {
 
     fn free_plan(&self, ni: usize, level: CandidateLevel, warm: Option<ReplicaId>, ask: &Ask<'_>) -> Plan {
         let node = &self.nodes[ni];
-        let shape = Shape::for_model(&self.config, ask.size, node.gpu_memory()).expect("checked by fits");
+        let shape = self.shape_on(ask.model, ask.size, node).expect("checked by fits");
         let alloc = self.fit_free(node, shape).expect("checked by fits");
         Plan {
             node: ni,
@@ -379,7 +379,7 @@ impl Cluster {
         ties: &mut Vec<Plan>,
     ) {
         let node = &self.nodes[ni];
-        let Some(shape) = Shape::for_model(&self.config, ask.size, node.gpu_memory()) else { return };
+        let Some(shape) = self.shape_on(ask.model, ask.size, node) else { return };
         let limit = ties.first().map(|p| p.cost);
         let Some((alloc, evict, cost)) = evicting_room(node, shape, ask, limit) else { return };
         if limit.is_some_and(|l| cost < l) {
@@ -453,15 +453,20 @@ impl Cluster {
     }
 
     /// Why nothing could take a replica of `size` bytes.
-    fn why_not(&self, size: u64) -> Unplaceable {
+    fn why_not(&self, model: &ModelKey, size: u64) -> Unplaceable {
         if self.nodes.is_empty() {
             return Unplaceable::NoNodes;
+        }
+        if let Some(r) = self.requirements.get(model) {
+            if !self.nodes.iter().any(|n| !n.gpus().is_empty() && r.admits(n.gpu_kind(), n.gpu_memory())) {
+                return Unplaceable::NoMatchingNode { requires: r.to_string() };
+            }
         }
         let with_gpus: Vec<(u32, u32)> = self
             .nodes
             .iter()
             .filter_map(|n| {
-                let shape = Shape::for_model(&self.config, size, n.gpu_memory())?;
+                let shape = self.shape_on(model, size, n)?;
                 Some((shape.gpu_count(), n.gpus().len() as u32))
             })
             .collect();

@@ -13,6 +13,7 @@ use crate::delta::Snapshot;
 use crate::deployment::{Deployment, Level, NodeId};
 use crate::error::{ConfigError, ResidencyError, RestoreError};
 use crate::node::Node;
+use crate::sizing::Requirement;
 
 /// Where a tracked replica is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +70,9 @@ pub struct Cluster {
     /// Model → the weight artifact its replicas load (models without one
     /// are absent). Several models may share an artifact.
     artifacts: BTreeMap<ModelKey, String>,
+    /// Model → the hardware it requires (models that run anywhere are
+    /// absent).
+    requirements: BTreeMap<ModelKey, Requirement>,
     nodes: Vec<Node>,
     node_index: BTreeMap<NodeId, usize>,
     replicas: BTreeMap<ReplicaId, Loc>,
@@ -94,10 +98,17 @@ impl Cluster {
             .iter()
             .map(|(k, spec)| Ok((k.clone(), spec.footprint(k.as_str())?)))
             .collect::<Result<_, ConfigError>>()?;
+        let requirements = config
+            .models
+            .iter()
+            .map(|(k, spec)| (k.clone(), spec.requirement()))
+            .filter(|(_, r)| !r.is_none())
+            .collect();
         Ok(Self {
             config: config.placement,
             models,
             artifacts: BTreeMap::new(),
+            requirements,
             nodes,
             node_index,
             replicas: BTreeMap::new(),
@@ -120,6 +131,21 @@ impl Cluster {
     /// A node by id.
     pub fn node(&self, id: &NodeId) -> Option<&Node> {
         self.node_index.get(id).map(|&i| &self.nodes[i])
+    }
+
+    /// The hardware a model requires of a node (`None`: any node).
+    pub fn requirement(&self, model: &ModelKey) -> Option<&Requirement> {
+        self.requirements.get(model)
+    }
+
+    /// The reservation `size` bytes of `model` need on `node`, or `None` if
+    /// the node cannot host it: too few GPUs, or not the hardware the model
+    /// requires.
+    pub(crate) fn shape_on(&self, model: &ModelKey, size: u64, node: &Node) -> Option<Shape> {
+        if self.requirements.get(model).is_some_and(|r| !r.admits(node.gpu_kind(), node.gpu_memory())) {
+            return None;
+        }
+        Shape::for_model(&self.config, size, node.gpu_memory())
     }
 
     /// A model's footprint in bytes, if it is in the catalogue.

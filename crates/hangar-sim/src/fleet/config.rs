@@ -186,12 +186,7 @@ impl FleetConfig {
         let models = self
             .models
             .iter()
-            .map(|m| {
-                (
-                    m.key.clone(),
-                    ModelSpec { size: Some(m.size), parameters: None, dtype: None, padding: None },
-                )
-            })
+            .map(|m| (m.key.clone(), ModelSpec { size: Some(m.size), ..ModelSpec::default() }))
             .collect();
         ClusterConfig { placement: self.placement.clone(), nodes, models }
     }

@@ -166,6 +166,13 @@ pub struct ModelConfig {
     /// Parameter count, to estimate the footprint (bf16 + 15 %).
     #[serde(default)]
     pub parameters: Option<ParamCount>,
+    /// The hardware label its replicas need: only nodes whose `gpu_kind`
+    /// is this (e.g. `a100-80gb`) take them.
+    #[serde(default)]
+    pub gpu_kind: Option<String>,
+    /// The least memory each GPU of a node taking its replicas must have.
+    #[serde(default)]
+    pub min_gpu_memory: Option<ByteSize>,
     /// Replicas started with the server and kept (0: start on first request).
     #[serde(default)]
     pub min_replicas: u32,
@@ -338,7 +345,13 @@ impl ServeConfig {
                 .map(|m| {
                     (
                         m.key.clone(),
-                        ModelSpec { size: m.size, parameters: m.parameters, dtype: None, padding: None },
+                        ModelSpec {
+                            size: m.size,
+                            parameters: m.parameters,
+                            gpu_kind: m.gpu_kind.clone(),
+                            min_gpu_memory: m.min_gpu_memory,
+                            ..ModelSpec::default()
+                        },
                     )
                 })
                 .collect(),

@@ -159,7 +159,16 @@ impl ServeConfig {
         for (i, m) in self.models.iter().enumerate() {
             let wanted = m.min_replicas.max(1);
             let room = cluster.room_for(&m.key, wanted, self.seed);
-            let size_field = if m.size.is_some() { "size" } else { "parameters" };
+            let matches = |r: &hangar_placement::Requirement| {
+                cluster.nodes().iter().any(|n| !n.gpus().is_empty() && r.admits(n.gpu_kind(), n.gpu_memory()))
+            };
+            // What to blame: the hardware asked for, when no node has it.
+            let size_field = match cluster.requirement(&m.key) {
+                Some(r) if !matches(r) && m.gpu_kind.is_some() => "gpu_kind",
+                Some(r) if !matches(r) => "min_gpu_memory",
+                _ if m.size.is_some() => "size",
+                _ => "parameters",
+            };
             if room.placed == 0 {
                 return Err(FieldError::new(
                     format!("models[{i}].{size_field}"),
@@ -409,6 +418,24 @@ mod tests {
             refused(&config("[[models]]\nkey = \"huge\"\nengine = { kind = \"mock\" }\nsize = \"200GB\"\n"));
         assert_eq!(e.field, "models[0].size");
         assert!(e.message.contains("needs 3 GPUs"), "{e}");
+        // Hardware no node has: the requirement is named, with what it asks.
+        let e = refused(&config(
+            "[[models]]\nkey = \"h\"\nengine = { kind = \"mock\" }\nsize = \"5GB\"\ngpu_kind = \"a100-80gb\"\n",
+        ));
+        assert_eq!(e.field, "models[0].gpu_kind");
+        assert!(e.message.contains("no node has GPUs of kind `a100-80gb`"), "{e}");
+        let e = refused(&config(
+            "[[models]]\nkey = \"h\"\nengine = { kind = \"mock\" }\nsize = \"5GB\"\nmin_gpu_memory = \"100GB\"\n",
+        ));
+        assert_eq!(e.field, "models[0].min_gpu_memory");
+        // The test node's virtual GPUs are of kind `virtual`, with 80 GB.
+        toml::from_str::<ServeConfig>(&config(
+            "[[models]]\nkey = \"v\"\nengine = { kind = \"mock\" }\nsize = \"5GB\"\n\
+             gpu_kind = \"virtual\"\nmin_gpu_memory = \"80GB\"\n",
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
         // Three small replicas share the GPU.
         toml::from_str::<ServeConfig>(&config(
             "[[models]]\nkey = \"s\"\nengine = { kind = \"mock\" }\nsize = \"5GB\"\nmin_replicas = 3\n",
