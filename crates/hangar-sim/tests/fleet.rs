@@ -206,6 +206,35 @@ fn a_streamed_trace_runs_as_one_in_memory_and_must_be_in_time_order() {
 }
 
 #[test]
+fn a_model_that_requires_hardware_runs_only_where_it_is_and_no_such_hardware_is_refused() {
+    // Two groups of nodes; m1 needs the `h100` one, which has room for it.
+    let mixed = FLEET.replace(
+        "cpu_cache = \"200GB\"\n",
+        "cpu_cache = \"200GB\"\ngpu_kind = \"a100\"\n\n[[nodes]]\nid = \"fast\"\ncount = 1\ngpus = 1\n\
+         gpu_memory = \"80GB\"\ngpu_kind = \"h100\"\n",
+    );
+    let needs = mixed.replace("size = \"30GB\"", "size = \"30GB\"\ngpu_kind = \"h100\"");
+    let cfg = FleetConfig::parse(&needs, "f.toml").unwrap();
+    let c = hangar_placement::Cluster::new(cfg.cluster()).unwrap();
+    let m1: hangar_core::ModelKey = "synth/m1".parse().unwrap();
+    let admitted: Vec<String> = c
+        .nodes()
+        .iter()
+        .filter(|n| c.requirement(&m1).is_some_and(|r| r.admits(n.gpu_kind(), n.gpu_memory())))
+        .map(|n| n.id().to_string())
+        .collect();
+    assert_eq!(admitted, ["fast-0"]);
+    let report =
+        simulate_fleet(&synth_trace(300, Pattern::Steady), &cfg, &FleetOptions::default(), |_, _| {});
+    let report = report.unwrap();
+    assert_eq!(report.total.requests, 300);
+    assert!(report.models[1].cold_starts.cold > 0, "m1 never started");
+    let nowhere = mixed.replace("size = \"30GB\"", "size = \"30GB\"\ngpu_kind = \"tpu-v5\"");
+    let e = FleetConfig::parse(&nowhere, "f.toml").unwrap_err();
+    assert!(e.contains("models[1].gpu_kind") && e.contains("no node has GPUs of kind `tpu-v5`"), "{e}");
+}
+
+#[test]
 fn fleet_file_errors_name_the_field() {
     let too_big = FLEET.replace("size = \"30GB\"", "size = \"500GB\"");
     let e = FleetConfig::parse(&too_big, "f.toml").unwrap_err();

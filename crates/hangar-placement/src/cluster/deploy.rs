@@ -457,10 +457,8 @@ impl Cluster {
         if self.nodes.is_empty() {
             return Unplaceable::NoNodes;
         }
-        if let Some(r) = self.requirements.get(model) {
-            if !self.nodes.iter().any(|n| !n.gpus().is_empty() && r.admits(n.gpu_kind(), n.gpu_memory())) {
-                return Unplaceable::NoMatchingNode { requires: r.to_string() };
-            }
+        if let Some(r) = self.requirement(model).filter(|_| !self.has_hardware_for(model)) {
+            return Unplaceable::NoMatchingNode { requires: r.to_string() };
         }
         let with_gpus: Vec<(u32, u32)> = self
             .nodes

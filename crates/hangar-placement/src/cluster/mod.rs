@@ -138,6 +138,14 @@ impl Cluster {
         self.requirements.get(model)
     }
 
+    /// Whether some node with GPUs has the hardware `model` requires (any
+    /// node does for a model that requires none).
+    pub fn has_hardware_for(&self, model: &ModelKey) -> bool {
+        self.requirements.get(model).is_none_or(|r| {
+            self.nodes.iter().any(|n| !n.gpus().is_empty() && r.admits(n.gpu_kind(), n.gpu_memory()))
+        })
+    }
+
     /// The reservation `size` bytes of `model` need on `node`, or `None` if
     /// the node cannot host it: too few GPUs, or not the hardware the model
     /// requires.

@@ -64,6 +64,9 @@ pub struct FleetNodes {
     /// CPU memory for the warm cache (default 0).
     #[serde(default)]
     pub cpu_cache: ByteSize,
+    /// The label of its GPUs (default `gpu`), which models may require.
+    #[serde(default)]
+    pub gpu_kind: Option<String>,
 }
 
 /// One model of the fleet.
@@ -74,6 +77,12 @@ pub struct FleetModel {
     pub key: ModelKey,
     /// Weights (and GPU footprint).
     pub size: ByteSize,
+    /// The hardware label its replicas need (a node group's `gpu_kind`).
+    #[serde(default)]
+    pub gpu_kind: Option<String>,
+    /// The least memory each GPU of a node taking its replicas must have.
+    #[serde(default)]
+    pub min_gpu_memory: Option<ByteSize>,
     /// The engine each replica runs (its scheduler and timing model;
     /// docs/sim.md).
     #[serde(default)]
@@ -177,7 +186,7 @@ impl FleetConfig {
                     id: format!("{}-{i}", g.id).parse().expect("validated"),
                     gpus: g.gpus,
                     gpu_memory: Some(g.gpu_memory),
-                    gpu_kind: None,
+                    gpu_kind: g.gpu_kind.clone(),
                     virtual_gpus: false,
                     cpu_cache: g.cpu_cache,
                 })
@@ -186,7 +195,15 @@ impl FleetConfig {
         let models = self
             .models
             .iter()
-            .map(|m| (m.key.clone(), ModelSpec { size: Some(m.size), ..ModelSpec::default() }))
+            .map(|m| {
+                let spec = ModelSpec {
+                    size: Some(m.size),
+                    gpu_kind: m.gpu_kind.clone(),
+                    min_gpu_memory: m.min_gpu_memory,
+                    ..ModelSpec::default()
+                };
+                (m.key.clone(), spec)
+            })
             .collect();
         ClusterConfig { placement: self.placement.clone(), nodes, models }
     }
@@ -269,8 +286,13 @@ impl FleetConfig {
             let room = cluster.room_for(&m.key, wanted, self.seed);
             if room.placed == 0 {
                 let why = room.reason.unwrap_or_else(|| "no room".into());
+                let field = match cluster.has_hardware_for(&m.key) {
+                    false if m.gpu_kind.is_some() => "gpu_kind",
+                    false => "min_gpu_memory",
+                    true => "size",
+                };
                 return Err(FieldError::new(
-                    format!("models[{i}].size"),
+                    format!("models[{i}].{field}"),
                     format!("`{}` ({}) fits on no node: {why}", m.key, m.size),
                 ));
             }

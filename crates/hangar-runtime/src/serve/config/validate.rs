@@ -159,15 +159,12 @@ impl ServeConfig {
         for (i, m) in self.models.iter().enumerate() {
             let wanted = m.min_replicas.max(1);
             let room = cluster.room_for(&m.key, wanted, self.seed);
-            let matches = |r: &hangar_placement::Requirement| {
-                cluster.nodes().iter().any(|n| !n.gpus().is_empty() && r.admits(n.gpu_kind(), n.gpu_memory()))
-            };
             // What to blame: the hardware asked for, when no node has it.
-            let size_field = match cluster.requirement(&m.key) {
-                Some(r) if !matches(r) && m.gpu_kind.is_some() => "gpu_kind",
-                Some(r) if !matches(r) => "min_gpu_memory",
-                _ if m.size.is_some() => "size",
-                _ => "parameters",
+            let size_field = match cluster.has_hardware_for(&m.key) {
+                false if m.gpu_kind.is_some() => "gpu_kind",
+                false => "min_gpu_memory",
+                true if m.size.is_some() => "size",
+                true => "parameters",
             };
             if room.placed == 0 {
                 return Err(FieldError::new(
