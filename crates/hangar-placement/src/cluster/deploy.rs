@@ -41,6 +41,7 @@ use crate::outcome::{
     DeployOutcome, Eviction, EvictionCause, Fit, ModelOutcome, ReplicaOutcome, ReplicaRequest, Unplaceable,
 };
 use crate::schedule::Schedule;
+use crate::sizing::Requirement;
 
 /// One way to host one more replica.
 #[derive(Debug, Clone)]
@@ -59,6 +60,8 @@ struct Plan {
 struct Ask<'a> {
     model: &'a ModelKey,
     size: u64,
+    /// The hardware the model requires, if any.
+    requires: Option<&'a Requirement>,
     dedicated: bool,
     now: Millis,
     /// Replicas this call placed or counted as deployed: never evicted by it
@@ -182,7 +185,16 @@ impl Cluster {
         kept.extend(outcome.replicas.iter().filter_map(|r| r.replica_id));
         let missing = (replicas as usize).saturating_sub(outcome.replicas.len());
         for i in 0..missing {
-            let ask = Ask { model, size, dedicated, now, kept, min_age: self.config.min_deployment_age_ms };
+            let requires = self.requirement(model);
+            let ask = Ask {
+                model,
+                size,
+                requires,
+                dedicated,
+                now,
+                kept,
+                min_age: self.config.min_deployment_age_ms,
+            };
             let Some(plan) = self.best_plan(&ask, rng) else {
                 // Nothing changed since this attempt, so the rest fail alike.
                 let reason = self.why_not(model, size);
@@ -216,7 +228,7 @@ impl Cluster {
             .into_iter()
             .map(|d| (self.node_index[&d.node], d.replica_id))
             .collect();
-        let shape = |n: &Node| self.shape_on(ask.model, ask.size, n);
+        let shape = |n: &Node| self.shape_on(ask.requires, ask.size, n);
         let artifact = self.model_artifact(ask.model);
 
         // No eviction: a warm copy first, then any node.
@@ -248,7 +260,7 @@ impl Cluster {
             let mut order: BinaryHeap<Reverse<(u64, usize)>> = (0..self.nodes.len())
                 .filter_map(|ni| {
                     let node = &self.nodes[ni];
-                    let shape = self.shape_on(ask.model, ask.size, node)?;
+                    let shape = self.shape_on(ask.requires, ask.size, node)?;
                     Some(Reverse((eviction_lower_bound(node, shape)?, ni)))
                 })
                 .collect();
@@ -298,9 +310,17 @@ impl Cluster {
     /// model not in the catalogue.
     pub fn candidates(&self, model: &ModelKey, dedicated: bool, now: Millis) -> Vec<Candidate> {
         let Some(size) = self.model_size(model) else { return Vec::new() };
+        let requires = self.requirement(model);
         let kept = BTreeSet::new();
-        let ask =
-            Ask { model, size, dedicated, now, kept: &kept, min_age: self.config.min_deployment_age_ms };
+        let ask = Ask {
+            model,
+            size,
+            requires,
+            dedicated,
+            now,
+            kept: &kept,
+            min_age: self.config.min_deployment_age_ms,
+        };
         let warm: BTreeMap<usize, ReplicaId> = self
             .replicas_of(model, Level::Warm)
             .into_iter()
@@ -322,7 +342,7 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(ni, node)| {
-                let Some(shape) = self.shape_on(model, size, node) else {
+                let Some(shape) = self.shape_on(requires, size, node) else {
                     return cant(node);
                 };
                 let cached = warm.get(&ni).copied();
@@ -355,7 +375,7 @@ impl Cluster {
 
     fn free_plan(&self, ni: usize, level: CandidateLevel, warm: Option<ReplicaId>, ask: &Ask<'_>) -> Plan {
         let node = &self.nodes[ni];
-        let shape = self.shape_on(ask.model, ask.size, node).expect("checked by fits");
+        let shape = self.shape_on(ask.requires, ask.size, node).expect("checked by fits");
         let alloc = self.fit_free(node, shape).expect("checked by fits");
         Plan {
             node: ni,
@@ -379,7 +399,7 @@ impl Cluster {
         ties: &mut Vec<Plan>,
     ) {
         let node = &self.nodes[ni];
-        let Some(shape) = self.shape_on(ask.model, ask.size, node) else { return };
+        let Some(shape) = self.shape_on(ask.requires, ask.size, node) else { return };
         let limit = ties.first().map(|p| p.cost);
         let Some((alloc, evict, cost)) = evicting_room(node, shape, ask, limit) else { return };
         if limit.is_some_and(|l| cost < l) {
@@ -457,14 +477,15 @@ impl Cluster {
         if self.nodes.is_empty() {
             return Unplaceable::NoNodes;
         }
-        if let Some(r) = self.requirement(model).filter(|_| !self.has_hardware_for(model)) {
+        let requires = self.requirement(model);
+        if let Some(r) = requires.filter(|_| !self.has_hardware_for(model)) {
             return Unplaceable::NoMatchingNode { requires: r.to_string() };
         }
         let with_gpus: Vec<(u32, u32)> = self
             .nodes
             .iter()
             .filter_map(|n| {
-                let shape = self.shape_on(model, size, n)?;
+                let shape = self.shape_on(requires, size, n)?;
                 Some((shape.gpu_count(), n.gpus().len() as u32))
             })
             .collect();
@@ -794,7 +815,7 @@ mod tests {
             let model: ModelKey = format!("m{}", ask_model % sizes.len()).parse().unwrap();
             let size = c.model_size(&model).unwrap();
             let kept = BTreeSet::new();
-            let ask = Ask { model: &model, size, dedicated, now: 7_200_000, kept: &kept, min_age: 3_600_000 };
+            let ask = Ask { model: &model, size, requires: None, dedicated, now: 7_200_000, kept: &kept, min_age: 3_600_000 };
             let exhaustive = c
                 .nodes
                 .iter()

@@ -146,11 +146,12 @@ impl Cluster {
         })
     }
 
-    /// The reservation `size` bytes of `model` need on `node`, or `None` if
-    /// the node cannot host it: too few GPUs, or not the hardware the model
-    /// requires.
-    pub(crate) fn shape_on(&self, model: &ModelKey, size: u64, node: &Node) -> Option<Shape> {
-        if self.requirements.get(model).is_some_and(|r| !r.admits(node.gpu_kind(), node.gpu_memory())) {
+    /// The reservation a model of `size` bytes that `requires` hardware
+    /// (its [`Cluster::requirement`], looked up once per placement, not
+    /// per node) needs on `node`, or `None` if the node cannot host it: too
+    /// few GPUs, or not that hardware.
+    pub(crate) fn shape_on(&self, requires: Option<&Requirement>, size: u64, node: &Node) -> Option<Shape> {
+        if requires.is_some_and(|r| !r.admits(node.gpu_kind(), node.gpu_memory())) {
             return None;
         }
         Shape::for_model(&self.config, size, node.gpu_memory())
