@@ -215,8 +215,13 @@ pub struct WeightsReport {
     pub source: &'static str,
     /// The artifact's bytes.
     pub bytes: u64,
-    /// Materialize to confirmed, including any import of a file, ms.
+    /// The whole phase: key resolved (or file imported), materialized,
+    /// confirmed, ms.
     pub took_ms: u64,
+    /// Of that, the store daemon's own load — reading every byte from its
+    /// source and verifying it — ms (the daemon's clock); 0 for resident
+    /// weights, which were not read again.
+    pub load_ms: u64,
 }
 
 impl LoadedWeights {
@@ -393,6 +398,7 @@ impl WeightStore {
             source: source_name(confirmed.source, memory.reused),
             bytes: memory.index.data_len,
             took_ms: started.elapsed().as_millis() as u64,
+            load_ms: if memory.reused { 0 } else { confirmed.duration_ms },
         };
         Ok(LoadedWeights { memory, report })
     }

@@ -374,6 +374,12 @@ impl StoredArtifact {
         self.verify_chunk(i, dst)
     }
 
+    /// Tells the kernel the whole blob is about to be read front to back,
+    /// so it reads ahead in larger windows. Advisory only.
+    pub fn advise_sequential(&self) {
+        let _ = rustix::fs::fadvise(&self.data, 0, None, rustix::fs::Advice::Sequential);
+    }
+
     /// Maps the data read-only, unverified: check each chunk with
     /// [`Self::verify_chunk`] before using it.
     pub fn map_unverified(&self) -> Result<Mmap, StoreError> {

@@ -22,9 +22,10 @@
 //! - **WARM wake**: where the engine has a sleep API, a sleeping engine
 //!   woken; llama.cpp has none (such engines are stopped, never kept WARM).
 //!
-//! Beside them, the weight read itself: the store's materialization rate
-//! against a raw sequential read of the same blob into new memory, in the
-//! same page-cache state, measured in the same turns. Targets: a
+//! Beside them, the weight read itself: the store daemon's load of the
+//! blob (reading and verifying every byte, its `load_ms`) against a raw
+//! sequential read of the same blob into new memory, in the same
+//! page-cache state, measured in the same turns. Targets: a
 //! store-backed start no slower than the plain-file start, and the weight
 //! read ≥ 90 % of the raw read.
 
@@ -152,7 +153,7 @@ pub struct StartRow {
 pub struct ReadRow {
     /// `on disk` or `in page cache`.
     pub cache: &'static str,
-    /// The store's materialization, bytes/s (median).
+    /// The store daemon's load (read and verified), bytes/s (median).
     pub store_bps: f64,
     /// A sequential read of the blob into new memory, bytes/s (median).
     pub raw_bps: f64,
@@ -237,7 +238,7 @@ pub async fn run(o: &Options) -> Result<Report, ColdstartError> {
                     let placed = Instant::now();
                     let weights = store.load(&model, &source, ReplicaId::from_u128(run as u128)).await?;
                     store_reads[usize::from(!on_disk)]
-                        .push(bytes as f64 / (weights.report.took_ms.max(1) as f64 / 1e3));
+                        .push(bytes as f64 / (weights.report.load_ms.max(1) as f64 / 1e3));
                     start(o, &client, &o.command, Some(&weights), placed).await?
                 }
                 StartKind::StoreResident => {

@@ -269,6 +269,7 @@ impl Core {
     ) -> Result<Source, StoreError> {
         match job {
             Job::Local(art) => {
+                art.advise_sequential();
                 tokio::task::spawn_blocking(move || {
                     chunks::for_each_chunk_mut_parallel(&mut mem[..art.index.data_len as usize], |i, dst| {
                         crate::memory::populate(dst);
