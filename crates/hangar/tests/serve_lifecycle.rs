@@ -536,3 +536,49 @@ end = "{}"
         replicas(&s.url, None, "t/dedicated").iter().all(|r| r["state"] != "ready" && r["dedicated"] == false)
     });
 }
+
+#[test]
+fn a_model_that_requires_hardware_runs_only_on_the_nodes_that_have_it() {
+    // Two nodes, two kinds: `big` needs the 80 GB `h100` node, `small`
+    // the `l4` one; `any` goes wherever there is room.
+    let s = serve(
+        r#"
+[[nodes]]
+id = "l4-node"
+gpus = 2
+gpu_memory = "24GB"
+gpu_kind = "l4"
+virtual_gpus = true
+
+[[nodes]]
+id = "h100-node"
+gpus = 2
+gpu_memory = "80GB"
+gpu_kind = "h100"
+virtual_gpus = true
+
+[[models]]
+key = "t/big"
+engine = { kind = "mock", preset = "instant" }
+size = "10GB"
+min_replicas = 2
+max_replicas = 2
+min_gpu_memory = "80GB"
+
+[[models]]
+key = "t/small"
+engine = { kind = "mock", preset = "instant" }
+size = "5GB"
+min_replicas = 2
+max_replicas = 2
+gpu_kind = "l4"
+"#,
+    );
+    for (model, node) in [("t/big", "h100-node"), ("t/small", "l4-node")] {
+        eventually(&format!("two {model} replicas"), || replicas(&s.url, None, model).len() == 2);
+        for r in replicas(&s.url, None, model) {
+            assert_eq!(r["node"], node, "{model}: {r}");
+        }
+        assert_eq!(post(&s.url, None, &chat(model, 2)).0, 200);
+    }
+}
