@@ -225,15 +225,12 @@ pub struct WeightsReport {
 }
 
 impl LoadedWeights {
-    /// The descriptor the engine inherits.
+    /// The descriptor the engine inherits; it opens it as
+    /// `/proc/self/fd/N` (see `LaunchContext::weights`).
     pub fn fd(&self) -> RawFd {
         self.memory.fd().as_raw_fd()
     }
 
-    /// The path the engine opens: its inherited descriptor.
-    pub fn path(&self) -> String {
-        format!("/proc/self/fd/{}", self.fd())
-    }
 }
 
 /// The node's weight store as `hangar serve` uses it.
