@@ -230,7 +230,6 @@ impl LoadedWeights {
     pub fn fd(&self) -> RawFd {
         self.memory.fd().as_raw_fd()
     }
-
 }
 
 /// The node's weight store as `hangar serve` uses it.
