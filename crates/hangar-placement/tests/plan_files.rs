@@ -192,3 +192,47 @@ fn json_errors_name_the_field_and_line() {
     let e = json_err(text);
     assert_eq!((e.path.to_string(), e.line), ("deployments[1].node".into(), Some(7)), "{e}");
 }
+
+/// Two identical free nodes; the model's weights resident on `b`.
+const RESIDENT: &str = r#"
+seed = SEED
+
+[[nodes]]
+id = "a"
+gpus = 1
+gpu_memory = "80GB"
+
+[[nodes]]
+id = "b"
+gpus = 1
+gpu_memory = "80GB"
+
+[models."meta/llama"]
+size = "16GB"
+
+[[requests]]
+model = "meta/llama"
+
+[residency]
+artifacts = { "meta/llama" = "llama-q4" }
+nodes = { "b" = ["llama-q4"] }
+"#;
+
+#[test]
+fn a_scenario_says_where_weights_are_resident_and_the_plan_goes_there() {
+    let node_of = |text: &str| {
+        let report = plan(text, Format::Toml).unwrap();
+        report.deploy.models[0].replicas[0].node.as_ref().map(ToString::to_string).unwrap()
+    };
+    let mut without = std::collections::BTreeSet::new();
+    for seed in 0..16 {
+        let text = RESIDENT.replace("SEED", &seed.to_string());
+        assert_eq!(node_of(&text), "b", "seed {seed}");
+        let (head, _) = text.split_once("[residency]").unwrap();
+        without.insert(node_of(head));
+    }
+    assert_eq!(without.len(), 2, "without residency the seeds spread over both nodes");
+    let e = toml_err(&RESIDENT.replace("SEED", "0").replace("\"b\" = [", "\"c\" = ["));
+    assert_eq!(e.path.to_string(), "residency.nodes.c", "{e}");
+    assert!(e.to_string().contains("line"), "{e}");
+}

@@ -16,7 +16,7 @@
 mod locate;
 mod report;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use rand::SeedableRng;
@@ -130,6 +130,29 @@ pub struct Scenario {
     /// Replica requests, deployed last.
     #[serde(default)]
     pub requests: Vec<ReplicaRequest>,
+    /// Where models' weights are resident: the last tie-breaker of
+    /// placement ([`Cluster::set_resident`]).
+    #[serde(default)]
+    pub residency: ScenarioResidency,
+}
+
+/// `[residency]`: which weight artifact each model loads, and which
+/// artifacts each node holds resident in its weight store.
+///
+/// ```toml
+/// [residency]
+/// artifacts = { "meta/llama" = "llama-q4" }
+/// nodes = { "gpu-02" = ["llama-q4"] }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioResidency {
+    /// Model → the artifact its replicas load (models may share one).
+    #[serde(default)]
+    pub artifacts: BTreeMap<ModelKey, String>,
+    /// Node → the artifacts resident there.
+    #[serde(default)]
+    pub nodes: BTreeMap<NodeId, BTreeSet<String>>,
 }
 
 /// A scenario that cannot be parsed or run: what, where, why.
@@ -190,6 +213,17 @@ impl Scenario {
             models: self.models.clone(),
         };
         let mut cluster = Cluster::new(config).map_err(config_error)?;
+        let at = |map: &str, key: &str| FieldPath::root().key("residency").key(map).key(key);
+        for (model, artifact) in &self.residency.artifacts {
+            cluster
+                .set_model_artifact(model, Some(artifact.clone()))
+                .map_err(|e| ScenarioError::at(at("artifacts", model.as_str()), e))?;
+        }
+        for (node, artifacts) in &self.residency.nodes {
+            cluster
+                .set_resident(node, artifacts.clone())
+                .map_err(|e| ScenarioError::at(at("nodes", node.as_str()), e))?;
+        }
         let schedule =
             match &self.schedule {
                 None => None,
