@@ -81,3 +81,21 @@ fn with_no_other_replica_the_client_gets_the_engines_refusal() {
     assert_eq!(body["error"]["message"], "out of capacity");
     assert_eq!(failovers(&s.url), 0);
 }
+
+#[test]
+fn an_async_prediction_a_full_replica_refuses_runs_on_another() {
+    let s = serve_full(2);
+    let client = reqwest::blocking::Client::new();
+    for i in 0..10 {
+        let r = client
+            .post(format!("{}/v1/models/t/full/predictions", s.url))
+            .header("Prefer", "wait")
+            .json(&serde_json::json!({"input": {"prompt": "Hello", "max_tokens": 2}}))
+            .send()
+            .unwrap();
+        let body: Value = r.json().unwrap();
+        assert_eq!(body["status"], "succeeded", "prediction {i}: {body}");
+    }
+    let n = failovers(&s.url);
+    assert!(n >= 2, "only {n} failovers: the full replica was hardly tried");
+}

@@ -292,7 +292,7 @@ impl Forward<'_> {
                 () = timer.as_mut() => return timed_out(timeout_s),
             };
             match answer {
-                Ok(upstream) if attempt == 0 && self.fails_over(upstream.status()) => {
+                Ok(upstream) if attempt == 0 && self.rt.fails_over(upstream.status()) => {
                     let name = replica_name(&self.rt.config.key, lease.replica);
                     tracing::info!(replica = %name, status = %upstream.status(), "out of capacity: sending the request to another replica");
                     self.rt.metrics.capacity_failover();
@@ -310,16 +310,6 @@ impl Forward<'_> {
         }
         let message = "the replica failed before answering, and so did the retry";
         error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None)
-    }
-
-    /// Whether an answer says the replica is out of capacity (429, or 503
-    /// as vLLM and SGLang answer when their own queue is full) and another
-    /// replica could take the request instead: then it goes there before
-    /// the client sees a refusal (Workers AI's failover). Nothing of the
-    /// refusal reaches the client.
-    fn fails_over(&self, status: StatusCode) -> bool {
-        matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
-            && self.rt.count(ReplicaState::Ready) > 1
     }
 
     fn request(&self, url: &str) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {

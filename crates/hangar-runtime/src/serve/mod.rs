@@ -218,6 +218,17 @@ async fn open_weight_store(config: &ServeConfig) -> Result<Option<Arc<WeightStor
 }
 
 impl ModelRuntime {
+    /// Whether an engine's answer says its replica is out of capacity
+    /// (429, or 503 as vLLM and SGLang answer when their own queue is full)
+    /// and another replica could take the request instead: then it goes
+    /// there, once, before the client sees a refusal (Workers AI's
+    /// failover) — a sync request or an async prediction alike.
+    pub fn fails_over(&self, status: axum::http::StatusCode) -> bool {
+        use axum::http::StatusCode;
+        matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+            && self.count(replicas::ReplicaState::Ready) > 1
+    }
+
     /// Whether `account` may use this model.
     pub fn allows(&self, account: &AccountId) -> bool {
         self.config.access.as_ref().is_none_or(|accounts| accounts.contains(account))

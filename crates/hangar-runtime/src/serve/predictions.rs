@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use axum::http::header;
 use futures::StreamExt;
-use hangar_core::{AccountId, BlockHash};
+use hangar_core::{AccountId, BlockHash, ReplicaId};
 use hangar_predictions::llm::LlmInput;
 use hangar_predictions::record::JobKind;
 use hangar_predictions::{
@@ -91,9 +91,10 @@ async fn admit(
     rt: &Arc<ModelRuntime>,
     account: &AccountId,
     prompt: Option<(&[BlockHash], u32)>,
+    avoid: Option<ReplicaId>,
 ) -> Result<Lease, ExecError> {
     loop {
-        match rt.processor.admit_with(account.clone(), None, prompt, None).await {
+        match rt.processor.admit_with(account.clone(), None, prompt, avoid).await {
             Ok(lease) => return Ok(lease),
             // The line is full of synchronous requests: yield to them.
             Err(AdmitError::QueueFull { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -109,7 +110,7 @@ async fn predict_on_cog(
     job: &Job,
     sink: &Sink,
 ) -> Result<Value, ExecError> {
-    let lease = admit(rt, &job.account, None).await?;
+    let lease = admit(rt, &job.account, None, None).await?;
     sink.started();
     let base =
         rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
@@ -178,19 +179,31 @@ async fn complete_on_llm(
         _ => None,
     };
     let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-    let lease = admit(rt, &job.account, prompt).await?;
-    sink.started();
-    let base =
-        rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
     let body = serde_json::to_vec(&body).expect("JSON serializes");
-    let response = inner
-        .client
-        .post(format!("{base}/v1/completions"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| ExecError::Failed(format!("the replica did not answer: {e}")))?;
+    // A replica out of capacity hands the prediction to another, once.
+    let mut avoid = None;
+    let (response, _lease) = loop {
+        let lease = admit(rt, &job.account, prompt, avoid).await?;
+        if avoid.is_none() {
+            sink.started();
+        }
+        let base =
+            rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
+        let response = inner
+            .client
+            .post(format!("{base}/v1/completions"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| ExecError::Failed(format!("the replica did not answer: {e}")))?;
+        if avoid.is_none() && rt.fails_over(response.status()) {
+            rt.metrics.capacity_failover();
+            avoid = Some(lease.replica);
+            continue;
+        }
+        break (response, lease);
+    };
     if !response.status().is_success() {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
