@@ -176,6 +176,16 @@ impl Requirement {
             && self.min_gpu_memory.is_none_or(|m| gpu_memory >= m)
     }
 
+    /// The model field that asks for it, to name in an error: `gpu_kind`
+    /// when a kind is required, else `min_gpu_memory`.
+    pub fn field(&self) -> &'static str {
+        if self.gpu_kind.is_some() {
+            "gpu_kind"
+        } else {
+            "min_gpu_memory"
+        }
+    }
+
     /// Whether it admits every node.
     pub fn is_none(&self) -> bool {
         self.gpu_kind.is_none() && self.min_gpu_memory.is_none()

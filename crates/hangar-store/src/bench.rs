@@ -237,7 +237,9 @@ fn plain_copy(files: &[PathBuf], dir: &Path) -> Result<f64, StoreError> {
 }
 
 /// Plain read of one file into freshly allocated memory; returns bytes/s.
-fn plain_read_into_memory(path: &Path) -> Result<f64, StoreError> {
+/// The reference a load of the store is held to (here and in `hangar
+/// bench coldstart`).
+pub fn plain_read_into_memory(path: &Path) -> Result<f64, StoreError> {
     let t = Instant::now();
     let mut f = File::open(path).map_err(io_err(path))?;
     let len = f.metadata().map_err(io_err(path))?.len() as usize;

@@ -123,22 +123,20 @@ impl BlobStore {
             let name = path.display().to_string();
             let file = File::open(path).map_err(io_err(path))?;
             let len = file.metadata().map_err(io_err(path))?.len();
-            if !format::is_safetensors(path) {
+            if format::is_safetensors(path) {
+                let mut first8 = [0u8; 8];
+                if len < 8 {
+                    return Err(format::FormatError::Truncated { file: name, len }.into());
+                }
+                file.read_exact_at(&mut first8, 0).map_err(io_err(path))?;
+                let header_len = format::header_len(&name, &first8, len)?;
+                let mut header = vec![0u8; header_len as usize];
+                file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
+                tensors.extend(format::parse_header(&name, i, &header, len)?);
+            } else {
                 let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
                 tensors.push(format::whole_file(&file_name, i, len));
-                let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
-                opened.push(file);
-                continue;
             }
-            let mut first8 = [0u8; 8];
-            if len < 8 {
-                return Err(format::FormatError::Truncated { file: name, len }.into());
-            }
-            file.read_exact_at(&mut first8, 0).map_err(io_err(path))?;
-            let header_len = format::header_len(&name, &first8, len)?;
-            let mut header = vec![0u8; header_len as usize];
-            file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
-            tensors.extend(format::parse_header(&name, i, &header, len)?);
             // Whole files are read front to back: ask for a larger readahead
             // window so cold files stream at the disk's speed. Advisory only.
             let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);

@@ -477,10 +477,10 @@ impl Cluster {
         if self.nodes.is_empty() {
             return Unplaceable::NoNodes;
         }
-        let requires = self.requirement(model);
-        if let Some(r) = requires.filter(|_| !self.has_hardware_for(model)) {
+        if let Some(r) = self.missing_hardware(model) {
             return Unplaceable::NoMatchingNode { requires: r.to_string() };
         }
+        let requires = self.requirement(model);
         let with_gpus: Vec<(u32, u32)> = self
             .nodes
             .iter()

@@ -138,11 +138,11 @@ impl Cluster {
         self.requirements.get(model)
     }
 
-    /// Whether some node with GPUs has the hardware `model` requires (any
-    /// node does for a model that requires none).
-    pub fn has_hardware_for(&self, model: &ModelKey) -> bool {
-        self.requirements.get(model).is_none_or(|r| {
-            self.nodes.iter().any(|n| !n.gpus().is_empty() && r.admits(n.gpu_kind(), n.gpu_memory()))
+    /// The hardware `model` requires when no node with GPUs has it: the
+    /// model can never be placed, whatever else changes.
+    pub fn missing_hardware(&self, model: &ModelKey) -> Option<&Requirement> {
+        self.requirements.get(model).filter(|r| {
+            !self.nodes.iter().any(|n| !n.gpus().is_empty() && r.admits(n.gpu_kind(), n.gpu_memory()))
         })
     }
 

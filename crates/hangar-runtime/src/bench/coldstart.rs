@@ -30,7 +30,6 @@
 //! read ≥ 90 % of the raw read.
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -230,7 +229,8 @@ pub async fn run(o: &Options) -> Result<Report, ColdstartError> {
                     if on_disk {
                         drop_from_page_cache(&blob)?;
                     }
-                    raw_reads[usize::from(!on_disk)].push(raw_read(&blob)?);
+                    raw_reads[usize::from(!on_disk)]
+                        .push(hangar_store::bench::plain_read_into_memory(&blob)?);
                     if on_disk {
                         drop_from_page_cache(&blob)?;
                     }
@@ -405,17 +405,6 @@ fn drop_from_page_cache(path: &Path) -> Result<(), ColdstartError> {
     let file = std::fs::File::open(path).map_err(io_err(&path.display().to_string()))?;
     rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
         .map_err(|e| io_err(&path.display().to_string())(e.into()))
-}
-
-/// A sequential read of `path` into new memory; bytes/s.
-fn raw_read(path: &Path) -> Result<f64, ColdstartError> {
-    let t = Instant::now();
-    let mut file = std::fs::File::open(path).map_err(io_err(&path.display().to_string()))?;
-    let mut memory = Vec::new();
-    file.read_to_end(&mut memory).map_err(io_err(&path.display().to_string()))?;
-    let rate = memory.len() as f64 / t.elapsed().as_secs_f64();
-    std::hint::black_box(&memory);
-    Ok(rate)
 }
 
 fn io_err(path: &str) -> impl Fn(std::io::Error) -> ColdstartError + '_ {

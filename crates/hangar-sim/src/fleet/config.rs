@@ -286,11 +286,7 @@ impl FleetConfig {
             let room = cluster.room_for(&m.key, wanted, self.seed);
             if room.placed == 0 {
                 let why = room.reason.unwrap_or_else(|| "no room".into());
-                let field = match cluster.has_hardware_for(&m.key) {
-                    false if m.gpu_kind.is_some() => "gpu_kind",
-                    false => "min_gpu_memory",
-                    true => "size",
-                };
+                let field = cluster.missing_hardware(&m.key).map_or("size", |r| r.field());
                 return Err(FieldError::new(
                     format!("models[{i}].{field}"),
                     format!("`{}` ({}) fits on no node: {why}", m.key, m.size),

@@ -160,11 +160,10 @@ impl ServeConfig {
             let wanted = m.min_replicas.max(1);
             let room = cluster.room_for(&m.key, wanted, self.seed);
             // What to blame: the hardware asked for, when no node has it.
-            let size_field = match cluster.has_hardware_for(&m.key) {
-                false if m.gpu_kind.is_some() => "gpu_kind",
-                false => "min_gpu_memory",
-                true if m.size.is_some() => "size",
-                true => "parameters",
+            let size_field = match cluster.missing_hardware(&m.key) {
+                Some(r) => r.field(),
+                None if m.size.is_some() => "size",
+                None => "parameters",
             };
             if room.placed == 0 {
                 return Err(FieldError::new(
