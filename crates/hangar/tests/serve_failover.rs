@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::{chat, one_gpu, post, serve_in, Serve};
 use serde_json::Value;
 
@@ -33,22 +31,8 @@ router = "round-robin"
         marker.display()
     ));
     let s = serve_in(dir, &config);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let status: Value =
-            reqwest::blocking::get(format!("{}/admin/status", s.url)).unwrap().json().unwrap();
-        let ready = status["models"][0]["replicas"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["state"] == "ready")
-            .count();
-        if ready == replicas as usize {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{replicas} replicas not ready: {status}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::ready_replicas(&s.url, replicas as usize);
+    s
 }
 
 fn failovers(url: &str) -> u64 {

@@ -85,24 +85,6 @@ weights = "store:smollm2:q4_1"
     )
 }
 
-fn status(url: &str) -> Value {
-    reqwest::blocking::get(format!("{url}/admin/status")).unwrap().json().unwrap()
-}
-
-/// The model's ready replicas, once there are `n` (and no others).
-fn ready(url: &str, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let s = status(url);
-        let replicas = s["models"][0]["replicas"].as_array().cloned().unwrap_or_default();
-        if replicas.len() == n && replicas.iter().all(|r| r["state"] == "ready") {
-            return replicas;
-        }
-        assert!(Instant::now() < deadline, "not {n} ready replicas in time: {s}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn chat(url: &str, stream: bool) -> reqwest::blocking::Response {
     let body = json!({
         "model": MODEL, "stream": stream, "max_tokens": 8,
@@ -129,7 +111,7 @@ fn answers(url: &str) -> String {
 fn smollm2_from_the_store_chats_streams_and_answers_the_openai_client_on_two_replicas() {
     let Some((server, gguf)) = llama() else { return };
     let s = serve_smollm2(&server, &gguf, 2, 2);
-    let replicas = ready(&s.url, 2);
+    let replicas = common::ready_replicas(&s.url, 2);
     let mut sources: Vec<&str> =
         replicas.iter().map(|r| r["start"]["weights"]["source"].as_str().unwrap()).collect();
     sources.sort();
@@ -176,9 +158,9 @@ print("ok")
 fn a_killed_llama_server_is_replaced_and_scale_to_zero_comes_back_from_the_resident_copy() {
     let Some((server, gguf)) = llama() else { return };
     let s = serve_smollm2(&server, &gguf, 0, 1);
-    assert!(ready(&s.url, 0).is_empty());
+    assert!(common::ready_replicas(&s.url, 0).is_empty());
     answers(&s.url); // from zero: the request waits for a COLD start
-    let first = ready(&s.url, 1).remove(0);
+    let first = common::ready_replicas(&s.url, 1).remove(0);
     assert_eq!(first["start"]["weights"]["source"], "local", "{first}");
 
     // The engine dies: the replica fails, a new one starts, from memory.
@@ -190,7 +172,7 @@ fn a_killed_llama_server_is_replaced_and_scale_to_zero_comes_back_from_the_resid
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let second = loop {
-        let r = ready(&s.url, 1).remove(0);
+        let r = common::ready_replicas(&s.url, 1).remove(0);
         if r["pid"] != first["pid"] {
             break r;
         }
@@ -212,9 +194,9 @@ fn a_killed_llama_server_is_replaced_and_scale_to_zero_comes_back_from_the_resid
         assert!(r.status().is_success(), "pin {n}: {}", r.text().unwrap());
     };
     pin(0);
-    ready(&s.url, 0);
+    common::ready_replicas(&s.url, 0);
     pin(1);
-    let third = ready(&s.url, 1).remove(0);
+    let third = common::ready_replicas(&s.url, 1).remove(0);
     assert_ne!(third["pid"], second["pid"]);
     assert_eq!(third["start"]["weights"]["source"], "resident", "{third}");
     answers(&s.url);

@@ -25,18 +25,10 @@ fn hangar(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_hangar")).args(args).output().unwrap()
 }
 
-/// The model's replicas in `/admin/status` once `n` of them are ready.
-fn ready_replicas(url: &str, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let status: Value = reqwest::blocking::get(format!("{url}/admin/status")).unwrap().json().unwrap();
-        let replicas = status["models"][0]["replicas"].as_array().cloned().unwrap_or_default();
-        if replicas.iter().filter(|r| r["state"] == "ready").count() >= n {
-            return replicas;
-        }
-        assert!(Instant::now() < deadline, "{n} replicas not ready in time: {status}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// A configuration with the weight store under the test's directory and
+/// one GPU for `models`.
+fn with_store(models: &str) -> String {
+    format!("[store]\nroot = \"store\"\n{}", one_gpu(models))
 }
 
 /// What the replica's engine says it read at start.
@@ -64,21 +56,18 @@ fn replicas_load_their_weights_from_the_store_and_the_second_leases_the_first_on
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = serve_in(
         dir,
-        &format!(
-            "[store]\nroot = \"store\"\n{}",
-            one_gpu(
-                r#"
+        &with_store(
+            r#"
 [[models]]
 key = "t/w"
 engine = { kind = "mock", preset = "instant" }
 size = "10GB"
 min_replicas = 2
 weights = "store:tiny:v1"
-"#
-            )
+"#,
         ),
     );
-    let replicas = ready_replicas(&s.url, 2);
+    let replicas = common::ready_replicas(&s.url, 2);
     let mut sources: Vec<&str> = Vec::new();
     for r in &replicas {
         let read = engine_weights(r);
@@ -106,21 +95,18 @@ fn a_weights_file_is_imported_into_the_store_on_first_use() {
     let hash = weights_file(&file, 100_000);
     let s = serve_in(
         dir,
-        &format!(
-            "[store]\nroot = \"store\"\n{}",
-            one_gpu(
-                r#"
+        &with_store(
+            r#"
 [[models]]
 key = "t/file"
 engine = { kind = "mock", preset = "instant" }
 size = "10GB"
 min_replicas = 1
 weights = "weights/model.gguf"
-"#
-            )
+"#,
         ),
     );
-    let replicas = ready_replicas(&s.url, 1);
+    let replicas = common::ready_replicas(&s.url, 1);
     assert_eq!(engine_weights(&replicas[0])["blake3"], hash.as_str());
     assert_eq!(replicas[0]["start"]["weights"]["source"], "local", "{replicas:?}");
     assert!(s.log().contains("weights file imported into the store"), "{}", s.log());

@@ -95,6 +95,22 @@ pub fn one_gpu(rest: &str) -> String {
     format!("[[nodes]]\nid = \"local\"\ngpus = 1\ngpu_memory = \"80GB\"\nvirtual_gpus = true\n{rest}")
 }
 
+/// The first model's replicas in `/admin/status` once there are exactly
+/// `n`, all ready; fails the test after two minutes, showing the status.
+pub fn ready_replicas(url: &str, n: usize) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let status: serde_json::Value =
+            reqwest::blocking::get(format!("{url}/admin/status")).unwrap().json().unwrap();
+        let replicas = status["models"][0]["replicas"].as_array().cloned().unwrap_or_default();
+        if replicas.len() == n && replicas.iter().all(|r| r["state"] == "ready") {
+            return replicas;
+        }
+        assert!(std::time::Instant::now() < deadline, "not {n} ready replicas in time: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A short chat request.
 pub fn chat(model: &str, max_tokens: u32) -> serde_json::Value {
     serde_json::json!({
