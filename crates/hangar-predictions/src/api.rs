@@ -28,7 +28,7 @@ use crate::lifecycle::{parse_cancel_after, Deadlines, Status};
 use crate::llm::{openapi_schema, LlmInput};
 use crate::record::{rfc3339, JobKind, Record, StatusView};
 use crate::service::{now, Inner, InputRules, Service};
-use crate::store::{Cursor, PredictionQueue};
+use crate::store::Cursor;
 use crate::webhook_policy::{Event, Filter};
 use crate::webhook_target;
 

@@ -5,7 +5,6 @@
 //! every rule it applies is one of the sans-IO policies, fed `now`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,7 +18,7 @@ use crate::executor::{ExecError, ExecEvent, Executor, Job, Sink};
 use crate::lifecycle::{DeadlineSource, Deadlines, Ending, Status};
 use crate::record::{JobKind, Record, StatusView};
 use crate::signing;
-use crate::store::{Delivery, PredictionQueue, SqliteQueue, StoreError};
+use crate::store::{Backend, Delivery, PredictionQueue, StoreError};
 use crate::webhook_policy::{retry_delay, Decision, Event, Throttle};
 use crate::webhook_target::{self, AllowList};
 
@@ -95,7 +94,7 @@ pub(crate) struct LiveState {
 }
 
 pub(crate) struct Inner {
-    pub store: SqliteQueue,
+    pub store: Arc<dyn PredictionQueue>,
     pub models: BTreeMap<String, Model>,
     pub deployments: BTreeMap<String, (String, ModelSettings)>,
     pub api_keys: ApiKeys,
@@ -119,12 +118,12 @@ pub struct Service {
 }
 
 impl Service {
-    /// Opens the store in `data_dir`, recovers what a previous run left
-    /// (see [`SqliteQueue::recover`]) and starts the workers and loops on
+    /// Opens the store (`backend`), recovers what a previous run left
+    /// (see [`PredictionQueue::recover`]) and starts the workers and loops on
     /// the current tokio runtime. `base_url` is where clients reach the
     /// API (used unless `config.public_url` is set).
     pub fn start(
-        data_dir: &Path,
+        backend: &Backend,
         config: PredictionsConfig,
         models: Vec<Model>,
         api_keys: ApiKeys,
@@ -143,7 +142,8 @@ impl Service {
             AllowList::parse(&config.webhook_allow)
                 .map_err(|e| ServiceError::Config(e.within("webhook_allow").to_string()))?,
         );
-        let store = SqliteQueue::open(data_dir)?;
+        let grace_ms = config.webhook_secret_grace_s.saturating_mul(1000);
+        let store = backend.open(config.lease_s.max(1) * 1000, grace_ms, now())?;
         let models: BTreeMap<String, Model> = models.into_iter().map(|m| (m.key.clone(), m)).collect();
         let mut deployments = BTreeMap::new();
         for d in &config.deployments {
@@ -152,7 +152,6 @@ impl Service {
             })?;
             deployments.insert(d.name.clone(), (d.model.clone(), d.settings.unwrap_or(model.settings)));
         }
-        store.retire_shared_webhook_secret(now(), config.webhook_secret_grace_s.saturating_mul(1000))?;
         let base_url = config.public_url.clone().unwrap_or_else(|| base_url.to_owned());
         let base_url = base_url.trim_end_matches('/').to_owned();
         let wake = models
@@ -216,6 +215,9 @@ impl Service {
         tokio::spawn(self.inner.clone().sweep_loop());
         tokio::spawn(self.inner.clone().prune_loop());
         tokio::spawn(self.inner.clone().delivery_loop());
+        if self.inner.store.shared() {
+            tokio::spawn(self.inner.clone().watch_loop());
+        }
     }
 }
 
@@ -350,8 +352,12 @@ impl Inner {
                     let me = self.clone();
                     tokio::spawn(async move {
                         let id = record.id.clone();
-                        if let Err(e) = me.run(record).await {
-                            tracing::error!(prediction = %id, "prediction store failed: {e}");
+                        if let Err(e) = me.clone().run(record).await {
+                            // Its claim is no longer renewed: once the
+                            // lease passes, a sweep (here or in another
+                            // gateway) re-queues or fails it.
+                            tracing::error!(prediction = %id, "prediction store failed, leaving the prediction to the sweep: {e}");
+                            me.store.abandon(&me.owner, &id);
                         }
                         drop(permit);
                     });
@@ -383,7 +389,7 @@ impl Inner {
         let limits = settings.limits(r.kind == JobKind::Training);
         let deadlines = Deadlines { per_prediction: r.deadline, lifetime: r.lifetime_deadline };
         if let Some(ending) = deadlines.at_dequeue(now()) {
-            return self.end(&mut r, ending).map(drop);
+            return self.end_durably(&mut r, ending).await;
         }
         let live = self.live(&r.id);
         let Ok(account) = r.account.parse::<AccountId>() else {
@@ -391,7 +397,7 @@ impl Inner {
                 status: Status::Failed,
                 error: format!("stored account `{}` is invalid", r.account),
             };
-            return self.end(&mut r, ending).map(drop);
+            return self.end_durably(&mut r, ending).await;
         };
         let (sink, mut events) = Sink::channel();
         let job =
@@ -415,13 +421,13 @@ impl Inner {
                 _ = live.cancel.cancelled() => {
                     exec_cancel.cancel();
                     let ending = Ending { status: Status::Canceled, error: "canceled by the user".into() };
-                    return self.end(&mut r, ending).map(drop);
+                    return self.end_durably(&mut r, ending).await;
                 }
                 _ = sleep(wait_deadline) => {
                     exec_cancel.cancel();
                     let source = deadline.map_or(DeadlineSource::PredictTimeout, |(_, s)| s);
                     let ending = if started { Ending::expired_while_running(source) } else { Ending::expired_before_start(source) };
-                    return self.end(&mut r, ending).map(drop);
+                    return self.end_durably(&mut r, ending).await;
                 }
                 _ = sleep(wait_webhook) => {
                     if let Some(event) = throttle.handle_timeout(now()) {
@@ -443,7 +449,7 @@ impl Inner {
                         Err(ExecError::Canceled) => Ending { status: Status::Canceled, error: "canceled".into() },
                         Err(ExecError::Failed(e)) => Ending { status: Status::Failed, error: e },
                     };
-                    return self.end(&mut r, ending).map(drop);
+                    return self.end_durably(&mut r, ending).await;
                 }
                 Some(e) = events.recv() => {
                     if !self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline)? {
@@ -547,6 +553,26 @@ impl Inner {
         });
     }
 
+    /// [`Inner::end`] for a prediction this process ran: when the store
+    /// fails (Redis restarting, a disk hiccup), the end is tried again
+    /// for up to a lease, so a finished run is not lost to a blip;
+    /// after that the error goes to the caller (who abandons the claim).
+    async fn end_durably(&self, r: &mut Record, ending: Ending) -> Result<(), StoreError> {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(self.config.lease_s.max(1));
+        let mut wait = Duration::from_millis(50);
+        loop {
+            match self.end(r, ending.clone()) {
+                Ok(_) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() + wait > give_up => return Err(e),
+                Err(e) => {
+                    tracing::warn!(prediction = %r.id, "cannot store the end yet, retrying in {wait:?}: {e}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
     /// Ends `r` with `ending` at now.
     fn end(&self, r: &mut Record, ending: Ending) -> Result<bool, StoreError> {
         r.status = ending.status;
@@ -585,6 +611,32 @@ impl Inner {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = self.stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// With a store other gateways share, a prediction may end through
+    /// another gateway (a cancel there, or run by its worker) while this
+    /// one runs it or has clients waiting on it: every 250 ms, each live
+    /// entry whose record has ended is cancelled here (its run stops) and
+    /// its waiters are woken (they read the end from the store).
+    async fn watch_loop(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = self.stop.cancelled() => return,
+            }
+            let watched: Vec<(String, Arc<Live>)> =
+                self.live.lock().expect("live table").iter().map(|(id, l)| (id.clone(), l.clone())).collect();
+            for (id, live) in watched {
+                match self.store.get(&id) {
+                    Ok(Some(r)) if !r.status.is_terminal() => {}
+                    Ok(_) => {
+                        live.cancel.cancel();
+                        live.changed.send_modify(|v| *v += 1);
+                    }
+                    Err(e) => tracing::warn!(prediction = %id, "watch: {e}"),
+                }
             }
         }
     }

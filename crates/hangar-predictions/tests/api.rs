@@ -10,6 +10,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hangar_core::{ApiKeys, Principal};
+use hangar_predictions::store::Backend;
 use hangar_predictions::{
     signing, ExecFuture, Executor, InputRules, Job, Model, ModelSettings, PredictionsConfig, Service,
     ServiceError, Sink,
@@ -71,8 +72,15 @@ impl Drop for Running {
 fn start(config: serde_json::Value, models: Vec<Model>, keys: ApiKeys) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let config: PredictionsConfig = serde_json::from_value(config).unwrap();
-    let service =
-        Service::start(dir.path(), config, models, keys, Arc::new(Echo), "http://127.0.0.1:9").unwrap();
+    let service = Service::start(
+        &Backend::Sqlite(dir.path().into()),
+        config,
+        models,
+        keys,
+        Arc::new(Echo),
+        "http://127.0.0.1:9",
+    )
+    .unwrap();
     Running { service, _dir: dir }
 }
 
@@ -451,7 +459,7 @@ async fn start_refuses_an_invalid_configuration() {
     ] {
         let config: PredictionsConfig = serde_json::from_value(config).unwrap();
         let e = Service::start(
-            dir.path(),
+            &Backend::Sqlite(dir.path().into()),
             config,
             vec![model("t/open", None)],
             ApiKeys::default(),
@@ -465,7 +473,7 @@ async fn start_refuses_an_invalid_configuration() {
     let mut m = model("t/open", None);
     m.settings.max_run_lifetime_s = u64::MAX;
     let e = Service::start(
-        dir.path(),
+        &Backend::Sqlite(dir.path().into()),
         PredictionsConfig::default(),
         vec![m],
         ApiKeys::default(),

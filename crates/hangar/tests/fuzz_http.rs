@@ -78,7 +78,14 @@ fn harness() -> &'static Harness {
             let mut config = config;
             let predictions = std::mem::take(&mut config.predictions);
             let server = Server::start(config, env!("CARGO_BIN_EXE_hangar").into()).await.unwrap();
-            let service = server.start_predictions(dir.path(), predictions, "http://fuzz").await.unwrap();
+            let service = server
+                .start_predictions(
+                    &hangar_predictions::store::Backend::Sqlite(dir.path().into()),
+                    predictions,
+                    "http://fuzz",
+                )
+                .await
+                .unwrap();
             server.router(&service, limit)
         });
         Harness { runtime, app, _dir: dir }

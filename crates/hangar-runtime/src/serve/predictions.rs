@@ -27,6 +27,7 @@ use futures::StreamExt;
 use hangar_core::{AccountId, BlockHash, ReplicaId};
 use hangar_predictions::llm::LlmInput;
 use hangar_predictions::record::JobKind;
+use hangar_predictions::store::Backend;
 use hangar_predictions::{
     ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError, Sink,
 };
@@ -241,13 +242,13 @@ async fn complete_on_llm(
 
 impl Server {
     /// Starts the predictions service on this server's models, storing in
-    /// `data_dir`; `base_url` is where clients reach the server. Merge
+    /// `backend`; `base_url` is where clients reach the server. Merge
     /// [`Service::router`] into the gateway's router. A cog model's
     /// version shows the OpenAPI schema its server publishes, when one of
     /// its replicas is up by now.
     pub async fn start_predictions(
         &self,
-        data_dir: &std::path::Path,
+        backend: &Backend,
         config: PredictionsConfig,
         base_url: &str,
     ) -> Result<Service, ServiceError> {
@@ -269,7 +270,7 @@ impl Server {
         }
         let executor = Arc::new(ServeExecutor { inner: self.inner.clone() });
         let api_keys = self.inner.api_keys.clone();
-        Service::start(data_dir, config, models, api_keys, executor, base_url)
+        Service::start(backend, config, models, api_keys, executor, base_url)
     }
 
     /// `GET /openapi.json` from a running replica of the cog model `rt`.

@@ -8,6 +8,8 @@ use axum::serve::ListenerExt;
 use clap::Args as ClapArgs;
 use hangar_agent::engine::EngineSpec;
 use hangar_agent::weights::WeightsSource;
+use hangar_predictions::store::Backend;
+use hangar_redis::Redis;
 use hangar_runtime::serve::{DataDirLock, ServeConfig, Server};
 
 use super::engine::shutdown_signal;
@@ -27,6 +29,11 @@ pub struct Args {
     /// Listen address, overriding the file's `listen`.
     #[arg(long)]
     listen: Option<String>,
+    /// The Redis this gateway shares with others (`redis://HOST:PORT/DB`,
+    /// `unix:///path`), overriding the file's `redis`: predictions then
+    /// live on Redis Streams (docs/cluster.md).
+    #[arg(long, env = "HANGAR_REDIS")]
+    redis: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -37,14 +44,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    if let Some(url) = args.redis {
+        hangar_redis::check_url(&url).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
+        config.redis = Some(url);
+    }
     let base = args.config.as_deref().map(config_dir);
     if let Some(base) = base {
         resolve_engine_paths(&mut config, base)?;
     }
-    let data_dir = data_dir(&config, base)?;
-    // Before anything starts: a second server on this directory would take
-    // the first one's running predictions for abandoned.
-    let _lock = DataDirLock::acquire(&data_dir)?;
+    // Before anything starts: the predictions store. In SQLite, a second
+    // server on the directory would take the first one's running
+    // predictions for abandoned, so the directory is locked; on Redis,
+    // any number of gateways share it.
+    let (backend, _lock) = match &config.redis {
+        Some(url) => (Backend::Redis(Redis::connect(url)?), None),
+        None => {
+            let data_dir = data_dir(&config, base)?;
+            let lock = DataDirLock::acquire(&data_dir)?;
+            (Backend::Sqlite(data_dir), Some(lock))
+        }
+    };
     hangar_runtime::serve::install_panic_hook();
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -58,9 +77,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let predictions = std::mem::take(&mut config.predictions);
         let server = Server::start(config, exe).await?;
         let service = server
-            .start_predictions(&data_dir, predictions, &format!("http://{addr}"))
+            .start_predictions(&backend, predictions, &format!("http://{addr}"))
             .await
-            .with_context(|| format!("cannot start predictions in {}", data_dir.display()))?;
+            .with_context(|| format!("cannot start predictions in {}", backend_name(&backend)))?;
         // One write, and errors ignored: whoever started us may read only
         // the first line and close the pipe, which must not stop a server.
         let announce = format!("listening on http://{addr}\ntry: {try_line}\n");
@@ -78,6 +97,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         server.shutdown().await;
         Ok(())
     })
+}
+
+/// Where predictions are stored, for an error message.
+fn backend_name(backend: &Backend) -> String {
+    match backend {
+        Backend::Sqlite(dir) => dir.display().to_string(),
+        Backend::Redis(redis) => format!("redis at {}", redis.url()),
+    }
 }
 
 /// A ready-to-paste curl line for the first model: a chat completion, or a

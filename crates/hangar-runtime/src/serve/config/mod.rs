@@ -65,6 +65,13 @@ pub struct ServeConfig {
     /// directory for the built-in demo).
     #[serde(default)]
     pub data_dir: Option<std::path::PathBuf>,
+    /// The Redis a fleet of gateways shares (`redis://host:6379/0`,
+    /// `unix:///run/redis.sock`): the predictions queue then lives there
+    /// on Redis Streams, so a prediction created through one gateway is
+    /// run, read and cancelled through any (docs/cluster.md). Default
+    /// none: SQLite in `data_dir`, one machine.
+    #[serde(default)]
+    pub redis: Option<String>,
     /// Async predictions settings (docs/predictions.md).
     #[serde(default)]
     pub predictions: hangar_predictions::PredictionsConfig,

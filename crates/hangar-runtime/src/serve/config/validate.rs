@@ -133,6 +133,9 @@ impl ServeConfig {
     }
 
     fn check_api_keys(&self) -> Result<(), FieldError> {
+        if let Some(url) = &self.redis {
+            hangar_redis::check_url(url).map_err(|e| FieldError::new("redis", e))?;
+        }
         if self.metrics_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
             return Err(FieldError::new("metrics_key", "is empty (leave it out for an open /metrics)"));
         }

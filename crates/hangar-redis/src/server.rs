@@ -1,0 +1,169 @@
+//! A private `redis-server` for tests and benchmarks.
+//!
+//! It listens on a Unix socket in its own directory (no TCP port, so
+//! parallel tests never collide), keeps its data there with AOF on, and
+//! is killed when dropped, even when the test that started it panics.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The environment variable naming the `redis-server` binary (else it is
+/// looked up on `PATH`).
+pub const SERVER_ENV: &str = "HANGAR_REDIS_SERVER";
+
+/// Why a local server could not be started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// No `redis-server` binary.
+    #[error(
+        "no redis-server found (install Debian's `redis-server` package, or set {SERVER_ENV} to the binary)"
+    )]
+    NotInstalled,
+    /// It could not be spawned or its directory made.
+    #[error("redis-server: {0}")]
+    Io(#[from] std::io::Error),
+    /// It did not answer in time; its log's last lines.
+    #[error("redis-server did not answer on {socket} within 10 s; its log ends:\n{log}")]
+    NoAnswer {
+        /// The socket it was told to listen on.
+        socket: String,
+        /// The end of its log file.
+        log: String,
+    },
+}
+
+/// A running `redis-server` of one's own, with its data in a temporary
+/// directory. Dropping it kills the server and removes the directory.
+#[derive(Debug)]
+pub struct LocalRedis {
+    dir: tempfile::TempDir,
+    binary: PathBuf,
+    child: Option<Child>,
+}
+
+impl LocalRedis {
+    /// The `redis-server` binary: `$HANGAR_REDIS_SERVER`, else the first
+    /// on `PATH`.
+    pub fn binary() -> Option<PathBuf> {
+        if let Some(path) = std::env::var_os(SERVER_ENV) {
+            return Some(PathBuf::from(path));
+        }
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path).map(|d| d.join("redis-server")).find(|p| p.is_file())
+    }
+
+    /// Starts a server (AOF on, fsync every second) and waits until it
+    /// answers.
+    pub fn start() -> Result<LocalRedis, ServerError> {
+        let binary = Self::binary().ok_or(ServerError::NotInstalled)?;
+        let dir = tempfile::Builder::new().prefix("hangar-redis-").tempdir()?;
+        let mut server = LocalRedis { dir, binary, child: None };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// A server for a test: started, or `None` (after printing why) when
+    /// no `redis-server` is installed and this is not CI (`CI` set),
+    /// where a missing server fails the test instead.
+    pub fn for_test() -> Option<LocalRedis> {
+        match LocalRedis::start() {
+            Ok(server) => Some(server),
+            Err(ServerError::NotInstalled) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: {}", ServerError::NotInstalled);
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The URL clients connect with (`unix:///…/redis.sock`).
+    pub fn url(&self) -> String {
+        format!("unix://{}", self.socket().display())
+    }
+
+    /// The directory holding the socket, the AOF and the log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    fn spawn(&mut self) -> Result<(), ServerError> {
+        let socket = self.socket();
+        let _ = std::fs::remove_file(&socket);
+        let child = Command::new(&self.binary)
+            .args(["--port", "0", "--unixsocket"])
+            .arg(&socket)
+            .args(["--unixsocketperm", "700", "--dir"])
+            .arg(self.dir.path())
+            .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--logfile"])
+            .arg(self.dir.path().join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(mut stream) = std::os::unix::net::UnixStream::connect(&socket) {
+                use std::io::{Read, Write};
+                let mut pong = [0u8; 7];
+                // `-LOADING` while the AOF is replayed; `+PONG` once ready.
+                if stream.write_all(b"PING\r\n").is_ok()
+                    && stream.read_exact(&mut pong).is_ok()
+                    && &pong == b"+PONG\r\n"
+                {
+                    return Ok(());
+                }
+            }
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(10).collect();
+        self.kill();
+        Err(ServerError::NoAnswer {
+            socket: socket.display().to_string(),
+            log: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        })
+    }
+
+    /// Stops the server as an operator would (SIGTERM: it flushes its AOF)
+    /// and starts it again on the same socket and data.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        if let Some(mut child) = self.child.take() {
+            if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+            let _ = child.wait();
+        }
+        self.spawn()
+    }
+
+    /// Kills the server with SIGKILL (what it wrote in the last second may
+    /// be lost: AOF is fsynced every second) and starts it again on the
+    /// same data.
+    pub fn crash_and_restart(&mut self) -> Result<(), ServerError> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
