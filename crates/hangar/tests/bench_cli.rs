@@ -115,19 +115,31 @@ fn bench_store_prints_every_ratio_next_to_its_reference() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--lip-calls must be at least 1"));
 }
 
-/// The queue benchmark claims every prediction it creates, and another
-/// account's prediction waits one claim behind a backlog, not the backlog.
+/// The queue benchmark claims every prediction it creates, on SQLite and
+/// on Redis Streams, and other accounts' predictions wait one claim
+/// behind a backlog on SQLite (accounts take turns), at most two on
+/// Redis (the backlog's two shards take turns with theirs), not the
+/// backlog.
 #[test]
 fn bench_queue_claims_everything_and_an_account_waits_one_claim() {
     let args = ["bench", "queue", "--requests", "300", "--backlog", "200", "--probes", "5", "--slots", "2"];
     let o = run(&[&args[..], &["--json"]].concat());
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let all: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let report = &all["reports"][0];
     assert_eq!((report["backend"].as_str(), report["requests"].as_u64()), (Some("sqlite"), Some(300)));
     assert!(report["create_claim_per_s"].as_f64().is_some_and(|x| x > 0.0), "{report}");
     assert_eq!(report["claims_before"], serde_json::json!([1, 1, 1]), "{report}");
     assert_eq!(report["slot_waits"], serde_json::json!([1, 1, 1]), "{report}");
+    match all["reports"].get(1) {
+        Some(redis) => {
+            assert!(redis["backend"].as_str().unwrap().starts_with("redis streams"), "{redis}");
+            assert!(redis["create_claim_per_s"].as_f64().is_some_and(|x| x > 0.0), "{redis}");
+            assert!(redis["claims_before"][2].as_u64().unwrap() <= 2, "{redis}");
+        }
+        None => assert!(std::env::var_os("CI").is_none(), "no redis figures in CI: {all}"),
+    }
     let o = run(&["bench", "queue", "--slots", "0"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--slots"));
 }

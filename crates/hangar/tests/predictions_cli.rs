@@ -4,13 +4,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::predictions::{client, get, get_as, post, sse_events, wait_terminal};
+use common::predictions::{client, get, get_as, post, receiver, sse_events, wait_terminal, Hook};
 use common::{serve, serve_in};
 use serde_json::{json, Value};
 
@@ -189,101 +187,6 @@ fn cancel_queued_and_running_and_deadlines_abort_or_cancel() {
     assert_eq!(timed["status"], "canceled", "{timed}");
     assert!(!timed["started_at"].is_null(), "it ran before its deadline: {timed}");
     assert!(timed["error"].as_str().unwrap().contains("Cancel-After"));
-}
-
-/// One webhook as received.
-#[derive(Debug, Clone)]
-struct Hook {
-    id: String,
-    timestamp: u64,
-    signature: String,
-    body: String,
-}
-
-/// A webhook receiver on loopback that answers 500 to the first
-/// `failures` requests (and to all while `accept` is false), 200 after.
-struct Receiver {
-    url: String,
-    hooks: Arc<Mutex<Vec<Hook>>>,
-    /// The `webhook-id` of every request, refused ones included.
-    attempts: Arc<Mutex<Vec<String>>>,
-    accept: Arc<std::sync::atomic::AtomicBool>,
-}
-
-fn receiver(failures: usize) -> Receiver {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let hooks: Arc<Mutex<Vec<Hook>>> = Arc::default();
-    let attempts: Arc<Mutex<Vec<String>>> = Arc::default();
-    let accept = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let seen = Arc::new(AtomicUsize::new(0));
-    let (store, tried, accepting) = (hooks.clone(), attempts.clone(), accept.clone());
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let (store, seen, tried, accepting) =
-                (store.clone(), seen.clone(), tried.clone(), accepting.clone());
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut headers = HashMap::new();
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    return;
-                }
-                loop {
-                    line.clear();
-                    // A sender killed mid-request (the test kills the
-                    // server) leaves a request cut short: not a delivery.
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                    if let Some((k, v)) = line.trim_end().split_once(':') {
-                        headers.insert(k.to_ascii_lowercase(), v.trim().to_owned());
-                    }
-                }
-                let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
-                let mut body = vec![0; len];
-                if reader.read_exact(&mut body).is_err() {
-                    return;
-                }
-                let n = seen.fetch_add(1, Ordering::SeqCst);
-                tried.lock().unwrap().push(headers["webhook-id"].clone());
-                let ok = n >= failures && accepting.load(Ordering::SeqCst);
-                let status = if ok { "200 OK" } else { "500 Internal Server Error" };
-                if ok {
-                    store.lock().unwrap().push(Hook {
-                        id: headers["webhook-id"].clone(),
-                        timestamp: headers["webhook-timestamp"].parse().unwrap(),
-                        signature: headers["webhook-signature"].clone(),
-                        body: String::from_utf8(body).unwrap(),
-                    });
-                }
-                let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-            });
-        }
-    });
-    Receiver { url, hooks, attempts, accept }
-}
-
-impl Receiver {
-    fn hooks(&self) -> Vec<Hook> {
-        self.hooks.lock().unwrap().clone()
-    }
-
-    /// The `status` of each received body, per prediction id.
-    fn completed(&self) -> HashMap<String, Vec<Hook>> {
-        let mut out: HashMap<String, Vec<Hook>> = HashMap::new();
-        for h in self.hooks() {
-            let v: Value = serde_json::from_str(&h.body).unwrap();
-            if !matches!(v["status"].as_str(), Some("starting" | "processing")) {
-                out.entry(v["id"].as_str().unwrap().to_owned()).or_default().push(h);
-            }
-        }
-        out
-    }
 }
 
 #[test]

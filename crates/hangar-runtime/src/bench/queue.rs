@@ -1,14 +1,15 @@
-//! `hangar bench queue`: the durable predictions queue on its own — the
-//! embedded SQLite store today, the backend a cluster's Redis Streams queue
-//! will be printed beside.
+//! `hangar bench queue`: the durable predictions queue on its own, the
+//! embedded SQLite store and the fleet's Redis Streams store side by side
+//! in one run (Redis: a private `redis-server` started for the bench, or
+//! `--redis URL` of a scratch server).
 //!
-//! Two figures, in-process against a store in a temporary directory:
+//! Two figures per backend, in-process, on a fresh store:
 //! 1. **Create → claim per second**: producers create predictions (each
 //!    create committed before it returns, up to 256 in flight) while
 //!    `slots` workers claim them; the rate is the predictions over the time
 //!    from the first create to the last claim.
 //! 2. **Fairness**: one account holds a backlog of `backlog` predictions;
-//!    another account then creates one, `probes` times, and a worker
+//!    then each of `probes` other accounts creates one, and a worker
 //!    claims until it gets it. The claims that went to the backlog first
 //!    are what it waited; with `slots` workers each claim frees one slot,
 //!    so it starts within `ceil((claims before + 1) / slots)` slot waits.
@@ -21,13 +22,16 @@ use std::time::Instant;
 
 use hangar_predictions::lifecycle::Deadlines;
 use hangar_predictions::record::{JobKind, Record};
-use hangar_predictions::store::{PredictionQueue, SqliteQueue};
+use hangar_predictions::store::{PredictionQueue, RedisQueue, Shards, SqliteQueue};
+use hangar_redis::{LocalRedis, Redis, ServerError};
 use serde::Serialize;
 
 use super::BenchError;
 
-/// The model the bench's predictions are for.
-const MODEL: &str = "bench/queue";
+/// The models of the two figures (separate queues, so one Redis holds
+/// both).
+const THROUGHPUT_MODEL: &str = "bench/throughput";
+const FAIRNESS_MODEL: &str = "bench/fairness";
 
 /// How to run it.
 #[derive(Debug, Clone)]
@@ -38,15 +42,18 @@ pub struct Options {
     pub slots: usize,
     /// The first account's backlog in figure 2.
     pub backlog: usize,
-    /// Predictions of the second account in figure 2.
+    /// Other accounts' predictions in figure 2.
     pub probes: usize,
+    /// A scratch Redis to use instead of starting one (it must hold no
+    /// Hangar keys).
+    pub redis: Option<String>,
 }
 
 /// The figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// The queue's backend.
-    pub backend: &'static str,
+    pub backend: String,
     /// Predictions in figure 1.
     pub requests: usize,
     /// Claiming workers.
@@ -57,7 +64,7 @@ pub struct Report {
     pub create_claim_per_s: f64,
     /// The first account's backlog in figure 2.
     pub backlog: usize,
-    /// The second account's predictions in figure 2.
+    /// Other accounts' predictions in figure 2.
     pub probes: usize,
     /// Claims that went to the backlog before the second account's
     /// prediction: p50, p99, max.
@@ -66,21 +73,53 @@ pub struct Report {
     pub slot_waits: [usize; 3],
 }
 
-/// Runs both figures on a fresh SQLite store each.
+/// Both backends' figures, SQLite first; Redis's when a server could be
+/// had (`redis` says why not otherwise).
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// One report per backend measured.
+    pub reports: Vec<Report>,
+    /// Why Redis was not measured, if it was not.
+    pub redis_skipped: Option<String>,
+}
+
+/// Runs both figures on each backend.
 ///
 /// # Cancel safety
 /// Dropping the future leaves blocking claim threads to finish their
-/// current claim; the stores are removed with their directories.
-pub async fn run(options: &Options) -> Result<Report, BenchError> {
+/// current claim; the stores are removed with their directories (a
+/// private Redis is killed).
+pub async fn run(options: &Options) -> Result<Comparison, BenchError> {
     if options.requests == 0 || options.slots == 0 || options.backlog == 0 || options.probes == 0 {
         return Err(BenchError::Options(
             "--requests, --slots, --backlog and --probes must be positive".into(),
         ));
     }
-    let (creates_per_s, create_claim_per_s) = throughput(options).await?;
-    let (claims_before, slot_waits) = fairness(options).await?;
+    let (_dir, sqlite) = sqlite()?;
+    let mut reports = vec![measure("sqlite".into(), sqlite, options).await?];
+    let mut redis_skipped = None;
+    match &options.redis {
+        Some(url) => {
+            let queue = scratch_redis(url)?;
+            reports.push(measure(format!("redis streams at {url}"), queue, options).await?);
+        }
+        None => match LocalRedis::start() {
+            Ok(server) => {
+                let queue = scratch_redis(&server.url())?;
+                reports.push(measure("redis streams (private redis-server, AOF everysec)".into(), queue, options).await?);
+            }
+            Err(e @ ServerError::NotInstalled) => redis_skipped = Some(format!("{e}; or pass --redis URL")),
+            Err(e) => return Err(BenchError::Options(e.to_string())),
+        },
+    }
+    Ok(Comparison { reports, redis_skipped })
+}
+
+async fn measure(backend: String, queue: Arc<dyn PredictionQueue>, options: &Options) -> Result<Report, BenchError> {
+    let (creates_per_s, create_claim_per_s) = throughput(&queue, options).await?;
+    let (claims_before, slot_waits) = fairness(&queue, options).await?;
     Ok(Report {
-        backend: "sqlite",
+        backend,
         requests: options.requests,
         slots: options.slots,
         creates_per_s,
@@ -96,27 +135,41 @@ fn store_error(e: impl fmt::Display) -> BenchError {
     BenchError::Options(format!("the predictions store failed: {e}"))
 }
 
-fn open() -> Result<(tempfile::TempDir, Arc<SqliteQueue>), BenchError> {
+fn sqlite() -> Result<(tempfile::TempDir, Arc<dyn PredictionQueue>), BenchError> {
     let dir = tempfile::tempdir()?;
     let queue = SqliteQueue::open(dir.path()).map_err(store_error)?;
     Ok((dir, Arc::new(queue)))
 }
 
-fn record(n: usize, account: &str) -> Record {
+/// The Redis store on `url`, refused if the server holds Hangar data
+/// (the bench's predictions would mix with it).
+fn scratch_redis(url: &str) -> Result<Arc<dyn PredictionQueue>, BenchError> {
+    let redis = Redis::connect(url).map_err(store_error)?;
+    let used: bool = redis
+        .run(|c| hangar_redis::redis::cmd("EXISTS").arg(format!("{}:seq", hangar_redis::PREFIX)).query(c))
+        .map_err(store_error)?;
+    if used {
+        return Err(BenchError::Options(format!(
+            "the redis at {url} holds Hangar data; give the bench a scratch server"
+        )));
+    }
+    Ok(Arc::new(RedisQueue::open(redis, Shards::default(), 60_000).map_err(store_error)?))
+}
+
+fn record(id: String, model: &str, account: &str) -> Record {
     let deadlines = Deadlines { per_prediction: None, lifetime: None };
-    Record::starting(format!("p{n}"), MODEL, "v", account, serde_json::json!({"n": n}), 0, deadlines)
+    Record::starting(id, model, "v", account, serde_json::json!({"n": 1}), 0, deadlines)
 }
 
 /// Figure 1: (creates per second, create → claim per second).
-async fn throughput(options: &Options) -> Result<(f64, f64), BenchError> {
-    let (_dir, queue) = open()?;
+async fn throughput(queue: &Arc<dyn PredictionQueue>, options: &Options) -> Result<(f64, f64), BenchError> {
     let claimed = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let workers: Vec<_> = (0..options.slots)
         .map(|w| {
             let (queue, claimed, total) = (queue.clone(), claimed.clone(), options.requests);
             tokio::task::spawn_blocking(move || -> Result<(), BenchError> {
-                let queue_name = JobKind::Prediction.queue(MODEL);
+                let queue_name = JobKind::Prediction.queue(THROUGHPUT_MODEL);
                 let owner = format!("w{w}");
                 while claimed.load(Ordering::Relaxed) < total {
                     match queue.claim(&queue_name, &owner, 0, 60_000).map_err(store_error)? {
@@ -130,6 +183,7 @@ async fn throughput(options: &Options) -> Result<(f64, f64), BenchError> {
             })
         })
         .collect();
+    let queue = queue.clone();
     let mut in_flight: tokio::task::JoinSet<Result<(), hangar_predictions::store::StoreError>> =
         tokio::task::JoinSet::new();
     for n in 0..options.requests {
@@ -137,7 +191,9 @@ async fn throughput(options: &Options) -> Result<(f64, f64), BenchError> {
             in_flight.join_next().await.expect("not empty").expect("no panic").map_err(store_error)?;
         }
         let queue = queue.clone();
-        in_flight.spawn(async move { queue.enqueue_async(&record(n, "a")).await.map(drop) });
+        in_flight.spawn(async move {
+            queue.enqueue_async(&record(format!("t{n}"), THROUGHPUT_MODEL, "a")).await.map(drop)
+        });
     }
     while let Some(done) = in_flight.join_next().await {
         done.expect("no panic").map_err(store_error)?;
@@ -151,13 +207,17 @@ async fn throughput(options: &Options) -> Result<(f64, f64), BenchError> {
 }
 
 /// Figure 2: claims before, and slot waits, each as p50, p99, max.
-async fn fairness(options: &Options) -> Result<([usize; 3], [usize; 3]), BenchError> {
-    let (_dir, queue) = open()?;
+async fn fairness(
+    queue: &Arc<dyn PredictionQueue>,
+    options: &Options,
+) -> Result<([usize; 3], [usize; 3]), BenchError> {
     let mut creates: tokio::task::JoinSet<Result<(), hangar_predictions::store::StoreError>> =
         tokio::task::JoinSet::new();
     for n in 0..options.backlog {
         let queue = queue.clone();
-        creates.spawn(async move { queue.enqueue_async(&record(n, "big")).await.map(drop) });
+        creates.spawn(async move {
+            queue.enqueue_async(&record(format!("b{n}"), FAIRNESS_MODEL, "big")).await.map(drop)
+        });
         if creates.len() >= 256 {
             creates.join_next().await.expect("not empty").expect("no panic").map_err(store_error)?;
         }
@@ -165,11 +225,12 @@ async fn fairness(options: &Options) -> Result<([usize; 3], [usize; 3]), BenchEr
     while let Some(done) = creates.join_next().await {
         done.expect("no panic").map_err(store_error)?;
     }
-    let queue_name = JobKind::Prediction.queue(MODEL);
+    let queue_name = JobKind::Prediction.queue(FAIRNESS_MODEL);
     let mut before = Vec::with_capacity(options.probes);
     for probe in 0..options.probes {
-        let id = format!("p{}", options.backlog + probe);
-        queue.enqueue_async(&record(options.backlog + probe, "small")).await.map_err(store_error)?;
+        let id = format!("s{probe}");
+        let account = format!("small{probe}");
+        queue.enqueue_async(&record(id.clone(), FAIRNESS_MODEL, &account)).await.map_err(store_error)?;
         let mut claims: usize = 0;
         loop {
             let got = queue.claim(&queue_name, "w", 0, 60_000).map_err(store_error)?;
@@ -192,29 +253,44 @@ async fn fairness(options: &Options) -> Result<([usize; 3], [usize; 3]), BenchEr
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.backend)?;
         writeln!(
             f,
-            "hangar bench queue: the durable predictions queue ({}), {} claiming workers",
-            self.backend, self.slots
-        )?;
-        writeln!(
-            f,
-            "create -> claim   {} predictions: {:.0} creates/s, {:.0} created and claimed/s",
+            "  create -> claim   {} predictions: {:.0} creates/s, {:.0} created and claimed/s",
             self.requests, self.creates_per_s, self.create_claim_per_s
         )?;
         let [c50, c99, cmax] = self.claims_before;
         let [w50, w99, wmax] = self.slot_waits;
         writeln!(
             f,
-            "fairness          {} probes behind a {}-prediction backlog of another account: \
-             claims before p50 {c50}, p99 {c99}, max {cmax}; slot waits p50 {w50}, p99 {w99}, max {wmax}",
-            self.probes, self.backlog
-        )?;
-        writeln!(
-            f,
-            "target: another account's prediction starts within one slot wait (p99): {} {}",
-            w99,
+            "  fairness          {} other accounts' predictions behind a {}-prediction backlog: \
+             claims before p50 {c50}, p99 {c99}, max {cmax}; slot waits p50 {w50}, p99 {w99}, max {wmax} \
+             (target p99 <= 1: {})",
+            self.probes,
+            self.backlog,
             if w99 <= 1 { "meets" } else { "MISSES" }
         )
+    }
+}
+
+impl fmt::Display for Comparison {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let slots = self.reports.first().map_or(0, |r| r.slots);
+        writeln!(f, "hangar bench queue: the durable predictions queue, {slots} claiming workers")?;
+        for r in &self.reports {
+            write!(f, "{r}")?;
+        }
+        if let [sqlite, redis] = &self.reports[..] {
+            writeln!(
+                f,
+                "redis / sqlite: create -> claim {:.2}x (target: redis >= 5000/s: {})",
+                redis.create_claim_per_s / sqlite.create_claim_per_s,
+                if redis.create_claim_per_s >= 5000.0 { "meets" } else { "MISSES" }
+            )?;
+        }
+        if let Some(why) = &self.redis_skipped {
+            writeln!(f, "redis streams: not measured: {why}")?;
+        }
+        Ok(())
     }
 }

@@ -116,9 +116,14 @@ struct QueueArgs {
     /// The first account's backlog.
     #[arg(long, default_value_t = 10_000)]
     backlog: usize,
-    /// The second account's predictions, one at a time.
+    /// Other accounts' predictions, one at a time (each account its own).
     #[arg(long, default_value_t = 200)]
     probes: usize,
+    /// A scratch Redis for the Redis Streams figures (it must hold no
+    /// Hangar keys); default: a private redis-server started for the
+    /// bench, when one is installed.
+    #[arg(long)]
+    redis: Option<String>,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -189,6 +194,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 slots: a.slots,
                 backlog: a.backlog,
                 probes: a.probes,
+                redis: a.redis,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(bench::queue::run(&options))?;

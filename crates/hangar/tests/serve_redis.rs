@@ -1,0 +1,204 @@
+//! Gateways sharing one Redis: `hangar serve --redis` processes over a
+//! private `redis-server`, real engines and a real webhook receiver; a
+//! gateway killed with SIGKILL and Redis restarted mid-run.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::predictions::{client, get, post, receiver, wait_terminal, Receiver};
+use common::{serve, Serve};
+use hangar_redis::LocalRedis;
+use serde_json::{json, Value};
+
+/// Two mock models; `t/fast` is idempotent (a prediction whose gateway
+/// died runs again), with a 2 s lease so a dead gateway's claims are
+/// swept quickly.
+fn config(redis: &LocalRedis) -> String {
+    format!(
+        r#"
+redis = "{}"
+
+[[nodes]]
+id = "local"
+gpus = 2
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "t/fast"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "10GB"
+min_replicas = 1
+predictions = {{ idempotent = true }}
+
+[[models]]
+key = "t/slow"
+engine = {{ kind = "mock", preset = "default" }}
+size = "10GB"
+min_replicas = 1
+concurrency = 1
+
+[predictions]
+async_slots = 2
+lease_s = 2
+webhook_allow = ["127.0.0.1/32"]
+"#,
+        redis.url()
+    )
+}
+
+fn create(gateway: &Serve, model: &str, tokens: u32, hooks: &Receiver) -> (u16, Value) {
+    post(
+        &format!("{}/v1/models/{model}/predictions", gateway.url),
+        &json!({"input": {"prompt": "x", "max_tokens": tokens}, "webhook": hooks.url, "webhook_events_filter": ["completed"]}),
+        &[],
+    )
+}
+
+/// Waits until every id has exactly one terminal webhook (resends of one
+/// share its `webhook-id`) and returns each one's terminal status.
+fn one_terminal_webhook_each(hooks: &Receiver, ids: &[String]) -> HashMap<String, String> {
+    let t = Instant::now();
+    while hooks.completed().len() < ids.len() {
+        assert!(t.elapsed() < Duration::from_secs(120), "{} of {} completed webhooks", hooks.completed().len(), ids.len());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let completed = hooks.completed();
+    ids.iter()
+        .map(|id| {
+            let received = &completed[id];
+            assert!(received.iter().all(|h| h.id == received[0].id), "{id}: two terminal webhooks: {received:?}");
+            let v: Value = serde_json::from_str(&received[0].body).unwrap();
+            (id.clone(), v["status"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn a_prediction_is_created_run_read_and_cancelled_through_any_gateway() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let config = config(&redis);
+    let (a, b) = (serve(&config), serve(&config));
+    let hooks = receiver(0);
+    let mut ids = Vec::new();
+    for i in 0..100 {
+        let (status, p) = create(if i % 2 == 0 { &a } else { &b }, "t/fast", 8, &hooks);
+        assert_eq!(status, 201, "{p}");
+        ids.push(p["id"].as_str().unwrap().to_owned());
+    }
+    // Each is read through the gateway it was not created through.
+    for (i, id) in ids.iter().enumerate() {
+        let other = if i % 2 == 0 { &b } else { &a };
+        let done = wait_terminal(&format!("{}/v1/predictions/{id}", other.url));
+        assert_eq!(done["status"], "succeeded", "{done}");
+        assert_eq!(done["output"].as_array().unwrap().len(), 8, "{done}");
+    }
+    assert!(one_terminal_webhook_each(&hooks, &ids).values().all(|s| s == "succeeded"));
+    // Listing through either gateway shows all of them.
+    let listed = get(&format!("{}/v1/predictions", a.url));
+    assert_eq!(listed["results"].as_array().unwrap().len(), 100);
+
+    // `Prefer: wait` on one gateway sees the end, wherever it ran.
+    let (status, waited) = post(
+        &format!("{}/v1/models/t/fast/predictions", b.url),
+        &json!({"input": {"prompt": "x", "max_tokens": 4}}),
+        &[("Prefer", "wait=30")],
+    );
+    assert_eq!((status, waited["status"].as_str()), (201, Some("succeeded")), "{waited}");
+
+    // A long prediction created through A and cancelled through B ends
+    // `canceled` for both, and whichever gateway ran it stops: the slow
+    // model's single permit is free again on both.
+    let (_, long) = create(&a, "t/slow", 20_000, &hooks);
+    let id = long["id"].as_str().unwrap();
+    let t = Instant::now();
+    while get(&format!("{}/v1/predictions/{id}", b.url))["status"] != "processing" {
+        assert!(t.elapsed() < Duration::from_secs(30), "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let canceled =
+        client().post(format!("{}/v1/predictions/{id}/cancel", b.url)).send().unwrap().json::<Value>().unwrap();
+    assert_eq!(canceled["status"], "canceled", "{canceled}");
+    assert_eq!(get(&format!("{}/v1/predictions/{id}", a.url))["status"], "canceled");
+    for gateway in [&a, &b] {
+        let t = Instant::now();
+        let chat = client()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .json(&json!({"model": "t/slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+            .send()
+            .unwrap();
+        assert_eq!(chat.status(), 200);
+        assert!(t.elapsed() < Duration::from_secs(10), "the cancelled run still held the permit");
+    }
+}
+
+#[test]
+fn a_gateway_killed_mid_run_loses_no_prediction() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let config = config(&redis);
+    let (a, b) = (serve(&config), serve(&config));
+    let hooks = receiver(0);
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        let (status, p) = create(if i % 2 == 0 { &a } else { &b }, "t/fast", 40, &hooks);
+        assert_eq!(status, 201, "{p}");
+        ids.push(p["id"].as_str().unwrap().to_owned());
+    }
+    let t = Instant::now();
+    while hooks.completed().len() < 50 {
+        assert!(t.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(a.kill9());
+    let before = hooks.completed().len();
+    assert!(before < 300, "the kill came too late to test anything");
+    // The survivor sweeps the dead gateway's claims after the lease and
+    // runs them again (the model is idempotent): every one succeeds, with
+    // one terminal webhook each.
+    let statuses = one_terminal_webhook_each(&hooks, &ids);
+    for id in &ids {
+        assert_eq!(statuses[id], "succeeded", "{id}");
+        assert_eq!(get(&format!("{}/v1/predictions/{id}", b.url))["status"], "succeeded");
+    }
+    eprintln!("gateway kill: 300 created, {before} completed before the SIGKILL, all 300 succeeded");
+}
+
+#[test]
+fn accepted_predictions_survive_a_redis_restart() {
+    let Some(mut redis) = LocalRedis::for_test() else { return };
+    let gateway = serve(&config(&redis));
+    let hooks = receiver(0);
+    let mut ids = Vec::new();
+    let mut refused = 0;
+    // Redis restarts (and then crashes, SIGKILL, and restarts) while
+    // predictions are created and run.
+    let restarts = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        redis.restart().unwrap();
+        std::thread::sleep(Duration::from_millis(1_500));
+        redis.crash_and_restart().unwrap();
+        redis
+    });
+    for _ in 0..300 {
+        std::thread::sleep(Duration::from_millis(10));
+        // While Redis is down a create is refused (5xx, nothing stored);
+        // the client tries again.
+        loop {
+            let (status, p) = create(&gateway, "t/fast", 20, &hooks);
+            if status == 201 {
+                ids.push(p["id"].as_str().unwrap().to_owned());
+                break;
+            }
+            assert!(status >= 500, "{status}: {p}");
+            refused += 1;
+            assert!(refused < 100, "Redis never came back: {p}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _redis = restarts.join().unwrap();
+    let statuses = one_terminal_webhook_each(&hooks, &ids);
+    assert!(statuses.values().all(|s| s == "succeeded"), "{statuses:?}");
+    eprintln!("redis restart: 300 accepted ({refused} creates refused while it was down), all succeeded once");
+}
