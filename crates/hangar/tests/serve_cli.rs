@@ -137,6 +137,34 @@ fn a_malformed_config_is_a_clear_error() {
     }
 }
 
+/// A malformed `redis` URL is refused at load (file, line, field), by
+/// `--redis` too; a Redis that does not answer stops serve at once,
+/// naming the URL, before it listens.
+#[test]
+fn a_bad_or_unreachable_redis_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.toml");
+    let rest = "[[models]]\nkey = \"m\"\nengine = { kind = \"mock\", preset = \"fast\" }\nsize = \"1GB\"\n";
+    let gone = format!("unix://{}/no-redis.sock", dir.path().display());
+    for (redis, flag, says) in [
+        ("http://cache:6379", None, "fleet.toml:1: redis: `http://cache:6379` is not a Redis URL".to_owned()),
+        ("redis://127.0.0.1:1/0", Some("ftp://x"), "--redis: `ftp://x` is not a Redis URL".to_owned()),
+        (gone.as_str(), None, format!("cannot reach redis at {gone}")),
+    ] {
+        std::fs::write(&path, format!("redis = \"{redis}\"\n{}", one_gpu(rest))).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangar"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()]);
+        if let Some(flag) = flag {
+            cmd.args(["--redis", flag]);
+        }
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&says), "{err}");
+        assert!(o.stdout.is_empty(), "it never listened: {}", String::from_utf8_lossy(&o.stdout));
+    }
+}
+
 #[test]
 fn a_mock_engine_file_that_cannot_be_read_names_the_model_and_the_path() {
     let dir = tempfile::tempdir().unwrap();

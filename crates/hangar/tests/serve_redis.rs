@@ -62,14 +62,22 @@ fn create(gateway: &Serve, model: &str, tokens: u32, hooks: &Receiver) -> (u16, 
 fn one_terminal_webhook_each(hooks: &Receiver, ids: &[String]) -> HashMap<String, String> {
     let t = Instant::now();
     while hooks.completed().len() < ids.len() {
-        assert!(t.elapsed() < Duration::from_secs(120), "{} of {} completed webhooks", hooks.completed().len(), ids.len());
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "{} of {} completed webhooks",
+            hooks.completed().len(),
+            ids.len()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let completed = hooks.completed();
     ids.iter()
         .map(|id| {
             let received = &completed[id];
-            assert!(received.iter().all(|h| h.id == received[0].id), "{id}: two terminal webhooks: {received:?}");
+            assert!(
+                received.iter().all(|h| h.id == received[0].id),
+                "{id}: two terminal webhooks: {received:?}"
+            );
             let v: Value = serde_json::from_str(&received[0].body).unwrap();
             (id.clone(), v["status"].as_str().unwrap().to_owned())
         })
@@ -118,15 +126,21 @@ fn a_prediction_is_created_run_read_and_cancelled_through_any_gateway() {
         assert!(t.elapsed() < Duration::from_secs(30), "never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let canceled =
-        client().post(format!("{}/v1/predictions/{id}/cancel", b.url)).send().unwrap().json::<Value>().unwrap();
+    let canceled = client()
+        .post(format!("{}/v1/predictions/{id}/cancel", b.url))
+        .send()
+        .unwrap()
+        .json::<Value>()
+        .unwrap();
     assert_eq!(canceled["status"], "canceled", "{canceled}");
     assert_eq!(get(&format!("{}/v1/predictions/{id}", a.url))["status"], "canceled");
     for gateway in [&a, &b] {
         let t = Instant::now();
         let chat = client()
             .post(format!("{}/v1/chat/completions", gateway.url))
-            .json(&json!({"model": "t/slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+            .json(
+                &json!({"model": "t/slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+            )
             .send()
             .unwrap();
         assert_eq!(chat.status(), 200);
@@ -200,5 +214,7 @@ fn accepted_predictions_survive_a_redis_restart() {
     let _redis = restarts.join().unwrap();
     let statuses = one_terminal_webhook_each(&hooks, &ids);
     assert!(statuses.values().all(|s| s == "succeeded"), "{statuses:?}");
-    eprintln!("redis restart: 300 accepted ({refused} creates refused while it was down), all succeeded once");
+    eprintln!(
+        "redis restart: 300 accepted ({refused} creates refused while it was down), all succeeded once"
+    );
 }

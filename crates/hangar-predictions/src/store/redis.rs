@@ -8,8 +8,10 @@
 //! account's backlog fills at most two shards; claims take the shards
 //! with waiting entries in turns (`hangar:q:QUEUE:turns`), so another
 //! account, whose pair differs in at least one shard with probability
-//! 1 − 1/C(16,2) = 99.2 %, is served within a rotation of the busy
-//! shards whatever the backlog. A claim is `XREADGROUP` by the gateway's
+//! 1 − 1/C(32,2) = 99.8 %, is served within a rotation of the busy
+//! shards whatever the backlog (an account whose pair is the backlog's
+//! waits behind it: shuffle sharding bounds how many accounts one
+//! account can hold up, it does not make that number zero). A claim is `XREADGROUP` by the gateway's
 //! consumer; the claimer renews it by `XCLAIM`ing its own pending
 //! entries (a heartbeat every third of the lease); a claim left idle
 //! for the lease (its gateway died) is taken by another gateway's
@@ -47,7 +49,7 @@ pub struct Shards {
 
 impl Default for Shards {
     fn default() -> Self {
-        Shards { count: 16 }
+        Shards { count: 32 }
     }
 }
 
@@ -964,7 +966,7 @@ mod tests {
             q.enqueue(&of(&format!("s{n}"), &account, 10_000)).unwrap();
             let claimed: Vec<String> =
                 (0..3).map(|_| q.claim(&queue, "w", 0, 0).unwrap().unwrap().account).collect();
-            // Its pair is the backlog's (1 in 120): it waits behind it.
+            // Its pair is the backlog's (1 in 496): it waits behind it.
             assert_eq!(claimed.contains(&account), !same, "{account}: {claimed:?}");
         }
     }

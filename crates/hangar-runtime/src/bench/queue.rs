@@ -106,7 +106,10 @@ pub async fn run(options: &Options) -> Result<Comparison, BenchError> {
         None => match LocalRedis::start() {
             Ok(server) => {
                 let queue = scratch_redis(&server.url())?;
-                reports.push(measure("redis streams (private redis-server, AOF everysec)".into(), queue, options).await?);
+                reports.push(
+                    measure("redis streams (private redis-server, AOF everysec)".into(), queue, options)
+                        .await?,
+                );
             }
             Err(e @ ServerError::NotInstalled) => redis_skipped = Some(format!("{e}; or pass --redis URL")),
             Err(e) => return Err(BenchError::Options(e.to_string())),
@@ -115,7 +118,11 @@ pub async fn run(options: &Options) -> Result<Comparison, BenchError> {
     Ok(Comparison { reports, redis_skipped })
 }
 
-async fn measure(backend: String, queue: Arc<dyn PredictionQueue>, options: &Options) -> Result<Report, BenchError> {
+async fn measure(
+    backend: String,
+    queue: Arc<dyn PredictionQueue>,
+    options: &Options,
+) -> Result<Report, BenchError> {
     let (creates_per_s, create_claim_per_s) = throughput(&queue, options).await?;
     let (claims_before, slot_waits) = fairness(&queue, options).await?;
     Ok(Report {
