@@ -4,7 +4,8 @@
 //! workspace, so the types here are the words the crates use to talk to each
 //! other: identifiers ([`ModelKey`], [`ReplicaId`], [`AccountId`],
 //! [`RequestId`]), units ([`ByteSize`], [`Millis`]) and the KV-cache block
-//! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]).
+//! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), and
+//! what a node agent registers ([`NodeRecord`]).
 //!
 //! Nothing here performs I/O or reads a clock; policy crates can use all of it.
 //!
@@ -18,12 +19,14 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod auth;
 mod field;
 mod ids;
 mod kv;
 mod units;
 
+pub use agent::NodeRecord;
 pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;
 pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};

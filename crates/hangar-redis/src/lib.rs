@@ -3,14 +3,16 @@
 //! Without a `redis` setting Hangar runs on one machine with SQLite; with
 //! one, what must span machines lives in one Redis (7 or later, standalone,
 //! with AOF; Sentinel or a managed Redis for failover): the predictions
-//! queue on Streams today, and the node registry, leader lease and desired
-//! state as the fleet grows. Every key Hangar writes starts with
+//! queue on Streams, the node [`registry`] (agents' heartbeats) and the
+//! leader [`lease`]. Every key Hangar writes starts with
 //! [`PREFIX`]; `docs/cluster.md` lists them all.
 //!
 //! [`Redis`] is a small pool of blocking connections (the callers are
 //! short synchronous store methods); [`LocalRedis`] starts a private
 //! `redis-server` for tests and benchmarks.
 
+pub mod lease;
+pub mod registry;
 mod server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
