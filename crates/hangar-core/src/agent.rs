@@ -1,10 +1,13 @@
 //! The node agent protocol: what a `hangar agent` tells the fleet about
-//! its machine. The substrate that carries it (Redis today) is
-//! `hangar-redis`'s concern; these are only the words.
+//! its machine and its replicas, and what the leader wants it to run.
+//! The substrate that carries them (Redis) is `hangar-redis`'s concern;
+//! these are only the words.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ByteSize;
+use crate::{ByteSize, ModelKey, ReplicaId};
 
 /// A machine as its agent registers it, renewed with every heartbeat:
 /// what placement needs to put replicas there, and where to reach it.
@@ -34,4 +37,103 @@ pub struct NodeRecord {
     /// Leaving (SIGTERM): place nothing new here; its replicas move.
     #[serde(default)]
     pub draining: bool,
+}
+
+/// One replica the leader wants on a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DesiredReplica {
+    /// The replica.
+    pub replica: ReplicaId,
+    /// Its model.
+    pub model: ModelKey,
+    /// HOT (serving, on `gpus`) or WARM (asleep in the warm cache).
+    pub warm: bool,
+    /// GPU index on the node → bytes it may use there (empty when warm).
+    #[serde(default)]
+    pub gpus: BTreeMap<u32, u64>,
+    /// The share of each GPU's memory it may use, below 1 when it shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_fraction: Option<f64>,
+    /// Kept by a dedicated window of the schedule.
+    #[serde(default)]
+    pub dedicated: bool,
+}
+
+/// Everything the leader wants on one node, written whole on every
+/// change, with the leader's epoch (see the leader lease).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DesiredState {
+    /// The tenure of the leader that wrote it.
+    pub epoch: u64,
+    /// The replicas, by id.
+    pub replicas: Vec<DesiredReplica>,
+}
+
+/// Where a replica a node runs is, as its agent reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaPhase {
+    /// Its engine is starting.
+    Starting,
+    /// Serving at its URL.
+    Ready,
+    /// Finishing its requests before it sleeps.
+    Draining,
+    /// Asleep in the warm cache.
+    Sleeping,
+}
+
+/// One replica as its node's agent reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaReport {
+    /// The replica.
+    pub replica: ReplicaId,
+    /// Its model.
+    pub model: ModelKey,
+    /// Where it is.
+    pub phase: ReplicaPhase,
+    /// Its engine's base URL, once started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Placed → ready of its last start, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_ms: Option<u64>,
+}
+
+/// Every replica one node runs, reported whole by its agent several
+/// times a second (a replica missing from it is gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The agent run that wrote it.
+    pub agent: String,
+    /// The replicas.
+    pub replicas: Vec<ReplicaReport>,
+}
+
+/// What one gateway sees of each model's demand, published for the
+/// leader, which scales on the sum over every gateway.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayLoad {
+    /// The gateway.
+    pub gateway: String,
+    /// Per model.
+    pub models: BTreeMap<ModelKey, ModelLoad>,
+}
+
+/// One model's demand at one gateway: the scaler's inputs that come from
+/// the request path (counters since the gateway started).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelLoad {
+    /// Requests waiting for a permit.
+    pub waiting: u32,
+    /// Requests holding a permit.
+    pub in_flight: u32,
+    /// Requests that arrived.
+    pub arrivals: u64,
+    /// Requests that finished.
+    pub completions: u64,
+    /// Requests turned away for want of capacity.
+    pub rejected: u64,
+    /// Permit-milliseconds held.
+    pub busy_ms: u64,
 }

@@ -26,7 +26,9 @@ mod ids;
 mod kv;
 mod units;
 
-pub use agent::NodeRecord;
+pub use agent::{
+    DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeRecord, NodeReport, ReplicaPhase, ReplicaReport,
+};
 pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;
 pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};

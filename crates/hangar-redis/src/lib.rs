@@ -3,14 +3,16 @@
 //! Without a `redis` setting Hangar runs on one machine with SQLite; with
 //! one, what must span machines lives in one Redis (7 or later, standalone,
 //! with AOF; Sentinel or a managed Redis for failover): the predictions
-//! queue on Streams, the node [`registry`] (agents' heartbeats) and the
-//! leader [`lease`]. Every key Hangar writes starts with
+//! queue on Streams, the node [`registry`] (agents' heartbeats), the
+//! leader [`lease`], and the [`fleet`] state (what the leader wants on
+//! each node, what each node and gateway reports). Every key Hangar writes starts with
 //! [`PREFIX`]; `docs/cluster.md` lists them all.
 //!
 //! [`Redis`] is a small pool of blocking connections (the callers are
 //! short synchronous store methods); [`LocalRedis`] starts a private
 //! `redis-server` for tests and benchmarks.
 
+pub mod fleet;
 pub mod lease;
 pub mod registry;
 mod server;

@@ -1,0 +1,178 @@
+//! What the leader wants and what the nodes and gateways report, on
+//! Redis.
+//!
+//! - `hangar:desired:NODE`: the node's [`DesiredState`], written whole by
+//!   the leader on every change, only while it holds the lease in the
+//!   epoch it writes (checked in the same script: a leader that lost the
+//!   lease without knowing writes nothing).
+//! - `hangar:reported:NODE`: the node's [`NodeReport`], written whole by
+//!   its agent several times a second, living [`REPORT_TTL`] (it goes
+//!   with its agent).
+//! - `hangar:load:GATEWAY`: a gateway's [`GatewayLoad`], living
+//!   [`REPORT_TTL`], indexed by `hangar:gateways`.
+
+use std::time::Duration;
+
+use hangar_core::{DesiredState, GatewayLoad, NodeReport};
+use redis::Script;
+use serde::de::DeserializeOwned;
+
+use crate::{Redis, RedisError, PREFIX};
+
+/// How long a report outlives the last write of its writer.
+pub const REPORT_TTL: Duration = Duration::from_secs(3);
+
+/// ARGV: prefix, me, epoch, node, json. 1 written, 0 not the leader.
+const WRITE_DESIRED: &str = r#"
+local lease = ARGV[1] .. ':leader'
+if redis.call('GET', lease) ~= ARGV[2] or redis.call('GET', lease .. ':epoch') ~= ARGV[3] then
+  return 0
+end
+redis.call('SET', ARGV[1] .. ':desired:' .. ARGV[4], ARGV[5])
+return 1
+"#;
+
+/// The fleet's shared state on one Redis.
+#[derive(Clone)]
+pub struct FleetState {
+    redis: Redis,
+    write_desired: std::sync::Arc<Script>,
+}
+
+impl std::fmt::Debug for FleetState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetState").field("redis", &self.redis).finish()
+    }
+}
+
+fn key(kind: &str, name: &str) -> String {
+    format!("{PREFIX}:{kind}:{name}")
+}
+
+fn ttl_ms() -> u64 {
+    REPORT_TTL.as_millis() as u64
+}
+
+/// Reads JSON values, an unreadable one as absent (logged): a writer of
+/// another version must not stop the fleet.
+fn parse<T: DeserializeOwned>(what: &str, json: Option<String>) -> Option<T> {
+    let json = json?;
+    match serde_json::from_str(&json) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!("{what}: unreadable, ignored: {e}");
+            None
+        }
+    }
+}
+
+impl FleetState {
+    /// The state on `redis`.
+    pub fn new(redis: Redis) -> FleetState {
+        FleetState { redis, write_desired: std::sync::Arc::new(Script::new(WRITE_DESIRED)) }
+    }
+
+    /// Writes `node`'s desired state as leader `me` in `state.epoch`;
+    /// `false` (nothing written) if `me` no longer leads in that epoch.
+    pub fn write_desired(&self, me: &str, node: &str, state: &DesiredState) -> Result<bool, RedisError> {
+        let json = serde_json::to_string(state).expect("a desired state serializes");
+        let written: i64 = self.redis.run(|c| {
+            self.write_desired.arg(PREFIX).arg(me).arg(state.epoch).arg(node).arg(&json).invoke(c)
+        })?;
+        Ok(written == 1)
+    }
+
+    /// `node`'s desired state, if the leader wrote one.
+    pub fn desired(&self, node: &str) -> Result<Option<DesiredState>, RedisError> {
+        let json: Option<String> =
+            self.redis.run(|c| redis::cmd("GET").arg(key("desired", node)).query(c))?;
+        Ok(parse(&format!("desired state of {node}"), json))
+    }
+
+    /// Writes `node`'s report (an agent, several times a second).
+    pub fn report(&self, node: &str, report: &NodeReport) -> Result<(), RedisError> {
+        let json = serde_json::to_string(report).expect("a report serializes");
+        self.redis.run(|c| {
+            redis::cmd("SET").arg(key("reported", node)).arg(&json).arg("PX").arg(ttl_ms()).query::<()>(c)
+        })
+    }
+
+    /// The reports of `nodes`, in order (`None`: none, or expired).
+    pub fn reports(&self, nodes: &[String]) -> Result<Vec<Option<NodeReport>>, RedisError> {
+        if nodes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = nodes.iter().map(|n| key("reported", n)).collect();
+        let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&keys).query(c))?;
+        Ok(nodes.iter().zip(json).map(|(n, j)| parse(&format!("report of {n}"), j)).collect())
+    }
+
+    /// Forgets a node that is gone: its desired state and its report.
+    pub fn forget(&self, node: &str) -> Result<(), RedisError> {
+        self.redis
+            .run(|c| redis::cmd("DEL").arg(key("desired", node)).arg(key("reported", node)).query::<()>(c))
+    }
+
+    /// Publishes a gateway's load.
+    pub fn publish_load(&self, load: &GatewayLoad, now_ms: u64) -> Result<(), RedisError> {
+        let json = serde_json::to_string(load).expect("a load serializes");
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg(key("load", &load.gateway)).arg(&json).arg("PX").arg(ttl_ms()).ignore();
+        pipe.zadd(format!("{PREFIX}:gateways"), &load.gateway, now_ms).ignore();
+        self.redis.run(|c| pipe.query::<()>(c))
+    }
+
+    /// Every live gateway's load (gateways silent past the TTL drop out).
+    pub fn loads(&self) -> Result<Vec<GatewayLoad>, RedisError> {
+        let index = format!("{PREFIX}:gateways");
+        let names: Vec<String> =
+            self.redis.run(|c| redis::cmd("ZRANGE").arg(&index).arg(0).arg(-1).query(c))?;
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = names.iter().map(|n| key("load", n)).collect();
+        let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&keys).query(c))?;
+        let gone: Vec<&String> =
+            names.iter().zip(&json).filter(|(_, j)| j.is_none()).map(|(n, _)| n).collect();
+        if !gone.is_empty() {
+            self.redis.run(|c| redis::cmd("ZREM").arg(&index).arg(&gone).query::<i64>(c))?;
+        }
+        Ok(names.iter().zip(json).filter_map(|(n, j)| parse(&format!("load of {n}"), j)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hangar_core::{DesiredReplica, ReplicaId};
+
+    use super::*;
+    use crate::lease::{LeaderLease, Leadership};
+    use crate::LocalRedis;
+
+    #[test]
+    fn only_the_leader_in_its_epoch_writes_desired_state() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let fleet = FleetState::new(redis.clone());
+        let lease = LeaderLease::new(redis, "gw-a", Duration::from_secs(5));
+        let Leadership::Leader { epoch, .. } = lease.tick().unwrap() else { panic!("leads") };
+        let state = DesiredState {
+            epoch,
+            replicas: vec![DesiredReplica {
+                replica: ReplicaId::from_u128(7),
+                model: "t/m".parse().unwrap(),
+                warm: false,
+                gpus: [(0, 10)].into(),
+                gpu_fraction: Some(0.5),
+                dedicated: false,
+            }],
+        };
+        assert!(fleet.write_desired("gw-a", "n1", &state).unwrap());
+        assert_eq!(fleet.desired("n1").unwrap(), Some(state.clone()));
+        assert!(!fleet.write_desired("gw-b", "n1", &DesiredState::default()).unwrap(), "not the leader");
+        let stale = DesiredState { epoch: epoch + 1, ..state.clone() };
+        assert!(!fleet.write_desired("gw-a", "n1", &stale).unwrap(), "not its epoch");
+        fleet.forget("n1").unwrap();
+        assert_eq!(fleet.desired("n1").unwrap(), None);
+    }
+}
