@@ -23,6 +23,10 @@ pub struct NodeRecord {
     pub gpus: u32,
     /// Memory of each GPU.
     pub gpu_memory: ByteSize,
+    /// The GPUs are slots of host memory (machines without accelerators:
+    /// the mock engine, CI).
+    #[serde(default)]
+    pub virtual_gpus: bool,
     /// The hardware label models may require (`a100-80gb`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_kind: Option<String>,

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::deployment::NodeId;
 use crate::error::ConfigError;
+use crate::node::Node;
 use crate::sizing::ModelSpec;
 
 /// Most GPUs one node may declare. Eight is a DGX, sixteen an HGX-2; the limit keeps the
@@ -106,11 +107,12 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
-    /// The per-GPU memory in bytes, after validation.
-    pub(crate) fn validated_gpu_memory(&self, index: usize) -> Result<u64, ConfigError> {
-        let bad = |field: &'static str, why: String| {
-            Err(ConfigError::Node { index, node: self.id.to_string(), field, why })
-        };
+    /// The per-GPU memory in bytes, after validation. The error says what
+    /// is wrong but not where the node was declared: a node from a config
+    /// file is named by its position, one that joins later by its id, so
+    /// each caller wraps it ([`BadNode`]).
+    pub(crate) fn validated_gpu_memory(&self) -> Result<u64, BadNode> {
+        let bad = |field: &'static str, why: String| Err(BadNode { field, why });
         if self.gpus > MAX_GPUS_PER_NODE {
             return bad(
                 "gpus",
@@ -126,14 +128,37 @@ impl NodeConfig {
         }
     }
 
+    /// The empty node this declares, or what is wrong with it: the one
+    /// path by which a node enters a cluster, whether from its config or
+    /// joining later, so both are held to the same rules.
+    pub(crate) fn to_node(&self) -> Result<Node, BadNode> {
+        let gpu_memory = self.validated_gpu_memory()?;
+        Ok(Node::new(self.id.clone(), self.gpus, gpu_memory, self.kind(), self.cpu_cache.bytes()))
+    }
+
     /// The GPU kind label.
-    pub(crate) fn kind(&self) -> String {
+    fn kind(&self) -> String {
         match (&self.gpu_kind, self.virtual_gpus) {
             (Some(k), _) => k.clone(),
             (None, true) => "virtual".to_owned(),
             (None, false) => "gpu".to_owned(),
         }
     }
+}
+
+/// One field of a node's declaration that [`Cluster::new`] and
+/// [`Cluster::add_node`] both refuse, before it is known whether the node
+/// came from a config file (named by position) or joined later (named by
+/// id): the one set of node rules, worded by each caller.
+///
+/// [`Cluster::new`]: crate::Cluster::new
+/// [`Cluster::add_node`]: crate::Cluster::add_node
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BadNode {
+    /// The offending field.
+    pub(crate) field: &'static str,
+    /// What is wrong with it.
+    pub(crate) why: String,
 }
 
 /// Everything a [`Cluster`](crate::Cluster) is built from.

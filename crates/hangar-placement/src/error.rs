@@ -48,6 +48,30 @@ pub enum ConfigError {
     },
 }
 
+/// A node could not join a running cluster
+/// ([`Cluster::add_node`](crate::Cluster::add_node)). The cluster is
+/// unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddNodeError {
+    /// A node with this id is already in the cluster. Two nodes under one
+    /// name would make every deployment's `node` ambiguous, so a node that
+    /// comes back (an agent restarting) must be removed first.
+    #[error("node `{0}` is already in the cluster; remove it before adding it again")]
+    Duplicate(NodeId),
+    /// The node's declaration is unusable, by the same rules as a node in
+    /// the cluster's config.
+    #[error("node `{node}`: {field}: {why}")]
+    Invalid {
+        /// The node's id.
+        node: NodeId,
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
 /// Registering an existing deployment (at start-up, or from a scenario) failed.
 /// The cluster is unchanged.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -19,6 +19,8 @@
 //!   resident; among otherwise equal candidates `deploy` prefers a node
 //!   that holds the model's artifact (it never beats a better level or a
 //!   cheaper eviction set).
+//! * [`Cluster::add_node`] / [`Cluster::remove_node`] change the fleet while
+//!   it runs: a node agent joins, or is lost with every replica it held.
 //! * [`Cluster::apply_schedule`] turns a [`Schedule`] of dedicated windows
 //!   into dedicated requests and frees what left it.
 //! * [`DeploymentDelta::between`] two [`Snapshot`]s lists the `to_cache`,
@@ -76,7 +78,9 @@ pub use cluster::{Cluster, Restore};
 pub use config::{ClusterConfig, NodeConfig, PlacementConfig, MAX_GPUS_PER_NODE, MAX_GPU_MEMORY};
 pub use delta::{Action, DeploymentDelta, Snapshot, Step};
 pub use deployment::{Deployment, Level, NodeId, NodeIdError};
-pub use error::{ConfigError, DeltaError, EvictError, ResidencyError, RestoreError, ScheduleError};
+pub use error::{
+    AddNodeError, ConfigError, DeltaError, EvictError, ResidencyError, RestoreError, ScheduleError,
+};
 pub use eviction::EvictionCost;
 pub use node::{Gpu, Node, ReplicaMap};
 pub use outcome::{

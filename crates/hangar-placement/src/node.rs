@@ -154,6 +154,12 @@ impl Node {
         self.warm.values().flat_map(|m| m.values())
     }
 
+    /// Every deployment the node holds, hot ones first, each group by model
+    /// then replica id: what a node that leaves takes with it.
+    pub(crate) fn into_deployments(self) -> impl Iterator<Item = Deployment> {
+        self.hot.into_values().chain(self.warm.into_values()).flat_map(BTreeMap::into_values)
+    }
+
     /// Free bytes per GPU (a copy of the GPUs' `free_bytes`).
     pub(crate) fn gpu_free(&self) -> &[u64] {
         &self.gpu_free[..self.gpus.len()]

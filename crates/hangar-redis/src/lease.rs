@@ -77,6 +77,11 @@ impl LeaderLease {
         LeaderLease { redis, me: me.into(), ttl, tick: Script::new(TICK), resign: Script::new(RESIGN) }
     }
 
+    /// The id this gateway asks as.
+    pub fn holder(&self) -> &str {
+        &self.me
+    }
+
     /// How often to call [`LeaderLease::tick`]: a third of the TTL.
     pub fn period(&self) -> Duration {
         self.ttl / 3

@@ -237,6 +237,7 @@ mod tests {
             agent: agent.into(),
             gpus: 8,
             gpu_memory: "80GB".parse().unwrap(),
+            virtual_gpus: false,
             gpu_kind: Some("a100-80gb".into()),
             cpu_memory: "512GB".parse().unwrap(),
             artifacts: vec!["hg1:abc".into()],

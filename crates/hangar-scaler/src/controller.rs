@@ -22,6 +22,14 @@
 //! room rather than at the end of a back-off. A WARM replica idle beyond
 //! its scaler's keep time is let go.
 //!
+//! # Nodes that join and leave
+//! Node agents come and go while the controller runs. A node that joins
+//! ([`Controller::handle_node_joined`]) is room, so every backed-off model
+//! is retried at once, as when GPUs are freed. A node that is lost
+//! ([`Controller::handle_node_lost`]) takes its replicas with it: the HOT
+//! ones are placed again on the remaining nodes in the same call, its
+//! WARM ones are gone (COLD).
+//!
 //! # Dedicated windows
 //! A [`Schedule`] (seed 000's dedicated deployments) is applied at each
 //! window's start and end, on time: placement keeps the window's replicas
@@ -30,10 +38,13 @@
 //! replicas are ordinary again and the policy gives them back when the
 //! demand allows.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
-use hangar_placement::{Cluster, DeploymentDelta, Level, ReplicaRequest, Schedule};
+use hangar_placement::{
+    AddNodeError, Cluster, Deployment, DeploymentDelta, Level, NodeConfig, NodeId, ReplicaRequest, Schedule,
+    Snapshot,
+};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -302,6 +313,71 @@ impl Controller {
         self.remove(now, model, replica);
     }
 
+    /// A node agent joined with the machine `node` describes: its GPUs are
+    /// placement candidates from now on. Every model backed off as
+    /// unplaceable has its retry brought forward to `now` (as when GPUs are
+    /// freed), so one that waits for room — or for hardware only this node
+    /// has — is placed by the driver's next [`handle_timeout`] at this same
+    /// instant ([`poll_timeout`] says it is due), after the driver has
+    /// observed the models, rather than at the end of a back-off of up to a
+    /// minute. Refused, with nothing changed, if a node of that id is
+    /// already in the cluster or the description is one the cluster's
+    /// config would refuse.
+    ///
+    /// [`handle_timeout`]: Self::handle_timeout
+    /// [`poll_timeout`]: Self::poll_timeout
+    pub fn handle_node_joined(&mut self, now: Millis, node: NodeConfig) -> Result<(), AddNodeError> {
+        self.cluster.add_node(node)?;
+        self.capacity_freed(now);
+        Ok(())
+    }
+
+    /// The node agent `node` is gone (its machine died, or it left): so are
+    /// its replicas, which this returns (`None`, and nothing changes, if no
+    /// such node is in the cluster — a loss reported twice), so the driver
+    /// can stop routing to them; no delta deletes them, as no agent is left
+    /// to carry that out. Each leaves its model's books as a failed
+    /// replica does. Lost HOT replicas are placed again on the nodes that
+    /// remain, at once and in one batch: the next [`poll_action`] yields the
+    /// delta that creates them, as far as the room left allows (a model
+    /// short of its count is backed off as unplaceable, as always). That
+    /// includes a model already backed off: its back-off was about the
+    /// fleet as it was, and the replicas it just lost are not a retry of a
+    /// start that failed. A dedicated window's lost replicas come back
+    /// dedicated. Lost WARM replicas are simply forgotten: their weights
+    /// were in the lost node's memory, so they are COLD now.
+    ///
+    /// [`poll_action`]: Self::poll_action
+    pub fn handle_node_lost(&mut self, now: Millis, node: &NodeId) -> Option<Vec<Deployment>> {
+        let lost = self.cluster.remove_node(node)?;
+        let mut short = BTreeSet::new();
+        let mut dedicated = false;
+        for d in &lost {
+            self.forget(&d.model_key, d.replica_id);
+            if d.level == Level::Hot && self.models.contains_key(&d.model_key) {
+                short.insert(d.model_key.clone());
+                dedicated |= d.dedicated;
+            }
+        }
+        let before = self.cluster.snapshot();
+        if dedicated {
+            // Placement marks a window's replicas dedicated when it deploys
+            // the window; re-deploying the windows in force replaces the
+            // lost ones as dedicated, so no other model can take their
+            // GPUs, instead of as ordinary replicas until the window ends.
+            self.cluster.apply_schedule(&self.schedule, now, &mut self.rng);
+        }
+        let mut wants = Vec::new();
+        for model in short {
+            let desired = self.models[&model].scaler.desired();
+            if desired > self.hot(&model) {
+                wants.push((model, desired));
+            }
+        }
+        self.grow(now, &before, &wants);
+        Some(lost)
+    }
+
     /// Takes `replica` out of the cluster (hot or warm) and out of its
     /// model's books; the GPUs it held are free for whoever waits.
     fn remove(&mut self, now: Millis, model: &ModelKey, replica: ReplicaId) {
@@ -310,11 +386,18 @@ impl Controller {
                 break;
             }
         }
+        self.forget(model, replica);
+        self.capacity_freed(now);
+    }
+
+    /// Drops what `model`'s books hold about `replica`, which left the
+    /// cluster: a gone replica must not be picked to shrink, nor let go of
+    /// again when its warm keep time ends.
+    fn forget(&mut self, model: &ModelKey, replica: ReplicaId) {
         if let Some(c) = self.models.get_mut(model) {
             c.in_flight.remove(&replica);
             c.warm_since.remove(&replica);
         }
-        self.capacity_freed(now);
     }
 
     // ---- commands ----------------------------------------------------
@@ -404,7 +487,7 @@ impl Controller {
     }
 
     /// Pushes the steps from `before` to the cluster as it is now, if any.
-    fn push_delta(&mut self, before: &hangar_placement::Snapshot) {
+    fn push_delta(&mut self, before: &Snapshot) {
         let delta = DeploymentDelta::between(before, &self.cluster.snapshot())
             .expect("snapshots of one cluster are consistent");
         if !delta.is_empty() {
@@ -425,20 +508,7 @@ impl Controller {
         let hot = self.hot(model);
         let before = self.cluster.snapshot();
         if desired > hot {
-            let request = ReplicaRequest { model_key: model.clone(), replicas: desired, dedicated: false };
-            let outcome = self.cluster.deploy(&[request], now, &mut self.rng);
-            let placed = outcome.models.first().map_or(0, |m| m.hot() as u32);
-            let reason = outcome
-                .models
-                .first()
-                .and_then(|m| m.replicas.iter().find_map(|r| r.reason.as_ref()))
-                .map(ToString::to_string);
-            self.push_delta(&before);
-            self.lower_preempted(now, &before);
-            match placed < desired {
-                true => self.block(now, model, reason.unwrap_or_else(|| "no room".into())),
-                false => self.unblock(now, model),
-            }
+            self.grow(now, &before, &[(model.clone(), desired)]);
         } else if desired < hot {
             let c = &self.models[model];
             // A dedicated window's replicas stay (the scaler's floor keeps
@@ -465,10 +535,37 @@ impl Controller {
         }
     }
 
+    /// Brings each of `wants` (a model, and the hot replicas it should
+    /// have) up to its count in one placement batch, and pushes the steps
+    /// from `before` as one delta. One batch, so a model placed earlier in
+    /// it is never evicted to place a later one. A model still short
+    /// afterwards is backed off as unplaceable, the others are placeable.
+    fn grow(&mut self, now: Millis, before: &Snapshot, wants: &[(ModelKey, u32)]) {
+        let requests: Vec<ReplicaRequest> = wants
+            .iter()
+            .map(|(model, desired)| ReplicaRequest {
+                model_key: model.clone(),
+                replicas: *desired,
+                dedicated: false,
+            })
+            .collect();
+        let outcome = self.cluster.deploy(&requests, now, &mut self.rng);
+        self.push_delta(before);
+        self.lower_preempted(now, before);
+        for m in &outcome.models {
+            if (m.hot() as u32) < m.requested {
+                let reason = m.replicas.iter().find_map(|r| r.reason.as_ref()).map(ToString::to_string);
+                self.block(now, &m.model_key, reason.unwrap_or_else(|| "no room".into()));
+            } else {
+                self.unblock(now, &m.model_key);
+            }
+        }
+    }
+
     /// Replicas of other models the last deploy pushed off the GPUs: their
     /// models want only what they still have, until their own demand asks
     /// again (so two models do not take turns evicting each other).
-    fn lower_preempted(&mut self, now: Millis, before: &hangar_placement::Snapshot) {
+    fn lower_preempted(&mut self, now: Millis, before: &Snapshot) {
         let mut preempted = Vec::new();
         for ((victim, replica), level) in self.evicted(before) {
             if let Some(c) = self.models.get_mut(&victim) {
@@ -519,7 +616,7 @@ impl Controller {
     }
 
     /// Replicas that were hot `before` and are not now, with where they went.
-    fn evicted(&self, before: &hangar_placement::Snapshot) -> Vec<((ModelKey, ReplicaId), Level)> {
+    fn evicted(&self, before: &Snapshot) -> Vec<((ModelKey, ReplicaId), Level)> {
         before
             .deployments()
             .values()

@@ -25,6 +25,8 @@ enum Command {
     /// Serve models: an OpenAI-compatible gateway over placed, admitted
     /// replicas (without --config: a built-in demo of two mock models).
     Serve(cmd::serve::Args),
+    /// Run this machine's replicas for a fleet's leader (a node agent).
+    Agent(cmd::agent::Args),
     /// Run an engine process (the mock LLM engine).
     Engine(cmd::engine::Args),
     /// Replay a request trace through simulated engines and a router.
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Agent(args) => cmd::agent::run(args),
         Command::Engine(args) => cmd::engine::run(args),
         Command::Sim(args) => cmd::sim::run(*args),
         Command::Trace(args) => cmd::trace::run(args),

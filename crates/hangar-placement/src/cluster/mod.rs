@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use hangar_core::{Millis, ModelKey, ReplicaId};
 
 use crate::candidate::Shape;
-use crate::config::{ClusterConfig, PlacementConfig};
+use crate::config::{BadNode, ClusterConfig, NodeConfig, PlacementConfig};
 use crate::delta::Snapshot;
 use crate::deployment::{Deployment, Level, NodeId};
-use crate::error::{ConfigError, ResidencyError, RestoreError};
+use crate::error::{AddNodeError, ConfigError, ResidencyError, RestoreError};
 use crate::node::Node;
 use crate::sizing::Requirement;
 
@@ -47,7 +47,9 @@ pub struct Restore {
 /// The fleet as placement sees it: every node's accounting plus a cluster-wide replica index.
 ///
 /// Methods are grouped as quinn-proto groups a connection's: getters,
-/// set-up ([`Cluster::new`], [`Cluster::restore`]), commands
+/// set-up ([`Cluster::new`], [`Cluster::restore`]), membership
+/// ([`Cluster::add_node`], [`Cluster::remove_node`]: node agents join and
+/// leave while it runs), commands
 /// ([`Cluster::deploy`], [`Cluster::apply_schedule`], the `evict_*`
 /// family), and [`Cluster::snapshot`] for diffing. Commands take `now` on the
 /// caller's clock and an rng; nothing here reads a clock or does I/O.
@@ -56,13 +58,13 @@ pub struct Restore {
 /// and by the property tests): no GPU is over-committed; on every GPU
 /// `free + Σ reservations = total`; every warm cache fits its budget; each
 /// replica id is unique cluster-wide and is in exactly one of one node's hot
-/// or warm maps.
+/// or warm maps (so none names a node that was removed).
 ///
 /// Weight residency ([`Cluster::set_model_artifact`],
 /// [`Cluster::set_resident`]) is input the caller reports, not deployment
 /// state: it only breaks ties, is carried by `Clone` (so
 /// [`Cluster::room_for`] sees it) but not by [`Cluster::snapshot`], and no
-/// command changes it.
+/// command changes it (a removed node's goes with it).
 #[derive(Debug, Clone)]
 pub struct Cluster {
     config: PlacementConfig,
@@ -86,12 +88,17 @@ impl Cluster {
         let mut nodes = Vec::with_capacity(config.nodes.len());
         let mut node_index = BTreeMap::new();
         for (index, n) in config.nodes.iter().enumerate() {
-            let gpu_memory = n.validated_gpu_memory(index)?;
+            let node = n.to_node().map_err(|BadNode { field, why }| ConfigError::Node {
+                index,
+                node: n.id.to_string(),
+                field,
+                why,
+            })?;
             if let Some(&first) = node_index.get(&n.id) {
                 return Err(ConfigError::DuplicateNode { id: n.id.clone(), first, second: index });
             }
             node_index.insert(n.id.clone(), index);
-            nodes.push(Node::new(n.id.clone(), n.gpus, gpu_memory, n.kind(), n.cpu_cache.bytes()));
+            nodes.push(node);
         }
         let models = config
             .models
@@ -123,7 +130,8 @@ impl Cluster {
         &self.config
     }
 
-    /// The nodes, in config order.
+    /// The nodes: the config's in its order, then each one that joined
+    /// ([`Cluster::add_node`]) in the order it joined.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }
@@ -256,6 +264,56 @@ impl Cluster {
         Ok(dep.replica_id)
     }
 
+    // ---- membership ----
+
+    /// Adds a node that joined while the cluster runs (a node agent that
+    /// came up), with no deployments: it is a candidate for the next
+    /// [`Cluster::deploy`]. It is held to the rules [`Cluster::new`] holds
+    /// a configured node to, and refused if a node with its id is already
+    /// here: a node that comes back must be removed first
+    /// ([`Cluster::remove_node`]), since what it ran before is gone. On
+    /// error nothing changes.
+    pub fn add_node(&mut self, node: NodeConfig) -> Result<(), AddNodeError> {
+        if self.node_index.contains_key(&node.id) {
+            return Err(AddNodeError::Duplicate(node.id));
+        }
+        let built = node.to_node().map_err(|BadNode { field, why }| AddNodeError::Invalid {
+            node: node.id.clone(),
+            field,
+            why,
+        })?;
+        self.node_index.insert(node.id, self.nodes.len());
+        self.nodes.push(built);
+        Ok(())
+    }
+
+    /// Removes a node that left or was lost, with everything it held: its
+    /// hot and warm deployments (returned, hot ones first, each group by
+    /// model then replica id, so the caller can tell the models what they
+    /// lost and place the hot ones again) and the weight residency it
+    /// reported. Nothing is demoted or moved: the node's engines and warm
+    /// cache went with it, so its replicas are simply no longer anywhere.
+    /// `None` if no such node is here (already removed, or never added).
+    pub fn remove_node(&mut self, id: &NodeId) -> Option<Vec<Deployment>> {
+        let ni = self.node_index.remove(id)?;
+        // `remove`, not `swap_remove`: the other nodes keep their order, so
+        // the rng's tie-breaks among them draw as they did before.
+        let node = self.nodes.remove(ni);
+        let gone: Vec<Deployment> = node.into_deployments().collect();
+        for d in &gone {
+            self.untrack(&d.model_key, &d.replica_id);
+        }
+        // Every node after it moved down one place.
+        for i in self.node_index.values_mut().chain(self.replicas.values_mut().map(|loc| &mut loc.node)) {
+            if *i > ni {
+                *i -= 1;
+            }
+        }
+        Some(gone)
+    }
+
+    // ---- residency ----
+
     /// Says which weight artifact (an opaque id such as `hg1:…`; models may
     /// share one) `model`'s replicas load, or that it has none (`None`).
     /// With an artifact set, [`Cluster::deploy`] prefers, among equally good
@@ -282,7 +340,7 @@ impl Cluster {
     /// an empty set clears it. The cluster never infers residency from its
     /// own placements: whether evicted weights are still cached is the
     /// node's to know. An unknown node is an error (a report from a node
-    /// that left the config); on error nothing changes.
+    /// that left the cluster); on error nothing changes.
     pub fn set_resident(&mut self, node: &NodeId, artifacts: BTreeSet<String>) -> Result<(), ResidencyError> {
         let &ni = self.node_index.get(node).ok_or_else(|| ResidencyError::UnknownNode(node.clone()))?;
         self.nodes[ni].set_resident(artifacts);
@@ -349,6 +407,11 @@ impl Cluster {
     /// call it after every command; it is public so drivers can too.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut seen = BTreeSet::new();
+        if self.node_index.len() != self.nodes.len()
+            || self.nodes.iter().enumerate().any(|(ni, n)| self.node_index.get(n.id()) != Some(&ni))
+        {
+            return Err("the node index disagrees with the node list".into());
+        }
         for (ni, node) in self.nodes.iter().enumerate() {
             let mut reserved = vec![0u64; node.gpus().len()];
             let mut tenants = vec![0u32; node.gpus().len()];

@@ -22,7 +22,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
-use hangar_placement::{Deployment, Level};
+use hangar_placement::{Deployment, Level, NodeConfig, NodeId};
 use hangar_scaler::{Action, CommandError, ControlLoop, Controller, Observation, ReplicaCounts, StartTier};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -52,6 +52,10 @@ pub(crate) enum Command {
     Evict { model: ModelKey, replica: Option<ReplicaId>, reply: oneshot::Sender<Result<usize, CommandError>> },
     /// The scaling and placement view of every model, for `/admin/status`.
     Status { reply: oneshot::Sender<Status> },
+    /// A node agent registered (fleet mode, the leader).
+    NodeJoined(NodeConfig),
+    /// A node agent's registration lapsed: its replicas are gone.
+    NodeLost(NodeId),
 }
 
 /// `POST /admin/models/{model}/scaling`.
@@ -147,10 +151,20 @@ pub(crate) trait Fleet: Send + Sync + 'static {
 }
 
 /// Runs the control loop until the fleet is dropped (its handle closes).
+/// [`run`] owning its channel: the single-machine server's controller,
+/// which lives as long as the server.
+pub(crate) async fn run_owned<F: Fleet>(
+    fleet: Weak<F>,
+    control: ControlLoop,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+) {
+    run(fleet, control, &mut rx).await
+}
+
 pub(crate) async fn run<F: Fleet>(
     fleet: Weak<F>,
     mut control: ControlLoop,
-    mut rx: mpsc::UnboundedReceiver<Command>,
+    rx: &mut mpsc::UnboundedReceiver<Command>,
 ) {
     loop {
         let Some(wake) = fleet.upgrade().map(|f| f.instant(control.poll_timeout())) else { return };
@@ -280,6 +294,18 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
         Command::Status { reply } => {
             let _ = reply.send(status(control.controller()));
         }
+        Command::NodeJoined(node) => {
+            let id = node.id.clone();
+            match control.controller_mut().handle_node_joined(now, node) {
+                Ok(()) => tracing::info!(node = %id, "node joined the fleet"),
+                Err(e) => tracing::debug!(node = %id, "node not added: {e}"),
+            }
+        }
+        Command::NodeLost(node) => {
+            if let Some(lost) = control.controller_mut().handle_node_lost(now, &node) {
+                tracing::warn!(node = %node, replicas = lost.len(), "node lost: its replicas are placed elsewhere");
+            }
+        }
     }
 }
 
@@ -332,6 +358,16 @@ fn carry_out(inner: &Arc<Inner>, action: Action) {
             let inner = inner.clone();
             tokio::spawn(async move { inner.apply(&delta).await });
         }
+        other => note(inner, other),
+    }
+}
+
+/// Carries out what is not a deployment delta: decisions logged and kept
+/// for the admin API, placement trouble flagged (and a model that can run
+/// nowhere fails its waiting requests).
+pub(crate) fn note(inner: &Inner, action: Action) {
+    match action {
+        Action::Apply(_) => unreachable!("deltas are the caller's"),
         Action::Decided { model, decision } => {
             let Some(rt) = inner.models.get(model.as_str()) else { return };
             tracing::info!(%model, from = decision.previous, to = decision.desired, "scaling: {}", decision.reason);
@@ -495,8 +531,9 @@ scaling = { policy = "replicate" }
             diverged: Mutex::new(Vec::new()),
         });
         let control = ControlLoop::new(cfg.controller(None).unwrap(), cfg.observe_ms, 0);
-        let (handle, rx) = ControlHandle::new();
-        let task = tokio::spawn(run(Arc::downgrade(&replay), control, rx));
+        let weak = Arc::downgrade(&replay);
+        let (handle, mut rx) = ControlHandle::new();
+        let task = tokio::spawn(async move { run(weak, control, &mut rx).await });
         for (at, command) in facts {
             tokio::time::sleep_until(replay.instant(at)).await;
             handle.send(command);

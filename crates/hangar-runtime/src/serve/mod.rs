@@ -20,6 +20,7 @@ mod admin;
 mod config;
 mod control;
 mod data_dir;
+mod fleet;
 mod gateway;
 mod guard;
 mod metrics;
@@ -46,6 +47,7 @@ pub use config::{
     MAX_QUEUE_CAPACITY,
 };
 pub use data_dir::{DataDirError, DataDirLock};
+pub use fleet::Agent;
 pub use guard::install_panic_hook;
 use metrics::{Metrics, ModelMetrics};
 use replicas::Replica;
@@ -60,6 +62,10 @@ pub enum ServeError {
     /// Listening or serving failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The fleet's Redis refused or failed (a node name taken, Redis
+    /// unreachable).
+    #[error("{0}")]
+    Fleet(String),
 }
 
 /// A replica's name in logs, metrics and the admin API.
@@ -115,67 +121,30 @@ impl Server {
     /// every model with `min_replicas` has a replica ready (or could not
     /// start one, which is logged).
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
-        config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
+        let (inner, commands) = build(&config, hangar_exe).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
-        let api_keys = ApiKeys::new(
-            config
-                .api_keys
-                .iter()
-                .map(|k| (k.key.clone(), Principal { account: k.account.clone(), admin: k.admin })),
-        );
-        let weights = open_weight_store(&config).await?;
-        let metrics = Metrics::new();
-        let (control, commands) = control::ControlHandle::new();
-        let models = config
-            .models
-            .iter()
-            .map(|m| {
-                let waiting_signal = Arc::new(AtomicBool::new(false));
-                let hook = control.on_queued(m.key.clone(), waiting_signal.clone());
-                let rt = ModelRuntime {
-                    config: m.clone(),
-                    timeout: config.timeout(m),
-                    processor: Processor::with_hook(m.admission(), m.chooser(config.seed), Some(hook)),
-                    metrics: metrics.model(&m.key),
-                    replicas: Mutex::new(BTreeMap::new()),
-                    desired: AtomicU32::new(m.min_replicas),
-                    unplaceable: AtomicBool::new(false),
-                    waiting_signal,
-                    upstream: relay::upstream(&m.connections),
-                };
-                (m.key.to_string(), Arc::new(rt))
-            })
-            .collect();
-        let inner = Arc::new(Inner {
-            models,
-            api_keys,
-            control,
-            hangar_exe,
-            client: reqwest::Client::new(),
-            metrics,
-            metrics_key: config.metrics_key.clone(),
-            weights,
-            epoch: Instant::now(),
-        });
-        let specs = config
-            .models
-            .iter()
-            .map(|m| ModelSpec {
-                key: m.key.clone(),
-                scaling: m.scaling(),
-                bounds: Bounds { min: m.min_replicas, max: m.max_replicas() },
-                slo_ttft_ms: m.slo_ttft_ms,
-            })
-            .collect();
-        let mut controller = Controller::new(cluster, config.seed, specs, inner.now());
-        let (wall, now) = (std::time::SystemTime::now(), inner.now());
-        let windows = config.schedule.iter().filter_map(|w| w.on_clock(wall, now)).collect();
-        let schedule =
-            Schedule::new(windows).expect("validated windows, each ending after it starts on the clock");
-        controller.set_schedule(now, schedule);
-        let control = hangar_scaler::ControlLoop::new(controller, control::TICK.as_millis() as Millis, now);
-        tokio::spawn(control::run(Arc::downgrade(&inner), control, commands));
+        let control = control_loop(&config, &inner, cluster);
+        tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));
         inner.min_replicas_up().await;
+        Ok(Server { inner })
+    }
+
+    /// A gateway of a fleet (`redis` set, no `[[nodes]]`): it routes to
+    /// the replicas the live node agents report, publishes its load, and
+    /// asks for the leader lease, running the fleet's controller while it
+    /// holds it (docs/cluster.md). Returns at once: replicas appear as
+    /// the agents report them.
+    pub async fn start_gateway(config: ServeConfig, redis: hangar_redis::Redis) -> Result<Self, ServeError> {
+        let (inner, commands) = build(&config, PathBuf::new()).await?;
+        let me = format!("gw-{:016x}", rand::random::<u64>());
+        let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
+        let state = hangar_redis::fleet::FleetState::new(redis.clone());
+        let lease = hangar_redis::lease::LeaderLease::new(redis, me.clone(), hangar_redis::lease::LEASE_TTL);
+        let leadership = Arc::new(fleet::Leadership::default());
+        let view = fleet::View::new(&inner, me.clone(), registry.clone(), state.clone(), leadership.clone());
+        tokio::spawn(view.run());
+        tokio::spawn(fleet::leader::run(inner.clone(), config, lease, registry, state, leadership, commands));
+        tracing::info!(gateway = %me, "joined the fleet as a gateway");
         Ok(Server { inner })
     }
 
@@ -199,6 +168,83 @@ impl Server {
             }
         }
     }
+}
+
+/// The state every kind of server shares — models, their processors and
+/// replica tables, keys, metrics, the node's weight store — and the
+/// receiving end of the controller's channel.
+pub(crate) async fn build(
+    config: &ServeConfig,
+    hangar_exe: PathBuf,
+) -> Result<(Arc<Inner>, tokio::sync::mpsc::UnboundedReceiver<control::Command>), ServeError> {
+    config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
+    let api_keys = ApiKeys::new(
+        config
+            .api_keys
+            .iter()
+            .map(|k| (k.key.clone(), Principal { account: k.account.clone(), admin: k.admin })),
+    );
+    let weights = open_weight_store(config).await?;
+    let metrics = Metrics::new();
+    let (control, commands) = control::ControlHandle::new();
+    let models = config
+        .models
+        .iter()
+        .map(|m| {
+            let waiting_signal = Arc::new(AtomicBool::new(false));
+            let hook = control.on_queued(m.key.clone(), waiting_signal.clone());
+            let rt = ModelRuntime {
+                config: m.clone(),
+                timeout: config.timeout(m),
+                processor: Processor::with_hook(m.admission(), m.chooser(config.seed), Some(hook)),
+                metrics: metrics.model(&m.key),
+                replicas: Mutex::new(BTreeMap::new()),
+                desired: AtomicU32::new(m.min_replicas),
+                unplaceable: AtomicBool::new(false),
+                waiting_signal,
+                upstream: relay::upstream(&m.connections),
+            };
+            (m.key.to_string(), Arc::new(rt))
+        })
+        .collect();
+    let inner = Arc::new(Inner {
+        models,
+        api_keys,
+        control,
+        hangar_exe,
+        client: reqwest::Client::new(),
+        metrics,
+        metrics_key: config.metrics_key.clone(),
+        weights,
+        epoch: Instant::now(),
+    });
+    Ok((inner, commands))
+}
+
+/// The controller over `cluster` for `config`'s models, with its schedule,
+/// in the cadence every driver feeds it.
+pub(crate) fn control_loop(
+    config: &ServeConfig,
+    inner: &Inner,
+    cluster: Cluster,
+) -> hangar_scaler::ControlLoop {
+    let specs = config
+        .models
+        .iter()
+        .map(|m| ModelSpec {
+            key: m.key.clone(),
+            scaling: m.scaling(),
+            bounds: Bounds { min: m.min_replicas, max: m.max_replicas() },
+            slo_ttft_ms: m.slo_ttft_ms,
+        })
+        .collect();
+    let mut controller = Controller::new(cluster, config.seed, specs, inner.now());
+    let (wall, now) = (std::time::SystemTime::now(), inner.now());
+    let windows = config.schedule.iter().filter_map(|w| w.on_clock(wall, now)).collect();
+    let schedule =
+        Schedule::new(windows).expect("validated windows, each ending after it starts on the clock");
+    controller.set_schedule(now, schedule);
+    hangar_scaler::ControlLoop::new(controller, control::TICK.as_millis() as Millis, now)
 }
 
 /// Opens the node's weight store (starting its daemon if none runs) when a

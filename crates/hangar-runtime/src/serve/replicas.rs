@@ -145,6 +145,48 @@ pub(crate) struct ReplicaStatus {
     pub start: Option<StartReport>,
 }
 
+impl Replica {
+    /// A replica another machine runs (fleet mode), as its agent reports
+    /// it: this gateway routes to it, it does not own its engine.
+    pub fn remote(state: ReplicaState, url: Option<String>) -> Replica {
+        Replica {
+            state,
+            base_url: url,
+            engine: None,
+            capabilities: Capabilities::default(),
+            weights: None,
+            start: None,
+        }
+    }
+
+    /// Placed → ready of its last start, ms.
+    pub fn ready_ms(&self) -> Option<u64> {
+        self.start.as_ref().map(|s| s.ready_ms)
+    }
+}
+
+impl From<ReplicaState> for hangar_core::ReplicaPhase {
+    fn from(s: ReplicaState) -> Self {
+        match s {
+            ReplicaState::Starting => Self::Starting,
+            ReplicaState::Ready => Self::Ready,
+            ReplicaState::Draining => Self::Draining,
+            ReplicaState::Sleeping => Self::Sleeping,
+        }
+    }
+}
+
+impl From<hangar_core::ReplicaPhase> for ReplicaState {
+    fn from(p: hangar_core::ReplicaPhase) -> Self {
+        match p {
+            hangar_core::ReplicaPhase::Starting => Self::Starting,
+            hangar_core::ReplicaPhase::Ready => Self::Ready,
+            hangar_core::ReplicaPhase::Draining => Self::Draining,
+            hangar_core::ReplicaPhase::Sleeping => Self::Sleeping,
+        }
+    }
+}
+
 impl ModelRuntime {
     /// Removes every replica, returning the engines to stop.
     pub fn take_engines(&self) -> Vec<RunningEngine> {
@@ -246,21 +288,37 @@ impl Inner {
     pub(crate) async fn apply(self: &Arc<Self>, delta: &DeploymentDelta) {
         let mut starts = Vec::new();
         for step in delta.steps() {
-            let d = step.deployment;
-            let Some(rt) = self.models.get(d.model_key.as_str()).cloned() else { continue };
             match step.action {
-                Action::ToCache => self.put_to_sleep(&rt, d.replica_id).await,
-                Action::Delete => self.stop(&rt, d.replica_id).await,
-                Action::FromCache => {
-                    if !self.wake(&rt, d.replica_id).await {
-                        starts.push(self.start_replica(rt, d.clone()));
-                    }
+                Action::FromCache | Action::Create => {
+                    starts.push(self.apply_step(step.action, step.deployment))
                 }
-                Action::Create => starts.push(self.start_replica(rt, d.clone())),
-                Action::Update => {}
+                action => self.apply_step(action, step.deployment).await,
             }
         }
         futures::future::join_all(starts).await;
+    }
+
+    /// Carries out one step for deployment `d`: the one way a replica is
+    /// started, woken, put to sleep or stopped, whether the step came from
+    /// this server's controller or, on a fleet's node, from the leader's
+    /// desired state.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe (a start dropped midway leaves its replica in the
+    /// table as starting); callers run it to its end in a task.
+    pub(crate) async fn apply_step(self: &Arc<Self>, action: Action, d: &Deployment) {
+        let Some(rt) = self.models.get(d.model_key.as_str()).cloned() else { return };
+        match action {
+            Action::ToCache => self.put_to_sleep(&rt, d.replica_id).await,
+            Action::Delete => self.stop(&rt, d.replica_id).await,
+            Action::FromCache => {
+                if !self.wake(&rt, d.replica_id).await {
+                    self.start_replica(rt, d.clone()).await;
+                }
+            }
+            Action::Create => self.start_replica(rt, d.clone()).await,
+            Action::Update => {}
+        }
     }
 
     /// Starts an engine for a hot deployment: its weights materialized

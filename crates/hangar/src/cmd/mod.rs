@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+pub mod agent;
 pub mod bench;
 pub mod engine;
 pub mod evict;

@@ -75,7 +75,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let try_line = try_line(&config, addr);
         let body_limit = config.max_body_bytes.bytes() as usize;
         let predictions = std::mem::take(&mut config.predictions);
-        let server = Server::start(config, exe).await?;
+        // With a Redis and no nodes of its own, this is one gateway of a
+        // fleet: the nodes are the agents that register there.
+        let server = match &backend {
+            Backend::Redis(redis) if config.nodes.is_empty() => {
+                Server::start_gateway(config, redis.clone()).await?
+            }
+            _ => Server::start(config, exe).await?,
+        };
         let service = server
             .start_predictions(&backend, predictions, &format!("http://{addr}"))
             .await
@@ -128,7 +135,7 @@ fn try_line(config: &ServeConfig, addr: std::net::SocketAddr) -> String {
 
 /// The directory of the configuration file `file`, against which its
 /// relative paths are resolved.
-fn config_dir(file: &Path) -> &Path {
+pub(crate) fn config_dir(file: &Path) -> &Path {
     match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -140,7 +147,7 @@ fn config_dir(file: &Path) -> &Path {
 /// the configuration file's directory `base` (the server runs them from
 /// elsewhere). A bare interpreter name (`python3`) is left to `PATH`; a
 /// mock engine file that cannot be read is an error naming the model.
-fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> anyhow::Result<()> {
+pub(crate) fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> anyhow::Result<()> {
     let resolve = |path: &mut PathBuf| -> anyhow::Result<()> {
         *path = std::path::absolute(base.join(&*path))
             .with_context(|| format!("cannot resolve {}", path.display()))?;

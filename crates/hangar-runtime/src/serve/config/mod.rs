@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use hangar_agent::engine::EngineSpec;
 use hangar_agent::weights::{StoreSettings, WeightsSource};
 
-/// The whole file. Every field has a default except `nodes` and `models`.
+/// The whole file. Every field has a default except `models` (and `nodes`
+/// without `redis`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
@@ -45,7 +46,9 @@ pub struct ServeConfig {
     /// Placement knobs.
     #[serde(default)]
     pub placement: PlacementConfig,
-    /// The fleet (this release runs one node: the machine itself).
+    /// The machine's GPUs, as nodes. Left out in a fleet's file (with
+    /// `redis`): the nodes are then the agents that register.
+    #[serde(default)]
     pub nodes: Vec<NodeConfig>,
     /// The models served.
     pub models: Vec<ModelConfig>,

@@ -78,8 +78,12 @@ impl ServeConfig {
                 ),
             ));
         }
-        if self.nodes.is_empty() {
-            return Err(FieldError::new("nodes", "at least one `[[nodes]]` entry is required"));
+        if self.nodes.is_empty() && self.redis.is_none() {
+            return Err(FieldError::new(
+                "nodes",
+                "at least one `[[nodes]]` entry is required (or `redis`, for a fleet whose nodes are the agents \
+                 that register there)",
+            ));
         }
         if let Some(i) = self.nodes.iter().position(|n| n.gpus == 0) {
             return Err(FieldError::new(
@@ -157,8 +161,15 @@ impl ServeConfig {
     /// The nodes and model sizes make a cluster, and each model alone on
     /// it can hold its `min_replicas` (at least one replica): a model that
     /// can never be placed is refused here instead of waiting forever.
+    ///
+    /// A fleet's file (`redis` and no `[[nodes]]`) is checked only for
+    /// placement's own settings and model sizes: its nodes are the agents
+    /// that register, known only when they do.
     fn check_placement(&self) -> Result<(), FieldError> {
         let cluster = Cluster::new(self.cluster()).map_err(|e| self.placement_error(e))?;
+        if self.nodes.is_empty() {
+            return Ok(());
+        }
         for (i, m) in self.models.iter().enumerate() {
             let wanted = m.min_replicas.max(1);
             let room = cluster.room_for(&m.key, wanted, self.seed);

@@ -1,0 +1,72 @@
+//! A fleet: any number of gateways (`hangar serve` with `redis` and no
+//! `[[nodes]]`) and one `hangar agent` per machine, sharing one Redis
+//! (docs/cluster.md).
+//!
+//! - `agent`: a node's side. It registers the machine, runs the replicas
+//!   the leader wants there with the engine code a single machine uses
+//!   (`Inner::apply_step`), and reports them.
+//! - `view`: every gateway's side. It routes to the replicas the live
+//!   nodes report ready, publishes its load, and — on the leader — turns
+//!   what changed into facts for the controller.
+//! - `leader`: the gateway holding the lease runs the controller over
+//!   every live node and writes each node's desired state.
+
+mod agent;
+pub(crate) mod leader;
+mod view;
+
+use hangar_core::{DesiredReplica, ModelKey, NodeRecord};
+use hangar_placement::{Deployment, Level, NodeConfig, NodeId};
+
+pub use agent::Agent;
+pub(crate) use leader::Leadership;
+pub(crate) use view::View;
+
+/// Milliseconds since the Unix epoch (orders registry and load indexes).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The node as placement knows it, from what its agent registered.
+fn node_config(r: &NodeRecord) -> Result<NodeConfig, String> {
+    Ok(NodeConfig {
+        id: r.name.parse().map_err(|e| format!("node name `{}`: {e}", r.name))?,
+        gpus: r.gpus,
+        gpu_memory: Some(r.gpu_memory),
+        gpu_kind: r.gpu_kind.clone(),
+        virtual_gpus: r.virtual_gpus,
+        cpu_cache: r.cpu_memory,
+    })
+}
+
+/// The deployment a desired replica describes on `node`.
+fn deployment(d: &DesiredReplica, node: &NodeId, size_bytes: u64) -> Deployment {
+    Deployment {
+        model_key: d.model.clone(),
+        replica_id: d.replica,
+        node: node.clone(),
+        level: if d.warm { Level::Warm } else { Level::Hot },
+        gpu_bytes_by_gpu: d.gpus.clone(),
+        gpu_fraction: d.gpu_fraction,
+        size_bytes,
+        dedicated: d.dedicated,
+        deployed_at_ms: 0,
+    }
+}
+
+/// A deployment as a node's desired replica.
+fn desired(d: &Deployment) -> DesiredReplica {
+    DesiredReplica {
+        replica: d.replica_id,
+        model: d.model_key.clone(),
+        warm: d.level != Level::Hot,
+        gpus: d.gpu_bytes_by_gpu.clone(),
+        gpu_fraction: d.gpu_fraction,
+        dedicated: d.dedicated,
+    }
+}
+
+/// `model`'s name in the registry's messages, for logs.
+fn replica_label(model: &ModelKey, replica: hangar_core::ReplicaId) -> String {
+    super::replica_name(model, replica)
+}
