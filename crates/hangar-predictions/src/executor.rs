@@ -79,6 +79,12 @@ pub enum ExecError {
     /// The job stopped because its cancellation token fired.
     #[error("canceled")]
     Canceled,
+    /// What ran it went away mid-run (its engine died, or the machine
+    /// running it left the fleet): not the model's fault, so the
+    /// prediction is put back in its queue and runs once more, from the
+    /// start; lost a second time, it fails with this message.
+    #[error("{0}")]
+    Lost(String),
 }
 
 /// The boxed future an executor returns.

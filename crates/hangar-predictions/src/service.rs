@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     executor: Arc<dyn Executor>,
     owner: String,
     live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Predictions this gateway put back once after losing their run.
+    lost_once: Mutex<HashSet<String>>,
     wake: HashMap<String, Arc<Notify>>,
     deliveries: Notify,
     http: reqwest::Client,
@@ -171,6 +173,7 @@ impl Service {
             executor,
             owner: format!("node-{}", crate::api::new_id()),
             live: Mutex::new(HashMap::new()),
+            lost_once: Mutex::default(),
             wake,
             deliveries: Notify::new(),
             stop: CancellationToken::new(),
@@ -448,6 +451,12 @@ impl Inner {
                         Ok(_) => Ending { status: Status::Failed, error: "the executor returned without starting".into() },
                         Err(ExecError::Canceled) => Ending { status: Status::Canceled, error: "canceled".into() },
                         Err(ExecError::Failed(e)) => Ending { status: Status::Failed, error: e },
+                        Err(ExecError::Lost(e)) => {
+                            if self.run_again(&r, &e)? {
+                                return Ok(());
+                            }
+                            Ending { status: Status::Failed, error: format!("{e} (twice)") }
+                        }
                     };
                     return self.end_durably(&mut r, ending).await;
                 }
@@ -461,6 +470,27 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// A run lost with what ran it: the prediction goes back to its queue
+    /// (output and logs so far dropped) to run once more, unless this
+    /// gateway already did so for it. Whether it went back.
+    fn run_again(&self, r: &Record, why: &str) -> Result<bool, StoreError> {
+        if !self.lost_once.lock().expect("lost set").insert(r.id.clone()) {
+            return Ok(false);
+        }
+        if let Some(live) = self.live.lock().expect("live table").remove(&r.id) {
+            let mut s = live.state.lock().expect("live state");
+            *s = LiveState::default();
+        }
+        let again = self.store.requeue(&r.id)?;
+        if again {
+            tracing::warn!(prediction = %r.id, "{why}: running it once more");
+            if let Some(n) = self.wake.get(&r.kind.queue(&r.model)) {
+                n.notify_one();
+            }
+        }
+        Ok(again)
     }
 
     /// Applies one executor event. `false` when the prediction turned out

@@ -843,6 +843,9 @@ impl PredictionQueue for RedisQueue {
                 .arg(format!("({before}"))
                 .query(c)
         })?;
+        if ids.is_empty() {
+            return Ok(ids);
+        }
         for mut r in self.records(&ids)? {
             if !r.status.is_terminal() {
                 r.status = Status::Failed;

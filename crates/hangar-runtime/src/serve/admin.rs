@@ -30,6 +30,8 @@ use hangar_core::ReplicaId;
 use hangar_placement::Deployment;
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
 use hangar_scaler::CommandError;
+
+use super::control::ControlError;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -100,7 +102,20 @@ async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<R
             "replicas": rt.status(&deployments),
         }));
     }
-    Ok(Json(json!({"models": models})).into_response())
+    let mut status = json!({"models": models});
+    if let Some(gateway) = inner.gateway.get() {
+        status["fleet"] = json!({"gateway": gateway, "leading": inner.control.is_active()});
+    }
+    Ok(Json(status).into_response())
+}
+
+/// A command the controller did not carry out: 409 on a fleet's gateway
+/// that does not lead, 503 otherwise.
+fn control_error(e: ControlError) -> ApiError {
+    match e {
+        ControlError::NotLeader => ApiError::new(StatusCode::CONFLICT, "not_the_leader", e.to_string()),
+        e => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e.to_string()),
+    }
 }
 
 /// `POST /admin/models/{key}/scaling`.
@@ -168,8 +183,10 @@ async fn scaling(inner: &Arc<Inner>, rt: &Arc<ModelRuntime>, body: &Bytes) -> Re
         ScalingBody { action: ScalingAction::Unfreeze, .. } => ScalingCommand::Unfreeze,
     };
     inner.control.scaling(&rt.config.key, command).await.map_err(|e| match e {
-        CommandError::OutOfBounds { .. } => ApiError::bad_request(e.to_string()).param("replicas"),
-        e => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e.to_string()),
+        ControlError::Command(e @ CommandError::OutOfBounds { .. }) => {
+            ApiError::bad_request(e.to_string()).param("replicas")
+        }
+        e => control_error(e),
     })?;
     let desired = rt.desired.load(std::sync::atomic::Ordering::Relaxed);
     Ok(Json(json!({"model": rt.config.key, "desired_replicas": desired})).into_response())
@@ -209,8 +226,10 @@ async fn evict(
     };
     let rt = model(&inner, &key)?;
     let evicted = inner.control.evict(&rt.config.key, replica).await.map_err(|e| match e {
-        CommandError::UnknownReplica { .. } => ApiError::not_found(e.to_string()).param("replica"),
-        e => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e.to_string()),
+        ControlError::Command(e @ CommandError::UnknownReplica { .. }) => {
+            ApiError::not_found(e.to_string()).param("replica")
+        }
+        e => control_error(e),
     })?;
     Ok(Json(json!({"evicted": evicted})).into_response())
 }

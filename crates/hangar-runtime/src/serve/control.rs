@@ -73,17 +73,42 @@ pub(crate) type Status = Vec<(String, Value, Vec<Deployment>)>;
 #[derive(Clone)]
 pub(crate) struct ControlHandle {
     tx: mpsc::UnboundedSender<Command>,
+    /// Whether a controller reads the channel: always on a single
+    /// machine; in a fleet, only while this gateway leads.
+    active: Arc<AtomicBool>,
 }
 
-/// The task is gone (the server is stopping).
-fn stopped() -> CommandError {
-    CommandError::UnknownModel("hangar/stopping".parse().expect("a valid key"))
+/// Why an operator's command was not carried out.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ControlError {
+    /// The controller refused it.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// This gateway of a fleet does not lead: no controller runs here.
+    #[error(
+        "this gateway is not the fleet's leader, which runs the controller; send the command to the gateway whose \
+         /admin/status shows `fleet.leading: true`"
+    )]
+    NotLeader,
+    /// The controller's task is gone (the server is stopping).
+    #[error("the controller is stopping")]
+    Stopped,
 }
 
 impl ControlHandle {
     pub fn new() -> (Self, mpsc::UnboundedReceiver<Command>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (ControlHandle { tx }, rx)
+        (ControlHandle { tx, active: Arc::default() }, rx)
+    }
+
+    /// Marks whether a controller reads the channel now.
+    pub fn set_active(&self, active: bool) {
+        self.active.store(active, Ordering::Release);
+    }
+
+    /// Whether a controller reads the channel now.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
     }
 
     pub fn send(&self, command: Command) {
@@ -107,10 +132,13 @@ impl ControlHandle {
     ///
     /// # Cancel safety
     /// Dropping the future leaves the command to be carried out whole.
-    pub async fn scaling(&self, model: &ModelKey, command: ScalingCommand) -> Result<(), CommandError> {
+    pub async fn scaling(&self, model: &ModelKey, command: ScalingCommand) -> Result<(), ControlError> {
+        if !self.is_active() {
+            return Err(ControlError::NotLeader);
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::Scaling { model: model.clone(), command, reply });
-        rx.await.unwrap_or_else(|_| Err(stopped()))
+        Ok(rx.await.map_err(|_| ControlError::Stopped)??)
     }
 
     /// Sends an eviction and waits for placement's answer (not for the
@@ -118,14 +146,21 @@ impl ControlHandle {
     ///
     /// # Cancel safety
     /// Dropping the future leaves the eviction to be carried out whole.
-    pub async fn evict(&self, model: &ModelKey, replica: Option<ReplicaId>) -> Result<usize, CommandError> {
+    pub async fn evict(&self, model: &ModelKey, replica: Option<ReplicaId>) -> Result<usize, ControlError> {
+        if !self.is_active() {
+            return Err(ControlError::NotLeader);
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::Evict { model: model.clone(), replica, reply });
-        rx.await.unwrap_or_else(|_| Err(stopped()))
+        Ok(rx.await.map_err(|_| ControlError::Stopped)??)
     }
 
-    /// Every model's scaling state and deployments.
+    /// Every model's scaling state and deployments (none where no
+    /// controller runs: a fleet's gateway that does not lead).
     pub async fn status(&self) -> Status {
+        if !self.is_active() {
+            return Status::default();
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::Status { reply });
         rx.await.unwrap_or_default()

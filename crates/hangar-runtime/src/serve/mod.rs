@@ -107,6 +107,13 @@ pub(crate) struct Inner {
     pub metrics_key: Option<String>,
     /// The node's weight store, when a model has `weights`.
     pub weights: Option<Arc<WeightStore>>,
+    /// This gateway's id in a fleet (none on a single machine).
+    pub gateway: std::sync::OnceLock<String>,
+    /// Replicas this server saw fail, and when: a fleet's gateway does
+    /// not route to one again on its node's word for
+    /// [`fleet::QUARANTINE`] (the node's report may still name it while
+    /// the node is dying).
+    pub failed: Mutex<std::collections::HashMap<ReplicaId, Instant>>,
     epoch: Instant,
 }
 
@@ -123,7 +130,8 @@ impl Server {
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         let (inner, commands) = build(&config, hangar_exe).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
-        let control = control_loop(&config, &inner, cluster);
+        let control = control_loop(&config, config.seed, &inner, cluster);
+        inner.control.set_active(true);
         tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));
         inner.min_replicas_up().await;
         Ok(Server { inner })
@@ -137,6 +145,7 @@ impl Server {
     pub async fn start_gateway(config: ServeConfig, redis: hangar_redis::Redis) -> Result<Self, ServeError> {
         let (inner, commands) = build(&config, PathBuf::new()).await?;
         let me = format!("gw-{:016x}", rand::random::<u64>());
+        inner.gateway.set(me.clone()).expect("a new server");
         let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
         let state = hangar_redis::fleet::FleetState::new(redis.clone());
         let lease = hangar_redis::lease::LeaderLease::new(redis, me.clone(), hangar_redis::lease::LEASE_TTL);
@@ -216,6 +225,8 @@ pub(crate) async fn build(
         metrics,
         metrics_key: config.metrics_key.clone(),
         weights,
+        gateway: std::sync::OnceLock::new(),
+        failed: Mutex::default(),
         epoch: Instant::now(),
     });
     Ok((inner, commands))
@@ -223,8 +234,14 @@ pub(crate) async fn build(
 
 /// The controller over `cluster` for `config`'s models, with its schedule,
 /// in the cadence every driver feeds it.
+///
+/// `seed` seeds its random choices, replica ids among them: `config.seed`
+/// on a single machine; a fleet's leader mixes in its epoch, so a new
+/// tenure, which takes over the replicas of the last, never draws an id
+/// one of them already has.
 pub(crate) fn control_loop(
     config: &ServeConfig,
+    seed: u64,
     inner: &Inner,
     cluster: Cluster,
 ) -> hangar_scaler::ControlLoop {
@@ -238,7 +255,7 @@ pub(crate) fn control_loop(
             slo_ttft_ms: m.slo_ttft_ms,
         })
         .collect();
-    let mut controller = Controller::new(cluster, config.seed, specs, inner.now());
+    let mut controller = Controller::new(cluster, seed, specs, inner.now());
     let (wall, now) = (std::time::SystemTime::now(), inner.now());
     let windows = config.schedule.iter().filter_map(|w| w.on_clock(wall, now)).collect();
     let schedule =

@@ -183,21 +183,29 @@ async fn complete_on_llm(
     let body = serde_json::to_vec(&body).expect("JSON serializes");
     // A replica out of capacity hands the prediction to another, once.
     let mut avoid = None;
-    let (response, _lease) = loop {
+    let (response, lease) = loop {
         let lease = admit(rt, &job.account, prompt, avoid).await?;
         if avoid.is_none() {
             sink.started();
         }
         let base =
             rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
-        let response = inner
+        let sent = inner
             .client
             .post(format!("{base}/v1/completions"))
             .header(header::CONTENT_TYPE, "application/json")
             .body(body.clone())
             .send()
-            .await
-            .map_err(|e| ExecError::Failed(format!("the replica did not answer: {e}")))?;
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                // Out of routing at once if it is dead, so the run once
+                // more goes elsewhere.
+                inner.probe(rt, lease.replica).await;
+                return Err(ExecError::Lost(format!("the replica running it did not answer: {e}")));
+            }
+        };
         if avoid.is_none() && rt.fails_over(response.status()) {
             rt.metrics.capacity_failover();
             avoid = Some(lease.replica);
@@ -214,7 +222,13 @@ async fn complete_on_llm(
     let mut buffer = String::new();
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| ExecError::Failed(format!("the engine stream broke: {e}")))?;
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                inner.probe(rt, lease.replica).await;
+                return Err(ExecError::Lost(format!("the replica running it went away mid-run: {e}")));
+            }
+        };
         buffer.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = buffer.find("\n\n") {
             let event: String = buffer.drain(..end + 2).collect();

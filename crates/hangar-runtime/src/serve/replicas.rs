@@ -98,6 +98,8 @@ pub(crate) struct Replica {
     weights: Option<LoadedWeights>,
     /// How its start went, phase by phase, once it is ready.
     start: Option<StartReport>,
+    /// The fleet node running it, for a replica another machine runs.
+    pub node: Option<String>,
 }
 
 /// How a replica started, phase by phase (seed 001's setup-run report):
@@ -148,7 +150,7 @@ pub(crate) struct ReplicaStatus {
 impl Replica {
     /// A replica another machine runs (fleet mode), as its agent reports
     /// it: this gateway routes to it, it does not own its engine.
-    pub fn remote(state: ReplicaState, url: Option<String>) -> Replica {
+    pub fn remote(state: ReplicaState, url: Option<String>, node: String) -> Replica {
         Replica {
             state,
             base_url: url,
@@ -156,6 +158,7 @@ impl Replica {
             capabilities: Capabilities::default(),
             weights: None,
             start: None,
+            node: Some(node),
         }
     }
 
@@ -334,6 +337,7 @@ impl Inner {
             capabilities: Capabilities::default(),
             weights: None,
             start: None,
+            node: None,
         };
         rt.replicas.lock().expect("replica table lock").insert(id, replica);
         let placed = std::time::Instant::now();
@@ -521,6 +525,7 @@ impl Inner {
         let Some(failed) = rt.replicas.lock().expect("replica table lock").remove(&replica) else {
             return; // Already handled.
         };
+        self.failed.lock().expect("failed table").insert(replica, std::time::Instant::now());
         tracing::warn!(replica = %replica_name(&rt.config.key, replica), "replica failed: {why}");
         rt.metrics.replica_failed();
         rt.processor.replica_gone(replica);
@@ -537,14 +542,45 @@ impl Inner {
 
     /// Checks a replica now; a dead one is handled as failed. Returns
     /// whether it is alive.
+    ///
+    /// A dead replica another machine runs (fleet mode) makes its node
+    /// suspect: every other replica there is checked at once, so that a
+    /// retry does not go to a sibling that died with it.
     pub async fn probe(self: &Arc<Self>, rt: &Arc<ModelRuntime>, replica: ReplicaId) -> bool {
+        let node = rt.replicas.lock().expect("replica table lock").get(&replica).and_then(|r| r.node.clone());
         match self.check(rt, replica).await {
             Ok(()) => true,
             Err(why) => {
                 self.replica_failed(rt, replica, why.as_str());
+                if let Some(node) = node {
+                    self.probe_node(&node).await;
+                }
                 false
             }
         }
+    }
+
+    /// Checks every ready replica of `node` at once; the dead are failed.
+    async fn probe_node(self: &Arc<Self>, node: &str) {
+        let mut checks = Vec::new();
+        for rt in self.models.values() {
+            let ids: Vec<ReplicaId> = rt
+                .replicas
+                .lock()
+                .expect("replica table lock")
+                .iter()
+                .filter(|(_, r)| r.node.as_deref() == Some(node) && r.state == ReplicaState::Ready)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in ids {
+                checks.push(async move {
+                    if let Err(why) = self.check(rt, id).await {
+                        self.replica_failed(rt, id, why.as_str());
+                    }
+                });
+            }
+        }
+        futures::future::join_all(checks).await;
     }
 
     /// One health check: the process is alive and `/health` answers 200.

@@ -2,6 +2,7 @@
 //! (Each test binary uses some of them.)
 #![allow(dead_code)]
 
+pub mod fleet;
 pub mod predictions;
 
 use std::io::{BufRead, BufReader, ErrorKind};

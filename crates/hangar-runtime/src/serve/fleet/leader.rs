@@ -210,12 +210,14 @@ pub(crate) async fn run(
                 // controller reads afresh.
                 while commands.try_recv().is_ok() {}
                 leadership.set(Some(tenure.0.clone()));
+                inner.control.set_active(true);
                 tracing::info!(epoch, "leading the fleet");
                 tokio::spawn(renew(lease.clone(), epoch, tenure.0.lost.clone()));
                 tokio::select! {
                     () = control::run(Arc::downgrade(&tenure.0), tenure.1, &mut commands) => {}
                     () = tenure.0.lost.cancelled() => {}
                 }
+                inner.control.set_active(false);
                 leadership.set(None);
                 tenure.0.lost.cancel();
                 tracing::warn!(epoch, "no longer leading the fleet");
@@ -304,7 +306,8 @@ async fn begin(
     for d in cluster.snapshot().deployments().values() {
         desired_states.entry(d.node.to_string()).or_default().replicas.push(desired(d));
     }
-    let control = control_loop(config, inner, cluster);
+    let seed = config.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let control = control_loop(config, seed, inner, cluster);
     let tenure = Arc::new(Tenure {
         inner: inner.clone(),
         me: lease_holder(lease),

@@ -22,6 +22,10 @@ pub use agent::Agent;
 pub(crate) use leader::Leadership;
 pub(crate) use view::View;
 
+/// How long a gateway keeps a replica it saw fail out of routing, though
+/// its node still reports it (longer than a report outlives its agent).
+pub(crate) const QUARANTINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Milliseconds since the Unix epoch (orders registry and load indexes).
 fn wall_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)

@@ -94,10 +94,17 @@ impl View {
         let names: Vec<String> = nodes.keys().cloned().collect();
         let reports = self.fleet.reports(&names).map_err(|e| e.to_string())?;
         let mut seen = HashMap::new();
+        // Live nodes without a report of their agent's run: nothing is
+        // known of their replicas (a report lapses 3 s after its agent
+        // dies, the registration 8 s after), so none is declared gone.
+        let mut silent = std::collections::HashSet::new();
         for (name, report) in names.iter().zip(reports) {
             // A report from an earlier run of the node's agent is not this
             // run's (it may list replicas the new run never started).
-            let Some(report) = report.filter(|r| r.agent == nodes[name].agent) else { continue };
+            let Some(report) = report.filter(|r| r.agent == nodes[name].agent) else {
+                silent.insert(name.clone());
+                continue;
+            };
             for r in report.replicas {
                 let s = Seen {
                     model: r.model,
@@ -108,6 +115,11 @@ impl View {
                 };
                 seen.insert(r.replica, s);
             }
+        }
+        {
+            let mut failed = inner.failed.lock().expect("failed table");
+            failed.retain(|_, at| at.elapsed() < super::QUARANTINE);
+            seen.retain(|id, s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id));
         }
         route(&inner, &seen);
         let mut last = self.last.lock().expect("view lock");
@@ -140,8 +152,8 @@ impl View {
                 }
             }
             for (id, before) in last.1.iter().filter(|(id, _)| !seen.contains_key(id)) {
-                if !nodes.contains_key(&before.node) {
-                    continue; // Its node's loss covers it.
+                if !nodes.contains_key(&before.node) || silent.contains(&before.node) {
+                    continue; // Its node's loss covers it, or nothing is known.
                 }
                 let (model, replica) = (before.model.clone(), *id);
                 match tenure.wants(&before.node, *id) {
@@ -187,7 +199,7 @@ fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>) {
                     r.base_url.clone_from(&s.url);
                 }
                 None => {
-                    table.insert(*id, Replica::remote(state, s.url.clone()));
+                    table.insert(*id, Replica::remote(state, s.url.clone(), s.node.clone()));
                 }
             }
             match (was == Some(ReplicaState::Ready), state == ReplicaState::Ready) {

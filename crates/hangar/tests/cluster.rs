@@ -1,0 +1,217 @@
+//! A fleet on loopback: a private Redis, two gateways (`hangar serve`
+//! with `redis` and no `[[nodes]]`) and three node agents (`hangar
+//! agent`) with mock engines. One agent is killed with SIGKILL under load;
+//! the leading gateway is killed; nothing accepted is lost.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::fleet::{agent, status, wait_ready, Agent};
+use common::predictions::{client, get, post, receiver, Receiver};
+use common::{serve_in, Serve};
+use hangar_redis::LocalRedis;
+use serde_json::{json, Value};
+
+/// The fleet's file: two models, `t/a` with two replicas and `t/b` with
+/// one; async predictions with a short lease and webhooks to loopback.
+fn fleet_config(redis: &LocalRedis) -> String {
+    format!(
+        r#"
+redis = "{}"
+
+[[models]]
+key = "t/a"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "10GB"
+min_replicas = 2
+
+[[models]]
+key = "t/b"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "10GB"
+min_replicas = 1
+
+[predictions]
+async_slots = 4
+lease_s = 2
+webhook_allow = ["127.0.0.1/32"]
+"#,
+        redis.url()
+    )
+}
+
+struct Fleet {
+    gateways: Vec<Serve>,
+    agents: Vec<Agent>,
+    _dir: tempfile::TempDir,
+}
+
+/// Redis's fleet: `gateways` gateways and `agents` agents of 2 GPUs,
+/// every model's replicas ready on every gateway.
+fn fleet(redis: &LocalRedis, gateways: usize, agents: usize) -> Fleet {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fleet_config(redis);
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    let gateways: Vec<Serve> = (0..gateways).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
+    let agents = (0..agents).map(|i| agent(dir.path(), &path, &redis.url(), &format!("n{i}"), 2)).collect();
+    for g in &gateways {
+        wait_ready(&g.url, &[("t/a", 2), ("t/b", 1)], None);
+    }
+    Fleet { gateways, agents, _dir: dir }
+}
+
+/// The gateway that leads now, if one does.
+fn leader(gateways: &[Serve]) -> Option<usize> {
+    gateways.iter().position(|g| status(&g.url)["fleet"]["leading"] == true)
+}
+
+fn chat(gateway: &str, model: &str) -> u16 {
+    client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}))
+        .send()
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+fn create(gateway: &str, model: &str, tokens: u32, hooks: &Receiver) -> String {
+    let (status, p) = post(
+        &format!("{gateway}/v1/models/{model}/predictions"),
+        &json!({"input": {"prompt": "x", "max_tokens": tokens}, "webhook": hooks.url, "webhook_events_filter": ["completed"]}),
+        &[],
+    );
+    assert_eq!(status, 201, "{p}");
+    p["id"].as_str().unwrap().to_owned()
+}
+
+/// 1,000 requests, half sync chats and half async predictions, over both
+/// gateways from 8 clients; the agent running the most replicas is killed
+/// with SIGKILL a third of the way in. No prediction is lost or ends
+/// twice, no sync request fails (none streams, so each one cut by the
+/// kill is retried), the dead node's replicas run again on the others,
+/// and a prediction created through one gateway is read and cancelled
+/// through the other.
+#[test]
+fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let mut f = fleet(&redis, 2, 3);
+    let lead = leader(&f.gateways).expect("a gateway leads");
+    let placed = wait_ready(&f.gateways[lead].url, &[("t/a", 2), ("t/b", 1)], None);
+    let mut per_node: HashMap<String, usize> = HashMap::new();
+    for (_, node) in &placed {
+        *per_node.entry(node.clone()).or_default() += 1;
+    }
+    let victim = per_node.iter().max_by_key(|(_, n)| **n).map(|(node, _)| node.clone()).unwrap();
+    let hooks = Arc::new(receiver(0));
+    let urls: Vec<String> = f.gateways.iter().map(|g| g.url.clone()).collect();
+    let next = Arc::new(AtomicUsize::new(0));
+    let sync_status: Arc<Mutex<Vec<u16>>> = Arc::default();
+    let ids: Arc<Mutex<Vec<String>>> = Arc::default();
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (urls, next, sync_status, ids, hooks) =
+                (urls.clone(), next.clone(), sync_status.clone(), ids.clone(), hooks.clone());
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= 1000 {
+                    return;
+                }
+                let gateway = &urls[(i / 2) % 2];
+                let model = if i % 3 == 0 { "t/b" } else { "t/a" };
+                if i % 2 == 0 {
+                    let s = chat(gateway, model);
+                    sync_status.lock().unwrap().push(s);
+                } else {
+                    let id = create(gateway, model, 16, &hooks);
+                    ids.lock().unwrap().push(id);
+                }
+            })
+        })
+        .collect();
+    while next.load(Ordering::SeqCst) < 330 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let killed_at = Instant::now();
+    f.agents.iter_mut().find(|a| a.name == victim).unwrap().kill9();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let sync_status = sync_status.lock().unwrap().clone();
+    let failed: Vec<&u16> = sync_status.iter().filter(|s| **s != 200).collect();
+    assert!(failed.is_empty(), "{} of {} sync requests failed: {failed:?}", failed.len(), sync_status.len());
+    // Every prediction ends once, succeeded, with one terminal webhook.
+    let ids = ids.lock().unwrap().clone();
+    assert_eq!(ids.len(), 500);
+    let t = Instant::now();
+    while hooks.completed().len() < ids.len() {
+        assert!(t.elapsed() < Duration::from_secs(120), "{} of 500 completed webhooks", hooks.completed().len());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let completed = hooks.completed();
+    for id in &ids {
+        let received = &completed[id];
+        assert!(received.iter().all(|h| h.id == received[0].id), "{id}: two terminal webhooks");
+        let body: Value = serde_json::from_str(&received[0].body).unwrap();
+        assert_eq!(body["status"], "succeeded", "{body}");
+    }
+    // The dead node's replicas run again on the others.
+    let lead = leader(&f.gateways).expect("a gateway leads");
+    wait_ready(&f.gateways[lead].url, &[("t/a", 2), ("t/b", 1)], Some(&victim));
+    let recovered = killed_at.elapsed();
+    // Created through one gateway, read and cancelled through the other.
+    let id = create(&f.gateways[0].url, "t/b", 100_000, &hooks);
+    let t = Instant::now();
+    while get(&format!("{}/v1/predictions/{id}", f.gateways[1].url))["status"] != "processing" {
+        assert!(t.elapsed() < Duration::from_secs(30), "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let canceled = client()
+        .post(format!("{}/v1/predictions/{id}/cancel", f.gateways[1].url))
+        .send()
+        .unwrap()
+        .json::<Value>()
+        .unwrap();
+    assert_eq!(canceled["status"], "canceled");
+    assert_eq!(get(&format!("{}/v1/predictions/{id}", f.gateways[0].url))["status"], "canceled");
+    eprintln!(
+        "node loss: 500 sync (all 200) and 500 async (all succeeded once) over 2 gateways; {victim} killed \
+         with {} replicas; every model whole again {recovered:?} after the kill",
+        per_node[&victim]
+    );
+}
+
+/// The leading gateway is killed: the other takes the lease within its
+/// TTL and runs the controller — a node lost afterwards has its replicas
+/// placed again by the new leader — while both keep serving.
+#[test]
+fn another_gateway_leads_within_the_lease_ttl_when_the_leader_dies() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let mut f = fleet(&redis, 2, 2);
+    let old = leader(&f.gateways).expect("a gateway leads");
+    let other = 1 - old;
+    let dead = f.gateways.remove(old);
+    let killed_at = Instant::now();
+    drop(dead.kill9());
+    let mut f_other = vec![f.gateways.remove(0)];
+    let t = Instant::now();
+    while leader(&f_other) != Some(0) {
+        assert!(t.elapsed() < Duration::from_secs(10), "no new leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took_over = killed_at.elapsed();
+    assert!(took_over < Duration::from_secs(7), "took {took_over:?} (lease TTL 5 s, asked every 1.7 s)");
+    assert_eq!(chat(&f_other[0].url, "t/a"), 200);
+    // The new leader carries on: a node lost now is replaced by it.
+    let placed = wait_ready(&f_other[0].url, &[("t/a", 2), ("t/b", 1)], None);
+    let victim = placed[0].1.clone();
+    f.agents.iter_mut().find(|a| a.name == victim).unwrap().kill9();
+    wait_ready(&f_other[0].url, &[("t/a", 2), ("t/b", 1)], Some(&victim));
+    assert_eq!(chat(&f_other[0].url, "t/a"), 200);
+    eprintln!("leader kill: gateway {other} took over {took_over:?} after the kill");
+    f.gateways.append(&mut f_other);
+}
