@@ -1,18 +1,27 @@
 //! Engine processes: start, wait until ready, stop.
 //!
 //! An [`EngineSpec`] says what runs a replica:
-//! - `mock`: `hangar engine mock --port 0 --preset NAME --model MODEL`, a
-//!   child of this binary; its first output line names the port it bound.
+//! - `mock`: `hangar engine mock --host HOST --port 0 --preset NAME --model
+//!   MODEL`, a child of this binary; its first output line names the port
+//!   it bound.
 //! - `openai`: any OpenAI-compatible server from a command template such as
-//!   `vllm serve {model} --port {port} --gpu-memory-utilization
-//!   {gpu_fraction}`, run with `CUDA_VISIBLE_DEVICES={gpus}`; the port is a
-//!   free loopback port chosen here.
+//!   `vllm serve {model} --host {host} --port {port}
+//!   --gpu-memory-utilization {gpu_fraction}`, run with
+//!   `CUDA_VISIBLE_DEVICES={gpus}`; the port is one free on the host,
+//!   chosen here.
 //! - `external`: a server already running elsewhere; nothing is started or
 //!   stopped.
-//! - `cog`: a cog model server, `python -m cog.server.http` run in the
-//!   model's directory (the one holding `cog.yaml`) with `PORT` set to a
-//!   free loopback port; it speaks cog's protocol ([`crate::cog`]), not
+//! - `cog`: a cog model server, `python -m cog.server.http --host HOST` run
+//!   in the model's directory (the one holding `cog.yaml`) with `PORT` set
+//!   to a free port; it speaks cog's protocol ([`crate::cog`]), not
 //!   OpenAI's, and serves one prediction at a time.
+//!
+//! HOST, the engine host, is the address an engine binds to and the one
+//! its base URL names, so it must be an address whoever sends the engine
+//! requests can reach. [`launch`] uses loopback ([`DEFAULT_HOST`]): on one
+//! machine the gateway is beside its engines. A fleet's agent uses
+//! [`launch_on`] with an address of its machine (a pod's IP), because the
+//! gateways that call its engines run elsewhere.
 //!
 //! [`launch`] returns once the engine answers its readiness path with 200
 //! (for `cog`: once `/health-check` says `READY`), or fails when the
@@ -70,6 +79,7 @@ pub enum EngineSpec {
     /// Any OpenAI-compatible server started from a command template.
     Openai {
         /// The command, split on whitespace after substituting `{model}`,
+        /// `{host}` (the engine host, for the server's listen-address flag),
         /// `{port}`, `{gpus}`, `{gpu_fraction}` and `{weights}` (a path to
         /// the model's `weights`, materialized by the store).
         command: String,
@@ -129,7 +139,14 @@ fn default_python() -> PathBuf {
     "python3".into()
 }
 
-/// Where and how to start one replica.
+/// The engine host of a single machine: loopback, where only the server
+/// beside the engines calls them.
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+
+/// Where and how to start one replica. (The engine host is not here but an
+/// argument of [`launch_on`]: it is the node's, the same for every
+/// replica, and callers that only ever start engines on loopback keep
+/// building this as they did.)
 #[derive(Debug, Clone)]
 pub struct LaunchContext {
     /// The model name the engine serves.
@@ -215,7 +232,8 @@ pub enum LaunchError {
 /// A started (or external) engine.
 #[derive(Debug)]
 pub struct RunningEngine {
-    /// Base URL, e.g. `http://127.0.0.1:41237`.
+    /// Base URL, e.g. `http://127.0.0.1:41237`: the engine host and port
+    /// (an IPv6 host in brackets, `http://[fd00::2]:41237`).
     pub base_url: String,
     child: Option<Child>,
     /// What asks the process to stop.
@@ -300,19 +318,33 @@ impl Drop for RunningEngine {
     }
 }
 
-/// Starts an engine and waits until it is ready. On any failure the
-/// process is killed before returning.
+/// Starts an engine on loopback ([`DEFAULT_HOST`]) and waits until it is
+/// ready. On any failure the process is killed before returning.
 pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEngine, LaunchError> {
+    launch_on(spec, ctx, DEFAULT_HOST).await
+}
+
+/// Starts an engine bound to `host` — an IP address or a name, an IPv6
+/// address with or without brackets — and waits until it is ready at
+/// `http://HOST:PORT`. On any failure the process is killed before
+/// returning.
+pub async fn launch_on(
+    spec: &EngineSpec,
+    ctx: &LaunchContext,
+    host: &str,
+) -> Result<RunningEngine, LaunchError> {
+    let host = bare_host(host);
     match spec {
         EngineSpec::External { url } => Ok(RunningEngine {
             base_url: url.trim_end_matches('/').to_owned(),
             child: None,
             stop_by: StopBy::Terminate,
         }),
-        EngineSpec::Cog { .. } => launch_cog(spec, ctx, CogMode::Predict).await,
+        EngineSpec::Cog { .. } => launch_cog(spec, ctx, host, CogMode::Predict).await,
         EngineSpec::Mock { preset, startup_delay_ms, wake_delay_ms, engine_config } => {
             let mut cmd = Command::new(&ctx.hangar_exe);
-            cmd.args(["engine", "mock", "--port", "0", "--preset", preset, "--model", &ctx.model])
+            cmd.args(["engine", "mock", "--host", host, "--port", "0"])
+                .args(["--preset", preset, "--model", &ctx.model])
                 .args(["--startup-delay-ms", &startup_delay_ms.to_string()])
                 .args(["--wake-delay-ms", &wake_delay_ms.to_string()]);
             if let Some(path) = engine_config {
@@ -325,10 +357,11 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
             launch_announcing(cmd, &ctx.hangar_exe, ctx.mock_setup_timeout).await
         }
         EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
-            let port = free_port()?;
+            let port = free_port(host)?;
             let gpus = ctx.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
             let line = command
                 .replace("{model}", &ctx.model)
+                .replace("{host}", host)
                 .replace("{port}", &port.to_string())
                 .replace("{gpus}", &gpus)
                 .replace("{gpu_fraction}", &format!("{:.3}", ctx.gpu_fraction));
@@ -345,28 +378,30 @@ pub async fn launch(spec: &EngineSpec, ctx: &LaunchContext) -> Result<RunningEng
             die_with_parent(&mut cmd);
             ctx.pass_weights(&mut cmd);
             let child = cmd.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
-            let base_url = format!("http://127.0.0.1:{port}");
-            ready(child, base_url, readiness_path, Duration::from_secs(*setup_timeout_s)).await
+            ready(child, base_url(host, port), readiness_path, Duration::from_secs(*setup_timeout_s)).await
         }
     }
 }
 
-/// Starts a cog model server for `spec` (a `cog` engine) in `mode` — a
-/// trainer with [`CogMode::Train`] — and waits until its setup is done.
+/// Starts a cog model server for `spec` (a `cog` engine) bound to `host`
+/// (as in [`launch_on`]) in `mode` — a trainer with [`CogMode::Train`] —
+/// and waits until its setup is done.
 pub async fn launch_cog(
     spec: &EngineSpec,
     ctx: &LaunchContext,
+    host: &str,
     mode: CogMode,
 ) -> Result<RunningEngine, LaunchError> {
     let EngineSpec::Cog { dir, python, setup_timeout_s } = spec else {
         return Err(LaunchError::NotCog);
     };
-    let port = free_port()?;
+    let host = bare_host(host);
+    let port = free_port(host)?;
     let gpus = ctx.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let mut cmd = Command::new(python);
     // The server waits for an explicit shutdown (SIGINT) rather than
     // exiting when setup fails, so the failure and its logs can be read.
-    cmd.args(["-m", "cog.server.http", "--host", "127.0.0.1", "--await-explicit-shutdown", "true"])
+    cmd.args(["-m", "cog.server.http", "--host", host, "--await-explicit-shutdown", "true"])
         .args(["--x-mode", mode.arg()])
         .current_dir(dir)
         .env("PORT", port.to_string())
@@ -390,8 +425,8 @@ pub async fn launch_cog(
     die_with_parent(&mut cmd);
     let child =
         cmd.spawn().map_err(|source| LaunchError::Spawn { program: python.display().to_string(), source })?;
-    let base_url = format!("http://127.0.0.1:{port}");
-    let mut engine = RunningEngine { base_url, child: Some(child), stop_by: StopBy::CogShutdown };
+    let mut engine =
+        RunningEngine { base_url: base_url(host, port), child: Some(child), stop_by: StopBy::CogShutdown };
     let client = reqwest::Client::new();
     let timeout = Duration::from_secs(*setup_timeout_s);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -508,7 +543,40 @@ async fn ready(
     }
 }
 
-/// A loopback port nobody listens on right now.
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A port nobody listens on right now at `host` — probed there, not on
+/// loopback, because a port free on one address may be taken on another.
+fn free_port(host: &str) -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+}
+
+/// `host` without the brackets an IPv6 address has in a URL: the form
+/// servers' listen flags and `bind` take.
+pub fn bare_host(host: &str) -> &str {
+    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
+}
+
+/// `http://HOST:PORT`, an IPv6 host in brackets (without them its colons
+/// would read as the port's).
+pub fn base_url(host: &str, port: u16) -> String {
+    let host = bare_host(host);
+    if host.contains(':') {
+        format!("http://[{host}]:{port}")
+    } else {
+        format!("http://{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_bracket_ipv6_hosts() {
+        assert_eq!(base_url("127.0.0.2", 8000), "http://127.0.0.2:8000");
+        assert_eq!(base_url("node-3.local", 8000), "http://node-3.local:8000");
+        assert_eq!(base_url("fd00::2", 8000), "http://[fd00::2]:8000");
+        assert_eq!(base_url("[::1]", 8000), "http://[::1]:8000");
+        assert_eq!(bare_host("[::1]"), "::1");
+        assert_eq!(bare_host("10.0.0.7"), "10.0.0.7");
+    }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hangar_agent::engine::{launch, EngineSpec, LaunchContext, LaunchError};
+use hangar_agent::engine::{launch, launch_on, EngineSpec, LaunchContext, LaunchError};
 
 fn ctx() -> LaunchContext {
     LaunchContext {
@@ -34,6 +34,37 @@ async fn a_templated_server_starts_on_a_free_port_and_stops() {
     let alive =
         rustix::process::test_kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap()).is_ok();
     assert!(!alive, "the engine process {pid} is gone");
+}
+
+/// A fleet's agent starts engines on an address of its machine that
+/// gateways elsewhere reach; 127.0.0.2 stands in for it (Linux routes all
+/// of 127/8 to loopback). The template is given that host as `{host}`, the
+/// port is free there, and the URL names it.
+#[tokio::test]
+async fn a_templated_server_binds_the_engine_host_and_is_reached_there() {
+    let spec = openai("python3 -m http.server {port} --bind {host}", "/", 60);
+    let engine = launch_on(&spec, &ctx(), "127.0.0.2").await.unwrap();
+    let port = engine.base_url.strip_prefix("http://127.0.0.2:").expect("the URL names the host");
+    assert_eq!(reqwest::get(&engine.base_url).await.unwrap().status(), 200);
+    // Bound to that address alone: `{host}` was the engine host, not
+    // loopback's usual 127.0.0.1.
+    let elsewhere = reqwest::get(format!("http://127.0.0.1:{port}/")).await;
+    assert!(elsewhere.is_err(), "the server answers on 127.0.0.1 too: {elsewhere:?}");
+    engine.stop(Duration::from_secs(5)).await;
+}
+
+/// An IPv6 engine host is bracketed in the URL and bare in the template.
+#[tokio::test]
+async fn an_ipv6_engine_host_is_bracketed_in_the_url() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("no IPv6 loopback here; skipped");
+        return;
+    }
+    let spec = openai("python3 -m http.server {port} --bind {host}", "/", 60);
+    let engine = launch_on(&spec, &ctx(), "::1").await.unwrap();
+    assert!(engine.base_url.starts_with("http://[::1]:"), "{}", engine.base_url);
+    assert_eq!(reqwest::get(&engine.base_url).await.unwrap().status(), 200);
+    engine.stop(Duration::from_secs(5)).await;
 }
 
 #[tokio::test]

@@ -83,6 +83,11 @@ impl LocalRedis {
         format!("unix://{}", self.socket().display())
     }
 
+    /// The server's process id (for its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The directory holding the socket, the AOF and the log.
     pub fn dir(&self) -> &Path {
         self.dir.path()

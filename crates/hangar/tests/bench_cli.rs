@@ -143,3 +143,25 @@ fn bench_queue_claims_everything_and_an_account_waits_one_claim() {
     let o = run(&["bench", "queue", "--slots", "0"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--slots"));
 }
+
+/// The cluster benchmark measures simulated agents' heartbeats against a
+/// private Redis, and a real fleet losing a node: every figure is there
+/// (their targets are in the printed report, not asserted here).
+#[test]
+fn bench_cluster_reports_heartbeat_load_and_a_node_loss() {
+    if hangar_redis::LocalRedis::binary().is_none() && std::env::var_os("CI").is_none() {
+        return eprintln!("skipped: no redis-server");
+    }
+    let o = run(&["bench", "cluster", "--agents", "50", "--seconds", "2", "--json"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let h = &report["heartbeats"];
+    assert_eq!(h["agents"], 50, "{report}");
+    assert!(h["reports_per_s"].as_f64().unwrap() > 0.0 && h["leader_cpu_pct"].as_f64().is_some(), "{report}");
+    let n = &report["node_loss"];
+    // The registration lapses no earlier than its TTL after the last
+    // heartbeat: the dead node was really waited for.
+    assert!(n["detected_ms"].as_u64().unwrap() >= 7_000, "{report}");
+    assert!(n["replaced_ms"].as_u64().is_some() && n["engine_ms"].as_u64().is_some(), "{report}");
+}

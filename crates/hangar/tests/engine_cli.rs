@@ -56,3 +56,13 @@ fn an_unknown_preset_is_a_clear_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unknown preset `gpt`; choose one of default, fast, instant, sglang"), "{err}");
 }
+
+/// `--host` is how an agent puts a mock engine on its engine host: the
+/// printed URL names that address, and it answers there.
+#[test]
+fn the_mock_engine_listens_on_the_host_it_is_given() {
+    let (_guard, url) = spawn(&["--preset", "fast", "--model", "demo", "--host", "127.0.0.2"]);
+    assert!(url.starts_with("http://127.0.0.2:"), "{url}");
+    let health = reqwest::blocking::get(format!("{url}/health")).unwrap();
+    assert_eq!(health.status(), 200);
+}

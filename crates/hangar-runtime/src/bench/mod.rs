@@ -30,6 +30,7 @@
 //! The gateway's model has more permits than there are clients, so
 //! admission never queues: the bench measures the path, not a queue.
 
+pub mod cluster;
 pub mod coldstart;
 mod load;
 pub mod predictions;

@@ -40,6 +40,7 @@ use hangar_placement::{Cluster, Schedule};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
 
 use crate::processor::Processor;
+use hangar_agent::engine::DEFAULT_HOST;
 use hangar_agent::weights::WeightStore;
 
 pub use config::{
@@ -100,6 +101,10 @@ pub(crate) struct Inner {
     /// The controller's task.
     pub control: control::ControlHandle,
     hangar_exe: PathBuf,
+    /// The address engines bind to and their URLs name: loopback on one
+    /// machine, where the gateway is beside them; an agent's own address,
+    /// which the fleet's gateways can reach, on a fleet's node.
+    engine_host: String,
     /// For the control plane: health checks, sleep and wake-up.
     pub client: reqwest::Client,
     pub metrics: Metrics,
@@ -113,7 +118,8 @@ pub(crate) struct Inner {
     /// not route to one again on its node's word for
     /// [`fleet::QUARANTINE`] (the node's report may still name it while
     /// the node is dying).
-    pub failed: Mutex<std::collections::HashMap<ReplicaId, Instant>>,
+    /// (With the node that ran it, for a fleet's replica.)
+    pub failed: Mutex<std::collections::HashMap<ReplicaId, (Instant, Option<String>)>>,
     epoch: Instant,
 }
 
@@ -128,7 +134,7 @@ impl Server {
     /// every model with `min_replicas` has a replica ready (or could not
     /// start one, which is logged).
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
-        let (inner, commands) = build(&config, hangar_exe).await?;
+        let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into()).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
         let control = control_loop(&config, config.seed, &inner, cluster);
         inner.control.set_active(true);
@@ -143,7 +149,7 @@ impl Server {
     /// holds it (docs/cluster.md). Returns at once: replicas appear as
     /// the agents report them.
     pub async fn start_gateway(config: ServeConfig, redis: hangar_redis::Redis) -> Result<Self, ServeError> {
-        let (inner, commands) = build(&config, PathBuf::new()).await?;
+        let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into()).await?;
         let me = format!("gw-{:016x}", rand::random::<u64>());
         inner.gateway.set(me.clone()).expect("a new server");
         let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
@@ -181,10 +187,12 @@ impl Server {
 
 /// The state every kind of server shares — models, their processors and
 /// replica tables, keys, metrics, the node's weight store — and the
-/// receiving end of the controller's channel.
+/// receiving end of the controller's channel. Engines it starts bind to
+/// `engine_host`.
 pub(crate) async fn build(
     config: &ServeConfig,
     hangar_exe: PathBuf,
+    engine_host: String,
 ) -> Result<(Arc<Inner>, tokio::sync::mpsc::UnboundedReceiver<control::Command>), ServeError> {
     config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
     let api_keys = ApiKeys::new(
@@ -221,6 +229,7 @@ pub(crate) async fn build(
         api_keys,
         control,
         hangar_exe,
+        engine_host,
         client: reqwest::Client::new(),
         metrics,
         metrics_key: config.metrics_key.clone(),

@@ -114,7 +114,7 @@ async fn predict_on_cog(
     let lease = admit(rt, &job.account, None, None).await?;
     sink.started();
     let base =
-        rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
+        rt.replica_url(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
     let result = run_on_cog(&inner.client, &base, CogMode::Predict, job, sink).await;
     drop(lease);
     result
@@ -137,7 +137,7 @@ async fn train_on_cog(
         mock_setup_timeout: Duration::from_secs(600),
         weights: None,
     };
-    let trainer = launch_cog(&rt.config.engine, &ctx, CogMode::Train)
+    let trainer = launch_cog(&rt.config.engine, &ctx, &inner.engine_host, CogMode::Train)
         .await
         .map_err(|e| ExecError::Failed(format!("the trainer of `{}` did not start: {e}", rt.config.key)))?;
     sink.started();
@@ -188,8 +188,9 @@ async fn complete_on_llm(
         if avoid.is_none() {
             sink.started();
         }
-        let base =
-            rt.replica_url(lease.replica).ok_or_else(|| ExecError::Failed("the replica went away".into()))?;
+        // Gone between the permit and now (failed, or its node left):
+        // ask for another.
+        let Some(base) = rt.replica_url(lease.replica) else { continue };
         let sent = inner
             .client
             .post(format!("{base}/v1/completions"))

@@ -26,7 +26,7 @@ use super::control::Command;
 use super::{replica_name, Inner, ModelRuntime};
 use hangar_agent::capabilities::{self, Capabilities};
 use hangar_agent::cog;
-use hangar_agent::engine::{launch, LaunchContext, RunningEngine};
+use hangar_agent::engine::{launch_on, LaunchContext, RunningEngine};
 use hangar_agent::weights::{LoadedWeights, WeightsReport};
 
 /// How often a ready replica is health-checked.
@@ -354,7 +354,7 @@ impl Inner {
             weights: weights.as_ref().map(LoadedWeights::fd),
         };
         let spawned = std::time::Instant::now();
-        let engine = match launch(&rt.config.engine, &ctx).await {
+        let engine = match launch_on(&rt.config.engine, &ctx, &self.engine_host).await {
             Ok(engine) => engine,
             Err(e) => return self.start_failed(&rt, id, e.to_string()).await,
         };
@@ -525,7 +525,11 @@ impl Inner {
         let Some(failed) = rt.replicas.lock().expect("replica table lock").remove(&replica) else {
             return; // Already handled.
         };
-        self.failed.lock().expect("failed table").insert(replica, std::time::Instant::now());
+        {
+            let mut recent = self.failed.lock().expect("failed table");
+            recent.retain(|_, (at, _)| at.elapsed() < super::fleet::QUARANTINE);
+            recent.insert(replica, (std::time::Instant::now(), failed.node.clone()));
+        }
         tracing::warn!(replica = %replica_name(&rt.config.key, replica), "replica failed: {why}");
         rt.metrics.replica_failed();
         rt.processor.replica_gone(replica);
@@ -547,17 +551,23 @@ impl Inner {
     /// suspect: every other replica there is checked at once, so that a
     /// retry does not go to a sibling that died with it.
     pub async fn probe(self: &Arc<Self>, rt: &Arc<ModelRuntime>, replica: ReplicaId) -> bool {
-        let node = rt.replicas.lock().expect("replica table lock").get(&replica).and_then(|r| r.node.clone());
-        match self.check(rt, replica).await {
-            Ok(()) => true,
-            Err(why) => {
-                self.replica_failed(rt, replica, why.as_str());
-                if let Some(node) = node {
-                    self.probe_node(&node).await;
-                }
-                false
+        let here = rt.replicas.lock().expect("replica table lock").get(&replica).map(|r| r.node.clone());
+        let node = match &here {
+            Some(node) => node.clone(),
+            // Already failed by another request's probe, which may still
+            // be checking its siblings: check them too before answering.
+            None => self.failed.lock().expect("failed table").get(&replica).and_then(|(_, n)| n.clone()),
+        };
+        if here.is_some() {
+            match self.check(rt, replica).await {
+                Ok(()) => return true,
+                Err(why) => self.replica_failed(rt, replica, why.as_str()),
             }
         }
+        if let Some(node) = node {
+            self.probe_node(&node).await;
+        }
+        false
     }
 
     /// Checks every ready replica of `node` at once; the dead are failed.

@@ -53,14 +53,23 @@ pub struct Args {
     /// Where the agent's own HTTP answers (`/health`, `/status`).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
+    /// The address this machine's engines bind to and are reported at:
+    /// gateways send requests straight to it, so on a fleet of several
+    /// machines it must be one they reach (on Kubernetes, the pod's IP).
+    /// Loopback serves only gateways on this machine; `0.0.0.0` is refused,
+    /// as it names no machine to connect to.
+    #[arg(long, env = "HANGAR_ENGINE_HOST", default_value = hangar_agent::engine::DEFAULT_HOST, value_parser = engine_host)]
+    engine_host: String,
     /// How long requests in flight get to finish after SIGTERM, seconds.
     #[arg(long, default_value_t = 5)]
     drain_s: u64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = ServeConfig::from_toml(&read_text(&args.config)?, &args.config.display().to_string())?;
-    config.redis = Some(args.redis.clone());
+    hangar_redis::check_url(&args.redis).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
+    let origin = args.config.display().to_string();
+    let mut config =
+        ServeConfig::from_toml_with_redis(&read_text(&args.config)?, &origin, Some(args.redis.clone()))?;
     resolve_engine_paths(&mut config, config_dir(&args.config))?;
     let name = match args.name {
         Some(n) => n,
@@ -84,10 +93,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             gpu_kind: args.gpu_kind,
             cpu_memory: args.cpu_cache,
             artifacts: Vec::new(),
-            url: format!("http://{addr}"),
+            url: advertised(addr, &args.engine_host),
             draining: false,
         };
-        let agent = Agent::start(config, exe, redis, record).await?;
+        let agent = Agent::start(config, exe, args.engine_host, redis, record).await?;
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "agent {name} listening on http://{addr}").and_then(|()| out.flush());
         drop(out);
@@ -102,6 +111,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// `--engine-host`: an address engines can be reached at, so not empty
+/// and not the unspecified address (`0.0.0.0`, `::`), which binds every
+/// interface but names none to connect to.
+fn engine_host(s: &str) -> Result<String, String> {
+    let bare = hangar_agent::engine::bare_host(s);
+    if bare.is_empty() {
+        return Err("an address is needed, such as the machine's IP".into());
+    }
+    if bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+        return Err(format!("`{s}` is no address to connect to; give one of this machine's (the pod IP)"));
+    }
+    Ok(s.to_owned())
+}
+
+/// The agent's URL in the registry: its listen address, or — when that
+/// is every interface (`--listen 0.0.0.0:9400`) — the engine host with its
+/// port, the address others reach this machine at.
+fn advertised(addr: std::net::SocketAddr, engine_host: &str) -> String {
+    if !addr.ip().is_unspecified() {
+        return format!("http://{addr}");
+    }
+    hangar_agent::engine::base_url(engine_host, addr.port())
 }
 
 /// The machine's host name.

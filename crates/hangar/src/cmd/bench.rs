@@ -43,6 +43,17 @@ enum Command {
     /// --backlog, in claims and in replica-slot waits (p50, p99, max). See
     /// docs/predictions.md.
     Queue(QueueArgs),
+    /// A fleet's control plane under load and when a node dies.
+    ///
+    /// Part 1: --agents simulated node agents heartbeating (every 2 s) and
+    /// reporting (every 250 ms) against a private redis-server, while one
+    /// thread does the leading gateway's view every 250 ms: its CPU share
+    /// of a core. Part 2: a private fleet (Redis, one gateway, three
+    /// agents with a mock model, child processes); the agent holding a
+    /// replica is killed with SIGKILL: how long after its last heartbeat
+    /// it is declared dead, and how long after that its replica is ready
+    /// elsewhere, less the engine's start. See docs/cluster.md.
+    Cluster(ClusterArgs),
     /// The weight store against the physical reference.
     ///
     /// Generates a safetensors model of --size (once, under --dir), then
@@ -130,6 +141,19 @@ struct QueueArgs {
 }
 
 #[derive(Debug, ClapArgs)]
+struct ClusterArgs {
+    /// Simulated node agents in part 1.
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// How long part 1 runs, seconds.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, ClapArgs)]
 struct PredictionsArgs {
     /// Predictions in each phase.
     #[arg(long, default_value_t = 10_000)]
@@ -186,6 +210,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(bench::predictions::run(&options))?;
+            return print(&report, a.json);
+        }
+        Command::Cluster(a) => {
+            let options = bench::cluster::Options { agents: a.agents, seconds: a.seconds, hangar_exe };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = runtime.block_on(bench::cluster::run(&options))?;
             return print(&report, a.json);
         }
         Command::Queue(a) => {

@@ -37,16 +37,21 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(url) = &args.redis {
+        hangar_redis::check_url(url).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
+    }
     let mut config: ServeConfig = match &args.config {
-        Some(path) => ServeConfig::from_toml(&read_text(path)?, &path.display().to_string())?,
-        None => ServeConfig::demo(),
+        Some(path) => {
+            ServeConfig::from_toml_with_redis(&read_text(path)?, &path.display().to_string(), args.redis)?
+        }
+        None => {
+            let mut demo = ServeConfig::demo();
+            demo.redis = args.redis.or(demo.redis);
+            demo
+        }
     };
     if let Some(listen) = args.listen {
         config.listen = listen;
-    }
-    if let Some(url) = args.redis {
-        hangar_redis::check_url(&url).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
-        config.redis = Some(url);
     }
     let base = args.config.as_deref().map(config_dir);
     if let Some(base) = base {

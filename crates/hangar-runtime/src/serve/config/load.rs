@@ -40,8 +40,22 @@ impl ServeConfig {
     /// Parses and validates the configuration `text` read from `origin`
     /// (a path, for messages).
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let config: ServeConfig =
+        Self::from_toml_with_redis(text, origin, None)
+    }
+
+    /// [`ServeConfig::from_toml`] with `redis`, when given, in place of
+    /// the file's (a `--redis` flag): checked as the file's would be, so a
+    /// fleet's file needs no `redis` of its own.
+    pub fn from_toml_with_redis(
+        text: &str,
+        origin: &str,
+        redis: Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config: ServeConfig =
             toml::from_str(text).map_err(|source| ConfigError::Syntax { origin: origin.into(), source })?;
+        if redis.is_some() {
+            config.redis = redis;
+        }
         config.validate().map_err(|error| ConfigError::Invalid {
             origin: origin.into(),
             line: error.line_in(text),

@@ -57,11 +57,14 @@ impl Agent {
     /// Registers `record` and starts following the node's desired state.
     /// `config` is the fleet's file: its models (and store) are what this
     /// node can run; its `[[nodes]]`, if any, are ignored (the node is
-    /// `record`). Fails if another live agent holds the name, or Redis
-    /// does not answer.
+    /// `record`). Engines bind to `engine_host` and are reported at it, so
+    /// it must be an address of this machine the gateways can reach.
+    /// Fails if another live agent holds the name, or Redis does not
+    /// answer.
     pub async fn start(
         mut config: ServeConfig,
         hangar_exe: std::path::PathBuf,
+        engine_host: String,
         redis: Redis,
         record: NodeRecord,
     ) -> Result<Arc<Agent>, ServeError> {
@@ -76,7 +79,7 @@ impl Agent {
         // this one machine (placement decides where they go).
         config.nodes.clear();
         config.redis = Some(redis.url().to_owned());
-        let (inner, mut commands) = build(&config, hangar_exe).await?;
+        let (inner, mut commands) = build(&config, hangar_exe, engine_host).await?;
         // Replicas report ready and failed to a controller; here the
         // leader learns it from the node's report instead.
         tokio::spawn(async move { while commands.recv().await.is_some() {} });

@@ -13,8 +13,9 @@
 //! load. A tenure ends when a renewal fails or finds another holder; the
 //! controller is dropped with it, and the next leader rebuilds from Redis.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use hangar_core::{DesiredState, GatewayLoad, Millis, ModelKey, ReplicaId};
 use hangar_placement::{Cluster, ClusterConfig, Level, Restore};
@@ -49,11 +50,11 @@ impl Leadership {
 /// One leader's term: its epoch and what it has told each node.
 pub(crate) struct Tenure {
     inner: Arc<Inner>,
-    me: String,
-    epoch: u64,
-    fleet: FleetState,
     /// Node → what it was last told.
-    desired: Mutex<BTreeMap<String, DesiredState>>,
+    desired: Arc<Mutex<BTreeMap<String, DesiredState>>>,
+    /// When each replica of `desired` was first placed by this tenure.
+    placed_at: Mutex<HashMap<ReplicaId, Instant>>,
+    writer: Arc<Writer>,
     /// The other gateways' loads, from the view.
     loads: Mutex<Vec<GatewayLoad>>,
     /// Cancelled when the lease is lost.
@@ -78,46 +79,64 @@ impl Tenure {
         let mut touched = Vec::new();
         {
             let mut states = self.desired.lock().expect("desired lock");
+            let mut placed = self.placed_at.lock().expect("placed lock");
             for step in delta.steps() {
                 let d = step.deployment;
                 let node = d.node.to_string();
                 let state = states.entry(node.clone()).or_default();
                 state.replicas.retain(|r| r.replica != d.replica_id);
-                if !matches!(step.action, hangar_placement::Action::Delete) {
+                if matches!(step.action, hangar_placement::Action::Delete) {
+                    placed.remove(&d.replica_id);
+                } else {
                     state.replicas.push(desired(d));
+                    placed.entry(d.replica_id).or_insert_with(Instant::now);
                 }
                 touched.push(node);
             }
         }
         touched.dedup();
-        let me = self.clone_parts();
-        tokio::task::spawn_blocking(move || me.write(&touched));
+        let writer = self.writer.clone();
+        tokio::task::spawn_blocking(move || writer.write(&touched));
     }
 
-    fn clone_parts(&self) -> Writer {
-        Writer {
-            fleet: self.fleet.clone(),
-            me: self.me.clone(),
-            epoch: self.epoch,
-            desired: self.desired.lock().expect("desired lock").clone(),
-            lost: self.lost.clone(),
-        }
+    /// Stops watching whether replica `id` is taken up; whether it was
+    /// still watched (so its failure is reported once).
+    pub(crate) fn give_up(&self, id: ReplicaId) -> bool {
+        self.placed_at.lock().expect("placed lock").remove(&id).is_some()
+    }
+
+    /// The replicas this leader placed on `node` more than `limit` ago
+    /// (warm or hot), for the view to tell which its agent never took up.
+    pub(crate) fn placed_before(&self, node: &str, limit: std::time::Duration) -> Vec<(ModelKey, ReplicaId)> {
+        let desired = self.desired.lock().expect("desired lock");
+        let placed = self.placed_at.lock().expect("placed lock");
+        let Some(state) = desired.get(node) else { return Vec::new() };
+        state
+            .replicas
+            .iter()
+            .filter(|r| placed.get(&r.replica).is_some_and(|at| at.elapsed() > limit))
+            .map(|r| (r.model.clone(), r.replica))
+            .collect()
     }
 }
 
-/// What a write of desired states needs, taken out of the tenure's lock.
+/// Writes nodes' desired states, one write at a time and each with the
+/// tenure's latest state of the node: writes spawned in order may run out
+/// of order, and an older state must never land after a newer one.
 struct Writer {
     fleet: FleetState,
     me: String,
     epoch: u64,
-    desired: BTreeMap<String, DesiredState>,
+    desired: Arc<Mutex<BTreeMap<String, DesiredState>>>,
     lost: CancellationToken,
+    one_at_a_time: Mutex<()>,
 }
 
 impl Writer {
     fn write(&self, nodes: &[String]) {
+        let _turn = self.one_at_a_time.lock().expect("writer lock");
         for node in nodes {
-            let mut state = self.desired.get(node).cloned().unwrap_or_default();
+            let mut state = self.desired.lock().expect("desired lock").get(node).cloned().unwrap_or_default();
             state.epoch = self.epoch;
             match self.fleet.write_desired(&self.me, node, &state) {
                 Ok(true) => {}
@@ -308,21 +327,28 @@ async fn begin(
     }
     let seed = config.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let control = control_loop(config, seed, inner, cluster);
+    let all: Vec<String> = desired_states.keys().cloned().collect();
+    let now = Instant::now();
+    let placed_at =
+        desired_states.values().flat_map(|s| s.replicas.iter().map(|r| (r.replica, now))).collect();
+    let desired_states = Arc::new(Mutex::new(desired_states));
+    let lost = CancellationToken::new();
+    let writer = Arc::new(Writer {
+        fleet: fleet.clone(),
+        me: lease.holder().to_owned(),
+        epoch,
+        desired: desired_states.clone(),
+        lost: lost.clone(),
+        one_at_a_time: Mutex::new(()),
+    });
     let tenure = Arc::new(Tenure {
         inner: inner.clone(),
-        me: lease_holder(lease),
-        epoch,
-        fleet: fleet.clone(),
-        desired: Mutex::new(desired_states),
+        desired: desired_states,
+        placed_at: Mutex::new(placed_at),
+        writer: writer.clone(),
         loads: Mutex::default(),
-        lost: CancellationToken::new(),
+        lost,
     });
-    let writer = tenure.clone_parts();
-    let all: Vec<String> = writer.desired.keys().cloned().collect();
     tokio::task::spawn_blocking(move || writer.write(&all)).await.expect("no panic");
     Ok((tenure, control))
-}
-
-fn lease_holder(lease: &LeaderLease) -> String {
-    lease.holder().to_owned()
 }

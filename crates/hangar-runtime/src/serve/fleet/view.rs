@@ -26,6 +26,10 @@ use super::super::Inner;
 use super::leader::Leadership;
 use super::{node_config, wall_ms};
 
+/// How long a replica placed on a live node may go unreported before the
+/// leader counts it as a failed start.
+const NEVER_TAKEN_UP: Duration = Duration::from_secs(30);
+
 /// How often the view is refreshed.
 pub(crate) const VIEW_EVERY: Duration = Duration::from_millis(250);
 
@@ -118,7 +122,7 @@ impl View {
         }
         {
             let mut failed = inner.failed.lock().expect("failed table");
-            failed.retain(|_, at| at.elapsed() < super::QUARANTINE);
+            failed.retain(|_, (at, _)| at.elapsed() < super::QUARANTINE);
             seen.retain(|id, s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id));
         }
         route(&inner, &seen);
@@ -141,6 +145,7 @@ impl View {
                 }
             }
             for (id, now) in &seen {
+                tenure.give_up(*id); // Taken up.
                 let before = last.1.get(id).map(|s| s.phase);
                 if now.phase == ReplicaPhase::Ready && before != Some(ReplicaPhase::Ready) {
                     let tier = match before {
@@ -165,6 +170,18 @@ impl View {
                     }),
                     Some(true) => inner.control.send(Command::Stopped { model, replica }),
                     None => {}
+                }
+            }
+            // Placed long ago and never reported: its agent did not take it
+            // up (a write lost with Redis, say); placement must not count
+            // on it forever.
+            for name in nodes.keys().filter(|n| !silent.contains(*n)) {
+                for (model, replica) in tenure.placed_before(name, NEVER_TAKEN_UP) {
+                    let reported = seen.contains_key(&replica) || last.1.contains_key(&replica);
+                    if !reported && tenure.give_up(replica) {
+                        let why = format!("node {name} never took it up in {NEVER_TAKEN_UP:?}");
+                        inner.control.send(Command::Failed { model, replica, why, start_failed: true });
+                    }
                 }
             }
         }

@@ -1,0 +1,88 @@
+//! `hangar agent --engine-host`: the address a node's engines bind to and
+//! are reported at, which the fleet's gateways send requests to.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fleet::{status, wait_ready};
+use hangar_redis::LocalRedis;
+use serde_json::Value;
+
+/// Stops the agent (SIGTERM, as Kubernetes does) even when a test fails.
+struct Guard(std::process::Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_engine_host_that_names_no_machine_is_refused() {
+    for host in ["0.0.0.0", "::", "[::]", ""] {
+        let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
+            .args(["agent", "--config", "/nonexistent/fleet.toml", "--redis", "redis://127.0.0.1:1/0"])
+            .args(["--gpus", "1", "--gpu-memory", "80GB", "--engine-host", host])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "--engine-host {host:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--engine-host"), "{err}");
+    }
+}
+
+/// An agent listening on every interface with the engine host 127.0.0.2
+/// (standing in for a pod's IP; Linux routes all of 127/8 to loopback):
+/// its engines are reported at that host, the gateway reaches them there,
+/// and the registry names the agent at that host too.
+#[test]
+fn an_agents_engines_are_reported_and_reached_at_its_engine_host() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let config = format!(
+        "redis = \"{}\"\n\n[[models]]\nkey = \"t/a\"\nengine = {{ kind = \"mock\", preset = \"fast\" }}\n\
+         size = \"10GB\"\nmin_replicas = 1\n",
+        redis.url()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    let gateway = common::serve_in(tempfile::tempdir().unwrap(), &config);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["agent", "--config", path.to_str().unwrap(), "--redis", &redis.url(), "--name", "n0"])
+        .args(["--gpus", "1", "--gpu-memory", "80GB", "--virtual-gpus", "--drain-s", "0"])
+        .args(["--listen", "0.0.0.0:0", "--engine-host", "127.0.0.2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _agent = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    assert!(line.starts_with("agent n0 listening on http://0.0.0.0:"), "{line:?}");
+
+    wait_ready(&gateway.url, &[("t/a", 1)], None);
+    let agent: Value =
+        reqwest::blocking::get(format!("http://127.0.0.2:{port}/status")).unwrap().json().unwrap();
+    assert_eq!(agent["node"]["url"], format!("http://127.0.0.2:{port}"), "{agent}");
+    let url = agent["report"]["replicas"][0]["url"].as_str().unwrap_or_else(|| panic!("{agent}"));
+    assert!(url.starts_with("http://127.0.0.2:"), "the engine is reported at the engine host: {url}");
+    let (code, answer) = common::post(&gateway.url, None, &common::chat("t/a", 3));
+    assert_eq!(code, 200, "{answer} {}", status(&gateway.url));
+    assert_eq!(answer["usage"]["completion_tokens"], 3);
+}
