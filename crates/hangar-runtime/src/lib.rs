@@ -5,7 +5,8 @@
 //! onto replica permits; [`serve`], the controller's task, replicas
 //! reconciled with placement through the node agent (`hangar-agent`, which
 //! starts, probes, sleeps and stops engines and gives them their weights),
-//! the gateway and admin APIs; and [`bench`], the benchmarks that run them.
+//! and the state the gateway and admin APIs (`hangar-gateway`) serve from;
+//! and [`bench`], the benchmarks that run them.
 #![deny(missing_docs)]
 
 pub mod bench;

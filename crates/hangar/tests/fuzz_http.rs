@@ -86,7 +86,7 @@ fn harness() -> &'static Harness {
                 )
                 .await
                 .unwrap();
-            server.router(&service, limit)
+            hangar_gateway::router(&server, &service, limit)
         });
         Harness { runtime, app, _dir: dir }
     })

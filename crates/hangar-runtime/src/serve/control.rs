@@ -58,20 +58,25 @@ pub(crate) enum Command {
     NodeLost(NodeId),
 }
 
-/// `POST /admin/models/{model}/scaling`.
+/// An operator's scaling command for one model
+/// (`POST /admin/models/{model}/scaling`): the kill switches of its scaler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ScalingCommand {
+pub enum ScalingCommand {
+    /// Keep the replica count where it is: the scaler decides nothing.
     Freeze,
+    /// Let the scaler decide again.
     Unfreeze,
+    /// Hold the model at this many replicas (within its bounds).
     Pin(u32),
 }
 
-/// Per model: its scaling state as JSON, and its hot and warm deployments.
-pub(crate) type Status = Vec<(String, Value, Vec<Deployment>)>;
+/// Per model: its key, its scaling state as JSON, and its hot and warm
+/// deployments.
+pub type Status = Vec<(String, Value, Vec<Deployment>)>;
 
 /// The way to the controller's task. Cheap to clone; sends never block.
 #[derive(Clone)]
-pub(crate) struct ControlHandle {
+pub struct ControlHandle {
     tx: mpsc::UnboundedSender<Command>,
     /// Whether a controller reads the channel: always on a single
     /// machine; in a fleet, only while this gateway leads.
@@ -80,7 +85,8 @@ pub(crate) struct ControlHandle {
 
 /// Why an operator's command was not carried out.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ControlError {
+#[non_exhaustive]
+pub enum ControlError {
     /// The controller refused it.
     #[error(transparent)]
     Command(#[from] CommandError),
@@ -96,22 +102,24 @@ pub(crate) enum ControlError {
 }
 
 impl ControlHandle {
-    pub fn new() -> (Self, mpsc::UnboundedReceiver<Command>) {
+    /// A handle, and the receiving end the controller's task reads.
+    pub(crate) fn new() -> (Self, mpsc::UnboundedReceiver<Command>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (ControlHandle { tx, active: Arc::default() }, rx)
     }
 
     /// Marks whether a controller reads the channel now.
-    pub fn set_active(&self, active: bool) {
+    pub(crate) fn set_active(&self, active: bool) {
         self.active.store(active, Ordering::Release);
     }
 
-    /// Whether a controller reads the channel now.
+    /// Whether a controller reads the channel now: always on a single
+    /// machine; on a fleet's gateway, while it leads.
     pub fn is_active(&self) -> bool {
         self.active.load(Ordering::Acquire)
     }
 
-    pub fn send(&self, command: Command) {
+    pub(crate) fn send(&self, command: Command) {
         // Only fails when the server is stopping, when nothing needs it.
         let _ = self.tx.send(command);
     }
@@ -119,7 +127,7 @@ impl ControlHandle {
     /// The hook a model's processor calls when a request has to wait: one
     /// `Waiting` at a time per model (`pending`, cleared when the task
     /// handles it), so a flood of queued requests is one message.
-    pub fn on_queued(&self, model: ModelKey, pending: Arc<AtomicBool>) -> crate::processor::OnQueued {
+    pub(crate) fn on_queued(&self, model: ModelKey, pending: Arc<AtomicBool>) -> crate::processor::OnQueued {
         let tx = self.tx.clone();
         Box::new(move || {
             if !pending.swap(true, Ordering::AcqRel) {

@@ -1,4 +1,5 @@
-//! `GET /metrics`: the gateway's figures in Prometheus text format.
+//! The server's figures, rendered in Prometheus text format for
+//! `GET /metrics` (served by `hangar-gateway`).
 //!
 //! Counters and histograms are updated on the request path; gauges that
 //! describe state (queue depth, permits, replicas by state) are read from
@@ -205,8 +206,9 @@ impl Metrics {
     }
 }
 
-/// One model's request figures.
-pub(crate) struct ModelMetrics {
+/// One model's request figures, recorded by the request path
+/// ([`ModelRuntime::metrics`]).
+pub struct ModelMetrics {
     model: String,
     ok: Counter,
     requests: Family<StatusLabels, Counter>,
@@ -225,6 +227,7 @@ pub(crate) struct ModelMetrics {
 }
 
 impl ModelMetrics {
+    /// A request was answered with `status`.
     pub fn answered(&self, status: u16) {
         match status {
             200 => self.ok.inc(),
@@ -232,10 +235,13 @@ impl ModelMetrics {
         };
     }
 
+    /// A request waited `wait` for its permit.
     pub fn queue_wait(&self, wait: Duration) {
         self.queue_wait.observe(wait.as_secs_f64());
     }
 
+    /// The first byte of an answer came back, `since_arrival` after its
+    /// request arrived (the TTFT the `hangar` scaling policy reads).
     pub fn first_byte(&self, since_arrival: Duration) {
         self.ttft.observe(since_arrival.as_secs_f64());
         let mut recent = self.recent_ttft.lock().expect("never poisoned: no panics while held");
@@ -244,22 +250,24 @@ impl ModelMetrics {
     }
 
     /// The p99 TTFT of the last minute's requests.
-    pub fn recent_ttft_p99(&self) -> Option<Millis> {
+    pub(crate) fn recent_ttft_p99(&self) -> Option<Millis> {
         let mut recent = self.recent_ttft.lock().expect("never poisoned: no panics while held");
         let now = recent.0.elapsed().as_millis() as Millis;
         recent.1.p99(now)
     }
 
+    /// An answer ended (or its client left), `since_arrival` after its
+    /// request arrived.
     pub fn finished(&self, since_arrival: Duration) {
         self.e2e.observe(since_arrival.as_secs_f64());
     }
 
-    pub fn replica_failed(&self) {
+    pub(crate) fn replica_failed(&self) {
         self.failures.inc();
     }
 
     /// A request went again on a fresh connection.
-    pub fn connection_retried(&self) {
+    pub(crate) fn connection_retried(&self) {
         self.connection_retries.inc();
     }
 
@@ -269,12 +277,12 @@ impl ModelMetrics {
     }
 
     /// Replicas failed so far.
-    pub fn failures(&self) -> u32 {
+    pub(crate) fn failures(&self) -> u32 {
         u32::try_from(self.failures.get()).unwrap_or(u32::MAX)
     }
 
     /// The scaler changed the count, up or down.
-    pub fn decided(&self, up: bool) {
+    pub(crate) fn decided(&self, up: bool) {
         match up {
             true => self.up.inc(),
             false => self.down.inc(),
@@ -282,7 +290,7 @@ impl ModelMetrics {
     }
 
     /// The model is (not) unplaceable.
-    pub fn unplaceable(&self, yes: bool) {
+    pub(crate) fn unplaceable(&self, yes: bool) {
         self.unplaceable.set(i64::from(yes));
     }
 }

@@ -1,12 +1,14 @@
 //! `hangar serve`: models placed on the node's GPUs, engines started for
-//! their replicas, and an OpenAI-compatible gateway admitting requests onto
-//! replica permits.
+//! their replicas, and the state an OpenAI-compatible gateway admits
+//! requests with onto replica permits.
 //!
-//! The request path: the gateway reads `model` from the body, finds the
-//! model's [`Processor`], waits for a permit ([`Processor::admit`]; 429
-//! when the line is full, 504 past the model's timeout) and forwards the
-//! request to the chosen replica, streaming the answer back; the permit is
-//! given back when the answer ends or the client leaves.
+//! The request path: the gateway (`hangar-gateway`, over the handle a
+//! [`Server`] gives it) reads `model` from the body, finds the model's
+//! [`ModelRuntime`], waits for a permit on its [`Processor`]
+//! ([`Processor::admit`]; 429 when the line is full, 504 past the model's
+//! timeout) and forwards the request to the chosen replica
+//! ([`ModelRuntime::send`]), streaming the answer back; the permit is given
+//! back when the answer ends or the client leaves.
 //!
 //! Replica counts come from one task (`control`) that drives
 //! `hangar-scaler`'s controller: each model's scaler decides how many
@@ -16,18 +18,15 @@
 //! `from_cache` wakes it, `create` starts a new engine process. A replica
 //! serves as soon as it is ready, and is watched until it is gone.
 
-mod admin;
 mod config;
 mod control;
 mod data_dir;
 mod fleet;
-mod gateway;
-mod guard;
 mod metrics;
 mod predictions;
 mod prompt;
-mod relay;
 mod replicas;
+mod upstream;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,23 +34,31 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hangar_core::{AccountId, ApiKeys, Millis, ModelKey, Principal, ReplicaId};
+use axum::body::Bytes;
+use hangar_core::{AccountId, ApiKeys, BlockHash, Millis, ModelKey, Principal, ReplicaId};
 use hangar_placement::{Cluster, Schedule};
+use hangar_router::{text_blocks, RouterPolicy};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
+use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
 
 use crate::processor::Processor;
 use hangar_agent::engine::DEFAULT_HOST;
 use hangar_agent::weights::WeightStore;
 
 pub use config::{
-    ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO, MAX_DURATION_S,
-    MAX_QUEUE_CAPACITY,
+    check_queue_capacity, ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO,
+    MAX_DURATION_S, MAX_QUEUE_CAPACITY,
 };
+pub use control::{ControlError, ControlHandle, ScalingCommand};
 pub use data_dir::{DataDirError, DataDirLock};
 pub use fleet::Agent;
-pub use guard::install_panic_hook;
-use metrics::{Metrics, ModelMetrics};
+use metrics::Metrics;
+pub use metrics::ModelMetrics;
+use prompt::prompt_text;
 use replicas::Replica;
+pub use replicas::ReplicaStatus;
+pub use upstream::SendError;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -69,28 +76,32 @@ pub enum ServeError {
     Fleet(String),
 }
 
-/// A replica's name in logs, metrics and the admin API.
-pub(crate) fn replica_name(model: &ModelKey, replica: ReplicaId) -> String {
+/// A replica's name in logs, metrics and the admin API:
+/// `<model>:<replica_id>`.
+pub fn replica_name(model: &ModelKey, replica: ReplicaId) -> String {
     format!("{model}:{replica}")
 }
 
-pub(crate) struct ModelRuntime {
-    pub config: ModelConfig,
+/// One served model: its configuration, its processor (the line and the
+/// permits of its replicas), its replica table, its request figures and
+/// its connections to its replicas. [`Server::model`] hands it out.
+pub struct ModelRuntime {
+    pub(crate) config: ModelConfig,
     /// How long one request may take, waiting included.
-    pub timeout: Duration,
-    pub processor: Processor,
-    pub metrics: Arc<ModelMetrics>,
+    pub(crate) timeout: Duration,
+    pub(crate) processor: Processor,
+    pub(crate) metrics: Arc<ModelMetrics>,
     replicas: Mutex<BTreeMap<ReplicaId, Replica>>,
     /// Replicas its scaler wants, as the controller last said (read on the
     /// request path to tell the controller of a request for a model at
     /// zero, and by `/readyz`).
-    pub desired: AtomicU32,
+    pub(crate) desired: AtomicU32,
     /// The controller cannot place (or start) the replicas it wants.
-    pub unplaceable: AtomicBool,
+    pub(crate) unplaceable: AtomicBool,
     /// A `Waiting` message for this model is on its way to the controller.
-    pub waiting_signal: Arc<AtomicBool>,
+    pub(crate) waiting_signal: Arc<AtomicBool>,
     /// Its connections to its replicas, for forwarding requests.
-    pub upstream: relay::Upstream,
+    pub(crate) upstream: upstream::Upstream,
 }
 
 pub(crate) struct Inner {
@@ -163,18 +174,6 @@ impl Server {
         Ok(Server { inner })
     }
 
-    /// Every route of `hangar serve`: the OpenAI API, the admin API,
-    /// health, metrics and the `predictions` API, under one body limit
-    /// (413 beyond `max_body_bytes`) and the [`guard`] (request ids; a
-    /// panicking handler answers 500).
-    pub fn router(&self, predictions: &hangar_predictions::Service, max_body_bytes: usize) -> axum::Router {
-        gateway::router(self.inner.clone())
-            .merge(admin::router(self.inner.clone()))
-            .merge(predictions.router())
-            .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
-            .layer(axum::middleware::from_fn_with_state(self.inner.metrics.panics(), guard::guard))
-    }
-
     /// Stops every engine this server started.
     pub async fn shutdown(&self) {
         for rt in self.inner.models.values() {
@@ -182,6 +181,62 @@ impl Server {
                 engine.stop(Duration::from_secs(5)).await;
             }
         }
+    }
+}
+
+/// What the HTTP surface (`hangar-gateway`'s routes) reads and asks of a
+/// running server. A `Server` is a cheap handle (an `Arc`), fit to be a
+/// router's state.
+impl Server {
+    /// Every model served, in key order.
+    pub fn models(&self) -> impl Iterator<Item = &Arc<ModelRuntime>> {
+        self.inner.models.values()
+    }
+
+    /// The model `key`, if it is served (whether a caller may use it is
+    /// [`ModelRuntime::allows`]).
+    pub fn model(&self, key: &str) -> Option<&Arc<ModelRuntime>> {
+        self.inner.models.get(key)
+    }
+
+    /// The API keys: who a request acts for, and whether it may use the
+    /// admin API; open when none are configured.
+    pub fn api_keys(&self) -> &ApiKeys {
+        &self.inner.api_keys
+    }
+
+    /// The bearer key `GET /metrics` asks for, if any.
+    pub fn metrics_key(&self) -> Option<&str> {
+        self.inner.metrics_key.as_deref()
+    }
+
+    /// The Prometheus text exposition of the server's figures, with the
+    /// state gauges (lines, permits, replicas) read now.
+    pub fn render_metrics(&self) -> String {
+        self.inner.metrics.render(self.inner.models.values().map(|rt| &**rt))
+    }
+
+    /// The counter of request handlers that panicked
+    /// (`hangar_http_panics_total`), for the layer that catches them.
+    pub fn panic_counter(&self) -> Counter {
+        self.inner.metrics.panics()
+    }
+
+    /// The way to the controller's task: operator commands and its status.
+    pub fn control(&self) -> &ControlHandle {
+        &self.inner.control
+    }
+
+    /// This server's id as a gateway of a fleet; `None` on a single machine.
+    pub fn fleet_gateway(&self) -> Option<&str> {
+        self.inner.gateway.get().map(String::as_str)
+    }
+
+    /// Checks `replica` of `rt` now, after a request to it failed: a dead
+    /// one is taken out of routing (and, in a fleet, its node's other
+    /// replicas are checked). Returns whether it is alive.
+    pub async fn probe(&self, rt: &Arc<ModelRuntime>, replica: ReplicaId) -> bool {
+        self.inner.probe(rt, replica).await
     }
 }
 
@@ -219,7 +274,7 @@ pub(crate) async fn build(
                 desired: AtomicU32::new(m.min_replicas),
                 unplaceable: AtomicBool::new(false),
                 waiting_signal,
-                upstream: relay::upstream(&m.connections),
+                upstream: upstream::upstream(&m.connections),
             };
             (m.key.to_string(), Arc::new(rt))
         })
@@ -290,6 +345,62 @@ async fn open_weight_store(config: &ServeConfig) -> Result<Option<Arc<WeightStor
 }
 
 impl ModelRuntime {
+    /// The model's configuration, as loaded.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// How long one request may take, waiting included: the model's
+    /// `timeout_s` within the server's floor and ceiling.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The model's processor: its line and its replicas' permits.
+    pub fn processor(&self) -> &Processor {
+        &self.processor
+    }
+
+    /// The model's request figures, for the request path to record.
+    pub fn metrics(&self) -> &Arc<ModelMetrics> {
+        &self.metrics
+    }
+
+    /// How many replicas its scaler wants, as the controller last said.
+    pub fn desired_replicas(&self) -> u32 {
+        self.desired.load(Ordering::Relaxed)
+    }
+
+    /// How many of its replicas serve now.
+    pub fn ready_replicas(&self) -> usize {
+        self.count(replicas::ReplicaState::Ready)
+    }
+
+    /// The prompt of the OpenAI request `body` in block hashes, with its
+    /// estimated tokens, when the model's router reads prompts (`kv`);
+    /// `None` otherwise, without parsing the body.
+    pub fn prompt_blocks(&self, body: &[u8]) -> Option<(Vec<BlockHash>, u32)> {
+        match self.config.router {
+            RouterPolicy::Kv => serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .map(|v| text_blocks(&prompt_text(&v), self.config.kv.block_chars)),
+            _ => None,
+        }
+    }
+
+    /// POSTs the JSON `body` to `url` (a replica's base URL and the
+    /// request's path) on the model's pool of connections, and once more
+    /// on a fresh connection if the pooled one was lost before any answer
+    /// came back (counted in `hangar_connection_retries_total`). The
+    /// answer's body is the caller's to stream; dropping it closes the
+    /// connection, which cancels the engine's work.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the request and its connection.
+    pub async fn send(&self, url: &str, body: Bytes) -> Result<hyper::Response<Incoming>, SendError> {
+        self.upstream.send(url, body, || self.metrics.connection_retried()).await
+    }
+
     /// Whether an engine's answer says its replica is out of capacity
     /// (429, or 503 as vLLM and SGLang answer when their own queue is full)
     /// and another replica could take the request instead: then it goes

@@ -31,11 +31,9 @@ use hangar_predictions::store::Backend;
 use hangar_predictions::{
     ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError, Sink,
 };
-use hangar_router::{text_blocks, RouterPolicy};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::prompt::prompt_text;
 use super::{Inner, ModelRuntime, Server};
 use crate::processor::{AdmitError, Lease};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
@@ -174,13 +172,9 @@ async fn complete_on_llm(
     sink: &Sink,
 ) -> Result<Value, ExecError> {
     let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
-    let body = input.completion_body(rt.config.key.as_str());
-    let prompt = match rt.config.router {
-        RouterPolicy::Kv => Some(text_blocks(&prompt_text(&body), rt.config.kv.block_chars)),
-        _ => None,
-    };
+    let body = serde_json::to_vec(&input.completion_body(rt.config.key.as_str())).expect("JSON serializes");
+    let prompt = rt.prompt_blocks(&body);
     let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-    let body = serde_json::to_vec(&body).expect("JSON serializes");
     // A replica out of capacity hands the prediction to another, once.
     let mut avoid = None;
     let (response, lease) = loop {
@@ -258,7 +252,8 @@ async fn complete_on_llm(
 impl Server {
     /// Starts the predictions service on this server's models, storing in
     /// `backend`; `base_url` is where clients reach the server. Merge
-    /// [`Service::router`] into the gateway's router. A cog model's
+    /// [`Service::router`] into the gateway's router (`hangar-gateway`'s
+    /// `router` does). A cog model's
     /// version shows the OpenAPI schema its server publishes, when one of
     /// its replicas is up by now.
     pub async fn start_predictions(

@@ -125,26 +125,26 @@ impl std::fmt::Display for StartReport {
     }
 }
 
-/// A replica as the admin API shows it.
+/// A replica as the admin API shows it (serialized as is).
 #[derive(Debug, Serialize)]
-pub(crate) struct ReplicaStatus {
-    pub name: String,
-    pub id: String,
+pub struct ReplicaStatus {
+    name: String,
+    id: String,
     /// `HOT` or `WARM`, from placement.
-    pub level: Option<String>,
+    level: Option<String>,
     /// Kept by a dedicated window of the schedule.
-    pub dedicated: bool,
-    pub state: ReplicaState,
-    pub node: Option<String>,
-    pub gpus: Vec<u32>,
-    pub in_flight: u32,
-    pub url: Option<String>,
+    dedicated: bool,
+    state: ReplicaState,
+    node: Option<String>,
+    gpus: Vec<u32>,
+    in_flight: u32,
+    url: Option<String>,
     /// The engine process, when this node started one.
-    pub pid: Option<u32>,
+    pid: Option<u32>,
     /// What its engine can do (sleep, metrics, slots).
-    pub capabilities: Capabilities,
+    capabilities: Capabilities,
     /// How its last cold start went.
-    pub start: Option<StartReport>,
+    start: Option<StartReport>,
 }
 
 impl Replica {
@@ -192,24 +192,25 @@ impl From<hangar_core::ReplicaPhase> for ReplicaState {
 
 impl ModelRuntime {
     /// Removes every replica, returning the engines to stop.
-    pub fn take_engines(&self) -> Vec<RunningEngine> {
+    pub(crate) fn take_engines(&self) -> Vec<RunningEngine> {
         let mut replicas = self.replicas.lock().expect("replica table lock");
         std::mem::take(&mut *replicas).into_values().filter_map(|r| r.engine).collect()
     }
 
-    /// The base URL of a ready replica.
+    /// The base URL of a ready replica (`None` once it is not ready, or
+    /// gone).
     pub fn replica_url(&self, replica: ReplicaId) -> Option<String> {
         let replicas = self.replicas.lock().expect("replica table lock");
         replicas.get(&replica).filter(|r| r.state == ReplicaState::Ready).and_then(|r| r.base_url.clone())
     }
 
     /// How many replicas are in `state`.
-    pub fn count(&self, state: ReplicaState) -> usize {
+    pub(crate) fn count(&self, state: ReplicaState) -> usize {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state == state).count()
     }
 
     /// Each ready replica's name and the permits held on it.
-    pub fn in_flight(&self) -> Vec<(String, u32)> {
+    pub(crate) fn in_flight(&self) -> Vec<(String, u32)> {
         let ready: Vec<ReplicaId> = {
             let table = self.replicas.lock().expect("replica table lock");
             table.iter().filter(|(_, r)| r.state == ReplicaState::Ready).map(|(id, _)| *id).collect()
@@ -221,12 +222,12 @@ impl ModelRuntime {
     }
 
     /// Each replica's state.
-    pub fn states(&self) -> Vec<(ReplicaId, ReplicaState)> {
+    pub(crate) fn states(&self) -> Vec<(ReplicaId, ReplicaState)> {
         self.replicas.lock().expect("replica table lock").iter().map(|(id, r)| (*id, r.state)).collect()
     }
 
     /// Replicas starting or serving.
-    pub fn up(&self) -> u32 {
+    pub(crate) fn up(&self) -> u32 {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state.is_up()).count() as u32
     }
 

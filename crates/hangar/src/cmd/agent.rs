@@ -75,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(n) => n,
         None => hostname().context("no --name given and the host name cannot be read")?,
     };
-    hangar_runtime::serve::install_panic_hook();
+    hangar_gateway::install_panic_hook();
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -69,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (Backend::Sqlite(data_dir), Some(lock))
         }
     };
-    hangar_runtime::serve::install_panic_hook();
+    hangar_gateway::install_panic_hook();
     let exe = std::env::current_exe().context("cannot find the hangar binary to start engines")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -98,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
         drop(out);
-        let router = server.router(&service, body_limit);
+        let router = hangar_gateway::router(&server, &service, body_limit);
         // Streamed answers (tokens, SSE) are small writes: send each at
         // once (no Nagle).
         let listener = listener.tap_io(|tcp| {

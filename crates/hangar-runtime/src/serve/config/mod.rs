@@ -6,7 +6,7 @@ mod load;
 mod validate;
 
 pub use load::ConfigError;
-pub(crate) use validate::check_queue_capacity;
+pub use validate::check_queue_capacity;
 pub use validate::{MAX_DURATION_S, MAX_QUEUE_CAPACITY};
 
 use std::time::{Duration, SystemTime};

@@ -29,29 +29,25 @@ use axum::{Json, Router};
 use hangar_core::ReplicaId;
 use hangar_placement::Deployment;
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
+use hangar_runtime::serve::{check_queue_capacity, ControlError, ModelRuntime, ScalingCommand, Server};
 use hangar_scaler::CommandError;
-
-use super::control::ControlError;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::config::check_queue_capacity;
-use super::control::ScalingCommand;
-use super::gateway::{principal, ApiError};
-use super::{Inner, ModelRuntime};
+use crate::openai::{principal, ApiError};
 
-pub(crate) fn router(inner: Arc<Inner>) -> Router {
+pub(crate) fn router(server: Server) -> Router {
     Router::new()
         .route("/admin/status", get(status))
         .route("/admin/evict", post(evict))
         .route("/admin/models/{*path}", post(model_action).put(model_action))
-        .with_state(inner)
+        .with_state(server)
 }
 
 /// Lets admin callers through.
-fn admin(inner: &Inner, headers: &HeaderMap) -> Result<(), ApiError> {
-    match principal(inner, headers) {
+fn admin(server: &Server, headers: &HeaderMap) -> Result<(), ApiError> {
+    match principal(server, headers) {
         Ok(p) if p.admin => Ok(()),
         Ok(p) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -74,28 +70,27 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     })
 }
 
-fn model<'a>(inner: &'a Inner, key: &str) -> Result<&'a Arc<ModelRuntime>, ApiError> {
-    inner
-        .models
-        .get(key)
+fn model<'a>(server: &'a Server, key: &str) -> Result<&'a Arc<ModelRuntime>, ApiError> {
+    server
+        .model(key)
         .ok_or_else(|| ApiError::not_found(format!("The model `{key}` does not exist.")).param("model"))
 }
 
-async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<Response, ApiError> {
-    admin(&inner, &headers)?;
+async fn status(State(server): State<Server>, headers: HeaderMap) -> Result<Response, ApiError> {
+    admin(&server, &headers)?;
     let mut control: BTreeMap<String, (Value, Vec<Deployment>)> =
-        inner.control.status().await.into_iter().map(|(k, v, d)| (k, (v, d))).collect();
+        server.control().status().await.into_iter().map(|(k, v, d)| (k, (v, d))).collect();
     let mut models = Vec::new();
-    for rt in inner.models.values() {
-        let (scaling, deployments) = control.remove(rt.config.key.as_str()).unwrap_or_default();
-        let load = rt.processor.load();
-        let c = &rt.config;
+    for rt in server.models() {
+        let c = rt.config();
+        let (scaling, deployments) = control.remove(c.key.as_str()).unwrap_or_default();
+        let load = rt.processor().load();
         models.push(json!({
             "model": c.key,
             "min_replicas": c.min_replicas,
             "max_replicas": c.max_replicas(),
             "concurrency": c.permits(),
-            "timeout_s": rt.timeout.as_secs(),
+            "timeout_s": rt.timeout().as_secs(),
             "scaling": scaling,
             "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
             "permits": {"total": load.permits, "used": load.in_use},
@@ -103,8 +98,8 @@ async fn status(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Result<R
         }));
     }
     let mut status = json!({"models": models});
-    if let Some(gateway) = inner.gateway.get() {
-        status["fleet"] = json!({"gateway": gateway, "leading": inner.control.is_active()});
+    if let Some(gateway) = server.fleet_gateway() {
+        status["fleet"] = json!({"gateway": gateway, "leading": server.control().is_active()});
     }
     Ok(Json(status).into_response())
 }
@@ -151,16 +146,16 @@ struct EvictBody {
 /// `POST /admin/models/{key}/scaling` and `PUT /admin/models/{key}/queue`
 /// (a model key may hold `/`, so the path is split here).
 async fn model_action(
-    State(inner): State<Arc<Inner>>,
+    State(server): State<Server>,
     method: Method,
     Path(path): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    admin(&inner, &headers)?;
+    admin(&server, &headers)?;
     match (path.rsplit_once('/'), method) {
-        (Some((key, "scaling")), Method::POST) => scaling(&inner, model(&inner, key)?, &body).await,
-        (Some((key, "queue")), Method::PUT) => Ok(set_queue(model(&inner, key)?, &body)?),
+        (Some((key, "scaling")), Method::POST) => scaling(&server, model(&server, key)?, &body).await,
+        (Some((key, "queue")), Method::PUT) => Ok(set_queue(model(&server, key)?, &body)?),
         _ => Err(ApiError::not_found(format!(
             "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/scaling \
              or PUT /admin/models/{{key}}/queue"
@@ -170,7 +165,7 @@ async fn model_action(
 
 /// A scaling command, answered once the controller has applied it (the
 /// engines follow in the background).
-async fn scaling(inner: &Arc<Inner>, rt: &Arc<ModelRuntime>, body: &Bytes) -> Result<Response, ApiError> {
+async fn scaling(server: &Server, rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {
     let command = match parse::<ScalingBody>(body)? {
         ScalingBody { action: ScalingAction::Pin, replicas: Some(n) } => ScalingCommand::Pin(n),
         ScalingBody { action: ScalingAction::Pin, replicas: None } => {
@@ -182,37 +177,34 @@ async fn scaling(inner: &Arc<Inner>, rt: &Arc<ModelRuntime>, body: &Bytes) -> Re
         ScalingBody { action: ScalingAction::Freeze, .. } => ScalingCommand::Freeze,
         ScalingBody { action: ScalingAction::Unfreeze, .. } => ScalingCommand::Unfreeze,
     };
-    inner.control.scaling(&rt.config.key, command).await.map_err(|e| match e {
+    let key = &rt.config().key;
+    server.control().scaling(key, command).await.map_err(|e| match e {
         ControlError::Command(e @ CommandError::OutOfBounds { .. }) => {
             ApiError::bad_request(e.to_string()).param("replicas")
         }
         e => control_error(e),
     })?;
-    let desired = rt.desired.load(std::sync::atomic::Ordering::Relaxed);
-    Ok(Json(json!({"model": rt.config.key, "desired_replicas": desired})).into_response())
+    Ok(Json(json!({"model": key, "desired_replicas": rt.desired_replicas()})).into_response())
 }
 
 fn set_queue(rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {
     let QueueBody { algorithm, capacity } = parse(body)?;
-    let current = rt.processor.load().config;
+    let current = rt.processor().load().config;
     let config = AdmissionConfig {
         algorithm: algorithm.unwrap_or(current.algorithm),
         capacity: capacity.unwrap_or(current.capacity),
     };
     check_queue_capacity(config.capacity)
         .map_err(|m| ApiError::bad_request(format!("invalid field `capacity`: {m}")).param("capacity"))?;
-    rt.processor.reconfigure(config.clone());
-    tracing::info!(model = %rt.config.key, ?config, "queue reconfigured");
-    let answer = json!({"model": rt.config.key, "algorithm": config.algorithm, "capacity": config.capacity});
+    rt.processor().reconfigure(config.clone());
+    let key = &rt.config().key;
+    tracing::info!(model = %key, ?config, "queue reconfigured");
+    let answer = json!({"model": key, "algorithm": config.algorithm, "capacity": config.capacity});
     Ok(Json(answer).into_response())
 }
 
-async fn evict(
-    State(inner): State<Arc<Inner>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    admin(&inner, &headers)?;
+async fn evict(State(server): State<Server>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    admin(&server, &headers)?;
     let (key, replica) = match parse::<EvictBody>(&body)? {
         EvictBody { model: Some(m), replica: None } => (m, None),
         EvictBody { model: None, replica: Some(name) } => {
@@ -224,8 +216,8 @@ async fn evict(
         }
         _ => return Err(ApiError::bad_request("give exactly one of `model` and `replica`")),
     };
-    let rt = model(&inner, &key)?;
-    let evicted = inner.control.evict(&rt.config.key, replica).await.map_err(|e| match e {
+    let rt = model(&server, &key)?;
+    let evicted = server.control().evict(&rt.config().key, replica).await.map_err(|e| match e {
         ControlError::Command(e @ CommandError::UnknownReplica { .. }) => {
             ApiError::not_found(e.to_string()).param("replica")
         }

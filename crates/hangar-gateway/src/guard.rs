@@ -21,7 +21,7 @@ use axum::response::Response;
 use futures::FutureExt;
 use prometheus_client::metrics::counter::Counter;
 
-use super::gateway::error;
+use crate::openai::error;
 
 /// The header carrying a request's id, both ways.
 pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

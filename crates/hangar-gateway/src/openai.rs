@@ -19,19 +19,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::{AccountId, AuthError, BlockHash, Principal};
-use hangar_router::{text_blocks, RouterPolicy};
-use http_body_util::Full;
+use hangar_runtime::processor::{AdmitError, Lease};
+use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::time::Sleep;
 
-use super::prompt::prompt_text;
-use super::relay::{self, RelayBody};
-use super::replicas::ReplicaState;
-use super::{replica_name, Inner, ModelRuntime};
-use crate::processor::{AdmitError, Lease};
+use crate::relay::RelayBody;
 
-pub(crate) fn router(inner: Arc<Inner>) -> Router {
+pub(crate) fn router(server: Server) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(forward))
         .route("/v1/completions", post(forward))
@@ -47,7 +43,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .fallback(|| async {
             error(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint", None)
         })
-        .with_state(inner)
+        .with_state(server)
 }
 
 /// An OpenAI-shaped error response.
@@ -100,13 +96,13 @@ pub(crate) fn denied(status: StatusCode, message: &str) -> Response {
 /// Who a request acts for and whether it may use the admin API, by the
 /// server's one set of key rules ([`hangar_core::auth`]); the error is the
 /// 401 message.
-pub(crate) fn principal(inner: &Inner, headers: &HeaderMap) -> Result<Principal, AuthError> {
-    inner.api_keys.authenticate(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
+pub(crate) fn principal(server: &Server, headers: &HeaderMap) -> Result<Principal, AuthError> {
+    server.api_keys().authenticate(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
 }
 
 /// The account a request acts for.
-fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, AuthError> {
-    principal(inner, headers).map(|p| p.account)
+fn account(server: &Server, headers: &HeaderMap) -> Result<AccountId, AuthError> {
+    principal(server, headers).map(|p| p.account)
 }
 
 /// An OpenAI model object.
@@ -114,25 +110,28 @@ fn model_object(key: &str) -> Value {
     json!({"id": key, "object": "model", "created": 0, "owned_by": "hangar"})
 }
 
-async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
-    let account = match account(&inner, &headers) {
+async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
+    let account = match account(&server, &headers) {
         Ok(a) => a,
         Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
     };
-    let data: Vec<Value> =
-        inner.models.iter().filter(|(_, rt)| rt.allows(&account)).map(|(k, _)| model_object(k)).collect();
+    let data: Vec<Value> = server
+        .models()
+        .filter(|rt| rt.allows(&account))
+        .map(|rt| model_object(rt.config().key.as_str()))
+        .collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /v1/models/{id}`: one model the caller may use, as OpenAI's
 /// `models.retrieve` expects; 404 alike for an unknown model and one the
 /// account may not see.
-async fn model(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let account = match account(&inner, &headers) {
+async fn model(State(server): State<Server>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let account = match account(&server, &headers) {
         Ok(a) => a,
         Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
     };
-    match inner.models.get(&id) {
+    match server.model(&id) {
         Some(rt) if rt.allows(&account) => Json(model_object(&id)).into_response(),
         _ => no_such_model(&id),
     }
@@ -149,12 +148,9 @@ fn no_such_model(model: &str) -> Response {
 ///
 /// It needs no key (probes carry none), so it names no model: which ones
 /// wait is in `/admin/status`.
-async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
-    let waiting = inner
-        .models
-        .values()
-        .filter(|rt| rt.config.min_replicas > 0 && rt.count(ReplicaState::Ready) == 0)
-        .count();
+async fn readyz(State(server): State<Server>) -> Response {
+    let waiting =
+        server.models().filter(|rt| rt.config().min_replicas > 0 && rt.ready_replicas() == 0).count();
     match waiting {
         0 => (StatusCode::OK, "ready\n").into_response(),
         n => (
@@ -168,20 +164,20 @@ async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
 /// Prometheus `/metrics`. Its labels name every model, private ones
 /// included, so with `metrics_key` set it answers only a request bearing
 /// that key or an admin API key (401 otherwise).
-async fn metrics(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
-    if let Some(key) = &inner.metrics_key {
+async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
+    if let Some(key) = server.metrics_key() {
         let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let admin = || !inner.api_keys.is_open() && principal(&inner, &headers).is_ok_and(|p| p.admin);
-        if bearer != Some(key.as_str()) && !admin() {
+        let admin = || !server.api_keys().is_open() && principal(&server, &headers).is_ok_and(|p| p.admin);
+        if bearer != Some(key) && !admin() {
             let message = "/metrics needs `Authorization: Bearer METRICS_KEY` (or an admin API key)";
             return denied(StatusCode::UNAUTHORIZED, message);
         }
     }
-    let body = inner.metrics.render(inner.models.values().map(|rt| &**rt));
+    let body = server.render_metrics();
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
@@ -196,13 +192,13 @@ struct Head {
 /// replica's answer back; the permit is released when the answer ends or
 /// the client goes away.
 async fn forward(
-    State(inner): State<Arc<Inner>>,
+    State(server): State<Server>,
     uri: Uri,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrival = Instant::now();
-    let account = match account(&inner, &headers) {
+    let account = match account(&server, &headers) {
         Ok(a) => a,
         Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
     };
@@ -221,32 +217,27 @@ async fn forward(
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
     };
-    let Some(rt) = inner.models.get(&model).filter(|rt| rt.allows(&account)).cloned() else {
+    let Some(rt) = server.model(&model).filter(|rt| rt.allows(&account)).cloned() else {
         return no_such_model(&model);
     };
-    if rt.config.engine.is_cog() {
+    if rt.config().engine.is_cog() {
         let message = format!(
             "the model `{model}` runs on a cog engine, which serves predictions, not the OpenAI API: \
              use POST /v1/models/{model}/predictions"
         );
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some("model"));
     }
-    let prompt = match rt.config.router {
-        // Only the KV router reads the prompt; the body parsed before.
-        RouterPolicy::Kv => serde_json::from_slice::<Value>(&body)
-            .ok()
-            .map(|v| text_blocks(&prompt_text(&v), rt.config.kv.block_chars)),
-        _ => None,
-    };
-    let request = Forward { inner: &inner, rt: &rt, path: uri.path(), body, arrival, prompt };
+    // Only the KV router reads the prompt.
+    let prompt = rt.prompt_blocks(&body);
+    let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt };
     let response = request.run(account).await;
-    rt.metrics.answered(response.status().as_u16());
+    rt.metrics().answered(response.status().as_u16());
     response
 }
 
 /// One request on its way to a replica.
 struct Forward<'a> {
-    inner: &'a Arc<Inner>,
+    server: &'a Server,
     rt: &'a Arc<ModelRuntime>,
     path: &'a str,
     body: Bytes,
@@ -257,8 +248,8 @@ struct Forward<'a> {
 
 impl Forward<'_> {
     async fn run(self, account: AccountId) -> Response {
-        let deadline = self.arrival + self.rt.timeout;
-        let timeout_s = self.rt.timeout.as_secs();
+        let deadline = self.arrival + self.rt.timeout();
+        let timeout_s = self.rt.timeout().as_secs();
         // One timer for the whole request: the send, then the answer.
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
         // A replica that refused the request for want of capacity.
@@ -266,72 +257,49 @@ impl Forward<'_> {
         for attempt in 0..2 {
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-            let lease = match self.rt.processor.admit_with(account.clone(), Some(left), prompt, avoid).await {
+            let lease = match self.rt.processor().admit_with(account.clone(), Some(left), prompt, avoid).await
+            {
                 Ok(lease) => lease,
                 Err(e) => return admit_error(&e, timeout_s),
             };
             if attempt == 0 {
-                self.rt.metrics.queue_wait(self.arrival.elapsed());
+                self.rt.metrics().queue_wait(self.arrival.elapsed());
             }
             let Some(base) = self.rt.replica_url(lease.replica) else { continue };
             let url = format!("{base}{}", self.path);
-            if let Err(e) = self.request(&url) {
-                // Engine URLs are checked at load; should one still not
-                // make a request, this replica cannot serve.
-                let name = replica_name(&self.rt.config.key, lease.replica);
-                tracing::error!(replica = %name, "cannot address the replica at `{base}`: {e}");
-                return error(
-                    StatusCode::BAD_GATEWAY,
-                    "service_unavailable",
-                    "the replica cannot be reached",
-                    None,
-                );
-            }
             let answer = tokio::select! {
-                answer = self.send(&url) => answer,
+                answer = self.rt.send(&url, self.body.clone()) => answer,
                 () = timer.as_mut() => return timed_out(timeout_s),
             };
+            let replica = lease.replica;
+            let name = || replica_name(&self.rt.config().key, replica);
             match answer {
                 Ok(upstream) if attempt == 0 && self.rt.fails_over(upstream.status()) => {
-                    let name = replica_name(&self.rt.config.key, lease.replica);
-                    tracing::info!(replica = %name, status = %upstream.status(), "out of capacity: sending the request to another replica");
-                    self.rt.metrics.capacity_failover();
-                    avoid = Some(lease.replica);
+                    tracing::info!(replica = %name(), status = %upstream.status(), "out of capacity: sending the request to another replica");
+                    self.rt.metrics().capacity_failover();
+                    avoid = Some(replica);
                 }
                 Ok(upstream) => return self.relay(upstream, lease, timer),
+                Err(SendError::Address(e)) => {
+                    // Engine URLs are checked at load; should one still not
+                    // make a request, this replica cannot serve.
+                    tracing::error!(replica = %name(), "cannot address the replica at `{base}`: {e}");
+                    return error(
+                        StatusCode::BAD_GATEWAY,
+                        "service_unavailable",
+                        "the replica cannot be reached",
+                        None,
+                    );
+                }
                 Err(e) => {
-                    let name = replica_name(&self.rt.config.key, lease.replica);
-                    tracing::warn!(replica = %name, "forwarding failed: {e}");
-                    let replica = lease.replica;
+                    tracing::warn!(replica = %name(), "forwarding failed: {e}");
                     drop(lease);
-                    self.inner.probe(self.rt, replica).await;
+                    self.server.probe(self.rt, replica).await;
                 }
             }
         }
         let message = "the replica failed before answering, and so did the retry";
         error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None)
-    }
-
-    fn request(&self, url: &str) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
-        hyper::Request::post(url)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(self.body.clone()))
-    }
-
-    /// Sends the request on a pooled connection, and once more on a fresh
-    /// one if that connection was lost before any answer came back (an
-    /// engine such as llama.cpp's server closes idle keep-alive
-    /// connections, and one may close just as it is reused).
-    async fn send(&self, url: &str) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
-        let request = self.request(url).expect("checked by the caller");
-        match self.rt.upstream.pooled.request(request).await {
-            Err(e) if relay::connection_lost(&e) => {
-                tracing::debug!(%url, "pooled connection lost before an answer ({e}); sending on a fresh one");
-                self.rt.metrics.connection_retried();
-                self.rt.upstream.fresh.request(self.request(url).expect("checked by the caller")).await
-            }
-            answer => answer,
-        }
     }
 
     /// Streams the replica's answer to the client, holding the permit
@@ -340,7 +308,7 @@ impl Forward<'_> {
         let (parts, body) = upstream.into_parts();
         let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
         let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
-        let body = RelayBody::new(body, lease, deadline, sse, self.rt.metrics.clone(), self.arrival);
+        let body = RelayBody::new(body, lease, deadline, sse, self.rt.metrics().clone(), self.arrival);
         let mut response = Response::new(Body::new(body));
         *response.status_mut() = parts.status;
         if let Some(ct) = content_type {

@@ -1,0 +1,36 @@
+//! The HTTP surface of `hangar serve`, over the state and control plane
+//! `hangar-runtime`'s [`Server`] holds.
+//!
+//! - `openai`: the OpenAI-compatible API (chat, completions, embeddings,
+//!   models), forwarded to the models' replicas with per-request deadlines
+//!   and one retry, and the server's health, readiness and `/metrics`;
+//! - `admin`: the admin API, what runs where and the operator's levers;
+//! - `guard`: the layer on every route (request ids; a panicking handler
+//!   answers 500, logged once by [`install_panic_hook`]);
+//! - [`router`]: all of them with the predictions API of
+//!   `hangar-predictions`, under one body limit.
+#![deny(missing_docs)]
+
+mod admin;
+mod guard;
+mod openai;
+mod relay;
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
+use hangar_predictions::Service;
+use hangar_runtime::serve::Server;
+
+pub use guard::install_panic_hook;
+
+/// Every route of `hangar serve`: the OpenAI API, the admin API, health,
+/// metrics and the `predictions` API, under one body limit (413 beyond
+/// `max_body_bytes`) and the guard (request ids; a panicking handler
+/// answers 500).
+pub fn router(server: &Server, predictions: &Service, max_body_bytes: usize) -> axum::Router {
+    openai::router(server.clone())
+        .merge(admin::router(server.clone()))
+        .merge(predictions.router())
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(from_fn_with_state(server.panic_counter(), guard::guard))
+}
