@@ -287,3 +287,26 @@ fn the_fleet_rides_out_a_redis_restart() {
     }
     eprintln!("redis restart under load: 300 sync all 200; {} predictions accepted, all succeeded once; {refused} creates refused while Redis was down", ids.len());
 }
+
+/// A leading gateway stopped on purpose (SIGTERM) gives the lease up on
+/// its way out: when it has exited, the lease is no longer its own, and
+/// the other gateway leads at its next ask instead of after the TTL.
+#[test]
+fn a_leader_stopping_on_purpose_hands_the_lease_over() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let mut f = fleet(&redis, 2, 1);
+    let old = leader(&f.gateways).expect("a gateway leads");
+    let old_id = status(&f.gateways[old].url)["fleet"]["gateway"].as_str().unwrap().to_owned();
+    drop(f.gateways.remove(old)); // SIGTERM, and waits for it to exit.
+    let holder: Option<String> = hangar_redis::Redis::connect(&redis.url())
+        .unwrap()
+        .run(|c| hangar_redis::redis::cmd("GET").arg("hangar:leader").query(c))
+        .unwrap();
+    assert_ne!(holder.as_deref(), Some(old_id.as_str()), "the stopped leader still holds the lease");
+    let t = Instant::now();
+    while leader(&f.gateways) != Some(0) {
+        assert!(t.elapsed() < Duration::from_secs(10), "no new leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("graceful handover: new leader {:?} after the old one exited", t.elapsed());
+}

@@ -123,6 +123,11 @@ pub(crate) struct Inner {
     pub metrics_key: Option<String>,
     /// The node's weight store, when a model has `weights`.
     pub weights: Option<Arc<WeightStore>>,
+    /// Cancelled when the server stops on purpose.
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
+    /// A fleet's gateway: cancelled once its leader task has ended (and
+    /// resigned, if it led).
+    pub(crate) leader_stopped: std::sync::OnceLock<tokio_util::sync::CancellationToken>,
     /// This gateway's id in a fleet (none on a single machine).
     pub gateway: std::sync::OnceLock<String>,
     /// Replicas this server saw fail, and when: a fleet's gateway does
@@ -165,17 +170,34 @@ impl Server {
         inner.gateway.set(me.clone()).expect("a new server");
         let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
         let state = hangar_redis::fleet::FleetState::new(redis.clone());
-        let lease = hangar_redis::lease::LeaderLease::new(redis, me.clone(), hangar_redis::lease::LEASE_TTL);
+        let lease = Arc::new(hangar_redis::lease::LeaderLease::new(
+            redis,
+            me.clone(),
+            hangar_redis::lease::LEASE_TTL,
+        ));
         let leadership = Arc::new(fleet::Leadership::default());
         let view = fleet::View::new(&inner, me.clone(), registry.clone(), state.clone(), leadership.clone());
         tokio::spawn(view.run());
-        tokio::spawn(fleet::leader::run(inner.clone(), config, lease, registry, state, leadership, commands));
+        let (stop, stopped) = (inner.stopping.clone(), tokio_util::sync::CancellationToken::new());
+        let lead =
+            fleet::leader::run(inner.clone(), config, lease, registry, state, leadership, commands, stop);
+        let done = stopped.clone();
+        tokio::spawn(async move {
+            lead.await;
+            done.cancel();
+        });
+        inner.leader_stopped.set(stopped).expect("a new server");
         tracing::info!(gateway = %me, "joined the fleet as a gateway");
         Ok(Server { inner })
     }
 
-    /// Stops every engine this server started.
+    /// Stops every engine this server started; a fleet's gateway gives up
+    /// the leader lease first if it holds it (another takes over at once).
     pub async fn shutdown(&self) {
+        self.inner.stopping.cancel();
+        if let Some(stopped) = self.inner.leader_stopped.get() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), stopped.cancelled()).await;
+        }
         for rt in self.inner.models.values() {
             for engine in rt.take_engines() {
                 engine.stop(Duration::from_secs(5)).await;
@@ -290,6 +312,8 @@ pub(crate) async fn build(
         metrics_key: config.metrics_key.clone(),
         weights,
         gateway: std::sync::OnceLock::new(),
+        stopping: tokio_util::sync::CancellationToken::new(),
+        leader_stopped: std::sync::OnceLock::new(),
         failed: Mutex::default(),
         epoch: Instant::now(),
     });

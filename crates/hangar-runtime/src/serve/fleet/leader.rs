@@ -200,17 +200,22 @@ impl Fleet for Tenure {
 /// # Cancel safety
 /// Meant to run in a task of its own for the server's life; dropped, the
 /// tenure in progress ends without resigning (the lease lapses).
+///
+/// When `stop` is cancelled (the server stopping on purpose) it stops
+/// asking and, if it leads, resigns, so another gateway takes over at its
+/// next ask rather than after the lease's TTL.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     inner: Arc<Inner>,
     config: ServeConfig,
-    lease: LeaderLease,
+    lease: Arc<LeaderLease>,
     registry: Registry,
     fleet: FleetState,
     leadership: Arc<Leadership>,
     mut commands: mpsc::UnboundedReceiver<Command>,
+    stop: CancellationToken,
 ) {
-    let lease = Arc::new(lease);
-    loop {
+    while !stop.is_cancelled() {
         let asked = {
             let lease = lease.clone();
             tokio::task::spawn_blocking(move || lease.tick()).await.expect("no panic")
@@ -235,16 +240,28 @@ pub(crate) async fn run(
                 tokio::select! {
                     () = control::run(Arc::downgrade(&tenure.0), tenure.1, &mut commands) => {}
                     () = tenure.0.lost.cancelled() => {}
+                    () = stop.cancelled() => {}
                 }
                 inner.control.set_active(false);
                 leadership.set(None);
                 tenure.0.lost.cancel();
+                if stop.is_cancelled() {
+                    let l = lease.clone();
+                    match tokio::task::spawn_blocking(move || l.resign()).await.expect("no panic") {
+                        Ok(_) => tracing::info!(epoch, "stopping: the leader lease is given up"),
+                        Err(e) => tracing::warn!(epoch, "stopping: the lease lapses by itself ({e})"),
+                    }
+                    return;
+                }
                 tracing::warn!(epoch, "no longer leading the fleet");
             }
             Ok(Lease::Follower { .. }) => {}
             Err(e) => tracing::warn!("leader lease: {e}"),
         }
-        tokio::time::sleep(lease.period()).await;
+        tokio::select! {
+            () = tokio::time::sleep(lease.period()) => {}
+            () = stop.cancelled() => {}
+        }
     }
 }
 
