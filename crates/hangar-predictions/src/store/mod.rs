@@ -123,6 +123,41 @@ pub struct Page {
     pub more_before: bool,
 }
 
+impl Page {
+    /// The page a listing from `cursor` makes of `rows`: up to `limit + 1`
+    /// records in the order the store read them (newest first, or oldest
+    /// first after `Cursor::After`), the extra one only telling that more
+    /// follow. `exists(newer, seq)` says whether any record is newer
+    /// (`true`) or older (`false`) than `seq`; each store answers it its
+    /// own way.
+    pub(crate) fn from_rows(
+        cursor: Cursor,
+        mut results: Vec<Record>,
+        limit: usize,
+        exists: impl Fn(bool, i64) -> Result<bool, StoreError>,
+    ) -> Result<Page, StoreError> {
+        let more = results.len() > limit;
+        results.truncate(limit);
+        Ok(match cursor {
+            Cursor::After(_) => {
+                results.reverse();
+                let more_after = match results.last() {
+                    Some(r) => exists(false, r.seq)?,
+                    None => false,
+                };
+                Page { results, more_after, more_before: more }
+            }
+            _ => {
+                let more_before = match results.first() {
+                    Some(r) => exists(true, r.seq)?,
+                    None => false,
+                };
+                Page { results, more_after: more, more_before }
+            }
+        })
+    }
+}
+
 /// Where a listing starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cursor {

@@ -584,36 +584,18 @@ impl PredictionQueue for RedisQueue {
             Some(a) => Self::key(&format!("list:{}:{a}", kind.as_str())),
             None => Self::key(&format!("list:{}", kind.as_str())),
         };
-        let n = limit as isize + 1;
-        let ids: Vec<String> = self.with(|c| match cursor {
-            Cursor::Start => redis::cmd("ZREVRANGEBYSCORE")
-                .arg(&key)
-                .arg("+inf")
-                .arg("-inf")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(n)
-                .query(c),
-            Cursor::Before(s) => redis::cmd("ZREVRANGEBYSCORE")
-                .arg(&key)
-                .arg(format!("({s}"))
-                .arg("-inf")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(n)
-                .query(c),
-            Cursor::After(s) => redis::cmd("ZRANGEBYSCORE")
-                .arg(&key)
-                .arg(format!("({s}"))
-                .arg("+inf")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(n)
-                .query(c),
+        // Newest first below the cursor, or oldest first above it; `(`
+        // makes a bound exclusive.
+        let (command, from, to) = match cursor {
+            Cursor::Start => ("ZREVRANGEBYSCORE", "+inf".to_owned(), "-inf"),
+            Cursor::Before(s) => ("ZREVRANGEBYSCORE", format!("({s}"), "-inf"),
+            Cursor::After(s) => ("ZRANGEBYSCORE", format!("({s}"), "+inf"),
+        };
+        let ids: Vec<String> = self.with(|c| {
+            redis::cmd(command).arg(&key).arg(&from).arg(to).arg("LIMIT").arg(0).arg(limit + 1).query(c)
         })?;
-        let more = ids.len() > limit;
-        let mut results = self.records(&ids[..ids.len().min(limit)])?;
-        let exists = |newer: bool, seq: i64| -> Result<bool, StoreError> {
+        let results = self.records(&ids)?;
+        Page::from_rows(cursor, results, limit, |newer, seq| {
             let (min, max) = if newer {
                 (format!("({seq}"), "+inf".to_owned())
             } else {
@@ -621,23 +603,6 @@ impl PredictionQueue for RedisQueue {
             };
             let count: u64 = self.with(|c| redis::cmd("ZCOUNT").arg(&key).arg(&min).arg(&max).query(c))?;
             Ok(count > 0)
-        };
-        Ok(match cursor {
-            Cursor::After(_) => {
-                results.reverse();
-                let more_after = match results.last() {
-                    Some(r) => exists(false, r.seq)?,
-                    None => false,
-                };
-                Page { results, more_after, more_before: more }
-            }
-            _ => {
-                let more_before = match results.first() {
-                    Some(r) => exists(true, r.seq)?,
-                    None => false,
-                };
-                Page { results, more_after: more, more_before }
-            }
         })
     }
 

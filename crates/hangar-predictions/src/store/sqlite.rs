@@ -547,34 +547,14 @@ impl PredictionQueue for SqliteQueue {
              ORDER BY seq {order} LIMIT ?3"
         );
         let mut stmt = conn.prepare_cached(&sql)?;
-        let mut results =
-            collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind], read_row)?)?;
-        let more = results.len() > limit;
-        results.truncate(limit);
-        let exists = |cmp: &str, seq: i64| -> Result<bool, StoreError> {
+        let results = collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind], read_row)?)?;
+        Page::from_rows(cursor, results, limit, |newer, seq| {
+            let cmp = if newer { ">" } else { "<" };
             let sql = format!(
                 "SELECT EXISTS (SELECT 1 FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind = ?3 AND seq {cmp} ?2)"
             );
             Ok(conn.prepare_cached(&sql)?.query_row(params![account, seq, kind], |r| r.get(0))?)
-        };
-        let page = match cursor {
-            Cursor::After(_) => {
-                results.reverse();
-                let more_after = match results.last() {
-                    Some(r) => exists("<", r.seq)?,
-                    None => false,
-                };
-                Page { results, more_after, more_before: more }
-            }
-            _ => {
-                let more_before = match results.first() {
-                    Some(r) => exists(">", r.seq)?,
-                    None => false,
-                };
-                Page { results, more_after: more, more_before }
-            }
-        };
-        Ok(page)
+        })
     }
 
     fn claim(

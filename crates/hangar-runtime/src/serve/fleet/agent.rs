@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::replicas::ReplicaState;
 use super::super::{build, Inner, ServeConfig, ServeError};
-use super::{deployment, replica_label, wall_ms};
+use super::{deployment, wall_ms};
 
 /// How often the desired state is read.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -203,7 +203,7 @@ impl Agent {
             self.busy.lock().expect("busy set").insert(d.replica_id);
             let me = self.clone();
             tokio::spawn(async move {
-                tracing::debug!(replica = %replica_label(&d.model_key, d.replica_id), ?action, "step");
+                tracing::debug!(replica = %super::super::replica_name(&d.model_key, d.replica_id), ?action, "step");
                 me.inner.apply_step(action, &d).await;
                 me.busy.lock().expect("busy set").remove(&d.replica_id);
             });

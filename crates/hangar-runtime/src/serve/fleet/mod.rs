@@ -15,7 +15,7 @@ mod agent;
 pub(crate) mod leader;
 mod view;
 
-use hangar_core::{DesiredReplica, ModelKey, NodeRecord};
+use hangar_core::{DesiredReplica, NodeRecord};
 use hangar_placement::{Deployment, Level, NodeConfig, NodeId};
 
 pub use agent::Agent;
@@ -68,9 +68,4 @@ fn desired(d: &Deployment) -> DesiredReplica {
         gpu_fraction: d.gpu_fraction,
         dedicated: d.dedicated,
     }
-}
-
-/// `model`'s name in the registry's messages, for logs.
-fn replica_label(model: &ModelKey, replica: hangar_core::ReplicaId) -> String {
-    super::replica_name(model, replica)
 }
