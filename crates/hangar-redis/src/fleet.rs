@@ -124,20 +124,12 @@ impl FleetState {
 
     /// Every live gateway's load (gateways silent past the TTL drop out).
     pub fn loads(&self) -> Result<Vec<GatewayLoad>, RedisError> {
-        let index = format!("{PREFIX}:gateways");
-        let names: Vec<String> =
-            self.redis.run(|c| redis::cmd("ZRANGE").arg(&index).arg(0).arg(-1).query(c))?;
-        if names.is_empty() {
-            return Ok(Vec::new());
-        }
-        let keys: Vec<String> = names.iter().map(|n| key("load", n)).collect();
-        let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&keys).query(c))?;
-        let gone: Vec<&String> =
-            names.iter().zip(&json).filter(|(_, j)| j.is_none()).map(|(n, _)| n).collect();
-        if !gone.is_empty() {
-            self.redis.run(|c| redis::cmd("ZREM").arg(&index).arg(&gone).query::<i64>(c))?;
-        }
-        Ok(names.iter().zip(json).filter_map(|(n, j)| parse(&format!("load of {n}"), j)).collect())
+        let entries = self.redis.live_in_index(&format!("{PREFIX}:gateways"), |name| {
+            let mut read = redis::cmd("GET");
+            read.arg(key("load", name));
+            read
+        })?;
+        Ok(entries.into_iter().filter_map(|(n, json)| parse(&format!("load of {n}"), Some(json))).collect())
     }
 }
 

@@ -150,6 +150,34 @@ impl Redis {
         }
     }
 
+    /// The live entries of an index: `index` is a sorted set of names,
+    /// each name's value is read by `read(name)` (all in one pipeline),
+    /// and a name whose value is gone (its TTL passed) leaves the index.
+    /// Returns (name, value) for the others, in the index's order. A name
+    /// written again between the read and its removal is put back by its
+    /// writer's next write, which adds it to the index.
+    pub fn live_in_index(
+        &self,
+        index: &str,
+        read: impl Fn(&str) -> redis::Cmd,
+    ) -> Result<Vec<(String, String)>, RedisError> {
+        let names: Vec<String> = self.run(|c| redis::cmd("ZRANGE").arg(index).arg(0).arg(-1).query(c))?;
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.add_command(read(name));
+        }
+        let values: Vec<Option<String>> = self.run(|c| pipe.query(c))?;
+        let (live, gone): (Vec<_>, Vec<_>) = names.into_iter().zip(values).partition(|(_, v)| v.is_some());
+        if !gone.is_empty() {
+            let gone: Vec<&String> = gone.iter().map(|(n, _)| n).collect();
+            self.run(|c| redis::cmd("ZREM").arg(index).arg(&gone).query::<i64>(c))?;
+        }
+        Ok(live.into_iter().filter_map(|(n, v)| Some((n, v?))).collect())
+    }
+
     /// The server's URL.
     pub fn url(&self) -> &str {
         &self.url

@@ -195,34 +195,17 @@ impl Registry {
 
     /// Every live node, by name; names whose node is gone leave the index.
     pub fn live(&self) -> Result<Vec<NodeRecord>, RegistryError> {
-        let index = format!("{PREFIX}:nodes");
-        let names: Vec<String> =
-            self.redis.run(|c| redis::cmd("ZRANGE").arg(&index).arg(0).arg(-1).query(c))?;
-        if names.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for name in &names {
-            pipe.hget(format!("{PREFIX}:node:{name}"), "record");
-        }
-        let records: Vec<Option<String>> = self.redis.run(|c| pipe.query(c))?;
-        let mut live = Vec::with_capacity(names.len());
-        let mut gone = Vec::new();
-        for (name, record) in names.into_iter().zip(records) {
-            match record {
-                Some(json) => live.push(
-                    serde_json::from_str(&json)
-                        .map_err(|e| RegistryError::Corrupt { name: name.clone(), why: e.to_string() })?,
-                ),
-                None => gone.push(name),
-            }
-        }
-        if !gone.is_empty() {
-            // A node re-registering between the read and this removal is
-            // put back by its next heartbeat (ZADD), 2 s later at most.
-            self.redis.run(|c| redis::cmd("ZREM").arg(&index).arg(&gone).query::<i64>(c))?;
-        }
-        Ok(live)
+        let entries = self.redis.live_in_index(&format!("{PREFIX}:nodes"), |name| {
+            let mut read = redis::cmd("HGET");
+            read.arg(format!("{PREFIX}:node:{name}")).arg("record");
+            read
+        })?;
+        entries
+            .into_iter()
+            .map(|(name, json)| {
+                serde_json::from_str(&json).map_err(|e| RegistryError::Corrupt { name, why: e.to_string() })
+            })
+            .collect()
     }
 }
 
