@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::fleet::{agent, status, wait_ready, Agent};
-use common::predictions::{client, get, post, receiver, Receiver};
+use common::predictions::{client, create_with_webhook, get, receiver, Receiver};
 use common::{serve_in, Serve};
 use hangar_redis::LocalRedis;
 use serde_json::{json, Value};
@@ -81,11 +81,7 @@ fn chat(gateway: &str, model: &str) -> u16 {
 }
 
 fn create(gateway: &str, model: &str, tokens: u32, hooks: &Receiver) -> String {
-    let (status, p) = post(
-        &format!("{gateway}/v1/models/{model}/predictions"),
-        &json!({"input": {"prompt": "x", "max_tokens": tokens}, "webhook": hooks.url, "webhook_events_filter": ["completed"]}),
-        &[],
-    );
+    let (status, p) = create_with_webhook(gateway, model, tokens, hooks);
     assert_eq!(status, 201, "{p}");
     p["id"].as_str().unwrap().to_owned()
 }
@@ -145,24 +141,11 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     let sync_status = sync_status.lock().unwrap().clone();
     let failed: Vec<&u16> = sync_status.iter().filter(|s| **s != 200).collect();
     assert!(failed.is_empty(), "{} of {} sync requests failed: {failed:?}", failed.len(), sync_status.len());
-    // Every prediction ends once, succeeded, with one terminal webhook.
     let ids = ids.lock().unwrap().clone();
     assert_eq!(ids.len(), 500);
-    let t = Instant::now();
-    while hooks.completed().len() < ids.len() {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "{} of 500 completed webhooks",
-            hooks.completed().len()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let completed = hooks.completed();
-    for id in &ids {
-        let received = &completed[id];
-        assert!(received.iter().all(|h| h.id == received[0].id), "{id}: two terminal webhooks");
-        let body: Value = serde_json::from_str(&received[0].body).unwrap();
-        assert_eq!(body["status"], "succeeded", "{body}");
+    // Every prediction ends once, succeeded, with one terminal webhook.
+    for (id, status) in hooks.one_terminal_each(&ids) {
+        assert_eq!(status, "succeeded", "{id}");
     }
     // The dead node's replicas run again on the others.
     let lead = leader(&f.gateways).expect("a gateway leads");
@@ -246,11 +229,7 @@ fn the_fleet_rides_out_a_redis_restart() {
         if s != 200 {
             sync_failed.push(s);
         }
-        let (status, p) = post(
-            &format!("{gateway}/v1/models/t/b/predictions"),
-            &json!({"input": {"prompt": "x", "max_tokens": 8}, "webhook": hooks.url, "webhook_events_filter": ["completed"]}),
-            &[],
-        );
+        let (status, p) = create_with_webhook(gateway, "t/b", 8, &hooks);
         match status {
             201 => ids.push(p["id"].as_str().unwrap().to_owned()),
             s if s >= 500 => refused += 1,
@@ -260,22 +239,8 @@ fn the_fleet_rides_out_a_redis_restart() {
     }
     let _redis = restarts.join().unwrap();
     assert!(sync_failed.is_empty(), "sync requests failed: {sync_failed:?}");
-    let t = Instant::now();
-    while hooks.completed().len() < ids.len() {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "{} of {} completed webhooks",
-            hooks.completed().len(),
-            ids.len()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let completed = hooks.completed();
-    for id in &ids {
-        let received = &completed[id];
-        assert!(received.iter().all(|h| h.id == received[0].id), "{id}: two terminal webhooks");
-        let body: Value = serde_json::from_str(&received[0].body).unwrap();
-        assert_eq!(body["status"], "succeeded", "{body}");
+    for (id, status) in hooks.one_terminal_each(&ids) {
+        assert_eq!(status, "succeeded", "{id}");
     }
     let t = Instant::now();
     while leader(&f.gateways).is_none() {

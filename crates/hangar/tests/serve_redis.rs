@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::predictions::{client, get, post, receiver, wait_terminal, Receiver};
+use common::predictions::{client, create_with_webhook, get, post, receiver, wait_terminal, Receiver};
 use common::{serve, Serve};
 use hangar_redis::LocalRedis;
 use serde_json::{json, Value};
@@ -50,38 +49,7 @@ webhook_allow = ["127.0.0.1/32"]
 }
 
 fn create(gateway: &Serve, model: &str, tokens: u32, hooks: &Receiver) -> (u16, Value) {
-    post(
-        &format!("{}/v1/models/{model}/predictions", gateway.url),
-        &json!({"input": {"prompt": "x", "max_tokens": tokens}, "webhook": hooks.url, "webhook_events_filter": ["completed"]}),
-        &[],
-    )
-}
-
-/// Waits until every id has exactly one terminal webhook (resends of one
-/// share its `webhook-id`) and returns each one's terminal status.
-fn one_terminal_webhook_each(hooks: &Receiver, ids: &[String]) -> HashMap<String, String> {
-    let t = Instant::now();
-    while hooks.completed().len() < ids.len() {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "{} of {} completed webhooks",
-            hooks.completed().len(),
-            ids.len()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let completed = hooks.completed();
-    ids.iter()
-        .map(|id| {
-            let received = &completed[id];
-            assert!(
-                received.iter().all(|h| h.id == received[0].id),
-                "{id}: two terminal webhooks: {received:?}"
-            );
-            let v: Value = serde_json::from_str(&received[0].body).unwrap();
-            (id.clone(), v["status"].as_str().unwrap().to_owned())
-        })
-        .collect()
+    create_with_webhook(&gateway.url, model, tokens, hooks)
 }
 
 #[test]
@@ -103,7 +71,7 @@ fn a_prediction_is_created_run_read_and_cancelled_through_any_gateway() {
         assert_eq!(done["status"], "succeeded", "{done}");
         assert_eq!(done["output"].as_array().unwrap().len(), 8, "{done}");
     }
-    assert!(one_terminal_webhook_each(&hooks, &ids).values().all(|s| s == "succeeded"));
+    assert!(hooks.one_terminal_each(&ids).values().all(|s| s == "succeeded"));
     // Listing through either gateway shows all of them.
     let listed = get(&format!("{}/v1/predictions", a.url));
     assert_eq!(listed["results"].as_array().unwrap().len(), 100);
@@ -171,7 +139,7 @@ fn a_gateway_killed_mid_run_loses_no_prediction() {
     // The survivor sweeps the dead gateway's claims after the lease and
     // runs them again (the model is idempotent): every one succeeds, with
     // one terminal webhook each.
-    let statuses = one_terminal_webhook_each(&hooks, &ids);
+    let statuses = hooks.one_terminal_each(&ids);
     for id in &ids {
         assert_eq!(statuses[id], "succeeded", "{id}");
         assert_eq!(get(&format!("{}/v1/predictions/{id}", b.url))["status"], "succeeded");
@@ -212,7 +180,7 @@ fn accepted_predictions_survive_a_redis_restart() {
         }
     }
     let _redis = restarts.join().unwrap();
-    let statuses = one_terminal_webhook_each(&hooks, &ids);
+    let statuses = hooks.one_terminal_each(&ids);
     assert!(statuses.values().all(|s| s == "succeeded"), "{statuses:?}");
     eprintln!(
         "redis restart: 300 accepted ({refused} creates refused while it was down), all succeeded once"

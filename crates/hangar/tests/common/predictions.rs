@@ -148,7 +148,45 @@ pub fn receiver(failures: usize) -> Receiver {
     Receiver { url, hooks, attempts, accept }
 }
 
+/// Creates a prediction of `model` through `gateway` (`max_tokens`
+/// tokens) whose terminal webhook goes to `hooks`: the status and answer.
+pub fn create_with_webhook(gateway: &str, model: &str, tokens: u32, hooks: &Receiver) -> (u16, Value) {
+    post(
+        &format!("{gateway}/v1/models/{model}/predictions"),
+        &serde_json::json!({"input": {"prompt": "x", "max_tokens": tokens}, "webhook": hooks.url, "webhook_events_filter": ["completed"]}),
+        &[],
+    )
+}
+
 impl Receiver {
+    /// Waits (two minutes at most) until every id has its terminal webhook
+    /// and checks it came once (resends of one share its `webhook-id`);
+    /// each one's terminal status.
+    pub fn one_terminal_each(&self, ids: &[String]) -> HashMap<String, String> {
+        let t = Instant::now();
+        while self.completed().len() < ids.len() {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "{} of {} completed webhooks",
+                self.completed().len(),
+                ids.len()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let completed = self.completed();
+        ids.iter()
+            .map(|id| {
+                let received = &completed[id];
+                assert!(
+                    received.iter().all(|h| h.id == received[0].id),
+                    "{id}: two terminal webhooks: {received:?}"
+                );
+                let v: Value = serde_json::from_str(&received[0].body).unwrap();
+                (id.clone(), v["status"].as_str().unwrap().to_owned())
+            })
+            .collect()
+    }
+
     pub fn hooks(&self) -> Vec<Hook> {
         self.hooks.lock().unwrap().clone()
     }
