@@ -37,6 +37,7 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::BenchError;
+use crate::serve::fleet::wall_ms;
 
 /// How to run it.
 #[derive(Debug, Clone)]
@@ -111,10 +112,6 @@ fn private_redis() -> Result<(LocalRedis, Redis), BenchError> {
     let server = LocalRedis::start().map_err(redis_error)?;
     let redis = Redis::connect(&server.url()).map_err(redis_error)?;
     Ok((server, redis))
-}
-
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// CPU time this thread has used.

@@ -21,7 +21,7 @@
 mod config;
 mod control;
 mod data_dir;
-mod fleet;
+pub(crate) mod fleet;
 mod metrics;
 mod predictions;
 mod prompt;

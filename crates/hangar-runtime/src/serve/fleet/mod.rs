@@ -27,7 +27,7 @@ pub(crate) use view::View;
 pub(crate) const QUARANTINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Milliseconds since the Unix epoch (orders registry and load indexes).
-fn wall_ms() -> u64 {
+pub(crate) fn wall_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
