@@ -42,7 +42,9 @@ enum Command {
     Evict(cmd::evict::Args),
     /// Content-addressed model-weight store: import, inspect, serve, share.
     Store(cmd::store::Args),
-    /// Benchmarks that print figures (the gateway's overhead).
+    /// Benchmarks that print figures against targets: the gateway, durable
+    /// predictions, the predictions queue, a fleet's control plane, the
+    /// weight store and cold starts.
     Bench(cmd::bench::Args),
 }
 

@@ -52,7 +52,7 @@ pub use config::{
 };
 pub use control::{ControlError, ControlHandle, ScalingCommand};
 pub use data_dir::{DataDirError, DataDirLock};
-pub use fleet::Agent;
+pub use fleet::{wall_ms, Agent};
 use metrics::Metrics;
 pub use metrics::ModelMetrics;
 use prompt::prompt_text;

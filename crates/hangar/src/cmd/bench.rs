@@ -1,10 +1,15 @@
-//! `hangar bench`: benchmarks that print figures.
+//! `hangar bench`: benchmarks that print figures against targets. The
+//! harnesses are `hangar-bench`'s (the store's is `hangar_store::bench`);
+//! this module is their flags and the runtime each runs on.
 
 use anyhow::Context;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
-use hangar_runtime::bench::{self, BodyKind};
+use hangar_bench::gateway::{self, BodyKind};
+use hangar_bench::{cluster, coldstart, predictions, queue};
 
-/// Benchmarks that print figures.
+/// Benchmarks that print figures against targets: the gateway, durable
+/// predictions, the predictions queue, a fleet's control plane, the weight
+/// store and cold starts.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     #[command(subcommand)]
@@ -202,24 +207,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let a = match args.command {
         Command::Gateway(a) => a,
         Command::Predictions(a) => {
-            let options = bench::predictions::Options {
+            let options = predictions::Options {
                 requests: a.requests,
                 concurrency: a.concurrency,
                 rate: a.rate,
                 hangar_exe,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let report = runtime.block_on(bench::predictions::run(&options))?;
+            let report = runtime.block_on(predictions::run(&options))?;
             return print(&report, a.json);
         }
         Command::Cluster(a) => {
-            let options = bench::cluster::Options { agents: a.agents, seconds: a.seconds, hangar_exe };
+            let options = cluster::Options { agents: a.agents, seconds: a.seconds, hangar_exe };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let report = runtime.block_on(bench::cluster::run(&options))?;
+            let report = runtime.block_on(cluster::run(&options))?;
             return print(&report, a.json);
         }
         Command::Queue(a) => {
-            let options = bench::queue::Options {
+            let options = queue::Options {
                 requests: a.requests,
                 slots: a.slots,
                 backlog: a.backlog,
@@ -227,11 +232,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 redis: a.redis,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let report = runtime.block_on(bench::queue::run(&options))?;
+            let report = runtime.block_on(queue::run(&options))?;
             return print(&report, a.json);
         }
         Command::Coldstart(a) => {
-            let options = bench::coldstart::Options {
+            let options = coldstart::Options {
                 command: a.command,
                 weights: a.weights,
                 runs: a.runs,
@@ -239,7 +244,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 hangar_exe,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let report = runtime.block_on(bench::coldstart::run(&options))?;
+            let report = runtime.block_on(coldstart::run(&options))?;
             return print(&report, a.json);
         }
         Command::Store(a) => {
@@ -255,7 +260,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    let options = bench::Options {
+    let options = gateway::Options {
         requests: a.requests,
         concurrency: a.concurrency,
         rate: a.rate,
@@ -268,7 +273,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // One thread: the load generator should take as little of the machine
     // as it can from the processes it measures, and the same from both paths.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let report = runtime.block_on(bench::run(&options))?;
+    let report = runtime.block_on(gateway::run(&options))?;
     print(&report, a.json)
 }
 

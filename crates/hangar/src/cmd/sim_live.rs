@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
+use hangar_bench::replay::{replay, LiveRun, ReplayRequest};
 use hangar_engine::Prompt;
-use hangar_runtime::bench::replay::{replay, LiveRun, ReplayRequest};
 use hangar_sim::fleet::{FleetConfig, FleetOptions, FleetReport};
 use hangar_sim::stats::Stats;
 use hangar_sim::trace::Trace;

@@ -26,8 +26,13 @@ pub(crate) use view::View;
 /// its node still reports it (longer than a report outlives its agent).
 pub(crate) const QUARANTINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Milliseconds since the Unix epoch (orders registry and load indexes).
-pub(crate) fn wall_ms() -> u64 {
+/// The fleet's clock: milliseconds since the Unix epoch, the score of the
+/// registry's node index (a node's last heartbeat) and of the gateways'
+/// load index. Whatever writes those indexes or compares a time with their
+/// scores — an agent's heartbeat, a gateway's load, `hangar bench
+/// cluster`'s simulated agents and its reading of a dead node's last
+/// heartbeat — takes the time from here, so that all read one clock.
+pub fn wall_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{start_serve_config, BenchError};
+use crate::processes::start_serve_config;
+use crate::BenchError;
 
 /// One request of the replay.
 #[derive(Debug, Clone)]

@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 use hyper::body::Bytes;
 use serde::Serialize;
 
-use super::load::{self, Client, Target};
-use super::{address, launch_instant_engine, start_serve, BenchError, PathStats};
+use crate::load::{self, Client, PathStats, Target};
+use crate::processes::{address, launch_instant_engine, start_serve};
+use crate::BenchError;
 
 /// The create route of the bench's model (`bench/instant`).
 const PREDICTIONS_PATH: &str = "/v1/models/bench/instant/predictions";

@@ -26,7 +26,7 @@ use hangar_predictions::store::{PredictionQueue, RedisQueue, Shards, SqliteQueue
 use hangar_redis::{LocalRedis, Redis, ServerError};
 use serde::Serialize;
 
-use super::BenchError;
+use crate::BenchError;
 
 /// The models of the two figures (separate queues, so one Redis holds
 /// both).

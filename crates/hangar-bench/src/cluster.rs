@@ -33,11 +33,11 @@ use hangar_core::{NodeRecord, NodeReport, ReplicaId, ReplicaPhase, ReplicaReport
 use hangar_redis::fleet::FleetState;
 use hangar_redis::registry::{Registry, HEARTBEAT_EVERY, NODE_TTL};
 use hangar_redis::{LocalRedis, Redis};
+use hangar_runtime::serve::wall_ms;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::BenchError;
-use crate::serve::fleet::wall_ms;
+use crate::BenchError;
 
 /// How to run it.
 #[derive(Debug, Clone)]

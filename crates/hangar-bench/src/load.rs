@@ -1,6 +1,7 @@
 //! The load generator: keep-alive HTTP/1.1 clients sending one fixed
 //! request, either as fast as answers come back (closed loop) or on a
-//! schedule (open loop), recording each latency.
+//! schedule (open loop), recording each latency; [`PathStats`] sums one
+//! run up.
 //!
 //! Each client owns one hyper connection (`TCP_NODELAY`, no pool, no
 //! retries), so "C concurrent clients" means exactly C connections and the
@@ -17,10 +18,11 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{header, Method, Request};
 use hyper_util::rt::TokioIo;
+use serde::Serialize;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use super::BenchError;
+use crate::BenchError;
 
 /// Where requests go and what they carry.
 #[derive(Debug, Clone)]
@@ -228,4 +230,54 @@ pub(crate) async fn open_loop(
     all.elapsed = start.elapsed();
     *clients = std::mem::take(&mut *idle.lock().expect("idle clients lock"));
     all
+}
+
+/// One path's figures in one phase, summed up from its latencies.
+/// Latencies are in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathStats {
+    /// Requests sent.
+    pub requests: u64,
+    /// Answered with a 2xx status.
+    pub ok: u64,
+    /// Failed or answered with another status.
+    pub errors: u64,
+    /// The first failure, if any.
+    pub first_error: Option<String>,
+    /// Wall time from the first request to the last answer.
+    pub seconds: f64,
+    /// Requests answered per second of wall time.
+    pub req_per_s: f64,
+    /// Mean latency.
+    pub mean_ms: f64,
+    /// Median latency.
+    pub p50_ms: f64,
+    /// 90th percentile latency.
+    pub p90_ms: f64,
+    /// 99th percentile latency.
+    pub p99_ms: f64,
+    /// Largest latency.
+    pub max_ms: f64,
+}
+
+impl From<Samples> for PathStats {
+    fn from(s: Samples) -> Self {
+        let h = &s.latency_ns;
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let requests = s.ok + s.errors;
+        let seconds = s.elapsed.as_secs_f64();
+        Self {
+            requests,
+            ok: s.ok,
+            errors: s.errors,
+            first_error: s.first_error,
+            seconds,
+            req_per_s: if seconds > 0.0 { requests as f64 / seconds } else { 0.0 },
+            mean_ms: h.mean() / 1e6,
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p90_ms: ms(h.value_at_quantile(0.90)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+        }
+    }
 }

@@ -1,11 +1,11 @@
-//! The benchmark's figures, as a table for people and JSON for scripts.
+//! `hangar bench gateway`'s figures, as a table for people and JSON for scripts.
 
 use std::fmt;
 
 use serde::Serialize;
 
-use super::load::Samples;
 use super::BodyKind;
+use crate::load::PathStats;
 
 /// The targets the figures are held against (issue 5's "Benchmark").
 const TARGET_ADDED_P99_MS: f64 = 0.5;
@@ -45,33 +45,6 @@ pub struct Phase {
     pub throughput_share: f64,
 }
 
-/// One path's figures in one phase. Latencies are in milliseconds.
-#[derive(Debug, Clone, Serialize)]
-pub struct PathStats {
-    /// Requests sent.
-    pub requests: u64,
-    /// Answered with a 2xx status.
-    pub ok: u64,
-    /// Failed or answered with another status.
-    pub errors: u64,
-    /// The first failure, if any.
-    pub first_error: Option<String>,
-    /// Wall time from the first request to the last answer.
-    pub seconds: f64,
-    /// Requests answered per second of wall time.
-    pub req_per_s: f64,
-    /// Mean latency.
-    pub mean_ms: f64,
-    /// Median latency.
-    pub p50_ms: f64,
-    /// 90th percentile latency.
-    pub p90_ms: f64,
-    /// 99th percentile latency.
-    pub p99_ms: f64,
-    /// Largest latency.
-    pub max_ms: f64,
-}
-
 /// What the gateway adds at each percentile (milliseconds).
 #[derive(Debug, Clone, Serialize)]
 pub struct Added {
@@ -81,28 +54,6 @@ pub struct Added {
     pub p90_ms: f64,
     /// At the 99th percentile.
     pub p99_ms: f64,
-}
-
-impl From<Samples> for PathStats {
-    fn from(s: Samples) -> Self {
-        let h = &s.latency_ns;
-        let ms = |ns: u64| ns as f64 / 1e6;
-        let requests = s.ok + s.errors;
-        let seconds = s.elapsed.as_secs_f64();
-        Self {
-            requests,
-            ok: s.ok,
-            errors: s.errors,
-            first_error: s.first_error,
-            seconds,
-            req_per_s: if seconds > 0.0 { requests as f64 / seconds } else { 0.0 },
-            mean_ms: h.mean() / 1e6,
-            p50_ms: ms(h.value_at_quantile(0.50)),
-            p90_ms: ms(h.value_at_quantile(0.90)),
-            p99_ms: ms(h.value_at_quantile(0.99)),
-            max_ms: ms(h.max()),
-        }
-    }
 }
 
 impl Phase {

@@ -30,12 +30,6 @@
 //! The gateway's model has more permits than there are clients, so
 //! admission never queues: the bench measures the path, not a queue.
 
-pub mod cluster;
-pub mod coldstart;
-mod load;
-pub mod predictions;
-pub mod queue;
-pub mod replay;
 mod report;
 
 use std::net::SocketAddr;
@@ -43,17 +37,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hyper::body::Bytes;
-use tokio::process::Command;
 
-use hangar_agent::engine::{
-    launch, launch_announcing, EngineSpec, LaunchContext, LaunchError, RunningEngine,
-};
-use load::{Client, Samples, Target};
+use crate::load::{self, Client, PathStats, Samples, Target};
+use crate::processes::{address, launch_instant_engine, start_serve, Server, MODEL};
+use crate::BenchError;
 
-pub use report::{Added, PathStats, Phase, Report};
-
-/// The model name the bench serves.
-const MODEL: &str = "bench/instant";
+pub use report::{Added, Phase, Report};
 
 /// What the benchmark requests look like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -100,35 +89,6 @@ pub struct Options {
     pub hangar_exe: PathBuf,
 }
 
-/// Why the benchmark could not run. Requests that fail are not errors:
-/// they are counted in the report.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BenchError {
-    /// An option is out of range.
-    #[error("invalid option: {0}")]
-    Options(String),
-    /// The mock engine or the gateway did not start.
-    #[error("cannot start the {what}: {source}")]
-    Launch {
-        /// `mock engine` or `gateway`.
-        what: &'static str,
-        /// Why.
-        source: LaunchError,
-    },
-    /// A client could not connect.
-    #[error("cannot connect to {addr}: {reason}")]
-    Connect {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        reason: String,
-    },
-    /// Writing the gateway's configuration failed.
-    #[error("cannot write the gateway configuration: {0}")]
-    Io(#[from] std::io::Error),
-}
-
 impl Options {
     fn validate(&self) -> Result<(), BenchError> {
         if self.requests == 0 {
@@ -165,84 +125,11 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     report
 }
 
-/// A mock engine with zero compute time (`--preset instant`) serving
-/// [`MODEL`], as a child process.
-pub(crate) async fn launch_instant_engine(hangar_exe: &std::path::Path) -> Result<RunningEngine, BenchError> {
-    let ctx = LaunchContext {
-        model: MODEL.into(),
-        gpus: Vec::new(),
-        gpu_fraction: 1.0,
-        hangar_exe: hangar_exe.to_owned(),
-        mock_setup_timeout: Duration::from_secs(60),
-        weights: None,
-    };
-    let spec = EngineSpec::mock("instant", 0);
-    launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })
-}
-
 /// `hangar serve` with one model whose engine is the mock at `engine_url`.
 async fn start_gateway(options: &Options, engine_url: &str) -> Result<Server, BenchError> {
     // Permits beyond the client count: admission never makes a request wait.
     let permits = (options.concurrency * 2).max(1024);
     start_serve(&options.hangar_exe, engine_url, permits, "", "gateway").await
-}
-
-/// A `hangar serve` child process and the directory of its configuration
-/// and data (removed when dropped, after the process is stopped).
-pub(crate) struct Server {
-    /// The process.
-    pub process: RunningEngine,
-    _dir: tempfile::TempDir,
-}
-
-/// Starts `hangar serve` on one virtual node with the model [`MODEL`] on
-/// the engine at `engine_url` (`permits` per replica), plus the TOML
-/// `extra`; `what` names it in errors.
-pub(crate) async fn start_serve(
-    hangar_exe: &std::path::Path,
-    engine_url: &str,
-    permits: usize,
-    extra: &str,
-    what: &'static str,
-) -> Result<Server, BenchError> {
-    let config = format!(
-        r#"listen = "127.0.0.1:0"
-
-[[nodes]]
-id = "bench"
-gpus = 1
-gpu_memory = "80GB"
-virtual_gpus = true
-
-[[models]]
-key = "{MODEL}"
-engine = {{ kind = "external", url = "{engine_url}" }}
-size = "1GB"
-min_replicas = 1
-concurrency = {permits}
-{extra}"#
-    );
-    start_serve_config(hangar_exe, &config, what).await
-}
-
-/// Starts `hangar serve` on `config` (written to a temporary directory,
-/// which also holds its data and its log, `serve.log`, kept off the
-/// benchmark's own output); `what` names it in errors.
-pub(crate) async fn start_serve_config(
-    hangar_exe: &std::path::Path,
-    config: &str,
-    what: &'static str,
-) -> Result<Server, BenchError> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("bench-serve.toml");
-    std::fs::write(&path, config)?;
-    let log = std::fs::File::create(dir.path().join("serve.log"))?;
-    let mut cmd = Command::new(hangar_exe);
-    cmd.arg("serve").arg("--config").arg(&path).stderr(log);
-    let process = launch_announcing(cmd, hangar_exe, Duration::from_secs(60))
-        .await
-        .map_err(|source| BenchError::Launch { what, source })?;
-    Ok(Server { process, _dir: dir })
 }
 
 async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Result<Report, BenchError> {
@@ -292,9 +179,3 @@ async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Resu
 
 /// Turns the paths take in each phase.
 const ROUNDS: usize = 5;
-
-/// The socket address of an `http://HOST:PORT` URL the children announce.
-fn address(url: &str) -> Result<SocketAddr, BenchError> {
-    let hostport = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
-    hostport.parse().map_err(|_| BenchError::Options(format!("`{url}` is not an http://IP:PORT address")))
-}

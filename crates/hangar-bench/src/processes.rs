@@ -1,0 +1,95 @@
+//! The `hangar` child processes the benches start: a mock engine with zero
+//! compute time and `hangar serve` on a configuration written for the
+//! bench. Each runs as its own process, with its own tokio runtime, as
+//! deployed, so that it shares no worker threads with the load generator.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use hangar_agent::engine::{launch, launch_announcing, EngineSpec, LaunchContext, RunningEngine};
+use tokio::process::Command;
+
+use crate::BenchError;
+
+/// The model name the gateway and predictions benches serve.
+pub(crate) const MODEL: &str = "bench/instant";
+
+/// A mock engine with zero compute time (`--preset instant`) serving
+/// [`MODEL`], as a child process.
+pub(crate) async fn launch_instant_engine(hangar_exe: &Path) -> Result<RunningEngine, BenchError> {
+    let ctx = LaunchContext {
+        model: MODEL.into(),
+        gpus: Vec::new(),
+        gpu_fraction: 1.0,
+        hangar_exe: hangar_exe.to_owned(),
+        mock_setup_timeout: Duration::from_secs(60),
+        weights: None,
+    };
+    let spec = EngineSpec::mock("instant", 0);
+    launch(&spec, &ctx).await.map_err(|source| BenchError::Launch { what: "mock engine", source })
+}
+
+/// A `hangar serve` child process and the directory of its configuration
+/// and data (removed when dropped, after the process is stopped).
+pub(crate) struct Server {
+    /// The process.
+    pub process: RunningEngine,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts `hangar serve` on one virtual node with the model [`MODEL`] on
+/// the engine at `engine_url` (`permits` per replica), plus the TOML
+/// `extra`; `what` names it in errors.
+pub(crate) async fn start_serve(
+    hangar_exe: &Path,
+    engine_url: &str,
+    permits: usize,
+    extra: &str,
+    what: &'static str,
+) -> Result<Server, BenchError> {
+    let config = format!(
+        r#"listen = "127.0.0.1:0"
+
+[[nodes]]
+id = "bench"
+gpus = 1
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "{MODEL}"
+engine = {{ kind = "external", url = "{engine_url}" }}
+size = "1GB"
+min_replicas = 1
+concurrency = {permits}
+{extra}"#
+    );
+    start_serve_config(hangar_exe, &config, what).await
+}
+
+/// Starts `hangar serve` on `config` (written to a temporary directory,
+/// which also holds its data and its log, `serve.log`, kept off the
+/// benchmark's own output); `what` names it in errors.
+pub(crate) async fn start_serve_config(
+    hangar_exe: &Path,
+    config: &str,
+    what: &'static str,
+) -> Result<Server, BenchError> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("bench-serve.toml");
+    std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.path().join("serve.log"))?;
+    let mut cmd = Command::new(hangar_exe);
+    cmd.arg("serve").arg("--config").arg(&path).stderr(log);
+    let process = launch_announcing(cmd, hangar_exe, Duration::from_secs(60))
+        .await
+        .map_err(|source| BenchError::Launch { what, source })?;
+    Ok(Server { process, _dir: dir })
+}
+
+/// The socket address of an `http://HOST:PORT` URL the children announce.
+pub(crate) fn address(url: &str) -> Result<SocketAddr, BenchError> {
+    let hostport = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
+    hostport.parse().map_err(|_| BenchError::Options(format!("`{url}` is not an http://IP:PORT address")))
+}
