@@ -124,3 +124,77 @@ fn serve_then_get_a_view_and_status_through_the_daemon() {
     let e = err(hangar(&root, &["get", "nobody:v1", "--socket", s, "--out", out.to_str().unwrap()]));
     assert!(e.contains("unknown key"), "{e}");
 }
+
+/// Starts `hangar store ARGS` on `root` with its stdout piped, killed on
+/// drop; returns it and its first line of output (printed once it serves).
+fn start(root: &Path, args: &[&str]) -> (Serve, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .arg("store")
+        .args(args)
+        .env("HANGAR_STORE_ROOT", root)
+        .env_remove("HANGAR_STORE_SOCKET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let serve = Serve(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(!line.is_empty(), "hangar store {args:?} exited before serving");
+    (serve, line.trim().to_owned())
+}
+
+/// The `ls` line of `id`.
+fn ls_line(root: &Path, id: &str) -> String {
+    let ls = ok(hangar(root, &["ls"]));
+    assert!(ls.lines().next().unwrap().contains("ON_DISK"), "{ls}");
+    ls.lines().find(|l| l.starts_with(id)).unwrap_or_else(|| panic!("{id} not listed: {ls}")).to_owned()
+}
+
+/// Issue 27: a key whose bytes the daemon's disk budget dropped is still
+/// listed (not on disk), `stat` says why it cannot read it, and `get`
+/// through the daemon fetches it again from the fallback.
+#[test]
+fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let fallback = dir.path().join("fallback");
+    let x = write_files(&fallback.join("demo/x/v1"), &model(1 << 18, 2, 7), 1).unwrap();
+    let y = write_files(&dir.path().join("y"), &model(1 << 18, 2, 8), 1).unwrap();
+    let imported = ok(hangar(&root, &["import", x[0].to_str().unwrap(), "--key", "demo/x:v1"]));
+    let x_id = imported.split_whitespace().nth(1).unwrap().to_owned();
+    let imported = ok(hangar(&root, &["import", y[0].to_str().unwrap(), "--key", "demo/y:v1"]));
+    let y_id = imported.split_whitespace().nth(1).unwrap().to_owned();
+    assert!(ls_line(&root, &x_id).contains(" yes  demo/x:v1"), "{}", ls_line(&root, &x_id));
+    // Room for one of the two.
+    let one = hangar_store::BlobStore::open(&root).unwrap().usage().unwrap()[0].1 * 3 / 2;
+    let socket = dir.path().join("d.sock");
+    let s = socket.to_str().unwrap();
+    let budget = format!("{one}B");
+    let _serve = start(
+        &root,
+        &["serve", "--socket", s, "--disk-budget", &budget, "--fallback", fallback.to_str().unwrap()],
+    );
+    let out = dir.path().join("out");
+    let o = out.to_str().unwrap();
+    ok(hangar(&root, &["get", "demo/y:v1", "--socket", s, "--out", o]));
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while !f() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    wait_for("x's bytes dropped", &|| ls_line(&root, &x_id).contains(" no  demo/x:v1"));
+    assert!(ls_line(&root, &y_id).contains(" yes  demo/y:v1"));
+
+    let e = err(hangar(&root, &["stat", "demo/x:v1"]));
+    assert!(e.contains("not on disk") && e.contains(&x_id) && e.contains("--socket"), "{e}");
+    let got = ok(hangar(&root, &["get", "demo/x:v1", "--socket", s, "--out", o]));
+    assert!(got.contains("from fallback") && got.contains(&x_id), "{got}");
+    let reimport = ok(hangar(&root, &["import", out.join("model.safetensors").to_str().unwrap()]));
+    assert!(reimport.contains(&x_id), "the bytes fetched again are x's: {reimport}");
+    wait_for("x on disk again", &|| ls_line(&root, &x_id).contains(" yes  demo/x:v1"));
+}
