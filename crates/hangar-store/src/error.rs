@@ -131,6 +131,15 @@ pub enum StoreError {
     /// Loading did not finish before the deadline.
     #[error("loading {0} did not finish before the deadline")]
     Timeout(ArtifactId),
+    /// The registry refused this daemon's node name: another live daemon
+    /// holds it.
+    #[error("registry {registry}: {taken}")]
+    NodeNameTaken {
+        /// The registry's URL.
+        registry: String,
+        /// Who holds the name.
+        taken: crate::registry::NameTaken,
+    },
     /// An unknown replica / lease handle.
     #[error("unknown handle `{0}`")]
     UnknownHandle(String),

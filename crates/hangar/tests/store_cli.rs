@@ -146,6 +146,37 @@ fn start(root: &Path, args: &[&str]) -> (Serve, String) {
     (serve, line.trim().to_owned())
 }
 
+/// Runs `hangar store ARGS` that should exit on its own, waiting at most
+/// 10 s (a hang, not a speed check); killed if it does not.
+fn exits(root: &Path, args: &[&str]) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .arg("store")
+        .args(args)
+        .env("HANGAR_STORE_ROOT", root)
+        .env_remove("HANGAR_STORE_SOCKET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut guard = Serve(child);
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "hangar store {args:?} did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let read = |pipe: Option<&mut dyn std::io::Read>| {
+        let mut buf = Vec::new();
+        pipe.unwrap().read_to_end(&mut buf).unwrap();
+        buf
+    };
+    let stdout = read(guard.0.stdout.as_mut().map(|p| p as &mut dyn std::io::Read));
+    let stderr = read(guard.0.stderr.as_mut().map(|p| p as &mut dyn std::io::Read));
+    Output { status, stdout, stderr }
+}
+
 /// The `ls` line of `id`.
 fn ls_line(root: &Path, id: &str) -> String {
     let ls = ok(hangar(root, &["ls"]));
@@ -197,4 +228,38 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
     let reimport = ok(hangar(&root, &["import", out.join("model.safetensors").to_str().unwrap()]));
     assert!(reimport.contains(&x_id), "the bytes fetched again are x's: {reimport}");
     wait_for("x on disk again", &|| ls_line(&root, &x_id).contains(" yes  demo/x:v1"));
+}
+
+/// Issue 27: two daemons on one host without `--node` both take the host
+/// name; the registry holds it for the first, and the second stops with an
+/// error naming the holder and `--node`. With its own name it starts.
+#[test]
+fn a_second_daemon_under_the_same_node_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let (_registry, line) = start(&ra, &["registry", "--listen", "127.0.0.1:0"]);
+    let registry = line.strip_prefix("registry at ").unwrap().to_owned();
+    let daemon = |root: &Path| {
+        let sock = root.join("d.sock").display().to_string();
+        vec!["serve".to_owned(), "--socket".into(), sock, "--listen".into(), "127.0.0.1:0".into()]
+            .into_iter()
+            .chain(["--registry".into(), registry.clone()])
+            .collect::<Vec<String>>()
+    };
+    let args_a = daemon(&ra);
+    let (_a, line) = start(&ra, &args_a.iter().map(String::as_str).collect::<Vec<_>>());
+    let holder = line.rsplit(' ').next().unwrap().to_owned();
+    assert!(holder.starts_with("http://127.0.0.1:"), "{line}");
+
+    let args_b = daemon(&rb);
+    let refused = exits(&rb, &args_b.iter().map(String::as_str).collect::<Vec<_>>());
+    let e = err(refused);
+    assert!(e.contains("is held by another live daemon") && e.contains(&holder), "{e}");
+    assert!(e.contains("--node"), "tells the user what to do: {e}");
+    assert!(!rb.join("d.sock").exists(), "a refused daemon leaves no socket");
+
+    let mut named = args_b.clone();
+    named.extend(["--node".into(), "second".into()]);
+    let (_b, line) = start(&rb, &named.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(line.starts_with("serving"), "{line}");
 }

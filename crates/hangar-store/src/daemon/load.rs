@@ -29,7 +29,7 @@ use crate::fallback::FallbackArtifact;
 use crate::id::{hex, ArtifactId, Digest, StoreKey};
 use crate::index::{CanonicalIndex, TensorSpec};
 use crate::protocol::{Selection, Source};
-use crate::registry::{Heartbeat, Holders};
+use crate::registry::{Heartbeat, Holders, NameTaken};
 use crate::residency::Owner;
 use crate::view::ViewPlan;
 
@@ -521,7 +521,67 @@ impl Core {
     }
 }
 
-/// Reports this node's holdings to the registry every heartbeat period.
+/// Why one heartbeat was not recorded.
+enum HeartbeatFailed {
+    /// The registry refused the node name.
+    Refused(StoreError),
+    /// The blob store could not be listed, or the registry not reached.
+    Other(String),
+}
+
+/// Sends one heartbeat: the artifacts whose bytes this node holds (what
+/// peers can fetch from it) and all its keys.
+async fn heartbeat_once(core: &Core, reg: &str, url: &str) -> Result<(), HeartbeatFailed> {
+    let (list, keys) = match (core.blobs.list(), core.blobs.keys()) {
+        (Ok(list), Ok(keys)) => (list, keys),
+        (Err(e), _) | (_, Err(e)) => {
+            return Err(HeartbeatFailed::Other(format!("cannot list the blob store: {e}")));
+        }
+    };
+    let hb = Heartbeat {
+        node: core.cfg.node.clone(),
+        url: url.to_owned(),
+        artifacts: list.into_iter().filter(|a| a.on_disk).map(|a| a.id).collect(),
+        keys,
+    };
+    let sent = core
+        .http
+        .post(format!("{reg}/v1/heartbeat"))
+        .json(&hb)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .map_err(|e| HeartbeatFailed::Other(e.to_string()))?;
+    if sent.status() == reqwest::StatusCode::CONFLICT {
+        let taken = sent.json::<NameTaken>().await.map_err(|e| HeartbeatFailed::Other(e.to_string()))?;
+        return Err(HeartbeatFailed::Refused(StoreError::NodeNameTaken { registry: reg.to_owned(), taken }));
+    }
+    sent.error_for_status().map(drop).map_err(|e| HeartbeatFailed::Other(e.to_string()))
+}
+
+/// The first heartbeat, before the daemon serves: a node name another
+/// live daemon holds is an error (the daemon does not start); an
+/// unreachable registry is not (its state is soft, and the heartbeat loop
+/// keeps trying).
+pub(super) async fn register(core: &Core) -> Result<(), StoreError> {
+    let (Some(reg), Some(url)) = (&core.cfg.registry, core.own_url.lock().expect("not poisoned").clone())
+    else {
+        return Ok(());
+    };
+    match heartbeat_once(core, reg, &url).await {
+        Ok(()) => Ok(()),
+        Err(HeartbeatFailed::Refused(e)) => Err(e),
+        Err(HeartbeatFailed::Other(why)) => {
+            tracing::warn!(registry = %reg, error = %why, "first heartbeat failed; retrying every heartbeat");
+            Ok(())
+        }
+    }
+}
+
+/// Reports this node's holdings to the registry every heartbeat period. A
+/// name taken meanwhile (this daemon was silent past the registry's TTL
+/// and another took it) is logged as an error; the daemon keeps serving
+/// its local clients and retries.
 pub(super) async fn heartbeat_loop(core: Arc<Core>) {
     let Some(reg) = core.cfg.registry.clone() else { return };
     let Some(url) = core.own_url.lock().expect("not poisoned").clone() else { return };
@@ -529,34 +589,19 @@ pub(super) async fn heartbeat_loop(core: Arc<Core>) {
     let mut failing = false;
     loop {
         tick.tick().await;
-        let hb = match (core.blobs.list(), core.blobs.keys()) {
-            (Ok(list), Ok(keys)) => Heartbeat {
-                node: core.cfg.node.clone(),
-                url: url.clone(),
-                artifacts: list.into_iter().filter(|a| a.on_disk).map(|a| a.id).collect(),
-                keys,
-            },
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::warn!(error = %e, "cannot list the blob store for the heartbeat");
-                continue;
-            }
-        };
-        let sent = core
-            .http
-            .post(format!("{reg}/v1/heartbeat"))
-            .json(&hb)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await;
-        match sent.and_then(|r| r.error_for_status()) {
-            Ok(_) if failing => {
+        match heartbeat_once(&core, &reg, &url).await {
+            Ok(()) if failing => {
                 failing = false;
                 tracing::info!(registry = %reg, "registry reachable again");
             }
-            Ok(_) => {}
-            Err(e) if !failing => {
+            Ok(()) => {}
+            Err(HeartbeatFailed::Refused(e)) if !failing => {
                 failing = true;
-                tracing::warn!(registry = %reg, error = %e, "heartbeat failed");
+                tracing::error!(error = %e, "heartbeat refused: peers cannot find this daemon");
+            }
+            Err(HeartbeatFailed::Other(why)) if !failing => {
+                failing = true;
+                tracing::warn!(registry = %reg, error = %why, "heartbeat failed");
             }
             Err(_) => {}
         }

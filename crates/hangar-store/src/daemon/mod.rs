@@ -16,6 +16,10 @@
 //! Under a disk budget the daemon drops the bytes of stored artifacts
 //! nothing uses, never their keys: such an artifact is loaded again like
 //! any miss (peer, then fallback), and stored again.
+//!
+//! With a registry and a TCP listener, the daemon's first heartbeat is sent
+//! before it serves: a node name another live daemon holds stops it from
+//! starting ([`StoreError::NodeNameTaken`]).
 
 mod http;
 mod load;
@@ -55,7 +59,9 @@ pub struct DaemonConfig {
     pub listen: Option<SocketAddr>,
     /// URL peers should use; default `http://<bound listen address>`.
     pub advertise: Option<String>,
-    /// Node name reported to the registry.
+    /// Node name reported to the registry, one daemon's: while another
+    /// live daemon (another URL) holds it the registry refuses it, and the
+    /// daemon does not start ([`StoreError::NodeNameTaken`]).
     pub node: String,
     /// Resident memory budget in bytes.
     pub budget: u64,
@@ -86,7 +92,7 @@ impl DaemonConfig {
             socket: socket.into(),
             listen: None,
             advertise: None,
-            node: format!("node-{}", std::process::id()),
+            node: host_name().unwrap_or_else(|| format!("node-{}", std::process::id())),
             budget: 4 << 30,
             registry: None,
             heartbeat: Duration::from_secs(2),
@@ -96,6 +102,13 @@ impl DaemonConfig {
             disk_budget: None,
         }
     }
+}
+
+/// The machine's host name (the kernel's, which a container without
+/// `/etc/hostname` also has).
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    Some(name.trim().to_owned()).filter(|n| !n.is_empty())
 }
 
 /// State of one resident's load.
@@ -609,7 +622,6 @@ async fn serve(
 ) -> Result<(Option<SocketAddr>, impl std::future::Future<Output = ()>), StoreError> {
     let blobs = BlobStore::open(&cfg.root)?;
     let fallback = cfg.fallback.as_deref().map(Fallback::open).transpose()?;
-    let uds = uds::bind(&cfg.socket)?;
     let tcp = match cfg.listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)
@@ -642,6 +654,12 @@ async fn serve(
         internal: std::sync::atomic::AtomicU64::new(0),
         registrations: Mutex::new(HashMap::new()),
     });
+    // Before the socket exists: a daemon whose node name is taken leaves
+    // nothing behind.
+    if tcp.is_some() {
+        load::register(&core).await?;
+    }
+    let uds = uds::bind(&core.cfg.socket)?;
     tracing::info!(socket = %core.cfg.socket.display(), http = ?http_addr, root = %core.cfg.root.display(), "store daemon listening");
     let running = async move {
         let mut tasks = tokio::task::JoinSet::new();

@@ -111,7 +111,9 @@ struct ServeArgs {
     /// URL peers should use to reach this daemon (default `http://<listen>`).
     #[arg(long)]
     advertise: Option<String>,
-    /// Node name reported to the registry (default: host name).
+    /// Node name reported to the registry (default: host name). One
+    /// daemon's: the registry refuses a name another live daemon holds, so
+    /// a second daemon on one host needs its own.
     #[arg(long)]
     node: Option<String>,
     /// Resident memory budget, e.g. `64GiB`.
@@ -225,9 +227,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             cfg.listen = s.listen;
             cfg.advertise = s.advertise;
-            if let Some(node) =
-                s.node.or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().into()))
-            {
+            if let Some(node) = s.node {
                 cfg.node = node;
             }
             cfg.budget = s.budget.bytes();
