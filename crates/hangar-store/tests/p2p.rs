@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{eventually, http_get, import, tensor};
+use common::{eventually, http_get, import, node, tensor};
 use hangar_store::chunks::chunk_range;
 use hangar_store::client::{Hold, StoreClient};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
@@ -17,16 +17,6 @@ use hangar_store::view::{ViewPlan, ViewSpec};
 use hangar_store::{ArtifactId, BlobStore, StoreKey};
 
 const CONFIRM: Duration = Duration::from_secs(20);
-
-fn node(root: &Path, registry: &RegistryHandle, tweak: impl FnOnce(&mut DaemonConfig)) -> DaemonHandle {
-    let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
-    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
-    cfg.registry = Some(registry.url());
-    cfg.heartbeat = Duration::from_millis(50);
-    cfg.node = root.display().to_string();
-    tweak(&mut cfg);
-    DaemonHandle::start(cfg).unwrap()
-}
 
 /// Waits until daemon `b` can resolve `key` through the registry (so the
 /// registry has heard `a`'s heartbeat).

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{eventually, http_get};
+use common::{eventually, http_get, node};
 use hangar_store::client::{ClientError, Hold, StoreClient};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
@@ -123,16 +123,6 @@ fn a_dropped_whole_file_is_fetched_again_from_the_fallback() {
     from_the_fallback(Kind::WholeFile);
 }
 
-fn peer(root: &Path, registry: &RegistryHandle, tweak: impl FnOnce(&mut DaemonConfig)) -> DaemonHandle {
-    let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
-    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
-    cfg.registry = Some(registry.url());
-    cfg.heartbeat = Duration::from_millis(50);
-    cfg.node = root.display().to_string();
-    tweak(&mut cfg);
-    DaemonHandle::start(cfg).unwrap()
-}
-
 #[test]
 fn dropped_bytes_are_fetched_again_from_a_peer() {
     for kind in [Kind::Safetensors, Kind::WholeFile] {
@@ -141,7 +131,7 @@ fn dropped_bytes_are_fetched_again_from_a_peer() {
         let files = write(kind, &dir.path().join("src"), 8);
         let x = BlobStore::open(&ra).unwrap().import_files(&files, &[]).unwrap().id;
         let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
-        let _a = peer(&ra, &registry, |_| {});
+        let _a = node(&ra, &registry, |_| {});
         let registry_url = registry.url();
         let mut d = node_with_dropped_bytes(&rb, &files, "org/m:v1", |c| {
             c.listen = Some("127.0.0.1:0".parse().unwrap());

@@ -5,14 +5,15 @@ use std::process::{Command, Output};
 
 use hangar_store::synth::{model, write_files};
 
+/// `hangar store ARGS` on the store at `root`.
+fn store(root: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hangar"));
+    c.arg("store").args(args).env("HANGAR_STORE_ROOT", root).env_remove("HANGAR_STORE_SOCKET");
+    c
+}
+
 fn hangar(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .arg("store")
-        .args(args)
-        .env("HANGAR_STORE_ROOT", root)
-        .env_remove("HANGAR_STORE_SOCKET")
-        .output()
-        .expect("hangar runs")
+    store(root, args).output().expect("hangar runs")
 }
 
 fn ok(out: Output) -> String {
@@ -129,11 +130,7 @@ fn serve_then_get_a_view_and_status_through_the_daemon() {
 /// drop; returns it and its first line of output (printed once it serves).
 fn start(root: &Path, args: &[&str]) -> (Serve, String) {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .arg("store")
-        .args(args)
-        .env("HANGAR_STORE_ROOT", root)
-        .env_remove("HANGAR_STORE_SOCKET")
+    let mut child = store(root, args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -149,11 +146,7 @@ fn start(root: &Path, args: &[&str]) -> (Serve, String) {
 /// Runs `hangar store ARGS` that should exit on its own, waiting at most
 /// 10 s (a hang, not a speed check); killed if it does not.
 fn exits(root: &Path, args: &[&str]) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .arg("store")
-        .args(args)
-        .env("HANGAR_STORE_ROOT", root)
-        .env_remove("HANGAR_STORE_SOCKET")
+    let child = store(root, args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
