@@ -3,17 +3,23 @@
 //! ```text
 //! <root>/artifacts/<id>/index.json   canonical index (its BLAKE3 is the id's first half)
 //! <root>/artifacts/<id>/chunks       BLAKE3 of every 1 MiB chunk (root = id's second half)
-//! <root>/artifacts/<id>/data         canonical data layout, padding zero
+//! <root>/artifacts/<id>/data         canonical data layout, padding zero (absent: bytes dropped)
 //! <root>/artifacts/<id>/used         empty; its mtime is when the artifact was last used
 //! <root>/keys.json                   {"name:tag": "hg1:…"}, rewritten atomically under keys.lock
 //! <root>/tmp/                        staging; an artifact appears by one rename of its directory
 //! ```
 //!
-//! Invariants: an `artifacts/<id>` directory is complete or absent (staged in
-//! `tmp/` and renamed, removed by renaming back out first); directory names
-//! come only from parsed ids, never from user text; every byte read back is
-//! checked against its chunk hash ([`StoredArtifact::read_chunk`]) and a
-//! mismatch is an error, never data.
+//! Invariants: an `artifacts/<id>` directory appears complete (staged in
+//! `tmp/` and renamed) and is removed whole by renaming it back out first;
+//! the one later change is [`BlobStore::drop_data`] (the disk budget),
+//! which unlinks `data` alone. The artifact is then *known but not on
+//! disk*: its keys, index and chunk list stay, so its keys still resolve,
+//! `ls` still lists it, and a fetch or import of the same content puts the
+//! bytes back ([`Registration::commit`]). Keys are only ever changed by
+//! imports, [`BlobStore::set_key`] and [`BlobStore::remove`], never by the
+//! disk budget. Directory names come only from parsed ids, never from user
+//! text; every byte read back is checked against its chunk hash
+//! ([`StoredArtifact::read_chunk`]) and a mismatch is an error, never data.
 //!
 //! Data is not fsynced at commit: a blob torn by a crash fails verification
 //! on first read and is reported as corrupt (re-import it).
@@ -67,6 +73,9 @@ pub struct ArtifactSummary {
     pub tensors: usize,
     /// Keys pointing at it.
     pub keys: Vec<StoreKey>,
+    /// Whether its bytes are on disk; `false` when the disk budget dropped
+    /// them (the next load fetches them again from a peer or the fallback).
+    pub on_disk: bool,
 }
 
 impl BlobStore {
@@ -94,9 +103,80 @@ impl BlobStore {
         Ok(dir)
     }
 
-    /// Whether the store holds `id` (without verifying it).
+    /// Whether the store holds `id`'s bytes (without verifying them).
     pub fn contains(&self, id: &ArtifactId) -> bool {
         matches!(id, ArtifactId::Full { .. }) && self.artifact_dir(id).join("data").is_file()
+    }
+
+    /// Whether the store knows `id`: it holds its index, with or without
+    /// its bytes (see [`BlobStore::drop_data`]).
+    pub fn knows(&self, id: &ArtifactId) -> bool {
+        matches!(id, ArtifactId::Full { .. }) && self.artifact_dir(id).join("index.json").is_file()
+    }
+
+    /// The canonical index of a known artifact, checked against its id
+    /// (whether or not its bytes are on disk); `None` if it is not known.
+    pub fn known_index(&self, id: &ArtifactId) -> Result<Option<CanonicalIndex>, StoreError> {
+        let ArtifactId::Full { index: want, .. } = id else { return Ok(None) };
+        let path = self.artifact_dir(id).join("index.json");
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let corrupt = |reason: String| StoreError::Corrupt { what: id.to_string(), reason };
+        if blake3::hash(&bytes).as_bytes() != want {
+            return Err(corrupt("index.json does not hash to the id".into()));
+        }
+        CanonicalIndex::from_bytes(&bytes).map(Some).map_err(|e| corrupt(e.to_string()))
+    }
+
+    /// Drops `id`'s bytes from disk and keeps everything else: its keys,
+    /// index and chunk list (32 bytes per MiB). What the disk budget does:
+    /// the artifact stays known, its keys still resolve, and the next load
+    /// fetches the bytes again. One `unlink`, so a reader that already
+    /// opened the data keeps reading it. Returns whether there were bytes
+    /// to drop.
+    pub fn drop_data(&self, id: &ArtifactId) -> Result<bool, StoreError> {
+        if !self.contains(id) {
+            return Ok(false);
+        }
+        let dir = self.artifact_dir(id);
+        let data = dir.join("data");
+        match fs::remove_file(&data) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_err(&data)(e)),
+        }
+        // Last use belongs to the bytes: restored bytes start afresh.
+        let _ = fs::remove_file(dir.join("used"));
+        Ok(true)
+    }
+
+    /// Brings the bytes on disk under `budget` by dropping the data of
+    /// artifacts outside `referenced`, least recently used first
+    /// ([`crate::disk_budget::over_budget`]); keys are never touched.
+    /// Returns the artifacts whose bytes were dropped.
+    pub fn enforce_disk_budget(
+        &self,
+        budget: u64,
+        referenced: &std::collections::HashSet<ArtifactId>,
+    ) -> Result<Vec<ArtifactId>, StoreError> {
+        let entries: Vec<crate::disk_budget::DiskEntry> = self
+            .usage()?
+            .into_iter()
+            .map(|(id, bytes, last_used_ms)| crate::disk_budget::DiskEntry {
+                id,
+                bytes,
+                last_used_ms,
+                referenced: referenced.contains(&id),
+            })
+            .collect();
+        let doomed = crate::disk_budget::over_budget(&entries, budget);
+        for id in &doomed {
+            self.drop_data(id)?;
+        }
+        Ok(doomed)
     }
 
     /// Starts a streaming registration of tensors described by `specs`.
@@ -192,14 +272,20 @@ impl BlobStore {
         self.update_keys(|k| k.insert(key.clone(), *id)).map(drop)
     }
 
-    /// Resolves an id or key to an id the store holds.
+    /// Resolves an id or key to an id whose bytes the store holds; a
+    /// known artifact whose bytes were dropped is [`StoreError::NotOnDisk`].
     pub fn resolve(&self, what: &IdOrKey) -> Result<ArtifactId, StoreError> {
-        let id = match what {
-            IdOrKey::Id(id) => *id,
-            IdOrKey::Key(k) => *self.keys()?.get(k).ok_or_else(|| StoreError::UnknownKey(k.clone()))?,
+        let (id, key) = match what {
+            IdOrKey::Id(id) => (*id, None),
+            IdOrKey::Key(k) => {
+                (*self.keys()?.get(k).ok_or_else(|| StoreError::UnknownKey(k.clone()))?, Some(k.clone()))
+            }
         };
         if !self.contains(&id) {
-            return Err(StoreError::UnknownArtifact(id));
+            return Err(match self.knows(&id) {
+                true => StoreError::NotOnDisk { id, key },
+                false => StoreError::UnknownArtifact(id),
+            });
         }
         Ok(id)
     }
@@ -231,8 +317,8 @@ impl BlobStore {
         Ok(StoredArtifact { id: *id, index, chunk_hashes, data, data_path })
     }
 
-    /// The ids of the artifacts under `artifacts/` (entries whose names
-    /// are not ids are not artifacts and are skipped).
+    /// The ids of the artifacts under `artifacts/`, known or on disk
+    /// (entries whose names are not ids are not artifacts and are skipped).
     fn stored_ids(&self) -> Result<Vec<ArtifactId>, StoreError> {
         let dir = self.root.join("artifacts");
         let mut out = Vec::new();
@@ -254,11 +340,15 @@ impl BlobStore {
         file.set_modified(std::time::SystemTime::now()).map_err(io_err(&path))
     }
 
-    /// Every stored artifact's bytes on disk and when it was last used (ms
-    /// since the epoch; never marked: when it was stored).
+    /// Every artifact whose bytes are on disk: its bytes there and when it
+    /// was last used (ms since the epoch; never marked: when it was
+    /// stored). Known artifacts without their bytes are not listed.
     pub fn usage(&self) -> Result<Vec<(ArtifactId, u64, u64)>, StoreError> {
         let mut out = Vec::new();
         for id in self.stored_ids()? {
+            if !self.contains(&id) {
+                continue;
+            }
             let path = self.artifact_dir(&id);
             let bytes = ["index.json", "chunks", "data"]
                 .iter()
@@ -273,17 +363,26 @@ impl BlobStore {
         Ok(out)
     }
 
-    /// Every stored artifact with its keys, sorted by id.
+    /// Every known artifact with its keys and whether its bytes are on
+    /// disk, sorted by id.
     pub fn list(&self) -> Result<Vec<ArtifactSummary>, StoreError> {
         let keys = self.keys()?;
         let mut out = Vec::new();
         for id in self.stored_ids()? {
-            let art = self.open_artifact(&id)?;
+            let (index, on_disk) = match self.contains(&id) {
+                true => (self.open_artifact(&id)?.index, true),
+                false => match self.known_index(&id)? {
+                    Some(index) => (index, false),
+                    // Removed since it was listed.
+                    None => continue,
+                },
+            };
             out.push(ArtifactSummary {
                 id,
-                bytes: art.index.data_len,
-                tensors: art.index.tensors.len(),
+                bytes: index.data_len,
+                tensors: index.tensors.len(),
                 keys: keys.iter().filter(|(_, v)| **v == id).map(|(k, _)| k.clone()).collect(),
+                on_disk,
             });
         }
         out.sort_by_key(|a| a.id);
@@ -291,8 +390,8 @@ impl BlobStore {
     }
 
     /// Removes a key, or an artifact and every key pointing at it. Removing
-    /// the last key of an artifact removes the artifact too. Returns the
-    /// artifacts removed.
+    /// the last key of an artifact removes the artifact too (known or on
+    /// disk). Returns the artifacts removed.
     pub fn remove(&self, what: &IdOrKey) -> Result<Vec<ArtifactId>, StoreError> {
         let doomed = self.update_keys(|keys| -> Result<Option<ArtifactId>, StoreError> {
             match what {
@@ -307,7 +406,7 @@ impl BlobStore {
             }
         })??;
         let Some(id) = doomed else { return Ok(vec![]) };
-        if !self.contains(&id) {
+        if !self.knows(&id) {
             return match what {
                 IdOrKey::Id(_) => Err(StoreError::UnknownArtifact(id)),
                 IdOrKey::Key(_) => Ok(vec![]),
@@ -514,6 +613,8 @@ impl Registration {
 
     /// Verifies every tensor was fed completely, hashes, and makes the
     /// artifact visible (or reports that it `existed`); then points `keys` at it.
+    /// A known artifact whose bytes the disk budget dropped gets them back
+    /// (one rename of the staged data into its directory), reported as new.
     ///
     /// On error the staged data is removed and nothing becomes visible.
     pub fn commit(mut self, keys: &[StoreKey]) -> Result<CommitReport, StoreError> {
@@ -544,6 +645,16 @@ impl Registration {
             let to = self.store.artifact_dir(&id);
             match fs::rename(&self.dir, &to) {
                 Ok(()) => {}
+                // Known without its bytes: restore them. The directory's
+                // index and chunk list are this content's (same id).
+                Err(e)
+                    if e.raw_os_error() == Some(rustix::io::Errno::NOTEMPTY.raw_os_error())
+                        && !self.store.contains(&id) =>
+                {
+                    let data = to.join("data");
+                    fs::rename(&self.path, &data).map_err(io_err(&data))?;
+                    self.store.mark_used(&id)?;
+                }
                 // Another importer committed the same content first.
                 Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTEMPTY.raw_os_error()) => {
                     report.existed = true;

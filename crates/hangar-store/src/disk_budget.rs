@@ -1,7 +1,10 @@
-//! Which stored artifacts to remove to bring the blob store under a byte
-//! budget (Workers AI's model-cache reaper): least recently used first,
-//! never one that is referenced — leased, or loaded by a running replica.
-//! Sans-IO: the daemon gathers the entries and removes what this returns.
+//! Which stored artifacts' bytes to drop to bring the blob store under a
+//! byte budget (Workers AI's model-cache reaper): least recently used
+//! first, never one that is referenced — leased, or loaded by a running
+//! replica. Sans-IO: [`crate::BlobStore::enforce_disk_budget`] gathers the
+//! entries and drops the bytes of what this returns. A budget removes
+//! bytes, never keys: the artifact stays known, its keys resolve, and the
+//! next load fetches its bytes again from a peer or the fallback.
 
 use crate::id::ArtifactId;
 

@@ -37,6 +37,34 @@ pub enum StoreError {
     /// No source holds the artifact.
     #[error("artifact {0} is not in this store nor in any configured source")]
     UnknownArtifact(ArtifactId),
+    /// The store knows the artifact (its keys resolve) but the disk budget
+    /// dropped its bytes; a load through the daemon fetches them again.
+    #[error(
+        "artifact {id}{} is known here but its bytes are not on disk (the disk budget dropped \
+         them); a load through the daemon (`hangar store get --socket …`, a replica start) \
+         fetches them again from a peer or the fallback",
+        key.as_ref().map(|k| format!(" (key `{k}`)")).unwrap_or_default()
+    )]
+    NotOnDisk {
+        /// The artifact.
+        id: ArtifactId,
+        /// The key it was named by, if any.
+        key: Option<StoreKey>,
+    },
+    /// Every source was tried for an artifact whose bytes this node does
+    /// not hold, and none gave it: one line naming the artifact, its key
+    /// and what each source said.
+    #[error(transparent)]
+    Unavailable(Box<Unavailable>),
+    /// A load that ran in the daemon failed; what it said, kept whole for
+    /// the replica that `Confirm`s it.
+    #[error("{message}")]
+    LoadFailed {
+        /// The wire kind of the original error.
+        kind: crate::protocol::ErrorKind,
+        /// Its message.
+        message: String,
+    },
     /// Stored metadata does not match the id.
     #[error("artifact {what} is corrupt: {reason}")]
     Corrupt {
@@ -103,9 +131,41 @@ pub enum StoreError {
     /// Loading did not finish before the deadline.
     #[error("loading {0} did not finish before the deadline")]
     Timeout(ArtifactId),
+    /// The registry refused this daemon's node name: another live daemon
+    /// holds it.
+    #[error("registry {registry}: {taken}")]
+    NodeNameTaken {
+        /// The registry's URL.
+        registry: String,
+        /// Who holds the name.
+        taken: crate::registry::NameTaken,
+    },
     /// An unknown replica / lease handle.
     #[error("unknown handle `{0}`")]
     UnknownHandle(String),
+}
+
+/// What [`StoreError::Unavailable`] says: an artifact, the key it was
+/// selected by, and what every source tried said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "artifact {id}{} is in no source: {}",
+    key.as_ref().map(|k| format!(" (key `{k}`)")).unwrap_or_default(),
+    tried.join("; ")
+)]
+pub struct Unavailable {
+    /// The artifact.
+    pub id: ArtifactId,
+    /// The key it was selected by, if any.
+    pub key: Option<StoreKey>,
+    /// `source: what happened`, in the order tried.
+    pub tried: Vec<String>,
+}
+
+impl From<Unavailable> for StoreError {
+    fn from(u: Unavailable) -> Self {
+        StoreError::Unavailable(Box::new(u))
+    }
 }
 
 /// Builds a closure mapping an I/O error to [`StoreError::Io`] at `path`.

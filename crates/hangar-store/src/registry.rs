@@ -5,8 +5,16 @@
 //! heard from within the TTL, and resolves keys cluster-wide. State is soft:
 //! a restarted registry is repopulated by the next heartbeats.
 //!
+//! A node name is held by one daemon, known by its URL: a heartbeat under
+//! a name that a live daemon at another URL holds is refused
+//! ([`NameTaken`]), so two daemons never silently replace each other (as
+//! two `hangar store serve` on one host would, both named after the host).
+//! The same URL is the same daemon, restarted: it keeps its name. A name
+//! whose holder has been silent for the TTL is free.
+//!
 //! HTTP API (JSON):
-//! - `POST /v1/heartbeat` with a [`Heartbeat`] → `204`
+//! - `POST /v1/heartbeat` with a [`Heartbeat`] → `204`, or `409` with a
+//!   [`NameTaken`] when another live daemon holds the name
 //! - `GET /v1/holders/{id}` → [`Holders`]
 //! - `GET /v1/keys/{key}` → `{"id": …}` or `404`
 //! - `GET /v1/nodes` → the nodes alive
@@ -38,6 +46,22 @@ pub struct Heartbeat {
     pub keys: BTreeMap<StoreKey, ArtifactId>,
 }
 
+/// A heartbeat refused: another live daemon holds the node name (the body
+/// of the `409`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error(
+    "node name `{node}` is held by another live daemon, at {holder} (heard {heard_ms_ago} ms ago); \
+     give this daemon its own name with --node NAME, or stop the other one"
+)]
+pub struct NameTaken {
+    /// The name.
+    pub node: String,
+    /// The URL of the daemon holding it.
+    pub holder: String,
+    /// How long ago the registry last heard the holder.
+    pub heard_ms_ago: Millis,
+}
+
 /// Answer to `GET /v1/holders/{id}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holders {
@@ -58,9 +82,17 @@ impl RegistryTable {
         RegistryTable { ttl, nodes: HashMap::new() }
     }
 
-    /// Records a heartbeat.
-    pub fn heartbeat(&mut self, hb: Heartbeat, now: Millis) {
+    /// Records a heartbeat; refused, the table unchanged, when a live
+    /// daemon at another URL holds the node name.
+    pub fn heartbeat(&mut self, hb: Heartbeat, now: Millis) -> Result<(), NameTaken> {
+        if let Some((held, seen)) = self.nodes.get(&hb.node) {
+            let age = now.saturating_sub(*seen);
+            if held.url != hb.url && age <= self.ttl {
+                return Err(NameTaken { node: hb.node, holder: held.url.clone(), heard_ms_ago: age });
+            }
+        }
         self.nodes.insert(hb.node.clone(), (hb, now));
+        Ok(())
     }
 
     fn alive(&self, now: Millis) -> impl Iterator<Item = &(Heartbeat, Millis)> {
@@ -109,10 +141,15 @@ pub fn router(ttl: Millis) -> Router {
         .with_state(shared)
 }
 
-async fn heartbeat(State(s): State<Shared>, Json(hb): Json<Heartbeat>) -> StatusCode {
+async fn heartbeat(
+    State(s): State<Shared>,
+    Json(hb): Json<Heartbeat>,
+) -> Result<StatusCode, (StatusCode, Json<NameTaken>)> {
     let now = s.now();
-    s.table.lock().expect("not poisoned").heartbeat(hb, now);
-    StatusCode::NO_CONTENT
+    match s.table.lock().expect("not poisoned").heartbeat(hb, now) {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(taken) => Err((StatusCode::CONFLICT, Json(taken))),
+    }
 }
 
 async fn holders(
@@ -202,16 +239,33 @@ mod tests {
     fn holders_expire_after_ttl_and_latest_first() {
         let id = ArtifactId::View([1; 32]);
         let mut t = RegistryTable::new(100);
-        t.heartbeat(hb("a", &[id]), 0);
-        t.heartbeat(hb("b", &[id]), 50);
+        t.heartbeat(hb("a", &[id]), 0).unwrap();
+        t.heartbeat(hb("b", &[id]), 50).unwrap();
         assert_eq!(t.holders(&id, 60), vec!["http://b", "http://a"]);
         assert_eq!(t.holders(&id, 120), vec!["http://b"]);
         assert!(t.holders(&id, 200).is_empty());
         let mut with_key = hb("c", &[id]);
         let key: StoreKey = "m:v".parse().unwrap();
         with_key.keys.insert(key.clone(), id);
-        t.heartbeat(with_key, 300);
+        t.heartbeat(with_key, 300).unwrap();
         assert_eq!(t.resolve(&key, 350), Some(id));
         assert_eq!(t.resolve(&key, 500), None);
+    }
+
+    #[test]
+    fn a_live_name_is_refused_to_another_url_and_kept_by_its_own() {
+        let id = ArtifactId::View([2; 32]);
+        let mut t = RegistryTable::new(100);
+        let at = |url: &str| Heartbeat { url: url.into(), ..hb("host", &[id]) };
+        t.heartbeat(at("http://h:1"), 0).unwrap();
+        let taken = t.heartbeat(at("http://h:2"), 40).unwrap_err();
+        assert_eq!(taken, NameTaken { node: "host".into(), holder: "http://h:1".into(), heard_ms_ago: 40 });
+        let msg = taken.to_string();
+        assert!(msg.contains("`host`") && msg.contains("http://h:1") && msg.contains("--node"), "{msg}");
+        assert_eq!(t.holders(&id, 50), vec!["http://h:1"], "the refused heartbeat changed nothing");
+        t.heartbeat(at("http://h:1"), 90).unwrap();
+        assert!(t.heartbeat(at("http://h:2"), 190).is_err(), "renewed: still live");
+        t.heartbeat(at("http://h:2"), 191).unwrap();
+        assert_eq!(t.holders(&id, 191), vec!["http://h:2"], "silent past the TTL: the name is free");
     }
 }

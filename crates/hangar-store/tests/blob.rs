@@ -189,3 +189,164 @@ fn a_safetensors_tensor_may_not_pose_as_a_whole_file() {
     let e = store.import_files(&[path], &[]).unwrap_err().to_string();
     assert!(e.contains("w.safetensors") && e.contains("reserved for whole files"), "{e}");
 }
+
+/// The disk budget drops bytes and keeps everything a key needs: the keys
+/// still resolve (to "not on disk"), `list` shows the artifact as known but
+/// not on disk, and importing the same content puts the bytes back.
+#[test]
+fn the_disk_budget_drops_bytes_keeps_keys_and_a_reimport_restores_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let xs = write_files(&dir.path().join("x"), &model(1 << 16, 1, 40), 1).unwrap();
+    let ys = write_files(&dir.path().join("y"), &model(1 << 16, 1, 41), 1).unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let x = store.import_files(&xs, &[key("a:1"), key("b:1")]).unwrap().id;
+    let y = store.import_files(&ys, &[key("c:1")]).unwrap().id;
+    let keys = store.keys().unwrap();
+
+    let mut dropped = store.enforce_disk_budget(0, &Default::default()).unwrap();
+    dropped.sort();
+    let mut both = vec![x, y];
+    both.sort();
+    assert_eq!(dropped, both);
+    assert_eq!(store.keys().unwrap(), keys, "the budget never touches keys");
+    assert!(!store.contains(&x) && store.knows(&x));
+    assert!(store.usage().unwrap().is_empty(), "nothing left for the budget");
+    assert!(store.enforce_disk_budget(0, &Default::default()).unwrap().is_empty());
+    let listed = store.list().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|a| !a.on_disk && a.bytes > 0), "{listed:?}");
+    match store.resolve(&IdOrKey::Key(key("a:1"))) {
+        Err(e @ StoreError::NotOnDisk { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("`a:1`") && msg.contains(&x.to_string()) && msg.contains("disk budget"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected not on disk, got {other:?}"),
+    }
+
+    let back = store.import_files(&xs, &[]).unwrap();
+    assert_eq!(back.id, x);
+    assert!(!back.existed, "the bytes were not there: they were written");
+    store.open_artifact(&x).unwrap().map_verified().unwrap();
+    assert_eq!(store.resolve(&IdOrKey::Key(key("b:1"))).unwrap(), x);
+    assert_eq!(store.usage().unwrap().len(), 1);
+
+    assert_eq!(
+        store.remove(&IdOrKey::Key(key("c:1"))).unwrap(),
+        vec![y],
+        "a known artifact goes with its last key"
+    );
+    assert!(!store.knows(&y));
+    assert_eq!(store.list().unwrap().len(), 1);
+}
+
+mod budget_model {
+    use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+    use hangar_store::{ArtifactId, BlobStore, IdOrKey, StoreError, StoreKey};
+    use proptest::prelude::*;
+
+    const ARTIFACTS: usize = 4;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Import artifact `i`, under its key or none.
+        Import(usize, bool),
+        /// Apply a disk budget with these artifacts referenced.
+        Budget(u64, [bool; ARTIFACTS]),
+        /// Remove artifact `i`'s key.
+        RmKey(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..ARTIFACTS, any::<bool>()).prop_map(|(i, k)| Op::Import(i, k)),
+            (0u64..60_000, any::<[bool; ARTIFACTS]>()).prop_map(|(b, r)| Op::Budget(b, r)),
+            (0..ARTIFACTS).prop_map(Op::RmKey),
+        ]
+    }
+
+    fn key(i: usize) -> StoreKey {
+        format!("m{i}:v1").parse().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Against a model of keys and known artifacts: a budget only ever
+        /// drops bytes of unreferenced artifacts, never a key or what a key
+        /// needs to resolve, and leaves the store under budget or holding
+        /// only referenced bytes; an import puts dropped bytes back.
+        #[test]
+        fn the_budget_never_touches_keys(ops in prop::collection::vec(op(), 1..24)) {
+            let dir = tempfile::tempdir().unwrap();
+            let sources: Vec<_> = (0..ARTIFACTS)
+                .map(|i| {
+                    let t = hangar_store::synth::model(4096 * (i as u64 + 1), 1, 60 + i as u64);
+                    hangar_store::synth::write_files(&dir.path().join(format!("src{i}")), &t, 1).unwrap()
+                })
+                .collect();
+            let store = BlobStore::open(dir.path().join("store")).unwrap();
+            let mut ids: [Option<ArtifactId>; ARTIFACTS] = [None; ARTIFACTS];
+            let mut keys: BTreeMap<StoreKey, ArtifactId> = BTreeMap::new();
+            let mut known: BTreeSet<ArtifactId> = BTreeSet::new();
+            for op in ops {
+                match op {
+                    Op::Import(i, with_key) => {
+                        let was_on_disk = ids[i].is_some_and(|id| store.contains(&id));
+                        let k: Vec<StoreKey> = if with_key { vec![key(i)] } else { vec![] };
+                        let r = store.import_files(&sources[i], &k).unwrap();
+                        prop_assert_eq!(r.existed, was_on_disk, "dropped bytes are written again");
+                        ids[i] = Some(r.id);
+                        known.insert(r.id);
+                        if with_key {
+                            keys.insert(key(i), r.id);
+                        }
+                    }
+                    Op::Budget(budget, refs) => {
+                        let referenced: HashSet<ArtifactId> =
+                            (0..ARTIFACTS).filter(|&i| refs[i]).filter_map(|i| ids[i]).collect();
+                        let before: BTreeSet<ArtifactId> =
+                            store.usage().unwrap().into_iter().map(|(id, _, _)| id).collect();
+                        let dropped = store.enforce_disk_budget(budget, &referenced).unwrap();
+                        for id in &dropped {
+                            prop_assert!(before.contains(id) && !referenced.contains(id));
+                            prop_assert!(!store.contains(id) && store.knows(id));
+                        }
+                        let left = store.usage().unwrap();
+                        let total: u64 = left.iter().map(|(_, b, _)| b).sum();
+                        prop_assert!(total <= budget || left.iter().all(|(id, _, _)| referenced.contains(id)));
+                        for id in before.iter().filter(|id| referenced.contains(id)) {
+                            prop_assert!(store.contains(id), "a referenced artifact lost its bytes");
+                        }
+                    }
+                    Op::RmKey(i) => {
+                        let got = store.remove(&IdOrKey::Key(key(i)));
+                        match keys.remove(&key(i)) {
+                            Some(id) => {
+                                let last = !keys.values().any(|v| *v == id);
+                                prop_assert_eq!(got.unwrap(), if last { vec![id] } else { vec![] });
+                                if last {
+                                    known.remove(&id);
+                                }
+                            }
+                            None => prop_assert!(matches!(got, Err(StoreError::UnknownKey(_)))),
+                        }
+                    }
+                }
+                prop_assert_eq!(&store.keys().unwrap(), &keys);
+                let listed: BTreeSet<ArtifactId> = store.list().unwrap().into_iter().map(|a| a.id).collect();
+                prop_assert_eq!(&listed, &known);
+                for (k, id) in &keys {
+                    match store.resolve(&IdOrKey::Key(k.clone())) {
+                        Ok(got) => prop_assert_eq!(got, *id),
+                        Err(StoreError::NotOnDisk { id: got, .. }) => prop_assert_eq!(got, *id),
+                        Err(e) => prop_assert!(false, "key {} no longer resolves: {}", k, e),
+                    }
+                }
+            }
+        }
+    }
+}

@@ -128,10 +128,11 @@ fn budget_evicts_unreferenced_lru_and_never_referenced() {
     assert_eq!(a.tensor("layers.0.mlp.weight").unwrap(), &tensor(&fx[0], "layers.0.mlp.weight").data[..]);
 }
 
-/// Under a disk budget the daemon removes stored artifacts least recently
-/// used first, and never one a holder references, however old.
+/// Under a disk budget the daemon drops the bytes of stored artifacts
+/// least recently used first, never one a holder references however old,
+/// and keeps every key.
 #[test]
-fn the_disk_budget_removes_the_least_recently_used_unreferenced_blobs() {
+fn the_disk_budget_drops_the_least_recently_used_unreferenced_blobs_and_keeps_keys() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     let fx: Vec<_> = (0..4)
@@ -159,6 +160,9 @@ fn the_disk_budget_removes_the_least_recently_used_unreferenced_blobs() {
     assert!(!kept.contains(&fx[1].id), "the least recently used unreferenced one goes: {kept:?}");
     assert!(kept.contains(&fx[0].id), "the oldest is held: it stays");
     assert!(kept.contains(&fx[2].id) && kept.contains(&fx[3].id));
+    let keys = hangar_store::BlobStore::open(dir.path()).unwrap().keys().unwrap();
+    assert_eq!(keys.len(), 4, "the budget drops bytes, never keys: {keys:?}");
+    assert_eq!(keys[&"m:v1".parse().unwrap()], fx[1].id);
     drop((oldest, newest, d));
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{eventually, http_get, import, tensor};
+use common::{eventually, http_get, import, node, tensor};
 use hangar_store::chunks::chunk_range;
 use hangar_store::client::{Hold, StoreClient};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
@@ -17,16 +17,6 @@ use hangar_store::view::{ViewPlan, ViewSpec};
 use hangar_store::{ArtifactId, BlobStore, StoreKey};
 
 const CONFIRM: Duration = Duration::from_secs(20);
-
-fn node(root: &Path, registry: &RegistryHandle, tweak: impl FnOnce(&mut DaemonConfig)) -> DaemonHandle {
-    let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
-    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
-    cfg.registry = Some(registry.url());
-    cfg.heartbeat = Duration::from_millis(50);
-    cfg.node = root.display().to_string();
-    tweak(&mut cfg);
-    DaemonHandle::start(cfg).unwrap()
-}
 
 /// Waits until daemon `b` can resolve `key` through the registry (so the
 /// registry has heard `a`'s heartbeat).
@@ -249,4 +239,30 @@ fn plain_http_clients_get_the_data_stream_or_a_run_of_chunks() {
         assert_eq!(status, reqwest::StatusCode::RANGE_NOT_SATISFIABLE, "{query}");
         assert!(body.contains(&format!("0..{n}")), "{query}: {body}");
     }
+}
+
+/// Two daemons under one node name (two `hangar store serve` on one host,
+/// both named after it): the second is refused at start, naming the
+/// holder, and leaves no socket behind; under its own name it starts.
+#[test]
+fn a_node_name_held_by_a_live_daemon_is_refused_to_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let registry = RegistryHandle::start("127.0.0.1:0".parse().unwrap(), 5_000).unwrap();
+    let a = node(&ra, &registry, |c| c.node = "host".into());
+    let holder = format!("http://{}", a.http_addr().unwrap());
+    let err = DaemonHandle::start({
+        let mut cfg = DaemonConfig::new(&rb, rb.join("store.sock"));
+        cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+        cfg.registry = Some(registry.url());
+        cfg.node = "host".into();
+        cfg
+    })
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("`host`") && msg.contains(&holder) && msg.contains("--node"), "{msg}");
+    assert!(!rb.join("store.sock").exists(), "a refused daemon leaves no socket");
+    let nodes = http_get(registry.addr(), "/v1/nodes");
+    assert!(nodes.contains(&holder), "the holder keeps its name: {nodes}");
+    let _b = node(&rb, &registry, |c| c.node = "host-2".into());
 }

@@ -5,14 +5,15 @@ use std::process::{Command, Output};
 
 use hangar_store::synth::{model, write_files};
 
+/// `hangar store ARGS` on the store at `root`.
+fn store(root: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hangar"));
+    c.arg("store").args(args).env("HANGAR_STORE_ROOT", root).env_remove("HANGAR_STORE_SOCKET");
+    c
+}
+
 fn hangar(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .arg("store")
-        .args(args)
-        .env("HANGAR_STORE_ROOT", root)
-        .env_remove("HANGAR_STORE_SOCKET")
-        .output()
-        .expect("hangar runs")
+    store(root, args).output().expect("hangar runs")
 }
 
 fn ok(out: Output) -> String {
@@ -123,4 +124,135 @@ fn serve_then_get_a_view_and_status_through_the_daemon() {
     assert!(status.contains("hg1v:") && status.contains("0 refs"), "{status}");
     let e = err(hangar(&root, &["get", "nobody:v1", "--socket", s, "--out", out.to_str().unwrap()]));
     assert!(e.contains("unknown key"), "{e}");
+}
+
+/// Starts `hangar store ARGS` on `root` with its stdout piped, killed on
+/// drop; returns it and its first line of output (printed once it serves).
+fn start(root: &Path, args: &[&str]) -> (Serve, String) {
+    use std::io::BufRead;
+    let mut child = store(root, args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let serve = Serve(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(!line.is_empty(), "hangar store {args:?} exited before serving");
+    (serve, line.trim().to_owned())
+}
+
+/// Runs `hangar store ARGS` that should exit on its own, waiting at most
+/// 10 s (a hang, not a speed check); killed if it does not.
+fn exits(root: &Path, args: &[&str]) -> Output {
+    let child = store(root, args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut guard = Serve(child);
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "hangar store {args:?} did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let read = |pipe: Option<&mut dyn std::io::Read>| {
+        let mut buf = Vec::new();
+        pipe.unwrap().read_to_end(&mut buf).unwrap();
+        buf
+    };
+    let stdout = read(guard.0.stdout.as_mut().map(|p| p as &mut dyn std::io::Read));
+    let stderr = read(guard.0.stderr.as_mut().map(|p| p as &mut dyn std::io::Read));
+    Output { status, stdout, stderr }
+}
+
+/// The `ls` line of `id`.
+fn ls_line(root: &Path, id: &str) -> String {
+    let ls = ok(hangar(root, &["ls"]));
+    assert!(ls.lines().next().unwrap().contains("ON_DISK"), "{ls}");
+    ls.lines().find(|l| l.starts_with(id)).unwrap_or_else(|| panic!("{id} not listed: {ls}")).to_owned()
+}
+
+/// Issue 27: a key whose bytes the daemon's disk budget dropped is still
+/// listed (not on disk), `stat` says why it cannot read it, and `get`
+/// through the daemon fetches it again from the fallback.
+#[test]
+fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let fallback = dir.path().join("fallback");
+    let x = write_files(&fallback.join("demo/x/v1"), &model(1 << 18, 2, 7), 1).unwrap();
+    let y = write_files(&dir.path().join("y"), &model(1 << 18, 2, 8), 1).unwrap();
+    let imported = ok(hangar(&root, &["import", x[0].to_str().unwrap(), "--key", "demo/x:v1"]));
+    let x_id = imported.split_whitespace().nth(1).unwrap().to_owned();
+    let imported = ok(hangar(&root, &["import", y[0].to_str().unwrap(), "--key", "demo/y:v1"]));
+    let y_id = imported.split_whitespace().nth(1).unwrap().to_owned();
+    assert!(ls_line(&root, &x_id).contains(" yes  demo/x:v1"), "{}", ls_line(&root, &x_id));
+    // Room for one of the two.
+    let one = hangar_store::BlobStore::open(&root).unwrap().usage().unwrap()[0].1 * 3 / 2;
+    let socket = dir.path().join("d.sock");
+    let s = socket.to_str().unwrap();
+    let budget = format!("{one}B");
+    let _serve = start(
+        &root,
+        &["serve", "--socket", s, "--disk-budget", &budget, "--fallback", fallback.to_str().unwrap()],
+    );
+    let out = dir.path().join("out");
+    let o = out.to_str().unwrap();
+    ok(hangar(&root, &["get", "demo/y:v1", "--socket", s, "--out", o]));
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while !f() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    wait_for("x's bytes dropped", &|| ls_line(&root, &x_id).contains(" no  demo/x:v1"));
+    assert!(ls_line(&root, &y_id).contains(" yes  demo/y:v1"));
+
+    let e = err(hangar(&root, &["stat", "demo/x:v1"]));
+    assert!(e.contains("not on disk") && e.contains(&x_id) && e.contains("--socket"), "{e}");
+    let got = ok(hangar(&root, &["get", "demo/x:v1", "--socket", s, "--out", o]));
+    assert!(got.contains("from fallback") && got.contains(&x_id), "{got}");
+    let reimport = ok(hangar(&root, &["import", out.join("model.safetensors").to_str().unwrap()]));
+    assert!(reimport.contains(&x_id), "the bytes fetched again are x's: {reimport}");
+    wait_for("x on disk again", &|| ls_line(&root, &x_id).contains(" yes  demo/x:v1"));
+}
+
+/// Issue 27: two daemons on one host without `--node` both take the host
+/// name; the registry holds it for the first, and the second stops with an
+/// error naming the holder and `--node`. With its own name it starts.
+#[test]
+fn a_second_daemon_under_the_same_node_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    let (_registry, line) = start(&ra, &["registry", "--listen", "127.0.0.1:0"]);
+    let registry = line.strip_prefix("registry at ").unwrap().to_owned();
+    let daemon = |root: &Path| {
+        let sock = root.join("d.sock").display().to_string();
+        vec!["serve".to_owned(), "--socket".into(), sock, "--listen".into(), "127.0.0.1:0".into()]
+            .into_iter()
+            .chain(["--registry".into(), registry.clone()])
+            .collect::<Vec<String>>()
+    };
+    let args_a = daemon(&ra);
+    let (_a, line) = start(&ra, &args_a.iter().map(String::as_str).collect::<Vec<_>>());
+    let holder = line.rsplit(' ').next().unwrap().to_owned();
+    assert!(holder.starts_with("http://127.0.0.1:"), "{line}");
+
+    let args_b = daemon(&rb);
+    let refused = exits(&rb, &args_b.iter().map(String::as_str).collect::<Vec<_>>());
+    let e = err(refused);
+    assert!(e.contains("is held by another live daemon") && e.contains(&holder), "{e}");
+    assert!(e.contains("--node"), "tells the user what to do: {e}");
+    assert!(!rb.join("d.sock").exists(), "a refused daemon leaves no socket");
+
+    let mut named = args_b.clone();
+    named.extend(["--node".into(), "second".into()]);
+    let (_b, line) = start(&rb, &named.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(line.starts_with("serving"), "{line}");
 }

@@ -1,5 +1,9 @@
 //! Where a miss is loaded from: the local blob store, then a peer daemon
-//! found through the registry, then the fallback source.
+//! found through the registry, then the fallback source. An artifact the
+//! store knows but whose bytes the disk budget dropped is fetched the same
+//! way (its index, kept on disk, picks its files in the fallback). When no
+//! source gives it, the error ([`StoreError::Unavailable`]) names the key,
+//! the artifact and what every source tried said, on one line.
 //!
 //! Every path verifies bytes before `Confirm` reports success: local chunks
 //! against the stored chunk list, peer chunks against the peer's chunk list
@@ -20,12 +24,12 @@ use tokio::io::AsyncReadExt;
 use super::Core;
 use crate::blob::StoredArtifact;
 use crate::chunks::{self, chunk_count, chunk_range};
-use crate::error::StoreError;
+use crate::error::{StoreError, Unavailable};
 use crate::fallback::FallbackArtifact;
 use crate::id::{hex, ArtifactId, Digest, StoreKey};
 use crate::index::{CanonicalIndex, TensorSpec};
 use crate::protocol::{Selection, Source};
-use crate::registry::{Heartbeat, Holders};
+use crate::registry::{Heartbeat, Holders, NameTaken};
 use crate::residency::Owner;
 use crate::view::ViewPlan;
 
@@ -45,6 +49,9 @@ pub(super) enum Job {
         peers: Vec<String>,
         fallback: Option<FallbackArtifact>,
         key: Option<StoreKey>,
+        /// What the sources tried while planning said (for the error if
+        /// every source fails).
+        tried: Vec<String>,
     },
     /// A view built from its parent.
     View { plan: ViewPlan, parent: Parent },
@@ -133,6 +140,15 @@ fn source_err(name: &str, reason: impl ToString) -> StoreError {
     StoreError::Source { source_name: name.to_owned(), reason: reason.to_string() }
 }
 
+/// What a failed source said, for [`StoreError::Unavailable`]'s list:
+/// `source: reason`, the source named once.
+fn said(source: &str, e: &StoreError) -> String {
+    match e {
+        StoreError::Source { reason, .. } => format!("{source}: {reason}"),
+        e => format!("{source}: {e}"),
+    }
+}
+
 impl Core {
     /// Works out where a selection's bytes will come from, and its layout.
     pub(super) async fn plan(self: Arc<Self>, sel: &Selection) -> Result<Job, StoreError> {
@@ -145,7 +161,8 @@ impl Core {
             return Ok(Job::View { plan, parent: Parent::Local(parent) });
         }
         if !self.is_resident(&parent_id) {
-            if let (peers, Some(index)) = self.peers_with_index(&parent_id).await {
+            let mut tried = Vec::new();
+            if let (peers, Some(index)) = self.peers_with_index(&parent_id, &mut tried).await {
                 return Ok(Job::PeerView {
                     plan: ViewPlan::new(&index, spec)?,
                     parent: parent_id,
@@ -186,59 +203,91 @@ impl Core {
         })
     }
 
-    /// Local blob store, else the registry's peers, else the fallback.
+    /// Local blob store, else the registry's peers, else the fallback; the
+    /// index comes from the store itself when it knows the artifact (its
+    /// bytes dropped by the disk budget), else from a peer or the fallback.
     async fn locate(&self, id: &ArtifactId, key: Option<&StoreKey>) -> Result<Job, StoreError> {
         if self.blobs.contains(id) {
             return Ok(Job::Local(self.blobs.open_artifact(id)?));
         }
-        let (peers, index) = self.peers_with_index(id).await;
-        if let Some(index) = index {
-            return Ok(Job::Remote { index, peers, fallback: None, key: key.cloned() });
+        let known = self.blobs.known_index(id)?;
+        let mut tried = vec![match known {
+            Some(_) => "this node's disk: the disk budget dropped its bytes".to_owned(),
+            None => "this node's disk: not stored".to_owned(),
+        }];
+        let (peers, index) = match &known {
+            Some(index) => (self.holders(id, &mut tried).await, Some(index.clone())),
+            None => self.peers_with_index(id, &mut tried).await,
+        };
+        if let Some(index) = index.filter(|_| !peers.is_empty()) {
+            return Ok(Job::Remote { index, peers, fallback: None, key: key.cloned(), tried });
         }
-        match &self.fallback {
-            Some(fb) => {
-                let found = fb.locate(id, key).await?;
-                Ok(Job::Remote {
-                    index: found.index.clone(),
-                    peers,
-                    fallback: Some(found),
-                    key: key.cloned(),
-                })
+        let Some(fb) = &self.fallback else {
+            tried.push("fallback: none configured".into());
+            return Err(Unavailable { id: *id, key: key.cloned(), tried }.into());
+        };
+        match fb.locate(id, key, known.as_ref()).await {
+            Ok(found) => Ok(Job::Remote {
+                index: found.index.clone(),
+                peers,
+                fallback: Some(found),
+                key: key.cloned(),
+                tried,
+            }),
+            Err(e) => {
+                tried.push(said(&format!("fallback {}", fb.label()), &e));
+                Err(Unavailable { id: *id, key: key.cloned(), tried }.into())
             }
-            None => Err(StoreError::UnknownArtifact(*id)),
         }
     }
 
     /// Peers the registry says hold `id`, and the index from the first that
-    /// gives a valid one.
-    async fn peers_with_index(&self, id: &ArtifactId) -> (Vec<String>, Option<CanonicalIndex>) {
-        let peers = self.holders(id).await;
+    /// gives a valid one; what failed is added to `tried`.
+    async fn peers_with_index(
+        &self,
+        id: &ArtifactId,
+        tried: &mut Vec<String>,
+    ) -> (Vec<String>, Option<CanonicalIndex>) {
+        let peers = self.holders(id, tried).await;
         for peer in &peers {
             match self.peer_index(peer, id).await {
                 Ok(index) => return (peers.clone(), Some(index)),
-                Err(e) => tracing::warn!(%peer, %id, error = %e, "peer could not give the index"),
+                Err(e) => {
+                    tracing::warn!(%peer, %id, error = %e, "peer could not give the index");
+                    tried.push(said(&format!("peer {peer}"), &e));
+                }
             }
         }
         (peers, None)
     }
 
-    /// Peers the registry says hold `id`, excluding this node.
-    async fn holders(&self, id: &ArtifactId) -> Vec<String> {
-        let Some(reg) = &self.cfg.registry else { return vec![] };
+    /// Peers the registry says hold `id`, excluding this node; when there
+    /// are none, why is added to `tried`.
+    async fn holders(&self, id: &ArtifactId, tried: &mut Vec<String>) -> Vec<String> {
+        let Some(reg) = &self.cfg.registry else {
+            tried.push("peers: no registry configured".into());
+            return vec![];
+        };
         let own = self.own_url.lock().expect("not poisoned").clone();
         let url = format!("{reg}/v1/holders/{id}");
         let got = async { self.http.get(&url).send().await?.error_for_status()?.json::<Holders>().await };
-        match tokio::time::timeout(self.cfg.peer_timeout, got).await {
+        let peers: Vec<String> = match tokio::time::timeout(self.cfg.peer_timeout, got).await {
             Ok(Ok(h)) => h.peers.into_iter().filter(|p| Some(p) != own.as_ref()).collect(),
             Ok(Err(e)) => {
                 tracing::warn!(%url, error = %e, "registry lookup failed");
-                vec![]
+                tried.push(format!("registry {reg}: {e}"));
+                return vec![];
             }
             Err(_) => {
                 tracing::warn!(%url, "registry lookup timed out");
-                vec![]
+                tried.push(format!("registry {reg}: timed out after {:?}", self.cfg.peer_timeout));
+                return vec![];
             }
+        };
+        if peers.is_empty() {
+            tried.push(format!("registry {reg}: no live peer holds it"));
         }
+        peers
     }
 
     async fn peer_get(&self, peer: &str, id: &ArtifactId, what: &str) -> Result<Vec<u8>, StoreError> {
@@ -305,7 +354,7 @@ impl Core {
                 };
                 Self::build_view(plan, parent, mem).await
             }
-            Job::Remote { index, peers, mut fallback, key } => {
+            Job::Remote { index, peers, mut fallback, key, mut tried } => {
                 let n = chunk_count(index.data_len);
                 let wanted: Vec<usize> = (0..n).collect();
                 let mut verified = 0usize;
@@ -320,29 +369,34 @@ impl Core {
                             break;
                         }
                         Err(e) => {
-                            tracing::warn!(%peer, %id, verified, of = n, error = %e, "peer transfer failed; trying next source")
+                            tracing::warn!(%peer, %id, verified, of = n, error = %e, "peer transfer failed; trying next source");
+                            tried.push(said(&format!("peer {peer}"), &e));
                         }
                     }
                 }
                 if source.is_none() {
                     if fallback.is_none() {
-                        if let Some(fb) = &self.fallback {
-                            fallback = Some(fb.locate(&id, key.as_ref()).await?);
+                        match &self.fallback {
+                            Some(fb) => match fb.locate(&id, key.as_ref(), Some(&index)).await {
+                                Ok(found) => fallback = Some(found),
+                                Err(e) => tried.push(said(&format!("fallback {}", fb.label()), &e)),
+                            },
+                            None => tried.push("fallback: none configured".into()),
                         }
                     }
                     let Some(fb) = fallback else {
-                        return Err(source_err(
-                            "peers",
-                            format!("no peer completed {id} and no fallback is configured"),
-                        ));
+                        return Err(Unavailable { id, key, tried }.into());
                     };
-                    fb.fill(&mut mem[..index.data_len as usize], verified).await?;
+                    if let Err(e) = fb.fill(&mut mem[..index.data_len as usize], verified).await {
+                        tried.push(said(&format!("fallback {}", fb.label()), &e));
+                        return Err(Unavailable { id, key, tried }.into());
+                    }
                     let data = &mem[..index.data_len as usize];
                     let root = chunks::data_root(index.data_len, &chunks::hash_chunks(data));
                     if Some(&root) != id.data_root() {
                         return Err(StoreError::Corrupt {
                             what: id.to_string(),
-                            reason: "fallback bytes do not hash to the id".into(),
+                            reason: format!("the bytes of fallback {} do not hash to the id", fb.label()),
                         });
                     }
                     source = Some(Source::Fallback);
@@ -438,23 +492,28 @@ impl Core {
     }
 
     /// Writes a remotely obtained artifact into the local blob store (in the
-    /// background; failure only costs a future re-fetch).
+    /// background; failure only costs a future re-fetch) — for a known
+    /// artifact whose bytes the disk budget dropped, puts them back — then
+    /// marks it used and applies the disk budget.
     fn persist(self: &Arc<Self>, id: ArtifactId, index: CanonicalIndex, mem: MmapMut, key: Option<StoreKey>) {
-        let blobs = self.blobs.clone();
+        let core = self.clone();
         tokio::task::spawn_blocking(move || {
             let specs = index.tensors.iter().map(|t| TensorSpec {
                 name: t.name.clone(),
                 dtype: t.dtype,
                 shape: t.shape.clone(),
             });
-            let result = blobs.register(specs.collect()).and_then(|mut reg| {
+            let result = core.blobs.register(specs.collect()).and_then(|mut reg| {
                 for t in &index.tensors {
                     reg.feed(&t.name, &mem[t.offset as usize..(t.offset + t.len) as usize])?;
                 }
                 reg.commit(&key.into_iter().collect::<Vec<_>>())
             });
             match result {
-                Ok(r) if r.id == id => tracing::info!(%id, "stored remotely fetched artifact locally"),
+                Ok(r) if r.id == id => {
+                    tracing::info!(%id, "stored remotely fetched artifact locally");
+                    core.used_now(id);
+                }
                 Ok(r) => tracing::error!(%id, got = %r.id, "persisted artifact hashed differently"),
                 Err(e) => tracing::warn!(%id, error = %e, "could not store fetched artifact locally"),
             }
@@ -462,7 +521,67 @@ impl Core {
     }
 }
 
-/// Reports this node's holdings to the registry every heartbeat period.
+/// Why one heartbeat was not recorded.
+enum HeartbeatFailed {
+    /// The registry refused the node name.
+    Refused(StoreError),
+    /// The blob store could not be listed, or the registry not reached.
+    Other(String),
+}
+
+/// Sends one heartbeat: the artifacts whose bytes this node holds (what
+/// peers can fetch from it) and all its keys.
+async fn heartbeat_once(core: &Core, reg: &str, url: &str) -> Result<(), HeartbeatFailed> {
+    let (list, keys) = match (core.blobs.list(), core.blobs.keys()) {
+        (Ok(list), Ok(keys)) => (list, keys),
+        (Err(e), _) | (_, Err(e)) => {
+            return Err(HeartbeatFailed::Other(format!("cannot list the blob store: {e}")));
+        }
+    };
+    let hb = Heartbeat {
+        node: core.cfg.node.clone(),
+        url: url.to_owned(),
+        artifacts: list.into_iter().filter(|a| a.on_disk).map(|a| a.id).collect(),
+        keys,
+    };
+    let sent = core
+        .http
+        .post(format!("{reg}/v1/heartbeat"))
+        .json(&hb)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .map_err(|e| HeartbeatFailed::Other(e.to_string()))?;
+    if sent.status() == reqwest::StatusCode::CONFLICT {
+        let taken = sent.json::<NameTaken>().await.map_err(|e| HeartbeatFailed::Other(e.to_string()))?;
+        return Err(HeartbeatFailed::Refused(StoreError::NodeNameTaken { registry: reg.to_owned(), taken }));
+    }
+    sent.error_for_status().map(drop).map_err(|e| HeartbeatFailed::Other(e.to_string()))
+}
+
+/// The first heartbeat, before the daemon serves: a node name another
+/// live daemon holds is an error (the daemon does not start); an
+/// unreachable registry is not (its state is soft, and the heartbeat loop
+/// keeps trying).
+pub(super) async fn register(core: &Core) -> Result<(), StoreError> {
+    let (Some(reg), Some(url)) = (&core.cfg.registry, core.own_url.lock().expect("not poisoned").clone())
+    else {
+        return Ok(());
+    };
+    match heartbeat_once(core, reg, &url).await {
+        Ok(()) => Ok(()),
+        Err(HeartbeatFailed::Refused(e)) => Err(e),
+        Err(HeartbeatFailed::Other(why)) => {
+            tracing::warn!(registry = %reg, error = %why, "first heartbeat failed; retrying every heartbeat");
+            Ok(())
+        }
+    }
+}
+
+/// Reports this node's holdings to the registry every heartbeat period. A
+/// name taken meanwhile (this daemon was silent past the registry's TTL
+/// and another took it) is logged as an error; the daemon keeps serving
+/// its local clients and retries.
 pub(super) async fn heartbeat_loop(core: Arc<Core>) {
     let Some(reg) = core.cfg.registry.clone() else { return };
     let Some(url) = core.own_url.lock().expect("not poisoned").clone() else { return };
@@ -470,34 +589,19 @@ pub(super) async fn heartbeat_loop(core: Arc<Core>) {
     let mut failing = false;
     loop {
         tick.tick().await;
-        let hb = match (core.blobs.list(), core.blobs.keys()) {
-            (Ok(list), Ok(keys)) => Heartbeat {
-                node: core.cfg.node.clone(),
-                url: url.clone(),
-                artifacts: list.into_iter().map(|a| a.id).collect(),
-                keys,
-            },
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::warn!(error = %e, "cannot list the blob store for the heartbeat");
-                continue;
-            }
-        };
-        let sent = core
-            .http
-            .post(format!("{reg}/v1/heartbeat"))
-            .json(&hb)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await;
-        match sent.and_then(|r| r.error_for_status()) {
-            Ok(_) if failing => {
+        match heartbeat_once(&core, &reg, &url).await {
+            Ok(()) if failing => {
                 failing = false;
                 tracing::info!(registry = %reg, "registry reachable again");
             }
-            Ok(_) => {}
-            Err(e) if !failing => {
+            Ok(()) => {}
+            Err(HeartbeatFailed::Refused(e)) if !failing => {
                 failing = true;
-                tracing::warn!(registry = %reg, error = %e, "heartbeat failed");
+                tracing::error!(error = %e, "heartbeat refused: peers cannot find this daemon");
+            }
+            Err(HeartbeatFailed::Other(why)) if !failing => {
+                failing = true;
+                tracing::warn!(registry = %reg, error = %why, "heartbeat failed");
             }
             Err(_) => {}
         }

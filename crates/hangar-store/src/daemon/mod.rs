@@ -12,6 +12,14 @@
 //! `Materialize` answers as soon as memory is allocated; the load continues
 //! in a task and `Confirm` waits for it. A failed load is removed from the
 //! resident table at once, so its memory is never handed to a later caller.
+//!
+//! Under a disk budget the daemon drops the bytes of stored artifacts
+//! nothing uses, never their keys: such an artifact is loaded again like
+//! any miss (peer, then fallback), and stored again.
+//!
+//! With a registry and a TCP listener, the daemon's first heartbeat is sent
+//! before it serves: a node name another live daemon holds stops it from
+//! starting ([`StoreError::NodeNameTaken`]).
 
 mod http;
 mod load;
@@ -28,7 +36,6 @@ use tokio::sync::{oneshot, watch};
 
 use crate::blob::BlobStore;
 use crate::blob::CommitReport;
-use crate::disk_budget::{over_budget, DiskEntry};
 use crate::error::StoreError;
 use crate::fallback::Fallback;
 use crate::id::{ArtifactId, StoreKey};
@@ -52,7 +59,9 @@ pub struct DaemonConfig {
     pub listen: Option<SocketAddr>,
     /// URL peers should use; default `http://<bound listen address>`.
     pub advertise: Option<String>,
-    /// Node name reported to the registry.
+    /// Node name reported to the registry, one daemon's: while another
+    /// live daemon (another URL) holds it the registry refuses it, and the
+    /// daemon does not start ([`StoreError::NodeNameTaken`]).
     pub node: String,
     /// Resident memory budget in bytes.
     pub budget: u64,
@@ -68,20 +77,22 @@ pub struct DaemonConfig {
     /// this many bytes (the connection stays open, as with a hung peer).
     pub fault_stall_after: Option<u64>,
     /// Bytes the blob store may hold on disk: after each materialization,
-    /// artifacts beyond it are removed least recently used first, never one
-    /// a holder references ([`crate::disk_budget`]). `None`: no limit.
+    /// the bytes of artifacts beyond it are dropped least recently used
+    /// first, never one a holder references ([`crate::disk_budget`]); their
+    /// keys stay and a later load fetches them again. `None`: no limit.
     pub disk_budget: Option<u64>,
 }
 
 impl DaemonConfig {
-    /// A config with defaults: no TCP, no registry, no fallback, 4 GiB budget.
+    /// A config with defaults: no TCP, no registry, no fallback, 4 GiB
+    /// budget, the machine's host name as node name.
     pub fn new(root: impl Into<PathBuf>, socket: impl Into<PathBuf>) -> Self {
         DaemonConfig {
             root: root.into(),
             socket: socket.into(),
             listen: None,
             advertise: None,
-            node: format!("node-{}", std::process::id()),
+            node: host_name().unwrap_or_else(|| format!("node-{}", std::process::id())),
             budget: 4 << 30,
             registry: None,
             heartbeat: Duration::from_secs(2),
@@ -91,6 +102,13 @@ impl DaemonConfig {
             disk_budget: None,
         }
     }
+}
+
+/// The machine's host name (the kernel's, which a container without
+/// `/etc/hostname` also has).
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    Some(name.trim().to_owned()).filter(|n| !n.is_empty())
 }
 
 /// State of one resident's load.
@@ -114,7 +132,7 @@ struct State {
     residents: HashMap<ArtifactId, Resident>,
     /// Replicas whose artifact failed to load, with the error, until they
     /// `Confirm` or `Unload` (their references are already gone).
-    failed: HashMap<ReplicaId, (ErrorKind, String, ArtifactId)>,
+    failed: HashMap<ReplicaId, (ErrorKind, String)>,
     /// The stored artifact each resident was made from (itself, or a
     /// view's parent): what a holder keeps on disk.
     stored_of: HashMap<ArtifactId, ArtifactId>,
@@ -198,10 +216,12 @@ impl Core {
             return Err(StoreError::View("select the parent artifact id and give the view spec".into()));
         }
         self.lock().stored_of.insert(id, sel.artifact_id);
-        self.used(sel.artifact_id);
+        // Marked used (and the disk budget applied) only once the caller
+        // holds it, so the budget never drops what is being materialized.
         if let Some(g) = self.try_lip(&mut self.lock(), id, replica, owner)? {
             self.telemetry.materialized(true);
             self.watch_owner(owner);
+            self.used(sel.artifact_id);
             return Ok(g);
         }
         let job = self.clone().plan(sel).await?;
@@ -212,6 +232,7 @@ impl Core {
                 self.telemetry.materialized(true);
                 drop(st);
                 self.watch_owner(owner);
+                self.used(sel.artifact_id);
                 return Ok(g);
             }
             let now = self.now();
@@ -237,6 +258,7 @@ impl Core {
         };
         self.telemetry.materialized(false);
         self.watch_owner(owner);
+        self.used(sel.artifact_id);
         tokio::spawn(self.clone().run_load(id, job, writer, tx));
         Ok(granted)
     }
@@ -268,7 +290,7 @@ impl Core {
                     let mut st = self.lock();
                     st.residents.remove(&id);
                     for replica in st.residency.remove(&id) {
-                        st.failed.insert(replica, (error_kind(&e), message.clone(), id));
+                        st.failed.insert(replica, (error_kind(&e), message.clone()));
                     }
                     self.telemetry.set_resident(st.residency.used());
                 }
@@ -278,30 +300,33 @@ impl Core {
     }
 
     /// Marks `stored` used (if this node stores it) and, under a disk
-    /// budget, removes what exceeds it; in the background, off the
+    /// budget, drops what exceeds it; in the background, off the
     /// caller's path.
     fn used(self: &Arc<Self>, stored: ArtifactId) {
         let core = self.clone();
-        tokio::task::spawn_blocking(move || {
-            if core.blobs.contains(&stored) {
-                if let Err(e) = core.blobs.mark_used(&stored) {
-                    tracing::warn!(id = %stored, "cannot mark the artifact used: {e}");
-                }
-            }
-            if let Err(e) = core.reap_disk() {
-                tracing::warn!("disk budget: {e}");
-            }
-        });
+        tokio::task::spawn_blocking(move || core.used_now(stored));
     }
 
-    /// Removes stored artifacts beyond the disk budget, least recently
-    /// used first, never one a holder references. Returns what it removed.
+    /// [`Core::used`] on the calling thread (it does file I/O).
+    fn used_now(&self, stored: ArtifactId) {
+        if self.blobs.contains(&stored) {
+            if let Err(e) = self.blobs.mark_used(&stored) {
+                tracing::warn!(id = %stored, "cannot mark the artifact used: {e}");
+            }
+        }
+        if let Err(e) = self.reap_disk() {
+            tracing::warn!("disk budget: {e}");
+        }
+    }
+
+    /// Drops the bytes of stored artifacts beyond the disk budget, least
+    /// recently used first, never those a holder references; their keys
+    /// stay, so a later load fetches them again. Returns what it dropped.
     fn reap_disk(&self) -> Result<Vec<ArtifactId>, StoreError> {
         let Some(budget) = self.cfg.disk_budget else { return Ok(Vec::new()) };
-        let referenced: std::collections::HashSet<ArtifactId> = {
+        let referenced: HashSet<ArtifactId> = {
             let mut st = self.lock();
-            let live: std::collections::HashSet<ArtifactId> =
-                st.residency.residents().map(|(id, _, _)| id).collect();
+            let live: HashSet<ArtifactId> = st.residency.residents().map(|(id, _, _)| id).collect();
             st.stored_of.retain(|id, _| live.contains(id));
             st.residency
                 .residents()
@@ -309,31 +334,19 @@ impl Core {
                 .map(|(id, _, _)| st.stored_of.get(&id).copied().unwrap_or(id))
                 .collect()
         };
-        let entries: Vec<DiskEntry> = self
-            .blobs
-            .usage()?
-            .into_iter()
-            .map(|(id, bytes, last_used_ms)| DiskEntry {
-                id,
-                bytes,
-                last_used_ms,
-                referenced: referenced.contains(&id),
-            })
-            .collect();
-        let doomed = over_budget(&entries, budget);
-        for id in &doomed {
-            self.blobs.remove(&crate::id::IdOrKey::Id(*id))?;
-            tracing::info!(%id, "removed from disk: the store is over its disk budget and nothing uses it");
+        let dropped = self.blobs.enforce_disk_budget(budget, &referenced)?;
+        for id in &dropped {
+            tracing::info!(%id, "dropped from disk, keys kept: the store is over its disk budget and nothing uses it");
         }
-        Ok(doomed)
+        Ok(dropped)
     }
 
     /// `Confirm`: waits (at most [`MAX_CONFIRM`]) for the replica's load.
     async fn confirm(&self, replica: ReplicaId, timeout: Duration) -> Result<(Source, u64, u64), StoreError> {
         let (id, mut rx) = {
             let mut st = self.lock();
-            if let Some((kind, message, id)) = st.failed.remove(&replica) {
-                return Err(remote_error(kind, message, id));
+            if let Some((kind, message)) = st.failed.remove(&replica) {
+                return Err(StoreError::LoadFailed { kind, message });
             }
             let Some((id, _)) = st.residency.holder(&replica) else {
                 return Err(StoreError::UnknownHandle(format!(
@@ -350,7 +363,7 @@ impl Core {
         };
         match status {
             LoadStatus::Ready { source, bytes, duration_ms } => Ok((source, bytes, duration_ms)),
-            LoadStatus::Failed { kind, message } => Err(remote_error(kind, message, id)),
+            LoadStatus::Failed { kind, message } => Err(StoreError::LoadFailed { kind, message }),
             LoadStatus::Loading => unreachable!("waited for not loading"),
         }
     }
@@ -515,7 +528,10 @@ fn residency_err(e: ResidencyError) -> StoreError {
 pub fn error_kind(e: &StoreError) -> ErrorKind {
     match e {
         StoreError::UnknownKey(_) => ErrorKind::UnknownKey,
-        StoreError::UnknownArtifact(_) => ErrorKind::UnknownArtifact,
+        StoreError::UnknownArtifact(_) | StoreError::NotOnDisk { .. } | StoreError::Unavailable(_) => {
+            ErrorKind::UnknownArtifact
+        }
+        StoreError::LoadFailed { kind, .. } => *kind,
         StoreError::HashMismatch { .. } | StoreError::Corrupt { .. } => ErrorKind::HashMismatch,
         StoreError::OutOfBudget { .. } => ErrorKind::OutOfBudget,
         StoreError::Timeout(_) => ErrorKind::Timeout,
@@ -525,14 +541,6 @@ pub fn error_kind(e: &StoreError) -> ErrorKind {
         | StoreError::Index(_)
         | StoreError::Format(_) => ErrorKind::BadRequest,
         _ => ErrorKind::Internal,
-    }
-}
-
-fn remote_error(kind: ErrorKind, message: String, id: ArtifactId) -> StoreError {
-    match kind {
-        ErrorKind::HashMismatch => StoreError::Corrupt { what: id.to_string(), reason: message },
-        ErrorKind::UnknownArtifact => StoreError::UnknownArtifact(id),
-        _ => StoreError::Source { source_name: "loader".into(), reason: message },
     }
 }
 
@@ -614,7 +622,6 @@ async fn serve(
 ) -> Result<(Option<SocketAddr>, impl std::future::Future<Output = ()>), StoreError> {
     let blobs = BlobStore::open(&cfg.root)?;
     let fallback = cfg.fallback.as_deref().map(Fallback::open).transpose()?;
-    let uds = uds::bind(&cfg.socket)?;
     let tcp = match cfg.listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)
@@ -647,6 +654,12 @@ async fn serve(
         internal: std::sync::atomic::AtomicU64::new(0),
         registrations: Mutex::new(HashMap::new()),
     });
+    // Before the socket exists: a daemon whose node name is taken leaves
+    // nothing behind.
+    if tcp.is_some() {
+        load::register(&core).await?;
+    }
+    let uds = uds::bind(&core.cfg.socket)?;
     tracing::info!(socket = %core.cfg.socket.display(), http = ?http_addr, root = %core.cfg.root.display(), "store daemon listening");
     let running = async move {
         let mut tasks = tokio::task::JoinSet::new();

@@ -23,6 +23,22 @@ pub fn import(root: &Path, src: &Path, bytes: u64, seed: u64, key: &str) -> Fixt
     Fixture { tensors, files, id }
 }
 
+/// A daemon on `root` serving peers on loopback and heartbeating to
+/// `registry` every 50 ms under its root's path as node name.
+pub fn node(
+    root: &Path,
+    registry: &hangar_store::registry::RegistryHandle,
+    tweak: impl FnOnce(&mut DaemonConfig),
+) -> DaemonHandle {
+    let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
+    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.registry = Some(registry.url());
+    cfg.heartbeat = Duration::from_millis(50);
+    cfg.node = root.display().to_string();
+    tweak(&mut cfg);
+    DaemonHandle::start(cfg).unwrap()
+}
+
 pub fn daemon(root: &Path, budget: u64) -> DaemonHandle {
     let mut cfg = DaemonConfig::new(root, root.join("store.sock"));
     cfg.budget = budget;

@@ -51,7 +51,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List stored artifacts and their keys.
+    /// List known artifacts, their keys and whether their bytes are on
+    /// disk (`no`: the disk budget dropped them; the next load through the
+    /// daemon fetches them again from a peer or the fallback).
     Ls {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -109,15 +111,18 @@ struct ServeArgs {
     /// URL peers should use to reach this daemon (default `http://<listen>`).
     #[arg(long)]
     advertise: Option<String>,
-    /// Node name reported to the registry (default: host name).
+    /// Node name reported to the registry (default: host name). One
+    /// daemon's: the registry refuses a name another live daemon holds, so
+    /// a second daemon on one host needs its own.
     #[arg(long)]
     node: Option<String>,
     /// Resident memory budget, e.g. `64GiB`.
     #[arg(long, default_value = "4GiB")]
     budget: ByteSize,
-    /// Disk budget of the blob store, e.g. `500GB`: artifacts beyond it
-    /// are removed least recently used first, never one a lease or a
-    /// running replica uses (default: no limit).
+    /// Disk budget of the blob store, e.g. `500GB`: the bytes of artifacts
+    /// beyond it are dropped least recently used first, never one a lease
+    /// or a running replica uses; their keys stay, and the next load fetches
+    /// them again from a peer or the fallback (default: no limit).
     #[arg(long)]
     disk_budget: Option<ByteSize>,
     /// Registry base URL, e.g. `http://10.0.0.2:7700`.
@@ -156,10 +161,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                println!("{:<140} {:>14} {:>8}  KEYS", "ID", "BYTES", "TENSORS");
+                println!("{:<140} {:>14} {:>8} {:>7}  KEYS", "ID", "BYTES", "TENSORS", "ON_DISK");
                 for a in list {
                     let keys: Vec<String> = a.keys.iter().map(|k| k.to_string()).collect();
-                    println!("{:<140} {:>14} {:>8}  {}", a.id, a.bytes, a.tensors, keys.join(","));
+                    let on_disk = if a.on_disk { "yes" } else { "no" };
+                    println!(
+                        "{:<140} {:>14} {:>8} {:>7}  {}",
+                        a.id,
+                        a.bytes,
+                        a.tensors,
+                        on_disk,
+                        keys.join(",")
+                    );
                 }
             }
         }
@@ -214,9 +227,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             cfg.listen = s.listen;
             cfg.advertise = s.advertise;
-            if let Some(node) =
-                s.node.or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().into()))
-            {
+            if let Some(node) = s.node {
                 cfg.node = node;
             }
             cfg.budget = s.budget.bytes();
