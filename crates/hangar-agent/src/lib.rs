@@ -12,4 +12,5 @@
 pub mod capabilities;
 pub mod cog;
 pub mod engine;
+pub mod lifecycle;
 pub mod weights;

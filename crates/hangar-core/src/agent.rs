@@ -69,22 +69,73 @@ pub struct DesiredReplica {
 pub struct DesiredState {
     /// The tenure of the leader that wrote it.
     pub epoch: u64,
+    /// The agent run it was written for (the node's `NodeRecord::agent`
+    /// when the leader wrote it). Another run under the same name ignores
+    /// it: it starts from what it actually runs, and the leader writes it
+    /// a state of its own.
+    #[serde(default)]
+    pub agent: String,
     /// The replicas, by id.
     pub replicas: Vec<DesiredReplica>,
 }
 
-/// Where a replica a node runs is, as its agent reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a replica a node runs is in its life, as its node reports it
+/// (the replica lifecycle's observed state, in the fleet's words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaPhase {
+    /// Wanted HOT, no engine yet: waiting for room on its GPUs (another
+    /// engine is still leaving them) or for its restart's back-off.
+    Pending,
     /// Its engine is starting.
     Starting,
     /// Serving at its URL.
     Ready,
-    /// Finishing its requests before it sleeps.
+    /// Awake but taken out of service: finishing its requests before it
+    /// sleeps or stops.
     Draining,
     /// Asleep in the warm cache.
     Sleeping,
+    /// Waking from the warm cache.
+    Waking,
+    /// Its engine is being stopped.
+    Stopping,
+    /// It did not start, or its engine died.
+    Failed,
+}
+
+impl ReplicaPhase {
+    /// Every phase, in order.
+    pub const ALL: [Self; 8] = [
+        Self::Pending,
+        Self::Starting,
+        Self::Ready,
+        Self::Draining,
+        Self::Sleeping,
+        Self::Waking,
+        Self::Stopping,
+        Self::Failed,
+    ];
+
+    /// Its name in reports, logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Starting => "starting",
+            Self::Ready => "ready",
+            Self::Draining => "draining",
+            Self::Sleeping => "sleeping",
+            Self::Waking => "waking",
+            Self::Stopping => "stopping",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Whether the replica serves or soon will (a scaler counts it as
+    /// starting or ready).
+    pub fn is_up(self) -> bool {
+        matches!(self, Self::Pending | Self::Starting | Self::Waking | Self::Ready)
+    }
 }
 
 /// One replica as its node's agent reports it.
@@ -102,6 +153,15 @@ pub struct ReplicaReport {
     /// Placed → ready of its last start, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_ms: Option<u64>,
+    /// The GPUs its engine holds now (none while asleep or stopped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    /// Its engine can sleep (it may be kept WARM).
+    #[serde(default)]
+    pub sleeps: bool,
+    /// Why it failed, while it is failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// Every replica one node runs, reported whole by its agent several

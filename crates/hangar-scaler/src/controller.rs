@@ -379,13 +379,18 @@ impl Controller {
     }
 
     /// Takes `replica` out of the cluster (hot or warm) and out of its
-    /// model's books; the GPUs it held are free for whoever waits.
+    /// model's books; the GPUs it held are free for whoever waits. The
+    /// delta that deletes it goes out too: its node must stop wanting it,
+    /// or a node that restarts failed replicas by itself would bring back
+    /// one placement no longer counts.
     fn remove(&mut self, now: Millis, model: &ModelKey, replica: ReplicaId) {
+        let before = self.cluster.snapshot();
         while self.cluster.deployment(&replica).is_some() {
             if self.cluster.evict_replica(model, &replica).is_err() {
                 break;
             }
         }
+        self.push_delta(&before);
         self.forget(model, replica);
         self.capacity_freed(now);
     }

@@ -101,6 +101,11 @@ fn a_failed_replica_is_replaced_and_one_that_does_not_start_is_backed_off() {
     c.handle_failed(5_000, &key("m"), id, "its engine process exited", false);
     let actions = drain(&mut c);
     assert_eq!(steps(&actions, Step::Create), 1, "{actions:?}");
+    assert_eq!(
+        steps(&actions, Step::Delete),
+        1,
+        "the failed one leaves its node's desired state: {actions:?}"
+    );
     let replacement = c.cluster().replicas_of(&key("m"), Level::Hot)[0].replica_id;
     assert_ne!(replacement, id);
 

@@ -178,7 +178,7 @@ size = "60GB"
     assert_ne!(again[0]["pid"], first[0]["pid"], "started afresh");
     assert_eq!(replicas(&s.url, None, "t/b")[0]["state"], "sleeping");
     let log = s.log();
-    assert!(log.contains("cannot sleep: stopping it instead of keeping it WARM"), "{log}");
+    assert!(log.contains("no engine kept in the warm cache (it cannot sleep)"), "{log}");
 }
 
 #[test]

@@ -5,14 +5,15 @@
 //! cluster's placement) in a [`ControlLoop`] — the cadence the fleet
 //! simulation drives it with too — and runs it on the wall clock: every
 //! second, and before each due decision, it shows it each model's line,
-//! replicas and counters, calls its timeout, and carries out its actions —
-//! deployment deltas are applied to engines in tasks of their own
-//! ([`Inner::apply`]), decisions and placement trouble are logged once and
+//! replicas and counters, calls its timeout, and carries out its actions.
+//! Deployment deltas are folded into each node's desired state, which goes
+//! whole to the node's lifecycle driver (on a fleet's leader: to Redis, for
+//! the node's agent); decisions and placement trouble are logged once and
 //! counted. At one instant what is due on the clock comes before the
-//! commands that arrive, as in the simulator. Everything else talks to
-//! it through [`ControlHandle`]: the request path sends facts (a request
-//! for a model with no replica up), the replica tasks report a replica
-//! ready or failed, and the admin API sends commands and reads its status.
+//! commands that arrive, as in the simulator. Everything else talks to it
+//! through [`ControlHandle`]: the request path sends facts (a request for
+//! a model with no replica up), the nodes report a replica ready, failed
+//! or cold, and the admin API sends commands and reads its status.
 //! Nothing is scaled on the request path — a request that has to wait only
 //! tells the task (at most one message per model in flight) — and an admin
 //! call whose client leaves still has its command carried out whole.
@@ -27,8 +28,8 @@ use hangar_scaler::{Action, CommandError, ControlLoop, Controller, Observation, 
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::replicas::ReplicaState;
 use super::{Inner, ModelRuntime};
+use hangar_core::ReplicaPhase;
 
 /// How often every model is observed.
 pub(crate) const TICK: Duration = Duration::from_secs(1);
@@ -39,8 +40,8 @@ pub(crate) enum Command {
     /// now (with at least that request waiting), so its scaler can act at
     /// once rather than at the next tick.
     Waiting(ModelKey),
-    /// A replica came up.
-    Ready { model: ModelKey, tier: StartTier, took: Duration },
+    /// A replica came up (and whether its engine can sleep).
+    Ready { model: ModelKey, tier: StartTier, took: Duration, sleeps: bool },
     /// A replica died, stopped answering, or did not start.
     Failed { model: ModelKey, replica: ReplicaId, why: String, start_failed: bool },
     /// A replica placement sent to the warm cache was stopped instead (its
@@ -279,12 +280,13 @@ fn observe(rt: &ModelRuntime, waiting: u32) -> (Observation, Vec<(ReplicaId, u32
     let mut ready_ids = Vec::new();
     for (id, state) in rt.states() {
         match state {
-            ReplicaState::Starting => starting += 1,
-            ReplicaState::Ready => {
+            ReplicaPhase::Pending | ReplicaPhase::Starting | ReplicaPhase::Waking => starting += 1,
+            ReplicaPhase::Ready => {
                 ready += 1;
                 ready_ids.push(id);
             }
-            ReplicaState::Draining | ReplicaState::Sleeping => sleeping += 1,
+            ReplicaPhase::Draining | ReplicaPhase::Sleeping => sleeping += 1,
+            ReplicaPhase::Stopping | ReplicaPhase::Failed => {}
         }
     }
     let in_flight = ready_ids.into_iter().map(|id| (id, rt.processor.in_use_on(id))).collect();
@@ -311,7 +313,7 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
                 control.waiting(now, &model, obs, &in_flight);
             }
         }
-        Command::Ready { model, tier, took } => {
+        Command::Ready { model, tier, took, sleeps: _ } => {
             control.handle_ready(now, &model, tier, took.as_millis() as Millis);
         }
         Command::Failed { model, replica, why, start_failed } => {
@@ -394,12 +396,19 @@ fn status(controller: &Controller) -> Status {
         .collect()
 }
 
-/// Carries out one of the controller's actions.
+/// Carries out one of the controller's actions: a delta is folded into
+/// the nodes' desired states, and each node it touched is handed its
+/// state whole.
 fn carry_out(inner: &Arc<Inner>, action: Action) {
     match action {
         Action::Apply(delta) => {
-            let inner = inner.clone();
-            tokio::spawn(async move { inner.apply(&delta).await });
+            let Some(driver) = inner.driver.get() else { return };
+            let mut book = inner.desired.lock().expect("desired book lock");
+            for node in book.apply(&delta) {
+                let state = book.get(&node);
+                // Only refused while the server stops.
+                let _ = driver.set_desired(&node, hangar_agent::lifecycle::wanted(&state.replicas));
+            }
         }
         other => note(inner, other),
     }
@@ -557,7 +566,10 @@ scaling = { policy = "replicate" }
                 }
                 Input::Ready { at, model, tier, took_ms } => {
                     let took = Duration::from_millis(*took_ms);
-                    facts.push((*at, Command::Ready { model: model.clone(), tier: *tier, took }));
+                    facts.push((
+                        *at,
+                        Command::Ready { model: model.clone(), tier: *tier, took, sleeps: true },
+                    ));
                 }
                 Input::Decided { .. } => expected.push(input.clone()),
             }

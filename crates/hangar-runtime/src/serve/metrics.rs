@@ -18,8 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use super::replicas::ReplicaState;
 use super::ModelRuntime;
+use hangar_core::ReplicaPhase;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabel {
@@ -191,7 +191,7 @@ impl Metrics {
             self.queue_depth.get_or_create(&label(model)).set(load.waiting as i64);
             self.permits_total.get_or_create(&label(model)).set(i64::from(load.permits));
             self.permits_used.get_or_create(&label(model)).set(i64::from(load.in_use));
-            for state in ReplicaState::ALL {
+            for state in ReplicaPhase::ALL {
                 let labels = StateLabels { model: model.to_owned(), state: state.as_str() };
                 self.replicas.get_or_create(&labels).set(rt.count(state) as i64);
             }

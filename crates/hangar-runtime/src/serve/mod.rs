@@ -13,16 +13,20 @@
 //! Replica counts come from one task (`control`) that drives
 //! `hangar-scaler`'s controller: each model's scaler decides how many
 //! replicas it should have from what it observes, placement decides where,
-//! and the resulting `DeploymentDelta` is applied (`replicas`) in order —
-//! `to_cache` puts an evicted replica's engine to sleep, `delete` stops it,
-//! `from_cache` wakes it, `create` starts a new engine process. A replica
-//! serves as soon as it is ready, and is watched until it is gone.
+//! and the resulting `DeploymentDelta` is folded into each node's desired
+//! state (`desired`). The node's lifecycle driver (`node`, over
+//! `hangar-agent`'s replica lifecycle) converges every replica's engine
+//! toward it one step at a time — start, sleep, wake, stop — and a replica
+//! serves, in its model's table (`replicas`), exactly while its engine is
+//! awake where placement wants it.
 
 mod config;
 mod control;
 mod data_dir;
+mod desired;
 pub(crate) mod fleet;
 mod metrics;
+mod node;
 mod predictions;
 mod prompt;
 mod replicas;
@@ -44,7 +48,9 @@ use prometheus_client::metrics::counter::Counter;
 
 use crate::processor::Processor;
 use hangar_agent::engine::DEFAULT_HOST;
+use hangar_agent::lifecycle::DriverHandle;
 use hangar_agent::weights::WeightStore;
+use hangar_core::ReplicaPhase;
 
 pub use config::{
     check_queue_capacity, ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO,
@@ -111,6 +117,12 @@ pub(crate) struct Inner {
     pub api_keys: ApiKeys,
     /// The controller's task.
     pub control: control::ControlHandle,
+    /// The lifecycle driver of the nodes this process runs engines on
+    /// (none on a fleet's gateway).
+    pub(crate) driver: std::sync::OnceLock<DriverHandle>,
+    /// What placement wants on each of this process's nodes (a single
+    /// machine; a fleet's leader keeps its own, per tenure).
+    pub(crate) desired: Mutex<desired::DesiredBook>,
     hangar_exe: PathBuf,
     /// The address engines bind to and their URLs name: loopback on one
     /// machine, where the gateway is beside them; an agent's own address,
@@ -152,6 +164,7 @@ impl Server {
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into()).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
+        node::start_driver(&inner, &config, node::node_gpus(&cluster), true);
         let control = control_loop(&config, config.seed, &inner, cluster);
         inner.control.set_active(true);
         tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));
@@ -198,10 +211,8 @@ impl Server {
         if let Some(stopped) = self.inner.leader_stopped.get() {
             let _ = tokio::time::timeout(Duration::from_secs(5), stopped.cancelled()).await;
         }
-        for rt in self.inner.models.values() {
-            for engine in rt.take_engines() {
-                engine.stop(Duration::from_secs(5)).await;
-            }
+        if let Some(driver) = self.inner.driver.get() {
+            driver.shutdown().await;
         }
     }
 }
@@ -305,6 +316,8 @@ pub(crate) async fn build(
         models,
         api_keys,
         control,
+        driver: std::sync::OnceLock::new(),
+        desired: Mutex::default(),
         hangar_exe,
         engine_host,
         client: reqwest::Client::new(),
@@ -397,7 +410,7 @@ impl ModelRuntime {
 
     /// How many of its replicas serve now.
     pub fn ready_replicas(&self) -> usize {
-        self.count(replicas::ReplicaState::Ready)
+        self.count(ReplicaPhase::Ready)
     }
 
     /// The prompt of the OpenAI request `body` in block hashes, with its
@@ -433,7 +446,7 @@ impl ModelRuntime {
     pub fn fails_over(&self, status: axum::http::StatusCode) -> bool {
         use axum::http::StatusCode;
         matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
-            && self.count(replicas::ReplicaState::Ready) > 1
+            && self.count(ReplicaPhase::Ready) > 1
     }
 
     /// Whether `account` may use this model.
@@ -454,13 +467,13 @@ impl Inner {
     async fn min_replicas_up(&self) {
         let limit = Instant::now() + Duration::from_secs(600);
         for rt in self.models.values().filter(|rt| rt.config.min_replicas > 0) {
-            while rt.count(replicas::ReplicaState::Ready) == 0
+            while rt.count(ReplicaPhase::Ready) == 0
                 && !rt.unplaceable.load(Ordering::Relaxed)
                 && Instant::now() < limit
             {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            if rt.count(replicas::ReplicaState::Ready) == 0 {
+            if rt.count(ReplicaPhase::Ready) == 0 {
                 tracing::error!(model = %rt.config.key, "no replica is ready yet; the controller keeps trying");
             }
         }

@@ -1,15 +1,18 @@
 //! `hangar agent`: one machine of a fleet.
 //!
 //! It registers its node ([`Registry`]; a name another live agent holds
-//! is refused), renews the registration every 2 s, and follows the
-//! node's desired state: every 200 ms it compares what the leader wants
-//! (`hangar:desired:NODE`) with the replicas it runs and carries out the
-//! difference with the steps a single machine uses (`Inner::apply_step`:
-//! weights from the store, engine launch, sleep, wake, stop). Four times a
-//! second it reports every replica it runs, with its phase and engine URL
-//! (`hangar:reported:NODE`); a replica missing from the report is gone,
-//! which is how the leader hears of a failed start or a dead engine. The
-//! replicas' own health checks run here, as on a single machine.
+//! is refused), renews the registration every 2 s, and follows the node's
+//! desired state: every 200 ms it reads what the leader wants
+//! (`hangar:desired:NODE`) and hands it whole to the node's lifecycle
+//! driver (`node`), which converges each replica's engine toward it one
+//! step at a time — the same machine and driver a single `hangar serve`
+//! runs. A desired state written for another run of this node's name is
+//! not this run's: it is ignored until the leader writes one for this run.
+//! A desired state it cannot read (Redis down) changes nothing: the
+//! engines keep running as they are. Four times a second it reports every
+//! replica it has, with its phase, engine URL and GPUs
+//! (`hangar:reported:NODE`), which is how the leader hears of a replica
+//! that serves, failed or went cold. The replicas' health checks run here.
 //!
 //! On SIGTERM it drains: it leaves the registry at once (the leader places
 //! its replicas elsewhere without waiting for the TTL), stops reporting
@@ -17,21 +20,21 @@
 //! `drain` to finish, then stops its engines. If another agent takes its
 //! name — this one was silent past the TTL and replaced — it stops.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::routing::get;
-use hangar_core::{DesiredState, NodeRecord, NodeReport, ReplicaId, ReplicaReport};
-use hangar_placement::{Action, NodeId};
+use hangar_agent::lifecycle::{self, DriverHandle};
+use hangar_core::{NodeRecord, NodeReport, ReplicaReport};
+use hangar_placement::NodeId;
 use hangar_redis::fleet::FleetState;
 use hangar_redis::registry::{Heartbeat, Registry, HEARTBEAT_EVERY, NODE_TTL};
 use hangar_redis::Redis;
 use tokio_util::sync::CancellationToken;
 
-use super::super::replicas::ReplicaState;
-use super::super::{build, Inner, ServeConfig, ServeError};
-use super::{deployment, wall_ms};
+use super::super::{build, node, ServeConfig, ServeError};
+use super::wall_ms;
 
 /// How often the desired state is read.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -40,13 +43,16 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 /// A running node agent.
 pub struct Agent {
-    inner: Arc<Inner>,
+    /// The node's models and engines (kept alive with the agent).
+    _inner: Arc<super::super::Inner>,
     record: NodeRecord,
     node: NodeId,
     registry: Registry,
     fleet: FleetState,
-    /// Replicas with a step in progress: not stepped again until it ends.
-    busy: Mutex<HashSet<ReplicaId>>,
+    /// The node's lifecycle driver.
+    driver: DriverHandle,
+    /// The desired state of another run last seen (logged once).
+    foreign: std::sync::Mutex<Option<String>>,
     /// Stops the loops.
     stop: CancellationToken,
     /// Cancelled when another agent took the node's name.
@@ -80,9 +86,12 @@ impl Agent {
         config.nodes.clear();
         config.redis = Some(redis.url().to_owned());
         let (inner, mut commands) = build(&config, hangar_exe, engine_host).await?;
-        // Replicas report ready and failed to a controller; here the
-        // leader learns it from the node's report instead.
+        // No controller runs here (the leader reads the node's report);
+        // nothing is sent on its channel, which is drained all the same.
         tokio::spawn(async move { while commands.recv().await.is_some() {} });
+        let gpus =
+            BTreeMap::from([(record.name.clone(), vec![record.gpu_memory.bytes(); record.gpus as usize])]);
+        let driver = node::start_driver(&inner, &config, gpus, false);
         let registry = Registry::new(redis.clone(), NODE_TTL);
         let (registry, registered) = tokio::task::spawn_blocking(move || {
             let result = registry.register(&record, wall_ms());
@@ -92,12 +101,13 @@ impl Agent {
         .expect("registering does not panic");
         let record = registered.map_err(|e| ServeError::Fleet(e.to_string()))?;
         let agent = Arc::new(Agent {
-            inner,
+            _inner: inner,
             record,
             node: id,
             registry,
             fleet: FleetState::new(redis),
-            busy: Mutex::default(),
+            driver,
+            foreign: std::sync::Mutex::default(),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
         });
@@ -110,18 +120,21 @@ impl Agent {
 
     /// The node's replicas as its report says them.
     pub fn report(&self) -> NodeReport {
-        let mut replicas = Vec::new();
-        for rt in self.inner.models.values() {
-            for (id, r) in rt.replicas.lock().expect("replica table lock").iter() {
-                replicas.push(ReplicaReport {
-                    replica: *id,
-                    model: rt.config.key.clone(),
-                    phase: r.state.into(),
-                    url: r.base_url.clone(),
-                    ready_ms: r.ready_ms(),
-                });
-            }
-        }
+        let replicas = self
+            .driver
+            .replicas()
+            .into_iter()
+            .map(|r| ReplicaReport {
+                replica: r.view.replica,
+                model: r.view.model.clone(),
+                phase: r.phase,
+                url: r.url.clone(),
+                ready_ms: r.start.as_ref().map(|s| s.ready_ms),
+                gpus: r.gpus(),
+                sleeps: r.view.sleeps,
+                failure: r.failure().map(str::to_owned),
+            })
+            .collect();
         NodeReport { agent: self.record.agent.clone(), replicas }
     }
 
@@ -163,11 +176,7 @@ impl Agent {
         if !self.replaced.is_cancelled() {
             tokio::time::sleep(drain).await;
         }
-        for rt in self.inner.models.values() {
-            for engine in rt.take_engines() {
-                engine.stop(Duration::from_secs(5)).await;
-            }
-        }
+        self.driver.shutdown().await;
     }
 
     fn heartbeat(self: Arc<Self>) {
@@ -191,66 +200,23 @@ impl Agent {
         }
     }
 
-    /// Reads the desired state and starts the steps that bring the node
-    /// to it, each in a task of its own (a replica with a step in
-    /// progress waits for the next read).
+    /// Reads the node's desired state and hands it to the driver, if it
+    /// was written for this run. Nothing read, nothing changes.
     fn follow(self: Arc<Self>) {
         let desired = match self.fleet.desired(&self.record.name) {
-            Ok(d) => d.unwrap_or_default(),
+            Ok(Some(d)) => d,
+            Ok(None) => return,
             Err(e) => return tracing::warn!(node = %self.node, "cannot read the desired state: {e}"),
         };
-        for (action, d) in self.steps(&desired) {
-            self.busy.lock().expect("busy set").insert(d.replica_id);
-            let me = self.clone();
-            tokio::spawn(async move {
-                tracing::debug!(replica = %super::super::replica_name(&d.model_key, d.replica_id), ?action, "step");
-                me.inner.apply_step(action, &d).await;
-                me.busy.lock().expect("busy set").remove(&d.replica_id);
-            });
-        }
-    }
-
-    /// What to do to go from the replicas here to `desired`.
-    fn steps(&self, desired: &DesiredState) -> Vec<(Action, hangar_placement::Deployment)> {
-        let busy = self.busy.lock().expect("busy set").clone();
-        let mut here: HashMap<ReplicaId, (hangar_core::ModelKey, ReplicaState)> = HashMap::new();
-        for rt in self.inner.models.values() {
-            for (id, state) in rt.states() {
-                here.insert(id, (rt.config.key.clone(), state));
+        if desired.agent != self.record.agent {
+            let mut foreign = self.foreign.lock().expect("foreign lock");
+            if foreign.as_deref() != Some(desired.agent.as_str()) {
+                tracing::info!(node = %self.node, run = %desired.agent, "the desired state is another run's: waiting for the leader to write this run's");
+                *foreign = Some(desired.agent.clone());
             }
+            return;
         }
-        let size = |model: &hangar_core::ModelKey| {
-            self.inner.models.get(model.as_str()).and_then(|rt| rt.config.size).map_or(0, |s| s.bytes())
-        };
-        let mut steps = Vec::new();
-        for d in desired.replicas.iter().filter(|d| !busy.contains(&d.replica)) {
-            if !self.inner.models.contains_key(d.model.as_str()) {
-                tracing::warn!(model = %d.model, "the leader wants a model this agent's configuration lacks");
-                continue;
-            }
-            let action = match (d.warm, here.get(&d.replica).map(|(_, s)| *s)) {
-                (false, None) => Action::Create,
-                (false, Some(ReplicaState::Sleeping)) => Action::FromCache,
-                (true, Some(ReplicaState::Ready)) => Action::ToCache,
-                _ => continue,
-            };
-            steps.push((action, deployment(d, &self.node, size(&d.model))));
-        }
-        let wanted: HashSet<ReplicaId> = desired.replicas.iter().map(|d| d.replica).collect();
-        for (id, (model, _)) in here {
-            if !wanted.contains(&id) && !busy.contains(&id) {
-                let gone = hangar_core::DesiredReplica {
-                    replica: id,
-                    model: model.clone(),
-                    warm: false,
-                    gpus: Default::default(),
-                    gpu_fraction: None,
-                    dedicated: false,
-                };
-                steps.push((Action::Delete, deployment(&gone, &self.node, size(&model))));
-            }
-        }
-        steps
+        let _ = self.driver.set_desired(&self.record.name, lifecycle::wanted(&desired.replicas));
     }
 }
 

@@ -27,8 +27,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::super::control::{self, Command, Fleet};
+use super::super::desired::{desired, DesiredBook};
 use super::super::{control_loop, Inner, ServeConfig};
-use super::{desired, node_config};
+use super::node_config;
 
 /// Which tenure, if any, this gateway holds now.
 #[derive(Default)]
@@ -51,7 +52,9 @@ impl Leadership {
 pub(crate) struct Tenure {
     inner: Arc<Inner>,
     /// Node → what it was last told.
-    desired: Arc<Mutex<BTreeMap<String, DesiredState>>>,
+    desired: Arc<Mutex<DesiredBook>>,
+    /// Node → the agent run its desired state is for.
+    runs: Arc<Mutex<BTreeMap<String, String>>>,
     /// When each replica of `desired` was first placed by this tenure.
     placed_at: Mutex<HashMap<ReplicaId, Instant>>,
     writer: Arc<Writer>,
@@ -65,8 +68,7 @@ impl Tenure {
     /// Whether this leader wants replica `id` on `node`: `Some(warm)` if
     /// it does.
     pub(crate) fn wants(&self, node: &str, id: ReplicaId) -> Option<bool> {
-        let desired = self.desired.lock().expect("desired lock");
-        desired.get(node)?.replicas.iter().find(|r| r.replica == id).map(|r| r.warm)
+        self.desired.lock().expect("desired lock").wants(node, id)
     }
 
     pub(crate) fn set_loads(&self, loads: Vec<GatewayLoad>) {
@@ -76,25 +78,18 @@ impl Tenure {
     /// Folds a delta into the nodes' desired states and writes the nodes
     /// it touched. A write refused (the lease passed) ends the tenure.
     fn apply(&self, delta: &hangar_placement::DeploymentDelta) {
-        let mut touched = Vec::new();
+        let touched = self.desired.lock().expect("desired lock").apply(delta);
         {
-            let mut states = self.desired.lock().expect("desired lock");
             let mut placed = self.placed_at.lock().expect("placed lock");
             for step in delta.steps() {
-                let d = step.deployment;
-                let node = d.node.to_string();
-                let state = states.entry(node.clone()).or_default();
-                state.replicas.retain(|r| r.replica != d.replica_id);
+                let id = step.deployment.replica_id;
                 if matches!(step.action, hangar_placement::Action::Delete) {
-                    placed.remove(&d.replica_id);
+                    placed.remove(&id);
                 } else {
-                    state.replicas.push(desired(d));
-                    placed.entry(d.replica_id).or_insert_with(Instant::now);
+                    placed.entry(id).or_insert_with(Instant::now);
                 }
-                touched.push(node);
             }
         }
-        touched.dedup();
         let writer = self.writer.clone();
         tokio::task::spawn_blocking(move || writer.write(&touched));
     }
@@ -108,9 +103,8 @@ impl Tenure {
     /// The replicas this leader placed on `node` more than `limit` ago
     /// (warm or hot), for the view to tell which its agent never took up.
     pub(crate) fn placed_before(&self, node: &str, limit: std::time::Duration) -> Vec<(ModelKey, ReplicaId)> {
-        let desired = self.desired.lock().expect("desired lock");
+        let state = self.desired.lock().expect("desired lock").get(node);
         let placed = self.placed_at.lock().expect("placed lock");
-        let Some(state) = desired.get(node) else { return Vec::new() };
         state
             .replicas
             .iter()
@@ -127,7 +121,8 @@ struct Writer {
     fleet: FleetState,
     me: String,
     epoch: u64,
-    desired: Arc<Mutex<BTreeMap<String, DesiredState>>>,
+    desired: Arc<Mutex<DesiredBook>>,
+    runs: Arc<Mutex<BTreeMap<String, String>>>,
     lost: CancellationToken,
     one_at_a_time: Mutex<()>,
 }
@@ -136,8 +131,9 @@ impl Writer {
     fn write(&self, nodes: &[String]) {
         let _turn = self.one_at_a_time.lock().expect("writer lock");
         for node in nodes {
-            let mut state = self.desired.lock().expect("desired lock").get(node).cloned().unwrap_or_default();
+            let mut state = self.desired.lock().expect("desired lock").get(node);
             state.epoch = self.epoch;
+            state.agent = self.runs.lock().expect("runs lock").get(node).cloned().unwrap_or_default();
             match self.fleet.write_desired(&self.me, node, &state) {
                 Ok(true) => {}
                 Ok(false) => {
@@ -338,29 +334,32 @@ async fn begin(
         }
     }
     let mut desired_states: BTreeMap<String, DesiredState> =
-        nodes.iter().map(|n| (n.name.clone(), DesiredState { epoch, replicas: Vec::new() })).collect();
+        nodes.iter().map(|n| (n.name.clone(), DesiredState { epoch, ..DesiredState::default() })).collect();
     for d in cluster.snapshot().deployments().values() {
         desired_states.entry(d.node.to_string()).or_default().replicas.push(desired(d));
     }
+    let runs = Arc::new(Mutex::new(nodes.iter().map(|n| (n.name.clone(), n.agent.clone())).collect()));
     let seed = config.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let control = control_loop(config, seed, inner, cluster);
     let all: Vec<String> = desired_states.keys().cloned().collect();
     let now = Instant::now();
     let placed_at =
         desired_states.values().flat_map(|s| s.replicas.iter().map(|r| (r.replica, now))).collect();
-    let desired_states = Arc::new(Mutex::new(desired_states));
+    let desired_states = Arc::new(Mutex::new(DesiredBook::new(desired_states)));
     let lost = CancellationToken::new();
     let writer = Arc::new(Writer {
         fleet: fleet.clone(),
         me: lease.holder().to_owned(),
         epoch,
         desired: desired_states.clone(),
+        runs: runs.clone(),
         lost: lost.clone(),
         one_at_a_time: Mutex::new(()),
     });
     let tenure = Arc::new(Tenure {
         inner: inner.clone(),
         desired: desired_states,
+        runs,
         placed_at: Mutex::new(placed_at),
         writer: writer.clone(),
         loads: Mutex::default(),

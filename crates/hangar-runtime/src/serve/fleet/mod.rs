@@ -2,9 +2,9 @@
 //! `[[nodes]]`) and one `hangar agent` per machine, sharing one Redis
 //! (docs/cluster.md).
 //!
-//! - `agent`: a node's side. It registers the machine, runs the replicas
-//!   the leader wants there with the engine code a single machine uses
-//!   (`Inner::apply_step`), and reports them.
+//! - `agent`: a node's side. It registers the machine, hands the node's
+//!   desired state to the lifecycle driver a single machine uses (`node`),
+//!   and reports its replicas.
 //! - `view`: every gateway's side. It routes to the replicas the live
 //!   nodes report ready, publishes its load, and — on the leader — turns
 //!   what changed into facts for the controller.
@@ -15,8 +15,8 @@ mod agent;
 pub(crate) mod leader;
 mod view;
 
-use hangar_core::{DesiredReplica, NodeRecord};
-use hangar_placement::{Deployment, Level, NodeConfig, NodeId};
+use hangar_core::NodeRecord;
+use hangar_placement::NodeConfig;
 
 pub use agent::Agent;
 pub(crate) use leader::Leadership;
@@ -46,31 +46,4 @@ fn node_config(r: &NodeRecord) -> Result<NodeConfig, String> {
         virtual_gpus: r.virtual_gpus,
         cpu_cache: r.cpu_memory,
     })
-}
-
-/// The deployment a desired replica describes on `node`.
-fn deployment(d: &DesiredReplica, node: &NodeId, size_bytes: u64) -> Deployment {
-    Deployment {
-        model_key: d.model.clone(),
-        replica_id: d.replica,
-        node: node.clone(),
-        level: if d.warm { Level::Warm } else { Level::Hot },
-        gpu_bytes_by_gpu: d.gpus.clone(),
-        gpu_fraction: d.gpu_fraction,
-        size_bytes,
-        dedicated: d.dedicated,
-        deployed_at_ms: 0,
-    }
-}
-
-/// A deployment as a node's desired replica.
-fn desired(d: &Deployment) -> DesiredReplica {
-    DesiredReplica {
-        replica: d.replica_id,
-        model: d.model_key.clone(),
-        warm: d.level != Level::Hot,
-        gpus: d.gpu_bytes_by_gpu.clone(),
-        gpu_fraction: d.gpu_fraction,
-        dedicated: d.dedicated,
-    }
 }

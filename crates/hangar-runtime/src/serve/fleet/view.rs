@@ -21,7 +21,7 @@ use hangar_redis::registry::Registry;
 use hangar_scaler::StartTier;
 
 use super::super::control::Command;
-use super::super::replicas::{Replica, ReplicaState};
+use super::super::replicas::Replica;
 use super::super::Inner;
 use super::leader::Leadership;
 use super::{node_config, wall_ms};
@@ -41,6 +41,7 @@ struct Seen {
     phase: ReplicaPhase,
     url: Option<String>,
     ready_ms: Option<u64>,
+    sleeps: bool,
 }
 
 /// The view and what it saw last.
@@ -116,6 +117,7 @@ impl View {
                     phase: r.phase,
                     url: r.url,
                     ready_ms: r.ready_ms,
+                    sleeps: r.sleeps,
                 };
                 seen.insert(r.replica, s);
             }
@@ -149,11 +151,14 @@ impl View {
                 let before = last.1.get(id).map(|s| s.phase);
                 if now.phase == ReplicaPhase::Ready && before != Some(ReplicaPhase::Ready) {
                     let tier = match before {
-                        Some(ReplicaPhase::Sleeping | ReplicaPhase::Draining) => StartTier::Warm,
+                        Some(ReplicaPhase::Sleeping | ReplicaPhase::Waking | ReplicaPhase::Draining) => {
+                            StartTier::Warm
+                        }
                         _ => StartTier::Cold,
                     };
                     let took = Duration::from_millis(now.ready_ms.unwrap_or(0));
-                    inner.control.send(Command::Ready { model: now.model.clone(), tier, took });
+                    let sleeps = now.sleeps;
+                    inner.control.send(Command::Ready { model: now.model.clone(), tier, took, sleeps });
                 }
             }
             for (id, before) in last.1.iter().filter(|(id, _)| !seen.contains_key(id)) {
@@ -203,12 +208,12 @@ fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>) {
         let mut table = rt.replicas.lock().expect("replica table lock");
         let gone: Vec<ReplicaId> = table.keys().filter(|id| !seen.contains_key(id)).copied().collect();
         for id in gone {
-            if table.remove(&id).is_some_and(|r| r.state == ReplicaState::Ready) {
+            if table.remove(&id).is_some_and(|r| r.state == ReplicaPhase::Ready) {
                 rt.processor.replica_gone(id);
             }
         }
         for (id, s) in seen.iter().filter(|(_, s)| s.model == rt.config.key) {
-            let state = ReplicaState::from(s.phase);
+            let state = s.phase;
             let was = table.get(id).map(|r| r.state);
             match table.get_mut(id) {
                 Some(r) => {
@@ -219,7 +224,7 @@ fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>) {
                     table.insert(*id, Replica::remote(state, s.url.clone(), s.node.clone()));
                 }
             }
-            match (was == Some(ReplicaState::Ready), state == ReplicaState::Ready) {
+            match (was == Some(ReplicaPhase::Ready), state == ReplicaPhase::Ready) {
                 (false, true) => rt.processor.replica_ready(*id, rt.config.permits()),
                 (true, false) => drop(rt.processor.replica_gone(*id)),
                 _ => {}

@@ -1,0 +1,207 @@
+//! [`NodeEngines`]: the node's real engines as the lifecycle driver uses
+//! them — a start materializes the model's weights through the node's
+//! store, launches its engine ([`crate::engine`]) and asks what it can do
+//! ([`crate::capabilities`]); sleep and wake go through the engine's own
+//! sleep API; a stop ends the process and lets the weights go; a health
+//! check looks at the process and, while awake, at its health route.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hangar_core::{ModelKey, ReplicaId};
+use tokio_util::sync::CancellationToken;
+
+use super::driver::{Engines, Health, SleepAnswer, StartError, StartReport, Started, STOP_GRACE};
+use super::machine::Slot;
+use crate::capabilities::{self, SleepApi};
+use crate::cog;
+use crate::engine::{launch_on, EngineSpec, LaunchContext, RunningEngine};
+use crate::weights::{LoadedWeights, WeightStore, WeightsSource};
+
+/// How long one health check may take.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a mock engine may take to load.
+const MOCK_SETUP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What runs one model's replicas on this node.
+#[derive(Debug, Clone)]
+pub struct ModelEngine {
+    /// Its engine.
+    pub spec: EngineSpec,
+    /// Its weights, materialized before each start, if it has any.
+    pub weights: Option<WeightsSource>,
+}
+
+/// The node's engines: how each model's replicas start, and where.
+pub struct NodeEngines {
+    models: BTreeMap<ModelKey, ModelEngine>,
+    hangar_exe: PathBuf,
+    engine_host: String,
+    client: reqwest::Client,
+    store: Option<Arc<WeightStore>>,
+}
+
+impl NodeEngines {
+    /// Engines for `models`, bound to `engine_host` (loopback on one
+    /// machine, an address the gateways reach on a fleet's node), `mock`
+    /// ones run from `hangar_exe`, weights through `store` (needed when a
+    /// model has weights).
+    pub fn new(
+        models: BTreeMap<ModelKey, ModelEngine>,
+        hangar_exe: PathBuf,
+        engine_host: String,
+        client: reqwest::Client,
+        store: Option<Arc<WeightStore>>,
+    ) -> Self {
+        NodeEngines { models, hangar_exe, engine_host, client, store }
+    }
+
+    /// `POST {url}{path}` with an empty JSON object: a sleep or wake call
+    /// (SGLang's take a body, vLLM's ignore it).
+    async fn call(&self, url: &str, path: &str) -> reqwest::Result<reqwest::Response> {
+        self.client.post(format!("{url}{path}")).json(&serde_json::json!({})).send().await
+    }
+
+    /// Materializes `model`'s weights for `replica`, if it has any.
+    async fn load(&self, replica: ReplicaId, model: &ModelKey) -> Result<Option<LoadedWeights>, String> {
+        let Some(source) = self.models.get(model).and_then(|m| m.weights.as_ref()) else { return Ok(None) };
+        let store =
+            self.store.as_ref().ok_or_else(|| format!("`{model}` has weights but the node has no store"))?;
+        store.load(model, source, replica).await.map(Some).map_err(|e| e.to_string())
+    }
+
+    async fn release(&self, replica: ReplicaId) {
+        if let Some(store) = &self.store {
+            store.release(replica).await;
+        }
+    }
+
+    /// A start after its weights: launch, probe, report.
+    async fn launch(
+        &self,
+        model: &ModelKey,
+        spec: &EngineSpec,
+        slot: &Slot,
+        weights: Option<LoadedWeights>,
+        placed: Instant,
+    ) -> Result<Started<LiveEngine>, String> {
+        let ctx = LaunchContext {
+            model: model.to_string(),
+            gpus: slot.gpu_list(),
+            gpu_fraction: slot.fraction.unwrap_or(1.0),
+            hangar_exe: self.hangar_exe.clone(),
+            mock_setup_timeout: MOCK_SETUP_TIMEOUT,
+            weights: weights.as_ref().map(LoadedWeights::fd),
+        };
+        let spawned = Instant::now();
+        let engine = launch_on(spec, &ctx, &self.engine_host).await.map_err(|e| e.to_string())?;
+        let engine_ms = spawned.elapsed().as_millis() as u64;
+        let url = engine.base_url.clone();
+        let capabilities = capabilities::probe(&self.client, &url, spec).await;
+        let report = StartReport {
+            weights: weights.as_ref().map(|w| w.report.clone()),
+            engine_ms,
+            ready_ms: placed.elapsed().as_millis() as u64,
+        };
+        let pid = engine.pid();
+        let live = LiveEngine {
+            process: tokio::sync::Mutex::new(Some(engine)),
+            url: url.clone(),
+            sleep: capabilities.sleep,
+            cog: spec.is_cog(),
+            _weights: Mutex::new(weights),
+        };
+        Ok(Started { engine: live, url, pid, capabilities, report })
+    }
+}
+
+/// One running engine of the node.
+pub struct LiveEngine {
+    /// The process (`None` once stopped).
+    process: tokio::sync::Mutex<Option<RunningEngine>>,
+    url: String,
+    sleep: Option<SleepApi>,
+    cog: bool,
+    /// Its weights' memory, mapped while the engine lives.
+    _weights: Mutex<Option<LoadedWeights>>,
+}
+
+impl Engines for NodeEngines {
+    type Engine = LiveEngine;
+
+    async fn start(
+        &self,
+        replica: ReplicaId,
+        model: &ModelKey,
+        slot: &Slot,
+        abandon: CancellationToken,
+    ) -> Result<Started<LiveEngine>, StartError> {
+        let Some(spec) = self.models.get(model).map(|m| m.spec.clone()) else {
+            return Err(StartError::Failed(format!("this node's configuration has no model `{model}`")));
+        };
+        let placed = Instant::now();
+        let started = tokio::select! {
+            // Dropping a launch kills what it started; a load finishes on
+            // its thread and is released below.
+            () = abandon.cancelled() => Err(StartError::Abandoned),
+            r = async {
+                let weights = self.load(replica, model).await.map_err(StartError::Failed)?;
+                self.launch(model, &spec, slot, weights, placed).await.map_err(StartError::Failed)
+            } => r,
+        };
+        if started.is_err() {
+            self.release(replica).await;
+        }
+        started
+    }
+
+    async fn sleep(&self, engine: &LiveEngine) -> SleepAnswer {
+        let Some(api) = engine.sleep else { return SleepAnswer::Refused("its engine cannot sleep".into()) };
+        match self.call(&engine.url, api.sleep_path()).await {
+            Ok(r) if r.status().is_success() => SleepAnswer::Slept,
+            Ok(r) if r.status() == reqwest::StatusCode::CONFLICT => SleepAnswer::Busy,
+            other => SleepAnswer::Refused(capabilities::describe(other).await),
+        }
+    }
+
+    async fn wake(&self, engine: &LiveEngine) -> Result<(), String> {
+        let Some(api) = engine.sleep else { return Err("its engine cannot sleep, nor wake".into()) };
+        match self.call(&engine.url, api.wake_path()).await {
+            Ok(r) if r.status().is_success() => Ok(()),
+            other => Err(capabilities::describe(other).await),
+        }
+    }
+
+    async fn stop(&self, replica: ReplicaId, engine: Arc<LiveEngine>) {
+        let process = engine.process.lock().await.take();
+        if let Some(p) = process {
+            p.stop(STOP_GRACE).await;
+        }
+        self.release(replica).await;
+    }
+
+    async fn check(&self, engine: &LiveEngine, awake: bool) -> Health {
+        {
+            let mut process = engine.process.lock().await;
+            if process.as_mut().is_none_or(RunningEngine::has_exited) {
+                return Health::Exited;
+            }
+        }
+        if !awake {
+            return Health::Ok;
+        }
+        if engine.cog {
+            // Cog answers 200 whatever its state: read the state.
+            return match cog::health(&self.client, &engine.url, HEALTH_TIMEOUT).await {
+                Ok(h) if h.serves() => Health::Ok,
+                _ => Health::NoAnswer,
+            };
+        }
+        match self.client.get(format!("{}/health", engine.url)).timeout(HEALTH_TIMEOUT).send().await {
+            Ok(r) if r.status().is_success() => Health::Ok,
+            _ => Health::NoAnswer,
+        }
+    }
+}
