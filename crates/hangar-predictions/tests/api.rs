@@ -18,8 +18,6 @@ use hangar_predictions::{
     ServiceError, Sink,
 };
 use hangar_redis::tls::{CaFile, TestCa};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -351,17 +349,7 @@ impl axum::serve::Listener for TlsListener {
 /// certificate `ca` issued for `names`; the URL names `host` (with the
 /// listener's port), and the failed TLS handshakes are listed.
 async fn tls_receiver(ca: &TestCa, names: &[&str], host: &str) -> (String, Seen, Arc<Mutex<Vec<String>>>) {
-    let (cert, key) = ca.issue(names);
-    let config =
-        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-            )
-            .unwrap();
+    let config = ca.server_config(names);
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("https://{host}:{}/hook", tcp.local_addr().unwrap().port());
     let refused: Arc<Mutex<Vec<String>>> = Arc::default();

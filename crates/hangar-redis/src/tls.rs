@@ -176,6 +176,25 @@ mod test_ca {
             (certificate.pem(), key.serialize_pem())
         }
 
+        /// A rustls server configuration (with *ring*) presenting a
+        /// certificate for `names` that this CA issued: what a test's
+        /// `https` server needs.
+        pub fn server_config(&self, names: &[&str]) -> rustls::ServerConfig {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+            let (cert, key) = self.issue(names);
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default versions")
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![CertificateDer::from_pem_slice(cert.as_bytes()).expect("rcgen writes PEM")],
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("rcgen writes PEM"),
+                )
+                .expect("the key matches its certificate")
+        }
+
         /// Writes the CA certificate to `path`.
         pub fn write(&self, path: &Path) -> std::io::Result<()> {
             std::fs::write(path, self.pem())
