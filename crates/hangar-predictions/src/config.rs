@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use hangar_core::FieldError;
+use hangar_redis::tls::CaFile;
 
 use crate::lifecycle::{Limits, DEFAULT_MAX_RUN_LIFETIME, DEFAULT_PREDICT_TIMEOUT, DEFAULT_TRAIN_TIMEOUT};
 use crate::webhook_policy::Retry;
@@ -65,6 +66,12 @@ pub struct PredictionsConfig {
     /// Default: nothing (see [`crate::webhook_target`]).
     #[serde(default)]
     pub webhook_allow: Vec<String>,
+    /// A PEM file (absolute path) of CAs that `https` webhook receivers'
+    /// certificates may chain to, in addition to the default roots (the
+    /// Mozilla CAs; see [`hangar_redis::tls`]). Read and checked at load.
+    /// Default: none.
+    #[serde(default)]
+    pub webhook_ca_file: Option<std::path::PathBuf>,
     /// Seconds a rotated-out webhook signing secret stays valid (webhooks
     /// carry both signatures meanwhile). Default 86400.
     #[serde(default = "default_secret_grace")]
@@ -228,6 +235,7 @@ impl PredictionsConfig {
             ));
         }
         AllowList::parse(&self.webhook_allow).map_err(|e| e.within("webhook_allow"))?;
+        self.webhook_ca()?;
         let mut names = std::collections::HashSet::new();
         for (i, d) in self.deployments.iter().enumerate() {
             let at = format!("deployments[{i}]");
@@ -253,6 +261,12 @@ impl PredictionsConfig {
             }
         }
         Ok(())
+    }
+
+    /// The CAs of `webhook_ca_file`, read and checked, if it is set.
+    pub fn webhook_ca(&self) -> Result<Option<CaFile>, FieldError> {
+        let Some(path) = &self.webhook_ca_file else { return Ok(None) };
+        CaFile::load(path).map(Some).map_err(|e| FieldError::new("webhook_ca_file", e.to_string()))
     }
 
     /// The webhook back-off.
@@ -314,6 +328,28 @@ mod tests {
         assert_eq!(c.webhook_secret_grace_s, 86_400);
         assert!(c.webhook_allow.is_empty());
         assert_eq!(c.validate(), Ok(()), "the defaults are valid");
+    }
+
+    #[test]
+    fn a_webhook_ca_file_is_read_at_load_and_a_bad_one_is_named_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("hooks-ca.pem");
+        hangar_redis::tls::TestCa::new("hooks CA").write(&good).unwrap();
+        let c = config(json!({"webhook_ca_file": good}));
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.webhook_ca().unwrap().unwrap().certificates().len(), 1);
+        let missing = dir.path().join("missing.pem");
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        for (path, says) in [
+            (missing.clone(), "cannot read the CA file"),
+            (not_pem.clone(), "holds no PEM certificate"),
+            ("hooks-ca.pem".into(), "relative path"),
+        ] {
+            let e = config(json!({"webhook_ca_file": path})).validate().unwrap_err();
+            assert_eq!(e.field, "webhook_ca_file", "{e}");
+            assert!(e.message.contains(says) && e.message.contains(&*path.to_string_lossy()), "{e}");
+        }
     }
 
     fn config(toml_json: serde_json::Value) -> PredictionsConfig {

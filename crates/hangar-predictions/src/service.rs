@@ -144,6 +144,9 @@ impl Service {
             AllowList::parse(&config.webhook_allow)
                 .map_err(|e| ServiceError::Config(e.within("webhook_allow").to_string()))?,
         );
+        let ca = config.webhook_ca().map_err(|e| ServiceError::Config(e.to_string()))?;
+        let http = webhook_target::client(allow.clone(), ca.as_ref())
+            .map_err(|e| ServiceError::Config(format!("webhook TLS: {}", webhook_target::error_chain(&e))))?;
         let grace_ms = config.webhook_secret_grace_s.saturating_mul(1000);
         let store = backend.open(config.lease_s.max(1) * 1000, grace_ms, now())?;
         let models: BTreeMap<String, Model> = models.into_iter().map(|m| (m.key.clone(), m)).collect();
@@ -168,7 +171,7 @@ impl Service {
             api_keys,
             config,
             base_url,
-            http: webhook_target::client(allow.clone()),
+            http,
             allow,
             executor,
             owner: format!("node-{}", crate::api::new_id()),

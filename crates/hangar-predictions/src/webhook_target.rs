@@ -35,6 +35,18 @@
 //! failed attempt) and uses no proxy from the environment (a proxy would
 //! resolve the name itself, after our check).
 //!
+//! An `https` webhook is sent over TLS (rustls) and only to a receiver
+//! whose certificate verifies: it must chain to a trusted root — the
+//! Mozilla roots compiled into Hangar, plus the CAs of `[predictions]
+//! webhook_ca_file` when set ([`hangar_redis::tls`] says why that set) —
+//! and name the URL's host. The connection goes to the vetted address
+//! while the certificate is checked against the host name of the URL
+//! (SNI and name check on the original host), so DNS cannot swap in an
+//! address the policy refused nor a certificate for another name. A
+//! certificate that does not verify fails the attempt (retried with the
+//! usual back-off, the reason logged); an `https` webhook is never sent
+//! over plain `http`.
+//!
 //! An operator opens what they mean to with the `[predictions]
 //! webhook_allow` list ([`AllowList`]): CIDRs (`10.1.0.0/16`, `::1/128`,
 //! or a bare address for just that one) open addresses, and host names
@@ -53,6 +65,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hangar_core::FieldError;
+use hangar_redis::tls::CaFile;
 use ipnet::IpNet;
 use url::{Host, Url};
 
@@ -439,20 +452,30 @@ impl reqwest::dns::Resolve for VettedResolver {
 
 /// The HTTP client of webhooks: names resolved through a
 /// [`VettedResolver`] over the system resolver, no redirects followed, no
-/// proxy, 10 s per request.
-pub fn client(allow: Arc<AllowList>) -> reqwest::Client {
-    client_with_lookup(allow, system_lookup())
+/// proxy, 10 s per request; `https` verified against the Mozilla roots
+/// and the CAs of `ca` (see the module doc). Fails only when TLS cannot
+/// be set up with those roots.
+pub fn client(allow: Arc<AllowList>, ca: Option<&CaFile>) -> Result<reqwest::Client, reqwest::Error> {
+    client_with_lookup(allow, system_lookup(), ca)
 }
 
 /// [`client`] resolving names with `lookup` (tests give a fake one).
-pub fn client_with_lookup(allow: Arc<AllowList>, lookup: Lookup) -> reqwest::Client {
-    reqwest::Client::builder()
+pub fn client_with_lookup(
+    allow: Arc<AllowList>,
+    lookup: Lookup,
+    ca: Option<&CaFile>,
+) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_webpki_certs(true)
         .dns_resolver(Arc::new(VettedResolver::new(allow, lookup)))
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("a client without TLS roots or proxies always builds")
+        .timeout(Duration::from_secs(10));
+    for der in ca.map(CaFile::certificates).unwrap_or_default() {
+        builder = builder.add_root_certificate(reqwest::Certificate::from_der(der)?);
+    }
+    builder.build()
 }
 
 /// Webhook destinations refused without an allow-list entry: the twenty
@@ -653,12 +676,12 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let lookup: Lookup =
             Arc::new(|_host: String| Box::pin(async { Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]) }));
-        let http = client_with_lookup(Arc::new(AllowList::default()), lookup.clone());
+        let http = client_with_lookup(Arc::new(AllowList::default()), lookup.clone(), None).unwrap();
         let err = http.get(format!("http://rebind.example:{port}/")).send().await.unwrap_err();
         let chain = error_chain(&err);
         assert!(chain.contains("resolves to 127.0.0.1"), "{chain}");
         // The same name, allowed by name, connects.
-        let open = client_with_lookup(Arc::new(allow(&["rebind.example"])), lookup);
+        let open = client_with_lookup(Arc::new(allow(&["rebind.example"])), lookup, None).unwrap();
         let accept = tokio::spawn(async move { listener.accept().await.is_ok() });
         let _ = open
             .get(format!("http://rebind.example:{port}/"))

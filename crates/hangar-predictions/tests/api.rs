@@ -2,7 +2,8 @@
 //! called through the router (`oneshot`), webhooks delivered to receivers
 //! on loopback.
 
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -11,10 +12,12 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hangar_core::{ApiKeys, Principal};
 use hangar_predictions::store::Backend;
+use hangar_predictions::webhook_target::{self, AllowList, Lookup};
 use hangar_predictions::{
     signing, ExecFuture, Executor, InputRules, Job, Model, ModelSettings, PredictionsConfig, Service,
     ServiceError, Sink,
 };
+use hangar_redis::tls::{CaFile, TestCa};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -310,6 +313,56 @@ type Seen = Arc<Mutex<Vec<Hook>>>;
 async fn receiver(redirect: Option<(StatusCode, String)>) -> (String, Seen) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    (url, serve_receiver(listener, redirect))
+}
+
+/// The TLS listener of an `https` receiver: TCP on loopback, then a
+/// rustls handshake with its certificate; a failed handshake is recorded
+/// (what the sender's refusal looks like from this side) and the next
+/// connection awaited.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    refused: Arc<Mutex<Vec<String>>>,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else { continue };
+            match self.acceptor.accept(tcp).await {
+                Ok(tls) => return (tls, addr),
+                Err(e) => self.refused.lock().unwrap().push(e.to_string()),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// An `https` receiver on loopback (else as [`receiver`]) whose
+/// certificate `ca` issued for `names`; the URL names `host` (with the
+/// listener's port), and the failed TLS handshakes are listed.
+async fn tls_receiver(ca: &TestCa, names: &[&str], host: &str) -> (String, Seen, Arc<Mutex<Vec<String>>>) {
+    let config = ca.server_config(names);
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{host}:{}/hook", tcp.local_addr().unwrap().port());
+    let refused: Arc<Mutex<Vec<String>>> = Arc::default();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let seen = serve_receiver(TlsListener { tcp, acceptor, refused: refused.clone() }, None);
+    (url, seen, refused)
+}
+
+/// Serves the recording receiver on `listener`.
+fn serve_receiver(
+    listener: impl axum::serve::Listener<Addr = std::net::SocketAddr>,
+    redirect: Option<(StatusCode, String)>,
+) -> Seen {
     let seen: Seen = Arc::default();
     async fn handle(
         State((seen, redirect)): State<(Seen, Option<(StatusCode, String)>)>,
@@ -331,7 +384,7 @@ async fn receiver(redirect: Option<(StatusCode, String)>) -> (String, Seen) {
     let app =
         axum::Router::new().route("/hook", axum::routing::any(handle)).with_state((seen.clone(), redirect));
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, seen)
+    seen
 }
 
 /// Waits until `seen` holds `n` requests (failing after 20 s, so a
@@ -449,12 +502,140 @@ async fn a_redirect_is_a_failed_attempt_retried_and_its_target_gets_nothing() {
     assert_eq!(wait_for(&target_seen, 1).await.len(), 1);
 }
 
+/// What the service logs at WARN and above, from the first call on: one
+/// subscriber for the whole test binary, so each test looks for its own
+/// receiver's URL.
+fn logs() -> String {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    struct Append(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Append {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = LOGS.get_or_init(|| {
+        let logs: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let to = logs.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .with_writer(move || Append(to.clone()))
+            .init();
+        logs
+    });
+    String::from_utf8_lossy(&logs.lock().unwrap()).into_owned()
+}
+
+/// Waits until `done` holds (failing after 20 s, so a broken build does
+/// not hang).
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(20), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A test CA and its certificate written to a PEM file in `dir`.
+fn ca_file_in(dir: &std::path::Path, name: &str) -> (TestCa, std::path::PathBuf) {
+    let ca = TestCa::new(name);
+    let path = dir.join(format!("{name}.pem").replace(' ', "-"));
+    ca.write(&path).unwrap();
+    (ca, path)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_webhook_reaches_a_receiver_the_ca_file_vouches_for_signed_as_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, ca_file) = ca_file_in(dir.path(), "hooks CA");
+    let config = json!({"webhook_allow": ["127.0.0.1/32"], "webhook_ca_file": ca_file});
+    let s = start(config, vec![model("t/open", None)], keys());
+    let router = s.service.router();
+    let (url, seen, refused) = tls_receiver(&ca, &["127.0.0.1"], "127.0.0.1").await;
+    assert!(url.starts_with("https://"));
+    create_with_webhook(&router, ACME, &url).await;
+    let hook = wait_for(&seen, 1).await.remove(0);
+    assert!(hook.verifies_with(&secret_of(&router, ACME).await), "{hook:?}");
+    let body: Value = serde_json::from_str(&hook.body).unwrap();
+    assert_eq!(body["status"], "succeeded", "{body}");
+    assert_eq!(refused.lock().unwrap().len(), 0, "no handshake failed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_receiver_whose_certificate_no_trusted_ca_signed_gets_nothing_and_the_log_names_the_certificate() {
+    logs();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, ca_file) = ca_file_in(dir.path(), "hooks CA");
+    let config = json!({
+        "webhook_allow": ["127.0.0.1/32"], "webhook_ca_file": ca_file,
+        "webhook_retry_base_ms": 100, "webhook_retry_cap_ms": 100, "webhook_max_attempts": 2,
+    });
+    let s = start(config, vec![model("t/open", None)], keys());
+    let router = s.service.router();
+    let stranger = TestCa::new("a CA nobody trusts");
+    let (url, seen, refused) = tls_receiver(&stranger, &["127.0.0.1"], "127.0.0.1").await;
+    create_with_webhook(&router, ACME, &url).await;
+    // Both attempts were refused at the handshake (the retry came), and
+    // the one after the last gave up.
+    let failures = || logs().lines().filter(|l| l.contains("webhook failed") && l.contains(&url)).count();
+    wait_until("two failed attempts logged", || failures() >= 2).await;
+    let logged = logs();
+    let lines: Vec<&str> = logged.lines().filter(|l| l.contains(&url)).collect();
+    assert!(lines[0].contains("will retry") && lines[1].contains("giving up"), "{lines:#?}");
+    for line in &lines {
+        assert!(line.contains("invalid peer certificate: UnknownIssuer"), "{line}");
+    }
+    assert_eq!(refused.lock().unwrap().len(), 2, "two handshakes, both refused by the sender");
+    assert!(seen.lock().unwrap().is_empty(), "nothing was sent to the untrusted receiver");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_webhook_client_connects_to_the_vetted_address_and_checks_the_certificate_against_the_urls_name()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, ca_file) = ca_file_in(dir.path(), "hooks CA");
+    let ca_file = CaFile::load(&ca_file).unwrap();
+    // The name resolves to loopback, which the allow list opens.
+    let lookup: Lookup = Arc::new(|_| Box::pin(async { Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]) }));
+    let allow = Arc::new(AllowList::parse(&["127.0.0.1/32".to_owned()]).unwrap());
+    let client = webhook_target::client_with_lookup(allow.clone(), lookup.clone(), Some(&ca_file)).unwrap();
+    let (url, seen, _) = tls_receiver(&ca, &["hooks.example.com"], "hooks.example.com").await;
+    let answer = client.post(&url).body("{}").send().await.unwrap();
+    assert!(answer.status().is_success(), "{answer:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    let refusal = |e: reqwest::Error| webhook_target::error_chain(&e);
+    // The same address with a certificate for another name: refused.
+    let (elsewhere, elsewhere_seen, _) = tls_receiver(&ca, &["other.example.com"], "hooks.example.com").await;
+    let e = refusal(client.post(&elsewhere).send().await.unwrap_err());
+    assert!(
+        e.contains(r#"invalid peer certificate: certificate not valid for name "hooks.example.com""#),
+        "{e}"
+    );
+    assert!(elsewhere_seen.lock().unwrap().is_empty());
+    // Without the CA file, the default roots do not know the test CA.
+    let default = webhook_target::client_with_lookup(allow, lookup.clone(), None).unwrap();
+    let e = refusal(default.post(&url).send().await.unwrap_err());
+    assert!(e.contains("invalid peer certificate: UnknownIssuer"), "{e}");
+    // And a name resolving inside without an allow entry is refused
+    // before any connection, https or not.
+    let strict =
+        webhook_target::client_with_lookup(Arc::new(AllowList::default()), lookup, Some(&ca_file)).unwrap();
+    let e = refusal(strict.post(&url).send().await.unwrap_err());
+    assert!(e.contains("resolves to 127.0.0.1"), "{e}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn start_refuses_an_invalid_configuration() {
     let dir = tempfile::tempdir().unwrap();
     for (config, says) in [
         (json!({"webhook_retry_base_ms": 0, "webhook_max_attempts": 1000000}), "webhook_retry_base_ms"),
         (json!({"webhook_allow": ["10.0.0.0/99"]}), "webhook_allow[0]"),
+        (json!({"webhook_ca_file": "/nonexistent/hooks-ca.pem"}), "webhook_ca_file: cannot read the CA file"),
         (json!({"deployments": [{"name": "x", "model": "t/open"}]}), "deployments[0].name"),
     ] {
         let config: PredictionsConfig = serde_json::from_value(config).unwrap();

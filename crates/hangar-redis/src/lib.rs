@@ -11,12 +11,21 @@
 //! [`Redis`] is a small pool of blocking connections (the callers are
 //! short synchronous store methods); [`LocalRedis`] starts a private
 //! `redis-server` for tests and benchmarks.
+//!
+//! A `rediss://` URL reaches Redis over TLS (rustls), the server's
+//! certificate verified against the trust roots of [`tls`] (the Mozilla
+//! roots by default) and the URL's host; `?ca_file=/abs/path/ca.pem`
+//! ([`CA_FILE_PARAM`]) trusts the CAs of that PEM file instead, for a
+//! Redis with a private CA. Verification cannot be turned off: the
+//! `#insecure` fragment the `redis` crate knows is refused.
 
 pub mod fleet;
 pub mod lease;
 pub mod registry;
 mod server;
+pub mod tls;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,17 +42,24 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections kept per process.
 const POOL_SIZE: u32 = 16;
 
+/// The query parameter of a `rediss://` URL naming a PEM file (absolute
+/// path) of the CAs that may sign the server's certificate, in place of
+/// the default roots: `rediss://redis.internal:6380/0?ca_file=/etc/hangar/redis-ca.pem`.
+pub const CA_FILE_PARAM: &str = "ca_file";
+
 /// A Redis failure, naming the server.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisError {
     /// The URL is not a Redis URL (`redis://host:port/db`,
-    /// `rediss://…`, `unix:///path/to/socket`).
-    #[error("redis URL `{url}`: {reason}")]
+    /// `rediss://host:port/db?ca_file=…`, `unix:///path/to/socket`), or
+    /// its `ca_file` cannot be used.
+    #[error("redis URL `{url}` {reason}")]
     Url {
         /// The URL as given.
         url: String,
-        /// What is wrong with it.
+        /// What is wrong with it, a phrase that follows the URL
+        /// (`is not a Redis URL (…)`).
         reason: String,
     },
     /// No connection could be made (or taken from the pool in time).
@@ -82,21 +98,62 @@ impl std::fmt::Debug for Redis {
 /// A connection taken from the pool (back to it on drop).
 type Conn = r2d2::PooledConnection<Manager>;
 
-/// Checks that `url` is a Redis URL, without connecting: what a
+/// Checks that `url` is a Redis URL, and reads and checks the CA file a
+/// `rediss://` URL names ([`CA_FILE_PARAM`]), without connecting: what a
 /// configuration loader can say about it.
 pub fn check_url(url: &str) -> Result<(), String> {
-    redis::Client::open(url).map(drop).map_err(|e| {
-        format!("`{url}` is not a Redis URL ({e}); use redis://HOST:PORT/DB, rediss://… or unix:///path/to/socket")
-    })
+    client(url).map(drop).map_err(|reason| format!("`{url}` {reason}"))
+}
+
+/// The client of `url`, or why there is none (a phrase that follows the
+/// URL in a message).
+fn client(url: &str) -> Result<redis::Client, String> {
+    let not_a_url = |e: redis::RedisError| {
+        format!(
+            "is not a Redis URL ({e}); use redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS, \
+             optionally ?{CA_FILE_PARAM}=/path/ca.pem) or unix:///path/to/socket"
+        )
+    };
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return redis::Client::open(url).map_err(not_a_url);
+    };
+    let tls = matches!(parsed.scheme(), "rediss" | "valkeys");
+    if tls && parsed.fragment() == Some("insecure") {
+        return Err(format!(
+            "asks for `#insecure`, which would accept any certificate: Hangar always verifies it; \
+             give the CA that signed it with ?{CA_FILE_PARAM}=/path/ca.pem"
+        ));
+    }
+    let (ca_files, others): (Vec<_>, Vec<_>) = parsed
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .partition(|(k, _)| k == CA_FILE_PARAM);
+    let ca_file = match ca_files.as_slice() {
+        [] => return redis::Client::open(url).map_err(not_a_url),
+        [_] if !tls => return Err(format!("gives `{CA_FILE_PARAM}`, which only a rediss:// (TLS) URL uses")),
+        [(_, path)] => tls::CaFile::load(Path::new(path))
+            .map_err(|e| format!("names a {CA_FILE_PARAM} that cannot be used: {e}"))?,
+        _ => return Err(format!("gives `{CA_FILE_PARAM}` more than once")),
+    };
+    // The redis crate reads the rest of the URL; the CA goes beside it.
+    if others.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(others);
+    }
+    let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(ca_file.pem().to_vec()) };
+    redis::Client::build_with_tls(parsed.as_str(), certificates).map_err(not_a_url)
 }
 
 impl Redis {
-    /// Checks `url` and that the server answers `PING`, then keeps up to
-    /// 16 connections. Fails naming the URL when it is malformed or the
-    /// server does not answer within 5 s.
+    /// Checks `url` (and reads the CA file it names) and that the server
+    /// answers `PING`, then keeps up to 16 connections. Fails naming the
+    /// URL when it is malformed, its CA file unusable, the server's
+    /// certificate not trusted (`rediss://`), or the server does not
+    /// answer within 5 s.
     pub fn connect(url: &str) -> Result<Redis, RedisError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| RedisError::Url { url: url.to_owned(), reason: e.to_string() })?;
+        let client = client(url).map_err(|reason| RedisError::Url { url: url.to_owned(), reason })?;
+        tls::install_crypto_provider();
         // A dead connection is found when a command on it fails (and is
         // then dropped, `has_broken`), not by a PING before every use,
         // which would double each command's round trip.

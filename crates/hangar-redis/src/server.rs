@@ -3,6 +3,9 @@
 //! It listens on a Unix socket in its own directory (no TCP port, so
 //! parallel tests never collide), keeps its data there with AOF on, and
 //! is killed when dropped, even when the test that started it panics.
+//! With the `test-ca` feature, [`LocalRedis::start_tls`] starts one that
+//! also serves TLS on a loopback port, with a certificate from its own
+//! throwaway CA.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -29,7 +32,7 @@ pub enum ServerError {
     NoAnswer {
         /// The socket it was told to listen on.
         socket: String,
-        /// The end of its log file.
+        /// The end of what it printed and of its log file.
         log: String,
     },
 }
@@ -41,6 +44,8 @@ pub struct LocalRedis {
     dir: tempfile::TempDir,
     binary: PathBuf,
     child: Option<Child>,
+    /// The loopback port of its TLS listener, if it has one.
+    tls_port: Option<u16>,
 }
 
 impl LocalRedis {
@@ -59,7 +64,7 @@ impl LocalRedis {
     pub fn start() -> Result<LocalRedis, ServerError> {
         let binary = Self::binary().ok_or(ServerError::NotInstalled)?;
         let dir = tempfile::Builder::new().prefix("hangar-redis-").tempdir()?;
-        let mut server = LocalRedis { dir, binary, child: None };
+        let mut server = LocalRedis { dir, binary, child: None, tls_port: None };
         server.spawn()?;
         Ok(server)
     }
@@ -68,7 +73,11 @@ impl LocalRedis {
     /// no `redis-server` is installed and this is not CI (`CI` set),
     /// where a missing server fails the test instead.
     pub fn for_test() -> Option<LocalRedis> {
-        match LocalRedis::start() {
+        Self::or_skip(LocalRedis::start())
+    }
+
+    fn or_skip(started: Result<LocalRedis, ServerError>) -> Option<LocalRedis> {
+        match started {
             Ok(server) => Some(server),
             Err(ServerError::NotInstalled) if std::env::var_os("CI").is_none() => {
                 eprintln!("skipped: {}", ServerError::NotInstalled);
@@ -76,6 +85,54 @@ impl LocalRedis {
             }
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// [`LocalRedis::start`], also serving TLS on a free loopback port
+    /// ([`LocalRedis::tls_url`]) with a certificate for `127.0.0.1` and
+    /// `localhost` issued by a CA of its own ([`LocalRedis::ca_file`]);
+    /// clients are not asked for certificates. The Unix socket stays
+    /// (plain text, as Redis has no TLS there).
+    ///
+    /// The port is one the kernel had free a moment before the server
+    /// binds it (`redis-server` takes no port 0 for TLS): when another
+    /// process took it meanwhile, another port is tried, three at most.
+    #[cfg(feature = "test-ca")]
+    pub fn start_tls() -> Result<LocalRedis, ServerError> {
+        let binary = Self::binary().ok_or(ServerError::NotInstalled)?;
+        let dir = tempfile::Builder::new().prefix("hangar-redis-").tempdir()?;
+        let ca = crate::tls::TestCa::new("hangar LocalRedis CA");
+        let (cert, key) = ca.issue(&["127.0.0.1", "localhost"]);
+        std::fs::write(dir.path().join("tls-ca.pem"), ca.pem())?;
+        std::fs::write(dir.path().join("tls-server.pem"), cert)?;
+        std::fs::write(dir.path().join("tls-server.key"), key)?;
+        let mut server = LocalRedis { dir, binary, child: None, tls_port: None };
+        let mut tries = 0;
+        loop {
+            server.tls_port = Some(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
+            tries += 1;
+            match server.spawn() {
+                Err(ServerError::NoAnswer { log, .. }) if log.contains("in use") && tries < 3 => {}
+                done => return done.map(|()| server),
+            }
+        }
+    }
+
+    /// [`LocalRedis::start_tls`] for a test, as [`LocalRedis::for_test`].
+    #[cfg(feature = "test-ca")]
+    pub fn for_test_tls() -> Option<LocalRedis> {
+        Self::or_skip(LocalRedis::start_tls())
+    }
+
+    /// The URL of its TLS listener (`rediss://127.0.0.1:PORT`), when it
+    /// has one.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port.map(|port| format!("rediss://127.0.0.1:{port}"))
+    }
+
+    /// The PEM file of the CA that issued its TLS certificate, when it
+    /// has one.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.tls_port.map(|_| self.dir.path().join("tls-ca.pem"))
     }
 
     /// The URL clients connect with (`unix:///…/redis.sock`).
@@ -100,17 +157,28 @@ impl LocalRedis {
     fn spawn(&mut self) -> Result<(), ServerError> {
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        command
             .args(["--port", "0", "--unixsocket"])
             .arg(&socket)
             .args(["--unixsocketperm", "700", "--dir"])
             .arg(self.dir.path())
             .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--logfile"])
-            .arg(self.dir.path().join("redis.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+            .arg(self.dir.path().join("redis.log"));
+        if let Some(port) = self.tls_port {
+            let file = |name: &str| self.dir.path().join(name);
+            command
+                .args(["--bind", "127.0.0.1", "--tls-port", &port.to_string(), "--tls-cert-file"])
+                .arg(file("tls-server.pem"))
+                .arg("--tls-key-file")
+                .arg(file("tls-server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(file("tls-ca.pem"))
+                .args(["--tls-auth-clients", "no"]);
+        }
+        // What it says before its log file is open (a refused option).
+        let out = std::fs::File::create(self.dir.path().join("redis.out"))?;
+        let child = command.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).spawn()?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -130,7 +198,8 @@ impl LocalRedis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        let read = |name: &str| std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        let log = read("redis.out") + &read("redis.log");
         let tail: Vec<&str> = log.lines().rev().take(10).collect();
         self.kill();
         Err(ServerError::NoAnswer {

@@ -6,8 +6,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::predictions::{client, create_with_webhook, get, post, receiver, wait_terminal, Receiver};
+use common::predictions::{
+    client, create_with_webhook, get, post, receiver, tls_receiver, wait_terminal, Receiver,
+};
 use common::{serve, Serve};
+use hangar_redis::tls::TestCa;
 use hangar_redis::LocalRedis;
 use serde_json::{json, Value};
 
@@ -15,6 +18,11 @@ use serde_json::{json, Value};
 /// died runs again), with a 2 s lease so a dead gateway's claims are
 /// swept quickly.
 fn config(redis: &LocalRedis) -> String {
+    config_at(&redis.url())
+}
+
+/// [`config`] with the Redis at `url`.
+fn config_at(url: &str) -> String {
     format!(
         r#"
 redis = "{}"
@@ -44,12 +52,45 @@ async_slots = 2
 lease_s = 2
 webhook_allow = ["127.0.0.1/32"]
 "#,
-        redis.url()
+        url
     )
 }
 
 fn create(gateway: &Serve, model: &str, tokens: u32, hooks: &Receiver) -> (u16, Value) {
     create_with_webhook(&gateway.url, model, tokens, hooks)
+}
+
+/// TLS both ways, as a user sets it up: the gateway reaches Redis by
+/// `rediss://` with the server's CA in `?ca_file=`, and a prediction's
+/// `https` webhook reaches a receiver whose certificate a private CA
+/// issued, trusted through `webhook_ca_file`, signed as ever.
+#[test]
+fn a_gateway_on_rediss_delivers_a_signed_https_webhook() {
+    let Some(redis) = LocalRedis::for_test_tls() else { return };
+    let url = format!("{}/0?ca_file={}", redis.tls_url().unwrap(), redis.ca_file().unwrap().display());
+    let hooks_ca = TestCa::new("hooks CA");
+    let hooks_ca_file = redis.dir().join("hooks-ca.pem");
+    hooks_ca.write(&hooks_ca_file).unwrap();
+    let hooks = tls_receiver(0, &hooks_ca);
+    assert!(hooks.url.starts_with("https://"), "{}", hooks.url);
+    let config = format!("{}webhook_ca_file = \"{}\"\n", config_at(&url), hooks_ca_file.display());
+    let gateway = serve(&config);
+    let (status, p) = create(&gateway, "t/fast", 4, &hooks);
+    assert_eq!(status, 201, "{p}");
+    let id = p["id"].as_str().unwrap().to_owned();
+    assert_eq!(hooks.one_terminal_each(std::slice::from_ref(&id))[&id], "succeeded");
+    let secret =
+        get(&format!("{}/v1/webhooks/default/secret", gateway.url))["key"].as_str().unwrap().to_owned();
+    let hook = &hooks.completed()[&id][0];
+    assert!(
+        hangar_predictions::signing::verify(&secret, &hook.id, hook.timestamp, &hook.body, &hook.signature),
+        "{hook:?}"
+    );
+    // The prediction is in the Redis reached over TLS.
+    let plain = hangar_redis::Redis::connect(&redis.url()).unwrap();
+    let stored: bool =
+        plain.run(|c| hangar_redis::redis::cmd("EXISTS").arg(format!("hangar:p:{id}")).query(c)).unwrap();
+    assert!(stored, "hangar:p:{id} in Redis");
 }
 
 #[test]

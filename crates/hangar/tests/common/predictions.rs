@@ -91,8 +91,19 @@ pub struct Receiver {
 }
 
 pub fn receiver(failures: usize) -> Receiver {
+    start_receiver(failures, None)
+}
+
+/// [`receiver`] over https, with a certificate for `127.0.0.1` that `ca`
+/// issued.
+pub fn tls_receiver(failures: usize, ca: &hangar_redis::tls::TestCa) -> Receiver {
+    start_receiver(failures, Some(Arc::new(ca.server_config(&["127.0.0.1"]))))
+}
+
+fn start_receiver(failures: usize, tls: Option<Arc<rustls::ServerConfig>>) -> Receiver {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}/hook", listener.local_addr().unwrap());
     let hooks: Arc<Mutex<Vec<Hook>>> = Arc::default();
     let attempts: Arc<Mutex<Vec<String>>> = Arc::default();
     let accept = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -100,52 +111,71 @@ pub fn receiver(failures: usize) -> Receiver {
     let (store, tried, accepting) = (hooks.clone(), attempts.clone(), accept.clone());
     std::thread::spawn(move || {
         for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let (store, seen, tried, accepting) =
-                (store.clone(), seen.clone(), tried.clone(), accepting.clone());
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut headers = HashMap::new();
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    return;
-                }
-                loop {
-                    line.clear();
-                    // A sender killed mid-request (the test kills the
-                    // server) leaves a request cut short: not a delivery.
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                    if let Some((k, v)) = line.trim_end().split_once(':') {
-                        headers.insert(k.to_ascii_lowercase(), v.trim().to_owned());
-                    }
-                }
-                let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
-                let mut body = vec![0; len];
-                if reader.read_exact(&mut body).is_err() {
-                    return;
-                }
-                let n = seen.fetch_add(1, Ordering::SeqCst);
-                tried.lock().unwrap().push(headers["webhook-id"].clone());
-                let ok = n >= failures && accepting.load(Ordering::SeqCst);
-                let status = if ok { "200 OK" } else { "500 Internal Server Error" };
-                if ok {
-                    store.lock().unwrap().push(Hook {
-                        id: headers["webhook-id"].clone(),
-                        timestamp: headers["webhook-timestamp"].parse().unwrap(),
-                        signature: headers["webhook-signature"].clone(),
-                        body: String::from_utf8(body).unwrap(),
-                    });
-                }
-                let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let Ok(conn) = conn else { continue };
+            let state = (store.clone(), seen.clone(), tried.clone(), accepting.clone());
+            let tls = tls.clone();
+            std::thread::spawn(move || match tls {
+                None => answer(conn, failures, state),
+                // The handshake runs on the first read; a failed one is
+                // an error there, so nothing is recorded.
+                Some(config) => answer(
+                    rustls::StreamOwned::new(rustls::ServerConnection::new(config).unwrap(), conn),
+                    failures,
+                    state,
+                ),
             });
         }
     });
     Receiver { url, hooks, attempts, accept }
+}
+
+/// The state a receiver's connections share: hooks accepted, requests
+/// seen, their ids, whether to accept.
+type ReceiverState =
+    (Arc<Mutex<Vec<Hook>>>, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>, Arc<std::sync::atomic::AtomicBool>);
+
+/// Reads one request from `conn` and answers it.
+fn answer(conn: impl Read + Write, failures: usize, (store, seen, tried, accepting): ReceiverState) {
+    let mut reader = BufReader::new(conn);
+    let mut headers = HashMap::new();
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    loop {
+        line.clear();
+        // A sender killed mid-request (the test kills the
+        // server) leaves a request cut short: not a delivery.
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.trim_end().split_once(':') {
+            headers.insert(k.to_ascii_lowercase(), v.trim().to_owned());
+        }
+    }
+    let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let mut body = vec![0; len];
+    if reader.read_exact(&mut body).is_err() {
+        return;
+    }
+    let n = seen.fetch_add(1, Ordering::SeqCst);
+    tried.lock().unwrap().push(headers["webhook-id"].clone());
+    let ok = n >= failures && accepting.load(Ordering::SeqCst);
+    let status = if ok { "200 OK" } else { "500 Internal Server Error" };
+    if ok {
+        store.lock().unwrap().push(Hook {
+            id: headers["webhook-id"].clone(),
+            timestamp: headers["webhook-timestamp"].parse().unwrap(),
+            signature: headers["webhook-signature"].clone(),
+            body: String::from_utf8(body).unwrap(),
+        });
+    }
+    let conn = reader.get_mut();
+    let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    let _ = conn.flush();
 }
 
 /// Creates a prediction of `model` through `gateway` (`max_tokens`

@@ -94,4 +94,33 @@ mod tests {
         let e = ServeConfig::from_toml("listen = 5\n", "x.toml").unwrap_err().to_string();
         assert!(e.contains("x.toml") && e.contains("line 1") && e.contains("listen"), "{e}");
     }
+
+    /// The CA files of `rediss` and `https` webhooks are read at load: a
+    /// missing one names its setting, its path and its line.
+    #[test]
+    fn a_ca_file_that_cannot_be_read_is_named_at_load() {
+        let node_and_model = "[[nodes]]\nid = \"n\"\ngpus = 1\ngpu_memory = \"80GB\"\n\
+            [[models]]\nkey = \"a\"\nengine = { kind = \"mock\" }\nsize = \"1GB\"\n";
+        let redis = "redis = \"rediss://redis.example.com:6380/0?ca_file=/nonexistent/redis-ca.pem\"\n";
+        let e = ServeConfig::from_toml(&format!("{redis}{node_and_model}"), "serve.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "invalid configuration serve.toml:1: redis: `rediss://redis.example.com:6380/0?ca_file="
+            ) && e.contains("cannot read the CA file `/nonexistent/redis-ca.pem`"),
+            "{e}"
+        );
+        let hooks = "[predictions]\nwebhook_ca_file = \"/nonexistent/hooks-ca.pem\"\n";
+        let e = ServeConfig::from_toml(&format!("{node_and_model}{hooks}"), "serve.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "invalid configuration serve.toml:10: predictions.webhook_ca_file: \
+                 cannot read the CA file `/nonexistent/hooks-ca.pem`"
+            ),
+            "{e}"
+        );
+    }
 }
