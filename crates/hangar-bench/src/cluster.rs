@@ -165,7 +165,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
     let fleet = FleetState::new(redis);
     let records: Vec<NodeRecord> = (0..options.agents).map(record).collect();
     for r in &records {
-        registry.register(r, wall_ms()).map_err(redis_error)?;
+        registry.register(r).map_err(redis_error)?;
     }
     let stop = Arc::new(AtomicBool::new(false));
     let threads = 8.min(options.agents);
@@ -186,7 +186,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
                     }
                     if round >= next_beat {
                         for (_, r) in &mine {
-                            registry.heartbeat(r, wall_ms()).map_err(|e| e.to_string())?;
+                            registry.heartbeat(r).map_err(|e| e.to_string())?;
                             beats += 1;
                         }
                         next_beat = round + HEARTBEAT_EVERY;
@@ -204,8 +204,8 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
     let mut refreshes = Vec::new();
     while start.elapsed() < Duration::from_secs(options.seconds) {
         let t = Instant::now();
-        let live = registry.live().map_err(redis_error)?;
-        let names: Vec<String> = live.iter().map(|n| n.name.clone()).collect();
+        let live = registry.registered().map_err(redis_error)?.nodes;
+        let names: Vec<String> = live.iter().map(|n| n.record.name.clone()).collect();
         let reports = fleet.reports(&names).map_err(redis_error)?;
         let _ = fleet.loads().map_err(redis_error)?;
         if reports.iter().flatten().count() < options.agents {
@@ -335,9 +335,12 @@ async fn node_loss(exe: &std::path::Path) -> Result<NodeLoss, BenchError> {
     .map_err(redis_error)?;
     let detected_at = loop {
         let r = registry.clone();
-        let live =
-            tokio::task::spawn_blocking(move || r.live()).await.expect("no panic").map_err(redis_error)?;
-        if live.iter().all(|n| n.name != victim) {
+        let live = tokio::task::spawn_blocking(move || r.registered())
+            .await
+            .expect("no panic")
+            .map_err(redis_error)?
+            .nodes;
+        if live.iter().all(|n| n.record.name != victim) {
             break wall_ms();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -102,11 +102,14 @@ pub enum ReplicaPhase {
     Stopping,
     /// It did not start, or its engine died.
     Failed,
+    /// Wanted WARM, but no engine is kept for it (it could not sleep, or
+    /// none was running): nothing to wake.
+    Cold,
 }
 
 impl ReplicaPhase {
     /// Every phase, in order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Pending,
         Self::Starting,
         Self::Ready,
@@ -115,6 +118,7 @@ impl ReplicaPhase {
         Self::Waking,
         Self::Stopping,
         Self::Failed,
+        Self::Cold,
     ];
 
     /// Its name in reports, logs and metrics.
@@ -128,6 +132,7 @@ impl ReplicaPhase {
             Self::Waking => "waking",
             Self::Stopping => "stopping",
             Self::Failed => "failed",
+            Self::Cold => "cold",
         }
     }
 

@@ -37,6 +37,7 @@ return 1
 pub struct FleetState {
     redis: Redis,
     write_desired: std::sync::Arc<Script>,
+    named: std::sync::Arc<Named>,
 }
 
 impl std::fmt::Debug for FleetState {
@@ -53,15 +54,20 @@ fn ttl_ms() -> u64 {
     REPORT_TTL.as_millis() as u64
 }
 
-/// Reads JSON values, an unreadable one as absent (logged): a writer of
-/// another version must not stop the fleet.
-fn parse<T: DeserializeOwned>(what: &str, json: Option<String>) -> Option<T> {
-    let json = json?;
-    match serde_json::from_str(&json) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            tracing::warn!("{what}: unreadable, ignored: {e}");
-            None
+/// Keys already named as unreadable, with what was wrong: each is logged
+/// once, not at every read (several times a second).
+#[derive(Debug, Default)]
+struct Named(std::sync::Mutex<std::collections::HashSet<(String, String)>>);
+
+impl Named {
+    /// Logs `key` as unreadable for `why`, once per key and reason.
+    fn warn(&self, key: &str, why: &str) {
+        let mut seen = self.0.lock().expect("named keys lock");
+        if seen.len() > 10_000 {
+            seen.clear();
+        }
+        if seen.insert((key.to_owned(), why.to_owned())) {
+            tracing::warn!(key, "unreadable, skipped (fix or delete the key): {why}");
         }
     }
 }
@@ -69,7 +75,11 @@ fn parse<T: DeserializeOwned>(what: &str, json: Option<String>) -> Option<T> {
 impl FleetState {
     /// The state on `redis`.
     pub fn new(redis: Redis) -> FleetState {
-        FleetState { redis, write_desired: std::sync::Arc::new(Script::new(WRITE_DESIRED)) }
+        FleetState {
+            redis,
+            write_desired: std::sync::Arc::new(Script::new(WRITE_DESIRED)),
+            named: Default::default(),
+        }
     }
 
     /// Writes `node`'s desired state as leader `me` in `state.epoch`;
@@ -82,11 +92,33 @@ impl FleetState {
         Ok(written == 1)
     }
 
-    /// `node`'s desired state, if the leader wrote one.
+    /// Reads JSON `json` of `key`, an unreadable one as absent (named in
+    /// the log once): a writer of another version, or a key written by
+    /// hand, must not stop the fleet.
+    fn parse<T: DeserializeOwned>(&self, key: &str, json: Option<String>) -> Option<T> {
+        match serde_json::from_str(&json?) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.named.warn(key, &e.to_string());
+                None
+            }
+        }
+    }
+
+    /// `node`'s desired state, if the leader wrote one (a key that holds
+    /// something else is named in the log and read as none).
     pub fn desired(&self, node: &str) -> Result<Option<DesiredState>, RedisError> {
-        let json: Option<String> =
-            self.redis.run(|c| redis::cmd("GET").arg(key("desired", node)).query(c))?;
-        Ok(parse(&format!("desired state of {node}"), json))
+        let key = key("desired", node);
+        // MGET reads a key of another type as nil rather than failing.
+        let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&key).query(c))?;
+        let json = json.into_iter().next().flatten();
+        if json.is_none() {
+            let kind: String = self.redis.run(|c| redis::cmd("TYPE").arg(&key).query(c))?;
+            if kind != "none" {
+                self.named.warn(&key, &format!("a {kind}, not a desired state (a JSON string)"));
+            }
+        }
+        Ok(self.parse(&key, json))
     }
 
     /// Writes `node`'s report (an agent, several times a second).
@@ -104,7 +136,7 @@ impl FleetState {
         }
         let keys: Vec<String> = nodes.iter().map(|n| key("reported", n)).collect();
         let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&keys).query(c))?;
-        Ok(nodes.iter().zip(json).map(|(n, j)| parse(&format!("report of {n}"), j)).collect())
+        Ok(nodes.iter().zip(json).map(|(n, j)| self.parse(&key("reported", n), j)).collect())
     }
 
     /// Forgets a node that is gone: its desired state and its report.
@@ -124,12 +156,8 @@ impl FleetState {
 
     /// Every live gateway's load (gateways silent past the TTL drop out).
     pub fn loads(&self) -> Result<Vec<GatewayLoad>, RedisError> {
-        let entries = self.redis.live_in_index(&format!("{PREFIX}:gateways"), |name| {
-            let mut read = redis::cmd("GET");
-            read.arg(key("load", name));
-            read
-        })?;
-        Ok(entries.into_iter().filter_map(|(n, json)| parse(&format!("load of {n}"), Some(json))).collect())
+        let entries = self.redis.live_in_index(&format!("{PREFIX}:gateways"), |name| key("load", name))?;
+        Ok(entries.into_iter().filter_map(|(n, json)| self.parse(&key("load", &n), Some(json))).collect())
     }
 }
 
@@ -150,6 +178,7 @@ mod tests {
         let Leadership::Leader { epoch, .. } = lease.tick().unwrap() else { panic!("leads") };
         let state = DesiredState {
             epoch,
+            agent: "run-1".into(),
             replicas: vec![DesiredReplica {
                 replica: ReplicaId::from_u128(7),
                 model: "t/m".parse().unwrap(),

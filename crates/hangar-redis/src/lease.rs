@@ -6,8 +6,19 @@
 //! expires and the next gateway to ask takes it: a new leader within one
 //! TTL (plus one renewal period). Each taking increments
 //! `hangar:leader:epoch`, the fencing token: what a leader writes in the
-//! fleet's name carries its epoch, and a write of an older epoch than the
+//! fleet's name carries its epoch, and a write in another epoch than the
 //! current one comes from a leader that lost the lease without knowing.
+//!
+//! **A blip is not a new tenure.** `hangar:leader:last` names the last
+//! holder. When the lease lapsed only because Redis could not be reached
+//! (down, paused, restarted) and nobody took it meanwhile, the last holder
+//! asking again gets it back *in the same epoch*: it keeps leading with
+//! what it knows instead of a new tenure rebuilding the fleet.
+//!
+//! **Bad data is repaired, and named.** A lease key of the wrong type is
+//! deleted; an epoch that is not an integer is replaced by Redis's clock in
+//! milliseconds (larger than any count of tenures, so the fence still only
+//! moves forward), and [`LeaderLease::tick`] logs which key held what.
 
 use std::time::Duration;
 
@@ -35,22 +46,45 @@ pub enum Leadership {
     },
 }
 
-/// ARGV: prefix, me, ttl ms. Returns {1, epoch, took} or {0, holder}.
+/// ARGV: prefix, me, ttl ms. Returns {1, epoch, took, repaired} or
+/// {0, holder, repaired} (`repaired`: what was fixed, or empty).
 const TICK: &str = r#"
 local key = ARGV[1] .. ':leader'
+local ekey = key .. ':epoch'
+local last = key .. ':last'
+local repaired = ''
+for _, k in ipairs({key, ekey, last}) do
+  local kind = redis.call('TYPE', k).ok
+  if kind ~= 'none' and kind ~= 'string' then
+    redis.call('DEL', k)
+    repaired = repaired .. k .. ' was a ' .. kind .. '; '
+  end
+end
+local epoch = redis.call('GET', ekey)
+if epoch and not string.match(epoch, '^%d+$') then
+  local t = redis.call('TIME')
+  redis.call('SET', ekey, string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)))
+  repaired = repaired .. ekey .. ' held `' .. string.sub(epoch, 1, 40) .. '`, not an integer; '
+end
 local holder = redis.call('GET', key)
 if holder == ARGV[2] then
   redis.call('PEXPIRE', key, ARGV[3])
-  return {1, tonumber(redis.call('GET', key .. ':epoch') or '0'), 0}
+  return {1, redis.call('GET', ekey) or '0', 0, repaired}
 end
-if holder then return {0, holder} end
+if holder then return {0, holder, repaired} end
 redis.call('SET', key, ARGV[2], 'PX', ARGV[3])
-return {1, redis.call('INCR', key .. ':epoch'), 1}
+if redis.call('GET', last) == ARGV[2] and redis.call('GET', ekey) then
+  return {1, redis.call('GET', ekey), 0, repaired}
+end
+redis.call('SET', last, ARGV[2])
+return {1, redis.call('INCR', ekey), 1, repaired}
 "#;
 
-/// ARGV: prefix, me. Gives the lease up if held.
+/// ARGV: prefix, me. Gives the lease up if held (and the claim to it
+/// across a blip).
 const RESIGN: &str = r#"
 local key = ARGV[1] .. ':leader'
+if redis.call('GET', key .. ':last') == ARGV[2] then redis.call('DEL', key .. ':last') end
 if redis.call('GET', key) == ARGV[2] then return redis.call('DEL', key) end
 return 0
 "#;
@@ -96,11 +130,15 @@ impl LeaderLease {
             self.redis.run(|c| self.tick.arg(PREFIX).arg(&self.me).arg(ttl).invoke(c))?;
         let text = |v: &redis::Value| redis::from_redis_value::<String>(v.clone()).unwrap_or_default();
         let number = |v: &redis::Value| redis::from_redis_value::<u64>(v.clone()).unwrap_or(0);
+        let repaired = answer.last().map(text).unwrap_or_default();
+        if !repaired.is_empty() {
+            tracing::warn!("leader lease: repaired bad data in Redis: {}", repaired.trim_end_matches("; "));
+        }
         Ok(match answer.as_slice() {
-            [flag, epoch, took] if number(flag) == 1 => {
+            [flag, epoch, took, _] if number(flag) == 1 => {
                 Leadership::Leader { epoch: number(epoch), took: number(took) == 1 }
             }
-            [_, holder] => Leadership::Follower { leader: text(holder) },
+            [_, holder, _] => Leadership::Follower { leader: text(holder) },
             _ => Leadership::Follower { leader: String::new() },
         })
     }
@@ -146,5 +184,37 @@ mod tests {
         assert!(!a.resign().unwrap());
         assert!(b.resign().unwrap());
         assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 3, took: true });
+    }
+
+    #[test]
+    fn a_leader_that_lost_redis_for_a_while_keeps_its_epoch_unless_another_took_over() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let ttl = Duration::from_millis(200);
+        let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });
+        // A could not renew (Redis unreachable) and the lease lapsed; nobody
+        // took it: A's next ask continues its tenure.
+        std::thread::sleep(ttl * 2);
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: false });
+        // B takes it while A is cut off: A's tenure is over for good.
+        std::thread::sleep(ttl * 2);
+        assert_eq!(b.tick().unwrap(), Leadership::Leader { epoch: 2, took: true });
+        assert_eq!(a.tick().unwrap(), Leadership::Follower { leader: "gw-b".into() });
+        std::thread::sleep(ttl * 2);
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 3, took: true });
+    }
+
+    #[test]
+    fn bad_lease_data_is_repaired_and_the_fence_only_moves_forward() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let lease = LeaderLease::new(redis.clone(), "gw-a", Duration::from_secs(5));
+        redis.run(|c| redis::cmd("SET").arg("hangar:leader:epoch").arg("seven").query::<()>(c)).unwrap();
+        redis.run(|c| redis::cmd("HSET").arg("hangar:leader").arg("x").arg("y").query::<()>(c)).unwrap();
+        let Leadership::Leader { epoch, took: true } = lease.tick().unwrap() else { panic!("leads") };
+        assert!(epoch > 1_000_000_000_000, "an epoch past any count of tenures: {epoch}");
+        let again = LeaderLease::new(redis.clone(), "gw-b", Duration::from_secs(5));
+        assert_eq!(again.tick().unwrap(), Leadership::Follower { leader: "gw-a".into() });
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod fleet;
 pub mod lease;
+pub mod liveness;
 pub mod registry;
 mod server;
 pub mod tls;
@@ -208,25 +209,23 @@ impl Redis {
     }
 
     /// The live entries of an index: `index` is a sorted set of names,
-    /// each name's value is read by `read(name)` (all in one pipeline),
-    /// and a name whose value is gone (its TTL passed) leaves the index.
+    /// each name's value is the string at `key(name)` (all read in one
+    /// `MGET`), and a name whose value is gone (its TTL passed) — or is
+    /// not a string, which `MGET` reads as nothing — leaves the index.
     /// Returns (name, value) for the others, in the index's order. A name
     /// written again between the read and its removal is put back by its
     /// writer's next write, which adds it to the index.
     pub fn live_in_index(
         &self,
         index: &str,
-        read: impl Fn(&str) -> redis::Cmd,
+        key: impl Fn(&str) -> String,
     ) -> Result<Vec<(String, String)>, RedisError> {
         let names: Vec<String> = self.run(|c| redis::cmd("ZRANGE").arg(index).arg(0).arg(-1).query(c))?;
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for name in &names {
-            pipe.add_command(read(name));
-        }
-        let values: Vec<Option<String>> = self.run(|c| pipe.query(c))?;
+        let keys: Vec<String> = names.iter().map(|n| key(n)).collect();
+        let values: Vec<Option<String>> = self.run(|c| redis::cmd("MGET").arg(&keys).query(c))?;
         let (live, gone): (Vec<_>, Vec<_>) = names.into_iter().zip(values).partition(|(_, v)| v.is_some());
         if !gone.is_empty() {
             let gone: Vec<&String> = gone.iter().map(|(n, _)| n).collect();

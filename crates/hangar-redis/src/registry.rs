@@ -1,15 +1,28 @@
 //! The node registry: each `hangar agent` holds its node's name with a
-//! heartbeat; the leader reads which nodes are alive.
+//! heartbeat; gateways read which nodes are registered, and how recently
+//! each has beaten.
 //!
-//! A node is the hash `hangar:node:NAME` (`agent`: the run holding it,
-//! `record`: its [`NodeRecord`] as JSON) with a time to live, renewed by
-//! every heartbeat; a node whose agent is silent for the TTL is gone the
-//! moment the TTL passes (Redis treats an expired key as absent on
-//! access). `hangar:nodes` indexes the names so the leader needs no
-//! `SCAN`; it drops names whose node is gone when it reads them.
+//! A node is the hash `hangar:node:NAME`: `agent`, the run holding it;
+//! `record`, its [`NodeRecord`] as JSON; `beat`, a counter every heartbeat
+//! raises; `beat_at`, Redis's clock (ms) at the last one; `left` once its
+//! agent left on purpose. `hangar:nodes` indexes the names so readers need
+//! no `SCAN`.
 //!
-//! Each step is one Lua script, so two agents asking for one name at once
-//! cannot both get it.
+//! **Death is not decided here.** A registration does not expire when its
+//! agent falls silent for a few seconds — a Redis outage silences every
+//! agent at once, and a fleet that concluded "dead" from that would
+//! restart everything. Readers see each node's `beat` and decide with a
+//! [`crate::liveness::Liveness`]: silence counts only while Redis answers.
+//! The leader removes a node it declared dead ([`Registry::declare_dead`]);
+//! a registration nobody removes lapses after [`FORGET_AFTER`] without a
+//! heartbeat, so a fleet with no leader does not keep names forever.
+//!
+//! Who may hold a name is decided on Redis's clock: another run may take a
+//! name whose holder left, or has not beaten for the registry's TTL
+//! (8 s in production). Each step is one Lua script, so two agents asking
+//! for one name at once cannot both get it; a key of the wrong type where
+//! a node's registration belongs is named, and replaced by the agent whose
+//! name it is.
 
 use std::time::Duration;
 
@@ -18,14 +31,22 @@ use redis::Script;
 
 use crate::{Redis, RedisError, PREFIX};
 
-/// How long a node stays registered without a heartbeat. The leader
-/// declares it dead at once after (target: within 10 s of its last
-/// heartbeat).
+/// How long an agent may go without a heartbeat before another run may
+/// take its name, and (observed while Redis answers) before the leader
+/// declares its node dead. Target: dead within 10 s of its last heartbeat.
 pub const NODE_TTL: Duration = Duration::from_secs(8);
 
 /// How often an agent renews its registration: four chances before the
 /// TTL runs out.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+
+/// How long a registration nobody renews or removes is kept (a fleet with
+/// no leader to declare its nodes dead).
+pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
+
+/// How long a node that left on purpose stays listed as left (so every
+/// gateway sees it leave, rather than fall silent).
+const LEFT_FOR: Duration = Duration::from_secs(60);
 
 /// Why a registration failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +67,12 @@ pub enum RegistryError {
     /// Redis failed.
     #[error(transparent)]
     Redis(#[from] RedisError),
-    /// A stored record could not be read.
-    #[error("node registry: the record of `{name}` is unreadable: {why}")]
+    /// A stored value could not be read.
+    #[error("node registry: `{key}` is unreadable ({why}); delete the key, its agent registers again")]
     Corrupt {
-        /// The node.
-        name: String,
-        /// The parse error.
+        /// The Redis key.
+        key: String,
+        /// What is wrong with it.
         why: String,
     },
 }
@@ -62,50 +83,128 @@ pub enum Heartbeat {
     /// Renewed.
     Renewed,
     /// The registration was gone (a Redis that lost its data, or this
-    /// agent silent past the TTL and declared dead) and has been made
-    /// again: the leader sees a node join.
+    /// agent declared dead by the leader) and has been made again: the
+    /// leader sees the node join, with what it runs.
     Reregistered,
-    /// Another agent holds the name now (this one was declared dead and
-    /// replaced): this agent must stop its engines and exit.
+    /// Another agent holds the name now (this one was silent past the TTL
+    /// and replaced): this agent must stop its engines and exit.
     Taken {
         /// The agent run that holds it.
         holder: String,
     },
 }
 
-/// ARGV: prefix, name, agent, record json, ttl ms, now ms. Returns
-/// {1} registered / {0, holder record json}.
+/// One registered node as a reader sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// What its agent registered.
+    pub record: NodeRecord,
+    /// Its heartbeat counter: a reader that sees it unchanged saw silence.
+    pub beat: u64,
+    /// Its agent left on purpose (SIGTERM).
+    pub left: bool,
+}
+
+/// Every registration, and the keys that could not be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Registrations {
+    /// The readable ones, by name.
+    pub nodes: Vec<Registration>,
+    /// `(key, what is wrong)` for each one that is not a registration.
+    pub bad: Vec<(String, String)>,
+}
+
+/// ARGV: prefix, name, agent, record json, ttl ms, forget ms. Returns
+/// {1} registered, {2} registered after replacing a key of another type,
+/// or {0, holder record json}.
 const REGISTER: &str = r#"
 local key = ARGV[1] .. ':node:' .. ARGV[2]
-local holder = redis.call('HGET', key, 'agent')
-if holder and holder ~= ARGV[3] then
-  return {0, redis.call('HGET', key, 'record')}
+local now = redis.call('TIME')
+now = now[1] * 1000 + math.floor(now[2] / 1000)
+local kind = redis.call('TYPE', key).ok
+local answer = 1
+if kind ~= 'none' and kind ~= 'hash' then
+  redis.call('DEL', key)
+  answer = 2
+elseif kind == 'hash' then
+  local v = redis.call('HMGET', key, 'agent', 'beat_at', 'left', 'record')
+  local at = tonumber(v[2]) or 0
+  if v[1] and v[1] ~= ARGV[3] and not v[3] and now - at < tonumber(ARGV[5]) then
+    return {0, v[4] or ''}
+  end
+  if v[1] ~= ARGV[3] then redis.call('DEL', key) end
 end
-redis.call('HSET', key, 'agent', ARGV[3], 'record', ARGV[4])
-redis.call('PEXPIRE', key, ARGV[5])
-redis.call('ZADD', ARGV[1] .. ':nodes', ARGV[6], ARGV[2])
-return {1}
+redis.call('HSET', key, 'agent', ARGV[3], 'record', ARGV[4], 'beat_at', now)
+redis.call('HDEL', key, 'left')
+redis.call('HINCRBY', key, 'beat', 1)
+redis.call('PEXPIRE', key, ARGV[6])
+redis.call('ZADD', ARGV[1] .. ':nodes', now, ARGV[2])
+return {answer}
 "#;
 
-/// ARGV as REGISTER. Returns 1 renewed, 2 re-registered, or the holder.
+/// ARGV as REGISTER. Returns {1} renewed, {2} re-registered, {3}
+/// re-registered over a key of another type, or {0, holder}.
 const HEARTBEAT: &str = r#"
 local key = ARGV[1] .. ':node:' .. ARGV[2]
-local holder = redis.call('HGET', key, 'agent')
-if holder and holder ~= ARGV[3] then return holder end
-redis.call('HSET', key, 'agent', ARGV[3], 'record', ARGV[4])
-redis.call('PEXPIRE', key, ARGV[5])
-redis.call('ZADD', ARGV[1] .. ':nodes', ARGV[6], ARGV[2])
-if holder then return 1 end
-return 2
+local kind = redis.call('TYPE', key).ok
+local holder = nil
+if kind == 'hash' then holder = redis.call('HGET', key, 'agent') end
+if holder and holder ~= ARGV[3] then return {0, holder} end
+local now = redis.call('TIME')
+now = now[1] * 1000 + math.floor(now[2] / 1000)
+local answer = 1
+if kind ~= 'none' and kind ~= 'hash' then
+  redis.call('DEL', key)
+  answer = 3
+elseif not holder then
+  answer = 2
+end
+redis.call('HSET', key, 'agent', ARGV[3], 'record', ARGV[4], 'beat_at', now)
+redis.call('HINCRBY', key, 'beat', 1)
+redis.call('PEXPIRE', key, ARGV[6])
+redis.call('ZADD', ARGV[1] .. ':nodes', now, ARGV[2])
+return {answer}
 "#;
 
-/// ARGV: prefix, name, agent. Deletes the node if this agent holds it.
+/// ARGV: prefix, name, agent, left ms. Marks the node left if this agent
+/// holds it.
 const DEREGISTER: &str = r#"
 local key = ARGV[1] .. ':node:' .. ARGV[2]
-if redis.call('HGET', key, 'agent') ~= ARGV[3] then return 0 end
-redis.call('DEL', key)
+if redis.call('TYPE', key).ok ~= 'hash' or redis.call('HGET', key, 'agent') ~= ARGV[3] then return 0 end
+redis.call('HSET', key, 'left', 1)
+redis.call('PEXPIRE', key, ARGV[4])
+return 1
+"#;
+
+/// ARGV: prefix, name, agent. Removes the node, its desired state and its
+/// report, if that run still holds it.
+const DECLARE_DEAD: &str = r#"
+local key = ARGV[1] .. ':node:' .. ARGV[2]
+if redis.call('TYPE', key).ok == 'hash' and redis.call('HGET', key, 'agent') ~= ARGV[3] then return 0 end
+redis.call('DEL', key, ARGV[1] .. ':desired:' .. ARGV[2], ARGV[1] .. ':reported:' .. ARGV[2])
 redis.call('ZREM', ARGV[1] .. ':nodes', ARGV[2])
 return 1
+"#;
+
+/// ARGV: prefix. Every indexed name: {name, kind, agent, record, beat,
+/// left} (the last four empty unless kind is hash); names whose key is gone
+/// leave the index.
+const READ_ALL: &str = r#"
+local index = ARGV[1] .. ':nodes'
+local out = {}
+for _, name in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+  local key = ARGV[1] .. ':node:' .. name
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'none' then
+    redis.call('ZREM', index, name)
+  elseif kind == 'hash' then
+    local v = redis.call('HMGET', key, 'agent', 'record', 'beat', 'left')
+    table.insert(out, {name, kind, v[1] or '', v[2] or '', v[3] or '0', v[4] or ''})
+  else
+    table.insert(out, {name, kind, '', '', '0', ''})
+  end
+end
+return out
 "#;
 
 /// The registry on one Redis.
@@ -120,6 +219,8 @@ struct Scripts {
     register: Script,
     heartbeat: Script,
     deregister: Script,
+    declare_dead: Script,
+    read_all: Script,
 }
 
 impl std::fmt::Debug for Registry {
@@ -132,80 +233,136 @@ fn millis(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
+/// The Redis key of node `name`'s registration.
+pub fn node_key(name: &str) -> String {
+    format!("{PREFIX}:node:{name}")
+}
+
 impl Registry {
-    /// The registry on `redis`, nodes living `ttl` past their last
-    /// heartbeat ([`NODE_TTL`] in production; tests shorten it).
+    /// The registry on `redis`: a name whose holder has not beaten for
+    /// `ttl` may be taken by another run ([`NODE_TTL`] in production; tests
+    /// shorten it).
     pub fn new(redis: Redis, ttl: Duration) -> Registry {
         let scripts = Scripts {
             register: Script::new(REGISTER),
             heartbeat: Script::new(HEARTBEAT),
             deregister: Script::new(DEREGISTER),
+            declare_dead: Script::new(DECLARE_DEAD),
+            read_all: Script::new(READ_ALL),
         };
         Registry { redis, ttl, scripts: std::sync::Arc::new(scripts) }
     }
 
+    /// The silence after which a node may be declared dead and its name
+    /// taken.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// Registers `record` under its name for its agent run; refused if
-    /// another live agent run holds the name. `now` (ms since the epoch)
-    /// orders the index.
-    pub fn register(&self, record: &NodeRecord, now: u64) -> Result<(), RegistryError> {
+    /// another run holds the name and beat within the TTL (on Redis's
+    /// clock). A key of another type in its place is replaced, and named
+    /// in the log.
+    pub fn register(&self, record: &NodeRecord) -> Result<(), RegistryError> {
         let json = serde_json::to_string(record).expect("a node record serializes");
-        let (ttl, name, agent) = (millis(self.ttl), &record.name, &record.agent);
+        let (ttl, forget, name, agent) =
+            (millis(self.ttl), millis(FORGET_AFTER), &record.name, &record.agent);
         let answer: Vec<String> = self.redis.run(|c| {
-            self.scripts.register.arg(PREFIX).arg(name).arg(agent).arg(&json).arg(ttl).arg(now).invoke(c)
+            self.scripts.register.arg(PREFIX).arg(name).arg(agent).arg(&json).arg(ttl).arg(forget).invoke(c)
         })?;
         match answer.as_slice() {
             [ok] if ok == "1" => Ok(()),
+            [ok] if ok == "2" => {
+                tracing::warn!(key = %node_key(name), "the key held something other than a node registration; replaced it");
+                Ok(())
+            }
             [_, holder] => {
+                let key = node_key(name);
                 let holder: NodeRecord = serde_json::from_str(holder)
-                    .map_err(|e| RegistryError::Corrupt { name: name.clone(), why: e.to_string() })?;
+                    .map_err(|e| RegistryError::Corrupt { key, why: e.to_string() })?;
                 Err(RegistryError::NameTaken { name: name.clone(), holder: holder.agent, url: holder.url })
             }
             other => Err(RegistryError::Corrupt {
-                name: name.clone(),
+                key: node_key(name),
                 why: format!("register answered {other:?}"),
             }),
         }
     }
 
     /// Renews `record`'s registration (and updates what it says).
-    pub fn heartbeat(&self, record: &NodeRecord, now: u64) -> Result<Heartbeat, RegistryError> {
+    pub fn heartbeat(&self, record: &NodeRecord) -> Result<Heartbeat, RegistryError> {
         let json = serde_json::to_string(record).expect("a node record serializes");
-        let (ttl, name, agent) = (millis(self.ttl), &record.name, &record.agent);
-        let answer: redis::Value = self.redis.run(|c| {
-            self.scripts.heartbeat.arg(PREFIX).arg(name).arg(agent).arg(&json).arg(ttl).arg(now).invoke(c)
+        let (ttl, forget, name, agent) =
+            (millis(self.ttl), millis(FORGET_AFTER), &record.name, &record.agent);
+        let answer: Vec<String> = self.redis.run(|c| {
+            self.scripts.heartbeat.arg(PREFIX).arg(name).arg(agent).arg(&json).arg(ttl).arg(forget).invoke(c)
         })?;
-        Ok(match answer {
-            redis::Value::Int(1) => Heartbeat::Renewed,
-            redis::Value::Int(_) => Heartbeat::Reregistered,
-            other => Heartbeat::Taken {
-                holder: redis::from_redis_value(other).unwrap_or_else(|_| "an unknown agent".into()),
-            },
+        Ok(match answer.as_slice() {
+            [ok] if ok == "1" => Heartbeat::Renewed,
+            [ok] if ok == "3" => {
+                tracing::warn!(key = %node_key(name), "the key held something other than a node registration; registered again over it");
+                Heartbeat::Reregistered
+            }
+            [_] => Heartbeat::Reregistered,
+            [_, holder] => Heartbeat::Taken { holder: holder.clone() },
+            other => {
+                return Err(RegistryError::Corrupt {
+                    key: node_key(name),
+                    why: format!("heartbeat answered {other:?}"),
+                })
+            }
         })
     }
 
-    /// Removes `record`'s registration if its agent run still holds it
-    /// (an agent leaving on purpose: the leader need not wait for the
-    /// TTL). Whether it did.
+    /// Marks `record`'s registration left, if its agent run still holds it
+    /// (an agent leaving on purpose: the leader places its replicas
+    /// elsewhere at once, and another run may take the name). Whether it
+    /// did.
     pub fn deregister(&self, record: &NodeRecord) -> Result<bool, RegistryError> {
-        let (name, agent) = (&record.name, &record.agent);
+        let (name, agent, left) = (&record.name, &record.agent, millis(LEFT_FOR));
+        let marked: i64 = self
+            .redis
+            .run(|c| self.scripts.deregister.arg(PREFIX).arg(name).arg(agent).arg(left).invoke(c))?;
+        Ok(marked == 1)
+    }
+
+    /// Removes node `name` — its registration, desired state and report —
+    /// if run `agent` still holds it (the leader, which declared it dead).
+    /// Whether it did: a run that registered meanwhile is left alone.
+    pub fn declare_dead(&self, name: &str, agent: &str) -> Result<bool, RegistryError> {
         let removed: i64 =
-            self.redis.run(|c| self.scripts.deregister.arg(PREFIX).arg(name).arg(agent).invoke(c))?;
+            self.redis.run(|c| self.scripts.declare_dead.arg(PREFIX).arg(name).arg(agent).invoke(c))?;
         Ok(removed == 1)
     }
 
-    /// Every live node, by name; names whose node is gone leave the index.
-    pub fn live(&self) -> Result<Vec<NodeRecord>, RegistryError> {
-        let entries = self.redis.live_in_index(&format!("{PREFIX}:nodes"), |name| {
-            let mut read = redis::cmd("HGET");
-            read.arg(format!("{PREFIX}:node:{name}")).arg("record");
-            read
-        })?;
-        entries
-            .into_iter()
-            .map(|(name, json)| {
-                serde_json::from_str(&json).map_err(|e| RegistryError::Corrupt { name, why: e.to_string() })
-            })
-            .collect()
+    /// Every registration, and every key where one belongs that is not one
+    /// (of another type, or with a record that does not parse) — to be
+    /// named and skipped, never to stop the reader.
+    pub fn registered(&self) -> Result<Registrations, RegistryError> {
+        let rows: Vec<Vec<String>> = self.redis.run(|c| self.scripts.read_all.arg(PREFIX).invoke(c))?;
+        let mut out = Registrations::default();
+        for row in rows {
+            let [name, kind, agent, record, beat, left] = <[String; 6]>::try_from(row).map_err(|r| {
+                RegistryError::Corrupt { key: format!("{PREFIX}:nodes"), why: format!("read {r:?}") }
+            })?;
+            let key = node_key(&name);
+            if kind != "hash" {
+                out.bad.push((key, format!("a {kind}, not a node registration (a hash)")));
+                continue;
+            }
+            match serde_json::from_str::<NodeRecord>(&record) {
+                Ok(r) if r.name == name && r.agent == agent => out.nodes.push(Registration {
+                    record: r,
+                    beat: beat.parse().unwrap_or(0),
+                    left: !left.is_empty(),
+                }),
+                Ok(r) => {
+                    out.bad.push((key, format!("its record names node `{}` of run `{}`", r.name, r.agent)))
+                }
+                Err(e) => out.bad.push((key, format!("its record is not a node record: {e}"))),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -229,34 +386,48 @@ mod tests {
         }
     }
 
+    fn names(r: &Registrations) -> Vec<(&str, u64, bool)> {
+        r.nodes.iter().map(|n| (n.record.name.as_str(), n.beat, n.left)).collect()
+    }
+
     #[test]
-    fn a_live_name_is_refused_to_another_agent_and_free_once_it_expires() {
+    fn a_live_name_is_refused_to_another_run_and_free_once_its_holder_is_silent() {
         let Some(server) = LocalRedis::for_test() else { return };
         let registry = Registry::new(Redis::connect(&server.url()).unwrap(), Duration::from_millis(300));
         let a = record("gpu-a", "run-1");
-        registry.register(&a, 1).unwrap();
+        registry.register(&a).unwrap();
         // The same run registering again (a retry) is fine.
-        registry.register(&a, 2).unwrap();
-        let err = registry.register(&record("gpu-a", "run-2"), 3).unwrap_err();
+        registry.register(&a).unwrap();
+        let err = registry.register(&record("gpu-a", "run-2")).unwrap_err();
         assert!(
             err.to_string().contains("`gpu-a` is held by another live agent (run-1 at http://gpu-a:9400)"),
             "{err}"
         );
-        assert_eq!(registry.live().unwrap(), vec![a.clone()]);
-        // Heartbeats keep it; silence past the TTL frees the name.
-        for t in 0..4 {
+        assert_eq!(names(&registry.registered().unwrap()), vec![("gpu-a", 2, false)]);
+        // Heartbeats raise the beat; silence past the TTL frees the name
+        // for another run, though the registration is still there (death
+        // is the readers' to decide).
+        for expected in 3..7 {
             std::thread::sleep(Duration::from_millis(100));
-            assert_eq!(registry.heartbeat(&a, 10 + t).unwrap(), Heartbeat::Renewed);
+            assert_eq!(registry.heartbeat(&a).unwrap(), Heartbeat::Renewed);
+            assert_eq!(names(&registry.registered().unwrap()), vec![("gpu-a", expected, false)]);
         }
         std::thread::sleep(Duration::from_millis(400));
-        assert!(registry.live().unwrap().is_empty());
+        assert_eq!(names(&registry.registered().unwrap()), vec![("gpu-a", 6, false)]);
         let b = record("gpu-a", "run-2");
-        registry.register(&b, 20).unwrap();
+        registry.register(&b).unwrap();
+        assert_eq!(registry.registered().unwrap().nodes[0].record, b);
         // The old run comes back: it has been replaced and must stop.
-        assert_eq!(registry.heartbeat(&a, 21).unwrap(), Heartbeat::Taken { holder: "run-2".into() });
+        assert_eq!(registry.heartbeat(&a).unwrap(), Heartbeat::Taken { holder: "run-2".into() });
         assert!(!registry.deregister(&a).unwrap(), "the old run cannot remove the new one");
+        assert!(!registry.declare_dead("gpu-a", "run-1").unwrap(), "nor can its death");
+        // Leaving marks it left, and the name is free at once.
         assert!(registry.deregister(&b).unwrap());
-        assert!(registry.live().unwrap().is_empty());
+        assert_eq!(names(&registry.registered().unwrap()), vec![("gpu-a", 1, true)]);
+        let c = record("gpu-a", "run-3");
+        registry.register(&c).unwrap();
+        assert!(registry.declare_dead("gpu-a", "run-3").unwrap());
+        assert!(registry.registered().unwrap().nodes.is_empty());
     }
 
     #[test]
@@ -265,13 +436,47 @@ mod tests {
         let redis = Redis::connect(&server.url()).unwrap();
         let registry = Registry::new(redis.clone(), Duration::from_secs(8));
         let a = record("gpu-a", "run-1");
-        registry.register(&a, 1).unwrap();
+        registry.register(&a).unwrap();
         // A restart keeps it (AOF keeps keys and their expiry).
         server.restart().unwrap();
-        assert_eq!(registry.heartbeat(&a, 2).unwrap(), Heartbeat::Renewed);
+        assert_eq!(registry.heartbeat(&a).unwrap(), Heartbeat::Renewed);
         // A Redis that lost everything (a fresh replica promoted, say).
         redis.run(|c| redis::cmd("FLUSHALL").query::<()>(c)).unwrap();
-        assert_eq!(registry.heartbeat(&a, 3).unwrap(), Heartbeat::Reregistered);
-        assert_eq!(registry.live().unwrap(), vec![a]);
+        assert_eq!(registry.heartbeat(&a).unwrap(), Heartbeat::Reregistered);
+        assert_eq!(registry.registered().unwrap().nodes[0].record, a);
+    }
+
+    #[test]
+    fn keys_that_are_not_registrations_are_named_and_skipped() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let registry = Registry::new(redis.clone(), Duration::from_secs(8));
+        registry.register(&record("good", "run-1")).unwrap();
+        let raw = |args: &[&str]| redis.run(|c| redis::cmd(args[0]).arg(&args[1..]).query::<()>(c)).unwrap();
+        raw(&["ZADD", "hangar:nodes", "1", "str", "2", "json", "3", "other"]);
+        raw(&["SET", "hangar:node:str", "hello"]);
+        raw(&["HSET", "hangar:node:json", "agent", "run-9", "record", "{not json"]);
+        raw(&[
+            "HSET",
+            "hangar:node:other",
+            "agent",
+            "run-9",
+            "record",
+            &serde_json::to_string(&record("else", "run-9")).unwrap(),
+        ]);
+        let read = registry.registered().unwrap();
+        assert_eq!(names(&read), vec![("good", 1, false)]);
+        let bad: Vec<&str> = read.bad.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(bad, ["hangar:node:str", "hangar:node:json", "hangar:node:other"], "{:?}", read.bad);
+        assert!(read.bad[0].1.contains("a string, not a node registration"), "{:?}", read.bad);
+        assert!(read.bad[1].1.contains("not a node record"), "{:?}", read.bad);
+        assert!(read.bad[2].1.contains("names node `else`"), "{:?}", read.bad);
+        // The agent whose name it is replaces what is there.
+        registry.register(&record("str", "run-2")).unwrap();
+        assert_eq!(registry.heartbeat(&record("json", "run-9")).unwrap(), Heartbeat::Renewed);
+        let read = registry.registered().unwrap();
+        let mut now = names(&read);
+        now.sort();
+        assert_eq!(now, vec![("good", 1, false), ("json", 1, false), ("str", 1, false)]);
     }
 }

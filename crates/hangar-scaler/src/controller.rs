@@ -42,8 +42,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use hangar_placement::{
-    AddNodeError, Cluster, Deployment, DeploymentDelta, Level, NodeConfig, NodeId, ReplicaRequest, Schedule,
-    Snapshot,
+    AddNodeError, Cluster, Deployment, DeploymentDelta, Level, NodeConfig, NodeId, ReplicaRequest, Restore,
+    Schedule, Snapshot,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -295,7 +295,9 @@ impl Controller {
         why: &str,
         start_failed: bool,
     ) {
-        if !self.models.contains_key(model) {
+        // A fact about a replica placement no longer holds is stale (a
+        // node reports what it runs several times a second): nothing to do.
+        if !self.models.contains_key(model) || self.cluster.deployment(&replica).is_none() {
             return;
         }
         self.remove(now, model, replica);
@@ -313,23 +315,52 @@ impl Controller {
         self.remove(now, model, replica);
     }
 
-    /// A node agent joined with the machine `node` describes: its GPUs are
-    /// placement candidates from now on. Every model backed off as
-    /// unplaceable has its retry brought forward to `now` (as when GPUs are
-    /// freed), so one that waits for room — or for hardware only this node
-    /// has — is placed by the driver's next [`handle_timeout`] at this same
-    /// instant ([`poll_timeout`] says it is due), after the driver has
-    /// observed the models, rather than at the end of a back-off of up to a
-    /// minute. Refused, with nothing changed, if a node of that id is
-    /// already in the cluster or the description is one the cluster's
-    /// config would refuse.
+    /// A node agent joined with the machine `node` describes, running
+    /// `running` (what its agent reports: a node back after a silence, or
+    /// whose agent outlived a Redis that lost its data). Its GPUs are
+    /// placement candidates from now on.
+    ///
+    /// What it runs is adopted where that loses nothing and costs nothing:
+    /// a HOT replica while its model has fewer hot replicas than its scaler
+    /// wants (and it fits where it runs), a WARM one while the node's warm
+    /// cache has room. Returns the node's deployments — the adopted ones —
+    /// which the driver makes the node's whole desired state: it keeps
+    /// those, and stops whatever was not adopted. No adopted replica is
+    /// started again.
+    ///
+    /// Every model backed off as unplaceable has its retry brought forward
+    /// to `now` (as when GPUs are freed), so one that waits for room — or
+    /// for hardware only this node has — is placed by the driver's next
+    /// [`handle_timeout`] at this same instant ([`poll_timeout`] says it is
+    /// due), after the driver has observed the models, rather than at the
+    /// end of a back-off of up to a minute. Refused, with nothing changed,
+    /// if a node of that id is already in the cluster or the description is
+    /// one the cluster's config would refuse.
     ///
     /// [`handle_timeout`]: Self::handle_timeout
     /// [`poll_timeout`]: Self::poll_timeout
-    pub fn handle_node_joined(&mut self, now: Millis, node: NodeConfig) -> Result<(), AddNodeError> {
+    pub fn handle_node_joined(
+        &mut self,
+        now: Millis,
+        node: NodeConfig,
+        running: &[Restore],
+    ) -> Result<Vec<Deployment>, AddNodeError> {
+        let id = node.id.clone();
         self.cluster.add_node(node)?;
+        for r in running {
+            let Some(c) = self.models.get(&r.model_key) else { continue };
+            let wanted = match r.level {
+                Level::Hot => self.hot(&r.model_key) < c.scaler.desired(),
+                _ => true,
+            };
+            let restore = Restore { node: id.clone(), dedicated: false, deployed_at_ms: now, ..r.clone() };
+            if wanted && self.cluster.restore(restore).is_ok() && r.level == Level::Warm {
+                self.models.get_mut(&r.model_key).expect("listed").warm_since.insert(r.replica_id, now);
+            }
+        }
         self.capacity_freed(now);
-        Ok(())
+        let node = self.cluster.node(&id).expect("just added");
+        Ok(node.hot().values().chain(node.warm().values()).flat_map(|m| m.values()).cloned().collect())
     }
 
     /// The node agent `node` is gone (its machine died, or it left): so are

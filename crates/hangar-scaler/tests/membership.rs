@@ -160,7 +160,7 @@ fn a_lost_nodes_warm_replicas_are_forgotten() {
     assert!(c.cluster().replicas_of(&key("m"), Level::Warm).is_empty());
 
     // A node joins and the operator asks for two again: a COLD start there.
-    c.handle_node_joined(2_000, node("c", 1, "gpu", 0)).unwrap();
+    c.handle_node_joined(2_000, node("c", 1, "gpu", 0), &[]).unwrap();
     c.pin(2_000, &key("m"), 2).unwrap();
     let actions = drain(&mut c);
     assert_eq!((steps(&actions, Step::Create), steps(&actions, Step::FromCache)), (1, 0), "{actions:?}");
@@ -177,7 +177,7 @@ fn a_model_needing_hardware_only_a_joining_node_has_is_placed_after_the_join() {
     let waiting = c.blocked(&key("h")).expect("no node has the hardware").clone();
     assert!(waiting.retry_at > 700, "{waiting:?}");
 
-    c.handle_node_joined(700, node("h1", 1, "h100", 0)).unwrap();
+    c.handle_node_joined(700, node("h1", 1, "h100", 0), &[]).unwrap();
     assert_eq!(c.poll_timeout(), 700, "the retry is due at once, not at the end of the back-off");
     tick(&mut c, 700);
     let actions = drain(&mut c);
@@ -201,7 +201,7 @@ fn a_duplicate_node_is_refused_with_a_clear_error() {
     let mut c = Controller::new(cluster(nodes, &[("m", 10, None)]), 1, vec![fixed("m", 1)], 0);
     drain(&mut c);
     let before = c.cluster().snapshot();
-    let err = c.handle_node_joined(1_000, node("a", 8, "h100", 0)).unwrap_err();
+    let err = c.handle_node_joined(1_000, node("a", 8, "h100", 0), &[]).unwrap_err();
     assert_eq!(err, AddNodeError::Duplicate(nid("a")));
     assert_eq!(err.to_string(), "node `a` is already in the cluster; remove it before adding it again");
     assert_eq!(c.cluster().snapshot(), before);
@@ -210,7 +210,7 @@ fn a_duplicate_node_is_refused_with_a_clear_error() {
     // Lost, it may come back.
     c.handle_node_lost(2_000, &nid("a")).unwrap();
     assert!(c.handle_node_lost(2_000, &nid("a")).is_none(), "a loss reported twice finds nothing");
-    c.handle_node_joined(3_000, node("a", 1, "gpu", 0)).unwrap();
+    c.handle_node_joined(3_000, node("a", 1, "gpu", 0), &[]).unwrap();
     tick(&mut c, 3_000);
     assert_eq!(hot(&c, "m").len(), 1);
 }
@@ -348,7 +348,7 @@ proptest! {
                     let known = c.cluster().node(&nid(&format!("n{i}"))).is_some();
                     let waiting: Vec<ModelKey> =
                         c.cluster().models().keys().filter(|m| c.blocked(m).is_some()).cloned().collect();
-                    let result = c.handle_node_joined(now, node_of(*i, s));
+                    let result = c.handle_node_joined(now, node_of(*i, s), &[]);
                     prop_assert_eq!(result.is_err(), known);
                     if !known {
                         prop_assert!(c.poll_timeout() <= now || waiting.is_empty(), "the waiting retry at once");

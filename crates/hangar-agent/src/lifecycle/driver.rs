@@ -189,16 +189,16 @@ impl NodeReplica {
 
 /// A replica's phase from the machine's view of it.
 pub fn phase(v: &ReplicaView) -> ReplicaPhase {
-    match (&v.engine, v.serving) {
-        (Engine::Awake { .. }, true) => ReplicaPhase::Ready,
-        (Engine::Awake { .. } | Engine::FallingAsleep { .. }, false) => ReplicaPhase::Draining,
-        (Engine::Absent, _) => ReplicaPhase::Pending,
-        (Engine::Starting { .. }, _) => ReplicaPhase::Starting,
-        (Engine::Asleep { .. }, _) => ReplicaPhase::Sleeping,
-        (Engine::Waking { .. }, _) => ReplicaPhase::Waking,
-        (Engine::Stopping { .. }, _) => ReplicaPhase::Stopping,
-        (Engine::Failed { .. }, _) => ReplicaPhase::Failed,
-        (Engine::FallingAsleep { .. }, true) => ReplicaPhase::Draining,
+    match (&v.engine, v.serving, &v.want) {
+        (Engine::Awake { .. }, true, _) => ReplicaPhase::Ready,
+        (Engine::Awake { .. } | Engine::FallingAsleep { .. }, _, _) => ReplicaPhase::Draining,
+        (Engine::Absent | Engine::Failed { .. }, _, Some(Tier::Warm)) => ReplicaPhase::Cold,
+        (Engine::Absent, _, _) => ReplicaPhase::Pending,
+        (Engine::Failed { .. }, _, _) => ReplicaPhase::Failed,
+        (Engine::Starting { .. }, _, _) => ReplicaPhase::Starting,
+        (Engine::Asleep { .. }, _, _) => ReplicaPhase::Sleeping,
+        (Engine::Waking { .. }, _, _) => ReplicaPhase::Waking,
+        (Engine::Stopping { .. }, _, _) => ReplicaPhase::Stopping,
     }
 }
 

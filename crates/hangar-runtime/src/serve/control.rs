@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
-use hangar_placement::{Deployment, Level, NodeConfig, NodeId};
+use hangar_placement::{Deployment, Level, NodeConfig, NodeId, Restore};
 use hangar_scaler::{Action, CommandError, ControlLoop, Controller, Observation, ReplicaCounts, StartTier};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -53,8 +53,8 @@ pub(crate) enum Command {
     Evict { model: ModelKey, replica: Option<ReplicaId>, reply: oneshot::Sender<Result<usize, CommandError>> },
     /// The scaling and placement view of every model, for `/admin/status`.
     Status { reply: oneshot::Sender<Status> },
-    /// A node agent registered (fleet mode, the leader).
-    NodeJoined(NodeConfig),
+    /// A node joined, running these replicas (fleet mode, the leader).
+    NodeJoined(NodeConfig, Vec<Restore>),
     /// A node agent's registration lapsed: its replicas are gone.
     NodeLost(NodeId),
 }
@@ -192,6 +192,9 @@ pub(crate) trait Fleet: Send + Sync + 'static {
     fn waiting_handled(&self, model: &ModelKey);
     /// Carries out one of the controller's actions.
     fn carry_out(self: &Arc<Self>, action: Action);
+    /// A node joined, placement holding `deployments` there (what it runs
+    /// that was adopted): that is its whole desired state now.
+    fn node_joined(&self, _node: &NodeId, _deployments: Vec<Deployment>) {}
 }
 
 /// Runs the control loop until the fleet is dropped (its handle closes).
@@ -286,7 +289,7 @@ fn observe(rt: &ModelRuntime, waiting: u32) -> (Observation, Vec<(ReplicaId, u32
                 ready_ids.push(id);
             }
             ReplicaPhase::Draining | ReplicaPhase::Sleeping => sleeping += 1,
-            ReplicaPhase::Stopping | ReplicaPhase::Failed => {}
+            ReplicaPhase::Stopping | ReplicaPhase::Failed | ReplicaPhase::Cold => {}
         }
     }
     let in_flight = ready_ids.into_iter().map(|id| (id, rt.processor.in_use_on(id))).collect();
@@ -339,11 +342,14 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
         Command::Status { reply } => {
             let _ = reply.send(status(control.controller()));
         }
-        Command::NodeJoined(node) => {
+        Command::NodeJoined(node, running) => {
             let id = node.id.clone();
-            match control.controller_mut().handle_node_joined(now, node) {
-                Ok(()) => tracing::info!(node = %id, "node joined the fleet"),
-                Err(e) => tracing::debug!(node = %id, "node not added: {e}"),
+            match control.controller_mut().handle_node_joined(now, node, &running) {
+                Ok(deployments) => {
+                    tracing::info!(node = %id, running = running.len(), adopted = deployments.len(), "node joined the fleet");
+                    fleet.node_joined(&id, deployments);
+                }
+                Err(e) => tracing::warn!(node = %id, "node not added: {e}"),
             }
         }
         Command::NodeLost(node) => {

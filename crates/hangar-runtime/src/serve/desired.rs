@@ -17,11 +17,6 @@ pub(crate) struct DesiredBook {
 }
 
 impl DesiredBook {
-    /// A book holding `states`.
-    pub fn new(states: BTreeMap<String, DesiredState>) -> Self {
-        DesiredBook { states }
-    }
-
     /// Folds `delta` in; returns the nodes whose state changed, in order.
     pub fn apply(&mut self, delta: &DeploymentDelta) -> Vec<String> {
         let mut touched = Vec::new();

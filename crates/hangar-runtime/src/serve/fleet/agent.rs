@@ -34,7 +34,6 @@ use hangar_redis::Redis;
 use tokio_util::sync::CancellationToken;
 
 use super::super::{build, node, ServeConfig, ServeError};
-use super::wall_ms;
 
 /// How often the desired state is read.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -94,7 +93,7 @@ impl Agent {
         let driver = node::start_driver(&inner, &config, gpus, false);
         let registry = Registry::new(redis.clone(), NODE_TTL);
         let (registry, registered) = tokio::task::spawn_blocking(move || {
-            let result = registry.register(&record, wall_ms());
+            let result = registry.register(&record);
             (registry, result.map(|()| record))
         })
         .await
@@ -180,7 +179,7 @@ impl Agent {
     }
 
     fn heartbeat(self: Arc<Self>) {
-        match self.registry.heartbeat(&self.record, wall_ms()) {
+        match self.registry.heartbeat(&self.record) {
             Ok(Heartbeat::Renewed) => {}
             Ok(Heartbeat::Reregistered) => {
                 tracing::warn!(node = %self.node, "registered again (Redis had lost the registration)")

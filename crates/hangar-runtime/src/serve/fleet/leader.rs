@@ -3,22 +3,40 @@
 //!
 //! Every gateway asks for the lease every third of its TTL. The one that
 //! takes it starts a tenure: it builds the placement cluster from the
-//! live nodes, restores each node's replicas from its desired state (the
-//! previous leader's decisions stay in force), and runs the same control
-//! loop a single machine runs (`control::run`). Where a single machine
-//! applies a deployment delta to its own engines, the leader writes the
-//! desired state of each node the delta touches, in its epoch; the nodes'
-//! agents carry it out. Facts come from the gateway's view (nodes joining
-//! and lost, replicas ready or gone) and from every gateway's published
-//! load. A tenure ends when a renewal fails or finds another holder; the
-//! controller is dropped with it, and the next leader rebuilds from Redis.
+//! registered nodes — each node's replicas from its desired state when
+//! that was written for the node's present agent run, else from what the
+//! node reports it runs (a new run reports nothing; a run that outlived a
+//! Redis which lost its data reports its engines, which are kept) — and
+//! runs the same control loop a single machine runs (`control::run`).
+//! Where a single machine hands a node's desired state to its lifecycle
+//! driver, the leader writes it to Redis, stamped with its epoch and the
+//! node's agent run; the node's agent carries it out.
+//!
+//! Writes are level-triggered too: a node whose state changed is marked,
+//! the writer sends the latest state of every marked node (one write at a
+//! time, so an older state never lands after a newer), keeps the marks of
+//! writes that failed for the next round, and rewrites every node's state
+//! every few seconds, so a state Redis lost comes back.
+//!
+//! **A blip is not a new tenure.** A renewal that fails because Redis does
+//! not answer ends nothing: the leader keeps its controller, writes
+//! nothing that cannot land, and concludes nothing (its view learns
+//! nothing either). When Redis answers again it renews — in the same
+//! epoch, if nobody took the lease meanwhile — and carries on. The tenure
+//! ends only when another gateway holds the lease, or the lease says
+//! another epoch.
+//!
+//! The tenure's members are the nodes it places on; the view keeps them
+//! level with the live nodes ([`Tenure::join`], [`Tenure::lose`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use hangar_core::{DesiredState, GatewayLoad, Millis, ModelKey, ReplicaId};
-use hangar_placement::{Cluster, ClusterConfig, Level, Restore};
+use hangar_core::{
+    DesiredState, GatewayLoad, Millis, ModelKey, NodeRecord, NodeReport, ReplicaId, ReplicaPhase,
+};
+use hangar_placement::{Cluster, ClusterConfig, Deployment, Level, NodeId, Restore};
 use hangar_redis::fleet::FleetState;
 use hangar_redis::lease::{LeaderLease, Leadership as Lease};
 use hangar_redis::registry::Registry;
@@ -30,6 +48,11 @@ use super::super::control::{self, Command, Fleet};
 use super::super::desired::{desired, DesiredBook};
 use super::super::{control_loop, Inner, ServeConfig};
 use super::node_config;
+
+/// How often the writer retries what failed, and how often it rewrites
+/// every node's state.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+const REWRITE_EVERY: Duration = Duration::from_secs(5);
 
 /// Which tenure, if any, this gateway holds now.
 #[derive(Default)]
@@ -48,12 +71,12 @@ impl Leadership {
     }
 }
 
-/// One leader's term: its epoch and what it has told each node.
+/// One leader's term: its epoch, its members and what it has told each.
 pub(crate) struct Tenure {
     inner: Arc<Inner>,
     /// Node → what it was last told.
     desired: Arc<Mutex<DesiredBook>>,
-    /// Node → the agent run its desired state is for.
+    /// Node → the agent run it places for: the tenure's members.
     runs: Arc<Mutex<BTreeMap<String, String>>>,
     /// When each replica of `desired` was first placed by this tenure.
     placed_at: Mutex<HashMap<ReplicaId, Instant>>,
@@ -75,8 +98,44 @@ impl Tenure {
         *self.loads.lock().expect("loads lock") = loads;
     }
 
+    /// The members: node → its agent run.
+    pub(crate) fn members(&self) -> Vec<(String, String)> {
+        self.runs.lock().expect("runs lock").iter().map(|(n, a)| (n.clone(), a.clone())).collect()
+    }
+
+    /// The agent run the tenure places for on `node`, if it is a member.
+    pub(crate) fn member(&self, node: &str) -> Option<String> {
+        self.runs.lock().expect("runs lock").get(node).cloned()
+    }
+
+    /// A live node that is not a member joins: from now on its desired
+    /// state is for `record`'s run, starting empty; the controller adds it
+    /// and adopts what `report` says it runs (where that fits and is
+    /// wanted), which becomes its desired state.
+    pub(crate) fn join(&self, record: &NodeRecord, report: Option<&NodeReport>) {
+        let node = match node_config(record) {
+            Ok(node) => node,
+            Err(e) => return tracing::warn!(node = %record.name, "cannot use this node: {e}"),
+        };
+        self.runs.lock().expect("runs lock").insert(record.name.clone(), record.agent.clone());
+        self.desired.lock().expect("desired lock").set(&record.name, DesiredState::default());
+        let running = report.map(|r| running(&node.id, r)).unwrap_or_default();
+        self.inner.control.send(Command::NodeJoined(node, running));
+    }
+
+    /// A member is gone (dead, left, or another run holds its name): the
+    /// controller loses it and its replicas; it is told nothing more.
+    pub(crate) fn lose(&self, node: &str) {
+        self.runs.lock().expect("runs lock").remove(node);
+        self.desired.lock().expect("desired lock").remove(node);
+        self.writer.forget(node);
+        if let Ok(id) = node.parse() {
+            self.inner.control.send(Command::NodeLost(id));
+        }
+    }
+
     /// Folds a delta into the nodes' desired states and writes the nodes
-    /// it touched. A write refused (the lease passed) ends the tenure.
+    /// it touched.
     fn apply(&self, delta: &hangar_placement::DeploymentDelta) {
         let touched = self.desired.lock().expect("desired lock").apply(delta);
         {
@@ -90,8 +149,17 @@ impl Tenure {
                 }
             }
         }
+        self.write(touched);
+    }
+
+    /// Marks `nodes` for writing and writes them in the background.
+    fn write(&self, nodes: Vec<String>) {
+        let runs = self.runs.lock().expect("runs lock");
+        // Only members are written: a node the tenure lost is told nothing.
+        self.writer.mark(nodes.into_iter().filter(|n| runs.contains_key(n)));
+        drop(runs);
         let writer = self.writer.clone();
-        tokio::task::spawn_blocking(move || writer.write(&touched));
+        tokio::task::spawn_blocking(move || writer.flush());
     }
 
     /// Stops watching whether replica `id` is taken up; whether it was
@@ -102,7 +170,7 @@ impl Tenure {
 
     /// The replicas this leader placed on `node` more than `limit` ago
     /// (warm or hot), for the view to tell which its agent never took up.
-    pub(crate) fn placed_before(&self, node: &str, limit: std::time::Duration) -> Vec<(ModelKey, ReplicaId)> {
+    pub(crate) fn placed_before(&self, node: &str, limit: Duration) -> Vec<(ModelKey, ReplicaId)> {
         let state = self.desired.lock().expect("desired lock").get(node);
         let placed = self.placed_at.lock().expect("placed lock");
         state
@@ -114,9 +182,37 @@ impl Tenure {
     }
 }
 
-/// Writes nodes' desired states, one write at a time and each with the
-/// tenure's latest state of the node: writes spawned in order may run out
-/// of order, and an older state must never land after a newer one.
+/// What a node's report says it runs, as placement would take it back:
+/// HOT where its engine is awake (or about to be) on its GPUs, WARM where
+/// it sleeps.
+fn running(node: &NodeId, report: &NodeReport) -> Vec<Restore> {
+    report
+        .replicas
+        .iter()
+        .filter_map(|r| {
+            let level = match r.phase {
+                ReplicaPhase::Ready | ReplicaPhase::Starting | ReplicaPhase::Waking if !r.gpus.is_empty() => {
+                    Level::Hot
+                }
+                ReplicaPhase::Sleeping => Level::Warm,
+                _ => return None,
+            };
+            Some(Restore {
+                model_key: r.model.clone(),
+                replica_id: r.replica,
+                node: node.clone(),
+                level,
+                gpus: (level == Level::Hot).then(|| r.gpus.clone()),
+                dedicated: false,
+                deployed_at_ms: 0,
+            })
+        })
+        .collect()
+}
+
+/// Writes nodes' desired states: the latest state of each marked node,
+/// one write at a time; marks of writes that failed stay for the next
+/// round. A write refused (the lease passed) ends the tenure.
 struct Writer {
     fleet: FleetState,
     me: String,
@@ -124,17 +220,34 @@ struct Writer {
     desired: Arc<Mutex<DesiredBook>>,
     runs: Arc<Mutex<BTreeMap<String, String>>>,
     lost: CancellationToken,
+    dirty: Mutex<BTreeSet<String>>,
     one_at_a_time: Mutex<()>,
 }
 
 impl Writer {
-    fn write(&self, nodes: &[String]) {
+    fn mark(&self, nodes: impl IntoIterator<Item = String>) {
+        self.dirty.lock().expect("dirty lock").extend(nodes);
+    }
+
+    fn forget(&self, node: &str) {
+        self.dirty.lock().expect("dirty lock").remove(node);
+    }
+
+    /// Writes every marked node. Blocking (Redis).
+    fn flush(&self) {
         let _turn = self.one_at_a_time.lock().expect("writer lock");
+        let nodes = std::mem::take(&mut *self.dirty.lock().expect("dirty lock"));
+        let mut failed = BTreeSet::new();
         for node in nodes {
-            let mut state = self.desired.lock().expect("desired lock").get(node);
+            let Some(agent) = self.runs.lock().expect("runs lock").get(&node).cloned() else { continue };
+            if !failed.is_empty() {
+                failed.insert(node); // Redis failed this round: try later.
+                continue;
+            }
+            let mut state = self.desired.lock().expect("desired lock").get(&node);
             state.epoch = self.epoch;
-            state.agent = self.runs.lock().expect("runs lock").get(node).cloned().unwrap_or_default();
-            match self.fleet.write_desired(&self.me, node, &state) {
+            state.agent = agent;
+            match self.fleet.write_desired(&self.me, &node, &state) {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(
@@ -144,8 +257,31 @@ impl Writer {
                     self.lost.cancel();
                     return;
                 }
-                Err(e) => tracing::warn!(%node, "cannot write the desired state: {e}"),
+                Err(e) => {
+                    tracing::debug!(%node, "cannot write the desired state now: {e}");
+                    failed.insert(node);
+                }
             }
+        }
+        self.mark(failed);
+    }
+
+    /// Retries failed writes every [`RETRY_EVERY`] and rewrites every
+    /// member's state every [`REWRITE_EVERY`], until the tenure ends.
+    async fn run(self: Arc<Self>) {
+        let mut rewrite = Instant::now();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(RETRY_EVERY) => {}
+                () = self.lost.cancelled() => return,
+            }
+            if rewrite.elapsed() >= REWRITE_EVERY {
+                rewrite = Instant::now();
+                let all: Vec<String> = self.runs.lock().expect("runs lock").keys().cloned().collect();
+                self.mark(all);
+            }
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.flush()).await;
         }
     }
 }
@@ -188,6 +324,20 @@ impl Fleet for Tenure {
             other => control::note(&self.inner, other),
         }
     }
+
+    fn node_joined(&self, node: &NodeId, deployments: Vec<Deployment>) {
+        let name = node.to_string();
+        let now = Instant::now();
+        let mut placed = self.placed_at.lock().expect("placed lock");
+        for d in &deployments {
+            placed.entry(d.replica_id).or_insert(now);
+        }
+        drop(placed);
+        let state =
+            DesiredState { replicas: deployments.iter().map(desired).collect(), ..DesiredState::default() };
+        self.desired.lock().expect("desired lock").set(&name, state);
+        self.write(vec![name]);
+    }
 }
 
 /// Asks for the lease for as long as the server lives, and leads while
@@ -211,11 +361,15 @@ pub(crate) async fn run(
     mut commands: mpsc::UnboundedReceiver<Command>,
     stop: CancellationToken,
 ) {
+    let mut unreachable = false;
     while !stop.is_cancelled() {
         let asked = {
             let lease = lease.clone();
             tokio::task::spawn_blocking(move || lease.tick()).await.expect("no panic")
         };
+        if asked.is_ok() {
+            unreachable = false;
+        }
         match asked {
             Ok(Lease::Leader { epoch, .. }) => {
                 let tenure = match begin(&inner, &config, &registry, &fleet, &lease, epoch).await {
@@ -233,6 +387,7 @@ pub(crate) async fn run(
                 inner.control.set_active(true);
                 tracing::info!(epoch, "leading the fleet");
                 tokio::spawn(renew(lease.clone(), epoch, tenure.0.lost.clone()));
+                tokio::spawn(tenure.0.writer.clone().run());
                 tokio::select! {
                     () = control::run(Arc::downgrade(&tenure.0), tenure.1, &mut commands) => {}
                     () = tenure.0.lost.cancelled() => {}
@@ -252,7 +407,11 @@ pub(crate) async fn run(
                 tracing::warn!(epoch, "no longer leading the fleet");
             }
             Ok(Lease::Follower { .. }) => {}
-            Err(e) => tracing::warn!("leader lease: {e}"),
+            Err(e) if !unreachable => {
+                tracing::warn!("leader lease: {e}");
+                unreachable = true;
+            }
+            Err(_) => {}
         }
         tokio::select! {
             () = tokio::time::sleep(lease.period()) => {}
@@ -261,10 +420,12 @@ pub(crate) async fn run(
     }
 }
 
-/// Renews the lease every period; cancels `lost` when a renewal fails or
-/// another gateway holds it (a leader that cannot renew must assume it
-/// lost it).
+/// Renews the lease every period. A renewal that finds another holder or
+/// another epoch cancels `lost`; one that fails for want of Redis ends
+/// nothing — the leader may well still hold the lease, or get it back in
+/// the same epoch — and the next is tried a period later.
 async fn renew(lease: Arc<LeaderLease>, epoch: u64, lost: CancellationToken) {
+    let mut unreachable_since: Option<Instant> = None;
     loop {
         tokio::select! {
             () = tokio::time::sleep(lease.period()) => {}
@@ -272,7 +433,21 @@ async fn renew(lease: Arc<LeaderLease>, epoch: u64, lost: CancellationToken) {
         }
         let l = lease.clone();
         match tokio::task::spawn_blocking(move || l.tick()).await.expect("no panic") {
-            Ok(Lease::Leader { epoch: e, .. }) if e == epoch => {}
+            Ok(Lease::Leader { epoch: e, .. }) if e == epoch => {
+                if let Some(since) = unreachable_since.take() {
+                    tracing::info!(
+                        epoch,
+                        after_ms = since.elapsed().as_millis() as u64,
+                        "Redis answers again: still leading, in the same epoch"
+                    );
+                }
+            }
+            Err(e) => {
+                if unreachable_since.is_none() {
+                    tracing::warn!(epoch, "cannot renew the leader lease ({e}): holding on, concluding nothing until Redis answers");
+                    unreachable_since = Some(Instant::now());
+                }
+            }
             other => {
                 tracing::warn!(?other, "leader lease not renewed");
                 lost.cancel();
@@ -282,10 +457,10 @@ async fn renew(lease: Arc<LeaderLease>, epoch: u64, lost: CancellationToken) {
     }
 }
 
-/// A tenure's start: the cluster of the live nodes with the replicas
-/// their desired states hold, the controller over it, and every node's
-/// desired state written again in this epoch (a replica the cluster could
-/// not take back is thereby dropped).
+/// A tenure's start: the cluster of the registered nodes with the replicas
+/// each runs — from its desired state when that is its present run's, else
+/// from its report — the controller over it, and every node's desired
+/// state written again in this epoch.
 async fn begin(
     inner: &Arc<Inner>,
     config: &ServeConfig,
@@ -295,57 +470,84 @@ async fn begin(
     epoch: u64,
 ) -> Result<(Arc<Tenure>, hangar_scaler::ControlLoop), String> {
     let (registry, reader) = (registry.clone(), fleet.clone());
-    let (nodes, states) = tokio::task::spawn_blocking(move || {
-        let nodes = registry.live().map_err(|e| e.to_string())?;
-        let states = nodes
+    let (nodes, states, reports) = tokio::task::spawn_blocking(move || {
+        let nodes: Vec<NodeRecord> = registry
+            .registered()
+            .map_err(|e| e.to_string())?
+            .nodes
+            .into_iter()
+            .filter(|r| !r.left)
+            .map(|r| r.record)
+            .collect();
+        let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        let states = names
             .iter()
-            .map(|n| {
-                Ok((n.name.clone(), reader.desired(&n.name).map_err(|e| e.to_string())?.unwrap_or_default()))
-            })
+            .map(|n| Ok(reader.desired(n).map_err(|e| e.to_string())?.unwrap_or_default()))
             .collect::<Result<Vec<_>, String>>()?;
-        Ok::<_, String>((nodes, states))
+        let reports = reader.reports(&names).map_err(|e| e.to_string())?;
+        Ok::<_, String>((nodes, states, reports))
     })
     .await
     .expect("no panic")?;
+    let mut usable = Vec::new();
     let mut node_configs = Vec::new();
-    for n in &nodes {
+    for ((n, state), report) in nodes.iter().zip(states).zip(reports) {
         match node_config(n) {
-            Ok(c) => node_configs.push(c),
+            Ok(c) => {
+                node_configs.push(c);
+                usable.push((n, state, report));
+            }
             Err(e) => tracing::warn!(node = %n.name, "cannot use this node: {e}"),
         }
     }
     let mut cluster =
         Cluster::new(ClusterConfig { nodes: node_configs, ..config.cluster() }).map_err(|e| e.to_string())?;
-    for (node, state) in &states {
-        let Ok(node_id) = node.parse::<hangar_placement::NodeId>() else { continue };
-        for r in &state.replicas {
-            let restore = Restore {
-                model_key: r.model.clone(),
-                replica_id: r.replica,
-                node: node_id.clone(),
-                level: if r.warm { Level::Warm } else { Level::Hot },
-                gpus: (!r.warm).then(|| r.gpus.keys().copied().collect()),
-                dedicated: r.dedicated,
-                deployed_at_ms: 0,
-            };
+    for (n, state, report) in &usable {
+        let Ok(node_id) = n.name.parse::<NodeId>() else { continue };
+        let restores: Vec<Restore> = if state.agent == n.agent {
+            state
+                .replicas
+                .iter()
+                .map(|r| Restore {
+                    model_key: r.model.clone(),
+                    replica_id: r.replica,
+                    node: node_id.clone(),
+                    level: if r.warm { Level::Warm } else { Level::Hot },
+                    gpus: (!r.warm).then(|| r.gpus.keys().copied().collect()),
+                    dedicated: r.dedicated,
+                    deployed_at_ms: 0,
+                })
+                .collect()
+        } else {
+            // Not this run's: what the run reports it runs, if anything.
+            report.as_ref().filter(|r| r.agent == n.agent).map(|r| running(&node_id, r)).unwrap_or_default()
+        };
+        for restore in restores {
+            let replica = restore.replica_id;
             if let Err(e) = cluster.restore(restore) {
-                tracing::warn!(%node, replica = %r.replica, "dropping a replica the cluster cannot take back: {e}");
+                tracing::warn!(node = %n.name, %replica, "dropping a replica the cluster cannot take back: {e}");
             }
         }
     }
-    let mut desired_states: BTreeMap<String, DesiredState> =
-        nodes.iter().map(|n| (n.name.clone(), DesiredState { epoch, ..DesiredState::default() })).collect();
-    for d in cluster.snapshot().deployments().values() {
-        desired_states.entry(d.node.to_string()).or_default().replicas.push(desired(d));
+    let mut book = DesiredBook::default();
+    for n in &usable {
+        book.set(&n.0.name, DesiredState::default());
     }
-    let runs = Arc::new(Mutex::new(nodes.iter().map(|n| (n.name.clone(), n.agent.clone())).collect()));
+    for d in cluster.snapshot().deployments().values() {
+        let mut state = book.get(&d.node.to_string());
+        state.replicas.push(desired(d));
+        book.set(&d.node.to_string(), state);
+    }
+    let runs: BTreeMap<String, String> =
+        usable.iter().map(|(n, _, _)| (n.name.clone(), n.agent.clone())).collect();
     let seed = config.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let control = control_loop(config, seed, inner, cluster);
-    let all: Vec<String> = desired_states.keys().cloned().collect();
     let now = Instant::now();
     let placed_at =
-        desired_states.values().flat_map(|s| s.replicas.iter().map(|r| (r.replica, now))).collect();
-    let desired_states = Arc::new(Mutex::new(DesiredBook::new(desired_states)));
+        book.states().values().flat_map(|s| s.replicas.iter().map(|r| (r.replica, now))).collect();
+    let all: Vec<String> = runs.keys().cloned().collect();
+    let desired_states = Arc::new(Mutex::new(book));
+    let runs = Arc::new(Mutex::new(runs));
     let lost = CancellationToken::new();
     let writer = Arc::new(Writer {
         fleet: fleet.clone(),
@@ -354,6 +556,7 @@ async fn begin(
         desired: desired_states.clone(),
         runs: runs.clone(),
         lost: lost.clone(),
+        dirty: Mutex::new(all.into_iter().collect()),
         one_at_a_time: Mutex::new(()),
     });
     let tenure = Arc::new(Tenure {
@@ -365,6 +568,6 @@ async fn begin(
         loads: Mutex::default(),
         lost,
     });
-    tokio::task::spawn_blocking(move || writer.write(&all)).await.expect("no panic");
+    tokio::task::spawn_blocking(move || writer.flush()).await.expect("no panic");
     Ok((tenure, control))
 }

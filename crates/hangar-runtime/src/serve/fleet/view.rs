@@ -1,33 +1,44 @@
 //! A gateway's view of the fleet, refreshed four times a second: which
-//! nodes are alive (the registry), which replicas each runs (the nodes'
-//! reports), and this gateway's load, published for the leader.
+//! nodes are alive (the registry, judged by a `Liveness`), which replicas
+//! each runs (the nodes' reports), and this gateway's load, published for
+//! the leader.
 //!
 //! Every gateway routes to the replicas the live nodes report ready: each
 //! becomes a remote entry in its model's replica table and gets its
 //! permits on the model's processor; one that stops being reported ready,
-//! or whose node is gone, loses them. On the leader the view also turns
-//! what changed into the controller's facts: a node joined or lost, a
-//! replica ready (COLD, or WARM when it woke), and a replica the leader
-//! still wants that its node stopped reporting (failed, or stopped when
-//! it was to sleep).
+//! or whose node is gone, loses them. **A read that fails changes
+//! nothing**: routing stays as it was, and no node's silence grows while
+//! Redis does not answer. A live node whose report is missing for a moment
+//! (Redis restarted, the report's TTL passed) keeps the routes of its last
+//! report until the node is declared dead.
+//!
+//! On the leader the view also keeps the controller's picture level with
+//! what it reads: the tenure's members are made the live nodes (a node
+//! joined, another run under a known name, a node dead or gone), and each
+//! node's report becomes the controller's facts — a replica that serves
+//! (COLD, or WARM when it woke), one that failed, one that went cold, and
+//! one placed long ago that its node never took up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use hangar_core::{GatewayLoad, ModelKey, ModelLoad, NodeRecord, ReplicaId, ReplicaPhase};
+use hangar_core::{
+    GatewayLoad, Millis, ModelKey, ModelLoad, NodeRecord, NodeReport, ReplicaId, ReplicaPhase,
+};
 use hangar_redis::fleet::FleetState;
+use hangar_redis::liveness::{Change, Liveness, Seen as Registered};
 use hangar_redis::registry::Registry;
 use hangar_scaler::StartTier;
 
 use super::super::control::Command;
 use super::super::replicas::Replica;
 use super::super::Inner;
-use super::leader::Leadership;
-use super::{node_config, wall_ms};
+use super::leader::{Leadership, Tenure};
+use super::wall_ms;
 
-/// How long a replica placed on a live node may go unreported before the
-/// leader counts it as a failed start.
+/// How long a replica placed on a live node may go unreported (or
+/// pending) before the leader counts it as a failed start.
 const NEVER_TAKEN_UP: Duration = Duration::from_secs(30);
 
 /// How often the view is refreshed.
@@ -42,6 +53,18 @@ struct Seen {
     url: Option<String>,
     ready_ms: Option<u64>,
     sleeps: bool,
+    failure: Option<String>,
+}
+
+/// What the view keeps between refreshes.
+struct Memory {
+    liveness: Liveness,
+    /// Each live node's last report of its present run.
+    reports: BTreeMap<String, NodeReport>,
+    /// Every replica as last seen, and whether it ever served.
+    seen: HashMap<ReplicaId, (Seen, bool)>,
+    /// Registry keys already named as unreadable.
+    named: HashSet<String>,
 }
 
 /// The view and what it saw last.
@@ -51,7 +74,8 @@ pub(crate) struct View {
     registry: Registry,
     fleet: FleetState,
     leadership: Arc<Leadership>,
-    last: Mutex<(BTreeMap<String, NodeRecord>, HashMap<ReplicaId, Seen>)>,
+    epoch: Instant,
+    memory: Mutex<Memory>,
 }
 
 impl View {
@@ -62,142 +86,239 @@ impl View {
         fleet: FleetState,
         leadership: Arc<Leadership>,
     ) -> Arc<View> {
+        let ttl = registry.ttl().as_millis() as Millis;
+        let memory = Memory {
+            // A gap between two reads counts at most four periods: a gateway
+            // that was stopped itself does not blame the nodes for it.
+            liveness: Liveness::new(ttl, 4 * VIEW_EVERY.as_millis() as Millis),
+            reports: BTreeMap::new(),
+            seen: HashMap::new(),
+            named: HashSet::new(),
+        };
         Arc::new(View {
             inner: Arc::downgrade(inner),
             me,
             registry,
             fleet,
             leadership,
-            last: Mutex::default(),
+            epoch: Instant::now(),
+            memory: Mutex::new(memory),
         })
     }
 
     /// Refreshes the view every [`VIEW_EVERY`] until the server is gone.
     pub(crate) async fn run(self: Arc<Self>) {
+        let mut failing = false;
         loop {
             if self.inner.strong_count() == 0 {
                 return;
             }
             let me = self.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || me.refresh()).await.expect("no panic") {
-                tracing::warn!("fleet view: {e}");
+            match tokio::task::spawn_blocking(move || me.refresh()).await.expect("no panic") {
+                Ok(()) if failing => {
+                    tracing::info!("fleet view: Redis answers again");
+                    failing = false;
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    tracing::warn!(
+                        "fleet view: {e}; routing as before and concluding nothing until Redis answers"
+                    );
+                    failing = true;
+                }
+                Err(_) => {}
             }
             tokio::time::sleep(VIEW_EVERY).await;
         }
     }
 
-    /// One refresh: read, route, tell the leader, publish the load.
+    /// One refresh: read, route, keep the leader level, publish the load.
     fn refresh(&self) -> Result<(), String> {
         let Some(inner) = self.inner.upgrade() else { return Ok(()) };
-        let nodes: BTreeMap<String, NodeRecord> = self
-            .registry
-            .live()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .map(|n| (n.name.clone(), n))
-            .collect();
-        let names: Vec<String> = nodes.keys().cloned().collect();
-        let reports = self.fleet.reports(&names).map_err(|e| e.to_string())?;
-        let mut seen = HashMap::new();
-        // Live nodes without a report of their agent's run: nothing is
-        // known of their replicas (a report lapses 3 s after its agent
-        // dies, the registration 8 s after), so none is declared gone.
-        let mut silent = std::collections::HashSet::new();
-        for (name, report) in names.iter().zip(reports) {
-            // A report from an earlier run of the node's agent is not this
-            // run's (it may list replicas the new run never started).
-            let Some(report) = report.filter(|r| r.agent == nodes[name].agent) else {
-                silent.insert(name.clone());
-                continue;
-            };
-            for r in report.replicas {
+        let mut memory = self.memory.lock().expect("view lock");
+        let read = self.read(&mut memory);
+        let (nodes, silent) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                memory.liveness.unreachable();
+                return Err(e);
+            }
+        };
+        // Every replica of every live node, from its report (or its last
+        // one, while it has none).
+        let mut seen: HashMap<ReplicaId, Seen> = HashMap::new();
+        for (name, report) in memory.reports.iter().filter(|(n, _)| nodes.contains_key(*n)) {
+            for r in &report.replicas {
                 let s = Seen {
-                    model: r.model,
+                    model: r.model.clone(),
                     node: name.clone(),
                     phase: r.phase,
-                    url: r.url,
+                    url: r.url.clone(),
                     ready_ms: r.ready_ms,
                     sleeps: r.sleeps,
+                    failure: r.failure.clone(),
                 };
                 seen.insert(r.replica, s);
             }
         }
+        let mut routed = seen.clone();
         {
             let mut failed = inner.failed.lock().expect("failed table");
             failed.retain(|_, (at, _)| at.elapsed() < super::QUARANTINE);
-            seen.retain(|id, s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id));
+            routed.retain(|id, s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id));
         }
-        route(&inner, &seen);
-        let mut last = self.last.lock().expect("view lock");
+        route(&inner, &routed);
         if let Some(tenure) = self.leadership.current() {
-            for (name, record) in &nodes {
-                if !last.0.contains_key(name) {
-                    match node_config(record) {
-                        Ok(node) => inner.control.send(Command::NodeJoined(node)),
-                        Err(e) => tracing::warn!(node = %name, "cannot use this node: {e}"),
-                    }
-                }
-            }
-            for name in last.0.keys().filter(|n| !nodes.contains_key(*n)) {
-                if let Ok(id) = name.parse() {
-                    inner.control.send(Command::NodeLost(id));
-                }
-                if let Err(e) = self.fleet.forget(name) {
-                    tracing::warn!(node = %name, "cannot forget a lost node's state: {e}");
-                }
-            }
-            for (id, now) in &seen {
-                tenure.give_up(*id); // Taken up.
-                let before = last.1.get(id).map(|s| s.phase);
-                if now.phase == ReplicaPhase::Ready && before != Some(ReplicaPhase::Ready) {
-                    let tier = match before {
-                        Some(ReplicaPhase::Sleeping | ReplicaPhase::Waking | ReplicaPhase::Draining) => {
-                            StartTier::Warm
-                        }
-                        _ => StartTier::Cold,
-                    };
-                    let took = Duration::from_millis(now.ready_ms.unwrap_or(0));
-                    let sleeps = now.sleeps;
-                    inner.control.send(Command::Ready { model: now.model.clone(), tier, took, sleeps });
-                }
-            }
-            for (id, before) in last.1.iter().filter(|(id, _)| !seen.contains_key(id)) {
-                if !nodes.contains_key(&before.node) || silent.contains(&before.node) {
-                    continue; // Its node's loss covers it, or nothing is known.
-                }
-                let (model, replica) = (before.model.clone(), *id);
-                match tenure.wants(&before.node, *id) {
-                    Some(false) => inner.control.send(Command::Failed {
-                        model,
-                        replica,
-                        why: format!("node {} no longer reports it", before.node),
-                        start_failed: before.phase == ReplicaPhase::Starting,
-                    }),
-                    Some(true) => inner.control.send(Command::Stopped { model, replica }),
-                    None => {}
-                }
-            }
-            // Placed long ago and never reported: its agent did not take it
-            // up (a write lost with Redis, say); placement must not count
-            // on it forever.
-            for name in nodes.keys().filter(|n| !silent.contains(*n)) {
-                for (model, replica) in tenure.placed_before(name, NEVER_TAKEN_UP) {
-                    let reported = seen.contains_key(&replica) || last.1.contains_key(&replica);
-                    if !reported && tenure.give_up(replica) {
-                        let why = format!("node {name} never took it up in {NEVER_TAKEN_UP:?}");
-                        inner.control.send(Command::Failed { model, replica, why, start_failed: true });
-                    }
-                }
-            }
+            self.keep_level(&inner, &tenure, &nodes, &memory.reports, &seen, &silent, &memory.seen);
         }
-        *last = (nodes, seen);
-        drop(last);
+        let ever: HashMap<ReplicaId, bool> = memory.seen.iter().map(|(id, (_, ever))| (*id, *ever)).collect();
+        memory.seen = seen
+            .into_iter()
+            .map(|(id, s)| {
+                let ever = ever.get(&id).copied().unwrap_or(false) || s.phase == ReplicaPhase::Ready;
+                (id, (s, ever))
+            })
+            .collect();
+        drop(memory);
         self.fleet.publish_load(&load(&inner, &self.me), wall_ms()).map_err(|e| e.to_string())?;
         if let Some(tenure) = self.leadership.current() {
             let others = self.fleet.loads().map_err(|e| e.to_string())?;
             tenure.set_loads(others.into_iter().filter(|l| l.gateway != self.me).collect());
         }
         Ok(())
+    }
+
+    /// Reads the registry and the live nodes' reports. Returns the live
+    /// nodes, and those among them whose report of their present run is
+    /// missing now (their last report stands in for it).
+    #[allow(clippy::type_complexity)]
+    fn read(&self, memory: &mut Memory) -> Result<(BTreeMap<String, NodeRecord>, HashSet<String>), String> {
+        let registrations = self.registry.registered().map_err(|e| e.to_string())?;
+        for (key, why) in &registrations.bad {
+            if memory.named.insert(key.clone()) {
+                tracing::warn!(%key, "not a node registration, skipped (delete the key): {why}");
+            }
+        }
+        let now = self.epoch.elapsed().as_millis() as Millis;
+        let regs: Vec<Registered> = registrations
+            .nodes
+            .iter()
+            .map(|r| Registered {
+                name: r.record.name.clone(),
+                agent: r.record.agent.clone(),
+                beat: r.beat,
+                left: r.left,
+            })
+            .collect();
+        for change in memory.liveness.observe(now, &regs) {
+            match change {
+                Change::Died { name, agent } => {
+                    tracing::warn!(node = %name, run = %agent, "node silent past its TTL while Redis answers: dead")
+                }
+                Change::Left { name, .. } => tracing::info!(node = %name, "node left the fleet"),
+                Change::Replaced { name, old, new } => {
+                    tracing::warn!(node = %name, %old, %new, "another agent run holds the node's name now")
+                }
+                Change::Joined { name, agent } => tracing::info!(node = %name, run = %agent, "node joined"),
+            }
+        }
+        let nodes: BTreeMap<String, NodeRecord> = registrations
+            .nodes
+            .into_iter()
+            .filter(|r| memory.liveness.is_alive(&r.record.name) && !r.left)
+            .map(|r| (r.record.name.clone(), r.record))
+            .collect();
+        let names: Vec<String> = nodes.keys().cloned().collect();
+        let reports = self.fleet.reports(&names).map_err(|e| e.to_string())?;
+        let mut silent = HashSet::new();
+        for (name, report) in names.iter().zip(reports) {
+            match report.filter(|r| r.agent == nodes[name].agent) {
+                Some(report) => {
+                    memory.reports.insert(name.clone(), report);
+                }
+                // No report of this run now: its last one, if it is this
+                // run's, stands in (nothing is known of a new run's).
+                None => {
+                    silent.insert(name.clone());
+                    if memory.reports.get(name).is_some_and(|r| r.agent != nodes[name].agent) {
+                        memory.reports.remove(name);
+                    }
+                }
+            }
+        }
+        memory.reports.retain(|name, _| nodes.contains_key(name));
+        Ok((nodes, silent))
+    }
+
+    /// The leader: the tenure's members made the live nodes, and the
+    /// reports turned into the controller's facts.
+    #[allow(clippy::too_many_arguments)]
+    fn keep_level(
+        &self,
+        inner: &Inner,
+        tenure: &Tenure,
+        nodes: &BTreeMap<String, NodeRecord>,
+        reports: &BTreeMap<String, NodeReport>,
+        seen: &HashMap<ReplicaId, Seen>,
+        silent: &HashSet<String>,
+        before: &HashMap<ReplicaId, (Seen, bool)>,
+    ) {
+        for (name, agent) in tenure.members() {
+            if nodes.get(&name).is_none_or(|r| r.agent != agent) {
+                tenure.lose(&name);
+                match self.registry.declare_dead(&name, &agent) {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(node = %name, "cannot remove a dead node from the registry: {e}")
+                    }
+                }
+            }
+        }
+        for (name, record) in nodes {
+            if tenure.member(name).is_none() {
+                let report = reports.get(name).filter(|r| r.agent == record.agent);
+                tenure.join(record, report);
+            }
+        }
+        for (id, now) in seen.iter().filter(|(_, s)| !silent.contains(&s.node)) {
+            let Some(warm) = tenure.wants(&now.node, *id) else { continue };
+            let (was, ever) = before.get(id).map_or((None, false), |(s, ever)| (Some(s.phase), *ever));
+            let model = now.model.clone();
+            match now.phase {
+                ReplicaPhase::Ready if was != Some(ReplicaPhase::Ready) => {
+                    let tier = match was {
+                        Some(ReplicaPhase::Sleeping | ReplicaPhase::Waking | ReplicaPhase::Draining) => {
+                            StartTier::Warm
+                        }
+                        _ => StartTier::Cold,
+                    };
+                    let took = Duration::from_millis(now.ready_ms.unwrap_or(0));
+                    inner.control.send(Command::Ready { model, tier, took, sleeps: now.sleeps });
+                }
+                ReplicaPhase::Failed if !warm => {
+                    let why =
+                        now.failure.clone().unwrap_or_else(|| format!("node {} says it failed", now.node));
+                    inner.control.send(Command::Failed { model, replica: *id, why, start_failed: !ever });
+                }
+                ReplicaPhase::Cold if warm => inner.control.send(Command::Stopped { model, replica: *id }),
+                _ => {}
+            }
+        }
+        // Placed long ago and not taken up: its agent never got it (a write
+        // lost with Redis, no room left on its GPUs); placement must not
+        // count on it forever.
+        for name in nodes.keys().filter(|n| !silent.contains(*n)) {
+            for (model, replica) in tenure.placed_before(name, NEVER_TAKEN_UP) {
+                let pending = seen.get(&replica).is_none_or(|s| s.phase == ReplicaPhase::Pending);
+                if pending && tenure.give_up(replica) {
+                    let why = format!("node {name} did not take it up in {NEVER_TAKEN_UP:?}");
+                    inner.control.send(Command::Failed { model, replica, why, start_failed: true });
+                }
+            }
+        }
+        for id in seen.keys().filter(|id| seen[id].phase != ReplicaPhase::Pending) {
+            tenure.give_up(*id); // Taken up.
+        }
     }
 }
 

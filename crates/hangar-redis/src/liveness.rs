@@ -1,0 +1,312 @@
+//! [`Liveness`]: which registered nodes are alive, decided as a fleet
+//! must — from silence observed while Redis answers, never from a read
+//! that failed.
+//!
+//! A reader (every gateway's view) reads the registry every few hundred
+//! milliseconds and feeds each successful read to [`Liveness::observe`]
+//! with its `now`; a failed read is [`Liveness::unreachable`]. A node's
+//! silence grows by the time between two successful reads in a row in
+//! which its heartbeat counter did not move (each gap counted at most
+//! `max_gap`, so a reader that was itself stopped does not count its own
+//! pause), and the node is declared dead once its silence reaches the
+//! TTL. Time around a failed read does not count: an outage, a paused
+//! Redis or a reader cut off from it concludes nothing, and once Redis
+//! answers again every agent has its whole TTL to beat again.
+//!
+//! Sans-IO: no clock, no Redis; the same input gives the same output.
+
+use std::collections::BTreeMap;
+
+use hangar_core::Millis;
+
+/// One node's registration as a read saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The node's name.
+    pub name: String,
+    /// The agent run holding it.
+    pub agent: String,
+    /// Its heartbeat counter.
+    pub beat: u64,
+    /// Its agent left on purpose.
+    pub left: bool,
+}
+
+/// What a read changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A node is alive that was not: new, or beating again after it was
+    /// declared dead.
+    Joined {
+        /// The node.
+        name: String,
+        /// Its agent run.
+        agent: String,
+    },
+    /// Another run holds a live node's name: the old run's node is gone,
+    /// the new one's joined.
+    Replaced {
+        /// The node.
+        name: String,
+        /// The run that held it.
+        old: String,
+        /// The run that holds it now.
+        new: String,
+    },
+    /// A node was silent for the TTL while Redis answered.
+    Died {
+        /// The node.
+        name: String,
+        /// Its agent run.
+        agent: String,
+    },
+    /// A node's agent left on purpose.
+    Left {
+        /// The node.
+        name: String,
+        /// Its agent run.
+        agent: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Track {
+    agent: String,
+    beat: u64,
+    silent: Millis,
+    dead: bool,
+}
+
+/// The liveness of every registered node. See the module doc.
+#[derive(Debug, Clone)]
+pub struct Liveness {
+    ttl: Millis,
+    max_gap: Millis,
+    /// When the last read succeeded, if the one before it did too (or it
+    /// was the first).
+    last_ok: Option<Millis>,
+    nodes: BTreeMap<String, Track>,
+}
+
+impl Liveness {
+    /// Nodes die after `ttl` ms of observed silence; one gap between reads
+    /// counts at most `max_gap` ms.
+    pub fn new(ttl: Millis, max_gap: Millis) -> Self {
+        Liveness { ttl, max_gap, last_ok: None, nodes: BTreeMap::new() }
+    }
+
+    /// Every live node and its agent run.
+    pub fn alive(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.nodes.iter().filter(|(_, t)| !t.dead).map(|(n, t)| (n.as_str(), t.agent.as_str()))
+    }
+
+    /// Whether node `name` is alive.
+    pub fn is_alive(&self, name: &str) -> bool {
+        self.nodes.get(name).is_some_and(|t| !t.dead)
+    }
+
+    /// How long node `name` has been silent, as observed.
+    pub fn silence(&self, name: &str) -> Option<Millis> {
+        self.nodes.get(name).map(|t| t.silent)
+    }
+
+    /// A read failed: the time until the next successful one is not
+    /// counted as anyone's silence.
+    pub fn unreachable(&mut self) {
+        self.last_ok = None;
+    }
+
+    /// A read at `now` succeeded and saw `regs`. Returns what changed, in
+    /// name order.
+    pub fn observe(&mut self, now: Millis, regs: &[Seen]) -> Vec<Change> {
+        let gap = self.last_ok.map_or(0, |t| now.saturating_sub(t).min(self.max_gap));
+        self.last_ok = Some(now);
+        let mut changes = Vec::new();
+        let by_name: BTreeMap<&str, &Seen> = regs.iter().map(|s| (s.name.as_str(), s)).collect();
+        // Tracked nodes first: silence, replacement, departure.
+        let names: Vec<String> = self.nodes.keys().cloned().collect();
+        for name in names {
+            let track = self.nodes.get_mut(&name).expect("a listed node");
+            match by_name.get(name.as_str()) {
+                Some(s) if s.agent != track.agent => {
+                    let (old, was_dead) = (track.agent.clone(), track.dead);
+                    if s.left {
+                        // A new run came and went: the old one is gone.
+                        if !was_dead {
+                            changes.push(Change::Left { name: name.clone(), agent: old });
+                        }
+                        self.nodes.remove(&name);
+                    } else {
+                        *track = Track { agent: s.agent.clone(), beat: s.beat, silent: 0, dead: false };
+                        changes.push(if was_dead {
+                            Change::Joined { name, agent: s.agent.clone() }
+                        } else {
+                            Change::Replaced { name, old, new: s.agent.clone() }
+                        });
+                    }
+                }
+                Some(s) if s.left => {
+                    if !track.dead {
+                        changes.push(Change::Left { name: name.clone(), agent: track.agent.clone() });
+                    }
+                    self.nodes.remove(&name);
+                }
+                Some(s) if s.beat != track.beat => {
+                    track.beat = s.beat;
+                    track.silent = 0;
+                    if track.dead {
+                        track.dead = false;
+                        changes.push(Change::Joined { name, agent: track.agent.clone() });
+                    }
+                }
+                seen => {
+                    track.silent = track.silent.saturating_add(gap);
+                    if !track.dead && track.silent >= self.ttl {
+                        track.dead = true;
+                        changes.push(Change::Died { name: name.clone(), agent: track.agent.clone() });
+                    }
+                    if track.dead && seen.is_none() {
+                        // Dead and gone from the registry: forgotten.
+                        self.nodes.remove(&name);
+                    }
+                }
+            }
+        }
+        // Then registrations not tracked yet.
+        let new: Vec<&Seen> = regs.iter().filter(|s| !s.left && !self.nodes.contains_key(&s.name)).collect();
+        for s in new {
+            self.nodes.insert(
+                s.name.clone(),
+                Track { agent: s.agent.clone(), beat: s.beat, silent: 0, dead: false },
+            );
+            changes.push(Change::Joined { name: s.name.clone(), agent: s.agent.clone() });
+        }
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn seen(name: &str, agent: &str, beat: u64) -> Seen {
+        Seen { name: name.into(), agent: agent.into(), beat, left: false }
+    }
+
+    #[test]
+    fn silence_counts_only_between_successful_reads() {
+        let mut l = Liveness::new(8_000, 1_000);
+        assert_eq!(
+            l.observe(0, &[seen("a", "r1", 1)]),
+            vec![Change::Joined { name: "a".into(), agent: "r1".into() }]
+        );
+        // Silent for 7.75 s of reads: alive.
+        for t in (250..=7_750).step_by(250) {
+            assert!(l.observe(t, &[seen("a", "r1", 1)]).is_empty());
+        }
+        // Redis down for a minute: nothing concluded.
+        l.unreachable();
+        assert!(l.observe(67_750, &[seen("a", "r1", 1)]).is_empty());
+        assert_eq!(l.silence("a"), Some(7_750));
+        assert!(
+            l.observe(68_000, &[seen("a", "r1", 1)])
+                == vec![Change::Died { name: "a".into(), agent: "r1".into() }]
+        );
+        // It beats again (a stopped agent resumed): it joins again.
+        assert_eq!(
+            l.observe(68_250, &[seen("a", "r1", 2)]),
+            vec![Change::Joined { name: "a".into(), agent: "r1".into() }]
+        );
+        // Another run takes the name; the first leaves on purpose.
+        assert_eq!(
+            l.observe(68_500, &[seen("a", "r2", 1)]),
+            vec![Change::Replaced { name: "a".into(), old: "r1".into(), new: "r2".into() }]
+        );
+        let left = Seen { left: true, ..seen("a", "r2", 1) };
+        assert_eq!(
+            l.observe(68_750, &[left.clone()]),
+            vec![Change::Left { name: "a".into(), agent: "r2".into() }]
+        );
+        assert!(l.observe(69_000, &[left]).is_empty());
+        assert_eq!(l.alive().count(), 0);
+    }
+
+    #[test]
+    fn a_reader_that_was_itself_stopped_does_not_count_its_pause() {
+        let mut l = Liveness::new(8_000, 1_000);
+        l.observe(0, &[seen("a", "r1", 1)]);
+        // The reader was SIGSTOPped for 30 s: one gap, counted as 1 s.
+        assert!(l.observe(30_000, &[seen("a", "r1", 1)]).is_empty());
+        assert_eq!(l.silence("a"), Some(1_000));
+    }
+
+    #[test]
+    fn a_registration_gone_while_redis_answers_is_silence_not_death() {
+        let mut l = Liveness::new(8_000, 1_000);
+        l.observe(0, &[seen("a", "r1", 1)]);
+        // Redis lost its data: the registration is gone for two reads, then
+        // the agent registers again as the same run.
+        assert!(l.observe(250, &[]).is_empty());
+        assert!(l.observe(500, &[]).is_empty());
+        assert!(l.observe(750, &[seen("a", "r1", 1)]).is_empty());
+        assert!(l.is_alive("a"));
+    }
+
+    proptest! {
+        /// Agents beating every 2 s whenever Redis is up are never declared
+        /// dead, whatever the outages; an agent that stops beating while
+        /// Redis answers is declared dead within its TTL plus one read.
+        #[test]
+        fn beating_agents_live_and_silent_ones_die_in_time(
+            outages in proptest::collection::vec((0u64..600_000, 0u64..120_000), 0..8),
+            stop_at in 0u64..600_000,
+            phase in 0u64..2_000,
+        ) {
+            let down = |t: u64| outages.iter().any(|(at, len)| t >= *at && t < at + len);
+            let (ttl, read_every, beat_every) = (8_000, 250, 2_000);
+            let mut l = Liveness::new(ttl, 4 * read_every);
+            let (mut beats, mut silent_beats) = (0u64, 0u64);
+            let mut silent_since_up: Option<u64> = None;
+            let mut died_at = None;
+            let mut prev_up = false;
+            for t in (0..700_000u64).step_by(read_every as usize) {
+                // Heartbeats land only while Redis is up.
+                if !down(t) && (t + phase) % beat_every < read_every {
+                    beats += 1;
+                    if t < stop_at {
+                        silent_beats = beats;
+                    }
+                }
+                if down(t) {
+                    l.unreachable();
+                    prev_up = false;
+                    continue;
+                }
+                let regs = [seen("beating", "r", beats), seen("stops", "r", silent_beats)];
+                for c in l.observe(t, &regs) {
+                    match c {
+                        Change::Died { name, .. } => {
+                            prop_assert_eq!(name.as_str(), "stops", "a beating agent died at {}", t);
+                            died_at.get_or_insert(t);
+                        }
+                        Change::Joined { .. } => {}
+                        other => prop_assert!(false, "{:?}", other),
+                    }
+                }
+                // Count the silence of `stops` observed between reads in a
+                // row that both succeeded, as the tracker does.
+                if t >= stop_at {
+                    let gap = if prev_up { read_every } else { 0 };
+                    silent_since_up = Some(silent_since_up.map_or(0, |s| s + gap));
+                }
+                prev_up = true;
+            }
+            let observed = silent_since_up.unwrap_or(0);
+            if observed >= ttl + beat_every + read_every {
+                prop_assert!(died_at.is_some(), "silent for {} ms of reads and not dead", observed);
+            }
+        }
+    }
+}
