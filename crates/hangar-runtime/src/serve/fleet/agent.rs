@@ -137,14 +137,25 @@ impl Agent {
         NodeReport { agent: self.record.agent.clone(), replicas }
     }
 
-    /// `GET /health` and `GET /status` (the node's record and report).
+    /// `GET /health` and `GET /status`: the node's record, its report, and
+    /// every replica as its lifecycle driver holds it (desired tier and
+    /// GPUs with their bytes, engine state, process id, capabilities) — what
+    /// an operator, or the fault-injection suite's checker, compares with
+    /// placement.
     pub fn router(self: &Arc<Self>) -> axum::Router {
         let me = self.clone();
         axum::Router::new().route("/health", get(|| async { "ok" })).route(
             "/status",
             get(move || {
                 let me = me.clone();
-                async move { axum::Json(serde_json::json!({"node": me.record, "report": me.report()})) }
+                async move {
+                    axum::Json(serde_json::json!({
+                        "node": me.record,
+                        "report": me.report(),
+                        "replicas": me.driver.replicas(),
+                        "gpus": me.driver.nodes().get(&me.record.name),
+                    }))
+                }
             }),
         )
     }
