@@ -224,6 +224,21 @@ impl LocalRedis {
     /// be lost: AOF is fsynced every second) and starts it again on the
     /// same data.
     pub fn crash_and_restart(&mut self) -> Result<(), ServerError> {
+        self.crash();
+        self.start_again()
+    }
+
+    /// Kills the server with SIGKILL and leaves it down (clients meet a
+    /// refused connection) until [`LocalRedis::start_again`]: an outage
+    /// of any length, as the fault-injection suite makes them.
+    pub fn crash(&mut self) {
+        self.kill();
+    }
+
+    /// Starts the server again on the same socket and data after
+    /// [`LocalRedis::crash`] (a no-op start if it runs: it is killed
+    /// first), and waits until it answers.
+    pub fn start_again(&mut self) -> Result<(), ServerError> {
         self.kill();
         self.spawn()
     }
