@@ -1,0 +1,82 @@
+//! The fault-injection suite's CI set (`hangar bench chaos`, docs/cluster.md):
+//! a loopback fleet of real processes — Redis with AOF, 2 gateways, 3
+//! agents — under mixed load and faults, held to what must survive them.
+//!
+//! Three short random seeds, and the Redis targets asserted exactly on a
+//! dedicated schedule: Redis paused under load, then down for 6 s. A
+//! failing case prints the report, which names every finding and the
+//! schedule (so the seed replays: `hangar bench chaos --seed N --minutes
+//! M`), and keeps the processes' logs. Every process a case starts is
+//! killed when it ends, failed or not (the fleet's drop kills whatever
+//! carries the run's mark, engines included).
+//!
+//! One fleet at a time: the machine has two cores, and two fleets at once
+//! would test the machine rather than the fleet.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hangar_bench::chaos::{self, Fault, Report, Schedule, Step};
+
+static ONE_FLEET: Mutex<()> = Mutex::new(());
+
+fn run(seed: u64, duration: Duration, schedule: Option<Schedule>) -> Option<Report> {
+    if hangar_redis::LocalRedis::binary().is_none() && std::env::var_os("CI").is_none() {
+        eprintln!("skipped: no redis-server");
+        return None;
+    }
+    let _one = ONE_FLEET.lock().unwrap_or_else(|e| e.into_inner());
+    let options = chaos::Options {
+        seed,
+        duration,
+        schedule,
+        clients: 6,
+        rate: 6.0,
+        hangar_exe: env!("CARGO_BIN_EXE_hangar").into(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let report = runtime.block_on(chaos::run(&options)).expect("the fleet runs");
+    eprintln!("{report}");
+    Some(report)
+}
+
+fn random_seed(seed: u64) {
+    let Some(report) = run(seed, Duration::from_secs(35), None) else { return };
+    assert!(report.faults.values().sum::<u32>() >= 2, "too few faults for a test:\n{report}");
+    assert!(report.passed(), "seed {seed} failed:\n{report}");
+}
+
+#[test]
+fn chaos_seed_1() {
+    random_seed(1);
+}
+
+#[test]
+fn chaos_seed_2() {
+    random_seed(2);
+}
+
+#[test]
+fn chaos_seed_3() {
+    random_seed(3);
+}
+
+/// Redis paused for 8 s under load, then (after the fleet settles) killed
+/// and down for 6 s: no replica restarted (every engine's process the
+/// same), no accepted prediction failed, no sync request failed.
+#[test]
+fn redis_paused_then_down_under_load_restarts_nothing_and_fails_nothing() {
+    let schedule = Schedule::fixed(vec![
+        Step { gap_ms: 3_000, fault: Fault::RedisPause { ms: 8_000 } },
+        Step { gap_ms: 15_000, fault: Fault::RedisDown { ms: 6_000 } },
+    ]);
+    let Some(report) = run(0, Duration::ZERO, Some(schedule)) else { return };
+    let r = &report.redis;
+    assert_eq!(r.faults, 2, "{report}");
+    assert_eq!(r.replicas_restarted, 0, "{report}");
+    assert_eq!(r.predictions_failed, 0, "{report}");
+    assert_eq!(r.sync_failed, 0, "{report}");
+    assert_eq!(r.creates_500, 0, "{report}");
+    assert!(report.sync.ok > 0 && report.predictions.accepted > 0, "no load ran:\n{report}");
+    assert!(report.passed(), "{report}");
+}
