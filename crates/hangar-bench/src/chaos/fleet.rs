@@ -125,6 +125,8 @@ pub struct Fleet {
     redis_url: String,
     gateways: Vec<Option<Process>>,
     agents: Vec<Option<Process>>,
+    /// Engines the run planted itself ([`Fleet::plant_stray_engine`]).
+    strays: Vec<tokio::process::Child>,
     roster: SharedRoster,
     t0: Instant,
 }
@@ -162,6 +164,7 @@ impl Fleet {
             redis_url,
             gateways: (0..gateways).map(|_| None).collect(),
             agents: (0..agents).map(|_| None).collect(),
+            strays: Vec::new(),
             roster,
             t0,
         };
@@ -354,10 +357,40 @@ impl Fleet {
         .map_err(redis_error)
     }
 
+    /// Starts an engine process of the run that no agent owns (a test of
+    /// the checker, which must find it); returns its process id.
+    pub fn plant_stray_engine(&mut self) -> Result<u32, BenchError> {
+        let child = tokio::process::Command::new(&self.exe)
+            .args([
+                "engine",
+                "mock",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--preset",
+                "fast",
+                "--model",
+                "chaos/stray",
+            ])
+            .env(RUN_ENV, &self.run_id)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().unwrap_or(0);
+        self.strays.push(child);
+        Ok(pid)
+    }
+
     /// Stops everything: gateways and agents (SIGKILL), Redis, and every
     /// process of the run still alive (engines included). Returns the
     /// engine processes that were still alive after their agents died.
     pub async fn shut_down(&mut self) -> Vec<u32> {
+        for mut s in self.strays.drain(..) {
+            let _ = s.start_kill();
+            let _ = s.wait().await;
+        }
         for a in 0..self.agents.len() {
             if self.roster.read().expect("roster").agents[a].stopped {
                 self.pause_agent(a, false);

@@ -225,12 +225,21 @@ pub struct Judge {
     overcommitted: BTreeSet<(String, u32, bool)>,
     /// Samples in which the models were all whole.
     whole: bool,
+    /// The calm time of each difference that went within the allowance.
+    converged: Vec<u64>,
 }
 
 impl Judge {
     /// A judge that has seen nothing.
     pub fn new() -> Judge {
         Judge::default()
+    }
+
+    /// The calm time, ms, each difference from placement took to go, of
+    /// those that went within the allowance (how long the fleet took to
+    /// converge).
+    pub fn converged(&self) -> &[u64] {
+        &self.converged
     }
 
     /// Whether every model was whole in the last sample.
@@ -286,7 +295,14 @@ impl Judge {
         // that is down keeps its open differences, frozen, until seen).
         let mut judged: BTreeSet<String> = sampled.iter().map(|n| n.to_string()).collect();
         judged.insert("?".into());
-        self.open.retain(|k, _| now.contains_key(k) || !judged.contains(&k.0));
+        let converged = &mut self.converged;
+        self.open.retain(|k, open| {
+            let keep = now.contains_key(k) || !judged.contains(&k.0);
+            if !keep && !open.reported {
+                converged.push(open.calm_ms);
+            }
+            keep
+        });
         for (key, detail) in now {
             let open = self.open.entry(key.clone()).or_insert(Open {
                 since_ms: s.at_ms,

@@ -183,6 +183,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         samples: findings.samples,
         split_leaders: findings.split_leaders,
         whole: findings.whole,
+        converged: findings.converged,
         redis: redis_checks,
         leftover,
         refused_starts,
@@ -396,6 +397,11 @@ async fn inject(
             fleet.pause_redis(ms).await?;
             sleep(ms).await;
             fleet.redis_fault(false);
+        }
+        Fault::StrayEngine => {
+            let pid = fleet.plant_stray_engine()?;
+            done.note = format!("stray engine pid {pid}");
+            sleep(fault.planned_ms()).await;
         }
         Fault::AgentRejoin { agent } => {
             fleet.terminate_agent(agent).await;

@@ -27,6 +27,8 @@ pub struct Findings {
     pub samples: u64,
     /// Samples in which more than one gateway said it leads.
     pub split_leaders: u64,
+    /// The calm time each difference from placement took to go, ms.
+    pub converged: Vec<u64>,
 }
 
 /// Samples the fleet every [`EVERY`] until `stop`, judging each sample.
@@ -55,6 +57,7 @@ pub async fn run(
                 f.split_leaders += 1;
             }
             f.last = Some(s);
+            f.converged = judge.converged().to_vec();
         }
         tokio::time::sleep(EVERY.saturating_sub(began.elapsed())).await;
     }

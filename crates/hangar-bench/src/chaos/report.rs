@@ -78,6 +78,9 @@ pub struct Records {
     pub split_leaders: u64,
     /// Each sample's time and whether every model was whole.
     pub whole: Vec<(u64, bool)>,
+    /// The calm time each difference from placement took to go, of those
+    /// that went within the allowance, ms.
+    pub converged: Vec<u64>,
     /// The Redis faults' checks.
     pub redis: Vec<RedisCheck>,
     /// Engine processes still alive after their agents were killed at the
@@ -209,6 +212,10 @@ pub struct FleetFigures {
     pub placement_over_commit: usize,
     /// Samples in which two gateways said they lead.
     pub split_leader_samples: u64,
+    /// Differences from placement seen that went within the allowance.
+    pub converged: usize,
+    /// The longest of them, in calm time, ms.
+    pub converged_max_ms: Option<u64>,
     /// Engine processes alive after their agents were killed at the end.
     pub leftover_engines: usize,
     /// Agent starts refused because the name was still held.
@@ -240,7 +247,7 @@ pub const FAULT_REACH_MS: u64 = 5_000;
 /// Kinds after which docs/cluster.md lets a prediction run again (or fail,
 /// for a model that is not idempotent; or after two losses).
 fn disrupts_runs(kind: Kind) -> bool {
-    !kind.is_redis()
+    !kind.is_redis() && kind != Kind::StrayEngine
 }
 
 impl Records {
@@ -316,9 +323,7 @@ impl Records {
                 }
             }
             let failed = !matches!(r.outcome, SyncOutcome::Answered { status: 200, .. });
-            if failed
-                && in_redis(r.start_ms, r.end_ms)
-                && !self.overlaps(r.start_ms, r.end_ms, |k| !k.is_redis())
+            if failed && in_redis(r.start_ms, r.end_ms) && !self.overlaps(r.start_ms, r.end_ms, disrupts_runs)
             {
                 redis.sync_failed += 1;
                 failures.push(format!(
@@ -434,6 +439,8 @@ impl Records {
             split_leader_samples: self.split_leaders,
             leftover_engines: self.leftover.len(),
             refused_agent_starts: self.refused_starts,
+            converged: self.converged.len(),
+            converged_max_ms: self.converged.iter().max().copied(),
             ..FleetFigures::default()
         };
         for v in &self.violations {
@@ -537,6 +544,16 @@ impl Records {
                 None,
             ),
             zero("predictions failed otherwise", p.failed_unexplained),
+            figure(
+                "differences from placement that converged (count; longest, calm time)",
+                format!(
+                    "{}; {}",
+                    fleet.converged,
+                    fleet.converged_max_ms.map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1e3))
+                ),
+                Some("≤ 15 s each"),
+                None,
+            ),
             zero("ghost engines", fleet.ghost_engines),
             zero("replicas stuck short of their placement", fleet.stuck_replicas),
             zero("GPU over-commit events (engines)", fleet.over_commit),

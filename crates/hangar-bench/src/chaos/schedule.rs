@@ -101,6 +101,11 @@ pub enum Fault {
         /// The agent's index.
         agent: usize,
     },
+    /// Not a fault of the fleet: a test of the checker. An engine process
+    /// of the run that no agent started (`hangar engine mock`, a child of
+    /// the run itself), left running for the checker's allowance and a
+    /// little more: it must be found as a ghost. Never drawn at random.
+    StrayEngine,
 }
 
 /// A fault's kind, as the figures count them.
@@ -125,11 +130,13 @@ pub enum Kind {
     RedisPause,
     /// [`Fault::AgentRejoin`].
     AgentRejoin,
+    /// [`Fault::StrayEngine`].
+    StrayEngine,
 }
 
 impl Kind {
     /// Every kind, in the order the figures list them.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::AgentKillAtOnce,
         Kind::AgentKillAfterTtl,
         Kind::GatewayKill,
@@ -139,6 +146,7 @@ impl Kind {
         Kind::RedisDown,
         Kind::RedisPause,
         Kind::AgentRejoin,
+        Kind::StrayEngine,
     ];
 
     /// Its name in the figures.
@@ -153,6 +161,7 @@ impl Kind {
             Kind::RedisDown => "Redis killed and restarted",
             Kind::RedisPause => "Redis paused (CLIENT PAUSE)",
             Kind::AgentRejoin => "agent SIGTERM and rejoin",
+            Kind::StrayEngine => "stray engine planted (checker test)",
         }
     }
 
@@ -175,6 +184,7 @@ impl Fault {
             Fault::RedisDown { .. } => Kind::RedisDown,
             Fault::RedisPause { .. } => Kind::RedisPause,
             Fault::AgentRejoin { .. } => Kind::AgentRejoin,
+            Fault::StrayEngine => Kind::StrayEngine,
         }
     }
 
@@ -189,6 +199,7 @@ impl Fault {
             Fault::EngineKill { .. } => 0,
             Fault::AgentStop { ms, .. } | Fault::RedisDown { ms } | Fault::RedisPause { ms } => ms,
             Fault::AgentRejoin { .. } => 2_000,
+            Fault::StrayEngine => super::judge::ALLOWANCE_MS + 3_000,
         }
     }
 }
@@ -229,6 +240,9 @@ impl fmt::Display for Fault {
             Fault::RedisPause { ms } => write!(f, "Redis CLIENT PAUSE {ms} ALL"),
             Fault::AgentRejoin { agent } => {
                 write!(f, "SIGTERM agent {}, rejoining under its name", agent_name(*agent))
+            }
+            Fault::StrayEngine => {
+                write!(f, "plant an engine process no agent owns (the checker must find it)")
             }
         }
     }
@@ -332,6 +346,7 @@ impl Schedule {
                 Kind::RedisDown => Fault::RedisDown { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
                 Kind::RedisPause => Fault::RedisPause { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
                 Kind::AgentRejoin => Fault::AgentRejoin { agent: rng.random_range(0..agents) },
+                Kind::StrayEngine => unreachable!("never drawn: it has no weight"),
             };
             let mut gap_ms = rng.random_range(GAP_MIN_MS..=GAP_MAX_MS);
             if kind.is_redis() || after_redis {
@@ -421,6 +436,7 @@ mod tests {
                     }
                     Fault::EngineKill { agent, .. } | Fault::AgentRejoin { agent } => assert!(agent < 3),
                     Fault::LeaderKill { .. } => {}
+                    Fault::StrayEngine => panic!("drawn at random"),
                 }
             }
         }
@@ -433,7 +449,7 @@ mod tests {
         for seed in 1..=20 {
             let s = Schedule::random(seed, 30 * 60_000, 3, 2);
             assert!(s.steps.len() >= 100, "seed {seed}: {} faults", s.steps.len());
-            for kind in Kind::ALL {
+            for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::StrayEngine) {
                 assert!(s.steps.iter().any(|st| st.fault.kind() == kind), "seed {seed}: no {kind:?}");
             }
         }

@@ -179,6 +179,9 @@ struct ChaosArgs {
     /// Requests per second of the load, all clients together.
     #[arg(long, default_value_t = 6.0)]
     rate: f64,
+    /// Print the seed's schedule and exit, without running anything.
+    #[arg(long)]
+    dry_run: bool,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -265,6 +268,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Command::Chaos(a) => {
             if !(a.minutes.is_finite() && a.minutes > 0.0) {
                 anyhow::bail!("--minutes must be a positive number, not {}", a.minutes);
+            }
+            if a.dry_run {
+                let ms = (a.minutes * 60_000.0) as u64;
+                print!("{}", chaos::Schedule::random(a.seed, ms, chaos::AGENTS, chaos::GATEWAYS));
+                return Ok(());
             }
             let options = chaos::Options {
                 seed: a.seed,
