@@ -169,6 +169,12 @@ impl Engines for FakeEngines {
         w.cut += cut;
     }
 
+    async fn busy(&self, engine: &FakeEngine) -> Option<u32> {
+        let w = self.0.lock().unwrap();
+        let p = &w.procs[engine.0];
+        p.alive.then_some(p.in_flight)
+    }
+
     async fn check(&self, engine: &FakeEngine, _awake: bool) -> Health {
         if self.0.lock().unwrap().procs[engine.0].alive {
             Health::Ok

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use hangar_core::{ByteSize, Millis, ModelKey};
 use hangar_placement::{
     Action as Step, AddNodeError, Cluster, ClusterConfig, Deployment, Level, ModelSpec as Size, NodeConfig,
-    NodeId, Schedule, Snapshot, Window,
+    NodeId, Restore, Schedule, Snapshot, Window,
 };
 use hangar_scaler::{Action, Bounds, Controller, HangarSettings, ModelSpec, Observation, ScalingConfig};
 use proptest::prelude::*;
@@ -165,6 +165,58 @@ fn a_lost_nodes_warm_replicas_are_forgotten() {
     let actions = drain(&mut c);
     assert_eq!((steps(&actions, Step::Create), steps(&actions, Step::FromCache)), (1, 0), "{actions:?}");
     assert_eq!(hot(&c, "m").len(), 2);
+}
+
+/// A node that comes back (its agent was stopped, or outlived a Redis that
+/// lost its data) keeps what it runs where its model still wants it, and
+/// only that: replicas placed elsewhere meanwhile are not doubled, and
+/// nothing adopted is started again.
+#[test]
+fn a_rejoining_node_keeps_what_is_still_wanted_and_nothing_more() {
+    let nodes = vec![node("a", 2, "gpu", 0), node("b", 2, "gpu", 0)];
+    // Three replicas of a GPU each, on two nodes of two GPUs: after `a` is
+    // lost, `b` holds two and one is short.
+    let mut c = Controller::new(
+        cluster(nodes, &[("m", 60, None), ("w", 60, None)]),
+        1,
+        vec![fixed("m", 2), fixed("w", 1)],
+        0,
+    );
+    drain(&mut c);
+    let on_a: Vec<Deployment> =
+        c.cluster().nodes()[0].hot().values().flat_map(|m| m.values()).cloned().collect();
+    assert!(!on_a.is_empty(), "placement put something on a");
+    c.handle_node_lost(1_000, &nid("a")).unwrap();
+    drain(&mut c);
+    let elsewhere: Vec<_> = ["m", "w"].iter().map(|m| hot(&c, m).len()).collect();
+    // `a` comes back running what it ran before it was declared dead.
+    let running: Vec<Restore> = on_a
+        .iter()
+        .map(|d| Restore {
+            model_key: d.model_key.clone(),
+            replica_id: d.replica_id,
+            node: nid("a"),
+            level: Level::Hot,
+            gpus: Some(d.gpu_bytes_by_gpu.keys().copied().collect()),
+            dedicated: false,
+            deployed_at_ms: 0,
+        })
+        .collect();
+    let kept = c.handle_node_joined(2_000, node("a", 2, "gpu", 0), &running).unwrap();
+    for m in ["m", "w"] {
+        let wanted = if m == "m" { 2 } else { 1 };
+        assert_eq!(hot(&c, m).len(), wanted, "{m}: no more than its count");
+    }
+    let kept_ids: BTreeSet<_> = kept.iter().map(|d| d.replica_id).collect();
+    let short: usize = elsewhere.iter().zip([2usize, 1]).map(|(have, want)| want - have).sum();
+    assert_eq!((short, kept_ids.len()), (1, 1), "what was short was adopted: {kept:?}");
+    assert!(kept_ids.iter().all(|id| on_a.iter().any(|d| d.replica_id == *id)));
+    assert!(
+        drain(&mut c).iter().all(
+            |a| !matches!(a, Action::Apply(d) if d.create.iter().any(|d| kept_ids.contains(&d.replica_id)))
+        ),
+        "nothing adopted is started again"
+    );
 }
 
 #[test]

@@ -275,3 +275,96 @@ fn a_leader_stopping_on_purpose_hands_the_lease_over() {
     }
     eprintln!("graceful handover: new leader {:?} after the old one exited", t.elapsed());
 }
+
+/// Every node runs exactly the replicas the leader places there: the
+/// engines (replicas whose engine has a process, per the agent's
+/// lifecycle) on each agent equal the leader's placement on its node, HOT
+/// and WARM. Waits up to 20 s for the fleet to converge.
+fn engines_match_placement(gateway: &str, agents: &[Agent]) {
+    let t = Instant::now();
+    loop {
+        let s = status(gateway);
+        let mut placed: Vec<(String, String)> = Vec::new();
+        for m in s["models"].as_array().unwrap() {
+            for r in m["replicas"].as_array().unwrap().iter().filter(|r| !r["level"].is_null()) {
+                placed.push((
+                    r["node"].as_str().unwrap_or("").to_owned(),
+                    r["id"].as_str().unwrap().to_owned(),
+                ));
+            }
+        }
+        let mut running: Vec<(String, String)> = Vec::new();
+        for a in agents {
+            for r in a.status()["replicas"].as_array().unwrap() {
+                let state = r["view"]["engine"]["state"].as_str().unwrap();
+                if !["absent", "failed"].contains(&state) {
+                    running.push((a.name.clone(), r["view"]["replica"].as_str().unwrap().to_owned()));
+                }
+            }
+        }
+        placed.sort();
+        running.sort();
+        if placed == running && !placed.is_empty() {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "engines never matched placement: placed {placed:?}, running {running:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Issue 27's ghosts: an agent killed with SIGKILL and started again under
+/// its name. At once it is refused (its name is still held); once its
+/// silence has passed the TTL it joins as a new run, which starts from
+/// what it runs — nothing — so no replica of the old run's desired state
+/// comes back as an engine placement does not count.
+#[test]
+fn an_agent_killed_and_started_again_under_its_name_runs_only_what_placement_counts() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let mut f = fleet(&redis, 1, 2);
+    let gw = f.gateways[0].url.clone();
+    let placed = wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], None);
+    engines_match_placement(&gw, &f.agents);
+    let victim = placed[0].1.clone();
+    let i = f.agents.iter().position(|a| a.name == victim).unwrap();
+    f.agents[i].kill9();
+    let config = f._dir.path().join("fleet.toml");
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["agent", "--config", config.to_str().unwrap(), "--redis", &redis.url(), "--name", &victim])
+        .args(["--gpus", "2", "--gpu-memory", "80GB", "--virtual-gpus"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("is held by another live agent"), "{stderr}");
+    std::thread::sleep(Duration::from_secs(9));
+    f.agents[i] = common::fleet::agent(f._dir.path(), &config, &redis.url(), &victim, 2);
+    wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], None);
+    engines_match_placement(&gw, &f.agents);
+    // And it stays so.
+    std::thread::sleep(Duration::from_secs(2));
+    engines_match_placement(&gw, &f.agents);
+}
+
+/// An agent stopped (SIGSTOP) past its TTL is declared dead and its
+/// replicas run elsewhere; when it goes on (SIGCONT) it rejoins as the same
+/// run with its engines still running. Those placement no longer wants are
+/// stopped — none is counted twice, none runs unplaced.
+#[test]
+fn an_agent_stopped_past_its_ttl_rejoins_without_ghosts() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let f = fleet(&redis, 1, 3);
+    let gw = f.gateways[0].url.clone();
+    let placed = wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], None);
+    let victim = placed[0].1.clone();
+    let agent = f.agents.iter().find(|a| a.name == victim).unwrap();
+    agent.signal(rustix::process::Signal::STOP);
+    wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], Some(&victim));
+    agent.signal(rustix::process::Signal::CONT);
+    std::thread::sleep(Duration::from_secs(3));
+    wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], None);
+    engines_match_placement(&gw, &f.agents);
+    assert_eq!(chat(&gw, "t/a"), 200);
+}

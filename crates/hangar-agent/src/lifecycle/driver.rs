@@ -138,6 +138,11 @@ pub trait Engines: Send + Sync + 'static {
 
     /// Checks an engine: its process, and (when `awake`) its health route.
     fn check(&self, engine: &Self::Engine, awake: bool) -> impl Future<Output = Health> + Send;
+
+    /// Requests the engine itself says it is running or holding (`None`:
+    /// it does not say). A drain asks once nobody on this side holds one:
+    /// on a fleet's node the gateways, not the agent, hold the permits.
+    fn busy(&self, engine: &Self::Engine) -> impl Future<Output = Option<u32>> + Send;
 }
 
 /// What the rest of the node hears from the driver. Called from the
@@ -563,7 +568,7 @@ impl<E: Engines, S: Sink> Driver<E, S> {
                     Err(why) => (Outcome::WakeFailed(why), None),
                 },
                 (Step::Stop, Some(engine)) => {
-                    drain(&*sink, replica, &model, None).await;
+                    drain(&*engines, &*sink, replica, &model, &engine, None).await;
                     engines.stop(replica, engine).await;
                     (Outcome::Stopped, None)
                 }
@@ -594,18 +599,24 @@ impl<E: Engines, S: Sink> Driver<E, S> {
     }
 }
 
-/// Waits until `replica` has no request in flight, `DRAIN_LIMIT` passes,
+/// Waits until `replica` has no request in flight — none held on this
+/// side (`sink`), none the engine says it runs — or `DRAIN_LIMIT` passes,
 /// or `abandon` (if given) is cancelled; false when abandoned.
-async fn drain<S: Sink>(
+async fn drain<E: Engines, S: Sink>(
+    engines: &E,
     sink: &S,
     replica: ReplicaId,
     model: &ModelKey,
+    engine: &E::Engine,
     abandon: Option<&CancellationToken>,
 ) -> bool {
     let limit = Instant::now() + DRAIN_LIMIT;
-    while sink.in_flight(replica, model) > 0 && Instant::now() < limit {
+    while Instant::now() < limit {
         if abandon.is_some_and(CancellationToken::is_cancelled) {
             return false;
+        }
+        if sink.in_flight(replica, model) == 0 && engines.busy(engine).await.unwrap_or(0) == 0 {
+            break;
         }
         tokio::time::sleep(DRAIN_POLL).await;
     }
@@ -623,7 +634,7 @@ async fn put_to_sleep<E: Engines, S: Sink>(
     engine: &E::Engine,
     abandon: CancellationToken,
 ) -> Outcome {
-    if !drain(sink, replica, model, Some(&abandon)).await {
+    if !drain(engines, sink, replica, model, engine, Some(&abandon)).await {
         return Outcome::Abandoned;
     }
     let limit = Instant::now() + DRAIN_LIMIT;

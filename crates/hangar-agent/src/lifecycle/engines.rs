@@ -111,6 +111,7 @@ impl NodeEngines {
             url: url.clone(),
             sleep: capabilities.sleep,
             cog: spec.is_cog(),
+            metrics: capabilities.metrics,
             _weights: Mutex::new(weights),
         };
         Ok(Started { engine: live, url, pid, capabilities, report })
@@ -124,6 +125,8 @@ pub struct LiveEngine {
     url: String,
     sleep: Option<SleepApi>,
     cog: bool,
+    /// It serves Prometheus metrics (which may say how busy it is).
+    metrics: bool,
     /// Its weights' memory, mapped while the engine lives.
     _weights: Mutex<Option<LoadedWeights>>,
 }
@@ -182,6 +185,15 @@ impl Engines for NodeEngines {
         self.release(replica).await;
     }
 
+    async fn busy(&self, engine: &LiveEngine) -> Option<u32> {
+        if !engine.metrics || engine.process.lock().await.is_none() {
+            return None;
+        }
+        let answer =
+            self.client.get(format!("{}/metrics", engine.url)).timeout(HEALTH_TIMEOUT).send().await.ok()?;
+        busy_requests(&answer.text().await.ok()?)
+    }
+
     async fn check(&self, engine: &LiveEngine, awake: bool) -> Health {
         {
             let mut process = engine.process.lock().await;
@@ -203,5 +215,50 @@ impl Engines for NodeEngines {
             Ok(r) if r.status().is_success() => Health::Ok,
             _ => Health::NoAnswer,
         }
+    }
+}
+
+/// The gauges engines publish for the requests they run or hold: vLLM's,
+/// SGLang's, llama.cpp's and Hangar's mock engine's.
+const BUSY_GAUGES: [&str; 7] = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "llamacpp:requests_processing",
+    "hangar_mock_num_requests_running",
+    "hangar_mock_num_requests_waiting",
+];
+
+/// The requests an engine's Prometheus text says it runs or holds: the sum
+/// of the [`BUSY_GAUGES`] it has (over all their label sets); `None` if it
+/// has none of them.
+fn busy_requests(metrics: &str) -> Option<u32> {
+    let mut found = None;
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else { continue };
+        let name = name.split('{').next().unwrap_or(name).trim();
+        if BUSY_GAUGES.contains(&name) {
+            let v = value.trim().parse::<f64>().unwrap_or(0.0).max(0.0) as u32;
+            found = Some(found.unwrap_or(0) + v);
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::busy_requests;
+
+    #[test]
+    fn engines_say_how_busy_they_are_in_their_own_gauges() {
+        let vllm = "# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name=\"m\"} 2.0\n\
+                    vllm:num_requests_waiting{model_name=\"m\"} 1.0\nvllm:gpu_cache_usage_perc 0.5\n";
+        assert_eq!(busy_requests(vllm), Some(3));
+        assert_eq!(
+            busy_requests("hangar_mock_num_requests_running 0\nhangar_mock_num_requests_waiting 0\n"),
+            Some(0)
+        );
+        assert_eq!(busy_requests("process_cpu_seconds_total 12\n"), None);
     }
 }

@@ -164,7 +164,7 @@ impl Server {
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into()).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
-        node::start_driver(&inner, &config, node::node_gpus(&cluster), true);
+        node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);
         let control = control_loop(&config, config.seed, &inner, cluster);
         inner.control.set_active(true);
         tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));

@@ -12,9 +12,9 @@
 //! cold). A fleet's agent tells no controller: the leader reads the node's
 //! report instead.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use hangar_agent::lifecycle::{self, DriverHandle, Fact, ModelEngine, NodeEngines, NodeReplica, Sink};
 use hangar_core::{ModelKey, ReplicaId, ReplicaPhase};
@@ -30,14 +30,29 @@ pub(crate) fn node_gpus(cluster: &Cluster) -> BTreeMap<String, Vec<u64>> {
     cluster.nodes().iter().map(|n| (n.id().to_string(), vec![n.gpu_memory(); n.gpus().len()])).collect()
 }
 
-/// Starts the lifecycle driver of `nodes` for `inner`'s models, its
-/// engines bound to `engine_host`; `tell_controller`: whether facts go to
-/// this process's controller (a single machine) or nowhere (an agent).
+/// Who hears of this process's replicas.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Audience {
+    /// A single machine: its own controller hears every fact, and its own
+    /// processors hold every permit.
+    Controller,
+    /// A fleet's agent: no controller here (the leader reads the node's
+    /// report), and the permits are the gateways', which keep sending a
+    /// replica requests for up to `routing_grace` after it stops serving
+    /// (until their view of its node's report changes).
+    Gateways {
+        /// How long gateways may still route to a replica taken out.
+        routing_grace: Duration,
+    },
+}
+
+/// Starts the lifecycle driver of `nodes` for `inner`'s models, telling
+/// `audience`.
 pub(crate) fn start_driver(
     inner: &Arc<Inner>,
     config: &ServeConfig,
     nodes: BTreeMap<String, Vec<u64>>,
-    tell_controller: bool,
+    audience: Audience,
 ) -> DriverHandle {
     let models = config
         .models
@@ -51,7 +66,7 @@ pub(crate) fn start_driver(
         inner.client.clone(),
         inner.weights.clone(),
     );
-    let sink = NodeSink { inner: Arc::downgrade(inner), tell_controller };
+    let sink = NodeSink { inner: Arc::downgrade(inner), audience, unserved: Mutex::default() };
     let driver = lifecycle::spawn(nodes, Arc::new(engines), Arc::new(sink));
     inner.driver.set(driver.clone()).unwrap_or_else(|_| panic!("one driver per server"));
     driver
@@ -60,7 +75,9 @@ pub(crate) fn start_driver(
 /// How the driver's news reaches the rest of the process.
 struct NodeSink {
     inner: Weak<Inner>,
-    tell_controller: bool,
+    audience: Audience,
+    /// When each replica stopped serving (for the gateways' grace).
+    unserved: Mutex<HashMap<ReplicaId, Instant>>,
 }
 
 impl NodeSink {
@@ -89,6 +106,11 @@ impl Sink for NodeSink {
     }
 
     fn unserve(&self, replica: ReplicaId, model: &ModelKey) {
+        if let Audience::Gateways { routing_grace } = self.audience {
+            let mut unserved = self.unserved.lock().expect("unserved lock");
+            unserved.retain(|_, at| at.elapsed() < routing_grace);
+            unserved.insert(replica, Instant::now());
+        }
         let Some((_, rt)) = self.model(model) else { return };
         if let Some(r) = rt.replicas.lock().expect("replica table lock").get_mut(&replica) {
             r.state = ReplicaPhase::Draining;
@@ -137,12 +159,18 @@ impl Sink for NodeSink {
                 Command::Stopped { model, replica }
             }
         };
-        if self.tell_controller {
+        if matches!(self.audience, Audience::Controller) {
             inner.control.send(command);
         }
     }
 
+    /// The permits held on `replica` here; on a fleet's agent, 1 while
+    /// gateways may still be routing to it.
     fn in_flight(&self, replica: ReplicaId, model: &ModelKey) -> u32 {
+        if let Audience::Gateways { routing_grace } = self.audience {
+            let at = self.unserved.lock().expect("unserved lock").get(&replica).copied();
+            return u32::from(at.is_some_and(|at| at.elapsed() < routing_grace));
+        }
         self.model(model).map_or(0, |(_, rt)| rt.processor.in_use_on(replica))
     }
 

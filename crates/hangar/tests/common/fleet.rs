@@ -14,6 +14,8 @@ pub struct Agent {
     child: Child,
     /// Its node's name.
     pub name: String,
+    /// Its own HTTP address (`GET /status`).
+    pub url: String,
     log: std::path::PathBuf,
 }
 
@@ -22,6 +24,24 @@ impl Agent {
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Stops it (SIGSTOP) or lets it go on (SIGCONT), as a machine that
+    /// hangs for a while.
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    /// Whether it has exited, and how.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    /// `GET /status`: its record, report and every replica as its
+    /// lifecycle driver holds it.
+    pub fn status(&self) -> Value {
+        reqwest::blocking::get(format!("{}/status", self.url)).unwrap().json().unwrap()
     }
 
     /// What it has logged so far.
@@ -64,10 +84,12 @@ pub fn agent(dir: &Path, config: &Path, redis: &str, name: &str, gpus: u32) -> A
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut agent = Agent { child, name: name.to_owned(), log };
+    let mut agent = Agent { child, name: name.to_owned(), url: String::new(), log };
     let mut line = String::new();
     BufReader::new(agent.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert!(line.starts_with(&format!("agent {name} listening on")), "unexpected first line {line:?}");
+    let prefix = format!("agent {name} listening on ");
+    assert!(line.starts_with(&prefix), "unexpected first line {line:?}: {}", agent.log());
+    agent.url = line[prefix.len()..].trim().to_owned();
     agent
 }
 

@@ -90,7 +90,10 @@ impl Agent {
         tokio::spawn(async move { while commands.recv().await.is_some() {} });
         let gpus =
             BTreeMap::from([(record.name.clone(), vec![record.gpu_memory.bytes(); record.gpus as usize])]);
-        let driver = node::start_driver(&inner, &config, gpus, false);
+        // Gateways see a replica stop serving within one report and one view
+        // refresh; they may route to it until then.
+        let grace = node::Audience::Gateways { routing_grace: REPORT_EVERY + super::view::VIEW_EVERY * 2 };
+        let driver = node::start_driver(&inner, &config, gpus, grace);
         let registry = Registry::new(redis.clone(), NODE_TTL);
         let (registry, registered) = tokio::task::spawn_blocking(move || {
             let result = registry.register(&record);
