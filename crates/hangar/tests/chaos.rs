@@ -39,13 +39,14 @@ fn run(seed: u64, duration: Duration, schedule: Option<Schedule>) -> Option<Repo
 
 fn random_seed(seed: u64) {
     let Some(report) = run(seed, Duration::from_secs(40), None) else { return };
-    assert!(report.faults.values().sum::<u32>() >= 2, "too few faults for a test:\n{report}");
+    assert!(report.faults.values().sum::<u32>() >= 1, "no fault was injected:\n{report}");
     assert!(report.passed(), "seed {seed} failed:\n{report}");
 }
 
 /// SIGSTOP of an agent for 14.1 s (past its 8 s TTL: declared dead, its
 /// replicas placed elsewhere, its engines to stop when it wakes), then an
-/// engine kill on it.
+/// engine kill on it — skipped when, as placement may, nothing was placed
+/// on it again.
 #[test]
 fn chaos_seed_28() {
     random_seed(28);
