@@ -293,12 +293,16 @@ impl ModelConfig {
     }
 }
 
-/// What can be known of an engine before it runs: an `external` URL
-/// parses as http(s) with a host, a command template is not empty, a
-/// readiness path is a path, setup timeouts are in range.
+/// What can be known of an engine before it runs: a mock's preset is one
+/// the mock engine has, an `external` URL parses as http(s) with a host, a
+/// command template is not empty, a readiness path is a path, setup
+/// timeouts are in range.
 fn check_engine(engine: &EngineSpec) -> Result<(), FieldError> {
     match engine {
-        EngineSpec::Mock { .. } => Ok(()),
+        EngineSpec::Mock { preset, .. } => {
+            hangar_engine::preset::named(preset).map_err(|e| FieldError::new("preset", e.to_string()))?;
+            Ok(())
+        }
         EngineSpec::External { url } => {
             let parsed = reqwest::Url::parse(url)
                 .map_err(|e| FieldError::new("url", format!("`{url}` is not a URL: {e}")))?;
@@ -476,6 +480,23 @@ mod tests {
             refused(&config(&format!("{MOCK}{deployment}"))).field,
             "predictions.deployments[0].model"
         );
+    }
+
+    #[test]
+    fn an_unknown_mock_preset_is_refused_at_load_naming_the_known_ones() {
+        let model = |preset: &str| {
+            format!("[[models]]\nkey = \"m{preset}\"\nengine = {{ kind = \"mock\", preset = \"{preset}\" }}\nsize = \"1GB\"\n")
+        };
+        let text = config(&format!("{}{}", model("fast"), model("gpt-5")));
+        let e = ServeConfig::from_toml(&text, "serve.toml").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid configuration serve.toml:12: models[1].engine.preset: unknown preset `gpt-5`; \
+             choose one of default, fast, instant, sglang"
+        );
+        for p in hangar_engine::presets() {
+            toml::from_str::<ServeConfig>(&config(&model(p.name))).unwrap().validate().unwrap();
+        }
     }
 
     #[test]
