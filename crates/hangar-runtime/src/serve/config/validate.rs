@@ -262,6 +262,13 @@ impl ModelConfig {
         if self.kv.cache_blocks == 0 {
             return Err(FieldError::new("kv.cache_blocks", "must be at least 1"));
         }
+        if self.access.as_ref().is_some_and(Vec::is_empty) {
+            return Err(FieldError::new(
+                "access",
+                "is empty, so no account could use the model: remove `access` to let every account use it, \
+                 or name the accounts that may (`access = [\"acme\"]`)",
+            ));
+        }
         check_engine(&self.engine).map_err(|e| e.within("engine"))?;
         self.check_weights()?;
         self.predictions.validate().map_err(|e| e.within("predictions"))
@@ -497,6 +504,17 @@ mod tests {
         for p in hangar_engine::presets() {
             toml::from_str::<ServeConfig>(&config(&model(p.name))).unwrap().validate().unwrap();
         }
+    }
+
+    #[test]
+    fn an_empty_access_list_is_refused_with_what_to_do() {
+        let e = refused(&config(&format!("{MOCK}access = []\n")));
+        assert_eq!(e.field, "models[0].access");
+        assert!(e.message.contains("remove `access`") && e.message.contains("name the accounts"), "{e}");
+        toml::from_str::<ServeConfig>(&config(&format!("{MOCK}access = [\"acme\"]\n")))
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]
