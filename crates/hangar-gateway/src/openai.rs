@@ -186,6 +186,27 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
 #[derive(serde::Deserialize)]
 struct Head {
     model: Option<Value>,
+    /// Output tokens asked for (`max_completion_tokens` is the current
+    /// name), bounded by [`hangar_core::MAX_OUTPUT_TOKENS`] as a
+    /// prediction's are.
+    max_tokens: Option<Value>,
+    max_completion_tokens: Option<Value>,
+}
+
+impl Head {
+    /// The first output-token count out of bounds: 400 naming it.
+    fn check_output_tokens(&self) -> Result<(), Response> {
+        let counts =
+            [("max_tokens", &self.max_tokens), ("max_completion_tokens", &self.max_completion_tokens)];
+        for (field, value) in counts {
+            let Some(value) = value.as_ref().filter(|v| !v.is_null()) else { continue };
+            if let Err(why) = hangar_core::limits::check_output_tokens(value.as_u64()) {
+                let message = format!("`{field}`: {why}");
+                return Err(error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some(field)));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Admits the request onto a replica of its model and streams the
@@ -213,6 +234,9 @@ async fn forward(
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None);
         }
     };
+    if let Err(refused) = head.check_output_tokens() {
+        return refused;
+    }
     let Some(Value::String(model)) = head.model else {
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));

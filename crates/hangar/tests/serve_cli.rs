@@ -71,6 +71,15 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
     let (status, r) = post(&s.url, None, &wrong);
     assert_eq!(status, 400, "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("max_tokens"), "the field is named: {r}");
+    // Output tokens are bounded as a prediction's are, by the gateway.
+    for field in ["max_tokens", "max_completion_tokens"] {
+        let mut many = chat("t/ready", 1);
+        many[field] = json!(hangar_core::MAX_OUTPUT_TOKENS + 1);
+        let (status, r) = post(&s.url, None, &many);
+        assert_eq!((status, r["error"]["param"].as_str()), (400, Some(field)), "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&hangar_core::MAX_OUTPUT_TOKENS.to_string()), "the bound is named: {r}");
+    }
     let mut big = chat("t/ready", 1);
     big["messages"][0]["content"] = json!("x".repeat(100_000));
     let (status, r) = post(&s.url, None, &big);
