@@ -86,6 +86,25 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
     assert_eq!(status, 413, "{r}");
 }
 
+/// Replica ids come from the controller's seeded rng; `hangar serve` mixes
+/// a per-process value into the file's `seed`, so a second run of the same
+/// file names its replicas apart from the first run's (logs, metrics and
+/// Redis keys name replicas by id). `hangar sim` keeps the seed as is.
+#[test]
+fn two_runs_of_one_file_give_their_replicas_different_ids() {
+    let config = one_gpu(
+        "[[models]]\nkey = \"t/m\"\nengine = { kind = \"mock\", preset = \"instant\" }\nsize = \"10GB\"\n\
+         min_replicas = 2\n",
+    );
+    let run = || -> std::collections::BTreeSet<String> {
+        let s = serve(&config);
+        common::ready_replicas(&s.url, 2).iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let (first, second) = (run(), run());
+    assert_eq!((first.len(), second.len()), (2, 2));
+    assert!(first.is_disjoint(&second), "a restart reused replica ids: {first:?} then {second:?}");
+}
+
 #[test]
 fn a_busy_model_answers_429_when_its_line_is_full_and_504_past_its_timeout() {
     let s = serve(CONFIG);

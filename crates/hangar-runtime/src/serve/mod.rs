@@ -152,7 +152,9 @@ impl Server {
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into()).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
-        let control = control_loop(&config, config.seed, &inner, cluster);
+        // A per-process value mixed into the seed: the replica ids it draws
+        // then differ from the last run's (logs, metrics, Redis name them).
+        let control = control_loop(&config, config.seed ^ rand::random::<u64>(), &inner, cluster);
         inner.control.set_active(true);
         tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));
         inner.min_replicas_up().await;
@@ -324,7 +326,8 @@ pub(crate) async fn build(
 /// in the cadence every driver feeds it.
 ///
 /// `seed` seeds its random choices, replica ids among them: `config.seed`
-/// on a single machine; a fleet's leader mixes in its epoch, so a new
+/// and a per-process random value on a single machine (simulations use
+/// `config.seed` alone); a fleet's leader mixes in its epoch, so a new
 /// tenure, which takes over the replicas of the last, never draws an id
 /// one of them already has.
 pub(crate) fn control_loop(
