@@ -297,6 +297,9 @@ impl Forward<'_> {
             };
             let replica = lease.replica;
             let name = || replica_name(&self.rt.config().key, replica);
+            if let Ok(upstream) = &answer {
+                self.rt.answered(replica, upstream.status());
+            }
             match answer {
                 Ok(upstream) if attempt == 0 && self.rt.fails_over(upstream.status()) => {
                     tracing::info!(replica = %name(), status = %upstream.status(), "out of capacity: sending the request to another replica");

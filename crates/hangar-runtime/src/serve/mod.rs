@@ -434,15 +434,29 @@ impl ModelRuntime {
     /// there, once, before the client sees a refusal (Workers AI's
     /// failover) — a sync request or an async prediction alike.
     pub fn fails_over(&self, status: axum::http::StatusCode) -> bool {
-        use axum::http::StatusCode;
-        matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
-            && self.count(replicas::ReplicaState::Ready) > 1
+        out_of_capacity(status) && self.count(replicas::ReplicaState::Ready) > 1
+    }
+
+    /// Notes the status `replica` answered a request with: out of
+    /// capacity, the model's chooser puts it last for a while
+    /// ([`hangar_router::REFUSAL_COOL_DOWN_MS`]) — whether or not the
+    /// request then fails over.
+    pub fn answered(&self, replica: ReplicaId, status: axum::http::StatusCode) {
+        if out_of_capacity(status) {
+            self.processor.refused(replica);
+        }
     }
 
     /// Whether `account` may use this model.
     pub fn allows(&self, account: &AccountId) -> bool {
         self.config.access.as_ref().is_none_or(|accounts| accounts.contains(account))
     }
+}
+
+/// 429, or 503 as vLLM and SGLang answer when their own queue is full.
+fn out_of_capacity(status: axum::http::StatusCode) -> bool {
+    use axum::http::StatusCode;
+    matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
 }
 
 impl Inner {
