@@ -11,6 +11,11 @@
 //! [`Redis`] is a small pool of blocking connections (the callers are
 //! short synchronous store methods); [`LocalRedis`] starts a private
 //! `redis-server` for tests and benchmarks.
+//!
+//! A Redis with a password (`requirepass`) is reached with it in the URL:
+//! `redis://:PASSWORD@HOST:PORT/DB` (or `redis://USER:PASSWORD@…` for an
+//! ACL user; `unix:///path?pass=PASSWORD` on a socket). Every message and
+//! [`Redis::url`] show the URL [`redacted`], its password `***`.
 
 pub mod fleet;
 pub mod lease;
@@ -41,7 +46,7 @@ pub enum RedisError {
     /// `rediss://…`, `unix:///path/to/socket`).
     #[error("redis URL `{url}`: {reason}")]
     Url {
-        /// The URL as given.
+        /// The URL as given, [`redacted`].
         url: String,
         /// What is wrong with it.
         reason: String,
@@ -49,7 +54,7 @@ pub enum RedisError {
     /// No connection could be made (or taken from the pool in time).
     #[error("cannot reach redis at {url}: {reason}")]
     Unreachable {
-        /// The server.
+        /// The server's URL, [`redacted`].
         url: String,
         /// The cause.
         reason: String,
@@ -57,7 +62,7 @@ pub enum RedisError {
     /// A command failed.
     #[error("redis at {url}: {source}")]
     Command {
-        /// The server.
+        /// The server's URL, [`redacted`].
         url: String,
         /// The cause.
         source: redis::RedisError,
@@ -83,11 +88,44 @@ impl std::fmt::Debug for Redis {
 type Conn = r2d2::PooledConnection<Manager>;
 
 /// Checks that `url` is a Redis URL, without connecting: what a
-/// configuration loader can say about it.
+/// configuration loader can say about it. The message shows the URL
+/// [`redacted`].
 pub fn check_url(url: &str) -> Result<(), String> {
     redis::Client::open(url).map(drop).map_err(|e| {
-        format!("`{url}` is not a Redis URL ({e}); use redis://HOST:PORT/DB, rediss://… or unix:///path/to/socket")
+        format!(
+            "`{}` is not a Redis URL ({e}); use redis://HOST:PORT/DB (redis://:PASSWORD@HOST:PORT/DB with \
+             a password), rediss://… or unix:///path/to/socket",
+            redacted(url)
+        )
     })
+}
+
+/// `url` with its password replaced by `***` — the userinfo's after its
+/// `:` (`redis://:***@host:6379/0`, `redis://user:***@…`) and a socket
+/// URL's `pass=` — for messages and logs, which must not carry the
+/// secret a fleet's URL holds. Anything else is left as it was.
+pub fn redacted(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_owned() };
+    let mut out = url.to_owned();
+    // `pass=…` in the query (unix sockets), up to the next `&` or `#`.
+    if let Some(q) = out.find('?') {
+        let mut at = q + 1;
+        while at < out.len() {
+            let end = out[at..].find(['&', '#']).map_or(out.len(), |e| at + e);
+            if out[at..end].starts_with("pass=") {
+                out.replace_range(at + 5..end, "***");
+            }
+            at = out[at..].find('&').map_or(out.len(), |e| at + e + 1);
+        }
+    }
+    // The userinfo's password: in the authority, before its last `@`.
+    let authority_end = out[start..].find(['/', '?', '#']).map_or(out.len(), |e| start + e);
+    if let Some(at) = out[start..authority_end].rfind('@').map(|a| start + a) {
+        if let Some(colon) = out[start..at].find(':').map(|c| start + c) {
+            out.replace_range(colon + 1..at, "***");
+        }
+    }
+    out
 }
 
 impl Redis {
@@ -96,7 +134,7 @@ impl Redis {
     /// server does not answer within 5 s.
     pub fn connect(url: &str) -> Result<Redis, RedisError> {
         let client = redis::Client::open(url)
-            .map_err(|e| RedisError::Url { url: url.to_owned(), reason: e.to_string() })?;
+            .map_err(|e| RedisError::Url { url: redacted(url), reason: e.to_string() })?;
         // A dead connection is found when a command on it fails (and is
         // then dropped, `has_broken`), not by a PING before every use,
         // which would double each command's round trip.
@@ -108,7 +146,7 @@ impl Redis {
             .test_on_check_out(false)
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(Manager { client, epoch: epoch.clone() });
-        let redis = Redis { pool, epoch, url: url.to_owned() };
+        let redis = Redis { pool, epoch, url: redacted(url) };
         redis.run(|c| redis::cmd("PING").query::<String>(c))?;
         Ok(redis)
     }
@@ -178,7 +216,7 @@ impl Redis {
         Ok(live.into_iter().filter_map(|(n, v)| Some((n, v?))).collect())
     }
 
-    /// The server's URL.
+    /// The server's URL, [`redacted`]: for messages, not for connecting.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -224,5 +262,56 @@ impl r2d2::ManageConnection for Manager {
 
     fn has_broken(&self, conn: &mut Tagged) -> bool {
         conn.epoch != self.epoch.load(Ordering::Relaxed) || !redis::ConnectionLike::is_open(&conn.conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_never_reaches_a_message() {
+        for (url, shown) in [
+            ("redis://:s3cret@hangar-redis:6379/0", "redis://:***@hangar-redis:6379/0"),
+            ("redis://hangar:s3cret@10.0.0.5:6379", "redis://hangar:***@10.0.0.5:6379"),
+            ("rediss://:s3:cr@t@h:6380/1", "rediss://:***@h:6380/1"),
+            ("unix:///run/redis.sock?db=2&pass=s3cret", "unix:///run/redis.sock?db=2&pass=***"),
+            ("redis+unix:///r.sock?pass=s3cret#x", "redis+unix:///r.sock?pass=***#x"),
+            ("redis://user@h:6379/0", "redis://user@h:6379/0"),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+        // A password form is a Redis URL, and what is said of a bad one
+        // hides the password.
+        check_url("redis://:s3cret@hangar-redis:6379/0").unwrap();
+        let info = redis::Client::open("redis://:s3cret@hangar-redis:6379/0").unwrap();
+        assert_eq!(info.get_connection_info().redis_settings().password(), Some("s3cret"));
+        let e = check_url("redis://:s3cret@hangar-redis:port/0").unwrap_err();
+        assert!(!e.contains("s3cret") && e.contains(":***@"), "{e}");
+        // Nothing answers on port 1: the error names the server, not the
+        // password.
+        let e = Redis::connect("redis://:s3cret@127.0.0.1:1/0").unwrap_err().to_string();
+        assert!(!e.contains("s3cret") && e.contains("redis://:***@127.0.0.1:1/0"), "{e}");
+    }
+
+    /// A Redis with `requirepass` is refused without the password and
+    /// used with it in the URL.
+    #[test]
+    fn a_password_in_the_url_authenticates() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let open = Redis::connect(&server.url()).unwrap();
+        open.run(|c| redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("s3cret").query::<()>(c))
+            .unwrap();
+        drop(open);
+        let e = Redis::connect(&server.url()).unwrap_err().to_string();
+        assert!(e.contains("NOAUTH") || e.contains("Authentication"), "{e}");
+        let wrong = Redis::connect(&format!("{}?pass=wrong", server.url())).unwrap_err().to_string();
+        assert!(wrong.contains("pass=***") && !wrong.contains("pass=wrong"), "{wrong}");
+        let redis = Redis::connect(&format!("{}?pass=s3cret", server.url())).unwrap();
+        assert!(!redis.url().contains("s3cret"));
+        let pong: String = redis.run(|c| redis::cmd("PING").query(c)).unwrap();
+        assert_eq!(pong, "PONG");
     }
 }

@@ -275,6 +275,43 @@ access = ["acme"]
     assert_eq!(listed["data"].as_array().unwrap().len(), 0, "models an account may not use are not listed");
 }
 
+/// `--keys-file`: the API and metrics keys from a file of their own (a
+/// Kubernetes Secret), not the configuration.
+#[test]
+fn keys_from_a_keys_file_authenticate() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(&keys, "metrics_key = \"scrape\"\n[[api_keys]]\nkey = \"sk-acme\"\naccount = \"acme\"\n")
+        .unwrap();
+    let config = one_gpu(
+        "[[models]]\nkey = \"t/m\"\nengine = { kind = \"mock\", preset = \"instant\" }\nsize = \"10GB\"\n\
+         min_replicas = 1\n",
+    );
+    let s = common::serve_in_with(dir, &config, &["--keys-file", keys.to_str().unwrap()]);
+    let (status, _) = post(&s.url, None, &chat("t/m", 1));
+    assert_eq!(status, 401, "no key");
+    let (status, r) = post(&s.url, Some("sk-acme"), &chat("t/m", 1));
+    assert_eq!(status, 200, "{r}");
+    let metrics = |key: Option<&str>| {
+        let mut r = reqwest::blocking::Client::new().get(format!("{}/metrics", s.url));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send().unwrap().status().as_u16()
+    };
+    assert_eq!((metrics(None), metrics(Some("scrape"))), (401, 200));
+    // Keys in the configuration as well: refused at start, naming both.
+    let other = tempfile::tempdir().unwrap();
+    let both = other.path().join("serve.toml");
+    std::fs::write(&both, format!("metrics_key = \"x\"\n{config}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["serve", "--keys-file", keys.to_str().unwrap(), "--config", both.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("sets metrics_key") && err.contains("keys.toml"), "{err}");
+}
+
 #[test]
 fn a_second_server_on_the_same_data_dir_exits_at_once_naming_it_and_the_holder() {
     let data = tempfile::tempdir().unwrap();

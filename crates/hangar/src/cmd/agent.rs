@@ -28,8 +28,10 @@ pub struct Args {
     /// its weight store (its `[[nodes]]`, if any, are ignored).
     #[arg(long)]
     config: PathBuf,
-    /// The fleet's Redis (`redis://HOST:PORT/DB`, `unix:///path`).
-    #[arg(long, env = "HANGAR_REDIS")]
+    /// The fleet's Redis (`redis://HOST:PORT/DB`,
+    /// `redis://:PASSWORD@HOST:PORT/DB`, `unix:///path`). Messages show it
+    /// with the password hidden.
+    #[arg(long, env = "HANGAR_REDIS", hide_env_values = true)]
     redis: String,
     /// This node's name, unique in the fleet (default: the host name).
     #[arg(long, env = "HANGAR_NODE_NAME")]

@@ -140,6 +140,12 @@ impl ServeConfig {
         if let Some(url) = &self.redis {
             hangar_redis::check_url(url).map_err(|e| FieldError::new("redis", e))?;
         }
+        self.check_keys()
+    }
+
+    /// `metrics_key` and `api_keys`, wherever they were read from (the
+    /// file, or a keys file of their own).
+    pub(super) fn check_keys(&self) -> Result<(), FieldError> {
         if self.metrics_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
             return Err(FieldError::new("metrics_key", "is empty (leave it out for an open /metrics)"));
         }
