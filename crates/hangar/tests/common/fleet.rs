@@ -14,6 +14,8 @@ pub struct Agent {
     child: Child,
     /// Its node's name.
     pub name: String,
+    /// Its own HTTP (`/health`, `/status`): `http://ADDR`.
+    pub url: String,
     log: std::path::PathBuf,
 }
 
@@ -64,10 +66,15 @@ pub fn agent(dir: &Path, config: &Path, redis: &str, name: &str, gpus: u32) -> A
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut agent = Agent { child, name: name.to_owned(), log };
+    let mut agent = Agent { child, name: name.to_owned(), url: String::new(), log };
     let mut line = String::new();
     BufReader::new(agent.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert!(line.starts_with(&format!("agent {name} listening on")), "unexpected first line {line:?}");
+    let prefix = format!("agent {name} listening on ");
+    agent.url = line
+        .trim()
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
     agent
 }
 
