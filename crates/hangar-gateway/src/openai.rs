@@ -194,18 +194,18 @@ struct Head {
 }
 
 impl Head {
-    /// The first output-token count out of bounds: 400 naming it.
-    fn check_output_tokens(&self) -> Result<(), Response> {
+    /// The 400 naming the first output-token count out of bounds, if any.
+    fn output_tokens_refused(&self) -> Option<Response> {
         let counts =
             [("max_tokens", &self.max_tokens), ("max_completion_tokens", &self.max_completion_tokens)];
         for (field, value) in counts {
             let Some(value) = value.as_ref().filter(|v| !v.is_null()) else { continue };
             if let Err(why) = hangar_core::limits::check_output_tokens(value.as_u64()) {
                 let message = format!("`{field}`: {why}");
-                return Err(error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some(field)));
+                return Some(error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some(field)));
             }
         }
-        Ok(())
+        None
     }
 }
 
@@ -234,7 +234,7 @@ async fn forward(
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None);
         }
     };
-    if let Err(refused) = head.check_output_tokens() {
+    if let Some(refused) = head.output_tokens_refused() {
         return refused;
     }
     let Some(Value::String(model)) = head.model else {
