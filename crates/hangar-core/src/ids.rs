@@ -46,18 +46,18 @@ pub enum IdError {
         /// The punctuation that is allowed.
         allowed: &'static str,
     },
-    /// A `/`-separated part of the key is not a name: the key starts or
-    /// ends with `/`, holds `//`, or a part is `.` or `..`.
+    /// A `/`-separated segment of the key is not a name: the key starts
+    /// or ends with `/`, holds `//`, or a segment is `.` or `..`.
     #[error(
-        "{kind} `{value}` {problem}; its `/`-separated parts must each be a name (not empty, `.` or `..`), \
-         since keys become paths, URLs and Redis keys"
+        "{kind} `{value}` {problem}; its `/`-separated segments must each be a name (not empty, `.` or \
+         `..`), since keys become paths, URLs and Redis keys"
     )]
     PathComponent {
         /// Which kind of identifier was being parsed.
         kind: &'static str,
         /// The offending value.
         value: String,
-        /// Where it goes wrong (`has the part `..` at byte 2`).
+        /// Where it goes wrong (`has the segment `..` at byte 2`).
         problem: String,
     },
     /// A replica id was not 32 lowercase hex digits.
@@ -80,37 +80,37 @@ fn validate(kind: &'static str, value: &str, max: usize, punct: &'static str) ->
     Ok(())
 }
 
-/// A model key's `/`-separated parts are names: none empty (a leading,
+/// A model key's `/`-separated segments are names: none empty (a leading,
 /// trailing or doubled `/`), none `.` or `..`. Keys name directories,
 /// URL paths (`/v1/models/{owner}/{name}`) and Redis keys; a key that
 /// passes cannot climb out of the directory or route it is put under.
 /// (Backslashes, NUL and every other separator are refused before, by the
 /// character set.)
-fn path_parts(kind: &'static str, value: &str) -> Result<(), IdError> {
+fn path_segments(kind: &'static str, value: &str) -> Result<(), IdError> {
     let mut at = 0;
-    for part in value.split('/') {
-        let problem = match part {
+    for segment in value.split('/') {
+        let problem = match segment {
             "" if at == 0 => Some("starts with `/`".to_owned()),
             "" if at == value.len() => Some("ends with `/`".to_owned()),
             "" => Some(format!("has `//` at byte {}", at - 1)),
-            "." | ".." => Some(format!("has the part `{part}` at byte {at}")),
+            "." | ".." => Some(format!("has the segment `{segment}` at byte {at}")),
             _ => None,
         };
         if let Some(problem) = problem {
             return Err(IdError::PathComponent { kind, value: value.to_owned(), problem });
         }
-        at += part.len() + 1;
+        at += segment.len() + 1;
     }
     Ok(())
 }
 
 /// Accepts anything the character set does.
-fn any_parts(_: &'static str, _: &str) -> Result<(), IdError> {
+fn any_segments(_: &'static str, _: &str) -> Result<(), IdError> {
     Ok(())
 }
 
 macro_rules! string_id {
-    ($(#[$doc:meta])* $name:ident, $kind:literal, $max:literal, $punct:literal, $parts:path) => {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $max:literal, $punct:literal, $segments:path) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -127,7 +127,7 @@ macro_rules! string_id {
             type Err = IdError;
             fn from_str(s: &str) -> Result<Self, IdError> {
                 validate($kind, s, $max, $punct)?;
-                $parts($kind, s)?;
+                $segments($kind, s)?;
                 Ok(Self(s.to_owned()))
             }
         }
@@ -136,7 +136,7 @@ macro_rules! string_id {
             type Error = IdError;
             fn try_from(s: String) -> Result<Self, IdError> {
                 validate($kind, &s, $max, $punct)?;
-                $parts($kind, &s)?;
+                $segments($kind, &s)?;
                 Ok(Self(s))
             }
         }
@@ -157,14 +157,14 @@ macro_rules! string_id {
 
 string_id!(
     /// The key a model is served under, e.g. `meta/llama-3-8b`: ASCII letters,
-    /// digits and `._-/`, at most 128 bytes, whose `/`-separated parts are
-    /// names — none empty, `.` or `..` — so that the key used as a path
+    /// digits and `._-/`, at most 128 bytes, whose `/`-separated segments
+    /// are names — none empty, `.` or `..` — so that the key used as a path
     /// (under a directory, in a URL, in a Redis key) stays under it.
     ModelKey,
     "model key",
     128,
     "._-/",
-    path_parts
+    path_segments
 );
 
 string_id!(
@@ -174,7 +174,7 @@ string_id!(
     "account id",
     128,
     "._-@",
-    any_parts
+    any_segments
 );
 
 /// A replica's id: an opaque 128-bit value printed as 32 lowercase hex digits
@@ -256,13 +256,13 @@ mod tests {
     #[test]
     fn a_model_key_with_path_components_is_refused_naming_it() {
         for (key, problem) in [
-            ("../etc/passwd", "has the part `..` at byte 0"),
-            ("a/../b", "has the part `..` at byte 2"),
-            ("a/..", "has the part `..` at byte 2"),
-            ("./a", "has the part `.` at byte 0"),
-            ("a/./b", "has the part `.` at byte 2"),
-            ("..", "has the part `..` at byte 0"),
-            (".", "has the part `.` at byte 0"),
+            ("../etc/passwd", "has the segment `..` at byte 0"),
+            ("a/../b", "has the segment `..` at byte 2"),
+            ("a/..", "has the segment `..` at byte 2"),
+            ("./a", "has the segment `.` at byte 0"),
+            ("a/./b", "has the segment `.` at byte 2"),
+            ("..", "has the segment `..` at byte 0"),
+            (".", "has the segment `.` at byte 0"),
             ("/etc/passwd", "starts with `/`"),
             ("/", "starts with `/`"),
             ("org/", "ends with `/`"),
@@ -278,17 +278,17 @@ mod tests {
         for key in ["a\\..\\b", "a\0b", "c:/x"] {
             assert!(matches!(key.parse::<ModelKey>(), Err(IdError::BadChar { .. })), "{key:?}");
         }
-        // Dots inside a name are a name.
+        // Dots inside a segment are a name.
         for key in ["org/model-1.5b_v2", ".hidden/m", "a/..b", "a.../b", "v1.0"] {
             key.parse::<ModelKey>().unwrap_or_else(|e| panic!("{key}: {e}"));
         }
-        // Account ids have no parts.
+        // Account ids have no segments.
         assert!("..".parse::<AccountId>().is_ok());
     }
 
     proptest::proptest! {
         /// Whatever a model key is, once accepted it joins under a
-        /// directory as exactly its parts, every one a plain name, and a
+        /// directory as exactly its segments, every one a plain name, and a
         /// Redis key or URL built from it has no segment that climbs.
         #[test]
         fn an_accepted_model_key_stays_under_the_directory_it_is_put_in(
