@@ -186,6 +186,27 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
 #[derive(serde::Deserialize)]
 struct Head {
     model: Option<Value>,
+    /// Output tokens asked for (`max_completion_tokens` is the current
+    /// name), bounded by [`hangar_core::MAX_OUTPUT_TOKENS`] as a
+    /// prediction's are.
+    max_tokens: Option<Value>,
+    max_completion_tokens: Option<Value>,
+}
+
+impl Head {
+    /// The 400 naming the first output-token count out of bounds, if any.
+    fn output_tokens_refused(&self) -> Option<Response> {
+        let counts =
+            [("max_tokens", &self.max_tokens), ("max_completion_tokens", &self.max_completion_tokens)];
+        for (field, value) in counts {
+            let Some(value) = value.as_ref().filter(|v| !v.is_null()) else { continue };
+            if let Err(why) = hangar_core::limits::check_output_tokens(value.as_u64()) {
+                let message = format!("`{field}`: {why}");
+                return Some(error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some(field)));
+            }
+        }
+        None
+    }
 }
 
 /// Admits the request onto a replica of its model and streams the
@@ -213,6 +234,9 @@ async fn forward(
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None);
         }
     };
+    if let Some(refused) = head.output_tokens_refused() {
+        return refused;
+    }
     let Some(Value::String(model)) = head.model else {
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
@@ -273,6 +297,9 @@ impl Forward<'_> {
             };
             let replica = lease.replica;
             let name = || replica_name(&self.rt.config().key, replica);
+            if let Ok(upstream) = &answer {
+                self.rt.answered(replica, upstream.status());
+            }
             match answer {
                 Ok(upstream) if attempt == 0 && self.rt.fails_over(upstream.status()) => {
                     tracing::info!(replica = %name(), status = %upstream.status(), "out of capacity: sending the request to another replica");

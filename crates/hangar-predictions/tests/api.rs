@@ -153,6 +153,31 @@ async fn a_non_ascii_cursor_is_a_400_naming_the_cursor() {
     }
 }
 
+/// A prediction's output tokens are bounded as the OpenAI API's
+/// `max_tokens` is: past the bound, 422 naming the field and the bound,
+/// before anything is queued.
+#[tokio::test(flavor = "multi_thread")]
+async fn max_tokens_beyond_the_chat_bound_is_a_422_naming_field_and_limit() {
+    let s = start(json!({}), vec![model("t/open", None)], ApiKeys::default());
+    let router = s.service.router();
+    let max = hangar_core::MAX_OUTPUT_TOKENS;
+    for field in ["max_tokens", "max_new_tokens"] {
+        for n in [max + 1, u64::MAX] {
+            let body = json!({"input": {"prompt": "x", field: n}}).to_string();
+            let a = call(&router, "POST", "/v1/models/t/open/predictions", None, Some(&body)).await;
+            assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{field} {n}: {a:?}");
+            assert_eq!(a.body["invalid_fields"][0]["field"], format!("input.{field}"), "{a:?}");
+            let why = a.body["invalid_fields"][0]["description"].as_str().unwrap();
+            assert!(why.contains(&max.to_string()), "{why}");
+        }
+        let body = json!({"input": {"prompt": "x", field: 3}}).to_string();
+        let a = call(&router, "POST", "/v1/models/t/open/predictions", None, Some(&body)).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{field} within the bound: {a:?}");
+    }
+    let listed = call(&router, "GET", "/v1/predictions", None, None).await;
+    assert_eq!(listed.body["results"].as_array().map(Vec::len), Some(2), "only the two within the bound");
+}
+
 /// Every route that names a model, version or deployment, on `t/private`
 /// (its version `vid`), with a body where it takes one.
 fn private_routes(vid: &str) -> Vec<(&'static str, String, Option<String>)> {

@@ -161,7 +161,9 @@ pub struct FreeReplica {
 /// Picks the replica for a request among those with a free permit.
 ///
 /// The driver may tell a chooser more than [`Admission`] does: what a
-/// request's prompt is ([`hint`](Self::hint), before submitting it), when a
+/// request's prompt is ([`hint`](Self::hint), before submitting it), that
+/// a replica refused a request for want of capacity ([`avoid`](Self::avoid)
+/// for that request, [`refused`](Self::refused) for the ones after), when a
 /// request is over ([`done`](Self::done)) and when a replica is gone
 /// ([`replica_gone`](Self::replica_gone)). Choosers that need none of it
 /// (the default methods do nothing) stay one-liners. The routing
@@ -169,9 +171,10 @@ pub struct FreeReplica {
 /// `hangar-router`'s `ReplicaChooser`, one implementation for the live
 /// server and the simulator; [`FirstFree`] is the simplest chooser.
 pub trait Chooser {
-    /// Returns the id of one element of `free` (never empty; sorted by id).
+    /// Returns the id of one element of `free` (never empty; sorted by id)
+    /// at `now` (the clock of every `now` the [`Admission`] is given).
     /// Returning anything else falls back to `free[0]`.
-    fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId;
+    fn choose(&mut self, now: Millis, request: RequestId, free: &[FreeReplica]) -> ReplicaId;
 
     /// The prompt of a request about to be submitted: its chained block
     /// hashes and its length in tokens.
@@ -182,6 +185,12 @@ pub trait Chooser {
     /// Only a hint — when the refusing replica is the only one free, it is
     /// chosen, so no request waits while a permit is free.
     fn avoid(&mut self, _request: RequestId, _replica: ReplicaId) {}
+
+    /// `replica` refused a request for want of capacity at `now`: for a
+    /// while, choose it only when every other free replica refused too.
+    /// Like [`avoid`](Self::avoid), only an order — a free permit is never
+    /// left unused while a request waits.
+    fn refused(&mut self, _now: Millis, _replica: ReplicaId) {}
 
     /// The request is over, served or not; forget it.
     fn done(&mut self, _request: RequestId) {}
@@ -195,7 +204,7 @@ pub trait Chooser {
 pub struct FirstFree;
 
 impl Chooser for FirstFree {
-    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
+    fn choose(&mut self, _: Millis, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
         free[0].id
     }
 }
@@ -287,13 +296,13 @@ impl Admission {
     /// A replica became ready with `limit` permits (or changed its limit).
     /// Waiting requests are dispatched to it at once. Lowering the limit
     /// below the permits out keeps those permits valid until released.
-    pub fn replica_ready(&mut self, _now: Millis, replica: ReplicaId, limit: u32, chooser: &mut dyn Chooser) {
+    pub fn replica_ready(&mut self, now: Millis, replica: ReplicaId, limit: u32, chooser: &mut dyn Chooser) {
         let r =
             self.replicas.entry(replica).or_insert(Replica { limit, in_use: 0, healthy: true, excess: 0 });
         r.limit = limit;
         r.excess = r.in_use.saturating_sub(limit);
         r.healthy = true;
-        self.fill(chooser);
+        self.fill(now, chooser);
     }
 
     /// A replica is unhealthy: it gets no new requests until it is ready
@@ -352,7 +361,7 @@ impl Admission {
     /// wait (absolute, same clock as `now`).
     pub fn submit(
         &mut self,
-        _now: Millis,
+        now: Millis,
         request: RequestId,
         account: AccountId,
         deadline: Option<Millis>,
@@ -364,7 +373,7 @@ impl Admission {
         let arrival = self.arrivals;
         self.arrivals += 1;
         if self.waiting.len() == 0 {
-            if let Some(replica) = self.pick(request, chooser) {
+            if let Some(replica) = self.pick(now, request, chooser) {
                 self.requests.insert(request, Req { account, place: Place::Leased(replica), arrival });
                 return Ok(Submitted::Leased(Permit { request, replica }));
             }
@@ -404,7 +413,7 @@ impl Admission {
     /// its permit, which goes to the next waiting request. Releasing a
     /// request that waits cancels it; releasing an unknown one does
     /// nothing. Returns whether anything changed.
-    pub fn release(&mut self, _now: Millis, request: RequestId, chooser: &mut dyn Chooser) -> bool {
+    pub fn release(&mut self, now: Millis, request: RequestId, chooser: &mut dyn Chooser) -> bool {
         let Some(req) = self.requests.get(&request) else { return false };
         match req.place {
             Place::Leased(replica) => {
@@ -413,7 +422,7 @@ impl Admission {
                     r.in_use -= 1;
                     r.excess = r.excess.saturating_sub(1);
                 }
-                self.fill(chooser);
+                self.fill(now, chooser);
             }
             Place::Waiting { .. } => {
                 let account = req.account.clone();
@@ -446,7 +455,7 @@ impl Admission {
     }
 
     /// Takes a free permit for `request`, if any healthy replica has one.
-    fn pick(&mut self, request: RequestId, chooser: &mut dyn Chooser) -> Option<ReplicaId> {
+    fn pick(&mut self, now: Millis, request: RequestId, chooser: &mut dyn Chooser) -> Option<ReplicaId> {
         self.free_scratch.clear();
         self.free_scratch.extend(
             self.replicas
@@ -457,7 +466,7 @@ impl Admission {
         if self.free_scratch.is_empty() {
             return None;
         }
-        let chosen = chooser.choose(request, &self.free_scratch);
+        let chosen = chooser.choose(now, request, &self.free_scratch);
         let replica =
             if self.free_scratch.iter().any(|r| r.id == chosen) { chosen } else { self.free_scratch[0].id };
         self.replicas.get_mut(&replica).expect("free replicas exist").in_use += 1;
@@ -465,10 +474,10 @@ impl Admission {
     }
 
     /// Dispatches waiting requests while permits are free.
-    fn fill(&mut self, chooser: &mut dyn Chooser) {
+    fn fill(&mut self, now: Millis, chooser: &mut dyn Chooser) {
         while self.waiting.len() > 0 {
             let Some(next) = self.peek_next() else { break };
-            let Some(replica) = self.pick(next, chooser) else { break };
+            let Some(replica) = self.pick(now, next, chooser) else { break };
             let popped = self.waiting.pop().expect("peeked");
             debug_assert_eq!(popped, next);
             let req = self.requests.get_mut(&next).expect("waiting requests are known");

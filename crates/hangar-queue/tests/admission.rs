@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use hangar_core::{AccountId, ReplicaId, RequestId};
+use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
 use hangar_queue::{
     Action, Admission, AdmissionConfig, Chooser, FirstFree, FreeReplica, QueueAlgorithm, Submitted,
 };
@@ -178,7 +178,7 @@ fn replicas_coming_and_going() {
 struct Spread;
 
 impl Chooser for Spread {
-    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
+    fn choose(&mut self, _: Millis, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
         free.iter().max_by_key(|r| r.limit - r.in_use).unwrap().id
     }
 }

@@ -229,6 +229,14 @@ impl Processor {
         })
     }
 
+    /// `replica` refused a request for want of capacity (its engine
+    /// answered 429 or 503): the chooser puts it last for a while
+    /// ([`hangar_queue::Chooser::refused`]), so the requests after do not
+    /// each try it first.
+    pub fn refused(&self, replica: ReplicaId) {
+        self.shared.with(|s, now| s.chooser.refused(now, replica));
+    }
+
     /// Fails every waiting request (e.g. no replica could be started).
     pub fn fail_waiting(&self, reason: &str) {
         self.shared.with(|s, now| s.admission.fail_waiting(now, reason));

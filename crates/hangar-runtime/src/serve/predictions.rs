@@ -201,6 +201,7 @@ async fn complete_on_llm(
                 return Err(ExecError::Lost(format!("the replica running it did not answer: {e}")));
             }
         };
+        rt.answered(lease.replica, response.status());
         if avoid.is_none() && rt.fails_over(response.status()) {
             rt.metrics.capacity_failover();
             avoid = Some(lease.replica);

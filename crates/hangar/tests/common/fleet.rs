@@ -14,7 +14,7 @@ pub struct Agent {
     child: Child,
     /// Its node's name.
     pub name: String,
-    /// Its own HTTP address (`GET /status`).
+    /// Its own HTTP (`/health`, `/status`): `http://ADDR`.
     pub url: String,
     log: std::path::PathBuf,
 }
@@ -88,8 +88,11 @@ pub fn agent(dir: &Path, config: &Path, redis: &str, name: &str, gpus: u32) -> A
     let mut line = String::new();
     BufReader::new(agent.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let prefix = format!("agent {name} listening on ");
-    assert!(line.starts_with(&prefix), "unexpected first line {line:?}: {}", agent.log());
-    agent.url = line[prefix.len()..].trim().to_owned();
+    agent.url = line
+        .trim()
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
     agent
 }
 
