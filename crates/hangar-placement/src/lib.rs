@@ -9,7 +9,8 @@
 //!
 //! * [`Cluster::deploy`] takes [`ReplicaRequest`]s and returns a
 //!   [`DeployOutcome`]: per replica the [`CandidateLevel`] chosen (or why
-//!   not), plus the [`Eviction`]s it caused.
+//!   not), plus the [`Eviction`]s it caused. Within a level it spreads a
+//!   model's replicas: the nodes holding the fewest of them come first.
 //! * [`Cluster::candidates`] shows every node's [`Candidate`] for one more
 //!   replica, without `deploy`'s shortcuts (diagnostics, and the oracle the
 //!   property tests hold `deploy` to).
