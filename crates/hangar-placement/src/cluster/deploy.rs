@@ -261,10 +261,15 @@ impl Cluster {
             let (ni, id) = *cached[i];
             return Some(self.free_plan(ni, CandidateLevel::CachedAndFree, Some(id), ask));
         }
-        let free: Vec<usize> = (0..self.nodes.len())
-            .filter(|&ni| shape(&self.nodes[ni]).is_some_and(|s| fits(&self.nodes[ni], s)))
-            .collect();
-        let free = fewest_hot(free, |&ni| ni, &hot_on);
+        let fits_free = |ni: usize| shape(&self.nodes[ni]).is_some_and(|s| fits(&self.nodes[ni], s));
+        let mut free: Vec<usize> =
+            without_hot(self.nodes.len(), &hot_on).filter(|&ni| fits_free(ni)).collect();
+        if free.is_empty() {
+            // Every node with room holds a replica already (`hot_on`'s keys,
+            // a few): those holding the fewest.
+            let holding = hot_on.keys().copied().filter(|&ni| fits_free(ni)).collect();
+            free = fewest_hot(holding, |&ni| ni, &hot_on);
+        }
         if let Some(i) = self.pick_resident(&free, |&ni| ni, artifact, rng) {
             return Some(self.free_plan(free[i], CandidateLevel::Free, None, ask));
         }
@@ -284,8 +289,7 @@ impl Cluster {
         if ties.is_empty() {
             // Nodes without a HOT replica of the model (all but a few)
             // first, then those with one, two, …
-            let without = (0..self.nodes.len()).filter(|ni| !hot_on.contains_key(ni));
-            self.scan_evicting(without, ask, &mut ties);
+            self.scan_evicting(without_hot(self.nodes.len(), &hot_on), ask, &mut ties);
             let mut with: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
             for (&ni, &count) in &hot_on {
                 with.entry(count).or_default().push(ni);
@@ -628,6 +632,18 @@ fn fewest_hot<T>(mut items: Vec<T>, node_of: impl Fn(&T) -> usize, hot_on: &BTre
         items.retain(|t| count(t) == least);
     }
     items
+}
+
+/// The nodes `0..n` holding no HOT replica of the model being placed (not
+/// among `hot_on`'s keys), in order. A merge walk along the few sorted
+/// keys, so the cluster-wide scans pay one comparison per node for spread
+/// rather than a lookup.
+fn without_hot(n: usize, hot_on: &BTreeMap<usize, u32>) -> impl Iterator<Item = usize> + '_ {
+    let mut holding = hot_on.keys().copied().peekable();
+    (0..n).filter(move |&ni| {
+        while holding.next_if(|&h| h < ni).is_some() {}
+        holding.peek() != Some(&ni)
+    })
 }
 
 /// `items` grouped by the number of HOT replicas of the model being placed
