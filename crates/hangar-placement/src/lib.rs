@@ -20,6 +20,8 @@
 //!   resident; among otherwise equal candidates `deploy` prefers a node
 //!   that holds the model's artifact (it never beats a better level or a
 //!   cheaper eviction set).
+//! * [`Cluster::set_sleeps`] says whether a model's engine can sleep; one
+//!   that cannot is demoted straight to COLD, taking no warm-cache room.
 //! * [`Cluster::add_node`] / [`Cluster::remove_node`] change the fleet while
 //!   it runs: a node agent joins, or is lost with every replica it held.
 //! * [`Cluster::apply_schedule`] turns a [`Schedule`] of dedicated windows
@@ -81,6 +83,7 @@ pub use delta::{Action, DeploymentDelta, Snapshot, Step};
 pub use deployment::{Deployment, Level, NodeId, NodeIdError};
 pub use error::{
     AddNodeError, ConfigError, DeltaError, EvictError, ResidencyError, RestoreError, ScheduleError,
+    SleepsError,
 };
 pub use eviction::EvictionCost;
 pub use node::{Gpu, Node, ReplicaMap};
