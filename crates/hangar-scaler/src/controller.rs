@@ -22,6 +22,13 @@
 //! room rather than at the end of a back-off. A WARM replica idle beyond
 //! its scaler's keep time is let go.
 //!
+//! # Engines that cannot sleep
+//! [`Controller::handle_ready`] also says whether the started engine can
+//! sleep; the controller tells placement ([`Cluster::set_sleeps`]), which
+//! then evicts that model's replicas straight to COLD (stopped) rather than
+//! to the warm cache, where it would have pushed out WARM replicas of
+//! other models for nothing.
+//!
 //! # Nodes that join and leave
 //! Node agents come and go while the controller runs. A node that joins
 //! ([`Controller::handle_node_joined`]) is room, so every backed-off model
@@ -276,10 +283,24 @@ impl Controller {
         }
     }
 
-    /// A replica of `model` came up from `tier` after `took_ms`.
-    pub fn handle_ready(&mut self, _now: Millis, model: &ModelKey, tier: StartTier, took_ms: Millis) {
+    /// A replica of `model` came up from `tier` after `took_ms`, on an
+    /// engine that can (`sleeps`) or cannot sleep — a fact of the engine
+    /// the driver probed, which placement needs to know before it evicts
+    /// one of the model's replicas: one that cannot sleep goes COLD rather
+    /// than taking warm-cache room ([`Cluster::set_sleeps`]).
+    pub fn handle_ready(
+        &mut self,
+        _now: Millis,
+        model: &ModelKey,
+        tier: StartTier,
+        took_ms: Millis,
+        sleeps: bool,
+    ) {
         if let Some(c) = self.models.get_mut(model) {
             c.scaler.handle_start(tier, took_ms);
+            // A model the controller serves is in the catalogue (`new`'s
+            // contract), so this cannot fail.
+            let _ = self.cluster.set_sleeps(model, sleeps);
         }
     }
 

@@ -1,11 +1,12 @@
 //! The controller on a logical clock: placement steps from scaling
 //! decisions, unplaceable models backed off, failures restored, evictions
-//! that stick.
+//! that stick, engines that cannot sleep evicted COLD.
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use hangar_placement::{Action as Step, Cluster, ClusterConfig, Level};
 use hangar_scaler::{
     Action, Bounds, Controller, HangarSettings, ModelSpec, Observation, ReplicaCounts, ScalingConfig,
+    StartTier,
 };
 
 fn cluster(gpus: u32, models: &[(&str, &str)]) -> Cluster {
@@ -306,4 +307,52 @@ fn a_warm_replica_comes_back_as_soon_as_gpus_are_freed() {
     assert!(freed.1.is_some_and(|retry| retry > freed.0), "b's back-off would have waited: {freed:?}");
     assert!(c.blocked(&key("b")).is_none());
     assert_eq!(c.cluster().replicas_of(&key("b"), Level::Hot).len(), 1);
+}
+
+fn hot_ids(c: &Controller, m: &str) -> Vec<ReplicaId> {
+    c.cluster().replicas_of(&key(m), Level::Hot).iter().map(|d| d.replica_id).collect()
+}
+
+/// An engine that cannot sleep, once the controller heard so from a ready
+/// replica, is evicted COLD (deleted, not sent to the warm cache), and the
+/// WARM replica of another model in that cache stays; one that can sleep
+/// takes the cache, pushing the other out.
+#[test]
+fn an_engine_that_cannot_sleep_is_evicted_cold_and_leaves_the_warm_cache_alone() {
+    for sleeps in [true, false] {
+        // Both take the two GPUs; the 200 GB cache holds one of them.
+        let models = &[("w", "120GB"), ("s", "100GB")];
+        let specs = vec![spec("w", hangar(300), 0, 1), spec("s", hangar(300), 0, 1)];
+        let mut c = Controller::new(cluster(2, models), 1, specs, 0);
+        c.observe(1_000, &key("w"), load(1, 0), &[]);
+        c.handle_timeout(1_000);
+        c.evict(2_000, &key("w"), None).unwrap();
+        assert_eq!(c.cluster().replicas_of(&key("w"), Level::Warm).len(), 1);
+        c.observe(3_000, &key("w"), load(0, 0), &[]);
+        c.observe(3_000, &key("s"), load(1, 0), &[]);
+        c.handle_timeout(3_000);
+        assert_eq!(hot_ids(&c, "s").len(), 1);
+        c.handle_ready(4_000, &key("s"), StartTier::Cold, 1_000, sleeps);
+        assert_eq!(c.cluster().sleeps(&key("s")), sleeps);
+        drain(&mut c);
+
+        c.evict(5_000, &key("s"), None).unwrap();
+        let actions = drain(&mut c);
+        let delta = actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Apply(d) => Some(d),
+                _ => None,
+            })
+            .expect("the eviction's steps");
+        let of = |list: &[hangar_placement::Deployment]| -> Vec<String> {
+            list.iter().map(|d| d.model_key.to_string()).collect()
+        };
+        if sleeps {
+            assert_eq!((of(&delta.to_cache), of(&delta.delete)), (vec!["s".into()], vec!["w".into()]));
+        } else {
+            assert_eq!((of(&delta.to_cache), of(&delta.delete)), (vec![], vec!["s".into()]));
+            assert_eq!(c.cluster().replicas_of(&key("w"), Level::Warm).len(), 1, "w stays WARM");
+        }
+    }
 }

@@ -151,6 +151,7 @@ fn report(r: &NodeRecord, i: usize) -> NodeReport {
         phase: ReplicaPhase::Ready,
         url: Some(format!("{}{n}", r.url)),
         ready_ms: Some(1_000),
+        sleeps: true,
     };
     NodeReport { agent: r.agent.clone(), replicas: vec![replica(0), replica(1)] }
 }

@@ -362,6 +362,7 @@ impl Inner {
         let engine_ms = spawned.elapsed().as_millis() as u64;
         let url = engine.base_url.clone();
         let capabilities = capabilities::probe(&self.client, &url, &rt.config.engine).await;
+        let sleeps = capabilities.sleep.is_some();
         let took = placed.elapsed();
         let report = StartReport {
             weights: weights.as_ref().map(|w| w.report.clone()),
@@ -391,7 +392,12 @@ impl Inner {
         }
         tracing::info!(replica = %name, %url, took_ms = took.as_millis() as u64, "replica ready: {report}");
         rt.processor.replica_ready(id, rt.config.permits());
-        self.control.send(Command::Ready { model: rt.config.key.clone(), tier: StartTier::Cold, took });
+        self.control.send(Command::Ready {
+            model: rt.config.key.clone(),
+            tier: StartTier::Cold,
+            took,
+            sleeps,
+        });
         self.watch(&rt, id);
     }
 
@@ -447,7 +453,14 @@ impl Inner {
         let took = started.elapsed();
         tracing::info!(replica = %replica_name(&rt.config.key, replica), took_ms = took.as_millis() as u64, "replica woke from the warm cache");
         rt.processor.replica_ready(replica, rt.config.permits());
-        self.control.send(Command::Ready { model: rt.config.key.clone(), tier: StartTier::Warm, took });
+        // It woke through its sleep API, so it can sleep.
+        let sleeps = true;
+        self.control.send(Command::Ready {
+            model: rt.config.key.clone(),
+            tier: StartTier::Warm,
+            took,
+            sleeps,
+        });
         true
     }
 

@@ -119,6 +119,7 @@ impl Agent {
                     phase: r.state.into(),
                     url: r.base_url.clone(),
                     ready_ms: r.ready_ms(),
+                    sleeps: r.capabilities.sleep.is_some(),
                 });
             }
         }

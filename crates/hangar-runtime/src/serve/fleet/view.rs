@@ -41,6 +41,7 @@ struct Seen {
     phase: ReplicaPhase,
     url: Option<String>,
     ready_ms: Option<u64>,
+    sleeps: bool,
 }
 
 /// The view and what it saw last.
@@ -116,6 +117,7 @@ impl View {
                     phase: r.phase,
                     url: r.url,
                     ready_ms: r.ready_ms,
+                    sleeps: r.sleeps,
                 };
                 seen.insert(r.replica, s);
             }
@@ -153,7 +155,8 @@ impl View {
                         _ => StartTier::Cold,
                     };
                     let took = Duration::from_millis(now.ready_ms.unwrap_or(0));
-                    inner.control.send(Command::Ready { model: now.model.clone(), tier, took });
+                    let sleeps = now.sleeps;
+                    inner.control.send(Command::Ready { model: now.model.clone(), tier, took, sleeps });
                 }
             }
             for (id, before) in last.1.iter().filter(|(id, _)| !seen.contains_key(id)) {
