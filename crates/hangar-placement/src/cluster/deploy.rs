@@ -241,12 +241,7 @@ impl Cluster {
 
     /// The best candidate for one more replica, or `None` (CANT_ACCOMMODATE).
     fn best_plan<R: Rng + ?Sized>(&self, ask: &Ask<'_>, rng: &mut R) -> Option<Plan> {
-        let warm: Vec<(usize, ReplicaId)> = self
-            .replicas_of(ask.model, Level::Warm)
-            .into_iter()
-            .map(|d| (self.node_index[&d.node], d.replica_id))
-            .collect();
-        let hot_on = self.hot_on(ask.model);
+        let (warm, hot_on) = self.placed(ask.model);
         let shape = |n: &Node| self.shape_on(ask.requires, ask.size, n);
         let artifact = self.model_artifact(ask.model);
 
@@ -307,14 +302,21 @@ impl Cluster {
         Some(ties.swap_remove(i))
     }
 
-    /// The number of HOT replicas of `model` on each node that holds any,
-    /// by node index: the spread tie-breaker's input.
-    fn hot_on(&self, model: &ModelKey) -> BTreeMap<usize, u32> {
-        let mut on = BTreeMap::new();
-        for d in self.replicas_of(model, Level::Hot) {
-            *on.entry(self.node_index[&d.node]).or_insert(0) += 1;
+    /// Where `model` is, from the replica index alone (one pass, no
+    /// deployment records read): its WARM copies as (node index, replica),
+    /// by replica id, and the number of its HOT replicas on each node that
+    /// holds any, by node index — the spread tie-breaker's input.
+    fn placed(&self, model: &ModelKey) -> (Vec<(usize, ReplicaId)>, BTreeMap<usize, u32>) {
+        let mut warm = Vec::new();
+        let mut hot_on = BTreeMap::new();
+        for id in self.by_model.get(model).into_iter().flatten() {
+            let loc = &self.replicas[id];
+            match loc.level {
+                Level::Hot => *hot_on.entry(loc.node).or_insert(0) += 1,
+                _ => warm.push((loc.node, *id)),
+            }
         }
-        on
+        (warm, hot_on)
     }
 
     /// Adds to `ties` the cheapest evicting plans of `nodes` (with
@@ -383,15 +385,11 @@ impl Cluster {
             kept: &kept,
             min_age: self.config.min_deployment_age_ms,
         };
-        let warm: BTreeMap<usize, ReplicaId> = self
-            .replicas_of(model, Level::Warm)
-            .into_iter()
-            .rev()
-            .map(|d| (self.node_index[&d.node], d.replica_id))
-            .collect();
+        let (warm, hot_on) = self.placed(model);
+        // Per node, its first WARM copy by replica id.
+        let warm: BTreeMap<usize, ReplicaId> = warm.into_iter().rev().collect();
         let artifact = self.model_artifact(model);
         let resident = |node: &Node| artifact.is_some_and(|a| node.resident().contains(a));
-        let hot_on = self.hot_on(model);
         let hot_replicas = |ni: usize| hot_on.get(&ni).copied().unwrap_or(0);
         let cant = |ni: usize, node: &Node| Candidate {
             node: node.id().clone(),
@@ -619,7 +617,7 @@ fn fits(node: &Node, shape: Shape) -> bool {
 
 /// The entries of `items` (`node_of` gives each one's node) on the nodes
 /// holding the fewest HOT replicas of the model being placed (`hot_on`,
-/// from [`Cluster::hot_on`]), in their order: the spread tie-breaker. With
+/// from [`Cluster::placed`]), in their order: the spread tie-breaker. With
 /// no HOT replica anywhere, or the same number on every entry's node, that
 /// is all of `items`, so the draws that follow are exactly those made
 /// without it.
@@ -927,7 +925,7 @@ mod tests {
             let size = c.model_size(&model).unwrap();
             let kept = BTreeSet::new();
             let ask = Ask { model: &model, size, requires: None, dedicated, now: 7_200_000, kept: &kept, min_age: 3_600_000 };
-            let hot_on = c.hot_on(&model);
+            let hot_on = c.placed(&model).1;
             let exhaustive = c
                 .nodes
                 .iter()
