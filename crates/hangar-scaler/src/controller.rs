@@ -79,8 +79,8 @@ const FIRST_BACKOFF: Millis = 1_000;
 /// The longest wait between retries.
 const MAX_BACKOFF: Millis = 60_000;
 
-/// The wait after `last` (none yet: 0): the first, then twice the last, at
-/// most [`MAX_BACKOFF`].
+/// The wait after the `last` one (`None`: there was none): the first, then
+/// twice the last, at most [`MAX_BACKOFF`].
 fn next_backoff(last: Option<Millis>) -> Millis {
     last.map_or(FIRST_BACKOFF, |b| b.saturating_mul(2).min(MAX_BACKOFF))
 }
