@@ -256,15 +256,10 @@ impl Cluster {
             let (ni, id) = *cached[i];
             return Some(self.free_plan(ni, CandidateLevel::CachedAndFree, Some(id), ask));
         }
-        let fits_free = |ni: usize| shape(&self.nodes[ni]).is_some_and(|s| fits(&self.nodes[ni], s));
-        let mut free: Vec<usize> =
-            without_hot(self.nodes.len(), &hot_on).filter(|&ni| fits_free(ni)).collect();
-        if free.is_empty() {
-            // Every node with room holds a replica already (`hot_on`'s keys,
-            // a few): those holding the fewest.
-            let holding = hot_on.keys().copied().filter(|&ni| fits_free(ni)).collect();
-            free = fewest_hot(holding, |&ni| ni, &hot_on);
-        }
+        let free: Vec<usize> = (0..self.nodes.len())
+            .filter(|&ni| shape(&self.nodes[ni]).is_some_and(|s| fits(&self.nodes[ni], s)))
+            .collect();
+        let free = fewest_hot_nodes(free, &hot_on);
         if let Some(i) = self.pick_resident(&free, |&ni| ni, artifact, rng) {
             return Some(self.free_plan(free[i], CandidateLevel::Free, None, ask));
         }
@@ -284,7 +279,7 @@ impl Cluster {
         if ties.is_empty() {
             // Nodes without a HOT replica of the model (all but a few)
             // first, then those with one, two, …
-            self.scan_evicting(without_hot(self.nodes.len(), &hot_on), ask, &mut ties);
+            self.scan_evicting(0..self.nodes.len(), Some(&hot_on), ask, &mut ties);
             let mut with: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
             for (&ni, &count) in &hot_on {
                 with.entry(count).or_default().push(ni);
@@ -293,7 +288,7 @@ impl Cluster {
                 if !ties.is_empty() {
                     break;
                 }
-                self.scan_evicting(nodes.into_iter(), ask, &mut ties);
+                self.scan_evicting(nodes.into_iter(), None, ask, &mut ties);
             }
         }
         // `ties` holds only the cheapest sets, so preferring resident nodes
@@ -323,8 +318,15 @@ impl Cluster {
     /// [`Cluster::consider_evicting`]), best-first: nodes by a lower bound
     /// on what they must evict, so the scan stops once no remaining node
     /// can match the best set. A heap, not a sort: building it is O(n),
-    /// and only the nodes visited are popped.
-    fn scan_evicting(&self, nodes: impl Iterator<Item = usize>, ask: &Ask<'_>, ties: &mut Vec<Plan>) {
+    /// and only the nodes visited are popped. Nodes among `skip`'s keys are
+    /// passed over as they come up (a check per node visited, not per node).
+    fn scan_evicting(
+        &self,
+        nodes: impl Iterator<Item = usize>,
+        skip: Option<&BTreeMap<usize, u32>>,
+        ask: &Ask<'_>,
+        ties: &mut Vec<Plan>,
+    ) {
         let mut order: BinaryHeap<Reverse<(u64, usize)>> = nodes
             .filter_map(|ni| {
                 let node = &self.nodes[ni];
@@ -335,6 +337,9 @@ impl Cluster {
         while let Some(Reverse((bound, ni))) = order.pop() {
             if ties.first().is_some_and(|p| bound > p.cost.bytes) {
                 break;
+            }
+            if skip.is_some_and(|s| s.contains_key(&ni)) {
+                continue;
             }
             self.consider_evicting(ni, CandidateLevel::Full, None, ask, ties);
         }
@@ -632,16 +637,28 @@ fn fewest_hot<T>(mut items: Vec<T>, node_of: impl Fn(&T) -> usize, hot_on: &BTre
     items
 }
 
-/// The nodes `0..n` holding no HOT replica of the model being placed (not
-/// among `hot_on`'s keys), in order. A merge walk along the few sorted
-/// keys, so the cluster-wide scans pay one comparison per node for spread
-/// rather than a lookup.
-fn without_hot(n: usize, hot_on: &BTreeMap<usize, u32>) -> impl Iterator<Item = usize> + '_ {
-    let mut holding = hot_on.keys().copied().peekable();
-    (0..n).filter(move |&ni| {
-        while holding.next_if(|&h| h < ni).is_some() {}
-        holding.peek() != Some(&ni)
-    })
+/// [`fewest_hot`] for `nodes`, node indices in ascending order (the free
+/// nodes, possibly thousands): the few nodes holding a HOT replica are
+/// found by binary search and cut out by moving the runs between them, so
+/// spread costs no lookup per node, and nothing at all for a model with no
+/// replica on a free node.
+fn fewest_hot_nodes(mut nodes: Vec<usize>, hot_on: &BTreeMap<usize, u32>) -> Vec<usize> {
+    let holding: Vec<usize> = hot_on.keys().filter_map(|ni| nodes.binary_search(ni).ok()).collect();
+    if holding.is_empty() {
+        return nodes;
+    }
+    if holding.len() == nodes.len() {
+        return fewest_hot(nodes, |&ni| ni, hot_on);
+    }
+    // Some free node holds none: drop those that hold one.
+    let mut kept = holding[0];
+    for (j, &at) in holding.iter().enumerate() {
+        let next = holding.get(j + 1).copied().unwrap_or(nodes.len());
+        nodes.copy_within(at + 1..next, kept);
+        kept += next - at - 1;
+    }
+    nodes.truncate(kept);
+    nodes
 }
 
 /// `items` grouped by the number of HOT replicas of the model being placed
@@ -908,6 +925,18 @@ mod tests {
     }
 
     proptest! {
+        /// Cutting the holders out of a sorted node list by position gives
+        /// what filtering it node by node gives.
+        #[test]
+        fn fewest_hot_nodes_is_fewest_hot_on_a_sorted_list(
+            nodes in prop::collection::btree_set(0usize..40, 0..40),
+            hot_on in prop::collection::btree_map(0usize..40, 1u32..4, 0..12),
+        ) {
+            let nodes: Vec<usize> = nodes.into_iter().collect();
+            let expected = fewest_hot(nodes.clone(), |&ni| ni, &hot_on);
+            prop_assert_eq!(fewest_hot_nodes(nodes, &hot_on), expected);
+        }
+
         /// The best-first scan with bounds finds what scanning every node
         /// without bounds finds: among the free nodes if there are any, else
         /// among the nodes that can make room, one with the fewest HOT
