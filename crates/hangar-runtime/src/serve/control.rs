@@ -40,7 +40,7 @@ pub(crate) enum Command {
     /// now (with at least that request waiting), so its scaler can act at
     /// once rather than at the next tick.
     Waiting(ModelKey),
-    /// A replica came up (and whether its engine can sleep).
+    /// A replica came up, on an engine that can (`sleeps`) or cannot sleep.
     Ready { model: ModelKey, tier: StartTier, took: Duration, sleeps: bool },
     /// A replica died, stopped answering, or did not start.
     Failed { model: ModelKey, replica: ReplicaId, why: String, start_failed: bool },
@@ -316,8 +316,8 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
                 control.waiting(now, &model, obs, &in_flight);
             }
         }
-        Command::Ready { model, tier, took, sleeps: _ } => {
-            control.handle_ready(now, &model, tier, took.as_millis() as Millis);
+        Command::Ready { model, tier, took, sleeps } => {
+            control.handle_ready(now, &model, tier, took.as_millis() as Millis, sleeps);
         }
         Command::Failed { model, replica, why, start_failed } => {
             control.controller_mut().handle_failed(now, &model, replica, &why, start_failed);
@@ -570,12 +570,10 @@ scaling = { policy = "replicate" }
                     waiting.entry((*at, model.clone())).or_default().push_back((*obs, in_flight.clone()));
                     facts.push((*at, Command::Waiting(model.clone())));
                 }
-                Input::Ready { at, model, tier, took_ms } => {
+                Input::Ready { at, model, tier, took_ms, sleeps } => {
                     let took = Duration::from_millis(*took_ms);
-                    facts.push((
-                        *at,
-                        Command::Ready { model: model.clone(), tier: *tier, took, sleeps: true },
-                    ));
+                    let sleeps = *sleeps;
+                    facts.push((*at, Command::Ready { model: model.clone(), tier: *tier, took, sleeps }));
                 }
                 Input::Decided { .. } => expected.push(input.clone()),
             }

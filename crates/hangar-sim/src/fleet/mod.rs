@@ -788,7 +788,8 @@ impl Fleet<'_> {
         self.report.cold_start(m, tier, took);
         self.account_replica(now, slot);
         let key = self.models[m].key.clone();
-        self.control.handle_ready(ms(now), &key, tier, took as Millis);
+        // Simulated engines sleep (they model vLLM's sleep mode).
+        self.control.handle_ready(ms(now), &key, tier, took as Millis, true);
         let model = &mut self.models[m];
         let permits = model.permits;
         model.admission.replica_ready(ms(now), id, permits, &mut model.chooser);
