@@ -165,15 +165,16 @@ fn accepted_predictions_survive_a_redis_restart() {
     });
     for _ in 0..300 {
         std::thread::sleep(Duration::from_millis(10));
-        // While Redis is down a create is refused (5xx, nothing stored);
-        // the client tries again.
+        // While Redis is down a create is refused (503: retry, nothing
+        // stored, naming the store); the client tries again.
         loop {
             let (status, p) = create(&gateway, "t/fast", 20, &hooks);
             if status == 201 {
                 ids.push(p["id"].as_str().unwrap().to_owned());
                 break;
             }
-            assert!(status >= 500, "{status}: {p}");
+            assert_eq!(status, 503, "{p}");
+            assert!(p["detail"].as_str().unwrap().ends_with("is unreachable; retry"), "{p}");
             refused += 1;
             assert!(refused < 100, "Redis never came back: {p}");
             std::thread::sleep(Duration::from_millis(50));

@@ -408,14 +408,16 @@ impl RedisQueue {
     }
 
     /// Runs `f` on a pooled connection (blocking in place on a tokio
-    /// runtime), naming the server in its error. `f` runs again on a
-    /// fresh connection if Redis dropped the first ([`Redis::run`]):
-    /// every script here is idempotent or reports a repeated success.
+    /// runtime), naming the server in its error
+    /// ([`StoreError::Unavailable`] when Redis could not serve). `f` runs
+    /// again on a fresh connection if Redis dropped the first
+    /// ([`Redis::run`]): every script here is idempotent or reports a
+    /// repeated success.
     fn with<T>(
         &self,
         f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
-        blocking(|| self.redis.run(f).map_err(StoreError::Redis))
+        blocking(|| self.redis.run(f).map_err(|e| StoreError::redis(e, self.redis.address())))
     }
 
     fn key(what: &str) -> String {
