@@ -22,6 +22,7 @@
 mod contract;
 mod redis;
 mod sqlite;
+mod watched;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ use hangar_core::Millis;
 
 pub use self::redis::{RedisQueue, Shards};
 pub use self::sqlite::SqliteQueue;
+pub(crate) use self::watched::Watched;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::Event;
 
