@@ -93,6 +93,8 @@ pub enum Action {
         model: ModelKey,
         /// Why, as placement or the engine start said.
         reason: String,
+        /// Whether placement refused or an engine did not start.
+        cause: BlockCause,
     },
     /// The model is placeable again.
     Placeable {
@@ -128,11 +130,28 @@ pub enum CommandError {
     },
 }
 
+/// What keeps a model from its count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockCause {
+    /// Placement found no room: no node, none with the hardware the
+    /// model needs, or no GPU free that may be taken. Room comes and goes
+    /// — a model shrinks, a replica is evicted, a node joins — so this is
+    /// a wait, not a failure: work for the model may wait for room.
+    Placement,
+    /// A replica was placed but its engine did not start (a broken
+    /// command, a model whose setup fails): work for the model cannot be
+    /// served by waiting for room.
+    Start,
+}
+
 /// Why a model is not at its count, and when it is tried again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Blocked {
     /// Placement's or the engine's reason.
     pub reason: String,
+    /// Whose reason it is.
+    pub cause: BlockCause,
     /// When placement is tried again.
     pub retry_at: Millis,
     /// The wait after that one fails too.
@@ -300,7 +319,7 @@ impl Controller {
         }
         self.remove(now, model, replica);
         if start_failed {
-            self.block(now, model, format!("a replica did not start: {why}"));
+            self.block(now, model, format!("a replica did not start: {why}"), BlockCause::Start);
         } else {
             self.reconcile(now, model);
         }
@@ -555,7 +574,12 @@ impl Controller {
         for m in &outcome.models {
             if (m.hot() as u32) < m.requested {
                 let reason = m.replicas.iter().find_map(|r| r.reason.as_ref()).map(ToString::to_string);
-                self.block(now, &m.model_key, reason.unwrap_or_else(|| "no room".into()));
+                self.block(
+                    now,
+                    &m.model_key,
+                    reason.unwrap_or_else(|| "no room".into()),
+                    BlockCause::Placement,
+                );
             } else {
                 self.unblock(now, &m.model_key);
             }
@@ -628,18 +652,19 @@ impl Controller {
             .collect()
     }
 
-    fn block(&mut self, now: Millis, model: &ModelKey, reason: String) {
+    fn block(&mut self, now: Millis, model: &ModelKey, reason: String, cause: BlockCause) {
         let hot = self.hot(model);
         let c = self.models.get_mut(model).expect("listed");
         let backoff = c.blocked.as_ref().map_or(FIRST_BACKOFF, |b| (b.backoff * 2).min(MAX_BACKOFF));
-        let changed = c.blocked.as_ref().is_none_or(|b| b.reason != reason);
-        c.blocked = Some(Blocked { reason: reason.clone(), retry_at: now.saturating_add(backoff), backoff });
+        let changed = c.blocked.as_ref().is_none_or(|b| b.reason != reason || b.cause != cause);
+        c.blocked =
+            Some(Blocked { reason: reason.clone(), cause, retry_at: now.saturating_add(backoff), backoff });
         c.scaler.set_placeable(now, Some(hot));
         if let Some(decision) = c.scaler.handle_timeout(now) {
             self.actions.push_back(Action::Decided { model: model.clone(), decision });
         }
         if changed {
-            self.actions.push_back(Action::Unplaceable { model: model.clone(), reason });
+            self.actions.push_back(Action::Unplaceable { model: model.clone(), reason, cause });
         }
     }
 

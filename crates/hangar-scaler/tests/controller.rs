@@ -5,7 +5,8 @@
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use hangar_placement::{Action as Step, Cluster, ClusterConfig, Level};
 use hangar_scaler::{
-    Action, Bounds, Controller, HangarSettings, ModelSpec, Observation, ReplicaCounts, ScalingConfig,
+    Action, BlockCause, Bounds, Controller, HangarSettings, ModelSpec, Observation, ReplicaCounts,
+    ScalingConfig,
 };
 
 fn cluster(gpus: u32, models: &[(&str, &str)]) -> Cluster {
@@ -73,7 +74,14 @@ fn an_unplaceable_count_is_reported_once_and_retried_with_backoff() {
     let mut c = Controller::new(cluster(1, &[("big", "60GB")]), 1, vec![spec("big", scaling, 2, 2)], 0);
     let first = drain(&mut c);
     assert_eq!(steps(&first, Step::Create), 1, "one fits");
-    assert_eq!(first.iter().filter(|a| matches!(a, Action::Unplaceable { .. })).count(), 1);
+    assert_eq!(
+        first
+            .iter()
+            .filter(|a| matches!(a, Action::Unplaceable { cause: BlockCause::Placement, .. }))
+            .count(),
+        1,
+        "placement's refusal, not a start failure"
+    );
     let blocked = c.blocked(&key("big")).unwrap().clone();
     assert!(blocked.reason.contains("room") || blocked.reason.contains("GPU"), "{blocked:?}");
     let mut wakeups = 0;
@@ -107,9 +115,8 @@ fn a_failed_replica_is_replaced_and_one_that_does_not_start_is_backed_off() {
     c.handle_failed(6_000, &key("m"), replacement, "exited before it was ready", true);
     let actions = drain(&mut c);
     assert_eq!(steps(&actions, Step::Create), 0, "not at once: {actions:?}");
-    assert!(actions
-        .iter()
-        .any(|a| matches!(a, Action::Unplaceable { reason, .. } if reason.contains("did not start"))));
+    assert!(actions.iter().any(|a| matches!(a, Action::Unplaceable { reason, cause: BlockCause::Start, .. }
+        if reason.contains("did not start"))));
     let retry = c.blocked(&key("m")).unwrap().retry_at;
     c.observe(retry, &key("m"), load(0, 0), &[]);
     c.handle_timeout(retry);
