@@ -112,7 +112,9 @@ impl Problem {
     fn store(e: StoreError) -> Self {
         match e {
             StoreError::Unavailable { store, cause } => {
-                tracing::warn!("predictions API: the prediction store ({store}) is unreachable: {cause}");
+                // Not a fault of the server's: the outage itself is
+                // logged once, by the watched store, not per request.
+                tracing::debug!("predictions API: the prediction store ({store}) is unreachable: {cause}");
                 Problem {
                     retry_after: Some(STORE_RETRY_AFTER_S),
                     ..Problem::new(
