@@ -3,7 +3,7 @@
 //! templates, `external`, `cog`), waits until it answers, asks what it can do
 //! ([`capabilities`]: its sleep API, metrics, slots, LoRA), talks cog's
 //! protocol ([`cog`]), and gives it its weights through the node's store
-//! daemon ([`weights`]). `hangar serve` drives it for the nodes of its file
+//! daemon ([`weights`]); [`devices`] counts the machine's GPUs. `hangar serve` drives it for the nodes of its file
 //! today; a `hangar agent` per machine will drive the same code from the
 //! desired state a control plane publishes.
 
@@ -11,6 +11,7 @@
 
 pub mod capabilities;
 pub mod cog;
+pub mod devices;
 pub mod engine;
 pub mod lifecycle;
 pub mod weights;

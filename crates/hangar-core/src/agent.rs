@@ -161,12 +161,21 @@ pub struct ReplicaReport {
     /// The GPUs its engine holds now (none while asleep or stopped).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<u32>,
-    /// Its engine can sleep (it may be kept WARM).
-    #[serde(default)]
+    /// Whether its engine can sleep (keep its weights in CPU memory and
+    /// give its GPU memory back), as probed once it started — meaningful
+    /// from `Ready` on: placement sends a model that cannot to COLD rather
+    /// than to the warm cache. Absent (an agent from before this field):
+    /// true, placement's own assumption.
+    #[serde(default = "engine_sleeps_unless_told")]
     pub sleeps: bool,
     /// Why it failed, while it is failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+}
+
+/// What a report without `sleeps` says: what placement assumes until told.
+fn engine_sleeps_unless_told() -> bool {
+    true
 }
 
 /// Every replica one node runs, reported whole by its agent several
@@ -205,4 +214,20 @@ pub struct ModelLoad {
     pub rejected: u64,
     /// Permit-milliseconds held.
     pub busy_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_report_says_whether_its_engine_sleeps_and_an_older_one_means_yes() {
+        let older = r#"{"replica":"00000000000000000000000000000007","model":"acme/m","phase":"ready"}"#;
+        let report: ReplicaReport = serde_json::from_str(older).unwrap();
+        assert!(report.sleeps, "a report from before the field: placement's default");
+        let cannot = ReplicaReport { sleeps: false, ..report };
+        let text = serde_json::to_string(&cannot).unwrap();
+        assert!(text.contains(r#""sleeps":false"#), "{text}");
+        assert_eq!(serde_json::from_str::<ReplicaReport>(&text).unwrap(), cannot);
+    }
 }

@@ -46,6 +46,20 @@ pub enum IdError {
         /// The punctuation that is allowed.
         allowed: &'static str,
     },
+    /// A `/`-separated segment of the key is not a name: the key starts
+    /// or ends with `/`, holds `//`, or a segment is `.` or `..`.
+    #[error(
+        "{kind} `{value}` {problem}; its `/`-separated segments must each be a name (not empty, `.` or \
+         `..`), since keys become paths, URLs and Redis keys"
+    )]
+    PathComponent {
+        /// Which kind of identifier was being parsed.
+        kind: &'static str,
+        /// The offending value.
+        value: String,
+        /// Where it goes wrong (`has the segment `..` at byte 2`).
+        problem: String,
+    },
     /// A replica id was not 32 lowercase hex digits.
     #[error("replica id `{0}` is not 32 lowercase hex digits")]
     BadReplicaId(String),
@@ -66,8 +80,37 @@ fn validate(kind: &'static str, value: &str, max: usize, punct: &'static str) ->
     Ok(())
 }
 
+/// A model key's `/`-separated segments are names: none empty (a leading,
+/// trailing or doubled `/`), none `.` or `..`. Keys name directories,
+/// URL paths (`/v1/models/{owner}/{name}`) and Redis keys; a key that
+/// passes cannot climb out of the directory or route it is put under.
+/// (Backslashes, NUL and every other separator are refused before, by the
+/// character set.)
+fn path_segments(kind: &'static str, value: &str) -> Result<(), IdError> {
+    let mut at = 0;
+    for segment in value.split('/') {
+        let problem = match segment {
+            "" if at == 0 => Some("starts with `/`".to_owned()),
+            "" if at == value.len() => Some("ends with `/`".to_owned()),
+            "" => Some(format!("has `//` at byte {}", at - 1)),
+            "." | ".." => Some(format!("has the segment `{segment}` at byte {at}")),
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            return Err(IdError::PathComponent { kind, value: value.to_owned(), problem });
+        }
+        at += segment.len() + 1;
+    }
+    Ok(())
+}
+
+/// Accepts anything the character set does.
+fn any_segments(_: &'static str, _: &str) -> Result<(), IdError> {
+    Ok(())
+}
+
 macro_rules! string_id {
-    ($(#[$doc:meta])* $name:ident, $kind:literal, $max:literal, $punct:literal) => {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $max:literal, $punct:literal, $segments:path) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -84,6 +127,7 @@ macro_rules! string_id {
             type Err = IdError;
             fn from_str(s: &str) -> Result<Self, IdError> {
                 validate($kind, s, $max, $punct)?;
+                $segments($kind, s)?;
                 Ok(Self(s.to_owned()))
             }
         }
@@ -92,6 +136,7 @@ macro_rules! string_id {
             type Error = IdError;
             fn try_from(s: String) -> Result<Self, IdError> {
                 validate($kind, &s, $max, $punct)?;
+                $segments($kind, &s)?;
                 Ok(Self(s))
             }
         }
@@ -112,11 +157,14 @@ macro_rules! string_id {
 
 string_id!(
     /// The key a model is served under, e.g. `meta/llama-3-8b`: ASCII letters,
-    /// digits and `._-/`, at most 128 bytes.
+    /// digits and `._-/`, at most 128 bytes, whose `/`-separated segments
+    /// are names — none empty, `.` or `..` — so that the key used as a path
+    /// (under a directory, in a URL, in a Redis key) stays under it.
     ModelKey,
     "model key",
     128,
-    "._-/"
+    "._-/",
+    path_segments
 );
 
 string_id!(
@@ -125,7 +173,8 @@ string_id!(
     AccountId,
     "account id",
     128,
-    "._-@"
+    "._-@",
+    any_segments
 );
 
 /// A replica's id: an opaque 128-bit value printed as 32 lowercase hex digits
@@ -202,6 +251,60 @@ mod tests {
         );
         assert!(matches!("".parse::<ModelKey>(), Err(IdError::Empty { .. })));
         assert!(matches!("a".repeat(129).parse::<ModelKey>(), Err(IdError::TooLong { len: 129, .. })));
+    }
+
+    #[test]
+    fn a_model_key_with_path_components_is_refused_naming_it() {
+        for (key, problem) in [
+            ("../etc/passwd", "has the segment `..` at byte 0"),
+            ("a/../b", "has the segment `..` at byte 2"),
+            ("a/..", "has the segment `..` at byte 2"),
+            ("./a", "has the segment `.` at byte 0"),
+            ("a/./b", "has the segment `.` at byte 2"),
+            ("..", "has the segment `..` at byte 0"),
+            (".", "has the segment `.` at byte 0"),
+            ("/etc/passwd", "starts with `/`"),
+            ("/", "starts with `/`"),
+            ("org/", "ends with `/`"),
+            ("org//model", "has `//` at byte 3"),
+        ] {
+            let e = key.parse::<ModelKey>().unwrap_err();
+            assert!(matches!(e, IdError::PathComponent { .. }), "{key}: {e}");
+            let text = e.to_string();
+            assert!(text.starts_with(&format!("model key `{key}` {problem};")), "{text}");
+            // Through serde (config files, API bodies) alike.
+            assert!(serde_json::from_str::<ModelKey>(&format!("\"{key}\"")).is_err(), "{key}");
+        }
+        for key in ["a\\..\\b", "a\0b", "c:/x"] {
+            assert!(matches!(key.parse::<ModelKey>(), Err(IdError::BadChar { .. })), "{key:?}");
+        }
+        // Dots inside a segment are a name.
+        for key in ["org/model-1.5b_v2", ".hidden/m", "a/..b", "a.../b", "v1.0"] {
+            key.parse::<ModelKey>().unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
+        // Account ids have no segments.
+        assert!("..".parse::<AccountId>().is_ok());
+    }
+
+    proptest::proptest! {
+        /// Whatever a model key is, once accepted it joins under a
+        /// directory as exactly its segments, every one a plain name, and a
+        /// Redis key or URL built from it has no segment that climbs.
+        #[test]
+        fn an_accepted_model_key_stays_under_the_directory_it_is_put_in(
+            key in "[a-z./_-]{1,3}(/[a-z./_-]{0,3}){0,3}",
+        ) {
+            let Ok(parsed) = key.parse::<ModelKey>() else { return Ok(()) };
+            let root = std::path::Path::new("/var/lib/hangar");
+            let joined = root.join(parsed.as_str());
+            let below: Vec<_> = joined.strip_prefix(root).unwrap().components().collect();
+            proptest::prop_assert_eq!(below.len(), key.split('/').count(), "{}", key);
+            for c in below {
+                proptest::prop_assert!(matches!(c, std::path::Component::Normal(_)), "{}: {:?}", key, c);
+            }
+            let url = format!("http://h/v1/models/{parsed}/predictions");
+            proptest::prop_assert!(!url.split('/').any(|s| s == ".." || s == "."), "{}", url);
+        }
     }
 
     #[test]

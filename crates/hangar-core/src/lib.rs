@@ -4,8 +4,9 @@
 //! workspace, so the types here are the words the crates use to talk to each
 //! other: identifiers ([`ModelKey`], [`ReplicaId`], [`AccountId`],
 //! [`RequestId`]), units ([`ByteSize`], [`Millis`]) and the KV-cache block
-//! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), and
-//! what a node agent registers ([`NodeRecord`]).
+//! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
+//! a node agent registers ([`NodeRecord`]), and the bounds every API applies
+//! alike ([`limits`]).
 //!
 //! Nothing here performs I/O or reads a clock; policy crates can use all of it.
 //!
@@ -24,6 +25,7 @@ pub mod auth;
 mod field;
 mod ids;
 mod kv;
+pub mod limits;
 mod units;
 
 pub use agent::{
@@ -33,4 +35,5 @@ pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;
 pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
 pub use kv::{mix64, BlockHash, KvEvent, ROOT_BLOCK_HASH};
+pub use limits::MAX_OUTPUT_TOKENS;
 pub use units::{ByteSize, ByteSizeError, Millis};

@@ -34,6 +34,7 @@
 
 mod config;
 mod pass;
+pub mod preset;
 mod prompt;
 mod requests;
 mod sglang;
@@ -42,6 +43,7 @@ mod vllm;
 
 pub use config::{ConfigError, EngineConfig, SchedulerKind, SglangConfig, SglangPolicy};
 pub use pass::{Admission, Pass, TokenEmission};
+pub use preset::{presets, Preset};
 pub use prompt::{Prompt, PromptError, TokenRun};
 
 use hangar_core::{KvEvent, RequestId};

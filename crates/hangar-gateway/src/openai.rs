@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::{AccountId, AuthError, BlockHash, Principal};
-use hangar_runtime::processor::{AdmitError, Lease};
+use hangar_runtime::processor::{AdmitError, Lease, Patience};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
@@ -186,6 +186,27 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
 #[derive(serde::Deserialize)]
 struct Head {
     model: Option<Value>,
+    /// Output tokens asked for (`max_completion_tokens` is the current
+    /// name), bounded by [`hangar_core::MAX_OUTPUT_TOKENS`] as a
+    /// prediction's are.
+    max_tokens: Option<Value>,
+    max_completion_tokens: Option<Value>,
+}
+
+impl Head {
+    /// The 400 naming the first output-token count out of bounds, if any.
+    fn output_tokens_refused(&self) -> Option<Response> {
+        let counts =
+            [("max_tokens", &self.max_tokens), ("max_completion_tokens", &self.max_completion_tokens)];
+        for (field, value) in counts {
+            let Some(value) = value.as_ref().filter(|v| !v.is_null()) else { continue };
+            if let Err(why) = hangar_core::limits::check_output_tokens(value.as_u64()) {
+                let message = format!("`{field}`: {why}");
+                return Some(error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some(field)));
+            }
+        }
+        None
+    }
 }
 
 /// Admits the request onto a replica of its model and streams the
@@ -213,6 +234,9 @@ async fn forward(
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None);
         }
     };
+    if let Some(refused) = head.output_tokens_refused() {
+        return refused;
+    }
     let Some(Value::String(model)) = head.model else {
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
@@ -257,8 +281,14 @@ impl Forward<'_> {
         for attempt in 0..2 {
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-            let lease = match self.rt.processor().admit_with(account.clone(), Some(left), prompt, avoid).await
-            {
+            let admitted = self.rt.processor().admit_with(
+                account.clone(),
+                Patience::FailFast,
+                Some(left),
+                prompt,
+                avoid,
+            );
+            let lease = match admitted.await {
                 Ok(lease) => lease,
                 Err(e) => return admit_error(&e, timeout_s),
             };
@@ -273,6 +303,9 @@ impl Forward<'_> {
             };
             let replica = lease.replica;
             let name = || replica_name(&self.rt.config().key, replica);
+            if let Ok(upstream) = &answer {
+                self.rt.answered(replica, upstream.status());
+            }
             match answer {
                 Ok(upstream) if attempt == 0 && self.rt.fails_over(upstream.status()) => {
                     tracing::info!(replica = %name(), status = %upstream.status(), "out of capacity: sending the request to another replica");
@@ -323,8 +356,19 @@ fn timed_out(timeout_s: u64) -> Response {
     error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None)
 }
 
+/// Seconds a client is told to wait (`Retry-After`) before asking again
+/// for a model that cannot run now: about the controller's first retry
+/// of a model it could not place.
+const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
+
 fn admit_error(e: &AdmitError, timeout_s: u64) -> Response {
     match e {
+        AdmitError::Unavailable { reason } => {
+            let message = format!("{reason}; retry");
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &message, None);
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(UNAVAILABLE_RETRY_AFTER_S));
+            r
+        }
         AdmitError::QueueFull { .. } => {
             let mut r = error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &e.to_string(), None);
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -20,7 +20,6 @@ mod driver;
 mod error;
 mod metrics;
 mod openai;
-mod preset;
 mod text;
 
 use std::future::Future;
@@ -34,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 pub use error::ApiError;
-pub use preset::{preset, presets, Preset};
+pub use hangar_engine::preset::{preset, presets, Preset};
 
 /// How to run a mock engine.
 #[derive(Debug, Clone)]

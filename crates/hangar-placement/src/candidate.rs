@@ -27,9 +27,16 @@ pub struct Candidate {
     pub evictions: Vec<(ModelKey, ReplicaId)>,
     /// What that set costs.
     pub eviction_cost: EvictionCost,
+    /// HOT replicas of the model already on the node. Among candidates of
+    /// the same level, `deploy` prefers the fewest (spread: one node's loss
+    /// takes out as few of the model's replicas as it can) before comparing
+    /// eviction costs. WARM copies do not count: a node holding one is
+    /// already a better level (`Cached*`).
+    pub hot_replicas: u32,
     /// Whether the node holds the model's weight artifact resident (false
     /// when the model has no artifact set). Among candidates of the same
-    /// level and eviction cost, `deploy` prefers resident ones.
+    /// level, HOT replica count and eviction cost, `deploy` prefers
+    /// resident ones.
     pub resident: bool,
 }
 

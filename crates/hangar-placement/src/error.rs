@@ -156,6 +156,17 @@ pub enum ResidencyError {
     UnknownNode(NodeId),
 }
 
+/// Whether a model's engine can sleep was said of a model the cluster does
+/// not know ([`Cluster::set_sleeps`](crate::Cluster::set_sleeps)). The
+/// cluster is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SleepsError {
+    /// The model is not in the catalogue.
+    #[error("unknown model `{0}`")]
+    UnknownModel(ModelKey),
+}
+
 /// An explicit eviction could not be carried out. The cluster is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

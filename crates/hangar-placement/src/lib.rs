@@ -9,7 +9,8 @@
 //!
 //! * [`Cluster::deploy`] takes [`ReplicaRequest`]s and returns a
 //!   [`DeployOutcome`]: per replica the [`CandidateLevel`] chosen (or why
-//!   not), plus the [`Eviction`]s it caused.
+//!   not), plus the [`Eviction`]s it caused. Within a level it spreads a
+//!   model's replicas: the nodes holding the fewest of them come first.
 //! * [`Cluster::candidates`] shows every node's [`Candidate`] for one more
 //!   replica, without `deploy`'s shortcuts (diagnostics, and the oracle the
 //!   property tests hold `deploy` to).
@@ -19,6 +20,8 @@
 //!   resident; among otherwise equal candidates `deploy` prefers a node
 //!   that holds the model's artifact (it never beats a better level or a
 //!   cheaper eviction set).
+//! * [`Cluster::set_sleeps`] says whether a model's engine can sleep; one
+//!   that cannot is demoted straight to COLD, taking no warm-cache room.
 //! * [`Cluster::add_node`] / [`Cluster::remove_node`] change the fleet while
 //!   it runs: a node agent joins, or is lost with every replica it held.
 //! * [`Cluster::apply_schedule`] turns a [`Schedule`] of dedicated windows
@@ -80,6 +83,7 @@ pub use delta::{Action, DeploymentDelta, Snapshot, Step};
 pub use deployment::{Deployment, Level, NodeId, NodeIdError};
 pub use error::{
     AddNodeError, ConfigError, DeltaError, EvictError, ResidencyError, RestoreError, ScheduleError,
+    SleepsError,
 };
 pub use eviction::EvictionCost;
 pub use node::{Gpu, Node, ReplicaMap};

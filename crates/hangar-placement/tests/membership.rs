@@ -1,5 +1,6 @@
 //! Nodes that join and leave a running cluster: `add_node` and
-//! `remove_node`, alone and mixed at random with deploys and evictions.
+//! `remove_node`, alone and mixed at random with deploys (each replica's
+//! node held to the candidates, spread included) and evictions.
 
 mod common;
 
@@ -50,6 +51,8 @@ enum Op {
     /// Node `n{0}` reports a weight artifact resident.
     Resident(usize),
     Deploy(Vec<(usize, u32, bool)>),
+    /// One more replica of one model, held to every node's candidates.
+    Grow(usize, bool),
     EvictReplica(usize),
     EvictModel(usize),
     Advance(u64),
@@ -89,6 +92,7 @@ fn world() -> impl Strategy<Value = World> {
             3 => (0..NODE_IDS).prop_map(Op::Lose),
             1 => (0..NODE_IDS).prop_map(Op::Resident),
             4 => prop::collection::vec((0..m, 0u32..4, prop::bool::weighted(0.2)), 1..4).prop_map(Op::Deploy),
+            3 => (0..m, prop::bool::weighted(0.2)).prop_map(|(m, d)| Op::Grow(m, d)),
             1 => (0usize..64).prop_map(Op::EvictReplica),
             1 => (0..m).prop_map(Op::EvictModel),
             1 => (0u64..3).prop_map(Op::Advance),
@@ -193,6 +197,12 @@ fn run(w: &World) -> Result<Snapshot, TestCaseError> {
                         prop_assert!(c.node(r.node.as_ref().unwrap()).is_some());
                     }
                 }
+            }
+            Op::Grow(m, dedicated) => {
+                // The lowest level, then spread over the nodes as they are
+                // now, then the cheapest set.
+                grow_one_checked(&mut c, &model_key(*m), *dedicated, now, &mut rng)
+                    .map_err(TestCaseError::fail)?;
             }
             Op::EvictReplica(pick) => {
                 let all: Vec<(ModelKey, ReplicaId)> =

@@ -340,7 +340,8 @@ proptest! {
     }
 
     /// `deploy` stops early and bounds its search; what it picks must still
-    /// be the best of every node's exhaustive answer.
+    /// be the best of every node's exhaustive answer: the lowest level, then
+    /// the fewest HOT replicas of the model there, then the cheapest set.
     #[test]
     fn deploy_picks_the_best_candidate(w in busy_world(), pick in 0usize..16, dedicated: bool) {
         let mut c = build(&w);
@@ -350,21 +351,8 @@ proptest! {
             apply(&mut c, op, &mut now, &mut rng);
         }
         let model = model_key(pick % w.models.len());
-        let candidates = c.candidates(&model, dedicated, now);
-        prop_assert_eq!(candidates.len(), c.nodes().len());
-        let hot = c.replicas_of(&model, Level::Hot).len() as u32;
-        let request = ReplicaRequest { model_key: model, replicas: hot + 1, dedicated };
-        let out = c.deploy(&[request], now, &mut rng);
-        let placed = out.models[0].replicas.last().unwrap();
-        let best = candidates.iter().map(|c| c.level).min().unwrap_or(CandidateLevel::CantAccommodate);
-        prop_assert_eq!(placed.level, best);
-        if best != CandidateLevel::CantAccommodate {
-            let cost = candidates.iter().filter(|c| c.level == best).map(|c| c.eviction_cost).min().unwrap();
-            prop_assert_eq!(placed.eviction_cost, cost);
-            prop_assert!(candidates
-                .iter()
-                .any(|c| c.level == best && c.eviction_cost == cost && Some(&c.node) == placed.node.as_ref()));
-        }
+        grow_one_checked(&mut c, &model, dedicated, now, &mut rng).map_err(TestCaseError::fail)?;
+        c.check_invariants().map_err(TestCaseError::fail)?;
     }
 
     /// The residency tie-breaker never overrides a better candidate level
@@ -399,8 +387,9 @@ proptest! {
 
     /// With residency in play from the start (so every operation goes
     /// through the tie-breaker, and the invariants are checked after each):
-    /// when some node of the chosen level's tie set (same level, same
-    /// eviction cost) holds the model's artifact, the chosen node holds it.
+    /// when some node of the chosen level's tie set (same level, fewest HOT
+    /// replicas of the model, same eviction cost) holds the model's
+    /// artifact, the chosen node holds it.
     #[test]
     fn a_resident_node_in_the_tie_set_is_always_chosen(
         w in busy_world(),
@@ -427,9 +416,11 @@ proptest! {
         if placed.level == CandidateLevel::Deployed {
             return Ok(());
         }
+        let fewest = candidates.iter().filter(|c| c.level == placed.level).map(|c| c.hot_replicas).min();
         let ties: Vec<_> = candidates
             .iter()
-            .filter(|c| c.level == placed.level && c.eviction_cost == placed.eviction_cost)
+            .filter(|c| c.level == placed.level && Some(c.hot_replicas) == fewest)
+            .filter(|c| c.eviction_cost == placed.eviction_cost)
             .collect();
         let chosen = ties.iter().find(|c| &c.node == node);
         let chosen = chosen.ok_or_else(|| TestCaseError::fail("the chosen node is not in the tie set"))?;
@@ -456,4 +447,104 @@ proptest! {
         })?;
         prop_assert_eq!(plain, informed);
     }
+}
+
+/// A model whose engine cannot sleep takes no warm-cache room. The cluster
+/// is told which models cannot sleep at a random point of a random run (as
+/// a driver learns it from the first engine that starts); from then on
+/// every demotion of such a model's HOT replica goes COLD, never WARM, no
+/// WARM entry is dropped to make room for one, and evicting such a model
+/// (or one of its HOT replicas) leaves every warm cache exactly as it was.
+/// Each step is also replayed on a copy told that every model sleeps: the
+/// test only counts as having checked something if, there, such a
+/// replica went WARM or a WARM entry was dropped for it.
+#[test]
+fn a_model_that_cannot_sleep_takes_no_warm_cache_room() {
+    let strategy = (busy_world(), prop::collection::vec(any::<bool>(), 6), 0usize..25);
+    let meaningful = run_counting(512, strategy, |(w, sleeps, told)| {
+        let mut meaningful = 0;
+        let mut c = build(&w);
+        let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+        let mut now = 0;
+        let models: Vec<_> = c.models().keys().cloned().collect();
+        let sleeps_of = |m: &hangar_core::ModelKey| sleeps[m.as_str()[1..].parse::<usize>().unwrap()];
+        let warm_ids = |c: &Cluster| -> BTreeSet<ReplicaId> {
+            c.snapshot()
+                .deployments()
+                .values()
+                .filter(|d| d.level == Level::Warm)
+                .map(|d| d.replica_id)
+                .collect()
+        };
+        for (i, op) in w.ops.iter().enumerate() {
+            if i == told {
+                for m in &models {
+                    c.set_sleeps(m, sleeps_of(m)).unwrap();
+                }
+            }
+            let known = i >= told;
+            let before = c.snapshot();
+            let warm_before = warm_ids(&c);
+            let mut all_sleep = c.clone();
+            let mut other_rng = rng.clone();
+            let mut other_now = now;
+            let step = apply(&mut c, op, &mut now, &mut rng);
+            check(&before, &c, &step)?;
+            if !known {
+                continue;
+            }
+            for m in &models {
+                prop_assert_eq!(c.sleeps(m), sleeps_of(m));
+            }
+            let sleepless = |replica: &ReplicaId| {
+                before.deployments().get(replica).is_some_and(|d| !sleeps_of(&d.model_key))
+            };
+            let evictions = step.deploys.iter().flat_map(|d| &d.evictions).chain(&step.evictions);
+            for e in evictions {
+                if e.from == Level::Hot && !sleeps_of(&e.model_key) {
+                    prop_assert_eq!(e.to, Level::Cold, "{} cannot sleep but went {}", e.model_key, e.to);
+                }
+                if let EvictionCause::CacheRoom { replica_id } = &e.cause {
+                    prop_assert!(
+                        !sleepless(replica_id),
+                        "{} dropped for a model that cannot sleep",
+                        e.replica_id
+                    );
+                }
+            }
+            for d in c.snapshot().deployments().values().filter(|d| d.level == Level::Warm) {
+                prop_assert!(
+                    sleeps_of(&d.model_key) || warm_before.contains(&d.replica_id),
+                    "{} went WARM though its engine cannot sleep",
+                    d.name()
+                );
+            }
+            let evicts_sleepless_hot = match op {
+                Op::EvictModel(m) => !sleeps_of(&model_key(*m)),
+                Op::EvictReplica(pick) => {
+                    let all: Vec<_> = before.deployments().values().collect();
+                    !all.is_empty() && {
+                        let d = all[pick % all.len()];
+                        d.level == Level::Hot && !sleeps_of(&d.model_key)
+                    }
+                }
+                _ => false,
+            };
+            if evicts_sleepless_hot {
+                prop_assert_eq!(warm_ids(&c), warm_before.clone(), "the warm caches changed");
+            }
+            // The same step where every model sleeps: did the rule matter?
+            for m in &models {
+                all_sleep.set_sleeps(m, true).unwrap();
+            }
+            let other = apply(&mut all_sleep, op, &mut other_now, &mut other_rng);
+            let mattered = other.deploys.iter().flat_map(|d| &d.evictions).chain(&other.evictions).any(|e| {
+                (e.to == Level::Warm && !sleeps_of(&e.model_key))
+                    || matches!(&e.cause, EvictionCause::CacheRoom { replica_id } if sleepless(replica_id))
+            });
+            meaningful += usize::from(mattered);
+        }
+        Ok(meaningful)
+    });
+    assert!(meaningful >= 100, "only {meaningful} steps where the rule changed anything");
 }

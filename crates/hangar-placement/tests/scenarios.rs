@@ -175,6 +175,56 @@ fn warm_cache_drops_smallest_first_only_when_that_covers_the_shortfall() {
     assert!(c.deployment(&rid(1)).is_some());
 }
 
+/// A replica whose engine cannot sleep is stopped when evicted: placement
+/// sends it COLD at once and keeps the warm cache as it was, rather than
+/// dropping another model's WARM replica to make room for one that would
+/// never use it.
+#[test]
+fn a_model_that_cannot_sleep_goes_cold_and_drops_no_warm_entry() {
+    let text = &(node("a", 1, "100GB")
+        + r#"
+        [models.w]
+        size = "60GB"
+        [models.s]
+        size = "50GB"
+    "#);
+    let mut c = cluster(text);
+    assert!(c.sleeps(&key("s")), "a model sleeps until told otherwise");
+    warm(&mut c, "w", 1, "a");
+    hot(&mut c, "s", 2, "a", &[0]);
+    // Able to sleep, `s` would take the cache and push `w` out.
+    let ev = c.clone().evict_replica(&key("s"), &rid(2)).unwrap();
+    assert_eq!(
+        ev.iter().map(|e| (e.replica_id, e.to)).collect::<Vec<_>>(),
+        [(rid(2), Level::Warm), (rid(1), Level::Cold)]
+    );
+
+    c.set_sleeps(&key("s"), false).unwrap();
+    assert!(!c.sleeps(&key("s")));
+    let ev = c.evict_replica(&key("s"), &rid(2)).unwrap();
+    assert_eq!(
+        ev.iter().map(|e| (e.replica_id, e.from, e.to)).collect::<Vec<_>>(),
+        [(rid(2), Level::Hot, Level::Cold)]
+    );
+    assert_eq!(c.deployment(&rid(1)).map(|d| d.level), Some(Level::Warm), "w stays WARM");
+    assert!(c.deployment(&rid(2)).is_none());
+    c.check_invariants().unwrap();
+
+    // Pressure alike: `w` woken evicts nothing here, but a fresh `s` then
+    // pushed off by a dedicated `w` goes COLD.
+    let s = c.deploy(&[req("s", 1)], 0, &mut rng()).models[0].replicas[0].replica_id.unwrap();
+    let out = c.deploy(&[dedicated("w", 1)], 0, &mut rng());
+    assert_eq!(out.models[0].replicas[0].level, CandidateLevel::CachedAndFull);
+    let evicted: Vec<_> = out.evictions.iter().map(|e| (e.replica_id, e.to)).collect();
+    assert_eq!(evicted, [(s, Level::Cold)]);
+    c.check_invariants().unwrap();
+
+    assert_eq!(
+        c.set_sleeps(&key("nope"), false),
+        Err(hangar_placement::SleepsError::UnknownModel(key("nope")))
+    );
+}
+
 #[test]
 fn multi_gpu_takes_exactly_the_gpus_it_needs() {
     let mut c = cluster(TWO_NODES);

@@ -1,6 +1,7 @@
 //! Language-model inputs, as Replicate's language models take them, and
 //! their mapping onto an OpenAI-style completion call.
 
+use hangar_core::limits::{check_output_tokens, MAX_OUTPUT_TOKENS};
 use serde_json::{json, Map, Value};
 
 /// A field of the input that is wrong.
@@ -65,13 +66,11 @@ impl LlmInput {
                 Some(_) => Err(invalid(f, "must be a number")),
             }
         };
+        // Bounded as the OpenAI API's `max_tokens` is.
         let count = |f: &str| -> Result<Option<u64>, InvalidField> {
             match map.get(f) {
                 None | Some(Value::Null) => Ok(None),
-                Some(v) => match v.as_u64() {
-                    Some(n) if n >= 1 => Ok(Some(n)),
-                    _ => Err(invalid(f, "must be an integer of at least 1")),
-                },
+                Some(v) => check_output_tokens(v.as_u64()).map(Some).map_err(|m| invalid(f, &m)),
             }
         };
         let prompt = string("prompt")?.ok_or_else(|| invalid("prompt", "is required"))?;
@@ -140,8 +139,8 @@ pub fn openapi_schema() -> Value {
                 "properties": {
                     "prompt": {"type": "string", "title": "Prompt", "x-order": 0},
                     "system_prompt": {"type": "string", "title": "System Prompt", "x-order": 1},
-                    "max_tokens": {"type": "integer", "minimum": 1, "title": "Max Tokens", "x-order": 2},
-                    "max_new_tokens": {"type": "integer", "minimum": 1, "title": "Max New Tokens", "x-order": 3},
+                    "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS, "title": "Max Tokens", "x-order": 2},
+                    "max_new_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS, "title": "Max New Tokens", "x-order": 3},
                     "temperature": {"type": "number", "minimum": 0, "maximum": 2, "title": "Temperature", "x-order": 4},
                     "top_p": {"type": "number", "minimum": 0, "maximum": 1, "title": "Top P", "x-order": 5},
                     "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}], "title": "Stop", "x-order": 6}
@@ -173,12 +172,27 @@ mod tests {
     }
 
     #[test]
+    fn output_tokens_are_bounded_as_the_openai_apis_are() {
+        let at = |n: u64| LlmInput::parse(&json!({"prompt": "x", "max_new_tokens": n}));
+        assert_eq!(at(MAX_OUTPUT_TOKENS).unwrap().max_tokens, Some(MAX_OUTPUT_TOKENS));
+        let e = at(MAX_OUTPUT_TOKENS + 1).unwrap_err();
+        assert_eq!(e.field, "max_new_tokens");
+        assert_eq!(
+            e.to_string(),
+            "input.max_new_tokens: 1048577 is above 1048576, the most output tokens a request may ask for"
+        );
+    }
+
+    #[test]
     fn errors_name_the_field() {
         for (input, field) in [
             (json!({}), "prompt"),
             (json!({"prompt": 3}), "prompt"),
             (json!({"prompt": "x", "max_tokens": "8"}), "max_tokens"),
             (json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+            (json!({"prompt": "x", "max_tokens": MAX_OUTPUT_TOKENS + 1}), "max_tokens"),
+            (json!({"prompt": "x", "max_new_tokens": u64::MAX}), "max_new_tokens"),
+            (json!({"prompt": "x", "max_tokens": 8, "max_new_tokens": 1e30}), "max_new_tokens"),
             (json!({"prompt": "x", "top_p": 3}), "top_p"),
             (json!({"prompt": "x", "stop": [1]}), "stop"),
             (json!({"prompt": "x", "promt": "y"}), "promt"),

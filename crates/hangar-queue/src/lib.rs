@@ -22,10 +22,26 @@
 //! How many replicas a model should have is not this crate's question:
 //! `hangar-scaler` decides it from what it observes of the line.
 //!
+//! # Waiting for a model that cannot run
+//! A request waits with a [`Patience`]. A synchronous client holds a
+//! connection open and is better told at once that nothing can serve it
+//! than kept until its timeout: it *fails fast*. An async prediction is
+//! durable and has deadlines of its own: it is *patient*. When the driver
+//! learns that the model cannot run now — its controller found no room
+//! for a replica and none is up — it says so with
+//! [`Admission::set_unavailable`]: every fail-fast waiter is turned away
+//! ([`Action::Unavailable`], HTTP 503 with `Retry-After`), and so is every
+//! fail-fast request submitted while it stays so and finds no free permit
+//! ([`Submitted::Unavailable`]); patient ones wait on, until a replica
+//! comes or their deadline passes. It lasts until the driver clears it or
+//! a replica becomes ready. [`Admission::fail_waiting`] (the model's
+//! engine does not start at all) still fails everyone waiting.
+//!
 //! Invariants, after every call: no replica has more permits out than its
-//! limit; either nobody waits or no healthy replica has a free permit; every
+//! limit; either nobody waits or no healthy replica has a free permit; no
+//! fail-fast request waits while the model is unavailable; every
 //! submitted request reaches exactly one end (leased or dispatched and later
-//! released, rejected, expired, cancelled, or failed).
+//! released, rejected, expired, cancelled, turned away, or failed).
 //!
 //! ```
 //! use hangar_core::{AccountId, ReplicaId, RequestId};
@@ -106,6 +122,19 @@ pub struct Permit {
     pub replica: ReplicaId,
 }
 
+/// How a request waits for a permit (see the crate docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Patience {
+    /// Turned away at once while the model is unavailable (a synchronous
+    /// request: its client waits on an open connection).
+    #[default]
+    FailFast,
+    /// Waits until a permit frees or its deadline passes, whatever the
+    /// model's state (an async prediction, durable, with deadlines of its
+    /// own).
+    Patient,
+}
+
 /// What [`Admission::submit`] decided at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Submitted {
@@ -120,6 +149,10 @@ pub enum Submitted {
         /// The line's capacity that was reached.
         capacity: usize,
     },
+    /// A fail-fast request found no free permit while the model is
+    /// unavailable: tell the client why ([`Admission::unavailable`]) and
+    /// to retry later (HTTP 503 with `Retry-After`).
+    Unavailable,
 }
 
 /// A decision taken after the call that caused it.
@@ -134,6 +167,15 @@ pub enum Action {
         /// The request.
         request: RequestId,
         /// Why.
+        reason: String,
+    },
+    /// A waiting fail-fast request was turned away because the model
+    /// became unavailable (HTTP 503 with `Retry-After`: it may succeed
+    /// later).
+    Unavailable {
+        /// The request.
+        request: RequestId,
+        /// Why, as [`Admission::set_unavailable`] was told.
         reason: String,
     },
 }
@@ -161,7 +203,9 @@ pub struct FreeReplica {
 /// Picks the replica for a request among those with a free permit.
 ///
 /// The driver may tell a chooser more than [`Admission`] does: what a
-/// request's prompt is ([`hint`](Self::hint), before submitting it), when a
+/// request's prompt is ([`hint`](Self::hint), before submitting it), that
+/// a replica refused a request for want of capacity ([`avoid`](Self::avoid)
+/// for that request, [`refused`](Self::refused) for the ones after), when a
 /// request is over ([`done`](Self::done)) and when a replica is gone
 /// ([`replica_gone`](Self::replica_gone)). Choosers that need none of it
 /// (the default methods do nothing) stay one-liners. The routing
@@ -169,9 +213,10 @@ pub struct FreeReplica {
 /// `hangar-router`'s `ReplicaChooser`, one implementation for the live
 /// server and the simulator; [`FirstFree`] is the simplest chooser.
 pub trait Chooser {
-    /// Returns the id of one element of `free` (never empty; sorted by id).
+    /// Returns the id of one element of `free` (never empty; sorted by id)
+    /// at `now` (the clock of every `now` the [`Admission`] is given).
     /// Returning anything else falls back to `free[0]`.
-    fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId;
+    fn choose(&mut self, now: Millis, request: RequestId, free: &[FreeReplica]) -> ReplicaId;
 
     /// The prompt of a request about to be submitted: its chained block
     /// hashes and its length in tokens.
@@ -182,6 +227,12 @@ pub trait Chooser {
     /// Only a hint — when the refusing replica is the only one free, it is
     /// chosen, so no request waits while a permit is free.
     fn avoid(&mut self, _request: RequestId, _replica: ReplicaId) {}
+
+    /// `replica` refused a request for want of capacity at `now`: for a
+    /// while, choose it only when every other free replica refused too.
+    /// Like [`avoid`](Self::avoid), only an order — a free permit is never
+    /// left unused while a request waits.
+    fn refused(&mut self, _now: Millis, _replica: ReplicaId) {}
 
     /// The request is over, served or not; forget it.
     fn done(&mut self, _request: RequestId) {}
@@ -195,7 +246,7 @@ pub trait Chooser {
 pub struct FirstFree;
 
 impl Chooser for FirstFree {
-    fn choose(&mut self, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
+    fn choose(&mut self, _: Millis, _: RequestId, free: &[FreeReplica]) -> ReplicaId {
         free[0].id
     }
 }
@@ -219,6 +270,7 @@ enum Place {
 #[derive(Debug)]
 struct Req {
     account: AccountId,
+    patience: Patience,
     place: Place,
     /// Arrival order, so a change of algorithm can rebuild the line as
     /// the requests came.
@@ -238,6 +290,8 @@ pub struct Admission {
     actions: VecDeque<Action>,
     free_scratch: Vec<FreeReplica>,
     arrivals: u64,
+    /// Why the model cannot run now, while it cannot (see the crate docs).
+    unavailable: Option<String>,
 }
 
 impl Admission {
@@ -252,6 +306,7 @@ impl Admission {
             actions: VecDeque::new(),
             free_scratch: Vec::new(),
             arrivals: 0,
+            unavailable: None,
         }
     }
 
@@ -282,18 +337,26 @@ impl Admission {
         self.replicas.values().filter(|r| r.healthy).map(|r| r.limit).sum()
     }
 
+    /// Why the model cannot run now, while [`Admission::set_unavailable`]
+    /// says so.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.unavailable.as_deref()
+    }
+
     // ---- handle_* (facts) ---------------------------------------------
 
     /// A replica became ready with `limit` permits (or changed its limit).
     /// Waiting requests are dispatched to it at once. Lowering the limit
     /// below the permits out keeps those permits valid until released.
-    pub fn replica_ready(&mut self, _now: Millis, replica: ReplicaId, limit: u32, chooser: &mut dyn Chooser) {
+    /// The model can run: it is no longer unavailable.
+    pub fn replica_ready(&mut self, now: Millis, replica: ReplicaId, limit: u32, chooser: &mut dyn Chooser) {
+        self.unavailable = None;
         let r =
             self.replicas.entry(replica).or_insert(Replica { limit, in_use: 0, healthy: true, excess: 0 });
         r.limit = limit;
         r.excess = r.in_use.saturating_sub(limit);
         r.healthy = true;
-        self.fill(chooser);
+        self.fill(now, chooser);
     }
 
     /// A replica is unhealthy: it gets no new requests until it is ready
@@ -331,6 +394,30 @@ impl Admission {
         }
     }
 
+    /// The model cannot run now, for `reason` (`Some`: no replica is up
+    /// and none can be placed), or can again (`None`). While it cannot,
+    /// every fail-fast request waiting is turned away, in arrival order
+    /// ([`Action::Unavailable`]), and so is each fail-fast request
+    /// submitted that finds no free permit ([`Submitted::Unavailable`]);
+    /// patient requests wait on. A replica becoming ready ends it too.
+    pub fn set_unavailable(&mut self, _now: Millis, reason: Option<String>) {
+        self.unavailable = reason.clone();
+        let Some(reason) = reason else { return };
+        let mut turned_away: Vec<(u64, RequestId)> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.patience == Patience::FailFast && matches!(r.place, Place::Waiting { .. }))
+            .map(|(id, r)| (r.arrival, *id))
+            .collect();
+        turned_away.sort_unstable();
+        for (_, request) in turned_away {
+            let account = self.requests[&request].account.clone();
+            self.waiting.remove(&account, request);
+            self.forget_waiting(request);
+            self.actions.push_back(Action::Unavailable { request, reason: reason.clone() });
+        }
+    }
+
     /// Expires waiting requests whose deadline is at or before `now`.
     /// Calling it early or twice does nothing.
     pub fn handle_timeout(&mut self, now: Millis) {
@@ -348,14 +435,29 @@ impl Admission {
 
     // ---- commands -----------------------------------------------------
 
-    /// Admits a request of `account`. `deadline` bounds how long it may
-    /// wait (absolute, same clock as `now`).
+    /// Admits a fail-fast request of `account` (see
+    /// [`Admission::submit_as`]).
     pub fn submit(
         &mut self,
-        _now: Millis,
+        now: Millis,
         request: RequestId,
         account: AccountId,
         deadline: Option<Millis>,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Submitted, AdmissionError> {
+        self.submit_as(now, request, account, deadline, Patience::FailFast, chooser)
+    }
+
+    /// Admits a request of `account` that waits with `patience`.
+    /// `deadline` bounds how long it may wait (absolute, same clock as
+    /// `now`).
+    pub fn submit_as(
+        &mut self,
+        now: Millis,
+        request: RequestId,
+        account: AccountId,
+        deadline: Option<Millis>,
+        patience: Patience,
         chooser: &mut dyn Chooser,
     ) -> Result<Submitted, AdmissionError> {
         if self.requests.contains_key(&request) {
@@ -364,16 +466,20 @@ impl Admission {
         let arrival = self.arrivals;
         self.arrivals += 1;
         if self.waiting.len() == 0 {
-            if let Some(replica) = self.pick(request, chooser) {
-                self.requests.insert(request, Req { account, place: Place::Leased(replica), arrival });
+            if let Some(replica) = self.pick(now, request, chooser) {
+                let req = Req { account, patience, place: Place::Leased(replica), arrival };
+                self.requests.insert(request, req);
                 return Ok(Submitted::Leased(Permit { request, replica }));
             }
+        }
+        if self.unavailable.is_some() && patience == Patience::FailFast {
+            return Ok(Submitted::Unavailable);
         }
         if !self.waiting.has_room(&account, self.config.capacity) {
             return Ok(Submitted::Rejected { capacity: self.config.capacity });
         }
         self.waiting.push(account.clone(), request);
-        self.requests.insert(request, Req { account, place: Place::Waiting { deadline }, arrival });
+        self.requests.insert(request, Req { account, patience, place: Place::Waiting { deadline }, arrival });
         if let Some(d) = deadline {
             self.deadlines.insert((d, request));
         }
@@ -404,7 +510,7 @@ impl Admission {
     /// its permit, which goes to the next waiting request. Releasing a
     /// request that waits cancels it; releasing an unknown one does
     /// nothing. Returns whether anything changed.
-    pub fn release(&mut self, _now: Millis, request: RequestId, chooser: &mut dyn Chooser) -> bool {
+    pub fn release(&mut self, now: Millis, request: RequestId, chooser: &mut dyn Chooser) -> bool {
         let Some(req) = self.requests.get(&request) else { return false };
         match req.place {
             Place::Leased(replica) => {
@@ -413,7 +519,7 @@ impl Admission {
                     r.in_use -= 1;
                     r.excess = r.excess.saturating_sub(1);
                 }
-                self.fill(chooser);
+                self.fill(now, chooser);
             }
             Place::Waiting { .. } => {
                 let account = req.account.clone();
@@ -446,7 +552,7 @@ impl Admission {
     }
 
     /// Takes a free permit for `request`, if any healthy replica has one.
-    fn pick(&mut self, request: RequestId, chooser: &mut dyn Chooser) -> Option<ReplicaId> {
+    fn pick(&mut self, now: Millis, request: RequestId, chooser: &mut dyn Chooser) -> Option<ReplicaId> {
         self.free_scratch.clear();
         self.free_scratch.extend(
             self.replicas
@@ -457,7 +563,7 @@ impl Admission {
         if self.free_scratch.is_empty() {
             return None;
         }
-        let chosen = chooser.choose(request, &self.free_scratch);
+        let chosen = chooser.choose(now, request, &self.free_scratch);
         let replica =
             if self.free_scratch.iter().any(|r| r.id == chosen) { chosen } else { self.free_scratch[0].id };
         self.replicas.get_mut(&replica).expect("free replicas exist").in_use += 1;
@@ -465,10 +571,10 @@ impl Admission {
     }
 
     /// Dispatches waiting requests while permits are free.
-    fn fill(&mut self, chooser: &mut dyn Chooser) {
+    fn fill(&mut self, now: Millis, chooser: &mut dyn Chooser) {
         while self.waiting.len() > 0 {
             let Some(next) = self.peek_next() else { break };
-            let Some(replica) = self.pick(next, chooser) else { break };
+            let Some(replica) = self.pick(now, next, chooser) else { break };
             let popped = self.waiting.pop().expect("peeked");
             debug_assert_eq!(popped, next);
             let req = self.requests.get_mut(&next).expect("waiting requests are known");
@@ -499,6 +605,14 @@ impl Admission {
         }
         let waiting = self.requests.values().filter(|r| matches!(r.place, Place::Waiting { .. })).count();
         assert_eq!(waiting, self.waiting.len(), "waiting line and request table agree");
+        if self.unavailable.is_some() {
+            assert!(
+                self.requests
+                    .values()
+                    .all(|r| r.patience == Patience::Patient || !matches!(r.place, Place::Waiting { .. })),
+                "a fail-fast request waits while the model is unavailable"
+            );
+        }
         if self.waiting.len() > 0 {
             assert!(
                 self.replicas.values().all(|r| !r.healthy || r.in_use >= r.limit),

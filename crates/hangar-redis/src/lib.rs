@@ -18,6 +18,11 @@
 //! ([`CA_FILE_PARAM`]) trusts the CAs of that PEM file instead, for a
 //! Redis with a private CA. Verification cannot be turned off: the
 //! `#insecure` fragment the `redis` crate knows is refused.
+//!
+//! A Redis with a password (`requirepass`) is reached with it in the URL:
+//! `redis://:PASSWORD@HOST:PORT/DB` (or `redis://USER:PASSWORD@…` for an
+//! ACL user; `unix:///path?pass=PASSWORD` on a socket). Every message and
+//! [`Redis::url`] show the URL [`redacted`], its password `***`.
 
 pub mod fleet;
 pub mod lease;
@@ -57,7 +62,7 @@ pub enum RedisError {
     /// its `ca_file` cannot be used.
     #[error("redis URL `{url}` {reason}")]
     Url {
-        /// The URL as given.
+        /// The URL as given, [`redacted`].
         url: String,
         /// What is wrong with it, a phrase that follows the URL
         /// (`is not a Redis URL (…)`).
@@ -66,7 +71,7 @@ pub enum RedisError {
     /// No connection could be made (or taken from the pool in time).
     #[error("cannot reach redis at {url}: {reason}")]
     Unreachable {
-        /// The server.
+        /// The server's URL, [`redacted`].
         url: String,
         /// The cause.
         reason: String,
@@ -74,11 +79,43 @@ pub enum RedisError {
     /// A command failed.
     #[error("redis at {url}: {source}")]
     Command {
-        /// The server.
+        /// The server's URL, [`redacted`].
         url: String,
         /// The cause.
         source: redis::RedisError,
     },
+}
+
+impl RedisError {
+    /// Whether the server could not be reached or could not serve now —
+    /// not connected, the connection dropped, a command timed out (a
+    /// server paused with `CLIENT PAUSE` or overloaded), still loading
+    /// its data (`LOADING`), busy with a script (`BUSY`), a replica
+    /// being promoted (`MASTERDOWN`, `READONLY`, `TRYAGAIN`) — rather
+    /// than refusing the command itself. The same call may succeed when
+    /// repeated later; callers answer "retry" (HTTP 503) instead of
+    /// failing for good. Judged on the error's kind, never its text.
+    pub fn is_unavailable(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        match self {
+            RedisError::Url { .. } => false,
+            RedisError::Unreachable { .. } => true,
+            RedisError::Command { source, .. } => {
+                source.is_io_error()
+                    || matches!(
+                        source.kind(),
+                        ErrorKind::Server(
+                            ServerErrorKind::BusyLoading
+                                | ServerErrorKind::TryAgain
+                                | ServerErrorKind::MasterDown
+                                | ServerErrorKind::ClusterDown
+                                | ServerErrorKind::ReadOnly
+                        )
+                    )
+                    || source.code() == Some("BUSY")
+            }
+        }
+    }
 }
 
 /// A pool of connections to one Redis. Cheap to clone.
@@ -88,6 +125,8 @@ pub struct Redis {
     /// The pool manager's epoch (see [`Redis::run`]).
     epoch: Arc<AtomicU64>,
     url: String,
+    /// Where the server is, without credentials (see [`Redis::address`]).
+    address: String,
 }
 
 impl std::fmt::Debug for Redis {
@@ -102,8 +141,10 @@ type Conn = r2d2::PooledConnection<Manager>;
 /// Checks that `url` is a Redis URL, and reads and checks the CA file a
 /// `rediss://` URL names ([`CA_FILE_PARAM`]), without connecting: what a
 /// configuration loader can say about it.
+///
+/// The message shows the URL [`redacted`].
 pub fn check_url(url: &str) -> Result<(), String> {
-    client(url).map(drop).map_err(|reason| format!("`{url}` {reason}"))
+    client(url).map(drop).map_err(|reason| format!("`{}` {reason}", redacted(url)))
 }
 
 /// The client of `url`, or why there is none (a phrase that follows the
@@ -111,8 +152,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
 fn client(url: &str) -> Result<redis::Client, String> {
     let not_a_url = |e: redis::RedisError| {
         format!(
-            "is not a Redis URL ({e}); use redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS, \
-             optionally ?{CA_FILE_PARAM}=/path/ca.pem) or unix:///path/to/socket"
+            "is not a Redis URL ({e}); use redis://HOST:PORT/DB (redis://:PASSWORD@HOST:PORT/DB with a \
+             password), rediss://HOST:PORT/DB (TLS, optionally ?{CA_FILE_PARAM}=/path/ca.pem) or \
+             unix:///path/to/socket"
         )
     };
     let Ok(mut parsed) = url::Url::parse(url) else {
@@ -146,6 +188,34 @@ fn client(url: &str) -> Result<redis::Client, String> {
     redis::Client::build_with_tls(parsed.as_str(), certificates).map_err(not_a_url)
 }
 
+/// `url` with its password replaced by `***` — the userinfo's after its
+/// `:` (`redis://:***@host:6379/0`, `redis://user:***@…`) and a socket
+/// URL's `pass=` — for messages and logs, which must not carry the
+/// secret a fleet's URL holds. Anything else is left as it was.
+pub fn redacted(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_owned() };
+    let mut out = url.to_owned();
+    // `pass=…` in the query (unix sockets), up to the next `&` or `#`.
+    if let Some(q) = out.find('?') {
+        let mut at = q + 1;
+        while at < out.len() {
+            let end = out[at..].find(['&', '#']).map_or(out.len(), |e| at + e);
+            if out[at..end].starts_with("pass=") {
+                out.replace_range(at + 5..end, "***");
+            }
+            at = out[at..].find('&').map_or(out.len(), |e| at + e + 1);
+        }
+    }
+    // The userinfo's password: in the authority, before its last `@`.
+    let authority_end = out[start..].find(['/', '?', '#']).map_or(out.len(), |e| start + e);
+    if let Some(at) = out[start..authority_end].rfind('@').map(|a| start + a) {
+        if let Some(colon) = out[start..at].find(':').map(|c| start + c) {
+            out.replace_range(colon + 1..at, "***");
+        }
+    }
+    out
+}
+
 impl Redis {
     /// Checks `url` (and reads the CA file it names) and that the server
     /// answers `PING`, then keeps up to 16 connections. Fails naming the
@@ -153,8 +223,14 @@ impl Redis {
     /// certificate not trusted (`rediss://`), or the server does not
     /// answer within 5 s.
     pub fn connect(url: &str) -> Result<Redis, RedisError> {
-        let client = client(url).map_err(|reason| RedisError::Url { url: url.to_owned(), reason })?;
+        let client = client(url).map_err(|reason| RedisError::Url { url: redacted(url), reason })?;
         tls::install_crypto_provider();
+        let address = match client.get_connection_info().addr() {
+            redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}"),
+            redis::ConnectionAddr::Unix(path) => format!("unix://{}", path.display()),
+            _ => "redis".to_owned(),
+        };
         // A dead connection is found when a command on it fails (and is
         // then dropped, `has_broken`), not by a PING before every use,
         // which would double each command's round trip.
@@ -166,7 +242,7 @@ impl Redis {
             .test_on_check_out(false)
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(Manager { client, epoch: epoch.clone() });
-        let redis = Redis { pool, epoch, url: url.to_owned() };
+        let redis = Redis { pool, epoch, url: redacted(url), address };
         redis.run(|c| redis::cmd("PING").query::<String>(c))?;
         Ok(redis)
     }
@@ -192,6 +268,14 @@ impl Redis {
     /// before is retired and `f` runs once more on a fresh one — so `f`
     /// must be safe to repeat: idempotent, or a compare-and-set whose
     /// second run reports the first's success.
+    ///
+    /// A command that times out (5 s: a server paused with `CLIENT
+    /// PAUSE`, or stalled) fails without a repeat, and its connection is
+    /// closed rather than kept: a paused server still holds the command
+    /// and would run it once it resumes, long after the caller was told
+    /// it failed; on a closed connection it never runs. So a timed-out
+    /// call has, as far as anyone can tell afterwards, done nothing —
+    /// unless the server ran it in the instant before the timeout.
     pub fn run<T>(
         &self,
         mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
@@ -202,9 +286,15 @@ impl Redis {
                 self.epoch.fetch_add(1, Ordering::Relaxed);
                 drop(conn);
                 let mut conn = self.conn()?;
-                f(&mut conn.conn).map_err(|e| self.error(e))
+                let result = f(&mut conn.conn);
+                conn.broken |= result.as_ref().is_err_and(redis::RedisError::is_timeout);
+                result.map_err(|e| self.error(e))
             }
-            r => r.map_err(|e| self.error(e)),
+            Err(e) => {
+                conn.broken |= e.is_timeout();
+                Err(self.error(e))
+            }
+            Ok(v) => Ok(v),
         }
     }
 
@@ -234,9 +324,17 @@ impl Redis {
         Ok(live.into_iter().filter_map(|(n, v)| Some((n, v?))).collect())
     }
 
-    /// The server's URL.
+    /// The server's URL, [`redacted`]: for messages, not for connecting.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Where the server is — `redis://HOST:PORT`, `rediss://HOST:PORT` or
+    /// `unix:///PATH` — without user, password, database or options: what
+    /// may be shown to a client of the API (an answer naming the store
+    /// that is unreachable).
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// `e`, naming this server.
@@ -260,6 +358,9 @@ pub struct Manager {
 pub struct Tagged {
     conn: redis::Connection,
     epoch: u64,
+    /// A command on it timed out: it is closed instead of going back to
+    /// the pool (see [`Redis::run`]).
+    broken: bool,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -271,7 +372,7 @@ impl r2d2::ManageConnection for Manager {
         let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
         conn.set_read_timeout(Some(IO_TIMEOUT))?;
         conn.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(Tagged { conn, epoch })
+        Ok(Tagged { conn, epoch, broken: false })
     }
 
     fn is_valid(&self, conn: &mut Tagged) -> Result<(), redis::RedisError> {
@@ -279,6 +380,94 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Tagged) -> bool {
-        conn.epoch != self.epoch.load(Ordering::Relaxed) || !redis::ConnectionLike::is_open(&conn.conn)
+        conn.broken
+            || conn.epoch != self.epoch.load(Ordering::Relaxed)
+            || !redis::ConnectionLike::is_open(&conn.conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A stopped server, and one that holds commands past the timeout,
+    /// are unavailable; a command the server refuses is not.
+    #[test]
+    fn unavailable_is_told_from_refused() {
+        let Some(mut server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        assert_eq!(redis.address(), server.url());
+        redis.run(|c| redis::cmd("SET").arg("k").arg("v").query::<()>(c)).unwrap();
+        let wrong = redis.run(|c| redis::cmd("LPUSH").arg("k").arg("x").query::<i64>(c)).unwrap_err();
+        assert!(!wrong.is_unavailable(), "WRONGTYPE is the command's fault: {wrong}");
+        server.stop();
+        let down = redis.run(|c| redis::cmd("GET").arg("k").query::<String>(c)).unwrap_err();
+        assert!(down.is_unavailable(), "{down}");
+        server.start_again().unwrap();
+        let back: String = redis.run(|c| redis::cmd("GET").arg("k").query(c)).unwrap();
+        assert_eq!(back, "v", "the AOF kept it, and the pool reconnects by itself");
+    }
+
+    /// A command that times out while the server is paused fails, and
+    /// never runs afterwards: its connection is closed, so the server
+    /// drops what it held for it instead of running it when it resumes.
+    #[test]
+    fn a_timed_out_command_never_runs_later() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        server.pause(IO_TIMEOUT + Duration::from_secs(1)).unwrap();
+        let e = redis.run(|c| redis::cmd("SET").arg("late").arg("1").query::<()>(c)).unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        // Past the pause: the server answers again, and never ran the SET.
+        let late: Option<String> = redis.run(|c| redis::cmd("GET").arg("late").query(c)).unwrap();
+        assert_eq!(late, None);
+    }
+
+    #[test]
+    fn a_password_never_reaches_a_message() {
+        for (url, shown) in [
+            ("redis://:s3cret@hangar-redis:6379/0", "redis://:***@hangar-redis:6379/0"),
+            ("redis://hangar:s3cret@10.0.0.5:6379", "redis://hangar:***@10.0.0.5:6379"),
+            ("rediss://:s3:cr@t@h:6380/1", "rediss://:***@h:6380/1"),
+            ("unix:///run/redis.sock?db=2&pass=s3cret", "unix:///run/redis.sock?db=2&pass=***"),
+            ("redis+unix:///r.sock?pass=s3cret#x", "redis+unix:///r.sock?pass=***#x"),
+            ("redis://user@h:6379/0", "redis://user@h:6379/0"),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+        // A password form is a Redis URL, and what is said of a bad one
+        // hides the password.
+        check_url("redis://:s3cret@hangar-redis:6379/0").unwrap();
+        let info = redis::Client::open("redis://:s3cret@hangar-redis:6379/0").unwrap();
+        assert_eq!(info.get_connection_info().redis_settings().password(), Some("s3cret"));
+        let e = check_url("redis://:s3cret@hangar-redis:port/0").unwrap_err();
+        assert!(!e.contains("s3cret") && e.contains(":***@"), "{e}");
+        // Nothing answers on port 1: the error names the server, not the
+        // password.
+        let e = Redis::connect("redis://:s3cret@127.0.0.1:1/0").unwrap_err().to_string();
+        assert!(!e.contains("s3cret") && e.contains("redis://:***@127.0.0.1:1/0"), "{e}");
+    }
+
+    /// A Redis with `requirepass` is refused without the password and
+    /// used with it in the URL.
+    #[test]
+    fn a_password_in_the_url_authenticates() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let open = Redis::connect(&server.url()).unwrap();
+        open.run(|c| redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("s3cret").query::<()>(c))
+            .unwrap();
+        drop(open);
+        let e = Redis::connect(&server.url()).unwrap_err().to_string();
+        assert!(e.contains("NOAUTH") || e.contains("Authentication"), "{e}");
+        let wrong = Redis::connect(&format!("{}?pass=wrong", server.url())).unwrap_err().to_string();
+        assert!(wrong.contains("pass=***") && !wrong.contains("pass=wrong"), "{wrong}");
+        let redis = Redis::connect(&format!("{}?pass=s3cret", server.url())).unwrap();
+        assert!(!redis.url().contains("s3cret"));
+        let pong: String = redis.run(|c| redis::cmd("PING").query(c)).unwrap();
+        assert_eq!(pong, "PONG");
     }
 }

@@ -12,10 +12,20 @@
 //! as an engine's LRU would — and feeds that model to the KV router's cost.
 //! A driver that knows the prompt's real blocks (the simulator) hints those
 //! instead.
+//!
+//! A replica that refused a request for want of capacity (an engine's own
+//! queue full: 429, or 503 from vLLM and SGLang) is put last for
+//! [`REFUSAL_COOL_DOWN_MS`] after each refusal ([`Chooser::refused`]):
+//! every policy then chooses among the other free replicas, and among the
+//! refusing ones only when every free replica refused. Without it the
+//! refusing replica, which answers at once and so has the fewest requests
+//! in flight, would be `least-outstanding`'s first choice for every
+//! request, each paying a failover. The request that was refused is kept
+//! off that replica for its next choice by [`Chooser::avoid`] as well.
 
 use std::collections::{BTreeMap, HashMap};
 
-use hangar_core::{mix64, BlockHash, KvEvent, ReplicaId, RequestId, ROOT_BLOCK_HASH};
+use hangar_core::{mix64, BlockHash, KvEvent, Millis, ReplicaId, RequestId, ROOT_BLOCK_HASH};
 use hangar_queue::{Chooser, FreeReplica};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -64,6 +74,13 @@ pub fn text_blocks(text: &str, block_chars: u32) -> (Vec<BlockHash>, u32) {
     (blocks, tokens)
 }
 
+/// How long a replica that refused a request for want of capacity is
+/// chosen last: 2 s. Long enough for the replica's own line to drain a
+/// little and for the requests meanwhile to go elsewhere without a
+/// failover each; short enough that a replica with room again is back in
+/// the rotation before a quiet period could matter.
+pub const REFUSAL_COOL_DOWN_MS: Millis = 2_000;
+
 /// One replica's assumed cache: blocks by last use, oldest first out.
 #[derive(Debug, Default)]
 struct Lru {
@@ -86,6 +103,9 @@ pub struct ReplicaChooser {
     prompts: FxHashMap<RequestId, (Vec<BlockHash>, u32)>,
     /// Requests a replica refused for want of capacity, and that replica.
     avoid: FxHashMap<RequestId, ReplicaId>,
+    /// Replicas that refused a request for want of capacity, and until
+    /// when they are chosen last.
+    refusing: FxHashMap<ReplicaId, Millis>,
     tick: u64,
     scratch: Vec<WorkerId>,
 }
@@ -106,6 +126,7 @@ impl ReplicaChooser {
             caches: FxHashMap::default(),
             prompts: FxHashMap::default(),
             avoid: FxHashMap::default(),
+            refusing: FxHashMap::default(),
             tick: 0,
             scratch: Vec::new(),
         }
@@ -160,13 +181,21 @@ impl ReplicaChooser {
 }
 
 impl Chooser for ReplicaChooser {
-    fn choose(&mut self, request: RequestId, free: &[FreeReplica]) -> ReplicaId {
+    fn choose(&mut self, now: Millis, request: RequestId, free: &[FreeReplica]) -> ReplicaId {
         let mut candidates = std::mem::take(&mut self.scratch);
         candidates.clear();
         let avoid = self.avoid.remove(&request).filter(|_| free.len() > 1);
-        for r in free.iter().filter(|r| Some(r.id) != avoid) {
-            let w = self.worker(r.id);
-            candidates.push(w);
+        if !self.refusing.is_empty() {
+            self.refusing.retain(|_, until| *until > now);
+        }
+        let eligible = |r: &&FreeReplica| Some(r.id) != avoid;
+        // Refusing replicas are candidates only when every eligible one is.
+        let any_willing = free.iter().filter(eligible).any(|r| !self.refusing.contains_key(&r.id));
+        for r in free.iter().filter(eligible) {
+            if !any_willing || !self.refusing.contains_key(&r.id) {
+                let w = self.worker(r.id);
+                candidates.push(w);
+            }
         }
         let (blocks, tokens) = self.prompts.remove(&request).unwrap_or_default();
         let req = RouteRequest { id: request, blocks: &blocks, prompt_tokens: tokens };
@@ -193,6 +222,10 @@ impl Chooser for ReplicaChooser {
         self.avoid.insert(request, replica);
     }
 
+    fn refused(&mut self, now: Millis, replica: ReplicaId) {
+        self.refusing.insert(replica, now.saturating_add(REFUSAL_COOL_DOWN_MS));
+    }
+
     fn done(&mut self, request: RequestId) {
         self.prompts.remove(&request);
         self.avoid.remove(&request);
@@ -200,6 +233,7 @@ impl Chooser for ReplicaChooser {
     }
 
     fn replica_gone(&mut self, replica: ReplicaId) {
+        self.refusing.remove(&replica);
         if let Some(w) = self.workers.remove(&replica) {
             self.replicas.remove(&w);
             self.caches.remove(&w);
@@ -221,7 +255,7 @@ mod tests {
     fn ask(c: &mut ReplicaChooser, id: u64, text: &str, ids: &[u128]) -> ReplicaId {
         let (blocks, tokens) = text_blocks(text, 8);
         c.hint(RequestId(id), &blocks, tokens);
-        c.choose(RequestId(id), &free(ids))
+        c.choose(0, RequestId(id), &free(ids))
     }
 
     #[test]
@@ -259,18 +293,44 @@ mod tests {
     fn round_robin_and_least_outstanding_choose_as_the_router_does() {
         let cfg = ApproxKvConfig::default();
         let mut rr = ReplicaChooser::new(RouterPolicy::RoundRobin, &cfg, 0);
-        let picks: Vec<_> = (0..4).map(|i| rr.choose(RequestId(i), &free(&[1, 2, 3]))).collect();
+        let picks: Vec<_> = (0..4).map(|i| rr.choose(0, RequestId(i), &free(&[1, 2, 3]))).collect();
         let ids: Vec<_> = [1, 2, 3, 1].map(ReplicaId::from_u128).to_vec();
         assert_eq!(picks, ids);
         // Only free replicas are candidates: 2 is full, so 3 then 1.
-        assert_eq!(rr.choose(RequestId(9), &free(&[1, 3])), ReplicaId::from_u128(3));
+        assert_eq!(rr.choose(0, RequestId(9), &free(&[1, 3])), ReplicaId::from_u128(3));
 
         let mut lo = ReplicaChooser::new(RouterPolicy::LeastOutstanding, &cfg, 0);
-        let first = lo.choose(RequestId(1), &free(&[1, 2]));
-        let second = lo.choose(RequestId(2), &free(&[1, 2]));
+        let first = lo.choose(0, RequestId(1), &free(&[1, 2]));
+        let second = lo.choose(0, RequestId(2), &free(&[1, 2]));
         assert_ne!(first, second, "the busier replica is avoided");
         lo.done(RequestId(1));
-        assert_eq!(lo.choose(RequestId(3), &free(&[1, 2])), first, "the one whose request finished");
+        assert_eq!(lo.choose(0, RequestId(3), &free(&[1, 2])), first, "the one whose request finished");
+    }
+
+    #[test]
+    fn a_refusing_replica_is_chosen_last_until_its_cool_down_ends() {
+        let cfg = ApproxKvConfig::default();
+        let (one, two) = (ReplicaId::from_u128(1), ReplicaId::from_u128(2));
+        let mut lo = ReplicaChooser::new(RouterPolicy::LeastOutstanding, &cfg, 0);
+        // 1 refuses at t = 100; it answers at once, so without the cool-down
+        // least-outstanding would choose it for each request after.
+        lo.refused(100, one);
+        for (i, t) in [100, 500, 2_099].into_iter().enumerate() {
+            assert_eq!(lo.choose(t, RequestId(i as u64), &free(&[1, 2])), two, "at {t}");
+            lo.done(RequestId(i as u64));
+        }
+        // Full elsewhere: the refusing one rather than no one.
+        assert_eq!(lo.choose(600, RequestId(7), &free(&[1])), one);
+        lo.done(RequestId(7));
+        // The cool-down over, it is a choice like any other again.
+        assert_eq!(lo.choose(2_100, RequestId(8), &free(&[1, 2])), one);
+        lo.done(RequestId(8));
+        // Each refusal starts it again; a gone replica is forgotten.
+        lo.refused(3_000, two);
+        lo.refused(4_000, two);
+        assert_eq!(lo.choose(5_500, RequestId(9), &free(&[1, 2])), one);
+        lo.replica_gone(two);
+        assert!(lo.refusing.is_empty());
     }
 
     #[test]
@@ -306,12 +366,86 @@ mod tests {
                 ids.dedup();
                 let avoided = ReplicaId::from_u128(ids[avoided as usize % ids.len()]);
                 c.avoid(RequestId(i as u64), avoided);
-                let got = c.choose(RequestId(i as u64), &free(&ids));
+                let got = c.choose(0, RequestId(i as u64), &free(&ids));
                 prop_assert!(ids.iter().any(|&r| ReplicaId::from_u128(r) == got));
                 prop_assert_eq!(got == avoided, ids.len() == 1, "chose {} among {:?}", got, ids);
                 c.done(RequestId(i as u64));
             }
             prop_assert!(c.avoid.is_empty());
+        }
+
+        /// On noisy time and traffic, whatever the policy: a replica that
+        /// refused within the cool-down is chosen only when every other
+        /// free replica (the ready ones not full) refused too; the request
+        /// a replica refused does not go back to it while another is free;
+        /// the choice is always a free replica.
+        #[test]
+        fn a_refusing_replica_is_chosen_only_when_every_other_free_one_refuses(
+            policy in prop_oneof![Just(RouterPolicy::RoundRobin), Just(RouterPolicy::LeastOutstanding), Just(RouterPolicy::Kv)],
+            seed in any::<u64>(),
+            steps in proptest::collection::vec(
+                (0u64..1_500, 0u8..10, proptest::collection::vec(0u128..6, 1..6), 0u128..6),
+                1..300,
+            ),
+        ) {
+            let mut c = ReplicaChooser::new(policy, &ApproxKvConfig { block_chars: 4, ..Default::default() }, seed);
+            // The model: until when each replica is refusing.
+            let mut until: BTreeMap<ReplicaId, Millis> = BTreeMap::new();
+            let mut now: Millis = 0;
+            let mut open: Vec<RequestId> = Vec::new();
+            for (i, (gap, op, mut ids, pick)) in steps.into_iter().enumerate() {
+                now += gap;
+                ids.sort_unstable();
+                ids.dedup();
+                let request = RequestId(i as u64);
+                let refusing = |r: ReplicaId, until: &BTreeMap<ReplicaId, Millis>| until.get(&r).is_some_and(|&u| u > now);
+                match op {
+                    // A refusal seen on its own (the last attempt's, relayed).
+                    0 | 1 => {
+                        let r = ReplicaId::from_u128(pick);
+                        c.refused(now, r);
+                        until.insert(r, now + REFUSAL_COOL_DOWN_MS);
+                    }
+                    2 => {
+                        let r = ReplicaId::from_u128(pick);
+                        c.replica_gone(r);
+                        until.remove(&r);
+                    }
+                    3 => {
+                        if let Some(done) = open.pop() {
+                            c.done(done);
+                        }
+                    }
+                    _ => {
+                        // A failover: the refusal, then the request again
+                        // with the refusing replica to avoid.
+                        let avoided = (op >= 8).then(|| ReplicaId::from_u128(ids[pick as usize % ids.len()]));
+                        if let Some(r) = avoided {
+                            c.refused(now, r);
+                            until.insert(r, now + REFUSAL_COOL_DOWN_MS);
+                            c.avoid(request, r);
+                        }
+                        let (blocks, tokens) = text_blocks(["aaaabbbb", "aaaacccc", "zzzz"][op as usize % 3], 4);
+                        c.hint(request, &blocks, tokens);
+                        let got = c.choose(now, request, &free(&ids));
+                        open.push(request);
+                        prop_assert!(ids.iter().any(|&r| ReplicaId::from_u128(r) == got));
+                        if ids.len() > 1 {
+                            prop_assert!(Some(got) != avoided, "went back to {} among {:?}", got, ids);
+                        }
+                        if refusing(got, &until) {
+                            for &other in &ids {
+                                let other = ReplicaId::from_u128(other);
+                                prop_assert!(
+                                    other == got || refusing(other, &until),
+                                    "chose {} (refusing until {:?}) at {} over {} (until {:?})",
+                                    got, until.get(&got), now, other, until.get(&other)
+                                );
+                            }
+                        }
+                    }
+                }
+            }
         }
 
         /// Whatever the traffic and churn: the choice is always one of the

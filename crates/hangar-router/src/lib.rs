@@ -46,7 +46,7 @@ use rand_chacha::ChaCha8Rng;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-pub use chooser::{text_blocks, ApproxKvConfig, ReplicaChooser};
+pub use chooser::{text_blocks, ApproxKvConfig, ReplicaChooser, REFUSAL_COOL_DOWN_MS};
 use index::{KvIndex, WorkerSet};
 
 /// A worker (replica) as the router knows it: a small dense index the driver

@@ -62,6 +62,8 @@ pub enum Input {
         tier: StartTier,
         /// How long it took.
         took_ms: Millis,
+        /// Whether its engine can sleep.
+        sleeps: bool,
     },
     /// A scaler changed a model's count.
     Decided {
@@ -151,10 +153,19 @@ impl ControlLoop {
         self.controller.handle_timeout(now);
     }
 
-    /// A replica of `model` came up from `tier` after `took_ms`.
-    pub fn handle_ready(&mut self, now: Millis, model: &ModelKey, tier: StartTier, took_ms: Millis) {
-        self.note(|| Input::Ready { at: now, model: model.clone(), tier, took_ms });
-        self.controller.handle_ready(now, model, tier, took_ms);
+    /// A replica of `model` came up from `tier` after `took_ms`, on an
+    /// engine that can (`sleeps`) or cannot sleep
+    /// ([`Controller::handle_ready`]).
+    pub fn handle_ready(
+        &mut self,
+        now: Millis,
+        model: &ModelKey,
+        tier: StartTier,
+        took_ms: Millis,
+        sleeps: bool,
+    ) {
+        self.note(|| Input::Ready { at: now, model: model.clone(), tier, took_ms, sleeps });
+        self.controller.handle_ready(now, model, tier, took_ms, sleeps);
     }
 
     /// Takes what is due at `now` (call after observing every model when

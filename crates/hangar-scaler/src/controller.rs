@@ -15,12 +15,32 @@
 //! [`Cluster::deploy`]; fewer are evicted, least busy first (to the warm
 //! cache when it has room). A model placement cannot fit is *unplaceable*:
 //! its scaler is capped at what fits, and the controller retries after a
-//! back-off (1 s doubling to 60 s) instead of trying again every tick —
-//! or at once when GPUs are freed (another model shrinks, a replica fails,
-//! a dedicated window ends), so a model waiting for room, and the WARM
-//! replicas it holds in the warm cache, come back as soon as there is
-//! room rather than at the end of a back-off. A WARM replica idle beyond
-//! its scaler's keep time is let go.
+//! back-off (1 s doubling to 60 s while it stays unplaceable) instead of
+//! trying again every tick — or at once when GPUs are freed (another model
+//! shrinks, a replica fails, a dedicated window ends, a node joins), so a
+//! model waiting for room, and the WARM replicas it holds in the warm
+//! cache, come back as soon as there is room rather than at the end of a
+//! back-off. A WARM replica idle beyond its scaler's keep time is let go.
+//!
+//! # Start failures
+//! A replica that does not start ([`Controller::handle_failed`] with
+//! `start_failed`) blocks its model too, for a back-off of its own: 1 s
+//! after the first failure, doubling with each start that fails in a row
+//! (1, 2, 4 … 60 s), until a replica of the model becomes ready
+//! ([`Controller::handle_ready`]), which starts it over at 1 s. Placing the
+//! retry does not reset it, so a broken engine is restarted less and less
+//! often rather than every second; freed GPUs and joining nodes do not
+//! bring it forward, as room is not what it waits for. Replicas of one
+//! model that fail together — started in one round, their failures
+//! arriving while the model already waits out a start back-off — count as
+//! one failure.
+//!
+//! # Engines that cannot sleep
+//! [`Controller::handle_ready`] also says whether the started engine can
+//! sleep; the controller tells placement ([`Cluster::set_sleeps`]), which
+//! then evicts that model's replicas straight to COLD (stopped) rather than
+//! to the warm cache, where it would have pushed out WARM replicas of
+//! other models for nothing.
 //!
 //! # Nodes that join and leave
 //! Node agents come and go while the controller runs. A node that joins
@@ -54,10 +74,16 @@ use crate::observation::Observation;
 use crate::scaler::{Bounds, Scaler, StartTier};
 use crate::ScalingConfig;
 
-/// The first retry of an unplaceable model.
+/// The first retry of an unplaceable model, or after a first start failure.
 const FIRST_BACKOFF: Millis = 1_000;
 /// The longest wait between retries.
 const MAX_BACKOFF: Millis = 60_000;
+
+/// The wait after the `last` one (`None`: there was none): the first, then
+/// twice the last, at most [`MAX_BACKOFF`].
+fn next_backoff(last: Option<Millis>) -> Millis {
+    last.map_or(FIRST_BACKOFF, |b| b.saturating_mul(2).min(MAX_BACKOFF))
+}
 
 /// One model as the controller is given it.
 #[derive(Debug, Clone)]
@@ -93,6 +119,8 @@ pub enum Action {
         model: ModelKey,
         /// Why, as placement or the engine start said.
         reason: String,
+        /// Whether placement found no room or an engine did not start.
+        cause: BlockCause,
     },
     /// The model is placeable again.
     Placeable {
@@ -133,10 +161,31 @@ pub enum CommandError {
 pub struct Blocked {
     /// Placement's or the engine's reason.
     pub reason: String,
+    /// What the model waits out.
+    pub cause: BlockCause,
     /// When placement is tried again.
     pub retry_at: Millis,
-    /// The wait after that one fails too.
+    /// The wait this retry came after.
     pub backoff: Millis,
+}
+
+/// What a blocked model waits out: it decides what brings the retry
+/// forward and how the next wait is reckoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockCause {
+    /// Placement cannot fit the model's count: no node, none with the
+    /// hardware the model needs, or no GPU free that may be taken. Retried
+    /// at once when GPUs are freed or a node joins; the wait doubles while
+    /// it stays blocked. Room comes and goes, so this is a wait, not a
+    /// failure: work for the model may wait for room.
+    NoRoom,
+    /// A replica did not start (a broken command, a model whose setup
+    /// fails). Retried only when the wait is over; the wait doubles with
+    /// each start that fails in a row until a replica of the model is
+    /// ready, however the retries in between were placed. Work for the
+    /// model cannot be served by waiting for room.
+    StartFailed,
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +196,10 @@ struct Control {
     in_flight: BTreeMap<ReplicaId, u32>,
     /// When each WARM replica went WARM.
     warm_since: BTreeMap<ReplicaId, Millis>,
+    /// The wait the last start failure imposed, while no replica has been
+    /// ready since (`None`: the next start failure waits the first
+    /// back-off).
+    start_backoff: Option<Millis>,
 }
 
 /// Every model's scaler and the cluster they share. See the module doc.
@@ -172,6 +225,7 @@ impl Controller {
                     blocked: None,
                     in_flight: BTreeMap::new(),
                     warm_since: BTreeMap::new(),
+                    start_backoff: None,
                 };
                 (m.key, control)
             })
@@ -276,17 +330,35 @@ impl Controller {
         }
     }
 
-    /// A replica of `model` came up from `tier` after `took_ms`.
-    pub fn handle_ready(&mut self, _now: Millis, model: &ModelKey, tier: StartTier, took_ms: Millis) {
+    /// A replica of `model` came up from `tier` after `took_ms`, on an
+    /// engine that can (`sleeps`) or cannot sleep — a fact of the engine
+    /// the driver probed, which placement needs to know before it evicts
+    /// one of the model's replicas: one that cannot sleep goes COLD rather
+    /// than taking warm-cache room ([`Cluster::set_sleeps`]). The model's
+    /// start back-off starts over: the next start failure waits 1 s.
+    pub fn handle_ready(
+        &mut self,
+        _now: Millis,
+        model: &ModelKey,
+        tier: StartTier,
+        took_ms: Millis,
+        sleeps: bool,
+    ) {
         if let Some(c) = self.models.get_mut(model) {
             c.scaler.handle_start(tier, took_ms);
+            c.start_backoff = None;
+            // A model the controller serves is in the catalogue (`new`'s
+            // contract), so this cannot fail.
+            let _ = self.cluster.set_sleeps(model, sleeps);
         }
     }
 
     /// A replica of `model` is gone: its engine died, stopped answering,
     /// or never started (`start_failed`, which also backs off further
-    /// starts so a broken engine is not restarted in a tight loop). It
-    /// leaves the cluster, and the model's count is restored.
+    /// starts — 1 s, doubling with each start that fails in a row until a
+    /// replica is ready — so a broken engine is not restarted in a tight
+    /// loop; see the module doc). It leaves the cluster, and the model's
+    /// count is restored (after the back-off, for a start failure).
     pub fn handle_failed(
         &mut self,
         now: Millis,
@@ -300,12 +372,32 @@ impl Controller {
         if !self.models.contains_key(model) || self.cluster.deployment(&replica).is_none() {
             return;
         }
+        let c = &self.models[model];
+        // Started in the round that is already backed off: the same failure.
+        let same_round =
+            c.blocked.as_ref().is_some_and(|b| b.cause == BlockCause::StartFailed && b.retry_at > now);
         self.remove(now, model, replica);
-        if start_failed {
-            self.block(now, model, format!("a replica did not start: {why}"));
-        } else {
+        if !start_failed {
             self.reconcile(now, model);
+            return;
         }
+        let reason = format!("a replica did not start: {why}");
+        if same_round {
+            let b = self.models.get_mut(model).expect("checked").blocked.as_mut().expect("same round");
+            if b.reason != reason {
+                b.reason.clone_from(&reason);
+                self.actions.push_back(Action::Unplaceable {
+                    model: model.clone(),
+                    reason,
+                    cause: BlockCause::StartFailed,
+                });
+            }
+            return;
+        }
+        let c = self.models.get_mut(model).expect("checked");
+        let backoff = next_backoff(c.start_backoff);
+        c.start_backoff = Some(backoff);
+        self.block(now, model, reason, BlockCause::StartFailed, backoff);
     }
 
     /// A replica of `model` that placement sent to the warm cache was
@@ -328,8 +420,9 @@ impl Controller {
     /// those, and stops whatever was not adopted. No adopted replica is
     /// started again.
     ///
-    /// Every model backed off as unplaceable has its retry brought forward
-    /// to `now` (as when GPUs are freed), so one that waits for room — or
+    /// Every model backed off for want of room has its retry brought
+    /// forward to `now` (as when GPUs are freed; one waiting out a start
+    /// failure keeps waiting), so one that waits for room — or
     /// for hardware only this node has — is placed by the driver's next
     /// [`handle_timeout`] at this same instant ([`poll_timeout`] says it is
     /// due), after the driver has observed the models, rather than at the
@@ -591,7 +684,9 @@ impl Controller {
         for m in &outcome.models {
             if (m.hot() as u32) < m.requested {
                 let reason = m.replicas.iter().find_map(|r| r.reason.as_ref()).map(ToString::to_string);
-                self.block(now, &m.model_key, reason.unwrap_or_else(|| "no room".into()));
+                let reason = reason.unwrap_or_else(|| "no room".into());
+                let last = self.models[&m.model_key].blocked.as_ref().map(|b| b.backoff);
+                self.block(now, &m.model_key, reason, BlockCause::NoRoom, next_backoff(last));
             } else {
                 self.unblock(now, &m.model_key);
             }
@@ -664,27 +759,30 @@ impl Controller {
             .collect()
     }
 
-    fn block(&mut self, now: Millis, model: &ModelKey, reason: String) {
+    /// Caps `model` at what it has and retries it `backoff` from `now`.
+    fn block(&mut self, now: Millis, model: &ModelKey, reason: String, cause: BlockCause, backoff: Millis) {
         let hot = self.hot(model);
         let c = self.models.get_mut(model).expect("listed");
-        let backoff = c.blocked.as_ref().map_or(FIRST_BACKOFF, |b| (b.backoff * 2).min(MAX_BACKOFF));
-        let changed = c.blocked.as_ref().is_none_or(|b| b.reason != reason);
-        c.blocked = Some(Blocked { reason: reason.clone(), retry_at: now.saturating_add(backoff), backoff });
+        let changed = c.blocked.as_ref().is_none_or(|b| b.reason != reason || b.cause != cause);
+        let retry_at = now.saturating_add(backoff);
+        c.blocked = Some(Blocked { reason: reason.clone(), cause, retry_at, backoff });
         c.scaler.set_placeable(now, Some(hot));
         if let Some(decision) = c.scaler.handle_timeout(now) {
             self.actions.push_back(Action::Decided { model: model.clone(), decision });
         }
         if changed {
-            self.actions.push_back(Action::Unplaceable { model: model.clone(), reason });
+            self.actions.push_back(Action::Unplaceable { model: model.clone(), reason, cause });
         }
     }
 
-    /// GPUs were (or may soon be) freed: every unplaceable model retries
-    /// now rather than at the end of its back-off. The back-off itself is
-    /// kept, so a model that still does not fit waits longer next time.
+    /// GPUs were (or may soon be) freed: every model waiting for room
+    /// retries now rather than at the end of its back-off. The back-off
+    /// itself is kept, so a model that still does not fit waits longer next
+    /// time. A model waiting out a start failure keeps waiting: room is not
+    /// what it lacks.
     fn capacity_freed(&mut self, now: Millis) {
         for c in self.models.values_mut() {
-            if let Some(b) = c.blocked.as_mut() {
+            if let Some(b) = c.blocked.as_mut().filter(|b| b.cause == BlockCause::NoRoom) {
                 b.retry_at = b.retry_at.min(now);
             }
         }

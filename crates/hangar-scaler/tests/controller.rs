@@ -1,12 +1,17 @@
 //! The controller on a logical clock: placement steps from scaling
-//! decisions, unplaceable models backed off, failures restored, evictions
-//! that stick.
+//! decisions, unplaceable models backed off, failures restored, start
+//! failures backed off until a replica is ready, evictions that stick,
+//! engines that cannot sleep evicted COLD.
+
+use std::collections::BTreeMap;
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use hangar_placement::{Action as Step, Cluster, ClusterConfig, Level};
 use hangar_scaler::{
-    Action, Bounds, Controller, HangarSettings, ModelSpec, Observation, ReplicaCounts, ScalingConfig,
+    Action, BlockCause, Bounds, Controller, HangarSettings, ModelSpec, Observation, ReplicaCounts,
+    ScalingConfig, StartTier,
 };
+use proptest::prelude::*;
 
 fn cluster(gpus: u32, models: &[(&str, &str)]) -> Cluster {
     let mut text =
@@ -73,7 +78,11 @@ fn an_unplaceable_count_is_reported_once_and_retried_with_backoff() {
     let mut c = Controller::new(cluster(1, &[("big", "60GB")]), 1, vec![spec("big", scaling, 2, 2)], 0);
     let first = drain(&mut c);
     assert_eq!(steps(&first, Step::Create), 1, "one fits");
-    assert_eq!(first.iter().filter(|a| matches!(a, Action::Unplaceable { .. })).count(), 1);
+    assert_eq!(
+        first.iter().filter(|a| matches!(a, Action::Unplaceable { cause: BlockCause::NoRoom, .. })).count(),
+        1,
+        "placement's refusal, not a start failure"
+    );
     let blocked = c.blocked(&key("big")).unwrap().clone();
     assert!(blocked.reason.contains("room") || blocked.reason.contains("GPU"), "{blocked:?}");
     let mut wakeups = 0;
@@ -114,7 +123,8 @@ fn a_failed_replica_is_replaced_and_one_that_does_not_start_is_backed_off() {
     assert_eq!(steps(&actions, Step::Create), 0, "not at once: {actions:?}");
     assert!(actions
         .iter()
-        .any(|a| matches!(a, Action::Unplaceable { reason, .. } if reason.contains("did not start"))));
+        .any(|a| matches!(a, Action::Unplaceable { reason, cause: BlockCause::StartFailed, .. }
+        if reason.contains("did not start"))));
     let retry = c.blocked(&key("m")).unwrap().retry_at;
     c.observe(retry, &key("m"), load(0, 0), &[]);
     c.handle_timeout(retry);
@@ -311,4 +321,294 @@ fn a_warm_replica_comes_back_as_soon_as_gpus_are_freed() {
     assert!(freed.1.is_some_and(|retry| retry > freed.0), "b's back-off would have waited: {freed:?}");
     assert!(c.blocked(&key("b")).is_none());
     assert_eq!(c.cluster().replicas_of(&key("b"), Level::Hot).len(), 1);
+}
+
+fn hot_ids(c: &Controller, m: &str) -> Vec<ReplicaId> {
+    c.cluster().replicas_of(&key(m), Level::Hot).iter().map(|d| d.replica_id).collect()
+}
+
+/// An engine that cannot sleep, once the controller heard so from a ready
+/// replica, is evicted COLD (deleted, not sent to the warm cache), and the
+/// WARM replica of another model in that cache stays; one that can sleep
+/// takes the cache, pushing the other out.
+#[test]
+fn an_engine_that_cannot_sleep_is_evicted_cold_and_leaves_the_warm_cache_alone() {
+    for sleeps in [true, false] {
+        // Both take the two GPUs; the 200 GB cache holds one of them.
+        let models = &[("w", "120GB"), ("s", "100GB")];
+        let specs = vec![spec("w", hangar(300), 0, 1), spec("s", hangar(300), 0, 1)];
+        let mut c = Controller::new(cluster(2, models), 1, specs, 0);
+        c.observe(1_000, &key("w"), load(1, 0), &[]);
+        c.handle_timeout(1_000);
+        c.evict(2_000, &key("w"), None).unwrap();
+        assert_eq!(c.cluster().replicas_of(&key("w"), Level::Warm).len(), 1);
+        c.observe(3_000, &key("w"), load(0, 0), &[]);
+        c.observe(3_000, &key("s"), load(1, 0), &[]);
+        c.handle_timeout(3_000);
+        assert_eq!(hot_ids(&c, "s").len(), 1);
+        c.handle_ready(4_000, &key("s"), StartTier::Cold, 1_000, sleeps);
+        assert_eq!(c.cluster().sleeps(&key("s")), sleeps);
+        drain(&mut c);
+
+        c.evict(5_000, &key("s"), None).unwrap();
+        let actions = drain(&mut c);
+        let delta = actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Apply(d) => Some(d),
+                _ => None,
+            })
+            .expect("the eviction's steps");
+        let of = |list: &[hangar_placement::Deployment]| -> Vec<String> {
+            list.iter().map(|d| d.model_key.to_string()).collect()
+        };
+        if sleeps {
+            assert_eq!((of(&delta.to_cache), of(&delta.delete)), (vec!["s".into()], vec!["w".into()]));
+        } else {
+            assert_eq!((of(&delta.to_cache), of(&delta.delete)), (vec![], vec!["s".into()]));
+            assert_eq!(c.cluster().replicas_of(&key("w"), Level::Warm).len(), 1, "w stays WARM");
+        }
+    }
+}
+
+/// Runs the driver's loop from `now` until `m` gets a replica placed again
+/// (retrying as soon as `poll_timeout` says, every model observed idle
+/// first), and returns when that was.
+fn next_create(c: &mut Controller, mut now: Millis, m: &str) -> Millis {
+    loop {
+        now = c.poll_timeout().max(now);
+        assert!(now < 3_600_000, "no retry within an hour");
+        for model in c.cluster().models().keys().cloned().collect::<Vec<_>>() {
+            c.observe(now, &model, load(0, 0), &[]);
+        }
+        while c.poll_timeout() <= now {
+            c.handle_timeout(now);
+        }
+        let actions = drain(c);
+        let created = actions.iter().any(|a| match a {
+            Action::Apply(d) => d.create.iter().any(|d| d.model_key == key(m)),
+            _ => false,
+        });
+        if created {
+            return now;
+        }
+    }
+}
+
+/// A replica that never starts, retried by a driver as soon as the
+/// controller lets it: the retries come 1, 2, 4 … 60 s apart and stay at
+/// 60 s, although each retry is placed (placing it does not reset the
+/// back-off); once a replica is ready the next failure waits 1 s again.
+#[test]
+fn start_failures_back_off_1_2_4_to_60_s_until_a_replica_is_ready() {
+    let mut c =
+        Controller::new(cluster(2, &[("m", "10GB")]), 1, vec![spec("m", ScalingConfig::Fixed, 1, 1)], 0);
+    assert_eq!(steps(&drain(&mut c), Step::Create), 1);
+    let mut at = 0;
+    let mut gaps = Vec::new();
+    for _ in 0..10 {
+        let id = hot_ids(&c, "m")[0];
+        c.handle_failed(at, &key("m"), id, "exited before it was ready", true);
+        let blocked = c.blocked(&key("m")).unwrap().clone();
+        assert_eq!(blocked.cause, BlockCause::StartFailed);
+        let retry = next_create(&mut c, at, "m");
+        assert_eq!(retry, blocked.retry_at);
+        gaps.push((retry - at) / 1_000);
+        at = retry;
+    }
+    assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 60, 60, 60, 60]);
+
+    // It starts: the next failure is a first one again.
+    c.handle_ready(at + 5_000, &key("m"), StartTier::Cold, 5_000, true);
+    at += 20_000;
+    let id = hot_ids(&c, "m")[0];
+    c.handle_failed(at, &key("m"), id, "exited before it was ready", true);
+    assert_eq!(next_create(&mut c, at, "m") - at, 1_000);
+}
+
+/// Two replicas started together that both fail are one failed round: the
+/// wait doubles once per round, not once per replica.
+#[test]
+fn replicas_that_fail_together_count_as_one_start_failure() {
+    let mut c =
+        Controller::new(cluster(2, &[("m", "10GB")]), 1, vec![spec("m", ScalingConfig::Fixed, 2, 2)], 0);
+    assert_eq!(steps(&drain(&mut c), Step::Create), 2);
+    let mut at = 0;
+    let mut gaps = Vec::new();
+    for _ in 0..3 {
+        let ids = hot_ids(&c, "m");
+        assert_eq!(ids.len(), 2);
+        c.handle_failed(at + 100, &key("m"), ids[0], "exited", true);
+        c.handle_failed(at + 200, &key("m"), ids[1], "exited", true);
+        let retry = next_create(&mut c, at + 200, "m");
+        assert_eq!(hot_ids(&c, "m").len(), 2, "both placed again at the retry");
+        gaps.push(retry - (at + 100));
+        at = retry;
+    }
+    assert_eq!(gaps, [1_000, 2_000, 4_000]);
+}
+
+/// What becomes of one start of the model under test: it fails, or is
+/// ready, `delay_ms` after it was placed; a ready one may crash later.
+#[derive(Debug, Clone)]
+struct Start {
+    fails: bool,
+    delay_ms: Millis,
+    crash_after_ms: Option<Millis>,
+}
+
+/// Something else that happens to the fleet meanwhile.
+#[derive(Debug, Clone)]
+enum Noise {
+    /// A replica of the other model dies (GPUs freed, a replacement placed).
+    CrashOther(usize),
+    /// A replica of the other model does not start (its own back-off).
+    OtherStartFails(usize),
+    /// A node joins (room: backed-off models retried at once).
+    Join,
+}
+
+#[derive(Debug, Clone)]
+enum Event {
+    Outcome(ReplicaId, Start),
+    Crash(ReplicaId),
+    Noise(Noise),
+}
+
+/// What the driver saw of the model under test.
+#[derive(Debug, Clone, Copy)]
+enum Seen {
+    Create(Millis),
+    StartFailed(Millis),
+    Ready,
+    Crash(Millis),
+}
+
+fn noisy_world() -> impl Strategy<Value = (Vec<Start>, Vec<(Millis, Noise)>)> {
+    let start = (prop::bool::weighted(0.7), 0u64..5_000, prop::option::weighted(0.5, 0u64..20_000))
+        .prop_map(|(fails, delay_ms, crash_after_ms)| Start { fails, delay_ms, crash_after_ms });
+    let noise = prop_oneof![
+        3 => (0usize..4).prop_map(Noise::CrashOther),
+        1 => (0usize..4).prop_map(Noise::OtherStartFails),
+        1 => Just(Noise::Join),
+    ];
+    (prop::collection::vec(start, 1..30), prop::collection::vec((0u64..900_000, noise), 0..40))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// A model whose starts fail or succeed at random, after random delays,
+    /// while another model's replicas crash or fail to start and nodes join
+    /// (freed GPUs and new room, which bring placement retries forward),
+    /// driven as a driver does (timeouts as soon as due, facts as they
+    /// come): after its k-th start failure in a row it is placed again
+    /// exactly min(2^(k-1), 60) s later — never sooner, whatever else
+    /// happened — and a ready replica starts the count over; a replica
+    /// that dies after it was ready is replaced at once.
+    #[test]
+    fn start_failures_wait_their_back_off_whatever_else_happens((starts, noise) in noisy_world()) {
+        let models = &[("m", "10GB"), ("o", "10GB")];
+        let specs = vec![spec("m", ScalingConfig::Fixed, 1, 1), spec("o", ScalingConfig::Fixed, 2, 2)];
+        let mut c = Controller::new(cluster(4, models), 7, specs, 0);
+        let mut queue: BTreeMap<(Millis, usize), Event> = BTreeMap::new();
+        for (i, (at, n)) in noise.into_iter().enumerate() {
+            queue.insert((at, i), Event::Noise(n));
+        }
+        let mut seq = queue.len();
+        let mut starts = starts.into_iter();
+        let mut seen = Vec::new();
+        let mut joined = 0;
+        let mut now = 0;
+        let mut rounds = 0;
+        loop {
+            // Carry out what the controller asked, scheduling each new
+            // replica's outcome.
+            for action in drain(&mut c) {
+                let Action::Apply(delta) = action else { continue };
+                for step in delta.steps().filter(|s| matches!(s.action, Step::Create | Step::FromCache)) {
+                    let d = step.deployment;
+                    if d.model_key == key("m") {
+                        seen.push(Seen::Create(now));
+                        let start = starts.next().unwrap_or(Start { fails: false, delay_ms: 0, crash_after_ms: None });
+                        queue.insert((now + start.delay_ms, seq), Event::Outcome(d.replica_id, start));
+                        seq += 1;
+                    } else {
+                        c.handle_ready(now, &d.model_key, StartTier::Cold, 0, true);
+                    }
+                }
+            }
+            let next_event = queue.keys().next().map(|k| k.0);
+            let waiting = c.blocked(&key("m")).is_some() || c.blocked(&key("o")).is_some();
+            if next_event.is_none() && !waiting {
+                break;
+            }
+            now = c.poll_timeout().min(next_event.unwrap_or(Millis::MAX));
+            prop_assert!(now < 4 * 3_600_000, "the run does not end");
+            rounds += 1;
+            prop_assert!(rounds < 100_000, "stuck at {}", now);
+            if c.poll_timeout() <= now {
+                for model in [key("m"), key("o")] {
+                    c.observe(now, &model, load(0, 0), &[]);
+                }
+                c.handle_timeout(now);
+                continue;
+            }
+            let (_, event) = queue.pop_first().expect("an event is next");
+            let alive = |c: &Controller, id: ReplicaId| c.cluster().deployment(&id).is_some();
+            match event {
+                Event::Outcome(id, start) if alive(&c, id) => {
+                    if start.fails {
+                        seen.push(Seen::StartFailed(now));
+                        c.handle_failed(now, &key("m"), id, "exited before it was ready", true);
+                    } else {
+                        seen.push(Seen::Ready);
+                        c.handle_ready(now, &key("m"), StartTier::Cold, start.delay_ms, true);
+                        if let Some(after) = start.crash_after_ms {
+                            queue.insert((now + after, seq), Event::Crash(id));
+                            seq += 1;
+                        }
+                    }
+                }
+                Event::Crash(id) if alive(&c, id) => {
+                    seen.push(Seen::Crash(now));
+                    c.handle_failed(now, &key("m"), id, "its engine process exited", false);
+                }
+                Event::Noise(Noise::CrashOther(pick)) | Event::Noise(Noise::OtherStartFails(pick)) if !hot_ids(&c, "o").is_empty() => {
+                    let others = hot_ids(&c, "o");
+                    let start_failed = matches!(event, Event::Noise(Noise::OtherStartFails(_)));
+                    c.handle_failed(now, &key("o"), others[pick % others.len()], "noise", start_failed);
+                }
+                Event::Noise(Noise::Join) => {
+                    joined += 1;
+                    let text = format!("[[nodes]]\nid = \"j{joined}\"\ngpus = 1\ngpu_memory = \"80GB\"\n");
+                    let config: ClusterConfig = toml::from_str(&text).unwrap();
+                    c.handle_node_joined(now, config.nodes[0].clone(), &[]).unwrap();
+                }
+                _ => {}
+            }
+        }
+
+        // The oracle: when each placement of `m` was due.
+        let mut wait: Option<Millis> = None;
+        let mut due = Some(0);
+        let mut failures = 0;
+        for s in &seen {
+            match *s {
+                Seen::Create(t) => {
+                    prop_assert_eq!(Some(t), due, "placed at {} in {:?}", t, seen);
+                    due = None;
+                }
+                Seen::StartFailed(t) => {
+                    let w = wait.map_or(1_000, |w| (w * 2).min(60_000));
+                    wait = Some(w);
+                    due = Some(t + w);
+                    failures += 1;
+                }
+                Seen::Ready => wait = None,
+                Seen::Crash(t) => due = Some(t),
+            }
+        }
+        prop_assert!(failures == 0 || seen.iter().filter(|s| matches!(s, Seen::Create(_))).count() > failures);
+    }
 }

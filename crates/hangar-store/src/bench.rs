@@ -512,14 +512,19 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         c.node = "bench-a".into();
     })?;
     std::thread::sleep(Duration::from_millis(300)); // first heartbeat
+                                                    // Each run's second daemon listens on a port of its own, so it takes a
+                                                    // name of its own too: the registry keeps a name for its last holder's
+                                                    // address until the holder has been silent for the TTL.
+    let runs = std::cell::Cell::new(0u32);
     let (reference, p2p) = paired(
         Cache::Warm,
         || plain_tcp_copy(&blob),
         || {
             let _ = std::fs::remove_dir_all(&root_b);
+            runs.set(runs.get() + 1);
             let b = daemon(&root_b, cfg.size, |c| {
                 peer_cfg(c);
-                c.node = "bench-b".into();
+                c.node = format!("bench-b{}", runs.get());
             })?;
             let (rate, source) = timed_materialize(b.socket(), id)?;
             if source != Source::Peer {

@@ -32,9 +32,6 @@ pub enum IdParseError {
         /// What is wrong with its name.
         source: hangar_core::IdError,
     },
-    /// The key's name has an empty, `.` or `..` path segment.
-    #[error("key `{0}` has an empty, `.` or `..` segment in its name")]
-    KeyPathSegment(String),
     /// The tag is empty, too long or has characters outside `[A-Za-z0-9._-]`.
     #[error("key `{0}` has an invalid tag; a tag is 1 to 64 of ASCII letters, digits and `._-`")]
     BadTag(String),
@@ -146,7 +143,7 @@ impl fmt::Display for ArtifactId {
 serde_as_text!(ArtifactId);
 
 /// A human key `name:tag` (tag defaults to `latest`); `name` is a
-/// [`ModelKey`] without empty, `.` or `..` segments.
+/// [`ModelKey`], so none of its segments is empty, `.` or `..`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StoreKey {
     name: ModelKey,
@@ -170,9 +167,6 @@ impl FromStr for StoreKey {
         let (name, tag) = s.rsplit_once(':').unwrap_or((s, "latest"));
         let name: ModelKey =
             name.parse().map_err(|source| IdParseError::BadKeyName { key: s.to_owned(), source })?;
-        if name.as_str().split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") {
-            return Err(IdParseError::KeyPathSegment(s.to_owned()));
-        }
         let tag_ok = !tag.is_empty()
             && tag.len() <= 64
             && tag.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));

@@ -86,3 +86,39 @@ fn an_agents_engines_are_reported_and_reached_at_its_engine_host() {
     assert_eq!(code, 200, "{answer} {}", status(&gateway.url));
     assert_eq!(answer["usage"]["completion_tokens"], 3);
 }
+
+/// Without `--gpus` the agent counts the NVIDIA GPUs it can open; on a
+/// machine with none it stops at once saying what to give instead. (A
+/// machine with GPUs skips this test: there the count is the answer.)
+#[test]
+fn without_gpus_the_agent_counts_the_machines_and_names_the_flag_when_there_are_none() {
+    if hangar_agent::devices::nvidia_gpus(std::path::Path::new("/dev")).unwrap_or(0) > 0 {
+        eprintln!("skipped: this machine has NVIDIA GPUs");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.toml");
+    let config = "[[models]]\nkey = \"t/a\"\nengine = { kind = \"mock\" }\nsize = \"10GB\"\n";
+    std::fs::write(&path, config).unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hangar"))
+            .args(["agent", "--config", path.to_str().unwrap(), "--redis", "redis://:pw@127.0.0.1:1/0"])
+            .args(["--gpu-memory", "80GB"])
+            .args(extra)
+            .env_remove("HANGAR_GPUS")
+            .output()
+            .unwrap()
+    };
+    let o = run(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no NVIDIA GPU in /dev") && err.contains("--gpus N"), "{err}");
+    let o = run(&["--virtual-gpus"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--virtual-gpus needs --gpus"), "{err}");
+    // Given, the count is taken as is and the agent goes on to Redis,
+    // which is not there: named without its password.
+    let o = run(&["--gpus", "2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("redis://:***@127.0.0.1:1/0") && !err.contains(":pw@"), "{err}");
+}

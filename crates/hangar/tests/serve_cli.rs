@@ -71,10 +71,38 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
     let (status, r) = post(&s.url, None, &wrong);
     assert_eq!(status, 400, "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("max_tokens"), "the field is named: {r}");
+    // Output tokens are bounded as a prediction's are, by the gateway.
+    for field in ["max_tokens", "max_completion_tokens"] {
+        let mut many = chat("t/ready", 1);
+        many[field] = json!(hangar_core::MAX_OUTPUT_TOKENS + 1);
+        let (status, r) = post(&s.url, None, &many);
+        assert_eq!((status, r["error"]["param"].as_str()), (400, Some(field)), "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&hangar_core::MAX_OUTPUT_TOKENS.to_string()), "the bound is named: {r}");
+    }
     let mut big = chat("t/ready", 1);
     big["messages"][0]["content"] = json!("x".repeat(100_000));
     let (status, r) = post(&s.url, None, &big);
     assert_eq!(status, 413, "{r}");
+}
+
+/// Replica ids come from the controller's seeded rng; `hangar serve` mixes
+/// a per-process value into the file's `seed`, so a second run of the same
+/// file names its replicas apart from the first run's (logs, metrics and
+/// Redis keys name replicas by id). `hangar sim` keeps the seed as is.
+#[test]
+fn two_runs_of_one_file_give_their_replicas_different_ids() {
+    let config = one_gpu(
+        "[[models]]\nkey = \"t/m\"\nengine = { kind = \"mock\", preset = \"instant\" }\nsize = \"10GB\"\n\
+         min_replicas = 2\n",
+    );
+    let run = || -> std::collections::BTreeSet<String> {
+        let s = serve(&config);
+        common::ready_replicas(&s.url, 2).iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let (first, second) = (run(), run());
+    assert_eq!((first.len(), second.len()), (2, 2));
+    assert!(first.is_disjoint(&second), "a restart reused replica ids: {first:?} then {second:?}");
 }
 
 #[test]
@@ -245,6 +273,43 @@ access = ["acme"]
     let listed: Value =
         client.get(format!("{}/v1/models", s.url)).bearer_auth("sk-other").send().unwrap().json().unwrap();
     assert_eq!(listed["data"].as_array().unwrap().len(), 0, "models an account may not use are not listed");
+}
+
+/// `--keys-file`: the API and metrics keys from a file of their own (a
+/// Kubernetes Secret), not the configuration.
+#[test]
+fn keys_from_a_keys_file_authenticate() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(&keys, "metrics_key = \"scrape\"\n[[api_keys]]\nkey = \"sk-acme\"\naccount = \"acme\"\n")
+        .unwrap();
+    let config = one_gpu(
+        "[[models]]\nkey = \"t/m\"\nengine = { kind = \"mock\", preset = \"instant\" }\nsize = \"10GB\"\n\
+         min_replicas = 1\n",
+    );
+    let s = common::serve_in_with(dir, &config, &["--keys-file", keys.to_str().unwrap()]);
+    let (status, _) = post(&s.url, None, &chat("t/m", 1));
+    assert_eq!(status, 401, "no key");
+    let (status, r) = post(&s.url, Some("sk-acme"), &chat("t/m", 1));
+    assert_eq!(status, 200, "{r}");
+    let metrics = |key: Option<&str>| {
+        let mut r = reqwest::blocking::Client::new().get(format!("{}/metrics", s.url));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send().unwrap().status().as_u16()
+    };
+    assert_eq!((metrics(None), metrics(Some("scrape"))), (401, 200));
+    // Keys in the configuration as well: refused at start, naming both.
+    let other = tempfile::tempdir().unwrap();
+    let both = other.path().join("serve.toml");
+    std::fs::write(&both, format!("metrics_key = \"x\"\n{config}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["serve", "--keys-file", keys.to_str().unwrap(), "--config", both.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("sets metrics_key") && err.contains("keys.toml"), "{err}");
 }
 
 #[test]

@@ -14,8 +14,23 @@
 //! exceeds it. Among nodes that need evictions, the one evicting the fewest
 //! bytes (then the fewest deployments) wins, and ties go to the rng.
 //!
+//! Spread comes first within every level: among the candidates of the
+//! level chosen, only the nodes holding the fewest HOT replicas of the
+//! model are considered (for the evicting levels, the best-first scan runs
+//! over the nodes without one, then — only if none of them can make room —
+//! over those with one, and so on), so a model's replicas land on distinct
+//! nodes for as long as nodes without one can take one at the level
+//! chosen, and losing a node takes out as few of them as it can. It never changes the level:
+//! a WARM copy on a node that already runs the model is still woken before
+//! a fresh replica is created elsewhere (a wake takes a second, a load
+//! minutes). It does come before the eviction cost: evicting a few more
+//! bytes elsewhere is the price of not stacking a model's replicas on one
+//! node. A model with no HOT replica, or the same number on every
+//! candidate, draws exactly as it did before spread existed.
+//!
 //! Weight residency is the last tie-breaker before the rng: within a level's
-//! tie set (warm copies, free nodes, or equal-cost eviction plans), if some
+//! tie set (warm copies, free nodes, or equal-cost eviction plans, on the
+//! nodes with the fewest HOT replicas of the model), if some
 //! but not all nodes hold the model's weight artifact resident, the draw is
 //! among those only. It is applied after the level and the eviction cost are
 //! settled, so it can never trade either for a warm page cache: residency
@@ -111,14 +126,17 @@ impl Cluster {
     /// holds it when that node is the best candidate (`CachedAndFree`,
     /// `CachedAndFull`); otherwise a fresh id is minted from `rng` and the
     /// warm copy stays cached — a warm id is never created on a second node.
-    /// Among equally good candidates (same level, same eviction cost),
-    /// nodes holding the model's weight artifact resident are preferred
-    /// ([`Cluster::set_resident`]); the rest of the tie goes to `rng`.
+    /// Among the candidates of the best level, the nodes holding the fewest
+    /// HOT replicas of the model are preferred (spread), then the cheapest
+    /// eviction set; among equally good candidates (same level, HOT
+    /// replica count and eviction cost), nodes holding the model's weight
+    /// artifact resident are preferred ([`Cluster::set_resident`]); the
+    /// rest of the tie goes to `rng`.
     /// Placing may evict non-dedicated hot replicas of other models that
     /// this call neither placed nor counted as deployed, and, for a
     /// non-dedicated request, only those at least `min_deployment_age_ms`
-    /// old; evicted replicas go warm on their node if its cache can take
-    /// them, else cold.
+    /// old; evicted replicas go warm on their node if their engine can
+    /// sleep and its cache can take them, else cold.
     ///
     /// A dedicated request also sets the dedicated flag on exactly
     /// `replicas` of the model's hot replicas (the oldest) and clears it on
@@ -223,19 +241,17 @@ impl Cluster {
 
     /// The best candidate for one more replica, or `None` (CANT_ACCOMMODATE).
     fn best_plan<R: Rng + ?Sized>(&self, ask: &Ask<'_>, rng: &mut R) -> Option<Plan> {
-        let warm: Vec<(usize, ReplicaId)> = self
-            .replicas_of(ask.model, Level::Warm)
-            .into_iter()
-            .map(|d| (self.node_index[&d.node], d.replica_id))
-            .collect();
+        let (warm, hot_on) = self.placed(ask.model);
         let shape = |n: &Node| self.shape_on(ask.requires, ask.size, n);
         let artifact = self.model_artifact(ask.model);
 
-        // No eviction: a warm copy first, then any node.
+        // No eviction: a warm copy first, then any node; within each level
+        // the nodes holding the fewest HOT replicas of the model.
         let cached: Vec<&(usize, ReplicaId)> = warm
             .iter()
             .filter(|(ni, _)| shape(&self.nodes[*ni]).is_some_and(|s| fits(&self.nodes[*ni], s)))
             .collect();
+        let cached = fewest_hot(cached, |&&(ni, _)| ni, &hot_on);
         if let Some(i) = self.pick_resident(&cached, |&&(ni, _)| ni, artifact, rng) {
             let (ni, id) = *cached[i];
             return Some(self.free_plan(ni, CandidateLevel::CachedAndFree, Some(id), ask));
@@ -243,38 +259,90 @@ impl Cluster {
         let free: Vec<usize> = (0..self.nodes.len())
             .filter(|&ni| shape(&self.nodes[ni]).is_some_and(|s| fits(&self.nodes[ni], s)))
             .collect();
+        let free = fewest_hot_nodes(free, &hot_on);
         if let Some(i) = self.pick_resident(&free, |&ni| ni, artifact, rng) {
             return Some(self.free_plan(free[i], CandidateLevel::Free, None, ask));
         }
 
-        // Evictions needed: again a warm copy first, then any node.
+        // Evictions needed: again a warm copy first, then any node, each
+        // time over the nodes with the fewest HOT replicas of the model
+        // that can make room, and only then the cheapest set among them.
         let mut ties: Vec<Plan> = Vec::new();
-        for &(ni, id) in &warm {
-            self.consider_evicting(ni, CandidateLevel::CachedAndFull, Some(id), ask, &mut ties);
+        for group in by_hot_count(&warm, |&(ni, _)| ni, &hot_on) {
+            for (ni, id) in group {
+                self.consider_evicting(ni, CandidateLevel::CachedAndFull, Some(id), ask, &mut ties);
+            }
+            if !ties.is_empty() {
+                break;
+            }
         }
         if ties.is_empty() {
-            // Best-first: nodes by a lower bound on what they must evict, so
-            // the scan stops once no remaining node can match the best set.
-            // A heap, not a sort: building it is O(n), and only the nodes
-            // visited are popped.
-            let mut order: BinaryHeap<Reverse<(u64, usize)>> = (0..self.nodes.len())
-                .filter_map(|ni| {
-                    let node = &self.nodes[ni];
-                    let shape = self.shape_on(ask.requires, ask.size, node)?;
-                    Some(Reverse((eviction_lower_bound(node, shape)?, ni)))
-                })
-                .collect();
-            while let Some(Reverse((bound, ni))) = order.pop() {
-                if ties.first().is_some_and(|p| bound > p.cost.bytes) {
+            // Nodes without a HOT replica of the model (all but a few)
+            // first, then those with one, two, …
+            self.scan_evicting(0..self.nodes.len(), Some(&hot_on), ask, &mut ties);
+            let mut with: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+            for (&ni, &count) in &hot_on {
+                with.entry(count).or_default().push(ni);
+            }
+            for nodes in with.into_values() {
+                if !ties.is_empty() {
                     break;
                 }
-                self.consider_evicting(ni, CandidateLevel::Full, None, ask, &mut ties);
+                self.scan_evicting(nodes.into_iter(), None, ask, &mut ties);
             }
         }
         // `ties` holds only the cheapest sets, so preferring resident nodes
         // among them never buys a costlier eviction.
         let i = self.pick_resident(&ties, |p| p.node, artifact, rng)?;
         Some(ties.swap_remove(i))
+    }
+
+    /// Where `model` is, from the replica index alone (one pass, no
+    /// deployment records read): its WARM copies as (node index, replica),
+    /// by replica id, and the number of its HOT replicas on each node that
+    /// holds any, by node index — the spread tie-breaker's input.
+    fn placed(&self, model: &ModelKey) -> (Vec<(usize, ReplicaId)>, BTreeMap<usize, u32>) {
+        let mut warm = Vec::new();
+        let mut hot_on = BTreeMap::new();
+        for id in self.by_model.get(model).into_iter().flatten() {
+            let loc = &self.replicas[id];
+            match loc.level {
+                Level::Hot => *hot_on.entry(loc.node).or_insert(0) += 1,
+                _ => warm.push((loc.node, *id)),
+            }
+        }
+        (warm, hot_on)
+    }
+
+    /// Adds to `ties` the cheapest evicting plans of `nodes` (with
+    /// [`Cluster::consider_evicting`]), best-first: nodes by a lower bound
+    /// on what they must evict, so the scan stops once no remaining node
+    /// can match the best set. A heap, not a sort: building it is O(n),
+    /// and only the nodes visited are popped. Nodes among `skip`'s keys are
+    /// passed over as they come up (a check per node visited, not per node).
+    fn scan_evicting(
+        &self,
+        nodes: impl Iterator<Item = usize>,
+        skip: Option<&BTreeMap<usize, u32>>,
+        ask: &Ask<'_>,
+        ties: &mut Vec<Plan>,
+    ) {
+        let mut order: BinaryHeap<Reverse<(u64, usize)>> = nodes
+            .filter_map(|ni| {
+                let node = &self.nodes[ni];
+                let shape = self.shape_on(ask.requires, ask.size, node)?;
+                Some(Reverse((eviction_lower_bound(node, shape)?, ni)))
+            })
+            .collect();
+        while let Some(Reverse((bound, ni))) = order.pop() {
+            if ties.first().is_some_and(|p| bound > p.cost.bytes) {
+                break;
+            }
+            if skip.is_some_and(|s| s.contains_key(&ni)) {
+                continue;
+            }
+            self.consider_evicting(ni, CandidateLevel::Full, None, ask, ties);
+        }
     }
 
     /// Draws the index of one of `ties` (`node_of` gives each one's node),
@@ -305,9 +373,10 @@ impl Cluster {
     /// with a candidate and bounds the eviction search): for diagnostics and
     /// for checking those shortcuts. A node holding a warm replica of the
     /// model answers with a `Cached*` level. `deploy` picks the lowest level
-    /// here, then the cheapest eviction set, then prefers `resident` nodes
-    /// if some of the remaining ties are, then draws among ties. Empty for a
-    /// model not in the catalogue.
+    /// here, then the fewest `hot_replicas` (spread), then the cheapest
+    /// eviction set, then prefers `resident` nodes if some of the remaining
+    /// ties are, then draws among ties. Empty for a model not in the
+    /// catalogue.
     pub fn candidates(&self, model: &ModelKey, dedicated: bool, now: Millis) -> Vec<Candidate> {
         let Some(size) = self.model_size(model) else { return Vec::new() };
         let requires = self.requirement(model);
@@ -321,21 +390,20 @@ impl Cluster {
             kept: &kept,
             min_age: self.config.min_deployment_age_ms,
         };
-        let warm: BTreeMap<usize, ReplicaId> = self
-            .replicas_of(model, Level::Warm)
-            .into_iter()
-            .rev()
-            .map(|d| (self.node_index[&d.node], d.replica_id))
-            .collect();
+        let (warm, hot_on) = self.placed(model);
+        // Per node, its first WARM copy by replica id.
+        let warm: BTreeMap<usize, ReplicaId> = warm.into_iter().rev().collect();
         let artifact = self.model_artifact(model);
         let resident = |node: &Node| artifact.is_some_and(|a| node.resident().contains(a));
-        let cant = |node: &Node| Candidate {
+        let hot_replicas = |ni: usize| hot_on.get(&ni).copied().unwrap_or(0);
+        let cant = |ni: usize, node: &Node| Candidate {
             node: node.id().clone(),
             level: CandidateLevel::CantAccommodate,
             warm_replica: None,
             gpu_bytes_by_gpu: BTreeMap::new(),
             evictions: Vec::new(),
             eviction_cost: EvictionCost::default(),
+            hot_replicas: hot_replicas(ni),
             resident: resident(node),
         };
         self.nodes
@@ -343,7 +411,7 @@ impl Cluster {
             .enumerate()
             .map(|(ni, node)| {
                 let Some(shape) = self.shape_on(requires, size, node) else {
-                    return cant(node);
+                    return cant(ni, node);
                 };
                 let cached = warm.get(&ni).copied();
                 let plan = if fits(node, shape) {
@@ -357,7 +425,7 @@ impl Cluster {
                     self.consider_evicting(ni, level, cached, &ask, &mut found);
                     match found.pop() {
                         Some(plan) => plan,
-                        None => return cant(node),
+                        None => return cant(ni, node),
                     }
                 };
                 Candidate {
@@ -367,6 +435,7 @@ impl Cluster {
                     gpu_bytes_by_gpu: plan.alloc,
                     evictions: plan.evict,
                     eviction_cost: plan.cost,
+                    hot_replicas: hot_replicas(ni),
                     resident: resident(node),
                 }
             })
@@ -549,6 +618,61 @@ fn fits(node: &Node, shape: Shape) -> bool {
         Shape::Share { need_free, .. } => node.max_free() >= need_free,
         Shape::Whole { gpus } => node.empty_gpus() >= gpus,
     }
+}
+
+/// The entries of `items` (`node_of` gives each one's node) on the nodes
+/// holding the fewest HOT replicas of the model being placed (`hot_on`,
+/// from [`Cluster::placed`]), in their order: the spread tie-breaker. With
+/// no HOT replica anywhere, or the same number on every entry's node, that
+/// is all of `items`, so the draws that follow are exactly those made
+/// without it.
+fn fewest_hot<T>(mut items: Vec<T>, node_of: impl Fn(&T) -> usize, hot_on: &BTreeMap<usize, u32>) -> Vec<T> {
+    if hot_on.is_empty() {
+        return items;
+    }
+    let count = |t: &T| hot_on.get(&node_of(t)).copied().unwrap_or(0);
+    if let Some(least) = items.iter().map(count).min() {
+        items.retain(|t| count(t) == least);
+    }
+    items
+}
+
+/// [`fewest_hot`] for `nodes`, node indices in ascending order (the free
+/// nodes, possibly thousands): the few nodes holding a HOT replica are
+/// found by binary search and cut out by moving the runs between them, so
+/// spread costs no lookup per node, and nothing at all for a model with no
+/// replica on a free node.
+fn fewest_hot_nodes(mut nodes: Vec<usize>, hot_on: &BTreeMap<usize, u32>) -> Vec<usize> {
+    let holding: Vec<usize> = hot_on.keys().filter_map(|ni| nodes.binary_search(ni).ok()).collect();
+    if holding.is_empty() {
+        return nodes;
+    }
+    if holding.len() == nodes.len() {
+        return fewest_hot(nodes, |&ni| ni, hot_on);
+    }
+    // Some free node holds none: drop those that hold one.
+    let mut kept = holding[0];
+    for (j, &at) in holding.iter().enumerate() {
+        let next = holding.get(j + 1).copied().unwrap_or(nodes.len());
+        nodes.copy_within(at + 1..next, kept);
+        kept += next - at - 1;
+    }
+    nodes.truncate(kept);
+    nodes
+}
+
+/// `items` grouped by the number of HOT replicas of the model being placed
+/// on each one's node, fewest first, each group in the items' order.
+fn by_hot_count<T: Copy>(
+    items: &[T],
+    node_of: impl Fn(&T) -> usize,
+    hot_on: &BTreeMap<usize, u32>,
+) -> impl Iterator<Item = Vec<T>> {
+    let mut groups: BTreeMap<u32, Vec<T>> = BTreeMap::new();
+    for t in items {
+        groups.entry(hot_on.get(&node_of(t)).copied().unwrap_or(0)).or_default().push(*t);
+    }
+    groups.into_values()
 }
 
 fn pick_index<R: Rng + ?Sized>(len: usize, rng: &mut R) -> Option<usize> {
@@ -801,8 +925,22 @@ mod tests {
     }
 
     proptest! {
+        /// Cutting the holders out of a sorted node list by position gives
+        /// what filtering it node by node gives.
+        #[test]
+        fn fewest_hot_nodes_is_fewest_hot_on_a_sorted_list(
+            nodes in prop::collection::btree_set(0usize..40, 0..40),
+            hot_on in prop::collection::btree_map(0usize..40, 1u32..4, 0..12),
+        ) {
+            let nodes: Vec<usize> = nodes.into_iter().collect();
+            let expected = fewest_hot(nodes.clone(), |&ni| ni, &hot_on);
+            prop_assert_eq!(fewest_hot_nodes(nodes, &hot_on), expected);
+        }
+
         /// The best-first scan with bounds finds what scanning every node
-        /// without bounds finds.
+        /// without bounds finds: among the free nodes if there are any, else
+        /// among the nodes that can make room, one with the fewest HOT
+        /// replicas of the model, and there the cheapest set.
         #[test]
         fn best_first_scan_matches_exhaustive_scan(
             nodes in prop::collection::vec(1u32..5, 1..6),
@@ -816,18 +954,22 @@ mod tests {
             let size = c.model_size(&model).unwrap();
             let kept = BTreeSet::new();
             let ask = Ask { model: &model, size, requires: None, dedicated, now: 7_200_000, kept: &kept, min_age: 3_600_000 };
+            let hot_on = c.placed(&model).1;
             let exhaustive = c
                 .nodes
                 .iter()
-                .filter_map(|n| {
+                .enumerate()
+                .filter_map(|(ni, n)| {
                     let shape = Shape::for_model(&c.config, size, n.gpu_memory())?;
+                    let hot = hot_on.get(&ni).copied().unwrap_or(0);
                     if fits(n, shape) {
-                        return Some(EvictionCost::default());
+                        return Some((false, hot, EvictionCost::default()));
                     }
-                    evicting_room(n, shape, &ask, None).map(|r| r.2)
+                    evicting_room(n, shape, &ask, None).map(|r| (true, hot, r.2))
                 })
                 .min();
-            let got = c.best_plan(&ask, &mut ChaCha8Rng::seed_from_u64(1)).map(|p| p.cost);
+            let got = c.best_plan(&ask, &mut ChaCha8Rng::seed_from_u64(1));
+            let got = got.map(|p| (p.level == CandidateLevel::Full, hot_on.get(&p.node).copied().unwrap_or(0), p.cost));
             prop_assert_eq!(got, exhaustive);
         }
     }

@@ -10,9 +10,12 @@ use crate::outcome::{Eviction, EvictionCause};
 
 impl Cluster {
     /// Demotes hot replica `replica` on node `ni`: its GPU bytes return to
-    /// the GPUs, and it goes warm on the same node if the cache can hold it
-    /// (dropping warm entries smallest first, but only if that covers the
-    /// whole shortfall), else cold. Appends what happened to `out`.
+    /// the GPUs, and it goes warm on the same node if its model's engine can
+    /// sleep ([`Cluster::set_sleeps`]) and the cache can hold it (dropping
+    /// warm entries smallest first, but only if that covers the whole
+    /// shortfall), else cold — a model that cannot sleep without looking
+    /// at the cache, so no WARM entry is dropped for a replica that would
+    /// be stopped anyway. Appends what happened to `out`.
     pub(super) fn demote(
         &mut self,
         ni: usize,
@@ -27,7 +30,8 @@ impl Cluster {
         dep.gpu_bytes_by_gpu.clear();
         dep.gpu_fraction = None;
         let node_id = node.id().clone();
-        let Some(drops) = node.cache_room_for(dep.size_bytes) else {
+        let room = if self.sleepless.contains(model) { None } else { node.cache_room_for(dep.size_bytes) };
+        let Some(drops) = room else {
             self.untrack(model, replica);
             out.push(Eviction {
                 model_key: model.clone(),
@@ -64,7 +68,8 @@ impl Cluster {
     }
 
     /// Evicts one replica, dedicated or not: a hot one is demoted (to warm
-    /// if its node's cache can take it, else cold), a warm one is dropped
+    /// if its engine can sleep and its node's cache can take it, else
+    /// cold), a warm one is dropped
     /// (cold). Returns every demotion it caused, including warm entries
     /// dropped to make cache room. On error nothing changes.
     pub fn evict_replica(

@@ -11,7 +11,7 @@ use crate::candidate::Shape;
 use crate::config::{BadNode, ClusterConfig, NodeConfig, PlacementConfig};
 use crate::delta::Snapshot;
 use crate::deployment::{Deployment, Level, NodeId};
-use crate::error::{AddNodeError, ConfigError, ResidencyError, RestoreError};
+use crate::error::{AddNodeError, ConfigError, ResidencyError, RestoreError, SleepsError};
 use crate::node::Node;
 use crate::sizing::Requirement;
 
@@ -61,10 +61,11 @@ pub struct Restore {
 /// or warm maps (so none names a node that was removed).
 ///
 /// Weight residency ([`Cluster::set_model_artifact`],
-/// [`Cluster::set_resident`]) is input the caller reports, not deployment
-/// state: it only breaks ties, is carried by `Clone` (so
-/// [`Cluster::room_for`] sees it) but not by [`Cluster::snapshot`], and no
-/// command changes it (a removed node's goes with it).
+/// [`Cluster::set_resident`]) and whether a model's engine can sleep
+/// ([`Cluster::set_sleeps`]) are input the caller reports, not deployment
+/// state: they are carried by `Clone` (so [`Cluster::room_for`] sees
+/// them) but not by [`Cluster::snapshot`], and no command changes them (a
+/// removed node's residency goes with it).
 #[derive(Debug, Clone)]
 pub struct Cluster {
     config: PlacementConfig,
@@ -75,6 +76,9 @@ pub struct Cluster {
     /// Model → the hardware it requires (models that run anywhere are
     /// absent).
     requirements: BTreeMap<ModelKey, Requirement>,
+    /// Models whose engine cannot sleep ([`Cluster::set_sleeps`]): demoted
+    /// straight to COLD, never WARM.
+    sleepless: BTreeSet<ModelKey>,
     nodes: Vec<Node>,
     node_index: BTreeMap<NodeId, usize>,
     replicas: BTreeMap<ReplicaId, Loc>,
@@ -116,6 +120,7 @@ impl Cluster {
             models,
             artifacts: BTreeMap::new(),
             requirements,
+            sleepless: BTreeSet::new(),
             nodes,
             node_index,
             replicas: BTreeMap::new(),
@@ -179,6 +184,13 @@ impl Cluster {
     /// [`Cluster::set_model_artifact`].
     pub fn model_artifact(&self, model: &ModelKey) -> Option<&str> {
         self.artifacts.get(model).map(String::as_str)
+    }
+
+    /// Whether `model`'s engine can sleep, as last set with
+    /// [`Cluster::set_sleeps`] (true until then, and for a model not in the
+    /// catalogue).
+    pub fn sleeps(&self, model: &ModelKey) -> bool {
+        !self.sleepless.contains(model)
     }
 
     /// A hot or warm replica's record.
@@ -344,6 +356,30 @@ impl Cluster {
     pub fn set_resident(&mut self, node: &NodeId, artifacts: BTreeSet<String>) -> Result<(), ResidencyError> {
         let &ni = self.node_index.get(node).ok_or_else(|| ResidencyError::UnknownNode(node.clone()))?;
         self.nodes[ni].set_resident(artifacts);
+        Ok(())
+    }
+
+    // ---- engines ----
+
+    /// Says whether `model`'s engine can sleep — keep its weights in CPU
+    /// memory and give its GPU memory back, to wake in seconds — as the
+    /// driver learns it from a started engine (vLLM's and SGLang's can;
+    /// llama.cpp, cog and external engines cannot). Until told otherwise a
+    /// model is taken to sleep. A hot replica of a model that cannot sleep
+    /// is demoted straight to COLD (its engine is stopped), never to WARM:
+    /// it takes no room in a warm cache and drops no other model's WARM
+    /// replica to make some. It does not touch replicas already WARM (a
+    /// driver that finds one unable to sleep stops it and says so). An
+    /// unknown model is an error; on error nothing changes.
+    pub fn set_sleeps(&mut self, model: &ModelKey, sleeps: bool) -> Result<(), SleepsError> {
+        if !self.models.contains_key(model) {
+            return Err(SleepsError::UnknownModel(model.clone()));
+        }
+        if sleeps {
+            self.sleepless.remove(model);
+        } else {
+            self.sleepless.insert(model.clone());
+        }
         Ok(())
     }
 

@@ -40,7 +40,7 @@ pub(crate) enum Command {
     /// now (with at least that request waiting), so its scaler can act at
     /// once rather than at the next tick.
     Waiting(ModelKey),
-    /// A replica came up (and whether its engine can sleep).
+    /// A replica came up, on an engine that can (`sleeps`) or cannot sleep.
     Ready { model: ModelKey, tier: StartTier, took: Duration, sleeps: bool },
     /// A replica died, stopped answering, or did not start.
     Failed { model: ModelKey, replica: ReplicaId, why: String, start_failed: bool },
@@ -316,8 +316,8 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
                 control.waiting(now, &model, obs, &in_flight);
             }
         }
-        Command::Ready { model, tier, took, sleeps: _ } => {
-            control.handle_ready(now, &model, tier, took.as_millis() as Millis);
+        Command::Ready { model, tier, took, sleeps } => {
+            control.handle_ready(now, &model, tier, took.as_millis() as Millis, sleeps);
         }
         Command::Failed { model, replica, why, start_failed } => {
             control.controller_mut().handle_failed(now, &model, replica, &why, start_failed);
@@ -422,7 +422,7 @@ fn carry_out(inner: &Arc<Inner>, action: Action) {
 
 /// Carries out what is not a deployment delta: decisions logged and kept
 /// for the admin API, placement trouble flagged (and a model that can run
-/// nowhere fails its waiting requests).
+/// nowhere turns synchronous requests away while predictions wait).
 pub(crate) fn note(inner: &Inner, action: Action) {
     match action {
         Action::Apply(_) => unreachable!("deltas are the caller's"),
@@ -432,13 +432,21 @@ pub(crate) fn note(inner: &Inner, action: Action) {
             rt.desired.store(decision.desired, Ordering::Relaxed);
             rt.metrics.decided(decision.desired > decision.previous);
         }
-        Action::Unplaceable { model, reason } => {
+        Action::Unplaceable { model, reason, cause } => {
             let Some(rt) = inner.models.get(model.as_str()) else { return };
             tracing::warn!(%model, "unplaceable: {reason}; retrying with back-off");
             rt.unplaceable.store(true, Ordering::Relaxed);
             rt.metrics.unplaceable(true);
             if rt.up() == 0 {
-                rt.processor.fail_waiting(&format!("no replica of `{model}` can run now: {reason}"));
+                // The model cannot run now: synchronous requests are told
+                // so at once (503, retry), waiting or arriving; async
+                // predictions wait for room until their own deadlines —
+                // unless its engine does not start, which fails them too.
+                let reason = format!("no replica of `{model}` can run now: {reason}");
+                if cause == hangar_scaler::BlockCause::StartFailed {
+                    rt.processor.fail_waiting(&reason);
+                }
+                rt.processor.set_unavailable(Some(reason));
             }
         }
         Action::Placeable { model } => {
@@ -446,6 +454,7 @@ pub(crate) fn note(inner: &Inner, action: Action) {
             tracing::info!(%model, "placeable again");
             rt.unplaceable.store(false, Ordering::Relaxed);
             rt.metrics.unplaceable(false);
+            rt.processor.set_unavailable(None);
         }
     }
 }
@@ -570,12 +579,10 @@ scaling = { policy = "replicate" }
                     waiting.entry((*at, model.clone())).or_default().push_back((*obs, in_flight.clone()));
                     facts.push((*at, Command::Waiting(model.clone())));
                 }
-                Input::Ready { at, model, tier, took_ms } => {
+                Input::Ready { at, model, tier, took_ms, sleeps } => {
                     let took = Duration::from_millis(*took_ms);
-                    facts.push((
-                        *at,
-                        Command::Ready { model: model.clone(), tier: *tier, took, sleeps: true },
-                    ));
+                    let sleeps = *sleeps;
+                    facts.push((*at, Command::Ready { model: model.clone(), tier: *tier, took, sleeps }));
                 }
                 Input::Decided { .. } => expected.push(input.clone()),
             }

@@ -165,7 +165,9 @@ impl Server {
         let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into()).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
         node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);
-        let control = control_loop(&config, config.seed, &inner, cluster);
+        // A per-process value mixed into the seed: the replica ids it draws
+        // then differ from the last run's (logs, metrics, Redis name them).
+        let control = control_loop(&config, config.seed ^ rand::random::<u64>(), &inner, cluster);
         inner.control.set_active(true);
         tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));
         inner.min_replicas_up().await;
@@ -337,7 +339,8 @@ pub(crate) async fn build(
 /// in the cadence every driver feeds it.
 ///
 /// `seed` seeds its random choices, replica ids among them: `config.seed`
-/// on a single machine; a fleet's leader mixes in its epoch, so a new
+/// and a per-process random value on a single machine (simulations use
+/// `config.seed` alone); a fleet's leader mixes in its epoch, so a new
 /// tenure, which takes over the replicas of the last, never draws an id
 /// one of them already has.
 pub(crate) fn control_loop(
@@ -444,15 +447,29 @@ impl ModelRuntime {
     /// there, once, before the client sees a refusal (Workers AI's
     /// failover) — a sync request or an async prediction alike.
     pub fn fails_over(&self, status: axum::http::StatusCode) -> bool {
-        use axum::http::StatusCode;
-        matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
-            && self.count(ReplicaPhase::Ready) > 1
+        out_of_capacity(status) && self.count(ReplicaPhase::Ready) > 1
+    }
+
+    /// Notes the status `replica` answered a request with: out of
+    /// capacity, the model's chooser puts it last for a while
+    /// ([`hangar_router::REFUSAL_COOL_DOWN_MS`]) — whether or not the
+    /// request then fails over.
+    pub fn answered(&self, replica: ReplicaId, status: axum::http::StatusCode) {
+        if out_of_capacity(status) {
+            self.processor.refused(replica);
+        }
     }
 
     /// Whether `account` may use this model.
     pub fn allows(&self, account: &AccountId) -> bool {
         self.config.access.as_ref().is_none_or(|accounts| accounts.contains(account))
     }
+}
+
+/// 429, or 503 as vLLM and SGLang answer when their own queue is full.
+fn out_of_capacity(status: axum::http::StatusCode) -> bool {
+    use axum::http::StatusCode;
+    matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
 }
 
 impl Inner {

@@ -559,6 +559,13 @@ impl Fleet<'_> {
                 self.models[m].chooser.done(id);
                 self.end(now, id, Outcome::Rejected);
             }
+            // The simulation never marks a model unavailable (its requests
+            // wait for room until their timeout); were it to, such a
+            // request would end unserved.
+            Submitted::Unavailable => {
+                self.models[m].chooser.done(id);
+                self.end(now, id, Outcome::Failed);
+            }
         }
     }
 
@@ -571,7 +578,7 @@ impl Fleet<'_> {
                     self.models[m].chooser.done(r);
                     self.end(now, r, Outcome::TimedOut);
                 }
-                Admit::Failed { request, .. } => {
+                Admit::Failed { request, .. } | Admit::Unavailable { request, .. } => {
                     self.models[m].chooser.done(request);
                     self.end(now, request, Outcome::Failed);
                 }
@@ -788,7 +795,8 @@ impl Fleet<'_> {
         self.report.cold_start(m, tier, took);
         self.account_replica(now, slot);
         let key = self.models[m].key.clone();
-        self.control.handle_ready(ms(now), &key, tier, took as Millis);
+        // Simulated engines sleep (they model vLLM's sleep mode).
+        self.control.handle_ready(ms(now), &key, tier, took as Millis, true);
         let model = &mut self.models[m];
         let permits = model.permits;
         model.admission.replica_ready(ms(now), id, permits, &mut model.chooser);

@@ -28,15 +28,19 @@ pub struct Args {
     /// its weight store (its `[[nodes]]`, if any, are ignored).
     #[arg(long)]
     config: PathBuf,
-    /// The fleet's Redis (`redis://HOST:PORT/DB`, `unix:///path`).
-    #[arg(long, env = "HANGAR_REDIS")]
+    /// The fleet's Redis (`redis://HOST:PORT/DB`,
+    /// `redis://:PASSWORD@HOST:PORT/DB`, `unix:///path`). Messages show it
+    /// with the password hidden.
+    #[arg(long, env = "HANGAR_REDIS", hide_env_values = true)]
     redis: String,
     /// This node's name, unique in the fleet (default: the host name).
     #[arg(long, env = "HANGAR_NODE_NAME")]
     name: Option<String>,
-    /// GPUs on this machine.
+    /// GPUs on this machine. Default: the NVIDIA GPUs this process can
+    /// open (`/dev/nvidia0`, `/dev/nvidia1`, …) — in a Kubernetes pod,
+    /// those the device plugin allocated to it.
     #[arg(long, env = "HANGAR_GPUS")]
-    gpus: u32,
+    gpus: Option<u32>,
     /// Memory of each GPU (`80GB`).
     #[arg(long, env = "HANGAR_GPU_MEMORY")]
     gpu_memory: ByteSize,
@@ -71,6 +75,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut config =
         ServeConfig::from_toml_with_redis(&read_text(&args.config)?, &origin, Some(args.redis.clone()))?;
     resolve_engine_paths(&mut config, config_dir(&args.config))?;
+    let gpus = match args.gpus {
+        Some(n) => n,
+        None if args.virtual_gpus => anyhow::bail!("--virtual-gpus needs --gpus: how many GPUs to account"),
+        None => {
+            let dev = std::path::Path::new(hangar_agent::devices::DEV);
+            match hangar_agent::devices::nvidia_gpus(dev)
+                .with_context(|| format!("cannot list {}", dev.display()))?
+            {
+                0 => anyhow::bail!(
+                    "no --gpus given and no NVIDIA GPU in {} (nvidia0, …): give --gpus N ($HANGAR_GPUS), or \
+                     --virtual-gpus --gpus N on a machine without accelerators",
+                    dev.display()
+                ),
+                n => {
+                    tracing::info!(gpus = n, "GPUs counted from {}", dev.display());
+                    n
+                }
+            }
+        }
+    };
     let name = match args.name {
         Some(n) => n,
         None => hostname().context("no --name given and the host name cannot be read")?,
@@ -87,7 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let record = NodeRecord {
             name: name.clone(),
             agent: format!("{:016x}", rand::random::<u64>()),
-            gpus: args.gpus,
+            gpus,
             gpu_memory: args.gpu_memory,
             virtual_gpus: args.virtual_gpus,
             gpu_kind: args.gpu_kind,

@@ -4,10 +4,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Args as ClapArgs, Subcommand};
 use hangar_engine::EngineConfig;
-use hangar_mock_engine::{preset, presets, MockConfig, WeightsRead};
+use hangar_mock_engine::{MockConfig, WeightsRead};
 
 use super::read_text;
 
@@ -71,10 +71,7 @@ struct MockArgs {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let Command::Mock(a) = args.command;
-    let Some(p) = preset(&a.preset) else {
-        let names: Vec<&str> = presets().iter().map(|p| p.name).collect();
-        bail!("unknown preset `{}`; choose one of {}", a.preset, names.join(", "));
-    };
+    let p = hangar_engine::preset::named(&a.preset)?;
     let mut config = MockConfig::from_preset(&p, a.model);
     if let Some(path) = &a.engine_config {
         config.engine = toml::from_str::<EngineConfig>(&read_text(path)?)

@@ -30,10 +30,16 @@ pub struct Args {
     #[arg(long)]
     listen: Option<String>,
     /// The Redis this gateway shares with others (`redis://HOST:PORT/DB`,
-    /// `unix:///path`), overriding the file's `redis`: predictions then
-    /// live on Redis Streams (docs/cluster.md).
-    #[arg(long, env = "HANGAR_REDIS")]
+    /// `redis://:PASSWORD@HOST:PORT/DB`, `unix:///path`), overriding the
+    /// file's `redis`: predictions then live on Redis Streams
+    /// (docs/cluster.md). Messages show it with the password hidden.
+    #[arg(long, env = "HANGAR_REDIS", hide_env_values = true)]
     redis: Option<String>,
+    /// A TOML file of the secrets, `api_keys` and `metrics_key`, kept
+    /// apart from the configuration (a Kubernetes Secret beside its
+    /// ConfigMap); the configuration must then set neither.
+    #[arg(long, env = "HANGAR_KEYS_FILE")]
+    keys_file: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -50,6 +56,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             demo
         }
     };
+    if let Some(path) = &args.keys_file {
+        let origin = args.config.as_ref().map_or("the built-in demo".into(), |p| p.display().to_string());
+        config = config.with_keys_file(&origin, &read_text(path)?, &path.display().to_string())?;
+    }
     if let Some(listen) = args.listen {
         config.listen = listen;
     }

@@ -14,7 +14,7 @@ pub struct Agent {
     child: Child,
     /// Its node's name.
     pub name: String,
-    /// Its own HTTP address (`GET /status`).
+    /// Its own HTTP (`/health`, `/status`): `http://ADDR`.
     pub url: String,
     log: std::path::PathBuf,
 }
@@ -76,10 +76,22 @@ impl Drop for Agent {
 /// the fleet `config` on `redis`, its log in `dir`, and waits for its
 /// first line.
 pub fn agent(dir: &Path, config: &Path, redis: &str, name: &str, gpus: u32) -> Agent {
+    agent_with_memory(dir, config, redis, name, gpus, "80GB")
+}
+
+/// [`agent`] with GPUs of `gpu_memory` each.
+pub fn agent_with_memory(
+    dir: &Path,
+    config: &Path,
+    redis: &str,
+    name: &str,
+    gpus: u32,
+    gpu_memory: &str,
+) -> Agent {
     let log = dir.join(format!("agent-{name}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["agent", "--config", config.to_str().unwrap(), "--redis", redis, "--name", name])
-        .args(["--gpus", &gpus.to_string(), "--gpu-memory", "80GB", "--virtual-gpus", "--drain-s", "1"])
+        .args(["--gpus", &gpus.to_string(), "--gpu-memory", gpu_memory, "--virtual-gpus", "--drain-s", "1"])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -88,8 +100,11 @@ pub fn agent(dir: &Path, config: &Path, redis: &str, name: &str, gpus: u32) -> A
     let mut line = String::new();
     BufReader::new(agent.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let prefix = format!("agent {name} listening on ");
-    assert!(line.starts_with(&prefix), "unexpected first line {line:?}: {}", agent.log());
-    agent.url = line[prefix.len()..].trim().to_owned();
+    agent.url = line
+        .trim()
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
     agent
 }
 

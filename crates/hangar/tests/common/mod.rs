@@ -71,10 +71,16 @@ pub fn serve(config: &str) -> Serve {
 /// in `dir`: a second server in the same directory finds the first one's
 /// state.
 pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
+    serve_in_with(dir, config, &[])
+}
+
+/// [`serve_in`] with more arguments for `hangar serve`.
+pub fn serve_in_with(dir: tempfile::TempDir, config: &str, args: &[&str]) -> Serve {
     let path = dir.path().join("serve.toml");
     std::fs::write(&path, config).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
         .spawn()

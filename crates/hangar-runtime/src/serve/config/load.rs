@@ -7,8 +7,9 @@
 //! nearest enclosing entry when the field was left to its default.
 
 use hangar_core::FieldError;
+use serde::Deserialize;
 
-use super::ServeConfig;
+use super::{ApiKey, ServeConfig};
 
 /// A configuration file that cannot be served, naming the file, the line
 /// and the field.
@@ -34,6 +35,30 @@ pub enum ConfigError {
         /// The field and what is wrong with it.
         error: FieldError,
     },
+    /// A keys file was given, but the configuration sets keys too.
+    #[error(
+        "{config} sets {field} and a keys file ({keys}) is given too: keep `api_keys` and `metrics_key` in \
+         one place (the keys file, to keep secrets out of the configuration)"
+    )]
+    KeysTwice {
+        /// The configuration file.
+        config: String,
+        /// The keys file.
+        keys: String,
+        /// What the configuration sets (`api_keys`, `metrics_key`).
+        field: &'static str,
+    },
+}
+
+/// A keys file: the secrets of a configuration, kept apart from it (a
+/// Kubernetes Secret beside a ConfigMap), with the same fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeysFile {
+    #[serde(default)]
+    api_keys: Vec<ApiKey>,
+    #[serde(default)]
+    metrics_key: Option<String>,
 }
 
 impl ServeConfig {
@@ -63,6 +88,38 @@ impl ServeConfig {
         })?;
         Ok(config)
     }
+
+    /// This configuration (read from `config_origin`) with its
+    /// `api_keys` and `metrics_key` from the keys file `text`, read from
+    /// `origin` (`hangar serve --keys-file`): a TOML file of just those
+    /// fields, checked as the configuration's would be, each error naming
+    /// the keys file and its line. Refused if the configuration sets
+    /// either itself: one place holds the secrets.
+    pub fn with_keys_file(
+        mut self,
+        config_origin: &str,
+        text: &str,
+        origin: &str,
+    ) -> Result<Self, ConfigError> {
+        let twice =
+            |field| ConfigError::KeysTwice { config: config_origin.into(), keys: origin.into(), field };
+        if !self.api_keys.is_empty() {
+            return Err(twice("api_keys"));
+        }
+        if self.metrics_key.is_some() {
+            return Err(twice("metrics_key"));
+        }
+        let keys: KeysFile =
+            toml::from_str(text).map_err(|source| ConfigError::Syntax { origin: origin.into(), source })?;
+        self.api_keys = keys.api_keys;
+        self.metrics_key = keys.metrics_key;
+        self.check_keys().map_err(|error| ConfigError::Invalid {
+            origin: origin.into(),
+            line: error.line_in(text),
+            error,
+        })?;
+        Ok(self)
+    }
 }
 
 #[cfg(test)]
@@ -83,6 +140,28 @@ mod tests {
         key = \"b\"\n\
         engine = { kind = \"external\", url = \"not a url\" }\n\
         queue = { capacity = 5000 }\n";
+
+    #[test]
+    fn keys_come_from_a_keys_file_with_its_own_lines() {
+        let config = ServeConfig::demo();
+        assert!(config.api_keys.is_empty() && config.metrics_key.is_none());
+        let keys = "metrics_key = \"m\"\n[[api_keys]]\nkey = \"sk-1\"\naccount = \"acme\"\n\
+                    [[api_keys]]\nkey = \"sk-2\"\naccount = \"ops\"\nadmin = true\n";
+        let with = config.clone().with_keys_file("serve.toml", keys, "keys.toml").unwrap();
+        assert_eq!(with.api_keys.len(), 2);
+        assert!(with.api_keys[1].admin);
+        assert_eq!(with.metrics_key.as_deref(), Some("m"));
+        // A key repeated: named by the keys file's line.
+        let repeated = keys.replace("sk-2", "sk-1");
+        let e = config.clone().with_keys_file("serve.toml", &repeated, "keys.toml").unwrap_err().to_string();
+        assert_eq!(e, "invalid configuration keys.toml:6: api_keys[1].key: repeats the key of api_keys[0]");
+        // Anything but keys is not a keys file's.
+        let e = config.clone().with_keys_file("serve.toml", "listen = \"x\"\n", "keys.toml").unwrap_err();
+        assert!(e.to_string().contains("keys.toml") && e.to_string().contains("listen"), "{e}");
+        // Keys in both places: refused, naming both.
+        let e = with.with_keys_file("serve.toml", keys, "keys.toml").unwrap_err().to_string();
+        assert!(e.contains("serve.toml sets api_keys") && e.contains("(keys.toml)"), "{e}");
+    }
 
     #[test]
     fn errors_name_the_file_the_line_and_the_field() {

@@ -140,6 +140,12 @@ impl ServeConfig {
         if let Some(url) = &self.redis {
             hangar_redis::check_url(url).map_err(|e| FieldError::new("redis", e))?;
         }
+        self.check_keys()
+    }
+
+    /// `metrics_key` and `api_keys`, wherever they were read from (the
+    /// file, or a keys file of their own).
+    pub(super) fn check_keys(&self) -> Result<(), FieldError> {
         if self.metrics_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
             return Err(FieldError::new("metrics_key", "is empty (leave it out for an open /metrics)"));
         }
@@ -262,6 +268,13 @@ impl ModelConfig {
         if self.kv.cache_blocks == 0 {
             return Err(FieldError::new("kv.cache_blocks", "must be at least 1"));
         }
+        if self.access.as_ref().is_some_and(Vec::is_empty) {
+            return Err(FieldError::new(
+                "access",
+                "is empty, so no account could use the model: remove `access` to let every account use it, \
+                 or name the accounts that may (`access = [\"acme\"]`)",
+            ));
+        }
         check_engine(&self.engine).map_err(|e| e.within("engine"))?;
         self.check_weights()?;
         self.predictions.validate().map_err(|e| e.within("predictions"))
@@ -293,12 +306,16 @@ impl ModelConfig {
     }
 }
 
-/// What can be known of an engine before it runs: an `external` URL
-/// parses as http(s) with a host, a command template is not empty, a
-/// readiness path is a path, setup timeouts are in range.
+/// What can be known of an engine before it runs: a mock's preset is one
+/// the mock engine has, an `external` URL parses as http(s) with a host, a
+/// command template is not empty, a readiness path is a path, setup
+/// timeouts are in range.
 fn check_engine(engine: &EngineSpec) -> Result<(), FieldError> {
     match engine {
-        EngineSpec::Mock { .. } => Ok(()),
+        EngineSpec::Mock { preset, .. } => {
+            hangar_engine::preset::named(preset).map_err(|e| FieldError::new("preset", e.to_string()))?;
+            Ok(())
+        }
         EngineSpec::External { url } => {
             let parsed = reqwest::Url::parse(url)
                 .map_err(|e| FieldError::new("url", format!("`{url}` is not a URL: {e}")))?;
@@ -476,6 +493,34 @@ mod tests {
             refused(&config(&format!("{MOCK}{deployment}"))).field,
             "predictions.deployments[0].model"
         );
+    }
+
+    #[test]
+    fn an_unknown_mock_preset_is_refused_at_load_naming_the_known_ones() {
+        let model = |preset: &str| {
+            format!("[[models]]\nkey = \"m{preset}\"\nengine = {{ kind = \"mock\", preset = \"{preset}\" }}\nsize = \"1GB\"\n")
+        };
+        let text = config(&format!("{}{}", model("fast"), model("gpt-5")));
+        let e = ServeConfig::from_toml(&text, "serve.toml").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid configuration serve.toml:12: models[1].engine.preset: unknown preset `gpt-5`; \
+             choose one of default, fast, instant, sglang"
+        );
+        for p in hangar_engine::presets() {
+            toml::from_str::<ServeConfig>(&config(&model(p.name))).unwrap().validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn an_empty_access_list_is_refused_with_what_to_do() {
+        let e = refused(&config(&format!("{MOCK}access = []\n")));
+        assert_eq!(e.field, "models[0].access");
+        assert!(e.message.contains("remove `access`") && e.message.contains("name the accounts"), "{e}");
+        toml::from_str::<ServeConfig>(&config(&format!("{MOCK}access = [\"acme\"]\n")))
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]

@@ -1,7 +1,12 @@
-//! Named engine configurations for `hangar engine mock --preset NAME`.
+//! Named engine configurations: `hangar engine mock --preset NAME` and a
+//! served model's `engine = { kind = "mock", preset = "NAME" }`.
+//!
+//! The one list of presets: the mock engine starts from it, and
+//! `hangar serve`'s loader refuses a name that is not in it, so a typo is
+//! caught when the file loads rather than when a replica starts.
 
-use hangar_engine::timing::TimingConfig;
-use hangar_engine::{EngineConfig, SchedulerKind};
+use crate::timing::TimingConfig;
+use crate::{EngineConfig, SchedulerKind};
 
 /// A named mock-engine setup.
 #[derive(Debug, Clone)]
@@ -58,6 +63,24 @@ pub fn preset(name: &str) -> Option<Preset> {
     presets().into_iter().find(|p| p.name == name)
 }
 
+/// The preset called `name`, or an error that lists the known ones.
+pub fn named(name: &str) -> Result<Preset, UnknownPreset> {
+    preset(name).ok_or_else(|| UnknownPreset { name: name.to_owned() })
+}
+
+/// A preset name that is none of [`presets`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown preset `{name}`; choose one of {}", names().join(", "))]
+pub struct UnknownPreset {
+    /// The name asked for.
+    pub name: String,
+}
+
+/// The presets' names, in [`presets`]' order.
+pub fn names() -> Vec<&'static str> {
+    presets().iter().map(|p| p.name).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +93,10 @@ mod tests {
             assert_eq!(preset(p.name).unwrap().name, p.name);
         }
         assert!(preset("gpt-5").is_none());
+        assert_eq!(
+            named("gpt-5").unwrap_err().to_string(),
+            "unknown preset `gpt-5`; choose one of default, fast, instant, sglang"
+        );
+        assert_eq!(names().len(), all.len());
     }
 }
