@@ -269,14 +269,6 @@ impl LocalRedis {
         self.kill();
     }
 
-    /// Starts the server again on the same socket and data after
-    /// [`LocalRedis::crash`] (a no-op start if it runs: it is killed
-    /// first), and waits until it answers.
-    pub fn start_again(&mut self) -> Result<(), ServerError> {
-        self.kill();
-        self.spawn()
-    }
-
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

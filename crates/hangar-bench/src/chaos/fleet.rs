@@ -341,20 +341,11 @@ impl Fleet {
     /// Pauses every client of Redis for `ms` (`CLIENT PAUSE ms ALL`), on a
     /// connection of its own.
     pub async fn pause_redis(&self, ms: u64) -> Result<(), BenchError> {
-        let url = self.redis_url.clone();
-        tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let client = hangar_redis::redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
-            let mut c = client.get_connection().map_err(|e| e.to_string())?;
-            hangar_redis::redis::cmd("CLIENT")
-                .arg("PAUSE")
-                .arg(ms)
-                .arg("ALL")
-                .query::<()>(&mut c)
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .expect("no panic")
-        .map_err(redis_error)
+        let redis = self.redis.clone();
+        tokio::task::spawn_blocking(move || redis.lock().expect("redis lock").pause(Duration::from_millis(ms)))
+            .await
+            .expect("no panic")
+            .map_err(redis_error)
     }
 
     /// Starts an engine process of the run that no agent owns (a test of
