@@ -342,10 +342,12 @@ impl Fleet {
     /// connection of its own.
     pub async fn pause_redis(&self, ms: u64) -> Result<(), BenchError> {
         let redis = self.redis.clone();
-        tokio::task::spawn_blocking(move || redis.lock().expect("redis lock").pause(Duration::from_millis(ms)))
-            .await
-            .expect("no panic")
-            .map_err(redis_error)
+        tokio::task::spawn_blocking(move || {
+            redis.lock().expect("redis lock").pause(Duration::from_millis(ms))
+        })
+        .await
+        .expect("no panic")
+        .map_err(redis_error)
     }
 
     /// Starts an engine process of the run that no agent owns (a test of

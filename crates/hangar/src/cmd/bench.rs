@@ -283,7 +283,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 hangar_exe,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let report = runtime.block_on(chaos::run(&options))?;
+            // Interrupted (Ctrl-C, SIGTERM), the run is dropped, which kills
+            // every process it started.
+            let report = runtime.block_on(async {
+                tokio::select! {
+                    report = chaos::run(&options) => Ok(report?),
+                    () = super::engine::shutdown_signal() => Err(anyhow::anyhow!("interrupted: every process of the run was killed")),
+                }
+            })?;
             print(&report, a.json)?;
             if !report.passed() {
                 anyhow::bail!("the fault-injection run failed its checks (seed {})", a.seed);
