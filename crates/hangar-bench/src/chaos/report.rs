@@ -699,3 +699,142 @@ impl fmt::Display for Report {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chaos::schedule::Fault;
+    use crate::chaos::traffic::Hooks;
+
+    fn records(injected: Vec<Injected>) -> Records {
+        Records {
+            schedule: Schedule::fixed(vec![super::super::schedule::Step {
+                gap_ms: 1_000,
+                fault: Fault::RedisPause { ms: 1_000 },
+            }]),
+            injected,
+            syncs: Vec::new(),
+            creates: Vec::new(),
+            hooks: HashMap::new(),
+            finals: HashMap::new(),
+            violations: Vec::new(),
+            samples: 0,
+            split_leaders: 0,
+            whole: (0..=120).map(|t| (t * 500, true)).collect(),
+            converged: Vec::new(),
+            redis: Vec::new(),
+            leftover: Vec::new(),
+            refused_starts: 0,
+            run_ms: 60_000,
+        }
+    }
+
+    fn fault(kind: Kind, start_ms: u64, end_ms: u64, gateway: Option<usize>) -> Injected {
+        Injected { step: 0, kind, start_ms, end_ms, gateway, note: String::new(), skipped: None }
+    }
+
+    fn sync(gateway: usize, start_ms: u64, end_ms: u64, outcome: SyncOutcome) -> SyncRecord {
+        SyncRecord { gateway, model: "m/a".into(), start_ms, end_ms, outcome }
+    }
+
+    fn accepted(id: &str, start_ms: u64) -> CreateRecord {
+        CreateRecord {
+            gateway: 0,
+            model: "m/a".into(),
+            start_ms,
+            end_ms: start_ms + 5,
+            outcome: CreateOutcome::Accepted { id: id.into() },
+        }
+    }
+
+    fn hooks(starts: &[&str], terminals: &[(&str, &str)], at: u64) -> Hooks {
+        Hooks {
+            starts: starts.iter().map(|s| s.to_string()).collect(),
+            terminals: terminals.iter().map(|(id, st)| (id.to_string(), (st.to_string(), None))).collect(),
+            terminal_ms: (!terminals.is_empty()).then_some(at),
+        }
+    }
+
+    #[test]
+    fn a_sync_request_cut_is_lost_unless_its_gateway_was_killed_meanwhile() {
+        let mut r = records(vec![fault(Kind::GatewayKill, 10_000, 12_000, Some(1))]);
+        let cut = || SyncOutcome::Cut { error: "connection closed".into() };
+        r.syncs = vec![
+            sync(1, 9_500, 10_050, cut()),
+            sync(0, 9_500, 10_050, cut()),
+            sync(1, 30_000, 30_100, cut()),
+        ];
+        let report = r.report(None);
+        assert_eq!((report.sync.cut, report.sync.lost), (1, 2));
+        assert!(!report.passed());
+    }
+
+    #[test]
+    fn a_rerun_is_allowed_only_near_a_lost_gateway_node_or_engine() {
+        let mut r = records(vec![fault(Kind::EngineKill, 10_000, 10_000, None)]);
+        r.creates = vec![accepted("near", 13_000), accepted("far", 40_000), accepted("once", 41_000)];
+        r.hooks = HashMap::from([
+            ("near".into(), hooks(&["s1", "s2"], &[("t1", "succeeded")], 14_000)),
+            ("far".into(), hooks(&["s3", "s4"], &[("t2", "succeeded")], 42_000)),
+            ("once".into(), hooks(&["s5"], &[("t3", "succeeded"), ("t3b", "succeeded")], 42_000)),
+        ]);
+        let report = r.report(None);
+        let p = &report.predictions;
+        assert_eq!((p.reran_explained, p.reran_unexplained, p.webhooks_twice), (1, 1, 1));
+        assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
+    }
+
+    #[test]
+    fn the_redis_figures_count_what_overlaps_a_redis_fault() {
+        let mut r = records(vec![fault(Kind::RedisDown, 10_000, 16_000, None)]);
+        r.syncs = vec![
+            sync(0, 12_000, 12_100, SyncOutcome::Answered { status: 503, body: "x".into() }),
+            sync(0, 40_000, 40_100, SyncOutcome::Answered { status: 503, body: "x".into() }),
+        ];
+        r.creates = vec![
+            accepted("p", 9_000),
+            CreateRecord {
+                gateway: 0,
+                model: "m/a".into(),
+                start_ms: 12_000,
+                end_ms: 12_010,
+                outcome: CreateOutcome::Answered { status: 500, retry_after: false, body: "store".into() },
+            },
+            CreateRecord {
+                gateway: 0,
+                model: "m/a".into(),
+                start_ms: 12_000,
+                end_ms: 12_010,
+                outcome: CreateOutcome::Answered { status: 503, retry_after: true, body: "retry".into() },
+            },
+        ];
+        r.hooks = HashMap::from([("p".into(), hooks(&["s"], &[("t", "failed")], 17_000))]);
+        r.redis = vec![RedisCheck {
+            step: 0,
+            kind: Kind::RedisDown,
+            engines_before: 3,
+            restarted: vec!["m/a:r".into()],
+        }];
+        let report = r.report(None);
+        let x = &report.redis;
+        assert_eq!(
+            (x.faults, x.sync_failed, x.creates_500, x.predictions_failed, x.replicas_restarted),
+            (1, 1, 1, 1, 1)
+        );
+        assert!(!report.passed());
+    }
+
+    #[test]
+    fn the_fleet_must_be_whole_within_15_s_of_the_last_fault() {
+        let mut r = records(vec![fault(Kind::AgentStop, 10_000, 20_000, None)]);
+        r.whole = vec![(0, true), (15_000, false), (30_000, false), (36_000, true)];
+        let report = r.report(None);
+        assert_eq!(report.whole_after_last_ms, Some(16_000));
+        assert!(!report.passed());
+        let mut r = records(vec![fault(Kind::AgentStop, 10_000, 20_000, None)]);
+        r.whole = vec![(0, true), (15_000, false), (30_000, true)];
+        let report = r.report(None);
+        assert_eq!(report.whole_after_last_ms, Some(10_000));
+        assert!(report.passed(), "{report}");
+    }
+}
