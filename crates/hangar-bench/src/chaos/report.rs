@@ -227,6 +227,8 @@ pub struct FleetFigures {
 pub struct RedisFigures {
     /// Redis faults injected.
     pub faults: usize,
+    /// Engines running before them, compared after (summed over faults).
+    pub engines_compared: usize,
     /// Replicas whose engine was restarted or replaced across them.
     pub replicas_restarted: usize,
     /// Accepted predictions that failed, their life overlapping one.
@@ -290,6 +292,7 @@ impl Records {
         let mut sync = SyncFigures { sent: self.syncs.len(), ..SyncFigures::default() };
         let mut redis = RedisFigures {
             faults: self.injected.iter().filter(|f| f.skipped.is_none() && f.kind.is_redis()).count(),
+            engines_compared: self.redis.iter().map(|c| c.engines_before).sum(),
             replicas_restarted: self.redis.iter().map(|c| c.restarted.len()).sum(),
             ..RedisFigures::default()
         };
@@ -560,7 +563,12 @@ impl Records {
             zero("GPU over-commit events (placement)", fleet.placement_over_commit),
             zero("engines outliving their agent", fleet.leftover_engines),
             figure("Redis faults", redis.faults.to_string(), None, None),
-            zero("replicas restarted by Redis faults", redis.replicas_restarted),
+            figure(
+                "replicas restarted by Redis faults (of the engines running before them)",
+                format!("{} of {}", redis.replicas_restarted, redis.engines_compared),
+                Some("0"),
+                Some(redis.replicas_restarted == 0),
+            ),
             zero("accepted predictions failed across Redis faults", redis.predictions_failed),
             zero("sync requests failed across Redis faults", redis.sync_failed),
             zero("creates answered 5xx without Retry-After during Redis faults", redis.creates_500),
