@@ -30,6 +30,7 @@ fn run(seed: u64, duration: Duration, schedule: Option<Schedule>) -> Option<Repo
         clients: 6,
         rate: 6.0,
         hangar_exe: env!("CARGO_BIN_EXE_hangar").into(),
+        keep_logs: false,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let report = runtime.block_on(chaos::run(&options)).expect("the fleet runs");

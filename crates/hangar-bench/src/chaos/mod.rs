@@ -77,6 +77,9 @@ pub struct Options {
     pub rate: f64,
     /// The `hangar` binary.
     pub hangar_exe: PathBuf,
+    /// Keep the processes' logs even when the run passes (a failed run
+    /// always keeps them).
+    pub keep_logs: bool,
 }
 
 /// Runs the fleet, its load and its faults, and checks them.
@@ -190,7 +193,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         run_ms,
     };
     let mut report = records.report(None);
-    if !report.passed() {
+    if options.keep_logs || !report.passed() {
         report.logs = Some(dir.keep().display().to_string());
     }
     Ok(report)

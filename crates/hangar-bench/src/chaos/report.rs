@@ -155,6 +155,9 @@ pub struct SyncFigures {
     pub errors: BTreeMap<u16, usize>,
     /// An example body per error status.
     pub error_examples: BTreeMap<u16, String>,
+    /// When the requests of each error status were sent, s into the run
+    /// (the first ten to end).
+    pub error_times: BTreeMap<u16, Vec<f64>>,
     /// Cut in flight by their gateway's kill.
     pub cut: usize,
     /// Accepted and never answered, with no kill of their gateway: lost.
@@ -303,6 +306,10 @@ impl Records {
                 SyncOutcome::Answered { status, body } => {
                     *sync.errors.entry(*status).or_default() += 1;
                     sync.error_examples.entry(*status).or_insert_with(|| body.clone());
+                    let times = sync.error_times.entry(*status).or_default();
+                    if times.len() < 10 {
+                        times.push((r.start_ms / 100) as f64 / 10.0);
+                    }
                 }
                 SyncOutcome::Cut { error } => {
                     let killed = self.injected.iter().any(|f| {
@@ -663,7 +670,8 @@ impl fmt::Display for Report {
             s.lost
         )?;
         for (status, body) in &s.error_examples {
-            writeln!(f, "            e.g. {status}: {body}")?;
+            let times = s.error_times.get(status).map(|t| format!("{t:?}")).unwrap_or_default();
+            writeln!(f, "            {status} sent at t = {times} s…, e.g.: {body}")?;
         }
         let p = &self.predictions;
         writeln!(
@@ -700,9 +708,9 @@ impl fmt::Display for Report {
                 writeln!(f, "  … and {} more (--json lists them all)", self.failures.len() - 40)?;
             }
             write!(f, "{}", self.schedule)?;
-            if let Some(dir) = &self.logs {
-                writeln!(f, "the processes' logs are kept in {dir}")?;
-            }
+        }
+        if let Some(dir) = &self.logs {
+            writeln!(f, "the processes' logs are kept in {dir}")?;
         }
         Ok(())
     }

@@ -182,6 +182,10 @@ struct ChaosArgs {
     /// Print the seed's schedule and exit, without running anything.
     #[arg(long)]
     dry_run: bool,
+    /// Keep the processes' logs even when the run passes (a failed run
+    /// always keeps them; the report names the directory).
+    #[arg(long)]
+    keep_logs: bool,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -281,6 +285,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 clients: a.clients,
                 rate: a.rate,
                 hangar_exe,
+                keep_logs: a.keep_logs,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             // Interrupted (Ctrl-C, SIGTERM), the run is dropped, which kills
