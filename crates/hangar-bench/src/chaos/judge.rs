@@ -113,6 +113,8 @@ pub struct Sample {
     pub leader: Option<Vec<ModelSample>>,
     /// How many gateways said they lead.
     pub leaders: usize,
+    /// The leading gateway's id, when one leads.
+    pub leader_id: Option<String>,
     /// Every agent that runs (not stopped) and answered.
     pub nodes: Vec<NodeSample>,
     /// The names of the agents that are not running now (dead, stopped,
@@ -477,6 +479,7 @@ mod tests {
             redis_ok: true,
             leader: Some(vec![ModelSample { model: "m/a".into(), min_replicas: 1, placed, ready }]),
             leaders: 1,
+            leader_id: Some("gw".into()),
             nodes,
             down: Vec::new(),
             orphans: Vec::new(),

@@ -122,7 +122,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let mut injected = Vec::new();
     let mut redis_checks = Vec::new();
     let mut refused_starts = 0;
-    let mut pending: Option<(usize, Kind, BTreeMap<String, Before>)> = None;
+    let mut pending: Option<(usize, Kind, Snapshot)> = None;
     for (i, step) in schedule.steps.iter().enumerate() {
         let mut gap = Duration::from_millis(step.gap_ms);
         if let Some((s, kind, before)) = pending.take() {
@@ -225,10 +225,17 @@ struct Before {
     pid: u32,
 }
 
+/// What a Redis fault is compared against: the engines, and the leader.
+struct Snapshot {
+    engines: BTreeMap<String, Before>,
+    leader: Option<String>,
+}
+
 /// Every engine that runs (awake or asleep, with its process) in the last
-/// sample.
-fn engines_now(findings: &Arc<Mutex<Findings>>) -> BTreeMap<String, Before> {
+/// sample, and the gateway that led then.
+fn engines_now(findings: &Arc<Mutex<Findings>>) -> Snapshot {
     let f = findings.lock().expect("findings");
+    let leader = f.last.as_ref().and_then(|s| s.leader_id.clone());
     let mut out = BTreeMap::new();
     for n in f.last.iter().flat_map(|s| &s.nodes) {
         for e in &n.engines {
@@ -237,19 +244,16 @@ fn engines_now(findings: &Arc<Mutex<Findings>>) -> BTreeMap<String, Before> {
             }
         }
     }
-    out
+    Snapshot { engines: out, leader }
 }
 
-/// The engines of `before` that a Redis fault restarted (same replica,
+/// The engines of `snapshot` that a Redis fault restarted (same replica,
 /// another process) or replaced (gone, and a replica of its model that
-/// was not there before runs).
-fn compare(
-    step: usize,
-    kind: Kind,
-    before: &BTreeMap<String, Before>,
-    findings: &Arc<Mutex<Findings>>,
-) -> RedisCheck {
+/// was not there before runs), and whether another gateway leads now.
+fn compare(step: usize, kind: Kind, snapshot: &Snapshot, findings: &Arc<Mutex<Findings>>) -> RedisCheck {
+    let before = &snapshot.engines;
     let f = findings.lock().expect("findings");
+    let leader_after = f.last.as_ref().and_then(|s| s.leader_id.clone());
     let mut after: BTreeMap<&str, (&str, &str, Option<u32>)> = BTreeMap::new();
     for n in f.last.iter().flat_map(|s| &s.nodes) {
         for e in n.engines.iter().filter(|e| e.has_process) {
@@ -275,7 +279,14 @@ fn compare(
             }
         }
     }
-    RedisCheck { step, kind, engines_before: before.len(), restarted }
+    RedisCheck {
+        step,
+        kind,
+        engines_before: before.len(),
+        restarted,
+        leader_moved: (snapshot.leader != leader_after)
+            .then(|| format!("{:?} → {leader_after:?}", snapshot.leader)),
+    }
 }
 
 fn kill9(pid: u32) {

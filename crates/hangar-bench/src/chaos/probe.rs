@@ -98,9 +98,9 @@ pub async fn sample(client: &reqwest::Client, roster: &SharedRoster, run_id: &st
     let at_ms = t0.elapsed().as_millis() as u64;
     let redis_ok = redis_ok_before && !roster.read().expect("roster").redis_fault;
     let leading: Vec<&Value> = gateways.iter().flatten().filter(|s| s["fleet"]["leading"] == true).collect();
-    let leader = match leading.as_slice() {
-        [one] => Some(models(one)),
-        _ => None,
+    let (leader, leader_id) = match leading.as_slice() {
+        [one] => (Some(models(one)), one["fleet"]["gateway"].as_str().map(str::to_owned)),
+        _ => (None, None),
     };
     let mut nodes = Vec::new();
     let mut down: Vec<String> = Vec::new();
@@ -118,7 +118,7 @@ pub async fn sample(client: &reqwest::Client, roster: &SharedRoster, run_id: &st
     }
     let orphans =
         processes.iter().filter(|p| p.engine && !agent_pids.contains(&p.ppid)).map(|p| p.pid).collect();
-    Sample { at_ms, redis_ok, leader, leaders: leading.len(), nodes, down, orphans }
+    Sample { at_ms, redis_ok, leader, leaders: leading.len(), leader_id, nodes, down, orphans }
 }
 
 /// The leader's models, from its `/admin/status`.

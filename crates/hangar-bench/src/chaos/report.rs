@@ -43,6 +43,9 @@ pub struct RedisCheck {
     pub engines_before: usize,
     /// Those whose engine was restarted or replaced, with how.
     pub restarted: Vec<String>,
+    /// Another gateway led after it than before (the lease did not
+    /// survive the blip), from which to which.
+    pub leader_moved: Option<String>,
 }
 
 /// What a prediction came to.
@@ -241,6 +244,8 @@ pub struct RedisFigures {
     /// Creates answered 500 (rather than 503 with `Retry-After`) during
     /// one.
     pub creates_500: usize,
+    /// Redis faults after which another gateway led than before.
+    pub lease_moved: usize,
 }
 
 /// How long after a fault ends what it took down may still be sent work:
@@ -296,6 +301,7 @@ impl Records {
         let mut redis = RedisFigures {
             faults: self.injected.iter().filter(|f| f.skipped.is_none() && f.kind.is_redis()).count(),
             engines_compared: self.redis.iter().map(|c| c.engines_before).sum(),
+            lease_moved: self.redis.iter().filter(|c| c.leader_moved.is_some()).count(),
             replicas_restarted: self.redis.iter().map(|c| c.restarted.len()).sum(),
             ..RedisFigures::default()
         };
@@ -473,6 +479,13 @@ impl Records {
                     c.kind.name()
                 ));
             }
+            if let Some(moved) = &c.leader_moved {
+                failures.push(format!(
+                    "Redis fault #{} ({}): the lease did not survive it, another gateway leads ({moved})",
+                    c.step,
+                    c.kind.name()
+                ));
+            }
         }
 
         // Whole after each fault and after the last.
@@ -579,6 +592,10 @@ impl Records {
             zero("accepted predictions failed across Redis faults", redis.predictions_failed),
             zero("sync requests failed across Redis faults", redis.sync_failed),
             zero("creates answered 5xx without Retry-After during Redis faults", redis.creates_500),
+            zero(
+                "Redis faults after which another gateway leads (the lease lost in a blip)",
+                redis.lease_moved,
+            ),
             figure(
                 "every model whole after the last fault",
                 whole_after_last_ms.map_or("never".into(), |ms| format!("{:.1} s", ms as f64 / 1e3)),
