@@ -847,12 +847,20 @@ mod tests {
             kind: Kind::RedisDown,
             engines_before: 3,
             restarted: vec!["m/a:r".into()],
+            leader_moved: Some("Some(\"gw-0\") → Some(\"gw-1\")".into()),
         }];
         let report = r.report(None);
         let x = &report.redis;
         assert_eq!(
-            (x.faults, x.sync_failed, x.creates_500, x.predictions_failed, x.replicas_restarted),
-            (1, 1, 1, 1, 1)
+            (
+                x.faults,
+                x.sync_failed,
+                x.creates_500,
+                x.predictions_failed,
+                x.replicas_restarted,
+                x.lease_moved
+            ),
+            (1, 1, 1, 1, 1, 1)
         );
         assert!(!report.passed());
     }
