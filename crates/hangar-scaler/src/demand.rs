@@ -67,6 +67,12 @@ impl Demand {
         }
     }
 
+    /// Whether a request arrived between the last two samples.
+    pub fn arrived(&self) -> bool {
+        let n = self.samples.len();
+        n >= 2 && self.samples[n - 1].arrivals != self.samples[n - 2].arrivals
+    }
+
     /// The mean permit time of a request, ms, once one has finished.
     pub fn service_ms(&self) -> Option<f64> {
         self.service_ms

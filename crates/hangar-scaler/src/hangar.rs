@@ -9,7 +9,7 @@
 //!   its noise, is met.
 //! - **No runaway while loading**: until a request has finished, nothing
 //!   says what a replica serves; while those first replicas load, the
-//!   count is not raised.
+//!   queue may at most double the count they were asked for.
 //! - **Objective**: TTFT p99 above the objective while requests wait adds
 //!   one replica (none while another loads), and the count where it was
 //!   missed is not returned to while the demand stays as high.
@@ -39,6 +39,9 @@ pub(crate) struct Hangar {
     /// Flap damping: the quiet period is doubled this many times (at
     /// most `flap_damping`).
     damping: u32,
+    /// The count the first replicas were asked for, while they load
+    /// before any request has finished.
+    first_load: Option<u32>,
     /// The count at which the objective was last missed while requests
     /// waited, and the demand's lower bound (permits) then.
     missed: Option<(u32, f64)>,
@@ -54,7 +57,15 @@ pub(crate) struct Context<'a> {
 
 impl Hangar {
     pub fn new(s: HangarSettings) -> Self {
-        Hangar { s, demand: Demand::default(), excess: None, last_down: None, damping: 0, missed: None }
+        Hangar {
+            s,
+            demand: Demand::default(),
+            excess: None,
+            last_down: None,
+            damping: 0,
+            first_load: None,
+            missed: None,
+        }
     }
 
     pub fn recommend(
@@ -74,12 +85,18 @@ impl Hangar {
 
         let (mut need, mut reason) = (0, Reason::Steady);
         // Until a request has finished nothing says what a replica
-        // serves: the first count holds while its replicas load.
+        // serves: while the first replicas load, the queue may at most
+        // double the count they were asked for.
         let unmeasured = self.demand.service_ms().is_none() && o.replicas.starting > 0;
-        if !unmeasured {
-            if let Some(burst) = self.burst(&o, current, per_replica, expected, cx, window) {
-                (need, reason) = (burst, Reason::Demand { work: o.work(), per_replica });
-            }
+        let base = match (unmeasured, self.first_load) {
+            (false, _) => None,
+            (true, None) => Some(current.max(1)),
+            (true, base) => base,
+        };
+        self.first_load = base;
+        if let Some(burst) = self.burst(&o, current, per_replica, expected, cx, window) {
+            let burst = base.map_or(burst, |base| burst.min(base.saturating_mul(2)));
+            (need, reason) = (burst, Reason::Demand { work: o.work(), per_replica });
         }
         if let Some(low) = self.demand.permits(window / 3, z, Side::Lower) {
             let by_rate = replicas(low / per_replica);
@@ -109,8 +126,10 @@ impl Hangar {
             }
         }
         // Up at once: replicas still loading count as capacity on the way,
-        // so a burst is met once and not again while they load.
-        if need > current || missed.is_some() {
+        // so a burst is met once and not again while they load. Nothing is
+        // given back while the objective is missed with work present (an
+        // idle model's misses are of requests gone).
+        if need > current || (missed.is_some() && o.work() > 0) {
             self.excess = None;
             if need > current {
                 self.damp(now, need);
@@ -121,6 +140,11 @@ impl Hangar {
         // for a whole quiet period, keeping the period's peak.
         let Some(quiet) = quiet else { return (current, Reason::Steady) };
         let fits = match self.demand.permits(window, z, Side::Upper) {
+            // Idle — nothing running, waiting or arrived since the last
+            // decision — fits none: a whole quiet period of it, to zero.
+            _ if o.work() == 0 && !self.demand.arrived() => 0,
+            // Nothing is given back while requests wait.
+            _ if o.waiting > 0 => current,
             Some(high) => replicas(high / per_replica).max(replicas(f64::from(o.in_flight) / per_replica)),
             // Nothing measured yet: the work present is all there is.
             None => replicas(o.work() as f64 / per_replica),
