@@ -287,12 +287,13 @@ pub struct HangarSettings {
     /// The shortest quiet period, in seconds (at most `scale_down_after_s`).
     /// Default 5.
     pub min_quiet_s: u64,
-    /// An idle replica stays WARM (asleep, its weights in CPU memory) for
-    /// this many times its measured COLD start before it is let go; at
-    /// least `min_warm_s`. Default 10.
-    pub warm_keep_factor: f64,
-    /// The least time an idle replica stays WARM. Default 600.
-    pub min_warm_s: u64,
+    /// How long, in seconds, an idle replica given back stays WARM
+    /// (asleep, its weights in CPU memory) before it is let go. Unset (the
+    /// default): for as long as its node's warm cache has room — placement
+    /// drops WARM copies only to make room for another, the smallest (the
+    /// cheapest to load again) first — so a model back after half an hour
+    /// wakes in seconds instead of loading from disk.
+    pub warm_keep_s: Option<u64>,
     /// Flap damping: replicas taken back within the quiet period after
     /// they were given back double the quiet period, up to this many
     /// times (and at most `scale_down_after_s`); a step up only after
@@ -321,8 +322,7 @@ impl Default for HangarSettings {
             scale_down_after_s: 300,
             quiet_factor: 2.0,
             min_quiet_s: 5,
-            warm_keep_factor: 10.0,
-            min_warm_s: 600,
+            warm_keep_s: None,
             flap_damping: 3,
             noise_z: 3.0,
             rate_window_s: 60,
@@ -342,8 +342,9 @@ impl HangarSettings {
             return Err(FieldError::new("flap_damping", "must be 0 to 10 doublings"));
         }
         fraction("quiet_factor", self.quiet_factor, 0.0, 10_000.0)?;
-        seconds("min_warm_s", self.min_warm_s, 0)?;
-        fraction("warm_keep_factor", self.warm_keep_factor, 0.0, 10_000.0)?;
+        if let Some(keep) = self.warm_keep_s {
+            seconds("warm_keep_s", keep, 0)?;
+        }
         fraction("noise_z", self.noise_z, 0.0, 10.0)?;
         if !(3..=3_600).contains(&self.rate_window_s) {
             return Err(FieldError::new("rate_window_s", "must be 3 s to 1 hour"));

@@ -81,6 +81,11 @@ const MAX_BACKOFF: Millis = 60_000;
 
 /// The wait after the `last` one (`None`: there was none): the first, then
 /// twice the last, at most [`MAX_BACKOFF`].
+/// The least time a model's requests wait for room before another model's
+/// replicas beyond its demand are given to it (its mean COLD start when
+/// longer): shorter, and two models would trade GPUs on every lull.
+pub const STARVATION_PATIENCE_MS: Millis = 60_000;
+
 fn next_backoff(last: Option<Millis>) -> Millis {
     last.map_or(FIRST_BACKOFF, |b| b.saturating_mul(2).min(MAX_BACKOFF))
 }
@@ -200,6 +205,9 @@ struct Control {
     /// ready since (`None`: the next start failure waits the first
     /// back-off).
     start_backoff: Option<Millis>,
+    /// Since when requests have waited while placement found no room for
+    /// the model's count.
+    starving_since: Option<Millis>,
 }
 
 /// Every model's scaler and the cluster they share. See the module doc.
@@ -226,6 +234,7 @@ impl Controller {
                     in_flight: BTreeMap::new(),
                     warm_since: BTreeMap::new(),
                     start_backoff: None,
+                    starving_since: None,
                 };
                 (m.key, control)
             })
@@ -328,6 +337,7 @@ impl Controller {
             }
             self.expire_warm(now, &key);
         }
+        self.relieve_starvation(now);
     }
 
     /// A replica of `model` came up from `tier` after `took_ms`, on an
@@ -793,6 +803,51 @@ impl Controller {
         if c.blocked.take().is_some() {
             c.scaler.set_placeable(now, None);
             self.actions.push_back(Action::Placeable { model: model.clone() });
+        }
+    }
+
+    /// No starvation: a model whose requests have waited for room longer
+    /// than it takes to start one of its replicas (its mean COLD start, at
+    /// least [`STARVATION_PATIENCE_MS`]) gets the replicas another model
+    /// holds beyond what that model's demand needs — the one holding the
+    /// most such first, one per call. Placement's minimum deployment age
+    /// guards against churn between models that both need their GPUs; it
+    /// does not let a model keep GPUs its demand does not need while
+    /// another's requests wait.
+    fn relieve_starvation(&mut self, now: Millis) {
+        let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
+        let mut starving = None;
+        for key in &keys {
+            let hot = self.hot(key);
+            let c = self.models.get_mut(key).expect("listed");
+            let waits = c.scaler.latest().is_some_and(|o| o.waiting > 0);
+            let no_room = c.blocked.as_ref().is_some_and(|b| b.cause == BlockCause::NoRoom);
+            if !(waits && no_room && c.scaler.desired() > hot) {
+                c.starving_since = None;
+                continue;
+            }
+            let since = *c.starving_since.get_or_insert(now);
+            let cold = c.scaler.start_times().cold.map_or(0, |(ms, _)| ms);
+            if now.saturating_sub(since) >= cold.max(STARVATION_PATIENCE_MS) && starving.is_none() {
+                starving = Some(key.clone());
+            }
+        }
+        let Some(starving) = starving else { return };
+        let donor = keys
+            .iter()
+            .filter(|k| **k != starving)
+            .filter_map(|k| {
+                let need = self.models[k].scaler.need()?;
+                let surplus = self.hot(k).saturating_sub(need);
+                (surplus > 0).then_some((surplus, k.clone()))
+            })
+            .max_by_key(|(surplus, k)| (*surplus, std::cmp::Reverse(k.clone())));
+        let Some((_, donor)) = donor else { return };
+        let c = self.models.get_mut(&donor).expect("listed");
+        if let Some(decision) = c.scaler.yield_surplus(now) {
+            self.actions.push_back(Action::Decided { model: donor.clone(), decision });
+            self.reconcile(now, &donor);
+            self.models.get_mut(&starving).expect("listed").starving_since = Some(now);
         }
     }
 

@@ -98,6 +98,9 @@ pub enum Reason {
     /// Placement gave the model's replicas to another model: the count is
     /// lowered to what stayed hot until demand asks again.
     Preempted,
+    /// Hangar: what the model held beyond its demand went to a model
+    /// waiting for room.
+    Yielded,
     /// A dedicated window of the schedule keeps at least this many.
     Dedicated {
         /// The window's replicas.
@@ -150,6 +153,7 @@ impl fmt::Display for Reason {
             Reason::Steady => f.write_str("steady"),
             Reason::Evicted => f.write_str("evicted by an operator"),
             Reason::Preempted => f.write_str("its replicas were given to another model"),
+            Reason::Yielded => f.write_str("gave what its demand does not need to a model waiting for room"),
             Reason::Dedicated { replicas } => write!(f, "a dedicated window keeps {replicas}"),
             Reason::Capped { wanted } => write!(f, "{wanted} wanted, capped"),
             Reason::Unplaceable { wanted } => write!(f, "{wanted} wanted, placement cannot fit more"),

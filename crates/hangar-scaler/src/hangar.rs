@@ -39,6 +39,8 @@ pub(crate) struct Hangar {
     /// Flap damping: the quiet period is doubled this many times (at
     /// most `flap_damping`).
     damping: u32,
+    /// What the demand needed at the last decision.
+    need: Option<u32>,
     /// The count the first replicas were asked for, while they load
     /// before any request has finished.
     first_load: Option<u32>,
@@ -63,6 +65,7 @@ impl Hangar {
             excess: None,
             last_down: None,
             damping: 0,
+            need: None,
             first_load: None,
             missed: None,
         }
@@ -82,6 +85,11 @@ impl Hangar {
         let per_replica = f64::from(o.permits_per_replica.max(1)) * self.s.target_occupancy;
         let z = self.s.noise_z;
         let expected = self.demand.permits(window, 0.0, Side::Upper);
+
+        // What the demand needs of the count now (for a give-back, or a
+        // yield to a model waiting for room).
+        let fits = self.fits(&o, current, per_replica, window);
+        self.need = Some(fits);
 
         let (mut need, mut reason) = (0, Reason::Steady);
         // Until a request has finished nothing says what a replica
@@ -139,29 +147,6 @@ impl Hangar {
         // Down only when the demand's upper bound has fitted fewer replicas
         // for a whole quiet period, keeping the period's peak.
         let Some(quiet) = quiet else { return (current, Reason::Steady) };
-        let fits = match self.demand.permits(window, z, Side::Upper) {
-            // Idle — nothing running, waiting or arrived since the last
-            // decision — fits none: a whole quiet period of it, to zero.
-            _ if o.work() == 0 && !self.demand.arrived() => 0,
-            // Nothing is given back while requests wait.
-            _ if o.waiting > 0 => current,
-            Some(high) => replicas(high / per_replica).max(replicas(f64::from(o.in_flight) / per_replica)),
-            // Nothing measured yet: the work present is all there is.
-            None => replicas(o.work() as f64 / per_replica),
-        };
-        // A count where the objective was missed is not returned to unless
-        // the demand fell beyond its noise: its upper bound now below its
-        // lower bound then (misses come with the rate's upward swings, so a
-        // swing back is no reason to return).
-        let floor = match self.missed {
-            Some((count, then))
-                if self.demand.permits(window, z, Side::Upper).is_none_or(|now| now >= then) =>
-            {
-                count + 1
-            }
-            _ => 0,
-        };
-        let fits = fits.max(floor.min(current));
         if fits >= current {
             self.excess = None;
             return (current, Reason::Steady);
@@ -176,6 +161,38 @@ impl Hangar {
         self.excess = None;
         self.last_down = Some((now, quiet, current));
         (peak, Reason::Quiet { peak })
+    }
+
+    /// What the model needs of its `current` replicas: none when idle
+    /// (nothing running, waiting or arrived since the last decision), all
+    /// while requests wait, else those its demand's upper bound and the
+    /// requests running need — and no fewer than one more than a count at
+    /// which the objective was missed, unless the demand fell beyond its
+    /// noise since: its upper bound now below its lower bound then (misses
+    /// come with the rate's upward swings, so a swing back is no reason
+    /// to return).
+    fn fits(&self, o: &Observation, current: u32, per_replica: f64, window: Millis) -> u32 {
+        let z = self.s.noise_z;
+        let high = self.demand.permits(window, z, Side::Upper);
+        let fits = match high {
+            _ if o.work() == 0 && !self.demand.arrived() => 0,
+            _ if o.waiting > 0 => current,
+            Some(high) => replicas(high / per_replica).max(replicas(f64::from(o.in_flight) / per_replica)),
+            // Nothing measured yet: the work present is all there is.
+            None => replicas(o.work() as f64 / per_replica),
+        };
+        let floor = match self.missed {
+            Some((count, then)) if high.is_none_or(|now| now >= then) => count + 1,
+            _ => 0,
+        };
+        fits.max(floor.min(current))
+    }
+
+    /// The replicas the model's demand needed at the last decision (`None`
+    /// before one): what it keeps when it yields the rest to a model
+    /// waiting for room.
+    pub fn need(&self) -> Option<u32> {
+        self.need
     }
 
     /// The replicas a queue calls for at once, if it is a burst: more
@@ -267,14 +284,6 @@ impl Hangar {
         let Some(restart) = starts.mean_ms() else { return Some(longest) };
         let quiet = (restart as f64 * self.s.quiet_factor) as Millis;
         Some(quiet.clamp((self.s.min_quiet_s * 1000).min(longest), longest))
-    }
-
-    /// How long an idle replica stays WARM: `warm_keep_factor` × its mean
-    /// COLD start (the price of letting it go), at least `min_warm_s`.
-    pub fn keep_warm_ms(&self, starts: &StartTimes) -> Millis {
-        let floor = self.s.min_warm_s * 1000;
-        let cold = starts.cold.map_or(0, |(ms, _)| ms) as f64;
-        floor.max((cold * self.s.warm_keep_factor) as Millis)
     }
 }
 

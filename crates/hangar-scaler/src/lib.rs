@@ -64,7 +64,9 @@ mod ttft;
 
 pub use config::{HangarSettings, ReplicateSettings, ScalingConfig, WorkersAiSettings};
 pub use control_loop::{ControlLoop, Input};
-pub use controller::{Action, BlockCause, Blocked, CommandError, Controller, ModelSpec};
+pub use controller::{
+    Action, BlockCause, Blocked, CommandError, Controller, ModelSpec, STARVATION_PATIENCE_MS,
+};
 pub use decision::{Decision, DecisionLog, Reason, DECISIONS_KEPT};
 pub use observation::{Observation, ReplicaCounts};
 pub use scaler::{Bounds, Override, Scaler, StartTier, StartTimes};

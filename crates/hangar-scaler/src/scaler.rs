@@ -191,14 +191,30 @@ impl Scaler {
         self.starts
     }
 
-    /// How long an idle replica of this model should stay WARM before it
-    /// is let go, from its measured COLD start (the `hangar` policy; the
-    /// others keep warm replicas until placement needs the room).
+    /// How long an idle replica of this model stays WARM before it is let
+    /// go (`hangar`'s `warm_keep_s`); `None`: until placement needs its
+    /// room.
     pub fn keep_warm_ms(&self) -> Option<Millis> {
         match &self.policy {
-            Policy::Hangar(h) => Some(h.keep_warm_ms(&self.starts)),
+            Policy::Hangar(h) => h.s.warm_keep_s.map(|s| s.saturating_mul(1000)),
             _ => None,
         }
+    }
+
+    /// The replicas the model's demand needs now, by its policy's own
+    /// measure (`hangar`'s; `None` for the other policies and before the
+    /// first decision): what more than that it holds, it could yield to a
+    /// model waiting for room.
+    pub fn need(&self) -> Option<u32> {
+        match &self.policy {
+            Policy::Hangar(h) => h.need().map(|n| n.max(self.bounds.min).max(self.floor)),
+            _ => None,
+        }
+    }
+
+    /// The last observation, if any.
+    pub fn latest(&self) -> Option<&Observation> {
+        self.history.back().map(|(_, o)| o)
     }
 
     // ---- facts -------------------------------------------------------
@@ -320,6 +336,17 @@ impl Scaler {
             wanted = room.max(self.desired.min(wanted));
         }
         (wanted, reason)
+    }
+
+    /// Gives up what the model holds beyond its [`need`](Self::need) to a
+    /// model waiting for room, at once rather than after its quiet period
+    /// (`Reason::Yielded`). An operator's override stands.
+    pub(crate) fn yield_surplus(&mut self, now: Millis) -> Option<Decision> {
+        let need = self.need()?;
+        if self.override_.is_some() || need >= self.desired {
+            return None;
+        }
+        self.change(now, need, Reason::Yielded, self.history.back().map(|(_, o)| *o).unwrap_or_default())
     }
 
     /// Lowers an override's count to at most `replicas`.

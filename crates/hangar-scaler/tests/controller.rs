@@ -216,6 +216,54 @@ fn a_preempted_model_does_not_take_its_gpu_straight_back() {
     assert_eq!(steps(&drain(&mut c), Step::FromCache), 1);
 }
 
+/// Two GPUs, both held by `busy` (too young for placement to evict) after
+/// a burst; `starved` then has requests waiting and no room. When `busy`'s
+/// demand needs one replica, `starved` gets the other after the
+/// starvation patience (60 s), not after `busy`'s 300 s quiet period; when
+/// `busy` needs both, `starved` keeps waiting (age guards churn).
+#[test]
+fn a_waiting_model_gets_what_another_holds_beyond_its_demand_within_a_minute() {
+    let start_of_starved = |busy_work: u32| -> Option<Millis> {
+        let models = vec![spec("busy", hangar(300), 0, 2), spec("starved", hangar(300), 0, 1)];
+        let mut c = Controller::new(cluster(2, &[("busy", "60GB"), ("starved", "60GB")]), 1, models, 0);
+        c.observe(1_000, &key("busy"), load(8, 0), &[]);
+        c.handle_timeout(1_000);
+        assert_eq!(c.scaler(&key("busy")).unwrap().desired(), 2);
+        drain(&mut c);
+        // `busy` serves `busy_work` requests of a second each, one arriving
+        // and one finishing every 1/busy_work s.
+        let busy = |t: Millis| Observation {
+            arrivals: t / 1_000 * u64::from(busy_work),
+            completions: t / 1_000 * u64::from(busy_work),
+            busy_ms: t * u64::from(busy_work),
+            ..load(busy_work, 2)
+        };
+        for t in (2..=400).map(|s| s * 1_000) {
+            c.observe(t, &key("busy"), busy(t), &[]);
+            if t >= 10_000 {
+                let placed = c.cluster().replicas_of(&key("starved"), Level::Hot).len() as u32;
+                c.observe(t, &key("starved"), load(3, placed), &[]);
+            }
+            while c.poll_timeout() <= t {
+                c.handle_timeout(t);
+            }
+            let actions = drain(&mut c);
+            if steps(&actions, Step::Create) > 0
+                && !c.cluster().replicas_of(&key("starved"), Level::Hot).is_empty()
+            {
+                let why = c.scaler(&key("busy")).unwrap().decisions().last().unwrap().reason.to_string();
+                assert!(why.contains("waiting for room"), "{why}");
+                return Some(t);
+            }
+        }
+        None
+    };
+    let started = start_of_starved(2).expect("starved got a GPU");
+    // Blocked at 10 s; the patience is 60 s; a decision or two after.
+    assert!((70_000..=72_000).contains(&started), "at {started} ms");
+    assert_eq!(start_of_starved(8), None, "busy needs both GPUs: no churn");
+}
+
 /// A model blocked while growing, whose scaler then wants fewer: it is no
 /// longer blocked, and nothing is due again at the same instant (a
 /// simulator driving the controller would otherwise spin there).

@@ -68,7 +68,7 @@ engine = {{ kind = "mock", preset = "fast", startup_delay_ms = 200, wake_delay_m
 size = "30GB"
 min_replicas = 0
 max_replicas = 2
-scaling = {{ policy = "hangar", scale_down_after_s = 15, min_quiet_s = 5, min_warm_s = 20 }}
+scaling = {{ policy = "hangar", scale_down_after_s = 15, min_quiet_s = 5, warm_keep_s = 20 }}
 predictions = {{ idempotent = true }}
 
 [predictions]
