@@ -294,13 +294,6 @@ pub struct HangarSettings {
     /// cheapest to load again) first — so a model back after half an hour
     /// wakes in seconds instead of loading from disk.
     pub warm_keep_s: Option<u64>,
-    /// Flap damping: replicas taken back within the quiet period after
-    /// they were given back double the quiet period, up to this many
-    /// times (and at most `scale_down_after_s`); a step up only after
-    /// twice the period halves it again. Noisy steady traffic then stops
-    /// giving back replicas it wants a moment later. 0: off. Default 3
-    /// (×8).
-    pub flap_damping: u32,
     /// How far, in standard deviations of Poisson noise, a change of the
     /// demand must go before the count follows it: the arrival rate's
     /// confidence bounds (rate ± `noise_z` × √count) decide a step up on
@@ -323,7 +316,6 @@ impl Default for HangarSettings {
             quiet_factor: 2.0,
             min_quiet_s: 5,
             warm_keep_s: None,
-            flap_damping: 3,
             noise_z: 3.0,
             rate_window_s: 60,
         }
@@ -338,9 +330,6 @@ impl HangarSettings {
         fraction("target_occupancy", self.target_occupancy, 0.05, 1.0)?;
         seconds("scale_down_after_s", self.scale_down_after_s, 0)?;
         seconds("min_quiet_s", self.min_quiet_s, 0)?;
-        if self.flap_damping > 10 {
-            return Err(FieldError::new("flap_damping", "must be 0 to 10 doublings"));
-        }
         fraction("quiet_factor", self.quiet_factor, 0.0, 10_000.0)?;
         if let Some(keep) = self.warm_keep_s {
             seconds("warm_keep_s", keep, 0)?;

@@ -117,7 +117,7 @@ impl Demand {
         // The rate before the recent arrivals, which must not raise the
         // bar they are measured against.
         let (before_ms, recent_span) = (recent.at.saturating_sub(long.at), last.at.saturating_sub(recent.at));
-        if before_ms < window_ms / 3 || recent_span == 0 {
+        if before_ms < recent_ms || recent_span == 0 {
             return None;
         }
         let rate = recent.arrivals.saturating_sub(long.arrivals) as f64 / before_ms as f64;

@@ -7,9 +7,9 @@
 //!   ready, is met at once.
 //! - **Rate**: the arrival rate × mean permit time, at the lower bound of
 //!   its noise, is met.
-//! - **No runaway while loading**: until a request has finished, nothing
-//!   says what a replica serves; while those first replicas load, the
-//!   queue may at most double the count they were asked for.
+//! - **No runaway while loading**: a queue that grows at the rate before
+//!   it is no burst, so a slow load's queue is met by what drains it once
+//!   measured, not by a replica per queued request.
 //! - **Objective**: TTFT p99 above the objective while requests wait adds
 //!   one replica (none while another loads), and the count where it was
 //!   missed is not returned to while the demand stays as high.
@@ -33,17 +33,8 @@ pub(crate) struct Hangar {
     demand: Demand,
     /// Since when the demand has fitted fewer replicas, and its peak since.
     excess: Option<(Millis, u32)>,
-    /// The last give-back: when, the quiet period it waited, and the
-    /// count it gave back from.
-    last_down: Option<(Millis, Millis, u32)>,
-    /// Flap damping: the quiet period is doubled this many times (at
-    /// most `flap_damping`).
-    damping: u32,
     /// What the demand needed at the last decision.
     need: Option<u32>,
-    /// The count the first replicas were asked for, while they load
-    /// before any request has finished.
-    first_load: Option<u32>,
     /// The count at which the objective was last missed while requests
     /// waited, and the demand's lower bound (permits) then.
     missed: Option<(u32, f64)>,
@@ -59,16 +50,7 @@ pub(crate) struct Context<'a> {
 
 impl Hangar {
     pub fn new(s: HangarSettings) -> Self {
-        Hangar {
-            s,
-            demand: Demand::default(),
-            excess: None,
-            last_down: None,
-            damping: 0,
-            need: None,
-            first_load: None,
-            missed: None,
-        }
+        Hangar { s, demand: Demand::default(), excess: None, need: None, missed: None }
     }
 
     pub fn recommend(
@@ -92,18 +74,7 @@ impl Hangar {
         self.need = Some(fits);
 
         let (mut need, mut reason) = (0, Reason::Steady);
-        // Until a request has finished nothing says what a replica
-        // serves: while the first replicas load, the queue may at most
-        // double the count they were asked for.
-        let unmeasured = self.demand.service_ms().is_none() && o.replicas.starting > 0;
-        let base = match (unmeasured, self.first_load) {
-            (false, _) => None,
-            (true, None) => Some(current.max(1)),
-            (true, base) => base,
-        };
-        self.first_load = base;
-        if let Some(burst) = self.burst(&o, current, per_replica, expected, cx, window) {
-            let burst = base.map_or(burst, |base| burst.min(base.saturating_mul(2)));
+        if let Some(burst) = self.burst(&o, current, per_replica, expected, cx) {
             (need, reason) = (burst, Reason::Demand { work: o.work(), per_replica });
         }
         if let Some(low) = self.demand.permits(window / 3, z, Side::Lower) {
@@ -139,9 +110,6 @@ impl Hangar {
         // idle model's misses are of requests gone).
         if need > current || (missed.is_some() && o.work() > 0) {
             self.excess = None;
-            if need > current {
-                self.damp(now, need);
-            }
             return (need.max(current), if need > current { reason } else { Reason::Steady });
         }
         // Down only when the demand's upper bound has fitted fewer replicas
@@ -151,7 +119,6 @@ impl Hangar {
             self.excess = None;
             return (current, Reason::Steady);
         }
-        let quiet = quiet.saturating_mul(1 << self.damping).min(self.s.scale_down_after_s * 1000);
         let (since, peak) = self.excess.get_or_insert((now, fits));
         *peak = (*peak).max(fits);
         if now.saturating_sub(*since) < quiet {
@@ -159,7 +126,6 @@ impl Hangar {
         }
         let peak = *peak;
         self.excess = None;
-        self.last_down = Some((now, quiet, current));
         (peak, Reason::Quiet { peak })
     }
 
@@ -213,12 +179,18 @@ impl Hangar {
         per_replica: f64,
         expected: Option<f64>,
         cx: &Context<'_>,
-        window_ms: Millis,
     ) -> Option<u32> {
         let work = o.work() as f64;
         let capacity = f64::from(current) * per_replica;
+        let window_ms = self.s.rate_window_s * 1000;
         let surge = self.demand.surge(window_ms / 12, window_ms, self.s.noise_z);
         if work <= capacity || surge == Some(false) {
+            return None;
+        }
+        // Past a model's first seconds, with replicas up or loading but no
+        // request finished, a queue is the load's own: nothing says yet
+        // what a replica serves.
+        if surge.is_some() && self.demand.service_ms().is_none() && o.replicas.up() > 0 {
             return None;
         }
         let (Some(service_ms), Some(restart_ms)) = (self.demand.service_ms(), restart_ms(cx.starts, o))
@@ -254,24 +226,6 @@ impl Hangar {
         backlog - clears
     }
 
-    /// Flap damping, on a step up to `need` at `now`: taking back, within
-    /// the quiet period, replicas just given back (no more than there
-    /// were) means the period was too short for this model's traffic — it
-    /// doubles (up to `scale_down_after_s`, at most `flap_damping` times) — and a step up
-    /// only after twice the period halves it again. Noisy steady traffic
-    /// so settles on a period long enough not to give back replicas it
-    /// wants a moment later, while a burst that grows past the old count
-    /// is growth, not a flap.
-    fn damp(&mut self, now: Millis, need: u32) {
-        let Some((at, quiet, before)) = self.last_down.take() else { return };
-        let since = now.saturating_sub(at);
-        if since < quiet && need <= before {
-            self.damping = (self.damping + 1).min(self.s.flap_damping);
-        } else if since >= quiet.saturating_mul(2) {
-            self.damping = self.damping.saturating_sub(1);
-        }
-    }
-
     /// How long the demand must stay below the replicas before one is given
     /// back: `quiet_factor` × the mean measured restart, within
     /// `min_quiet_s` and `scale_down_after_s`; `scale_down_after_s` until a
@@ -287,11 +241,12 @@ impl Hangar {
     }
 }
 
-/// How long one more replica would take to be ready: a WARM wake when a
-/// copy sleeps, else a COLD start, as measured (the other tier's when this
-/// one has not been).
+/// How long one more replica would take to be ready, as measured: a WARM
+/// wake when a copy sleeps (`None` until one has been: a wake may be far
+/// quicker than a load, and assuming a load would hold back replicas a
+/// burst needs), else a COLD start (a wake's time when no load has been
+/// measured: the least it can take).
 fn restart_ms(starts: &StartTimes, o: &Observation) -> Option<Millis> {
-    let (first, second) =
-        if o.replicas.sleeping > 0 { (starts.warm, starts.cold) } else { (starts.cold, starts.warm) };
-    first.or(second).map(|(ms, _)| ms)
+    let restart = if o.replicas.sleeping > 0 { starts.warm } else { starts.cold.or(starts.warm) };
+    restart.map(|(ms, _)| ms)
 }

@@ -167,12 +167,12 @@ proptest! {
         );
     }
 
-    /// A slow load under traffic one replica serves: the queue that piles
-    /// up while it loads calls for at most one replica more, before and
-    /// after it is ready.
+    /// A slow load under traffic one replica serves (issue 28's case: up
+    /// to 1.5 requests a second): the queue that piles up while it loads
+    /// calls for at most one replica more, before and after it is ready.
     #[test]
     fn a_queue_piled_up_during_a_slow_load_is_no_runaway(
-        seed in any::<u64>(), rate in 0.2f64..6.0, service_ms in 200f64..3_000.0,
+        seed in any::<u64>(), rate in 0.2f64..1.5, service_ms in 200f64..3_000.0,
         start_ms in 30_000u64..200_000,
     ) {
         let permits = 16;

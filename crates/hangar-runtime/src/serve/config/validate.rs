@@ -378,9 +378,9 @@ mod tests {
     }
 
     #[test]
-    fn flap_damping_and_connection_pools_name_what_is_wrong() {
-        let e = refused(&config(&format!("{MOCK}scaling = {{ policy = \"hangar\", flap_damping = 11 }}\n")));
-        assert_eq!(e.field, "models[0].scaling.flap_damping");
+    fn scaling_knobs_and_connection_pools_name_what_is_wrong() {
+        let e = refused(&config(&format!("{MOCK}scaling = {{ policy = \"hangar\", noise_z = 11 }}\n")));
+        assert_eq!(e.field, "models[0].scaling.noise_z");
         let pool = |body: &str| {
             toml::from_str::<ServeConfig>(&config(&format!("{MOCK}connections = {{ {body} }}\n")))
         };
