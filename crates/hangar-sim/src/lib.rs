@@ -23,6 +23,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bound;
 mod clock;
 mod collector;
 mod driver;
