@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::{AccountId, AuthError, BlockHash, Principal};
-use hangar_runtime::processor::{AdmitError, Lease};
+use hangar_runtime::processor::{AdmitError, Lease, Patience};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
@@ -281,8 +281,14 @@ impl Forward<'_> {
         for attempt in 0..2 {
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-            let lease = match self.rt.processor().admit_with(account.clone(), Some(left), prompt, avoid).await
-            {
+            let admitted = self.rt.processor().admit_with(
+                account.clone(),
+                Patience::FailFast,
+                Some(left),
+                prompt,
+                avoid,
+            );
+            let lease = match admitted.await {
                 Ok(lease) => lease,
                 Err(e) => return admit_error(&e, timeout_s),
             };
@@ -350,8 +356,19 @@ fn timed_out(timeout_s: u64) -> Response {
     error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None)
 }
 
+/// Seconds a client is told to wait (`Retry-After`) before asking again
+/// for a model that cannot run now: about the controller's first retry
+/// of a model it could not place.
+const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
+
 fn admit_error(e: &AdmitError, timeout_s: u64) -> Response {
     match e {
+        AdmitError::Unavailable { reason } => {
+            let message = format!("{reason}; retry");
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &message, None);
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(UNAVAILABLE_RETRY_AFTER_S));
+            r
+        }
         AdmitError::QueueFull { .. } => {
             let mut r = error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &e.to_string(), None);
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -28,7 +28,7 @@ use crate::lifecycle::{parse_cancel_after, Deadlines, Status};
 use crate::llm::{openapi_schema, LlmInput};
 use crate::record::{rfc3339, JobKind, Record, StatusView};
 use crate::service::{now, Inner, InputRules, Service};
-use crate::store::Cursor;
+use crate::store::{Cursor, StoreError};
 use crate::webhook_policy::{Event, Filter};
 use crate::webhook_target;
 
@@ -42,17 +42,23 @@ pub(crate) fn new_id() -> String {
     (0..26).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
 }
 
+/// Seconds a client is told to wait (`Retry-After`) before repeating a
+/// call the store could not serve: about what a Redis restart takes.
+const STORE_RETRY_AFTER_S: u32 = 2;
+
 /// An RFC 7807 problem.
 struct Problem {
     status: StatusCode,
     title: &'static str,
     detail: String,
     invalid: Option<(String, String)>,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u32>,
 }
 
 impl Problem {
     fn new(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Self {
-        Problem { status, title, detail: detail.into(), invalid: None }
+        Problem { status, title, detail: detail.into(), invalid: None, retry_after: None }
     }
 
     /// A 422 naming `field`.
@@ -62,6 +68,7 @@ impl Problem {
             title: "Input validation failed",
             detail: format!("{field}: {message}"),
             invalid: Some((field.to_owned(), message.to_owned())),
+            retry_after: None,
         }
     }
 
@@ -76,6 +83,7 @@ impl Problem {
             title: "Bad request",
             detail: format!("{field}: {message}"),
             invalid: Some((field.to_owned(), message.to_owned())),
+            retry_after: None,
         }
     }
 
@@ -96,13 +104,35 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, "Not found", detail)
     }
 
-    fn internal(e: impl std::fmt::Display) -> Self {
-        tracing::error!("predictions API: {e}");
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Internal error",
-            "the prediction store failed; see the server log",
-        )
+    /// The answer to a store failure. An unreachable store (Redis down,
+    /// paused or timing out; SQLite locked past its busy timeout) is 503
+    /// with `Retry-After`, naming the store and nothing more: the call
+    /// may be repeated, and a create that failed so stored nothing. Any
+    /// other failure is 500. The cause goes to the log, never the body.
+    fn store(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable { store, cause } => {
+                // Not a fault of the server's: the outage itself is
+                // logged once, by the watched store, not per request.
+                tracing::debug!("predictions API: the prediction store ({store}) is unreachable: {cause}");
+                Problem {
+                    retry_after: Some(STORE_RETRY_AFTER_S),
+                    ..Problem::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "Service unavailable",
+                        format!("the prediction store ({store}) is unreachable; retry"),
+                    )
+                }
+            }
+            e => {
+                tracing::error!("predictions API: {e}");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Internal error",
+                    "the prediction store failed; see the server log",
+                )
+            }
+        }
     }
 }
 
@@ -115,6 +145,9 @@ impl IntoResponse for Problem {
         let mut r = (self.status, body.to_string()).into_response();
         r.headers_mut()
             .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/problem+json"));
+        if let Some(secs) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
         r
     }
 }
@@ -419,10 +452,21 @@ async fn create(
     record.webhook = webhook;
     record.webhook_events = webhook_events;
     record.stream = stream;
-    inner.create(&mut record).await.map_err(Problem::internal)?;
+    inner.create(&mut record).await.map_err(Problem::store)?;
     let view = view(headers);
     let mut shown = match wait {
-        Some(secs) => wait_for_end(inner, &record.id, Duration::from_secs(secs)).await?,
+        // The prediction is stored: whatever happens to the wait, the
+        // answer is 201 with it (a store that fails meanwhile shows it as
+        // created), never an error that would make the client create it
+        // again.
+        Some(secs) => match wait_for_end(inner, &record.id, Duration::from_secs(secs)).await {
+            Ok(Some(r)) => r,
+            Ok(None) => record,
+            Err(e) => {
+                tracing::warn!(prediction = %record.id, "Prefer: wait ended early: {e}");
+                record
+            }
+        },
         None => record,
     };
     if !shown.status.is_terminal() {
@@ -441,20 +485,21 @@ async fn create(
     Ok(r)
 }
 
-/// Waits until `id` is terminal or `limit` passes; its state then.
-async fn wait_for_end(inner: &Arc<Inner>, id: &str, limit: Duration) -> Result<Record, Problem> {
+/// Waits until `id` is terminal or `limit` passes; its state then
+/// (`None` if it does not exist).
+async fn wait_for_end(inner: &Arc<Inner>, id: &str, limit: Duration) -> Result<Option<Record>, StoreError> {
     let live = inner.live(id);
     let mut changes = live.changed.subscribe();
     let until = tokio::time::Instant::now() + limit;
     loop {
-        let r = inner.current(id).map_err(Problem::internal)?.ok_or_else(|| Problem::not_found("gone"))?;
+        let Some(r) = inner.current(id)? else { return Ok(None) };
         if r.status.is_terminal() {
             inner.forget_if_ended(&r);
-            return Ok(r);
+            return Ok(Some(r));
         }
         tokio::select! {
             _ = changes.changed() => {}
-            _ = tokio::time::sleep_until(until) => return Ok(r),
+            _ = tokio::time::sleep_until(until) => return Ok(Some(r)),
         }
     }
 }
@@ -462,7 +507,7 @@ async fn wait_for_end(inner: &Arc<Inner>, id: &str, limit: Duration) -> Result<R
 /// The record `id` of `kind` (any kind if `None`) if `account` owns it
 /// (404 otherwise: other accounts' predictions are not revealed).
 fn owned(inner: &Inner, id: &str, account: &AccountId, kind: Option<JobKind>) -> Result<Record, Problem> {
-    match inner.current(id).map_err(Problem::internal)? {
+    match inner.current(id).map_err(Problem::store)? {
         Some(r) if r.account == account.as_str() && kind.is_none_or(|k| k == r.kind) => Ok(r),
         _ => Err(Problem::not_found(format!(
             "{} `{id}` does not exist",
@@ -494,13 +539,16 @@ async fn cancel(
         if let Some(live) = inner.live_if_any(&id) {
             // Its worker ends it (and stops the engine call).
             live.cancel.cancel();
-            r = wait_for_end(&inner, &id, Duration::from_secs(5)).await?;
+            r = wait_for_end(&inner, &id, Duration::from_secs(5))
+                .await
+                .map_err(Problem::store)?
+                .ok_or_else(|| Problem::not_found(format!("{} `{id}` does not exist", kind.as_str())))?;
         }
         if !r.status.is_terminal() {
             r.status = Status::Canceled;
             r.completed_at = Some(now());
             r.error = Some("canceled by the user".into());
-            inner.finish(&r).map_err(Problem::internal)?;
+            inner.finish(&r).map_err(Problem::store)?;
             r = owned(&inner, &id, &account, Some(kind))?;
         }
     }
@@ -528,8 +576,7 @@ async fn list(
             )
         })?,
     };
-    let page =
-        inner.store.list(Some(account.as_str()), kind, cursor, PAGE_SIZE).map_err(Problem::internal)?;
+    let page = inner.store.list(Some(account.as_str()), kind, cursor, PAGE_SIZE).map_err(Problem::store)?;
     let url = |c: String| format!("{}/v1/{}s?cursor={c}", inner.base_url, kind.as_str());
     let next = page.more_after.then(|| page.results.last().map(|r| url(format!("b{}", r.seq)))).flatten();
     let previous =
@@ -602,6 +649,12 @@ impl StreamState {
             }
             let r = match self.inner.store.get(&self.id) {
                 Ok(Some(r)) => r,
+                Err(e) if e.is_unavailable() => {
+                    // A blip of the store: keep the stream open (its
+                    // keep-alives go on) and read again.
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
                 _ => {
                     self.finished = true;
                     self.queue.push(("error".into(), "the prediction could not be read".into()));
@@ -750,7 +803,7 @@ async fn deployment(
 /// The account's current signing secret (each account has its own).
 async fn secret(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let mut secrets = inner.signing_secrets(account.as_str()).map_err(Problem::internal)?;
+    let mut secrets = inner.signing_secrets(account.as_str()).map_err(Problem::store)?;
     Ok(Json(json!({"key": secrets.swap_remove(0)})).into_response())
 }
 
@@ -763,7 +816,7 @@ async fn rotate_secret(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> A
     let r = inner
         .store
         .rotate_webhook_secret(account.as_str(), now(), grace, &crate::signing::new_secret)
-        .map_err(Problem::internal)?;
+        .map_err(Problem::store)?;
     Ok(Json(json!({"key": r.key, "previous_key_valid_until": r.previous_valid_until.map(rfc3339)}))
         .into_response())
 }

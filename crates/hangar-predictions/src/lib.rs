@@ -6,9 +6,10 @@
 //! through the same admission as synchronous requests), and reaches the
 //! client by polling, `Prefer: wait`, server-sent events or signed
 //! webhooks. The rules — statuses, deadlines, webhook throttling and
-//! retry — are sans-IO policies that take `now` ([`lifecycle`],
-//! [`webhook_policy`], [`webhook_target`]); [`Service`] drives them with real time and
-//! serves the HTTP API ([`Service::router`]).
+//! retry, when claims may be swept after the store was unreachable — are
+//! sans-IO policies that take `now` ([`lifecycle`], [`webhook_policy`],
+//! [`webhook_target`], [`reachability`]); [`Service`] drives them with
+//! real time and serves the HTTP API ([`Service::router`]).
 #![deny(missing_docs)]
 
 mod api;
@@ -16,6 +17,7 @@ mod config;
 mod executor;
 pub mod lifecycle;
 pub mod llm;
+pub mod reachability;
 pub mod record;
 mod service;
 pub mod signing;

@@ -18,7 +18,7 @@ use crate::executor::{ExecError, ExecEvent, Executor, Job, Sink};
 use crate::lifecycle::{DeadlineSource, Deadlines, Ending, Status};
 use crate::record::{JobKind, Record, StatusView};
 use crate::signing;
-use crate::store::{Backend, Delivery, PredictionQueue, StoreError};
+use crate::store::{Backend, Delivery, PredictionQueue, StoreError, Watched};
 use crate::webhook_policy::{retry_delay, Decision, Event, Throttle};
 use crate::webhook_target::{self, AllowList};
 
@@ -94,7 +94,12 @@ pub(crate) struct LiveState {
 }
 
 pub(crate) struct Inner {
+    /// The store, watched: every call's outcome tells `watched` whether
+    /// it answers.
     pub store: Arc<dyn PredictionQueue>,
+    /// The same store, for what its answers say: when this process may
+    /// sweep, when it must renew its claims.
+    watched: Arc<Watched>,
     pub models: BTreeMap<String, Model>,
     pub deployments: BTreeMap<String, (String, ModelSettings)>,
     pub api_keys: ApiKeys,
@@ -148,7 +153,9 @@ impl Service {
         let http = webhook_target::client(allow.clone(), ca.as_ref())
             .map_err(|e| ServiceError::Config(format!("webhook TLS: {}", webhook_target::error_chain(&e))))?;
         let grace_ms = config.webhook_secret_grace_s.saturating_mul(1000);
-        let store = backend.open(config.lease_s.max(1) * 1000, grace_ms, now())?;
+        let lease_ms = config.lease_s.max(1) * 1000;
+        let watched = Arc::new(Watched::new(backend.open(lease_ms, grace_ms, now())?, lease_ms));
+        let store: Arc<dyn PredictionQueue> = watched.clone();
         let models: BTreeMap<String, Model> = models.into_iter().map(|m| (m.key.clone(), m)).collect();
         let mut deployments = BTreeMap::new();
         for d in &config.deployments {
@@ -166,6 +173,7 @@ impl Service {
             .collect();
         let inner = Arc::new(Inner {
             store,
+            watched,
             models,
             deployments,
             api_keys,
@@ -378,7 +386,7 @@ impl Inner {
                 }
                 Err(e) => {
                     drop(permit);
-                    tracing::error!(%queue, "claim failed: {e}");
+                    log_store_error(&format!("claim from {queue}"), &e);
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -443,7 +451,7 @@ impl Inner {
                 result = &mut exec => {
                     // Drain what the executor reported before it returned.
                     while let Ok(e) = events.try_recv() {
-                        self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline)?;
+                        self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline).await?;
                     }
                     let ending = match result {
                         Ok(output) if started => {
@@ -455,7 +463,7 @@ impl Inner {
                         Err(ExecError::Canceled) => Ending { status: Status::Canceled, error: "canceled".into() },
                         Err(ExecError::Failed(e)) => Ending { status: Status::Failed, error: e },
                         Err(ExecError::Lost(e)) => {
-                            if self.run_again(&r, &e)? {
+                            if self.run_again(&r, &e).await? {
                                 return Ok(());
                             }
                             Ending { status: Status::Failed, error: format!("{e} (twice)") }
@@ -464,7 +472,7 @@ impl Inner {
                     return self.end_durably(&mut r, ending).await;
                 }
                 Some(e) = events.recv() => {
-                    if !self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline)? {
+                    if !self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline).await? {
                         // It ended elsewhere (canceled while waiting for capacity).
                         exec_cancel.cancel();
                         self.live.lock().expect("live table").remove(&r.id);
@@ -478,7 +486,11 @@ impl Inner {
     /// A run lost with what ran it: the prediction goes back to its queue
     /// (output and logs so far dropped) to run once more, unless this
     /// gateway already did so for it. Whether it went back.
-    fn run_again(&self, r: &Record, why: &str) -> Result<bool, StoreError> {
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave it re-queued or not (it is then
+    /// swept once its claim lapses).
+    async fn run_again(&self, r: &Record, why: &str) -> Result<bool, StoreError> {
         if !self.lost_once.lock().expect("lost set").insert(r.id.clone()) {
             return Ok(false);
         }
@@ -486,7 +498,7 @@ impl Inner {
             let mut s = live.state.lock().expect("live state");
             *s = LiveState::default();
         }
-        let again = self.store.requeue(&r.id)?;
+        let again = self.durably(&r.id, "its return to the queue", || self.store.requeue(&r.id)).await?;
         if again {
             tracing::warn!(prediction = %r.id, "{why}: running it once more");
             if let Some(n) = self.wake.get(&r.kind.queue(&r.model)) {
@@ -498,8 +510,12 @@ impl Inner {
 
     /// Applies one executor event. `false` when the prediction turned out
     /// to have ended elsewhere.
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it stores the start may leave the start
+    /// stored or not; the run is over either way (its claim lapses).
     #[allow(clippy::too_many_arguments)]
-    fn apply(
+    async fn apply(
         &self,
         r: &mut Record,
         live: &Live,
@@ -524,7 +540,8 @@ impl Inner {
                     _ => None,
                 };
                 let webhook: Vec<Delivery> = webhook.into_iter().collect();
-                if !self.store.start(&r.id, t, &webhook)? {
+                let stored = self.durably(&r.id, "its start", || self.store.start(&r.id, t, &webhook));
+                if !stored.await? {
                     return Ok(false);
                 }
                 *r = running;
@@ -586,23 +603,61 @@ impl Inner {
         });
     }
 
-    /// [`Inner::end`] for a prediction this process ran: when the store
-    /// fails (Redis restarting, a disk hiccup), the end is tried again
-    /// for up to a lease, so a finished run is not lost to a blip;
-    /// after that the error goes to the caller (who abandons the claim).
+    /// [`Inner::end`] for a prediction this process ran, through
+    /// [`Inner::durably`]: a finished run is not lost to a store that is
+    /// unreachable for a while. Another failure of the store, lasting a
+    /// lease, goes to the caller, who abandons the claim.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the end stored or not.
     async fn end_durably(&self, r: &mut Record, ending: Ending) -> Result<(), StoreError> {
+        let id = r.id.clone();
+        self.durably(&id, "its end", || self.end(r, ending.clone())).await.map(drop)
+    }
+
+    /// Runs `op`, a store write for a prediction this process runs (its
+    /// start, its end, its return to the queue), until the store takes
+    /// it, backing off from 50 ms to 2 s between attempts.
+    ///
+    /// While the store is unreachable ([`StoreError::Unavailable`]) it
+    /// waits for as long as that lasts: this process's claims cannot be
+    /// swept meanwhile (nobody sweeps until the store has answered for a
+    /// lease, and this process renews its claims as soon as it answers,
+    /// see [`Inner::sweep_loop`]), and giving up would drop a run that
+    /// happened, to be run again. Any other failure is retried for up to
+    /// a lease and then returned. Stopping the service ends the wait with
+    /// the last error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops the retries; the last attempt may or may
+    /// not have been stored (every store call is safe to repeat).
+    async fn durably<T>(
+        &self,
+        id: &str,
+        what: &str,
+        mut op: impl FnMut() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let give_up = tokio::time::Instant::now() + Duration::from_secs(self.config.lease_s.max(1));
         let mut wait = Duration::from_millis(50);
         loop {
-            match self.end(r, ending.clone()) {
-                Ok(_) => return Ok(()),
+            let e = match op() {
+                Ok(v) => return Ok(v),
+                Err(e) if self.stop.is_cancelled() => return Err(e),
+                Err(e) if e.is_unavailable() => {
+                    tracing::debug!(prediction = %id, "cannot store {what} yet, retrying in {wait:?}: {e}");
+                    e
+                }
                 Err(e) if tokio::time::Instant::now() + wait > give_up => return Err(e),
                 Err(e) => {
-                    tracing::warn!(prediction = %r.id, "cannot store the end yet, retrying in {wait:?}: {e}");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(2));
+                    tracing::warn!(prediction = %id, "cannot store {what} yet, retrying in {wait:?}: {e}");
+                    e
                 }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.stop.cancelled() => return Err(e),
             }
+            wait = (wait * 2).min(Duration::from_secs(2));
         }
     }
 
@@ -634,12 +689,12 @@ impl Inner {
                         let d = Deadlines { per_prediction: r.deadline, lifetime: r.lifetime_deadline };
                         if let Some(ending) = d.at_dequeue(t) {
                             if let Err(e) = self.end(&mut r, ending) {
-                                tracing::error!(prediction = %r.id, "cordon: {e}");
+                                log_store_error(&format!("cordon of {}", r.id), &e);
                             }
                         }
                     }
                 }
-                Err(e) => tracing::error!("cordon: {e}"),
+                Err(e) => log_store_error("cordon", &e),
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -668,41 +723,53 @@ impl Inner {
                         live.cancel.cancel();
                         live.changed.send_modify(|v| *v += 1);
                     }
-                    Err(e) => tracing::warn!(prediction = %id, "watch: {e}"),
+                    Err(e) => log_store_error(&format!("watch of {id}"), &e),
                 }
             }
         }
     }
 
-    /// Renews this node's leases and handles other owners' expired ones.
+    /// Renews this process's claims every `lease_s / 3` — and at once
+    /// when the store answers again after being unreachable — and handles
+    /// other owners' claims that went a lease without renewal, but only
+    /// once the store has answered every call for a lease: after an
+    /// outage every claim has gone that long, its owner alive or not, and
+    /// live owners renew with their first answer, before that
+    /// (`crate::reachability`; a shared Redis also holds sweeps back by
+    /// itself after a stall, see `store::redis`).
     async fn sweep_loop(self: Arc<Self>) {
         let lease = self.config.lease_s.max(1) * 1000;
         loop {
             let t = now();
             if let Err(e) = self.store.heartbeat(&self.owner, t, lease) {
-                tracing::error!("lease heartbeat: {e}");
+                log_store_error("lease heartbeat", &e);
             }
-            match self.store.sweep_expired_claims(t) {
-                Ok(stale) => {
-                    for mut r in stale {
-                        let result = if self.settings(&r).idempotent {
-                            self.store.requeue(&r.id).map(drop)
-                        } else {
-                            let ending = Ending {
-                                status: Status::Failed,
-                                error: "the worker running this prediction stopped renewing its lease".into(),
+            if self.watched.may_sweep() {
+                match self.store.sweep_expired_claims(t) {
+                    Ok(stale) => {
+                        for mut r in stale {
+                            let result = if self.settings(&r).idempotent {
+                                self.store.requeue(&r.id).map(drop)
+                            } else {
+                                let ending = Ending {
+                                    status: Status::Failed,
+                                    error: "the worker running this prediction stopped renewing its lease"
+                                        .into(),
+                                };
+                                self.end(&mut r, ending).map(drop)
                             };
-                            self.end(&mut r, ending).map(drop)
-                        };
-                        if let Err(e) = result {
-                            tracing::error!(prediction = %r.id, "sweep: {e}");
+                            if let Err(e) = result {
+                                log_store_error(&format!("sweep of {}", r.id), &e);
+                            }
                         }
                     }
+                    Err(e) => log_store_error("sweep", &e),
                 }
-                Err(e) => tracing::error!("sweep: {e}"),
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(lease / 3)) => {}
+                // The store answers again: renew now, before anyone may sweep.
+                _ = self.watched.returned() => {}
                 _ = self.stop.cancelled() => return,
             }
         }
@@ -716,10 +783,10 @@ impl Inner {
             match self.store.prune_queue(t.saturating_sub(24 * 3600 * 1000), t) {
                 Ok(ids) if !ids.is_empty() => tracing::warn!(count = ids.len(), "pruned stuck queue entries"),
                 Ok(_) => {}
-                Err(e) => tracing::error!("prune: {e}"),
+                Err(e) => log_store_error("prune", &e),
             }
             if let Err(e) = self.store.remove_data(t.saturating_sub(self.config.retention_s * 1000)) {
-                tracing::error!("retention: {e}");
+                log_store_error("retention", &e);
             }
             let period = Duration::from_secs(self.config.retention_s.clamp(1, 3600));
             tokio::select! {
@@ -737,7 +804,7 @@ impl Inner {
         loop {
             let t = now();
             let due = self.store.due_deliveries(t, 64).unwrap_or_else(|e| {
-                tracing::error!("webhook deliveries: {e}");
+                log_store_error("webhook deliveries", &e);
                 Vec::new()
             });
             for d in due {
@@ -764,7 +831,7 @@ impl Inner {
                         }
                     };
                     if let Err(e) = me.store.delivery_attempted(&d.id, ok.is_ok(), next) {
-                        tracing::error!("webhook deliveries: {e}");
+                        log_store_error("webhook delivery", &e);
                     }
                     in_flight.lock().expect("in flight").remove(&d.id);
                     me.deliveries.notify_one();
@@ -781,6 +848,16 @@ impl Inner {
                 _ = self.stop.cancelled() => return,
             }
         }
+    }
+}
+
+/// Logs a store failure of a background loop: an unreachable store at
+/// debug level (the watched store logs the outage once, and its end),
+/// anything else as an error.
+fn log_store_error(what: &str, e: &StoreError) {
+    match e.is_unavailable() {
+        true => tracing::debug!("{what}: {e}"),
+        false => tracing::error!("{what}: {e}"),
     }
 }
 

@@ -122,16 +122,88 @@ async fn call(
     let req = req.body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned()))).unwrap();
     let r = router.clone().oneshot(req).await.unwrap();
     let status = r.status();
-    let content_type = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+    let header = |name: &str| r.headers().get(name).map(|v| v.to_str().unwrap().to_owned());
+    let (content_type, retry_after) = (header("content-type"), header("retry-after"));
     let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
-    Answer { status, content_type, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null) }
+    Answer { status, content_type, retry_after, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null) }
 }
 
 #[derive(Debug, PartialEq)]
 struct Answer {
     status: StatusCode,
     content_type: Option<String>,
+    retry_after: Option<String>,
     body: Value,
+}
+
+/// With Redis stopped, or paused past the command timeout, every call of
+/// the API that needs the store answers 503 with `Retry-After`, naming
+/// the store and nothing more; a create refused so stored nothing — not
+/// even once a paused Redis resumes — and once Redis is back the same
+/// calls succeed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_store_is_a_503_with_retry_after_and_stores_nothing() {
+    let Some(mut redis) = hangar_redis::LocalRedis::for_test() else { return };
+    let backend = Backend::Redis(hangar_redis::Redis::connect(&redis.url()).unwrap());
+    let config: PredictionsConfig = serde_json::from_value(json!({})).unwrap();
+    let service = Service::start(
+        &backend,
+        config,
+        vec![model("t/open", None)],
+        keys(),
+        Arc::new(Echo),
+        "http://127.0.0.1:9",
+    )
+    .unwrap();
+    let router = service.router();
+    let create = r#"{"input": {"prompt": "x"}}"#;
+    let created = call(&router, "POST", "/v1/models/t/open/predictions", Some(ACME), Some(create)).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.body["id"].as_str().unwrap().to_owned();
+    let listed = |router: axum::Router| async move {
+        let a = call(&router, "GET", "/v1/predictions", Some(ACME), None).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        a.body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let unreachable = format!("the prediction store (redis at {}) is unreachable; retry", redis.url());
+    let refused = |a: &Answer, what: &str| {
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {a:?}");
+        assert_eq!(a.retry_after.as_deref(), Some("2"), "{what}: {a:?}");
+        assert_eq!(a.content_type.as_deref(), Some("application/problem+json"));
+        assert_eq!(a.body["detail"], unreachable.as_str(), "{what}: only the store is named");
+    };
+
+    redis.stop();
+    let get = format!("/v1/predictions/{id}");
+    for (method, uri, body) in [
+        ("POST", "/v1/models/t/open/predictions", Some(create)),
+        ("GET", get.as_str(), None),
+        ("GET", "/v1/predictions", None),
+    ] {
+        refused(&call(&router, method, uri, Some(ACME), body).await, uri);
+    }
+    redis.start_again().unwrap();
+    assert_eq!(listed(router.clone()).await, std::slice::from_ref(&id), "the refused create stored nothing");
+
+    // Paused past the 5 s command timeout: the create waits, is refused,
+    // and does not run when Redis resumes.
+    let pause = Duration::from_secs(6);
+    let paused_at = Instant::now();
+    redis.pause(pause).unwrap();
+    refused(
+        &call(&router, "POST", "/v1/models/t/open/predictions", Some(ACME), Some(create)).await,
+        "paused",
+    );
+    tokio::time::sleep(pause.saturating_sub(paused_at.elapsed()) + Duration::from_millis(200)).await;
+    assert_eq!(listed(router.clone()).await, [id], "the create refused during the pause never ran");
+    let again = call(&router, "POST", "/v1/models/t/open/predictions", Some(ACME), Some(create)).await;
+    assert_eq!(again.status, StatusCode::CREATED, "{again:?}");
+    service.stop();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -22,10 +22,26 @@
 //! How many replicas a model should have is not this crate's question:
 //! `hangar-scaler` decides it from what it observes of the line.
 //!
+//! # Waiting for a model that cannot run
+//! A request waits with a [`Patience`]. A synchronous client holds a
+//! connection open and is better told at once that nothing can serve it
+//! than kept until its timeout: it *fails fast*. An async prediction is
+//! durable and has deadlines of its own: it is *patient*. When the driver
+//! learns that the model cannot run now — its controller found no room
+//! for a replica and none is up — it says so with
+//! [`Admission::set_unavailable`]: every fail-fast waiter is turned away
+//! ([`Action::Unavailable`], HTTP 503 with `Retry-After`), and so is every
+//! fail-fast request submitted while it stays so and finds no free permit
+//! ([`Submitted::Unavailable`]); patient ones wait on, until a replica
+//! comes or their deadline passes. It lasts until the driver clears it or
+//! a replica becomes ready. [`Admission::fail_waiting`] (the model's
+//! engine does not start at all) still fails everyone waiting.
+//!
 //! Invariants, after every call: no replica has more permits out than its
-//! limit; either nobody waits or no healthy replica has a free permit; every
+//! limit; either nobody waits or no healthy replica has a free permit; no
+//! fail-fast request waits while the model is unavailable; every
 //! submitted request reaches exactly one end (leased or dispatched and later
-//! released, rejected, expired, cancelled, or failed).
+//! released, rejected, expired, cancelled, turned away, or failed).
 //!
 //! ```
 //! use hangar_core::{AccountId, ReplicaId, RequestId};
@@ -106,6 +122,19 @@ pub struct Permit {
     pub replica: ReplicaId,
 }
 
+/// How a request waits for a permit (see the crate docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Patience {
+    /// Turned away at once while the model is unavailable (a synchronous
+    /// request: its client waits on an open connection).
+    #[default]
+    FailFast,
+    /// Waits until a permit frees or its deadline passes, whatever the
+    /// model's state (an async prediction, durable, with deadlines of its
+    /// own).
+    Patient,
+}
+
 /// What [`Admission::submit`] decided at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Submitted {
@@ -120,6 +149,10 @@ pub enum Submitted {
         /// The line's capacity that was reached.
         capacity: usize,
     },
+    /// A fail-fast request found no free permit while the model is
+    /// unavailable: tell the client why ([`Admission::unavailable`]) and
+    /// to retry later (HTTP 503 with `Retry-After`).
+    Unavailable,
 }
 
 /// A decision taken after the call that caused it.
@@ -134,6 +167,15 @@ pub enum Action {
         /// The request.
         request: RequestId,
         /// Why.
+        reason: String,
+    },
+    /// A waiting fail-fast request was turned away because the model
+    /// became unavailable (HTTP 503 with `Retry-After`: it may succeed
+    /// later).
+    Unavailable {
+        /// The request.
+        request: RequestId,
+        /// Why, as [`Admission::set_unavailable`] was told.
         reason: String,
     },
 }
@@ -228,6 +270,7 @@ enum Place {
 #[derive(Debug)]
 struct Req {
     account: AccountId,
+    patience: Patience,
     place: Place,
     /// Arrival order, so a change of algorithm can rebuild the line as
     /// the requests came.
@@ -247,6 +290,8 @@ pub struct Admission {
     actions: VecDeque<Action>,
     free_scratch: Vec<FreeReplica>,
     arrivals: u64,
+    /// Why the model cannot run now, while it cannot (see the crate docs).
+    unavailable: Option<String>,
 }
 
 impl Admission {
@@ -261,6 +306,7 @@ impl Admission {
             actions: VecDeque::new(),
             free_scratch: Vec::new(),
             arrivals: 0,
+            unavailable: None,
         }
     }
 
@@ -291,12 +337,20 @@ impl Admission {
         self.replicas.values().filter(|r| r.healthy).map(|r| r.limit).sum()
     }
 
+    /// Why the model cannot run now, while [`Admission::set_unavailable`]
+    /// says so.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.unavailable.as_deref()
+    }
+
     // ---- handle_* (facts) ---------------------------------------------
 
     /// A replica became ready with `limit` permits (or changed its limit).
     /// Waiting requests are dispatched to it at once. Lowering the limit
     /// below the permits out keeps those permits valid until released.
+    /// The model can run: it is no longer unavailable.
     pub fn replica_ready(&mut self, now: Millis, replica: ReplicaId, limit: u32, chooser: &mut dyn Chooser) {
+        self.unavailable = None;
         let r =
             self.replicas.entry(replica).or_insert(Replica { limit, in_use: 0, healthy: true, excess: 0 });
         r.limit = limit;
@@ -340,6 +394,30 @@ impl Admission {
         }
     }
 
+    /// The model cannot run now, for `reason` (`Some`: no replica is up
+    /// and none can be placed), or can again (`None`). While it cannot,
+    /// every fail-fast request waiting is turned away, in arrival order
+    /// ([`Action::Unavailable`]), and so is each fail-fast request
+    /// submitted that finds no free permit ([`Submitted::Unavailable`]);
+    /// patient requests wait on. A replica becoming ready ends it too.
+    pub fn set_unavailable(&mut self, _now: Millis, reason: Option<String>) {
+        self.unavailable = reason.clone();
+        let Some(reason) = reason else { return };
+        let mut turned_away: Vec<(u64, RequestId)> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.patience == Patience::FailFast && matches!(r.place, Place::Waiting { .. }))
+            .map(|(id, r)| (r.arrival, *id))
+            .collect();
+        turned_away.sort_unstable();
+        for (_, request) in turned_away {
+            let account = self.requests[&request].account.clone();
+            self.waiting.remove(&account, request);
+            self.forget_waiting(request);
+            self.actions.push_back(Action::Unavailable { request, reason: reason.clone() });
+        }
+    }
+
     /// Expires waiting requests whose deadline is at or before `now`.
     /// Calling it early or twice does nothing.
     pub fn handle_timeout(&mut self, now: Millis) {
@@ -357,14 +435,29 @@ impl Admission {
 
     // ---- commands -----------------------------------------------------
 
-    /// Admits a request of `account`. `deadline` bounds how long it may
-    /// wait (absolute, same clock as `now`).
+    /// Admits a fail-fast request of `account` (see
+    /// [`Admission::submit_as`]).
     pub fn submit(
         &mut self,
         now: Millis,
         request: RequestId,
         account: AccountId,
         deadline: Option<Millis>,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Submitted, AdmissionError> {
+        self.submit_as(now, request, account, deadline, Patience::FailFast, chooser)
+    }
+
+    /// Admits a request of `account` that waits with `patience`.
+    /// `deadline` bounds how long it may wait (absolute, same clock as
+    /// `now`).
+    pub fn submit_as(
+        &mut self,
+        now: Millis,
+        request: RequestId,
+        account: AccountId,
+        deadline: Option<Millis>,
+        patience: Patience,
         chooser: &mut dyn Chooser,
     ) -> Result<Submitted, AdmissionError> {
         if self.requests.contains_key(&request) {
@@ -374,15 +467,19 @@ impl Admission {
         self.arrivals += 1;
         if self.waiting.len() == 0 {
             if let Some(replica) = self.pick(now, request, chooser) {
-                self.requests.insert(request, Req { account, place: Place::Leased(replica), arrival });
+                let req = Req { account, patience, place: Place::Leased(replica), arrival };
+                self.requests.insert(request, req);
                 return Ok(Submitted::Leased(Permit { request, replica }));
             }
+        }
+        if self.unavailable.is_some() && patience == Patience::FailFast {
+            return Ok(Submitted::Unavailable);
         }
         if !self.waiting.has_room(&account, self.config.capacity) {
             return Ok(Submitted::Rejected { capacity: self.config.capacity });
         }
         self.waiting.push(account.clone(), request);
-        self.requests.insert(request, Req { account, place: Place::Waiting { deadline }, arrival });
+        self.requests.insert(request, Req { account, patience, place: Place::Waiting { deadline }, arrival });
         if let Some(d) = deadline {
             self.deadlines.insert((d, request));
         }
@@ -508,6 +605,14 @@ impl Admission {
         }
         let waiting = self.requests.values().filter(|r| matches!(r.place, Place::Waiting { .. })).count();
         assert_eq!(waiting, self.waiting.len(), "waiting line and request table agree");
+        if self.unavailable.is_some() {
+            assert!(
+                self.requests
+                    .values()
+                    .all(|r| r.patience == Patience::Patient || !matches!(r.place, Place::Waiting { .. })),
+                "a fail-fast request waits while the model is unavailable"
+            );
+        }
         if self.waiting.len() > 0 {
             assert!(
                 self.replicas.values().all(|r| !r.healthy || r.in_use >= r.limit),

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use hangar_core::{AccountId, Millis, ReplicaId, RequestId};
 use hangar_queue::{
-    Action, Admission, AdmissionConfig, Chooser, FirstFree, FreeReplica, QueueAlgorithm, Submitted,
+    Action, Admission, AdmissionConfig, Chooser, FirstFree, FreeReplica, Patience, QueueAlgorithm, Submitted,
 };
 use proptest::prelude::*;
 
@@ -173,6 +173,41 @@ fn replicas_coming_and_going() {
     assert!(a.submit(11, RequestId(6), acct("a"), None, &mut FirstFree).is_err(), "duplicates are refused");
 }
 
+/// A model that cannot run turns its fail-fast waiters away at once, and
+/// every fail-fast newcomer that finds no permit, while patient ones wait
+/// on — until a replica is ready, which dispatches them.
+#[test]
+fn an_unavailable_model_turns_fail_fast_requests_away_and_keeps_patient_ones() {
+    let mut a = admission(QueueAlgorithm::Fifo, 10);
+    let patient = |a: &mut Admission, id| {
+        a.submit_as(0, RequestId(id), acct("a"), Some(1_000), Patience::Patient, &mut FirstFree).unwrap()
+    };
+    assert_eq!(patient(&mut a, 0), Submitted::Queued);
+    assert_eq!(a.submit(0, RequestId(1), acct("a"), Some(1_000), &mut FirstFree), Ok(Submitted::Queued));
+    assert_eq!(patient(&mut a, 2), Submitted::Queued);
+    assert_eq!(a.submit(0, RequestId(3), acct("b"), None, &mut FirstFree), Ok(Submitted::Queued));
+    a.set_unavailable(5, Some("no room on any node".into()));
+    let actions: Vec<Action> = std::iter::from_fn(|| a.poll_action()).collect();
+    let away = |r| Action::Unavailable { request: RequestId(r), reason: "no room on any node".into() };
+    assert_eq!(actions, [away(1), away(3)], "fail-fast waiters, in arrival order");
+    assert_eq!((a.waiting(), a.unavailable()), (2, Some("no room on any node")));
+    a.check_invariants();
+    assert_eq!(a.submit(6, RequestId(4), acct("a"), None, &mut FirstFree), Ok(Submitted::Unavailable));
+    let later = a.submit_as(6, RequestId(5), acct("a"), Some(5_000), Patience::Patient, &mut FirstFree);
+    assert_eq!(later, Ok(Submitted::Queued));
+    a.handle_timeout(1_000);
+    assert_eq!(
+        std::iter::from_fn(|| a.poll_action()).collect::<Vec<_>>(),
+        [Action::Expired(RequestId(0)), Action::Expired(RequestId(2))],
+        "patient ones end at their own deadline"
+    );
+    a.replica_ready(1_001, rep(1), 1, &mut FirstFree);
+    assert_eq!(a.unavailable(), None, "a ready replica: the model runs again");
+    assert_eq!(dispatched(&mut a), vec![5]);
+    assert_eq!(a.submit(1_002, RequestId(6), acct("a"), None, &mut FirstFree), Ok(Submitted::Queued));
+    a.check_invariants();
+}
+
 /// Chooses the free replica with the most permits left, to exercise the
 /// chooser hook.
 struct Spread;
@@ -185,31 +220,36 @@ impl Chooser for Spread {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Submit(u8, Option<u8>),
+    Submit(u8, Option<u8>, bool),
     Release(u8),
     Ready(u8, u8),
     Gone(u8),
     Unhealthy(u8),
     Tick(u8),
     Switch(bool, u8),
+    Unavailable(bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..3, proptest::option::of(0u8..50)).prop_map(|(a, d)| Op::Submit(a, d)),
+        4 => (0u8..3, proptest::option::of(0u8..50), any::<bool>()).prop_map(|(a, d, p)| Op::Submit(a, d, p)),
         3 => any::<u8>().prop_map(Op::Release),
         1 => (0u8..3, 0u8..4).prop_map(|(r, l)| Op::Ready(r, l)),
         1 => (0u8..3).prop_map(Op::Gone),
         1 => (0u8..3).prop_map(Op::Unhealthy),
         1 => (1u8..30).prop_map(Op::Tick),
         1 => (any::<bool>(), 0u8..6).prop_map(|(f, c)| Op::Switch(f, c)),
+        1 => any::<bool>().prop_map(Op::Unavailable),
     ]
 }
 
 proptest! {
-    /// Random traffic, replica churn, time and queue switches: the
-    /// invariants hold after every call, and every submitted request ends
-    /// exactly once.
+    /// Random traffic of both patiences, replica churn, time, queue
+    /// switches and the model turning unavailable and back: the
+    /// invariants hold after every call, every submitted request ends
+    /// exactly once, only fail-fast requests are ever turned away — never
+    /// while a permit is free — and none waits while the model is
+    /// unavailable.
     #[test]
     fn every_request_ends_exactly_once(
         fair in any::<bool>(),
@@ -226,18 +266,37 @@ proptest! {
         let mut dispatch_order: HashMap<String, Vec<u64>> = HashMap::new();
         let accounts = ["a", "b", "c"];
         let mut account_of: HashMap<u64, &str> = HashMap::new();
+        let mut patient: HashSet<u64> = HashSet::new();
+        let mut unavailable = false;
         for op in ops {
             match op {
-                Op::Submit(acc, deadline) => {
+                Op::Submit(acc, deadline, is_patient) => {
                     let id = next;
                     next += 1;
                     account_of.insert(id, accounts[acc as usize]);
-                    let d = deadline.map(|d| now + u64::from(d));
-                    match a.submit(now, RequestId(id), acct(accounts[acc as usize]), d, &mut Spread).unwrap() {
-                        Submitted::Leased(p) => { prop_assert_eq!(p.request, RequestId(id)); holding.insert(id); }
-                        Submitted::Queued => { waiting.insert(id); }
-                        Submitted::Rejected { .. } => { ended.insert(id); }
+                    if is_patient {
+                        patient.insert(id);
                     }
+                    let patience = if is_patient { Patience::Patient } else { Patience::FailFast };
+                    let d = deadline.map(|d| now + u64::from(d));
+                    let free = a.in_use() < a.total_permits() && a.waiting() == 0;
+                    match a.submit_as(now, RequestId(id), acct(accounts[acc as usize]), d, patience, &mut Spread).unwrap() {
+                        Submitted::Leased(p) => { prop_assert_eq!(p.request, RequestId(id)); holding.insert(id); }
+                        Submitted::Queued => {
+                            prop_assert!(is_patient || !unavailable, "a fail-fast request queued while unavailable");
+                            waiting.insert(id);
+                        }
+                        Submitted::Rejected { .. } => { ended.insert(id); }
+                        Submitted::Unavailable => {
+                            prop_assert!(!is_patient && unavailable, "turned away: fail-fast, while unavailable");
+                            prop_assert!(!free, "turned away while a permit was free");
+                            ended.insert(id);
+                        }
+                    }
+                }
+                Op::Unavailable(yes) => {
+                    unavailable = yes;
+                    a.set_unavailable(now, yes.then(|| "no room".to_owned()));
                 }
                 Op::Release(i) => {
                     let all: Vec<u64> = {
@@ -253,7 +312,10 @@ proptest! {
                         ended.insert(id);
                     }
                 }
-                Op::Ready(r, limit) => a.replica_ready(now, rep(u128::from(r)), u32::from(limit), &mut FirstFree),
+                Op::Ready(r, limit) => {
+                    a.replica_ready(now, rep(u128::from(r)), u32::from(limit), &mut FirstFree);
+                    unavailable = false;
+                }
                 Op::Gone(r) => {
                     for id in a.replica_gone(now, rep(u128::from(r))) {
                         prop_assert!(holding.remove(&id.0), "only holders lose permits");
@@ -285,8 +347,14 @@ proptest! {
                         prop_assert!(waiting.remove(&r.0), "only waiters expire");
                         ended.insert(r.0);
                     }
+                    Action::Unavailable { request: r, .. } => {
+                        prop_assert!(!patient.contains(&r.0), "a patient request turned away");
+                        prop_assert!(waiting.remove(&r.0), "only waiters are turned away");
+                        ended.insert(r.0);
+                    }
                 }
             }
+            prop_assert_eq!(a.unavailable().is_some(), unavailable);
             a.check_invariants();
             prop_assert_eq!(a.waiting(), waiting.len());
             prop_assert_eq!(a.in_use() as usize, holding.len());

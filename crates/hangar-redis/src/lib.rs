@@ -86,6 +86,38 @@ pub enum RedisError {
     },
 }
 
+impl RedisError {
+    /// Whether the server could not be reached or could not serve now —
+    /// not connected, the connection dropped, a command timed out (a
+    /// server paused with `CLIENT PAUSE` or overloaded), still loading
+    /// its data (`LOADING`), busy with a script (`BUSY`), a replica
+    /// being promoted (`MASTERDOWN`, `READONLY`, `TRYAGAIN`) — rather
+    /// than refusing the command itself. The same call may succeed when
+    /// repeated later; callers answer "retry" (HTTP 503) instead of
+    /// failing for good. Judged on the error's kind, never its text.
+    pub fn is_unavailable(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        match self {
+            RedisError::Url { .. } => false,
+            RedisError::Unreachable { .. } => true,
+            RedisError::Command { source, .. } => {
+                source.is_io_error()
+                    || matches!(
+                        source.kind(),
+                        ErrorKind::Server(
+                            ServerErrorKind::BusyLoading
+                                | ServerErrorKind::TryAgain
+                                | ServerErrorKind::MasterDown
+                                | ServerErrorKind::ClusterDown
+                                | ServerErrorKind::ReadOnly
+                        )
+                    )
+                    || source.code() == Some("BUSY")
+            }
+        }
+    }
+}
+
 /// A pool of connections to one Redis. Cheap to clone.
 #[derive(Clone)]
 pub struct Redis {
@@ -93,6 +125,8 @@ pub struct Redis {
     /// The pool manager's epoch (see [`Redis::run`]).
     epoch: Arc<AtomicU64>,
     url: String,
+    /// Where the server is, without credentials (see [`Redis::address`]).
+    address: String,
 }
 
 impl std::fmt::Debug for Redis {
@@ -191,6 +225,12 @@ impl Redis {
     pub fn connect(url: &str) -> Result<Redis, RedisError> {
         let client = client(url).map_err(|reason| RedisError::Url { url: redacted(url), reason })?;
         tls::install_crypto_provider();
+        let address = match client.get_connection_info().addr() {
+            redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}"),
+            redis::ConnectionAddr::Unix(path) => format!("unix://{}", path.display()),
+            _ => "redis".to_owned(),
+        };
         // A dead connection is found when a command on it fails (and is
         // then dropped, `has_broken`), not by a PING before every use,
         // which would double each command's round trip.
@@ -202,7 +242,7 @@ impl Redis {
             .test_on_check_out(false)
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(Manager { client, epoch: epoch.clone() });
-        let redis = Redis { pool, epoch, url: redacted(url) };
+        let redis = Redis { pool, epoch, url: redacted(url), address };
         redis.run(|c| redis::cmd("PING").query::<String>(c))?;
         Ok(redis)
     }
@@ -228,6 +268,14 @@ impl Redis {
     /// before is retired and `f` runs once more on a fresh one — so `f`
     /// must be safe to repeat: idempotent, or a compare-and-set whose
     /// second run reports the first's success.
+    ///
+    /// A command that times out (5 s: a server paused with `CLIENT
+    /// PAUSE`, or stalled) fails without a repeat, and its connection is
+    /// closed rather than kept: a paused server still holds the command
+    /// and would run it once it resumes, long after the caller was told
+    /// it failed; on a closed connection it never runs. So a timed-out
+    /// call has, as far as anyone can tell afterwards, done nothing —
+    /// unless the server ran it in the instant before the timeout.
     pub fn run<T>(
         &self,
         mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
@@ -238,9 +286,15 @@ impl Redis {
                 self.epoch.fetch_add(1, Ordering::Relaxed);
                 drop(conn);
                 let mut conn = self.conn()?;
-                f(&mut conn.conn).map_err(|e| self.error(e))
+                let result = f(&mut conn.conn);
+                conn.broken |= result.as_ref().is_err_and(redis::RedisError::is_timeout);
+                result.map_err(|e| self.error(e))
             }
-            r => r.map_err(|e| self.error(e)),
+            Err(e) => {
+                conn.broken |= e.is_timeout();
+                Err(self.error(e))
+            }
+            Ok(v) => Ok(v),
         }
     }
 
@@ -275,6 +329,14 @@ impl Redis {
         &self.url
     }
 
+    /// Where the server is — `redis://HOST:PORT`, `rediss://HOST:PORT` or
+    /// `unix:///PATH` — without user, password, database or options: what
+    /// may be shown to a client of the API (an answer naming the store
+    /// that is unreachable).
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
     /// `e`, naming this server.
     fn error(&self, source: redis::RedisError) -> RedisError {
         RedisError::Command { url: self.url.clone(), source }
@@ -296,6 +358,9 @@ pub struct Manager {
 pub struct Tagged {
     conn: redis::Connection,
     epoch: u64,
+    /// A command on it timed out: it is closed instead of going back to
+    /// the pool (see [`Redis::run`]).
+    broken: bool,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -307,7 +372,7 @@ impl r2d2::ManageConnection for Manager {
         let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
         conn.set_read_timeout(Some(IO_TIMEOUT))?;
         conn.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(Tagged { conn, epoch })
+        Ok(Tagged { conn, epoch, broken: false })
     }
 
     fn is_valid(&self, conn: &mut Tagged) -> Result<(), redis::RedisError> {
@@ -315,13 +380,50 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Tagged) -> bool {
-        conn.epoch != self.epoch.load(Ordering::Relaxed) || !redis::ConnectionLike::is_open(&conn.conn)
+        conn.broken
+            || conn.epoch != self.epoch.load(Ordering::Relaxed)
+            || !redis::ConnectionLike::is_open(&conn.conn)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// A stopped server, and one that holds commands past the timeout,
+    /// are unavailable; a command the server refuses is not.
+    #[test]
+    fn unavailable_is_told_from_refused() {
+        let Some(mut server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        assert_eq!(redis.address(), server.url());
+        redis.run(|c| redis::cmd("SET").arg("k").arg("v").query::<()>(c)).unwrap();
+        let wrong = redis.run(|c| redis::cmd("LPUSH").arg("k").arg("x").query::<i64>(c)).unwrap_err();
+        assert!(!wrong.is_unavailable(), "WRONGTYPE is the command's fault: {wrong}");
+        server.stop();
+        let down = redis.run(|c| redis::cmd("GET").arg("k").query::<String>(c)).unwrap_err();
+        assert!(down.is_unavailable(), "{down}");
+        server.start_again().unwrap();
+        let back: String = redis.run(|c| redis::cmd("GET").arg("k").query(c)).unwrap();
+        assert_eq!(back, "v", "the AOF kept it, and the pool reconnects by itself");
+    }
+
+    /// A command that times out while the server is paused fails, and
+    /// never runs afterwards: its connection is closed, so the server
+    /// drops what it held for it instead of running it when it resumes.
+    #[test]
+    fn a_timed_out_command_never_runs_later() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        server.pause(IO_TIMEOUT + Duration::from_secs(1)).unwrap();
+        let e = redis.run(|c| redis::cmd("SET").arg("late").arg("1").query::<()>(c)).unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        // Past the pause: the server answers again, and never ran the SET.
+        let late: Option<String> = redis.run(|c| redis::cmd("GET").arg("late").query(c)).unwrap();
+        assert_eq!(late, None);
+    }
 
     #[test]
     fn a_password_never_reaches_a_message() {

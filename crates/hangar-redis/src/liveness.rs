@@ -226,7 +226,7 @@ mod tests {
         );
         let left = Seen { left: true, ..seen("a", "r2", 1) };
         assert_eq!(
-            l.observe(68_750, &[left.clone()]),
+            l.observe(68_750, std::slice::from_ref(&left)),
             vec![Change::Left { name: "a".into(), agent: "r2".into() }]
         );
         assert!(l.observe(69_000, &[left]).is_empty());

@@ -27,6 +27,9 @@ pub enum ServerError {
     /// It could not be spawned or its directory made.
     #[error("redis-server: {0}")]
     Io(#[from] std::io::Error),
+    /// `CLIENT PAUSE` failed.
+    #[error("redis-server: CLIENT PAUSE failed: {0}")]
+    Pause(redis::RedisError),
     /// It did not answer in time; its log's last lines.
     #[error("redis-server did not answer on {socket} within 10 s; its log ends:\n{log}")]
     NoAnswer {
@@ -211,13 +214,44 @@ impl LocalRedis {
     /// Stops the server as an operator would (SIGTERM: it flushes its AOF)
     /// and starts it again on the same socket and data.
     pub fn restart(&mut self) -> Result<(), ServerError> {
+        self.stop();
+        self.spawn()
+    }
+
+    /// Stops the server as an operator would (SIGTERM: it flushes its
+    /// AOF) and leaves it stopped: clients find nothing on the socket
+    /// until [`LocalRedis::start_again`].
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
             }
             let _ = child.wait();
         }
+    }
+
+    /// Starts a stopped server again on the same socket and data, and
+    /// waits until it answers; does nothing if it runs.
+    pub fn start_again(&mut self) -> Result<(), ServerError> {
+        if self.child.is_some() {
+            return Ok(());
+        }
         self.spawn()
+    }
+
+    /// Makes the server hold every client's commands for `duration`
+    /// (`CLIENT PAUSE <ms> ALL`), as a server stalled by a slow disk or a
+    /// long fork would: connections stay open, nothing is answered, and
+    /// what it holds runs when the pause ends. Returns at once.
+    pub fn pause(&self, duration: Duration) -> Result<(), ServerError> {
+        let client = redis::Client::open(self.url()).map_err(ServerError::Pause)?;
+        let mut conn = client.get_connection().map_err(ServerError::Pause)?;
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(duration.as_millis() as u64)
+            .arg("ALL")
+            .query::<()>(&mut conn)
+            .map_err(ServerError::Pause)
     }
 
     /// Kills the server with SIGKILL (what it wrote in the last second may

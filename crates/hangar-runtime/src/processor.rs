@@ -7,6 +7,10 @@
 //! [`AdmitError::QueueFull`] (HTTP 429), a wait past its deadline
 //! [`AdmitError::Timeout`] (504). A caller that stops waiting (its client
 //! disconnected, so the handler future is dropped) leaves the line at once.
+//! While the controller says the model cannot run
+//! ([`Processor::set_unavailable`]), a fail-fast request (synchronous)
+//! that finds no permit is answered [`AdmitError::Unavailable`] (503 with
+//! `Retry-After`) at once; a patient one (an async prediction) waits.
 //!
 //! The admission policy itself is `hangar-queue`'s sans-IO state machine;
 //! this module only adds the clock, a timer task for deadlines, and the
@@ -16,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
+pub use hangar_queue::Patience;
 use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
 use rustc_hash::FxHashMap;
 use tokio::sync::{oneshot, Notify};
@@ -64,6 +69,15 @@ pub enum AdmitError {
     /// The request will not be served (HTTP 503).
     #[error("{0}")]
     Failed(String),
+    /// The model cannot run now — no replica is up and the controller
+    /// finds no room for one — and the request asked to fail fast (HTTP
+    /// 503 with `Retry-After`: it may succeed later). Never for a patient
+    /// request.
+    #[error("{reason}")]
+    Unavailable {
+        /// Why, as the controller said.
+        reason: String,
+    },
 }
 
 type Waiter = oneshot::Sender<Result<ReplicaId, AdmitError>>;
@@ -148,6 +162,7 @@ impl Shared {
                 Action::Dispatch(p) => (p.request, Ok(p.replica)),
                 Action::Expired(r) => (r, Err(AdmitError::Timeout)),
                 Action::Failed { request, reason } => (request, Err(AdmitError::Failed(reason))),
+                Action::Unavailable { request, reason } => (request, Err(AdmitError::Unavailable { reason })),
             };
             let delivered = state.waiters.remove(&request).is_some_and(|w| w.send(result.clone()).is_ok());
             if !delivered && result.is_ok() {
@@ -237,9 +252,19 @@ impl Processor {
         self.shared.with(|s, now| s.chooser.refused(now, replica));
     }
 
-    /// Fails every waiting request (e.g. no replica could be started).
+    /// Fails every waiting request, patient ones included (e.g. no
+    /// replica could be started).
     pub fn fail_waiting(&self, reason: &str) {
         self.shared.with(|s, now| s.admission.fail_waiting(now, reason));
+    }
+
+    /// The model cannot run now, for `reason` (`Some`), or can again
+    /// (`None`): the controller's word. While it cannot, fail-fast
+    /// requests waiting are answered [`AdmitError::Unavailable`], and so
+    /// are new ones that find no permit; patient ones wait. A replica
+    /// becoming ready ends it too.
+    pub fn set_unavailable(&self, reason: Option<String>) {
+        self.shared.with(|s, now| s.admission.set_unavailable(now, reason));
     }
 
     /// The line and the permits as they stand.
@@ -263,22 +288,28 @@ impl Processor {
         self.shared.with(|s, now| s.admission.reconfigure(now, config));
     }
 
-    /// Waits for a permit for a request of `account`, at most `timeout`.
+    /// Waits for a permit for a fail-fast request of `account`, at most
+    /// `timeout`.
     ///
     /// # Cancel safety
     /// Dropping the future removes the request from the line (or gives its
     /// permit back if one was granted meanwhile).
     pub async fn admit(&self, account: AccountId, timeout: Option<Duration>) -> Result<Lease, AdmitError> {
-        self.admit_with(account, timeout, None, None).await
+        self.admit_with(account, Patience::FailFast, timeout, None, None).await
     }
 
-    /// [`admit`](Self::admit), telling the chooser the request's prompt
-    /// (block hashes and token count) so it can route by cache overlap,
-    /// and a replica to `avoid` — one that just refused the request for
-    /// want of capacity — while another has a free permit.
+    /// [`admit`](Self::admit) of a request that waits with `patience`,
+    /// telling the chooser the request's prompt (block hashes and token
+    /// count) so it can route by cache overlap, and a replica to `avoid`
+    /// — one that just refused the request for want of capacity — while
+    /// another has a free permit.
+    ///
+    /// # Cancel safety
+    /// As [`admit`](Self::admit).
     pub async fn admit_with(
         &self,
         account: AccountId,
+        patience: Patience,
         timeout: Option<Duration>,
         prompt: Option<(&[BlockHash], u32)>,
         avoid: Option<ReplicaId>,
@@ -298,7 +329,7 @@ impl Processor {
                 let deadline = timeout.map(|t| now + t.as_millis() as Millis);
                 let submitted = s
                     .admission
-                    .submit(now, request, account, deadline, &mut *s.chooser)
+                    .submit_as(now, request, account, deadline, patience, &mut *s.chooser)
                     .expect("ids are unique");
                 let rx = match submitted {
                     Submitted::Queued => {
@@ -326,6 +357,13 @@ impl Processor {
                         s.counters.rejected += 1;
                     });
                     return Err(AdmitError::QueueFull { capacity });
+                }
+                (request, Submitted::Unavailable, _) => {
+                    let reason = self.shared.with(|s, _| {
+                        s.chooser.done(request);
+                        s.admission.unavailable().unwrap_or("the model cannot run now").to_owned()
+                    });
+                    return Err(AdmitError::Unavailable { reason });
                 }
                 (request, Submitted::Queued, rx) => {
                     self.shared.timer.notify_one();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hangar_core::{AccountId, ReplicaId};
 use hangar_queue::{AdmissionConfig, FirstFree, QueueAlgorithm};
-use hangar_runtime::processor::{AdmitError, Processor};
+use hangar_runtime::processor::{AdmitError, Patience, Processor};
 
 fn acct(s: &str) -> AccountId {
     s.parse().unwrap()
@@ -99,6 +99,34 @@ async fn fair_lines_take_turns_and_failures_reach_waiters() {
     }
     p.fail_waiting("no replica could start");
     assert_eq!(failing.await.unwrap(), Err(AdmitError::Failed("no replica could start".into())));
+}
+
+/// A model that cannot run: a synchronous request waiting is answered
+/// `Unavailable` when the controller says so, and a new one at once; a
+/// patient one waits on and gets the first replica that becomes ready.
+#[tokio::test]
+async fn an_unavailable_model_answers_sync_requests_at_once_and_keeps_async_ones() {
+    let p = Processor::new(
+        AdmissionConfig { algorithm: QueueAlgorithm::Fifo, capacity: 10 },
+        Box::new(FirstFree),
+    );
+    let (p1, p2) = (p.clone(), p.clone());
+    let sync =
+        tokio::spawn(async move { p1.admit(acct("a"), Some(Duration::from_secs(600))).await.map(drop) });
+    let patient = tokio::spawn(async move {
+        p2.admit_with(acct("a"), Patience::Patient, None, None, None).await.map(|l| l.replica)
+    });
+    while p.load().waiting < 2 {
+        tokio::task::yield_now().await;
+    }
+    let reason = "no replica of `t/m` can run now: no room";
+    p.set_unavailable(Some(reason.into()));
+    assert_eq!(sync.await.unwrap(), Err(AdmitError::Unavailable { reason: reason.into() }));
+    let again = p.admit(acct("b"), Some(Duration::from_secs(600))).await.unwrap_err();
+    assert_eq!(again, AdmitError::Unavailable { reason: reason.into() }, "a newcomer is told at once");
+    assert_eq!(p.load().waiting, 1, "the prediction waits on");
+    p.replica_ready(ReplicaId::from_u128(7), 1);
+    assert_eq!(patient.await.unwrap(), Ok(ReplicaId::from_u128(7)));
 }
 
 type Admitted = (&'static str, hangar_runtime::processor::Lease);

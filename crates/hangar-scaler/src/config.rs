@@ -42,6 +42,21 @@ impl ScalingConfig {
         }
     }
 
+    /// Checks that the policy can run a model within `bounds`: `fixed`
+    /// keeps exactly `min_replicas`, so with 0 the model would never run
+    /// (every other policy starts a model at zero when a request waits).
+    /// The path names the model's `min_replicas`.
+    pub fn check_bounds(&self, bounds: crate::Bounds) -> Result<(), FieldError> {
+        match self {
+            ScalingConfig::Fixed if bounds.min == 0 => Err(FieldError::new(
+                "min_replicas",
+                "is 0, and the `fixed` policy keeps exactly min_replicas replicas, so the model would never run: \
+                 set min_replicas to the count to keep, or choose a policy that scales (hangar, replicate, workers-ai)",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Checks every knob's range; paths are relative to the table.
     pub fn validate(&self) -> Result<(), FieldError> {
         match self {

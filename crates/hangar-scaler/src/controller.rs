@@ -119,6 +119,8 @@ pub enum Action {
         model: ModelKey,
         /// Why, as placement or the engine start said.
         reason: String,
+        /// Whether placement found no room or an engine did not start.
+        cause: BlockCause,
     },
     /// The model is placeable again.
     Placeable {
@@ -172,12 +174,17 @@ pub struct Blocked {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockCause {
-    /// Placement cannot fit the model's count. Retried at once when GPUs
-    /// are freed or a node joins; the wait doubles while it stays blocked.
+    /// Placement cannot fit the model's count: no node, none with the
+    /// hardware the model needs, or no GPU free that may be taken. Retried
+    /// at once when GPUs are freed or a node joins; the wait doubles while
+    /// it stays blocked. Room comes and goes, so this is a wait, not a
+    /// failure: work for the model may wait for room.
     NoRoom,
-    /// A replica did not start. Retried only when the wait is over; the
-    /// wait doubles with each start that fails in a row until a replica of
-    /// the model is ready, however the retries in between were placed.
+    /// A replica did not start (a broken command, a model whose setup
+    /// fails). Retried only when the wait is over; the wait doubles with
+    /// each start that fails in a row until a replica of the model is
+    /// ready, however the retries in between were placed. Work for the
+    /// model cannot be served by waiting for room.
     StartFailed,
 }
 
@@ -379,7 +386,11 @@ impl Controller {
             let b = self.models.get_mut(model).expect("checked").blocked.as_mut().expect("same round");
             if b.reason != reason {
                 b.reason.clone_from(&reason);
-                self.actions.push_back(Action::Unplaceable { model: model.clone(), reason });
+                self.actions.push_back(Action::Unplaceable {
+                    model: model.clone(),
+                    reason,
+                    cause: BlockCause::StartFailed,
+                });
             }
             return;
         }
@@ -752,7 +763,7 @@ impl Controller {
     fn block(&mut self, now: Millis, model: &ModelKey, reason: String, cause: BlockCause, backoff: Millis) {
         let hot = self.hot(model);
         let c = self.models.get_mut(model).expect("listed");
-        let changed = c.blocked.as_ref().is_none_or(|b| b.reason != reason);
+        let changed = c.blocked.as_ref().is_none_or(|b| b.reason != reason || b.cause != cause);
         let retry_at = now.saturating_add(backoff);
         c.blocked = Some(Blocked { reason: reason.clone(), cause, retry_at, backoff });
         c.scaler.set_placeable(now, Some(hot));
@@ -760,7 +771,7 @@ impl Controller {
             self.actions.push_back(Action::Decided { model: model.clone(), decision });
         }
         if changed {
-            self.actions.push_back(Action::Unplaceable { model: model.clone(), reason });
+            self.actions.push_back(Action::Unplaceable { model: model.clone(), reason, cause });
         }
     }
 

@@ -119,6 +119,10 @@ impl fmt::Display for Reason {
                     "backlog {per_replica:.2} per replica against {target:.2}: {recommended} recommended"
                 )
             }
+            // From zero (no healthy replica) there is no finite utilization.
+            Reason::Utilization { utilization, min, max } if *utilization >= f64::MAX => {
+                write!(f, "utilization unbounded (no replica ready) against {min:.2}–{max:.2}")
+            }
             Reason::Utilization { utilization, min, max } => {
                 write!(f, "utilization {utilization:.2} against {min:.2}–{max:.2}")
             }
@@ -162,5 +166,16 @@ impl DecisionLog {
     /// The latest decision.
     pub fn last(&self) -> Option<&Decision> {
         self.decisions.back()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_from_zero_reads_without_a_309_digit_number() {
+        let r = Reason::Utilization { utilization: f64::MAX, min: 0.3, max: 0.8 };
+        assert_eq!(r.to_string(), "utilization unbounded (no replica ready) against 0.30–0.80");
     }
 }

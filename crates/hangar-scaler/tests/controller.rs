@@ -78,7 +78,11 @@ fn an_unplaceable_count_is_reported_once_and_retried_with_backoff() {
     let mut c = Controller::new(cluster(1, &[("big", "60GB")]), 1, vec![spec("big", scaling, 2, 2)], 0);
     let first = drain(&mut c);
     assert_eq!(steps(&first, Step::Create), 1, "one fits");
-    assert_eq!(first.iter().filter(|a| matches!(a, Action::Unplaceable { .. })).count(), 1);
+    assert_eq!(
+        first.iter().filter(|a| matches!(a, Action::Unplaceable { cause: BlockCause::NoRoom, .. })).count(),
+        1,
+        "placement's refusal, not a start failure"
+    );
     let blocked = c.blocked(&key("big")).unwrap().clone();
     assert!(blocked.reason.contains("room") || blocked.reason.contains("GPU"), "{blocked:?}");
     let mut wakeups = 0;
@@ -119,7 +123,8 @@ fn a_failed_replica_is_replaced_and_one_that_does_not_start_is_backed_off() {
     assert_eq!(steps(&actions, Step::Create), 0, "not at once: {actions:?}");
     assert!(actions
         .iter()
-        .any(|a| matches!(a, Action::Unplaceable { reason, .. } if reason.contains("did not start"))));
+        .any(|a| matches!(a, Action::Unplaceable { reason, cause: BlockCause::StartFailed, .. }
+        if reason.contains("did not start"))));
     let retry = c.blocked(&key("m")).unwrap().retry_at;
     c.observe(retry, &key("m"), load(0, 0), &[]);
     c.handle_timeout(retry);

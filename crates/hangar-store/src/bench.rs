@@ -512,9 +512,9 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, StoreError> {
         c.node = "bench-a".into();
     })?;
     std::thread::sleep(Duration::from_millis(300)); // first heartbeat
-    // Each run's second daemon listens on a port of its own, so it takes a
-    // name of its own too: the registry keeps a name for its last holder's
-    // address until the holder has been silent for the TTL.
+                                                    // Each run's second daemon listens on a port of its own, so it takes a
+                                                    // name of its own too: the registry keeps a name for its last holder's
+                                                    // address until the holder has been silent for the TTL.
     let runs = std::cell::Cell::new(0u32);
     let (reference, p2p) = paired(
         Cache::Warm,

@@ -10,31 +10,38 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::fleet::{agent, status, wait_ready, Agent};
-use common::predictions::{client, create_with_webhook, get, receiver, Receiver};
+use common::fleet::{agent, agent_with_memory, status, wait_ready, Agent};
+use common::predictions::{client, create_with_webhook, get, post, receiver, wait_terminal, Receiver};
 use common::{serve_in, Serve};
 use hangar_redis::LocalRedis;
 use serde_json::{json, Value};
 
 /// The fleet's file: two models, `t/a` with two replicas and `t/b` with
-/// one; async predictions with a short lease and webhooks to loopback.
+/// one.
 fn fleet_config(redis: &LocalRedis) -> String {
-    format!(
-        r#"
-redis = "{}"
-
+    let models = r#"
 [[models]]
 key = "t/a"
-engine = {{ kind = "mock", preset = "fast" }}
+engine = { kind = "mock", preset = "fast" }
 size = "10GB"
 min_replicas = 2
 
 [[models]]
 key = "t/b"
-engine = {{ kind = "mock", preset = "fast" }}
+engine = { kind = "mock", preset = "fast" }
 size = "10GB"
 min_replicas = 1
+"#;
+    fleet_config_of(redis, models)
+}
 
+/// A fleet's file on `redis` serving `models` (`[[models]]` entries);
+/// async predictions with a short lease and webhooks to loopback.
+fn fleet_config_of(redis: &LocalRedis, models: &str) -> String {
+    format!(
+        r#"
+redis = "{}"
+{models}
 [predictions]
 async_slots = 4
 lease_s = 2
@@ -232,7 +239,8 @@ fn the_fleet_rides_out_a_redis_restart() {
         let (status, p) = create_with_webhook(gateway, "t/b", 8, &hooks);
         match status {
             201 => ids.push(p["id"].as_str().unwrap().to_owned()),
-            s if s >= 500 => refused += 1,
+            // Redis is down: told to retry, never a 500.
+            503 => refused += 1,
             s => panic!("{s}: {p}"),
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -367,4 +375,80 @@ fn an_agent_stopped_past_its_ttl_rejoins_without_ghosts() {
     wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], None);
     engines_match_placement(&gw, &f.agents);
     assert_eq!(chat(&gw, "t/a"), 200);
+}
+
+/// A sync chat through `gateway`: its status, `Retry-After` and the error
+/// message, if any.
+fn chat_answer(gateway: &str, model: &str) -> (u16, Option<String>, String) {
+    let r = client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let retry_after = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+    let body: Value = r.json().unwrap_or(Value::Null);
+    (status, retry_after, body["error"]["message"].as_str().unwrap_or_default().to_owned())
+}
+
+/// A fleet whose only node is too small for its only model (60 GB on
+/// 16 GB GPUs: placement refuses). A sync request is answered 503 at
+/// once with `Retry-After` and the reason — not after its 600 s timeout
+/// — while the model stays so; async predictions are not failed for
+/// want of room: one with `Cancel-After` waits until that deadline
+/// (aborted, never run), one without waits until a node with room joins
+/// and then succeeds, and sync requests are served again.
+#[test]
+fn a_model_with_no_room_turns_sync_requests_away_and_keeps_its_predictions() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = r#"
+[[models]]
+key = "t/big"
+engine = { kind = "mock", preset = "fast" }
+size = "60GB"
+min_replicas = 0
+timeout_s = 600
+"#;
+    let config = fleet_config_of(&redis, model);
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
+    let _small = agent_with_memory(dir.path(), &path, &redis.url(), "small", 1, "16GB");
+    let t = Instant::now();
+    while leader(std::slice::from_ref(&gateway)).is_none() {
+        assert!(t.elapsed() < Duration::from_secs(15), "the gateway never leads");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let hooks = receiver(0);
+    let body = |hooks: &Receiver| json!({"input": {"prompt": "x", "max_tokens": 4}, "webhook": hooks.url, "webhook_events_filter": ["completed"]});
+    let predict = format!("{}/v1/models/t/big/predictions", gateway.url);
+    let (status, bounded) = post(&predict, &body(&hooks), &[("Cancel-After", "5s")]);
+    assert_eq!(status, 201, "{bounded}");
+    let (status, open) = post(&predict, &body(&hooks), &[]);
+    assert_eq!(status, 201, "{open}");
+
+    // The predictions wait in the line, so the controller wants a replica
+    // and finds no room: the first request may wait for that word, those
+    // after it are told at once. None waits out its 600 s timeout (the
+    // client gives up after 90 s).
+    for _ in 0..3 {
+        let (status, retry_after, message) = chat_answer(&gateway.url, "t/big");
+        assert_eq!(status, 503, "{message}");
+        assert_eq!(retry_after.as_deref(), Some("5"), "{message}");
+        assert!(message.starts_with("no replica of `t/big` can run now: "), "{message}");
+        assert!(message.ends_with("; retry"), "{message}");
+    }
+    let url = |p: &Value| format!("{}/v1/predictions/{}", gateway.url, p["id"].as_str().unwrap());
+    let aborted = wait_terminal(&url(&bounded));
+    assert_eq!(aborted["status"], "aborted", "waited until its own deadline: {aborted}");
+    assert_eq!(get(&url(&open))["status"], "starting", "still waiting for room");
+
+    let _big = agent(dir.path(), &path, &redis.url(), "big", 1);
+    let done = wait_terminal(&url(&open));
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(chat_answer(&gateway.url, "t/big").0, 200);
+    let ids = [bounded["id"].as_str().unwrap().to_owned(), open["id"].as_str().unwrap().to_owned()];
+    let ends = hooks.one_terminal_each(&ids);
+    assert_eq!((ends[&ids[0]].as_str(), ends[&ids[1]].as_str()), ("aborted", "succeeded"));
 }

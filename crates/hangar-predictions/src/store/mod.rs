@@ -22,6 +22,7 @@
 mod contract;
 mod redis;
 mod sqlite;
+mod watched;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ use hangar_core::Millis;
 
 pub use self::redis::{RedisQueue, Shards};
 pub use self::sqlite::SqliteQueue;
+pub(crate) use self::watched::Watched;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::Event;
 
@@ -39,12 +41,28 @@ use crate::webhook_policy::Event;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// SQLite failed (disk full, corrupt file, locked by another process).
+    /// The store cannot be reached, or cannot serve now: Redis down,
+    /// restarting, paused or timing out; SQLite locked by another
+    /// process beyond its busy timeout (5 s). Nothing is wrong with the
+    /// call, which may succeed when repeated later: the API answers 503
+    /// with `Retry-After`, and the driver waits it out. What the call
+    /// would have written was not written — unless Redis ran it in the
+    /// instant its reply was lost, and then repeating it finds it done
+    /// (every store call is safe to repeat).
+    #[error("the prediction store ({store}) is unreachable: {cause}")]
+    Unavailable {
+        /// Which store, as a client may be told it: `redis at
+        /// redis://HOST:PORT` (no credentials), `sqlite predictions.sqlite3`.
+        store: String,
+        /// What failed, for the log.
+        cause: String,
+    },
+    /// SQLite failed (disk full, corrupt file).
     #[error("prediction store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    /// Redis failed or could not be reached.
+    Sqlite(rusqlite::Error),
+    /// Redis refused a command.
     #[error("prediction store: {0}")]
-    Redis(#[from] hangar_redis::RedisError),
+    Redis(hangar_redis::RedisError),
     /// A stored row could not be read back.
     #[error("prediction store: corrupt row for `{id}`: {what}")]
     Corrupt {
@@ -68,6 +86,54 @@ pub enum StoreError {
         /// The cause.
         source: std::io::Error,
     },
+}
+
+/// How the SQLite store is named to clients: the file, not where it is.
+const SQLITE_STORE: &str = "sqlite predictions.sqlite3";
+
+impl StoreError {
+    /// Whether the store was unreachable ([`StoreError::Unavailable`]):
+    /// the call may succeed when repeated.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+
+    /// A Redis failure of the store at `address` ([`hangar_redis::Redis::address`]):
+    /// [`StoreError::Unavailable`] when Redis could not serve
+    /// ([`hangar_redis::RedisError::is_unavailable`]).
+    pub(crate) fn redis(e: hangar_redis::RedisError, address: &str) -> Self {
+        if e.is_unavailable() {
+            StoreError::Unavailable { store: format!("redis at {address}"), cause: e.to_string() }
+        } else {
+            StoreError::Redis(e)
+        }
+    }
+
+    /// A failed commit of the SQLite writer's batch, for each write in it.
+    pub(crate) fn commit(e: &rusqlite::Error) -> Self {
+        match sqlite_busy(e) {
+            true => StoreError::Unavailable { store: SQLITE_STORE.into(), cause: e.to_string() },
+            false => StoreError::Commit(e.to_string()),
+        }
+    }
+}
+
+/// Whether SQLite gave up waiting for a lock another connection holds
+/// (`SQLITE_BUSY`, `SQLITE_LOCKED`, after the busy timeout).
+fn sqlite_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        match sqlite_busy(&e) {
+            true => StoreError::Unavailable { store: SQLITE_STORE.into(), cause: e.to_string() },
+            false => StoreError::Sqlite(e),
+        }
+    }
 }
 
 /// A durable webhook delivery (`start` or `completed`).

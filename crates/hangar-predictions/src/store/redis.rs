@@ -291,10 +291,29 @@ back_to_queue(ARGV[2], pkey)
 return 1
 "#;
 
-/// ARGV: P, consumer, min idle ms, shards, consumer idle ms. Entries idle
-/// past the lease: not started ones go back to their queue, processing
-/// ones are taken by `consumer` and returned, ended ones are dropped.
+/// ARGV: P, consumer, min idle ms (the lease), shards, consumer idle ms,
+/// stall ms. Entries idle past the lease: not started ones go back to
+/// their queue, processing ones are taken by `consumer` and returned,
+/// ended ones are dropped.
+///
+/// Unless Redis itself was stalled: sweeps come from every gateway every
+/// third of a lease, so when the last one ran more than `stall ms` (half
+/// a lease) ago on Redis's clock, Redis was down, paused or hung (or
+/// every gateway was) — and every claim's idle time has grown with the
+/// stall, its owner alive or not. Then nothing is taken until a lease
+/// after this sweep (`hangar:sweep:hold`), time for live owners to renew.
+/// This is what catches a sweep that was sent before a pause and ran
+/// after it, which no gateway could have held back.
 const SWEEP: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = tonumber(redis.call('GET', P .. ':sweep:last') or '0')
+redis.call('SET', P .. ':sweep:last', now)
+if now - last > tonumber(ARGV[6]) then
+  redis.call('SET', P .. ':sweep:hold', now + tonumber(ARGV[3]))
+  return {}
+end
+if now < tonumber(redis.call('GET', P .. ':sweep:hold') or '0') then return {} end
 local out = {}
 for _, queue in ipairs(redis.call('SMEMBERS', P .. ':queues')) do
   for shard = 0, tonumber(ARGV[4]) - 1 do
@@ -408,14 +427,16 @@ impl RedisQueue {
     }
 
     /// Runs `f` on a pooled connection (blocking in place on a tokio
-    /// runtime), naming the server in its error. `f` runs again on a
-    /// fresh connection if Redis dropped the first ([`Redis::run`]):
-    /// every script here is idempotent or reports a repeated success.
+    /// runtime), naming the server in its error
+    /// ([`StoreError::Unavailable`] when Redis could not serve). `f` runs
+    /// again on a fresh connection if Redis dropped the first
+    /// ([`Redis::run`]): every script here is idempotent or reports a
+    /// repeated success.
     fn with<T>(
         &self,
         f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
-        blocking(|| self.redis.run(f).map_err(StoreError::Redis))
+        blocking(|| self.redis.run(f).map_err(|e| StoreError::redis(e, self.redis.address())))
     }
 
     fn key(what: &str) -> String {
@@ -788,6 +809,7 @@ impl PredictionQueue for RedisQueue {
                 .arg(self.lease_ms)
                 .arg(self.shards.count)
                 .arg(CONSUMER_IDLE_MS)
+                .arg(self.lease_ms / 2)
                 .invoke(c)
         })?;
         self.records(&ids)
@@ -970,7 +992,8 @@ mod tests {
 
     /// A claim renewed by its heartbeat stays; one left idle past the
     /// lease is swept: back to the queue if it had not started, returned
-    /// (for the caller to fail or requeue) if it had.
+    /// (for the caller to fail or requeue) if it had. The first sweep
+    /// Redis sees (no sweep before it) takes nothing for a lease.
     #[test]
     fn idle_claims_are_swept_and_renewed_ones_stay() {
         let Some(server) = LocalRedis::for_test() else { return };
@@ -984,15 +1007,91 @@ mod tests {
         assert!(q.start("p0", 1, &[]).unwrap());
         assert!(dead("p1"));
         let alive = q.claim(&queue, "alive", 0, 0).unwrap().unwrap();
-        for _ in 0..4 {
+        assert!(q.sweep_expired_claims(0).unwrap().is_empty(), "the first sweep holds");
+        let mut stale = Vec::new();
+        for _ in 0..8 {
             std::thread::sleep(Duration::from_millis(100));
             assert_eq!(q.heartbeat("alive", 0, 0).unwrap(), 1);
+            stale = q.sweep_expired_claims(0).unwrap();
+            if !stale.is_empty() {
+                break;
+            }
         }
-        let stale = q.sweep_expired_claims(0).unwrap();
         assert_eq!(stale.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["p0"]);
         assert_eq!(q.claim(&queue, "other", 0, 0).unwrap().unwrap().id, "p1");
         assert!(q.sweep_expired_claims(0).unwrap().is_empty(), "taken claims are not swept twice at once");
         assert_eq!(q.heartbeat("alive", 0, 0).unwrap(), 1, "{} still held", alive.id);
+    }
+
+    /// After Redis served no sweep for more than half a lease (a stall),
+    /// the next sweeps take nothing for a lease, even claims idle past
+    /// it; then they take the dead owner's claim.
+    #[test]
+    fn a_gap_between_sweeps_holds_the_next_for_a_lease() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let q = open(&server, 400);
+        q.enqueue(&of("p0", "acme", 0)).unwrap();
+        let queue = JobKind::Prediction.queue("a/x");
+        assert_eq!(q.claim(&queue, "dead", 0, 0).unwrap().unwrap().id, "p0");
+        assert!(q.start("p0", 1, &[]).unwrap());
+        q.sweep_expired_claims(0).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(q.sweep_expired_claims(0).unwrap().is_empty(), "idle 600 ms > the lease, but after a gap");
+        let mut sweeps = 0;
+        let taken = loop {
+            std::thread::sleep(Duration::from_millis(100));
+            sweeps += 1;
+            let stale = q.sweep_expired_claims(0).unwrap();
+            if !stale.is_empty() {
+                break stale;
+            }
+            assert!(sweeps < 20, "never swept");
+        };
+        assert!(sweeps >= 3, "swept {sweeps} sweeps after the gap, within the lease's hold");
+        assert_eq!(taken[0].id, "p0");
+    }
+
+    /// Redis paused for longer than the lease while a sweep waits in it:
+    /// the sweep runs when the pause ends — with every claim idle past
+    /// the lease — and takes nothing; the owner, renewing after the pause
+    /// as before it, keeps its claim.
+    #[test]
+    fn a_sweep_held_in_a_paused_redis_takes_no_live_claim() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let q = Arc::new(open(&server, 1_000));
+        q.enqueue(&of("p0", "acme", 0)).unwrap();
+        let queue = JobKind::Prediction.queue("a/x");
+        assert_eq!(q.claim(&queue, "alive", 0, 0).unwrap().unwrap().id, "p0");
+        assert!(q.start("p0", 1, &[]).unwrap());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let owner = {
+            let (q, stop) = (q.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = q.heartbeat("alive", 0, 0);
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            })
+        };
+        let sweeper = {
+            let (q, stop) = (q.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut taken = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    taken.extend(q.sweep_expired_claims(0).into_iter().flatten().map(|r| r.id));
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                taken
+            })
+        };
+        std::thread::sleep(Duration::from_millis(1_200));
+        // Past the lease, under the 5 s command timeout: every call waits.
+        server.pause(Duration::from_millis(2_500)).unwrap();
+        std::thread::sleep(Duration::from_millis(5_000));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        owner.join().unwrap();
+        assert_eq!(sweeper.join().unwrap(), Vec::<String>::new(), "a live owner's claim was swept");
+        assert_eq!(q.heartbeat("alive", 0, 0).unwrap(), 1, "still its claim");
     }
 
     /// Records, queue entries, claims, deliveries and secrets survive a

@@ -33,9 +33,12 @@ pub struct SqliteQueue {
 /// How often the WAL is checkpointed into the database file.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Runs one write inside the current batch; returns what to do once the
-/// batch's commit is known (`None`: committed; `Some(e)`: it failed).
-type WriteOp = Box<dyn FnOnce(&Connection) -> Box<dyn FnOnce(Option<&str>) + Send> + Send>;
+/// Runs one write inside the current batch (given its connection; `None`
+/// when the batch could not begin, and the write must not run); returns
+/// what to do once the batch's commit is known (`None`: committed;
+/// `Some(e)`: it failed).
+type WriteOp =
+    Box<dyn FnOnce(Option<&Connection>) -> Box<dyn FnOnce(Option<&rusqlite::Error>) + Send> + Send>;
 
 /// The most writes one commit takes.
 const MAX_BATCH: usize = 1024;
@@ -191,11 +194,12 @@ impl SqliteQueue {
         reply: impl FnOnce(Result<T, StoreError>) + Send + 'static,
     ) -> Result<(), StoreError> {
         let op: WriteOp = Box::new(move |conn| {
-            let result = in_savepoint(conn, f);
-            Box::new(move |commit_error: Option<&str>| {
-                reply(match commit_error {
-                    None => result,
-                    Some(e) => Err(StoreError::Commit(e.to_owned())),
+            let result = conn.map(|conn| in_savepoint(conn, f));
+            Box::new(move |commit_error: Option<&rusqlite::Error>| {
+                reply(match (commit_error, result) {
+                    (Some(e), _) => Err(StoreError::commit(e)),
+                    (None, Some(result)) => result,
+                    (None, None) => Err(StoreError::Commit("the write did not run".into())),
                 })
             })
         });
@@ -229,22 +233,20 @@ fn write_batches(conn: Connection, ops: std::sync::mpsc::Receiver<WriteOp>) {
             }
         }
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            let message = e.to_string();
+            // Not run (outside a transaction each write's savepoint would
+            // commit on its own): report the failure to every caller.
             for op in batch {
-                // Not run: report the failure to its caller.
-                let reply = op(&conn);
-                reply(Some(&message));
+                op(None)(Some(&e));
             }
             continue;
         }
-        let replies: Vec<_> = batch.into_iter().map(|op| op(&conn)).collect();
-        let committed = conn.execute_batch("COMMIT").map_err(|e| {
+        let replies: Vec<_> = batch.into_iter().map(|op| op(Some(&conn))).collect();
+        let committed = conn.execute_batch("COMMIT").inspect_err(|_| {
             let _ = conn.execute_batch("ROLLBACK");
-            e.to_string()
         });
         let error = committed.err();
         for reply in replies {
-            reply(error.as_deref());
+            reply(error.as_ref());
         }
     }
 }
@@ -931,6 +933,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let q = SqliteQueue::open(dir.path()).unwrap();
         (dir, q)
+    }
+
+    /// Another process holding the write lock past the busy timeout makes
+    /// a write fail as unavailable, naming the store — and store nothing:
+    /// once the lock is let go, the prediction is not there, and the same
+    /// write succeeds.
+    #[test]
+    fn a_write_locked_out_past_the_busy_timeout_is_unavailable_and_stores_nothing() {
+        let (dir, q) = open();
+        let other = Connection::open(dir.path().join("predictions.sqlite3")).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let e = q.enqueue(&record("p", "a/x", 0)).unwrap_err();
+        match &e {
+            StoreError::Unavailable { store, .. } => assert_eq!(store, "sqlite predictions.sqlite3"),
+            other => panic!("not unavailable: {other}"),
+        }
+        other.execute_batch("ROLLBACK").unwrap();
+        assert!(q.get("p").unwrap().is_none(), "nothing of the refused write was stored");
+        q.enqueue(&record("p", "a/x", 0)).unwrap();
+        assert!(q.get("p").unwrap().is_some());
     }
 
     /// One account's backlog does not hold up another's prediction: the

@@ -422,7 +422,7 @@ fn carry_out(inner: &Arc<Inner>, action: Action) {
 
 /// Carries out what is not a deployment delta: decisions logged and kept
 /// for the admin API, placement trouble flagged (and a model that can run
-/// nowhere fails its waiting requests).
+/// nowhere turns synchronous requests away while predictions wait).
 pub(crate) fn note(inner: &Inner, action: Action) {
     match action {
         Action::Apply(_) => unreachable!("deltas are the caller's"),
@@ -432,13 +432,21 @@ pub(crate) fn note(inner: &Inner, action: Action) {
             rt.desired.store(decision.desired, Ordering::Relaxed);
             rt.metrics.decided(decision.desired > decision.previous);
         }
-        Action::Unplaceable { model, reason } => {
+        Action::Unplaceable { model, reason, cause } => {
             let Some(rt) = inner.models.get(model.as_str()) else { return };
             tracing::warn!(%model, "unplaceable: {reason}; retrying with back-off");
             rt.unplaceable.store(true, Ordering::Relaxed);
             rt.metrics.unplaceable(true);
             if rt.up() == 0 {
-                rt.processor.fail_waiting(&format!("no replica of `{model}` can run now: {reason}"));
+                // The model cannot run now: synchronous requests are told
+                // so at once (503, retry), waiting or arriving; async
+                // predictions wait for room until their own deadlines —
+                // unless its engine does not start, which fails them too.
+                let reason = format!("no replica of `{model}` can run now: {reason}");
+                if cause == hangar_scaler::BlockCause::StartFailed {
+                    rt.processor.fail_waiting(&reason);
+                }
+                rt.processor.set_unavailable(Some(reason));
             }
         }
         Action::Placeable { model } => {
@@ -446,6 +454,7 @@ pub(crate) fn note(inner: &Inner, action: Action) {
             tracing::info!(%model, "placeable again");
             rt.unplaceable.store(false, Ordering::Relaxed);
             rt.metrics.unplaceable(false);
+            rt.processor.set_unavailable(None);
         }
     }
 }

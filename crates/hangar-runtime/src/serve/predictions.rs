@@ -35,7 +35,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{Inner, ModelRuntime, Server};
-use crate::processor::{AdmitError, Lease};
+use crate::processor::{AdmitError, Lease, Patience};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
 use hangar_agent::engine::{launch_cog, LaunchContext};
 
@@ -85,7 +85,9 @@ async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, Exec
 /// prediction's own deadlines bound it). While it waits it is in the
 /// model's line, which the controller hears of at once and observes every
 /// second: replicas follow, and a failed start is retried on the
-/// controller's back-off.
+/// controller's back-off. It waits as a patient request: a model that
+/// cannot be placed for now (no room, no nodes) keeps it waiting, not
+/// failed; only a model whose engine does not start fails it.
 async fn admit(
     rt: &Arc<ModelRuntime>,
     account: &AccountId,
@@ -93,10 +95,14 @@ async fn admit(
     avoid: Option<ReplicaId>,
 ) -> Result<Lease, ExecError> {
     loop {
-        match rt.processor.admit_with(account.clone(), None, prompt, avoid).await {
+        match rt.processor.admit_with(account.clone(), Patience::Patient, None, prompt, avoid).await {
             Ok(lease) => return Ok(lease),
             // The line is full of synchronous requests: yield to them.
-            Err(AdmitError::QueueFull { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,
+            // (`Unavailable` is only for fail-fast requests; should it
+            // come, wait the same way.)
+            Err(AdmitError::QueueFull { .. } | AdmitError::Unavailable { .. }) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
             Err(e) => return Err(ExecError::Failed(format!("no replica could serve it: {e}"))),
         }
     }

@@ -215,13 +215,19 @@ impl FleetConfig {
         let specs = self
             .models
             .iter()
-            .map(|m| hangar_scaler::ModelSpec {
-                key: m.key.clone(),
-                scaling: policy.or(m.scaling.as_ref()).cloned().unwrap_or_default(),
-                bounds: hangar_scaler::Bounds { min: m.min_replicas, max: m.max_replicas() },
-                slo_ttft_ms: Some(m.slo_ttft_ms),
+            .enumerate()
+            .map(|(i, m)| {
+                let scaling = policy.or(m.scaling.as_ref()).cloned().unwrap_or_default();
+                let bounds = hangar_scaler::Bounds { min: m.min_replicas, max: m.max_replicas() };
+                scaling.check_bounds(bounds).map_err(|e| e.within(&format!("models[{i}]")).to_string())?;
+                Ok(hangar_scaler::ModelSpec {
+                    key: m.key.clone(),
+                    scaling,
+                    bounds,
+                    slo_ttft_ms: Some(m.slo_ttft_ms),
+                })
             })
-            .collect();
+            .collect::<Result<_, String>>()?;
         Ok(hangar_scaler::Controller::new(cluster, self.seed, specs, 0))
     }
 

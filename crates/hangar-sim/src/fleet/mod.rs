@@ -563,6 +563,13 @@ impl Fleet<'_> {
                 self.models[m].chooser.done(id);
                 self.end(now, id, Outcome::Rejected);
             }
+            // The simulation never marks a model unavailable (its requests
+            // wait for room until their timeout); were it to, such a
+            // request would end unserved.
+            Submitted::Unavailable => {
+                self.models[m].chooser.done(id);
+                self.end(now, id, Outcome::Failed);
+            }
         }
     }
 
@@ -575,7 +582,7 @@ impl Fleet<'_> {
                     self.models[m].chooser.done(r);
                     self.end(now, r, Outcome::TimedOut);
                 }
-                Admit::Failed { request, .. } => {
+                Admit::Failed { request, .. } | Admit::Unavailable { request, .. } => {
                     self.models[m].chooser.done(request);
                     self.end(now, request, Outcome::Failed);
                 }

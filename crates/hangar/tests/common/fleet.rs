@@ -76,10 +76,22 @@ impl Drop for Agent {
 /// the fleet `config` on `redis`, its log in `dir`, and waits for its
 /// first line.
 pub fn agent(dir: &Path, config: &Path, redis: &str, name: &str, gpus: u32) -> Agent {
+    agent_with_memory(dir, config, redis, name, gpus, "80GB")
+}
+
+/// [`agent`] with GPUs of `gpu_memory` each.
+pub fn agent_with_memory(
+    dir: &Path,
+    config: &Path,
+    redis: &str,
+    name: &str,
+    gpus: u32,
+    gpu_memory: &str,
+) -> Agent {
     let log = dir.join(format!("agent-{name}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["agent", "--config", config.to_str().unwrap(), "--redis", redis, "--name", name])
-        .args(["--gpus", &gpus.to_string(), "--gpu-memory", "80GB", "--virtual-gpus", "--drain-s", "1"])
+        .args(["--gpus", &gpus.to_string(), "--gpu-memory", gpu_memory, "--virtual-gpus", "--drain-s", "1"])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

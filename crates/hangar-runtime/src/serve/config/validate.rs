@@ -262,6 +262,7 @@ impl ModelConfig {
             }
         }
         self.scaling().validate().map_err(|e| e.within("scaling"))?;
+        self.scaling().check_bounds(hangar_scaler::Bounds { min: self.min_replicas, max })?;
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
         }
@@ -429,6 +430,16 @@ mod tests {
         assert_eq!(refused(&zero).field, "nodes[0].gpus");
         let no_models = format!("models = []\n{}", config(""));
         assert_eq!(refused(&no_models).field, "models");
+    }
+
+    #[test]
+    fn a_fixed_model_that_keeps_no_replica_is_refused() {
+        let e = refused(&config(
+            "[[models]]\nkey = \"m\"\nengine = { kind = \"mock\" }\nsize = \"10GB\"\nmax_replicas = 2\n\
+             scaling = { policy = \"fixed\" }\n",
+        ));
+        assert_eq!(e.field, "models[0].min_replicas");
+        assert!(e.message.contains("would never run"), "{e}");
     }
 
     #[test]
