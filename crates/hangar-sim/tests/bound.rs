@@ -127,6 +127,23 @@ fn the_allowance_lets_the_costliest_requests_go_and_unservable_ones_use_it_first
 }
 
 #[test]
+fn the_bound_at_a_lower_attainment_lets_more_go() {
+    let trace = synth_trace(400, 3.0, 2, Pattern::Bursty, 1);
+    let cfg = FleetConfig::parse(&two_models(1, 1000, 4), "fleet.toml").unwrap();
+    let b = hindsight_bound(&trace, &cfg, &BoundOptions::default()).unwrap();
+    assert_eq!(b.at(0.99), b.gpu_hours);
+    assert_eq!(b.unservable, 0);
+    assert!(close(b.at(1.0).unwrap(), b.gpu_hours_all), "{b:?}");
+    let mut last = 0.0;
+    for share in [0.0, 0.3, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0] {
+        let at = b.at(share).unwrap();
+        assert!(at >= last, "{share}: {at} < {last}");
+        last = at;
+    }
+    assert!(b.at(0.5).unwrap() < b.gpu_hours.unwrap(), "half the requests let go save something");
+}
+
+#[test]
 fn the_bound_is_reproducible() {
     let trace = synth_trace(400, 3.0, 2, Pattern::Bursty, 1);
     let cfg = FleetConfig::parse(&two_models(1, 1000, 4), "fleet.toml").unwrap();
@@ -268,6 +285,15 @@ fn check_policies(trace: &Trace, fleet: &str, knob: u64) -> Result<f64, TestCase
         let run = simulate_fleet(trace, &cfg, &opts, |_, _| {}).unwrap();
         let used = run.total.gpu_seconds.total / 3600.0;
         let attainment = run.total.slo_attainment;
+        // At whatever attainment it reached, no run is below the bound
+        // for that attainment.
+        if let Some(floor) = bound.at(attainment) {
+            prop_assert!(
+                used >= floor * (1.0 - 1e-9),
+                "{} used {used} GPU-h at {attainment:.4}, below the bound at that attainment {floor}: {bound:?}",
+                policy.name()
+            );
+        }
         if attainment >= 0.99 {
             let floor = bound.gpu_hours.expect("a run reached 99 %, so a schedule exists");
             prop_assert!(
@@ -307,6 +333,13 @@ proptest! {
         let trace = synth_trace(requests, rate, models, pattern, seed);
         check_policies(&trace, &fleet_of(1 + (seed % 2) as u32, boot_ms, concurrency, 0), knob)?;
     }
+
+}
+
+proptest! {
+    // Each case runs five policies over 800 requests: eight keep the
+    // crate's tests within seconds.
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
 
     /// On steady traffic dense enough that one replica stays up, where
     /// `fixed` at one replica answers everything in time within 10 % of
