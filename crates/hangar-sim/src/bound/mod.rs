@@ -45,14 +45,19 @@
 //!
 //! With 99 % of `N` requests to answer, a schedule may give up on
 //! `N − ⌈0.99 N⌉` of them, first the ones that can never be on time (no
-//! output token, or a prefill longer than the objective). Giving up on a
-//! request saves at most its service plus one restart in the first layer
-//! (the optimum with it is at most the optimum without it plus a
-//! component of its own), at most the whole segment it is in (requests
-//! a restart or more apart from the rest are solved apart), and at most
-//! `s / concurrency` in the layers above; the bound subtracts the most the
-//! allowance could save that way, so it stays a bound — conservative by
-//! up to `gpu_hours_all − gpu_hours`, which the report states.
+//! output token, or a prefill longer than the objective). Giving up on
+//! requests saves in the first layer at most the least of three
+//! ([`letgo`]): a service and a restart each (the optimum with them is at
+//! most the optimum without them plus a component of their own); the
+//! time they alone pin up and a share of a restart each (filling their
+//! service into an optimum without them, which must stay up wherever a
+//! request kept must be served — so among dense traffic one request let
+//! go saves little); and the whole segment they are in (requests a
+//! restart or more apart from the rest are solved apart). In the layers
+//! above each saves at most `s / concurrency`. The bound subtracts the
+//! most the allowance could save that way, so it stays a bound —
+//! conservative by up to `gpu_hours_all − gpu_hours`, which the report
+//! states.
 //! [`HindsightBound::at`] takes off the allowance of any other share the
 //! same way: a run that answered 90 % in time is held to the bound at
 //! 90 %, which it cannot beat either.
@@ -68,6 +73,7 @@
 mod capacity;
 mod cover;
 mod jobs;
+mod letgo;
 
 use hangar_placement::Shape;
 use serde::Serialize;
@@ -243,17 +249,8 @@ pub fn hindsight_bound(
             let solved = cover::min_cover(&seg, restart, SEARCH_BUDGET);
             exact &= solved.exact;
             first_layer += solved.cost;
-            let mut each: Vec<i64> = seg.iter().map(|j| j.s + restart).collect();
-            each.sort_unstable_by(|a, b| b.cmp(a));
-            let mut left = solved.cost;
-            for v in each {
-                let saved = v.min(left);
-                if saved <= 0 {
-                    break;
-                }
-                left -= saved;
-                first_layer_savings.push(saved as f64 * g);
-            }
+            first_layer_savings
+                .extend(letgo::marginals(&seg, restart, solved.cost).into_iter().map(|x| x * g));
         }
         let beyond = capacity::beyond_one(&mj.jobs, spec.concurrency);
         let permits = f64::from(spec.concurrency.max(1));
