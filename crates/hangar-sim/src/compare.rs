@@ -312,9 +312,10 @@ impl RunResult {
 }
 
 impl Point {
-    /// `label (97.2 %, 1.234 GPU-h)`.
+    /// `label (97.25 %, 1.234 GPU-h)`: two decimals, so that points of a
+    /// frontier, whose attainments differ, read differently.
     pub fn brief(&self) -> String {
-        format!("{} ({}, {:.3} GPU-h)", self.label, pct(self.attainment), self.gpu_hours)
+        format!("{} ({:.2} %, {:.3} GPU-h)", self.label, self.attainment * 100.0, self.gpu_hours)
     }
 }
 
