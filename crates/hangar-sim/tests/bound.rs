@@ -153,19 +153,9 @@ fn the_bound_is_reproducible() {
     assert!(a.exact);
 }
 
+/// One-turn synthetic traffic with 60 output tokens on average.
 fn synth_trace(requests: u32, rate: f64, models: u32, pattern: Pattern, seed: u64) -> Trace {
-    synth_trace_with(requests, rate, models, pattern, seed, 60.0)
-}
-
-fn synth_trace_with(
-    requests: u32,
-    rate: f64,
-    models: u32,
-    pattern: Pattern,
-    seed: u64,
-    output: f64,
-) -> Trace {
-    synth_trace_shaped(requests, rate, models, pattern, seed, output, SynthConfig::default().length_sigma)
+    synth_trace_shaped(requests, rate, models, pattern, seed, 60.0, SynthConfig::default().length_sigma)
 }
 
 fn synth_trace_shaped(
@@ -177,7 +167,7 @@ fn synth_trace_shaped(
     output: f64,
     length_sigma: f64,
 ) -> Trace {
-    let rows = synth::generate(&SynthConfig {
+    let config = SynthConfig {
         requests,
         rate,
         models,
@@ -188,10 +178,8 @@ fn synth_trace_shaped(
         length_sigma,
         seed,
         ..SynthConfig::default()
-    })
-    .unwrap();
-    let text: String = rows.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
-    trace::read(&text, "synth.jsonl").unwrap()
+    };
+    synth::trace(&config, "synth.jsonl").unwrap()
 }
 
 /// Two small models whose starts fit inside the objective, so a policy

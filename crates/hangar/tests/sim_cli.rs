@@ -11,6 +11,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `hangar sim compare` of the three scaling policies with their
+/// defaults, and `extra` flags.
+fn compare(fleet: &str, trace: &str, extra: &[&str]) -> Output {
+    let args = ["sim", "compare", "--fleet", fleet, trace, "--policy", "hangar", "--policy", "replicate"];
+    hangar(&[&args[..], &["--policy", "workers-ai"], extra].concat())
+}
+
 fn synth(dir: &Path, extra: &[&str]) -> String {
     let path = dir.join("trace.jsonl").display().to_string();
     let mut args = vec!["trace", "synth", "--requests", "120", "--seed", "3", "--rate", "20", "-o", &path];
@@ -162,19 +169,7 @@ fn a_fleet_simulates_a_multi_model_trace_and_compares_policies() {
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["total"]["requests"], 120);
 
-    let o = hangar(&[
-        "sim",
-        "compare",
-        "--fleet",
-        fleet.to_str().unwrap(),
-        &trace,
-        "--policy",
-        "hangar",
-        "--policy",
-        "replicate",
-        "--policy",
-        "workers-ai",
-    ]);
+    let o = compare(fleet.to_str().unwrap(), &trace, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8(o.stdout).unwrap();
     for policy in ["hangar", "replicate", "workers-ai"] {
@@ -233,12 +228,10 @@ fn plots_draw_the_fleet_over_time_and_the_policies_side_by_side() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
 
-    let compare = path("compare.svg");
-    let policies = ["--policy", "hangar", "--policy", "replicate", "--policy", "workers-ai"];
-    let o =
-        hangar(&[&["sim", "compare", "--fleet", fleet, &trace, "--plot", &compare], &policies[..]].concat());
+    let plot = path("compare.svg");
+    let o = compare(fleet, &trace, &["--plot", &plot]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&compare).unwrap();
+    let text = std::fs::read_to_string(&plot).unwrap();
     assert!(text.starts_with("<svg") || text.starts_with("<?xml"), "{}", &text[..100]);
     for policy in ["hangar", "replicate", "workers-ai"] {
         assert!(svg_texts(&text).contains(&policy), "{policy} has no point label");
@@ -254,8 +247,7 @@ fn plots_draw_the_fleet_over_time_and_the_policies_side_by_side() {
     let o = hangar(&["sim", "--fleet", fleet, &trace, "--plot", &nowhere]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains(&format!("cannot write the plot {nowhere}")), "{}", stderr(&o));
-    let o =
-        hangar(&[&["sim", "compare", "--fleet", fleet, &trace, "--plot", &nowhere], &policies[..]].concat());
+    let o = compare(fleet, &trace, &["--plot", &nowhere]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains(&format!("cannot write the plot {nowhere}")), "{}", stderr(&o));
     let o = hangar(&["sim", &trace, "--plot", &svg]);
@@ -393,22 +385,7 @@ fn a_sweep_draws_each_peers_pareto_frontier_and_judges_hangar_against_it() {
     let fleet = dir.path().join("fleet.toml");
     std::fs::write(&fleet, QUICK_FLEET).unwrap();
     let json = dir.path().join("sweep.json");
-    let o = hangar(&[
-        "sim",
-        "compare",
-        "--fleet",
-        fleet.to_str().unwrap(),
-        &trace,
-        "--policy",
-        "hangar",
-        "--policy",
-        "replicate",
-        "--policy",
-        "workers-ai",
-        "--sweep",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let o = compare(fleet.to_str().unwrap(), &trace, &["--sweep", "--json", json.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8(o.stdout).unwrap();
     for line in ["replicate@0.125 ", "workers-ai@0.05-0.2 ", "replicate frontier: ", "workers-ai frontier: "]

@@ -16,14 +16,28 @@ pub struct Case {
     pub name: &'static str,
     /// What it is, in a line.
     pub title: &'static str,
-    /// The fleet file, as the repository holds it.
-    pub fleet_file: &'static str,
-    fleet_toml: &'static str,
+    /// The fleet file it runs on.
+    pub fleet_file: FleetFile,
     /// Where its trace comes from.
     pub source: Source,
     /// Kept out of any tuning: a policy is judged on it, never fitted to
     /// it (docs/scaling.md).
     pub held_out: bool,
+}
+
+/// A fleet file of the repository, compiled in.
+#[derive(Debug, Clone, Copy)]
+pub struct FleetFile {
+    /// Its path in the repository.
+    pub path: &'static str,
+    toml: &'static str,
+}
+
+/// The [`FleetFile`] at `path` from the repository's root.
+macro_rules! fleet_file {
+    ($path:literal) => {
+        FleetFile { path: $path, toml: include_str!(concat!("../../../../", $path)) }
+    };
 }
 
 /// Where a case's trace comes from.
@@ -89,56 +103,49 @@ pub fn cases(seed_offset: u64, scale: f64) -> Vec<Case> {
         Case {
             name: "azure",
             title: "Azure 2023 conversation and code traces merged, 4 models by a hash of the row index",
-            fleet_file: "examples/suite/azure.toml",
-            fleet_toml: include_str!("../../../../examples/suite/azure.toml"),
+            fleet_file: fleet_file!("examples/suite/azure.toml"),
             source: Source::AzureMerged { models: 4 },
             held_out: false,
         },
         Case {
             name: "mooncake",
             title: "Mooncake conversation trace, 4 models by a hash of each prompt's opening block",
-            fleet_file: "examples/suite/mooncake.toml",
-            fleet_toml: include_str!("../../../../examples/suite/mooncake.toml"),
+            fleet_file: fleet_file!("examples/suite/mooncake.toml"),
             source: Source::Mooncake { models: 4 },
             held_out: true,
         },
         Case {
             name: "steady",
             title: "one model, Poisson arrivals at 4.5 requests/s for an hour",
-            fleet_file: "examples/suite/steady.toml",
-            fleet_toml: include_str!("../../../../examples/suite/steady.toml"),
+            fleet_file: fleet_file!("examples/suite/steady.toml"),
             source: Source::Synth(synth(n(16_200), 4.5, 1, Pattern::Steady, 600.0, 1 + seed_offset)),
             held_out: false,
         },
         Case {
             name: "diurnal",
             title: "4 models, load a sine between 10 % and 190 % of 4 requests/s over 30 minutes",
-            fleet_file: "examples/suite/diurnal.toml",
-            fleet_toml: include_str!("../../../../examples/suite/diurnal.toml"),
+            fleet_file: fleet_file!("examples/suite/diurnal.toml"),
             source: Source::Synth(synth(n(24_000), 4.0, 4, Pattern::Diurnal, 1800.0, 2 + seed_offset)),
             held_out: true,
         },
         Case {
             name: "bursty",
             title: "docs/sim.md's bursty 4-model trace: a tenth of every 2 minutes at 5× the rate",
-            fleet_file: "examples/fleet.toml",
-            fleet_toml: include_str!("../../../../examples/fleet.toml"),
+            fleet_file: fleet_file!("examples/fleet.toml"),
             source: Source::Synth(synth(n(3000), 5.0, 4, Pattern::Bursty, 120.0, seed_offset)),
             held_out: false,
         },
         Case {
             name: "long-load",
             title: "a 70 GB model loading 150 s from a slow disk, 1.5 short requests/s for an hour",
-            fleet_file: "examples/suite/long-load.toml",
-            fleet_toml: include_str!("../../../../examples/suite/long-load.toml"),
+            fleet_file: fleet_file!("examples/suite/long-load.toml"),
             source: Source::Synth(small),
             held_out: false,
         },
         Case {
             name: "contention",
             title: "3 models of a whole GPU each on 2 GPUs, bursts every 10 minutes",
-            fleet_file: "examples/suite/contention.toml",
-            fleet_toml: include_str!("../../../../examples/suite/contention.toml"),
+            fleet_file: fleet_file!("examples/suite/contention.toml"),
             source: Source::Synth(synth(n(7200), 2.0, 3, Pattern::Bursty, 600.0, 5 + seed_offset)),
             held_out: false,
         },
@@ -148,7 +155,7 @@ pub fn cases(seed_offset: u64, scale: f64) -> Vec<Case> {
 impl Case {
     /// Its fleet, as the file in the repository says.
     pub fn fleet(&self) -> FleetConfig {
-        FleetConfig::parse(self.fleet_toml, self.fleet_file)
+        FleetConfig::parse(self.fleet_file.toml, self.fleet_file.path)
             .expect("the suite's fleet files are checked by its tests")
     }
 

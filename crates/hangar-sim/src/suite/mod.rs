@@ -22,7 +22,8 @@ use hangar_scaler::ScalingConfig;
 use serde::Serialize;
 
 pub use cases::{
-    by_prefix_hash, cases, merge_by_row_hash, Case, PublicTraces, Source, AZURE_CODE, AZURE_CONV, MOONCAKE,
+    by_prefix_hash, cases, merge_by_row_hash, Case, FleetFile, PublicTraces, Source, AZURE_CODE, AZURE_CONV,
+    MOONCAKE,
 };
 
 use crate::bound::HindsightBound;
@@ -85,7 +86,7 @@ pub fn case_report(case: &Case, bound: HindsightBound, runs: &[(RunSpec, FleetRe
     CaseReport {
         name: case.name.to_owned(),
         title: case.title.to_owned(),
-        fleet_file: case.fleet_file.to_owned(),
+        fleet_file: case.fleet_file.path.to_owned(),
         trace: case.describe(),
         held_out: case.held_out,
         comparison: Comparison::new(Some(bound), runs),

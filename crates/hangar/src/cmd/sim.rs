@@ -21,7 +21,7 @@ use hangar_sim::synth::{self, SynthConfig};
 use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, Slo};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{peak_rss_mib, read_text, write_jsonl};
+use super::{peak_rss_mib, read_text, write_json, write_jsonl};
 
 mod plot;
 mod pool;
@@ -330,8 +330,7 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
         plot::timeline(&report, file)?;
     }
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        write_json(path, &report)?;
     }
     let mut stdout = std::io::stdout().lock();
     write!(stdout, "{}", report.table())?;
@@ -379,8 +378,7 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
         plot::comparison(&comparison, &title, file)?;
     }
     if let Some(path) = &a.json {
-        let json = serde_json::to_string_pretty(&comparison)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        write_json(path, &comparison)?;
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{title}")?;
@@ -425,8 +423,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     let wall = started.elapsed().as_secs_f64();
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&out.report)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        write_json(path, &out.report)?;
     }
     if let Some(path) = &args.requests_jsonl {
         write_jsonl(path, &out.requests)?;

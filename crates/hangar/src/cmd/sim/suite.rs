@@ -17,7 +17,7 @@ use hangar_sim::trace::Trace;
 
 use super::plot::{self, PlotFile};
 use super::pool;
-use crate::cmd::peak_rss_mib;
+use crate::cmd::{peak_rss_mib, write_json};
 
 /// Run the trace suite: `hangar`, `replicate` and `workers-ai` (and each
 /// peer over its main knob) on every case — public traces mapped onto
@@ -225,8 +225,7 @@ pub fn run(a: &SuiteArgs) -> anyhow::Result<()> {
     }
     let report = SuiteReport { cases, skipped };
     if let Some(path) = &a.json {
-        let json = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        write_json(path, &report)?;
     }
     let mut out = std::io::stdout().lock();
     write!(out, "{}", report.table())?;
