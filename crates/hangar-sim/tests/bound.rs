@@ -325,9 +325,9 @@ proptest! {
 }
 
 proptest! {
-    // Each case runs five policies over 800 requests: eight keep the
+    // Each case runs five policies over 800 requests: six keep the
     // crate's tests within seconds.
-    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
 
     /// On steady traffic dense enough that one replica stays up, where
     /// `fixed` at one replica answers everything in time within 10 % of
