@@ -35,8 +35,8 @@ use hangar_redis::registry::{Registry, HEARTBEAT_EVERY, NODE_TTL};
 use hangar_redis::{LocalRedis, Redis};
 use hangar_runtime::serve::wall_ms;
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::processes::{spawn_announcing, Process};
 use crate::BenchError;
 
 /// How to run it.
@@ -236,24 +236,8 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
     })
 }
 
-/// A child process that announced `... listening on URL` on its first line.
-struct Process {
-    child: tokio::process::Child,
-    url: String,
-}
-
 async fn spawn(exe: &std::path::Path, args: &[&str], log: std::fs::File) -> Result<Process, BenchError> {
-    let mut cmd = tokio::process::Command::new(exe);
-    cmd.args(args).stdout(std::process::Stdio::piped()).stderr(log).kill_on_drop(true);
-    let mut child = cmd.spawn()?;
-    let stdout = child.stdout.take().expect("piped");
-    let mut line = String::new();
-    let read =
-        tokio::time::timeout(Duration::from_secs(60), BufReader::new(stdout).read_line(&mut line)).await;
-    match (read, line.split_once("listening on ")) {
-        (Ok(Ok(_)), Some((_, url))) => Ok(Process { child, url: url.trim().to_owned() }),
-        _ => Err(BenchError::Options(format!("`hangar {}` did not start: {line:?}", args.join(" ")))),
-    }
+    spawn_announcing(exe, args, &[], log).await
 }
 
 /// The gateway's ready replicas of the bench model, with their nodes.

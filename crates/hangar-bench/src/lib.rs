@@ -24,6 +24,10 @@
 //! - [`cluster`] (`hangar bench cluster`): a fleet's control plane — the
 //!   leader's view under many heartbeating agents, and a node's loss
 //!   detected and its replica placed again.
+//! - [`chaos`] (`hangar bench chaos`): a loopback fleet under load and a
+//!   seeded random schedule of faults, with a checker of what must survive
+//!   them — accepted requests, one terminal webhook each, no ghost engines,
+//!   no GPU over-commit, Redis blips that restart nothing.
 //! - [`coldstart`] (`hangar bench coldstart`): a replica's start, placement
 //!   → first token, by where its weights come from.
 //! - [`replay`]: a trace replayed in real time against `hangar serve`, the
@@ -50,6 +54,7 @@ pub use load::PathStats;
 
 mod processes;
 
+pub mod chaos;
 pub mod cluster;
 pub mod coldstart;
 pub mod gateway;

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hangar_agent::engine::{launch, launch_announcing, EngineSpec, LaunchContext, RunningEngine};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use crate::BenchError;
@@ -92,4 +93,39 @@ pub(crate) async fn start_serve_config(
 pub(crate) fn address(url: &str) -> Result<SocketAddr, BenchError> {
     let hostport = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
     hostport.parse().map_err(|_| BenchError::Options(format!("`{url}` is not an http://IP:PORT address")))
+}
+
+/// A `hangar` child process that announced `… listening on URL` on its
+/// first line (`hangar serve`, `hangar agent`). Killed when dropped.
+pub(crate) struct Process {
+    /// The process.
+    pub child: tokio::process::Child,
+    /// The URL it announced.
+    pub url: String,
+}
+
+/// Starts `exe args` with the environment `envs` added, its stderr to
+/// `log`, and waits (a minute at most) for its first line. A process that
+/// exits or says something else first is an error naming what it said.
+pub(crate) async fn spawn_announcing(
+    exe: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    log: std::fs::File,
+) -> Result<Process, BenchError> {
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut line = String::new();
+    let read =
+        tokio::time::timeout(Duration::from_secs(60), BufReader::new(stdout).read_line(&mut line)).await;
+    match (read, line.split_once("listening on ")) {
+        (Ok(Ok(_)), Some((_, url))) => Ok(Process { child, url: url.trim().to_owned() }),
+        _ => Err(BenchError::Options(format!("`hangar {}` did not start: {line:?}", args.join(" ")))),
+    }
 }

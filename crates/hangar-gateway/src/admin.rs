@@ -95,6 +95,7 @@ async fn status(State(server): State<Server>, headers: HeaderMap) -> Result<Resp
             "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
             "permits": {"total": load.permits, "used": load.in_use},
             "replicas": rt.status(&deployments),
+            "placement": placement(&deployments),
         }));
     }
     let mut status = json!({"models": models});
@@ -102,6 +103,25 @@ async fn status(State(server): State<Server>, headers: HeaderMap) -> Result<Resp
         status["fleet"] = json!({"gateway": gateway, "leading": server.control().is_active()});
     }
     Ok(Json(status).into_response())
+}
+
+/// The model's replicas as placement holds them — every one, including
+/// those no node reports yet (which `replicas` cannot list): what a
+/// checker compares with what the nodes run. Empty on a fleet gateway that
+/// does not lead.
+fn placement(deployments: &[Deployment]) -> Vec<Value> {
+    deployments
+        .iter()
+        .map(|d| {
+            json!({
+                "replica": d.replica_id.to_string(),
+                "node": d.node.to_string(),
+                "level": d.level.to_string(),
+                "gpus": d.gpu_bytes_by_gpu,
+                "dedicated": d.dedicated,
+            })
+        })
+        .collect()
 }
 
 /// A command the controller did not carry out: 409 on a fleet's gateway

@@ -13,14 +13,23 @@
 //! holder. When the lease lapsed only because Redis could not be reached
 //! (down, paused, restarted) and nobody took it meanwhile, the last holder
 //! asking again gets it back *in the same epoch*: it keeps leading with
-//! what it knows instead of a new tenure rebuilding the fleet.
+//! what it knows instead of a new tenure rebuilding the fleet. For that to
+//! hold after an outage longer than the TTL, the others must not race it
+//! for the lapsed key the moment Redis answers again: a gateway whose own
+//! asks failed or stalled within the last TTL is *unsettled* and takes a
+//! lapsed lease only if it names no other last holder. The last holder
+//! (which had the same outage) asks again within a period and continues;
+//! a holder that really died is replaced once its lapsed key meets a
+//! settled gateway — at most one TTL later than without the rule, and not
+//! at all later when Redis answered throughout.
 //!
 //! **Bad data is repaired, and named.** A lease key of the wrong type is
 //! deleted; an epoch that is not an integer is replaced by Redis's clock in
 //! milliseconds (larger than any count of tenures, so the fence still only
 //! moves forward), and [`LeaderLease::tick`] logs which key held what.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use redis::Script;
 
@@ -46,8 +55,10 @@ pub enum Leadership {
     },
 }
 
-/// ARGV: prefix, me, ttl ms. Returns {1, epoch, took, repaired} or
-/// {0, holder, repaired} (`repaired`: what was fixed, or empty).
+/// ARGV: prefix, me, ttl ms, settled (1 or 0). Returns {1, epoch, took,
+/// repaired} or {0, holder, repaired} (`repaired`: what was fixed, or
+/// empty); an unsettled ask that finds the lease lapsed but claimed by
+/// another last holder answers {0, that holder, repaired}.
 const TICK: &str = r#"
 local key = ARGV[1] .. ':leader'
 local ekey = key .. ':epoch'
@@ -72,8 +83,10 @@ if holder == ARGV[2] then
   return {1, redis.call('GET', ekey) or '0', 0, repaired}
 end
 if holder then return {0, holder, repaired} end
+local previous = redis.call('GET', last)
+if previous and previous ~= ARGV[2] and ARGV[4] ~= '1' then return {0, previous, repaired} end
 redis.call('SET', key, ARGV[2], 'PX', ARGV[3])
-if redis.call('GET', last) == ARGV[2] and redis.call('GET', ekey) then
+if previous == ARGV[2] and redis.call('GET', ekey) then
   return {1, redis.call('GET', ekey), 0, repaired}
 end
 redis.call('SET', last, ARGV[2])
@@ -96,6 +109,9 @@ pub struct LeaderLease {
     ttl: Duration,
     tick: Script,
     resign: Script,
+    /// When this gateway's last ask failed or took longer than a period
+    /// (Redis down or paused): it is unsettled for a TTL after.
+    trouble: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for LeaderLease {
@@ -108,7 +124,14 @@ impl LeaderLease {
     /// The lease as gateway `me` asks for it ([`LEASE_TTL`] in
     /// production).
     pub fn new(redis: Redis, me: impl Into<String>, ttl: Duration) -> LeaderLease {
-        LeaderLease { redis, me: me.into(), ttl, tick: Script::new(TICK), resign: Script::new(RESIGN) }
+        LeaderLease {
+            redis,
+            me: me.into(),
+            ttl,
+            tick: Script::new(TICK),
+            resign: Script::new(RESIGN),
+            trouble: Mutex::new(None),
+        }
     }
 
     /// The id this gateway asks as.
@@ -122,12 +145,20 @@ impl LeaderLease {
     }
 
     /// Renews the lease if this gateway holds it, takes it if nobody
-    /// does. A leader whose tick fails (Redis unreachable) must act as a
-    /// follower until a tick succeeds: its lease may have passed.
+    /// does — unless this gateway is unsettled (see the module's docs)
+    /// and another was the last holder. A leader whose tick fails (Redis
+    /// unreachable) must act as a follower until a tick succeeds: its
+    /// lease may have passed.
     pub fn tick(&self) -> Result<Leadership, RedisError> {
         let ttl = self.ttl.as_millis() as u64;
-        let answer: Vec<redis::Value> =
-            self.redis.run(|c| self.tick.arg(PREFIX).arg(&self.me).arg(ttl).invoke(c))?;
+        let asked = Instant::now();
+        let settled = self.trouble.lock().expect("trouble lock").is_none_or(|t| t.elapsed() >= self.ttl);
+        let answer: Result<Vec<redis::Value>, RedisError> =
+            self.redis.run(|c| self.tick.arg(PREFIX).arg(&self.me).arg(ttl).arg(u8::from(settled)).invoke(c));
+        if answer.is_err() || asked.elapsed() > self.period() {
+            *self.trouble.lock().expect("trouble lock") = Some(Instant::now());
+        }
+        let answer = answer?;
         let text = |v: &redis::Value| redis::from_redis_value::<String>(v.clone()).unwrap_or_default();
         let number = |v: &redis::Value| redis::from_redis_value::<u64>(v.clone()).unwrap_or(0);
         let repaired = answer.last().map(text).unwrap_or_default();
@@ -203,6 +234,35 @@ mod tests {
         assert_eq!(a.tick().unwrap(), Leadership::Follower { leader: "gw-b".into() });
         std::thread::sleep(ttl * 2);
         assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 3, took: true });
+    }
+
+    /// Redis down longer than the TTL: when it answers again the lease has
+    /// lapsed, and a gateway that saw the outage itself leaves it to the
+    /// last holder, which continues in its epoch — whoever asks first.
+    #[test]
+    fn after_an_outage_the_last_holder_gets_the_lease_back_before_the_others() {
+        let Some(mut server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let ttl = Duration::from_millis(1_000);
+        let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });
+        assert_eq!(b.tick().unwrap(), Leadership::Follower { leader: "gw-a".into() });
+        server.stop();
+        let down = Instant::now();
+        // (An ask of a server that is down fails only after the
+        // connection's retries: longer than the TTL here.)
+        while down.elapsed() < ttl + ttl / 5 {
+            assert!(b.tick().is_err(), "Redis is down");
+        }
+        server.start_again().unwrap();
+        // B asks first, and finds the lease lapsed: not its to take.
+        assert_eq!(b.tick().unwrap(), Leadership::Follower { leader: "gw-a".into() });
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: false });
+        assert_eq!(b.tick().unwrap(), Leadership::Follower { leader: "gw-a".into() });
+        // A dies for real: B, settled once a TTL of answers has passed,
+        // takes over.
+        std::thread::sleep(ttl + ttl / 5);
+        assert_eq!(b.tick().unwrap(), Leadership::Leader { epoch: 2, took: true });
     }
 
     #[test]

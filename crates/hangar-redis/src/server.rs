@@ -258,8 +258,15 @@ impl LocalRedis {
     /// be lost: AOF is fsynced every second) and starts it again on the
     /// same data.
     pub fn crash_and_restart(&mut self) -> Result<(), ServerError> {
+        self.crash();
+        self.start_again()
+    }
+
+    /// Kills the server with SIGKILL and leaves it down (clients meet a
+    /// refused connection) until [`LocalRedis::start_again`]: an outage
+    /// of any length, as the fault-injection suite makes them.
+    pub fn crash(&mut self) {
         self.kill();
-        self.spawn()
     }
 
     fn kill(&mut self) {

@@ -256,9 +256,11 @@ impl WorkersAiSettings {
     }
 }
 
-/// Hangar's policy: as many replicas as the demand needs, counting
-/// replicas still loading as capacity on the way; up at once, down only
-/// after a quiet period and never below what is busy.
+/// Hangar's policy: as many replicas as the demand needs — measured from
+/// arrivals and permit times, beyond the noise of Poisson traffic —
+/// counting replicas still loading as capacity on the way; up at once on a
+/// burst or a rate surely above the count, down only after a quiet period
+/// in which the demand surely fitted fewer (docs/scaling.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HangarSettings {
@@ -298,6 +300,17 @@ pub struct HangarSettings {
     /// giving back replicas it wants a moment later. 0: off. Default 3
     /// (×8).
     pub flap_damping: u32,
+    /// How far, in standard deviations of Poisson noise, a change of the
+    /// demand must go before the count follows it: the arrival rate's
+    /// confidence bounds (rate ± `noise_z` × √count) decide a step up on
+    /// a measured rate and a give-back, and a queue counts as a burst only
+    /// beyond the same band around the demand. Steady traffic so keeps one
+    /// count however it fluctuates. Default 3.
+    pub noise_z: f64,
+    /// The window, in seconds, over which the arrival rate is measured
+    /// for a give-back (at least; the quiet period when longer); a step up
+    /// on the rate measures over a third of it. Default 60.
+    pub rate_window_s: u64,
 }
 
 impl Default for HangarSettings {
@@ -311,6 +324,8 @@ impl Default for HangarSettings {
             warm_keep_factor: 10.0,
             min_warm_s: 600,
             flap_damping: 3,
+            noise_z: 3.0,
+            rate_window_s: 60,
         }
     }
 }
@@ -329,6 +344,10 @@ impl HangarSettings {
         fraction("quiet_factor", self.quiet_factor, 0.0, 10_000.0)?;
         seconds("min_warm_s", self.min_warm_s, 0)?;
         fraction("warm_keep_factor", self.warm_keep_factor, 0.0, 10_000.0)?;
+        fraction("noise_z", self.noise_z, 0.0, 10.0)?;
+        if !(3..=3_600).contains(&self.rate_window_s) {
+            return Err(FieldError::new("rate_window_s", "must be 3 s to 1 hour"));
+        }
         Ok(())
     }
 }

@@ -68,6 +68,15 @@ pub enum Reason {
         /// Permits the sizing fills per replica.
         per_replica: f64,
     },
+    /// Hangar: the measured demand — arrival rate × mean permit time —
+    /// beyond its noise.
+    Rate {
+        /// The demand's bound in permits (lower going up, upper going
+        /// down).
+        permits: f64,
+        /// Permits the sizing fills per replica.
+        per_replica: f64,
+    },
     /// Hangar: the demand has been below the replicas for the quiet period;
     /// its peak is kept.
     Quiet {
@@ -130,6 +139,10 @@ impl fmt::Display for Reason {
             Reason::Demand { work, per_replica } => {
                 write!(f, "{work} requests running or waiting at {per_replica:.1} per replica")
             }
+            Reason::Rate { permits, per_replica } => write!(
+                f,
+                "arrivals × service time need {permits:.1} permits beyond noise at {per_replica:.1} per replica"
+            ),
             Reason::Quiet { peak } => write!(f, "quiet period over: keeping its peak of {peak}"),
             Reason::SloMiss { ttft_p99_ms, slo_ms } => {
                 write!(f, "TTFT p99 {ttft_p99_ms} ms above the {slo_ms} ms objective")

@@ -55,6 +55,8 @@ mod config;
 mod control_loop;
 mod controller;
 mod decision;
+mod demand;
+mod hangar;
 mod observation;
 mod policy;
 mod scaler;

@@ -6,10 +6,10 @@ use std::collections::VecDeque;
 
 use hangar_core::Millis;
 
-use crate::config::{HangarSettings, ReplicateSettings, WorkersAiSettings};
+use crate::config::{ReplicateSettings, WorkersAiSettings};
 use crate::decision::Reason;
+pub(crate) use crate::hangar::{Context, Hangar};
 use crate::observation::Observation;
-use crate::scaler::StartTimes;
 
 /// Observations with their time, oldest first (never empty when a policy
 /// is asked).
@@ -66,7 +66,7 @@ impl Policy {
 }
 
 /// `ceil(x)` of a non-negative amount of replicas, saturating.
-fn replicas(x: f64) -> u32 {
+pub(crate) fn replicas(x: f64) -> u32 {
     if x.is_nan() || x <= 0.0 {
         0
     } else if x >= f64::from(u32::MAX) {
@@ -230,125 +230,6 @@ impl WorkersAi {
         };
         let utilization = if utilization.is_finite() { utilization } else { f64::MAX };
         (desired, Reason::Utilization { utilization, min, max })
-    }
-}
-
-/// Hangar's policy.
-#[derive(Debug, Clone)]
-pub(crate) struct Hangar {
-    s: HangarSettings,
-    /// Since when the demand has been below the count, and its peak since.
-    excess: Option<(Millis, u32)>,
-    /// The last give-back: when, the quiet period it waited, and the
-    /// count it gave back from.
-    last_down: Option<(Millis, Millis, u32)>,
-    /// Flap damping: the quiet period is doubled this many times (at
-    /// most `flap_damping`).
-    damping: u32,
-}
-
-/// What the `hangar` policy knows of its model besides the observations.
-pub(crate) struct Context<'a> {
-    /// Measured start times.
-    pub starts: &'a StartTimes,
-    /// The model's TTFT objective.
-    pub slo_ttft_ms: Option<Millis>,
-}
-
-impl Hangar {
-    pub fn new(s: HangarSettings) -> Self {
-        Hangar { s, excess: None, last_down: None, damping: 0 }
-    }
-
-    pub fn recommend(
-        &mut self,
-        now: Millis,
-        history: &History,
-        current: u32,
-        cx: &Context<'_>,
-    ) -> (u32, Reason) {
-        let o = history.back().expect("observed").1;
-        let per_replica = f64::from(o.permits_per_replica.max(1)) * self.s.target_occupancy;
-        let mut need = replicas(o.work() as f64 / per_replica);
-        let mut reason = Reason::Demand { work: o.work(), per_replica };
-        let missed = match (cx.slo_ttft_ms, o.ttft_p99_ms) {
-            (Some(slo_ms), Some(ttft_p99_ms)) if ttft_p99_ms > slo_ms => Some((ttft_p99_ms, slo_ms)),
-            _ => None,
-        };
-        if let Some((ttft_p99_ms, slo_ms)) = missed {
-            // TTFT misses its objective while requests wait for a permit:
-            // one replica more than there are, one at a time (none is added
-            // while another is still loading, so a slow start cannot run
-            // away). With nobody waiting a slow TTFT is the prompts' own
-            // prefill, which more replicas would not shorten.
-            if o.waiting > 0 && o.replicas.starting == 0 && need <= current {
-                need = current.saturating_add(1);
-                reason = Reason::SloMiss { ttft_p99_ms, slo_ms };
-            }
-        }
-        // Up at once: replicas still loading count as capacity on the way,
-        // so a burst is met once and not again while they load.
-        if need >= current || missed.is_some() {
-            self.excess = None;
-            if need > current {
-                self.damp(now, need);
-            }
-            return (need.max(current), if need > current { reason } else { Reason::Steady });
-        }
-        // Down only after a whole quiet period, keeping its peak.
-        let Some(quiet) = self.quiet_ms(cx.starts) else {
-            return (current, Reason::Steady);
-        };
-        let quiet = quiet.saturating_mul(1 << self.damping).min(self.s.scale_down_after_s * 1000);
-        let (since, peak) = self.excess.get_or_insert((now, need));
-        *peak = (*peak).max(need);
-        if now.saturating_sub(*since) < quiet {
-            return (current, Reason::Steady);
-        }
-        let peak = *peak;
-        self.excess = None;
-        self.last_down = Some((now, quiet, current));
-        (peak, Reason::Quiet { peak })
-    }
-
-    /// Flap damping, on a step up to `need` at `now`: taking back, within
-    /// the quiet period, replicas just given back (no more than there
-    /// were) means the period was too short for this model's traffic — it
-    /// doubles (up to `scale_down_after_s`, at most `flap_damping` times) — and a step up
-    /// only after twice the period halves it again. Noisy steady traffic
-    /// so settles on a period long enough not to give back replicas it
-    /// wants a moment later, while a burst that grows past the old count
-    /// is growth, not a flap.
-    fn damp(&mut self, now: Millis, need: u32) {
-        let Some((at, quiet, before)) = self.last_down.take() else { return };
-        let since = now.saturating_sub(at);
-        if since < quiet && need <= before {
-            self.damping = (self.damping + 1).min(self.s.flap_damping);
-        } else if since >= quiet.saturating_mul(2) {
-            self.damping = self.damping.saturating_sub(1);
-        }
-    }
-
-    /// How long the demand must stay below the replicas before one is given
-    /// back: `quiet_factor` × the mean measured restart, within
-    /// `min_quiet_s` and `scale_down_after_s`; `scale_down_after_s` until a
-    /// restart has been measured. `None`: never (`scale_down_after_s = 0`).
-    fn quiet_ms(&self, starts: &StartTimes) -> Option<Millis> {
-        let longest = self.s.scale_down_after_s * 1000;
-        if longest == 0 {
-            return None;
-        }
-        let Some(restart) = starts.mean_ms() else { return Some(longest) };
-        let quiet = (restart as f64 * self.s.quiet_factor) as Millis;
-        Some(quiet.clamp((self.s.min_quiet_s * 1000).min(longest), longest))
-    }
-
-    /// How long an idle replica stays WARM: `warm_keep_factor` × its mean
-    /// COLD start (the price of letting it go), at least `min_warm_s`.
-    pub fn keep_warm_ms(&self, starts: &StartTimes) -> Millis {
-        let floor = self.s.min_warm_s * 1000;
-        let cold = starts.cold.map_or(0, |(ms, _)| ms) as f64;
-        floor.max((cold * self.s.warm_keep_factor) as Millis)
     }
 }
 

@@ -189,8 +189,9 @@ proptest! {
 fn the_decision_log_keeps_the_last_120_with_reasons() {
     let config = ScalingConfig::Hangar(HangarSettings { scale_down_after_s: 1, ..HangarSettings::default() });
     let mut m = Model::new(&config, Bounds { min: 0, max: 50 }, 1, 0);
-    for i in 0..400 {
-        m.step(if i % 4 < 2 { 40 } else { 0 });
+    // A surge of 40 requests for 2 s every 40 s.
+    for i in 0..3_000 {
+        m.step(if i % 40 < 2 { 40 } else { 0 });
     }
     let log = m.scaler.decisions();
     assert_eq!(log.iter().len(), hangar_scaler::DECISIONS_KEPT);

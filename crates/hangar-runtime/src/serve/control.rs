@@ -550,7 +550,7 @@ scaling = { policy = "replicate" }
     #[tokio::test(start_paused = true)]
     async fn the_live_task_takes_the_simulators_decisions_on_the_same_trace() {
         let rows = synth::generate(&SynthConfig {
-            requests: 1500,
+            requests: 3000,
             rate: 4.0,
             models: 2,
             max_turns: 1,

@@ -5,11 +5,11 @@
 use anyhow::Context;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use hangar_bench::gateway::{self, BodyKind};
-use hangar_bench::{cluster, coldstart, predictions, queue};
+use hangar_bench::{chaos, cluster, coldstart, predictions, queue};
 
 /// Benchmarks that print figures against targets: the gateway, durable
-/// predictions, the predictions queue, a fleet's control plane, the weight
-/// store and cold starts.
+/// predictions, the predictions queue, a fleet's control plane, a fleet
+/// under faults, the weight store and cold starts.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     #[command(subcommand)]
@@ -59,6 +59,25 @@ enum Command {
     /// it is declared dead, and how long after that its replica is ready
     /// elsewhere, less the engine's start. See docs/cluster.md.
     Cluster(ClusterArgs),
+    /// A fleet under a seeded random schedule of faults, and what must
+    /// survive them.
+    ///
+    /// Starts a loopback fleet of real processes — a private redis-server
+    /// with AOF, 2 gateways, 3 agents with virtual GPUs, four mock models —
+    /// and a webhook receiver; sends bounded mixed load (sync chat requests
+    /// and predictions with webhooks, through random gateways) while it
+    /// injects the seed's faults one at a time: kill -9 of an agent
+    /// (restarted under its name at once or after the TTL), of a gateway,
+    /// of the leader and of an engine; SIGSTOP/SIGCONT of an agent; Redis
+    /// killed and restarted, and paused; an agent leaving and rejoining. A
+    /// checker samples the fleet twice a second. Prints the schedule first
+    /// (stderr), then the figures beside the targets: every
+    /// accepted request answered, one terminal webhook per prediction,
+    /// re-runs only where docs/cluster.md allows, no ghost engine, no GPU
+    /// over-commit, nothing restarted by a Redis fault, every model whole
+    /// within 15 s of the last fault. Exits 1 when a check fails (the
+    /// processes' logs are then kept). See docs/cluster.md.
+    Chaos(ChaosArgs),
     /// The weight store against the physical reference.
     ///
     /// Generates a safetensors model of --size (once, under --dir), then
@@ -146,6 +165,33 @@ struct QueueArgs {
 }
 
 #[derive(Debug, ClapArgs)]
+struct ChaosArgs {
+    /// The seed of the fault schedule and of the load: the same seed gives
+    /// the same schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How long the schedule runs, minutes (fractions allowed).
+    #[arg(long, default_value_t = 5.0)]
+    minutes: f64,
+    /// Concurrent clients of the load.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Requests per second of the load, all clients together.
+    #[arg(long, default_value_t = 6.0)]
+    rate: f64,
+    /// Print the seed's schedule and exit, without running anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Keep the processes' logs even when the run passes (a failed run
+    /// always keeps them; the report names the directory).
+    #[arg(long)]
+    keep_logs: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, ClapArgs)]
 struct ClusterArgs {
     /// Simulated node agents in part 1.
     #[arg(long, default_value_t = 1000)]
@@ -222,6 +268,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(cluster::run(&options))?;
             return print(&report, a.json);
+        }
+        Command::Chaos(a) => {
+            if !(a.minutes.is_finite() && a.minutes > 0.0) {
+                anyhow::bail!("--minutes must be a positive number, not {}", a.minutes);
+            }
+            if a.dry_run {
+                let ms = (a.minutes * 60_000.0) as u64;
+                print!("{}", chaos::Schedule::random(a.seed, ms, chaos::AGENTS, chaos::GATEWAYS));
+                return Ok(());
+            }
+            let options = chaos::Options {
+                seed: a.seed,
+                duration: std::time::Duration::from_secs_f64(a.minutes * 60.0),
+                schedule: None,
+                clients: a.clients,
+                rate: a.rate,
+                hangar_exe,
+                keep_logs: a.keep_logs,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            // Interrupted (Ctrl-C, SIGTERM), the run is dropped, which kills
+            // every process it started.
+            let report = runtime.block_on(async {
+                tokio::select! {
+                    report = chaos::run(&options) => Ok(report?),
+                    () = super::engine::shutdown_signal() => Err(anyhow::anyhow!("interrupted: every process of the run was killed")),
+                }
+            })?;
+            print(&report, a.json)?;
+            if !report.passed() {
+                anyhow::bail!("the fault-injection run failed its checks (seed {})", a.seed);
+            }
+            return Ok(());
         }
         Command::Queue(a) => {
             let options = queue::Options {

@@ -1,0 +1,457 @@
+//! The fault schedule: a seeded random sequence of faults, each after a
+//! quiet gap, that the run carries out one at a time.
+//!
+//! Sans-IO: [`Schedule::random`] draws everything from a ChaCha generator
+//! seeded with the run's seed — kinds, targets, durations and gaps — so a
+//! seed gives the same schedule on every machine and every build. What
+//! depends on the moment (which gateway leads when a leader kill comes,
+//! which engine processes an agent runs) is resolved when the fault is
+//! injected, by a rule the schedule fixes (the `pick`-th engine in replica
+//! order), and logged.
+//!
+//! Faults never overlap: each is injected once the one before has ended
+//! (its process restarted, Redis answering again) and its gap has passed,
+//! so every effect can be traced to one fault. A Redis fault is given
+//! [`REDIS_QUIET_MS`] of quiet on each side, so the replicas it leaves
+//! running can be compared with those before it.
+
+use std::fmt;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// The shortest gap between two faults, ms.
+pub const GAP_MIN_MS: u64 = 2_000;
+/// The longest gap between two faults, ms.
+pub const GAP_MAX_MS: u64 = 10_000;
+/// The quiet before and after a Redis fault, ms: long enough for the fleet
+/// to be whole before it (the suite's 15 s target) and for a restart it
+/// caused to show after it.
+pub const REDIS_QUIET_MS: u64 = 15_000;
+/// The longest a Redis outage or pause lasts, ms (the 10 s).
+pub const REDIS_MAX_MS: u64 = 10_000;
+/// The longest an agent stays stopped (SIGSTOP), ms.
+pub const STOP_MAX_MS: u64 = 15_000;
+/// After a node's TTL (8 s): an agent restarted this long after its kill
+/// finds its name free.
+pub const AFTER_TTL_MIN_MS: u64 = 9_000;
+/// The latest an agent killed is restarted, ms.
+pub const AFTER_TTL_MAX_MS: u64 = 15_000;
+
+/// One fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Fault {
+    /// `kill -9` of agent `agent` (its engines die with it), started again
+    /// under its name `restart_after_ms` later. 0 is at once: its
+    /// registration still holds the name, so the new run is refused and
+    /// tried again every half second, as a supervisor would, until the
+    /// name is free.
+    AgentKill {
+        /// The agent's index.
+        agent: usize,
+        /// Down this long, ms.
+        restart_after_ms: u64,
+    },
+    /// `kill -9` of gateway `gateway`, started again `restart_after_ms`
+    /// later.
+    GatewayKill {
+        /// The gateway's index.
+        gateway: usize,
+        /// Down this long, ms.
+        restart_after_ms: u64,
+    },
+    /// `kill -9` of whichever gateway leads at that moment, started again
+    /// `restart_after_ms` later.
+    LeaderKill {
+        /// Down this long, ms.
+        restart_after_ms: u64,
+    },
+    /// `kill -9` of one engine process of agent `agent`: the `pick`-th
+    /// (modulo their number) of the replicas with a process in its
+    /// `/status`, in replica order.
+    EngineKill {
+        /// The agent's index.
+        agent: usize,
+        /// Which engine.
+        pick: u32,
+    },
+    /// SIGSTOP of agent `agent`, SIGCONT `ms` later.
+    AgentStop {
+        /// The agent's index.
+        agent: usize,
+        /// Stopped this long, ms.
+        ms: u64,
+    },
+    /// Redis killed (SIGKILL) and started again on its AOF `ms` later.
+    RedisDown {
+        /// Down this long, ms.
+        ms: u64,
+    },
+    /// Redis paused: `CLIENT PAUSE ms ALL`, sent on a connection of its
+    /// own.
+    RedisPause {
+        /// Paused this long, ms.
+        ms: u64,
+    },
+    /// Agent `agent` stopped on purpose (SIGTERM: it leaves the fleet and
+    /// stops its engines) and started again at once under its name.
+    AgentRejoin {
+        /// The agent's index.
+        agent: usize,
+    },
+    /// Not a fault of the fleet: a test of the checker. An engine process
+    /// of the run that no agent started (`hangar engine mock`, a child of
+    /// the run itself), left running for the checker's allowance and a
+    /// little more: it must be found as a ghost. Never drawn at random.
+    StrayEngine,
+}
+
+/// A fault's kind, as the figures count them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// [`Fault::AgentKill`] restarted at once.
+    AgentKillAtOnce,
+    /// [`Fault::AgentKill`] restarted after the TTL.
+    AgentKillAfterTtl,
+    /// [`Fault::GatewayKill`].
+    GatewayKill,
+    /// [`Fault::LeaderKill`].
+    LeaderKill,
+    /// [`Fault::EngineKill`].
+    EngineKill,
+    /// [`Fault::AgentStop`].
+    AgentStop,
+    /// [`Fault::RedisDown`].
+    RedisDown,
+    /// [`Fault::RedisPause`].
+    RedisPause,
+    /// [`Fault::AgentRejoin`].
+    AgentRejoin,
+    /// [`Fault::StrayEngine`].
+    StrayEngine,
+}
+
+impl Kind {
+    /// Every kind, in the order the figures list them.
+    pub const ALL: [Kind; 10] = [
+        Kind::AgentKillAtOnce,
+        Kind::AgentKillAfterTtl,
+        Kind::GatewayKill,
+        Kind::LeaderKill,
+        Kind::EngineKill,
+        Kind::AgentStop,
+        Kind::RedisDown,
+        Kind::RedisPause,
+        Kind::AgentRejoin,
+        Kind::StrayEngine,
+    ];
+
+    /// Its name in the figures.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::AgentKillAtOnce => "agent kill -9, restarted at once",
+            Kind::AgentKillAfterTtl => "agent kill -9, restarted after the TTL",
+            Kind::GatewayKill => "gateway kill -9",
+            Kind::LeaderKill => "leader kill -9",
+            Kind::EngineKill => "engine kill -9",
+            Kind::AgentStop => "agent SIGSTOP/SIGCONT",
+            Kind::RedisDown => "Redis killed and restarted",
+            Kind::RedisPause => "Redis paused (CLIENT PAUSE)",
+            Kind::AgentRejoin => "agent SIGTERM and rejoin",
+            Kind::StrayEngine => "stray engine planted (checker test)",
+        }
+    }
+
+    /// Whether it is a Redis fault (held to the Redis targets).
+    pub fn is_redis(self) -> bool {
+        matches!(self, Kind::RedisDown | Kind::RedisPause)
+    }
+}
+
+impl Fault {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Fault::AgentKill { restart_after_ms: 0, .. } => Kind::AgentKillAtOnce,
+            Fault::AgentKill { .. } => Kind::AgentKillAfterTtl,
+            Fault::GatewayKill { .. } => Kind::GatewayKill,
+            Fault::LeaderKill { .. } => Kind::LeaderKill,
+            Fault::EngineKill { .. } => Kind::EngineKill,
+            Fault::AgentStop { .. } => Kind::AgentStop,
+            Fault::RedisDown { .. } => Kind::RedisDown,
+            Fault::RedisPause { .. } => Kind::RedisPause,
+            Fault::AgentRejoin { .. } => Kind::AgentRejoin,
+            Fault::StrayEngine => Kind::StrayEngine,
+        }
+    }
+
+    /// How long it is planned to last, ms: until what it took down is
+    /// back (an agent restarted at once gets its name after the 8 s TTL).
+    pub fn planned_ms(&self) -> u64 {
+        match *self {
+            Fault::AgentKill { restart_after_ms: 0, .. } => AFTER_TTL_MIN_MS,
+            Fault::AgentKill { restart_after_ms, .. }
+            | Fault::GatewayKill { restart_after_ms, .. }
+            | Fault::LeaderKill { restart_after_ms } => restart_after_ms,
+            Fault::EngineKill { .. } => 0,
+            Fault::AgentStop { ms, .. } | Fault::RedisDown { ms } | Fault::RedisPause { ms } => ms,
+            Fault::AgentRejoin { .. } => 2_000,
+            Fault::StrayEngine => super::judge::ALLOWANCE_MS + 3_000,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::AgentKill { agent, restart_after_ms: 0 } => {
+                write!(f, "kill -9 agent {}, restarted at once (name still held)", agent_name(*agent))
+            }
+            Fault::AgentKill { agent, restart_after_ms } => write!(
+                f,
+                "kill -9 agent {}, restarted after {:.1} s",
+                agent_name(*agent),
+                *restart_after_ms as f64 / 1e3
+            ),
+            Fault::GatewayKill { gateway, restart_after_ms } => {
+                write!(
+                    f,
+                    "kill -9 gateway {gateway}, restarted after {:.1} s",
+                    *restart_after_ms as f64 / 1e3
+                )
+            }
+            Fault::LeaderKill { restart_after_ms } => {
+                write!(
+                    f,
+                    "kill -9 the leading gateway, restarted after {:.1} s",
+                    *restart_after_ms as f64 / 1e3
+                )
+            }
+            Fault::EngineKill { agent, pick } => {
+                write!(f, "kill -9 engine #{pick} (mod count) of agent {}", agent_name(*agent))
+            }
+            Fault::AgentStop { agent, ms } => {
+                write!(f, "SIGSTOP agent {} for {:.1} s", agent_name(*agent), *ms as f64 / 1e3)
+            }
+            Fault::RedisDown { ms } => write!(f, "Redis kill -9, down {:.1} s", *ms as f64 / 1e3),
+            Fault::RedisPause { ms } => write!(f, "Redis CLIENT PAUSE {ms} ALL"),
+            Fault::AgentRejoin { agent } => {
+                write!(f, "SIGTERM agent {}, rejoining under its name", agent_name(*agent))
+            }
+            Fault::StrayEngine => {
+                write!(f, "plant an engine process no agent owns (the checker must find it)")
+            }
+        }
+    }
+}
+
+/// The name of agent `i` (its node's name).
+pub fn agent_name(i: usize) -> String {
+    format!("node-{}", i + 1)
+}
+
+/// One fault and the quiet before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    /// Quiet after the previous fault ended (or after the fleet was
+    /// whole, for the first), ms.
+    pub gap_ms: u64,
+    /// The fault.
+    pub fault: Fault,
+}
+
+/// Where the schedule came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Origin {
+    /// Drawn from this seed.
+    Seed(u64),
+    /// Written out by hand (a test's case).
+    Fixed,
+}
+
+/// The faults of a run, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Schedule {
+    /// Where it came from.
+    pub origin: Origin,
+    /// The steps.
+    pub steps: Vec<Step>,
+}
+
+/// The relative weight of each kind in a random schedule: the faults a
+/// fleet meets most (a machine or a process dying) most often.
+const WEIGHTS: [(Kind, u32); 9] = [
+    (Kind::AgentKillAtOnce, 2),
+    (Kind::AgentKillAfterTtl, 2),
+    (Kind::GatewayKill, 2),
+    (Kind::LeaderKill, 2),
+    (Kind::EngineKill, 3),
+    (Kind::AgentStop, 2),
+    (Kind::RedisDown, 1),
+    (Kind::RedisPause, 1),
+    (Kind::AgentRejoin, 1),
+];
+
+impl Schedule {
+    /// A schedule of faults written out (a test's case).
+    pub fn fixed(steps: Vec<Step>) -> Schedule {
+        Schedule { origin: Origin::Fixed, steps }
+    }
+
+    /// The random schedule of `seed` for a run of `duration_ms` over
+    /// `agents` agents and `gateways` gateways: faults drawn by
+    /// [`WEIGHTS`], each after a gap of 2 to 10 s (at least
+    /// [`REDIS_QUIET_MS`] on either side of a Redis fault), as many as fit
+    /// in `duration_ms` by their planned lengths.
+    pub fn random(seed: u64, duration_ms: u64, agents: usize, gateways: usize) -> Schedule {
+        assert!(agents > 0 && gateways > 0, "a fleet has agents and gateways");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let total: u32 = WEIGHTS.iter().map(|(_, w)| w).sum();
+        let (mut steps, mut t, mut after_redis) = (Vec::new(), 0u64, false);
+        loop {
+            let mut draw = rng.random_range(0..total);
+            let kind = WEIGHTS
+                .iter()
+                .find(|(_, w)| {
+                    let hit = draw < *w;
+                    draw = draw.saturating_sub(*w);
+                    hit
+                })
+                .map(|(k, _)| *k)
+                .expect("the draw is below the total");
+            let fault = match kind {
+                Kind::AgentKillAtOnce => {
+                    Fault::AgentKill { agent: rng.random_range(0..agents), restart_after_ms: 0 }
+                }
+                Kind::AgentKillAfterTtl => Fault::AgentKill {
+                    agent: rng.random_range(0..agents),
+                    restart_after_ms: rng.random_range(AFTER_TTL_MIN_MS..=AFTER_TTL_MAX_MS),
+                },
+                Kind::GatewayKill => Fault::GatewayKill {
+                    gateway: rng.random_range(0..gateways),
+                    restart_after_ms: rng.random_range(500..=3_000),
+                },
+                Kind::LeaderKill => Fault::LeaderKill { restart_after_ms: rng.random_range(500..=3_000) },
+                Kind::EngineKill => {
+                    Fault::EngineKill { agent: rng.random_range(0..agents), pick: rng.random_range(0..16) }
+                }
+                Kind::AgentStop => Fault::AgentStop {
+                    agent: rng.random_range(0..agents),
+                    ms: rng.random_range(1_000..=STOP_MAX_MS),
+                },
+                Kind::RedisDown => Fault::RedisDown { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
+                Kind::RedisPause => Fault::RedisPause { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
+                Kind::AgentRejoin => Fault::AgentRejoin { agent: rng.random_range(0..agents) },
+                Kind::StrayEngine => unreachable!("never drawn: it has no weight"),
+            };
+            let mut gap_ms = rng.random_range(GAP_MIN_MS..=GAP_MAX_MS);
+            if kind.is_redis() || after_redis {
+                gap_ms = gap_ms.max(REDIS_QUIET_MS);
+            }
+            // A Redis fault also needs its quiet after it within the run.
+            let tail = if kind.is_redis() { REDIS_QUIET_MS } else { 0 };
+            let end = t + gap_ms + fault.planned_ms();
+            if end + tail > duration_ms {
+                break;
+            }
+            after_redis = kind.is_redis();
+            t = end;
+            steps.push(Step { gap_ms, fault });
+        }
+        Schedule { origin: Origin::Seed(seed), steps }
+    }
+
+    /// Its planned length, ms: gaps and faults.
+    pub fn planned_ms(&self) -> u64 {
+        self.steps.iter().map(|s| s.gap_ms + s.fault.planned_ms()).sum()
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.origin {
+            Origin::Seed(seed) => writeln!(
+                f,
+                "schedule of seed {seed} ({} faults; replay with `hangar bench chaos --seed {seed}` and the same length):",
+                self.steps.len()
+            )?,
+            Origin::Fixed => writeln!(f, "fixed schedule ({} faults):", self.steps.len())?,
+        }
+        let mut t = 0;
+        for (i, s) in self.steps.iter().enumerate() {
+            t += s.gap_ms;
+            writeln!(
+                f,
+                "  #{i:<3} +{:>5.1} s  (t≈{:>6.1} s)  {}",
+                s.gap_ms as f64 / 1e3,
+                t as f64 / 1e3,
+                s.fault
+            )?;
+            t += s.fault.planned_ms();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule() {
+        for seed in 0..20 {
+            assert_eq!(Schedule::random(seed, 600_000, 3, 2), Schedule::random(seed, 600_000, 3, 2));
+        }
+        assert_ne!(Schedule::random(1, 600_000, 3, 2), Schedule::random(2, 600_000, 3, 2));
+    }
+
+    #[test]
+    fn schedules_keep_their_bounds() {
+        for seed in 0..200 {
+            let duration = 60_000 + seed * 9_000;
+            let s = Schedule::random(seed, duration, 3, 2);
+            assert!(s.planned_ms() <= duration, "seed {seed}: {} ms planned", s.planned_ms());
+            for (i, step) in s.steps.iter().enumerate() {
+                assert!((GAP_MIN_MS..=GAP_MAX_MS.max(REDIS_QUIET_MS)).contains(&step.gap_ms));
+                match step.fault {
+                    Fault::AgentKill { agent, restart_after_ms } => {
+                        assert!(agent < 3);
+                        assert!(
+                            restart_after_ms == 0
+                                || (AFTER_TTL_MIN_MS..=AFTER_TTL_MAX_MS).contains(&restart_after_ms)
+                        );
+                    }
+                    Fault::GatewayKill { gateway, .. } => assert!(gateway < 2),
+                    Fault::AgentStop { agent, ms } => assert!(agent < 3 && ms <= STOP_MAX_MS),
+                    Fault::RedisDown { ms } | Fault::RedisPause { ms } => {
+                        assert!(ms <= REDIS_MAX_MS);
+                        // Quiet on both sides.
+                        assert!(step.gap_ms >= REDIS_QUIET_MS, "seed {seed} step {i}");
+                        let after: u64 = s.steps.get(i + 1).map_or(duration - s.planned_ms(), |n| n.gap_ms);
+                        assert!(after >= REDIS_QUIET_MS, "seed {seed} step {i}: {after} ms after");
+                    }
+                    Fault::EngineKill { agent, .. } | Fault::AgentRejoin { agent } => assert!(agent < 3),
+                    Fault::LeaderKill { .. } => {}
+                    Fault::StrayEngine => panic!("drawn at random"),
+                }
+            }
+        }
+    }
+
+    /// The target run: 30 minutes with at least 100 faults, every
+    /// kind among them.
+    #[test]
+    fn thirty_minutes_hold_over_a_hundred_faults_of_every_kind() {
+        for seed in 1..=20 {
+            let s = Schedule::random(seed, 30 * 60_000, 3, 2);
+            assert!(s.steps.len() >= 100, "seed {seed}: {} faults", s.steps.len());
+            for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::StrayEngine) {
+                assert!(s.steps.iter().any(|st| st.fault.kind() == kind), "seed {seed}: no {kind:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! Hangar's policy: as many replicas as the demand needs — measured beyond
+//! its noise — up at once, down only after a quiet period.
+//!
+//! Each rule in a line (docs/scaling.md, "The `hangar` policy"):
+//! - **Burst**: a queue beyond the noise band of the measured demand, and
+//!   beyond what the replicas up or loading clear before another would be
+//!   ready, is met at once.
+//! - **Rate**: the arrival rate × mean permit time, at the lower bound of
+//!   its noise, is met.
+//! - **No runaway while loading**: until a request has finished, nothing
+//!   says what a replica serves; while those first replicas load, the
+//!   queue may at most double the count they were asked for.
+//! - **Objective**: TTFT p99 above the objective while requests wait adds
+//!   one replica (none while another loads), and the count where it was
+//!   missed is not returned to while the demand stays as high.
+//! - **Give-back**: only when the upper bound of the demand has fitted
+//!   fewer replicas for a whole quiet period (sized by the measured
+//!   restart), keeping the period's peak.
+
+use hangar_core::Millis;
+
+use crate::config::HangarSettings;
+use crate::decision::Reason;
+use crate::demand::{Demand, Side};
+use crate::observation::Observation;
+use crate::policy::{replicas, History};
+use crate::scaler::StartTimes;
+
+/// Hangar's policy.
+#[derive(Debug, Clone)]
+pub(crate) struct Hangar {
+    pub(crate) s: HangarSettings,
+    demand: Demand,
+    /// Since when the demand has fitted fewer replicas, and its peak since.
+    excess: Option<(Millis, u32)>,
+    /// The last give-back: when, the quiet period it waited, and the
+    /// count it gave back from.
+    last_down: Option<(Millis, Millis, u32)>,
+    /// Flap damping: the quiet period is doubled this many times (at
+    /// most `flap_damping`).
+    damping: u32,
+    /// The count the first replicas were asked for, while they load
+    /// before any request has finished.
+    first_load: Option<u32>,
+    /// The count at which the objective was last missed while requests
+    /// waited, and the demand's lower bound (permits) then.
+    missed: Option<(u32, f64)>,
+}
+
+/// What the `hangar` policy knows of its model besides the observations.
+pub(crate) struct Context<'a> {
+    /// Measured start times.
+    pub starts: &'a StartTimes,
+    /// The model's TTFT objective.
+    pub slo_ttft_ms: Option<Millis>,
+}
+
+impl Hangar {
+    pub fn new(s: HangarSettings) -> Self {
+        Hangar {
+            s,
+            demand: Demand::default(),
+            excess: None,
+            last_down: None,
+            damping: 0,
+            first_load: None,
+            missed: None,
+        }
+    }
+
+    pub fn recommend(
+        &mut self,
+        now: Millis,
+        history: &History,
+        current: u32,
+        cx: &Context<'_>,
+    ) -> (u32, Reason) {
+        let o = history.back().expect("observed").1;
+        let quiet = self.quiet_ms(cx.starts);
+        let window = (self.s.rate_window_s * 1000).max(quiet.unwrap_or(0));
+        self.demand.sample(now, &o, window);
+        let per_replica = f64::from(o.permits_per_replica.max(1)) * self.s.target_occupancy;
+        let z = self.s.noise_z;
+        let expected = self.demand.permits(window, 0.0, Side::Upper);
+
+        let (mut need, mut reason) = (0, Reason::Steady);
+        // Until a request has finished nothing says what a replica
+        // serves: while the first replicas load, the queue may at most
+        // double the count they were asked for.
+        let unmeasured = self.demand.service_ms().is_none() && o.replicas.starting > 0;
+        let base = match (unmeasured, self.first_load) {
+            (false, _) => None,
+            (true, None) => Some(current.max(1)),
+            (true, base) => base,
+        };
+        self.first_load = base;
+        if let Some(burst) = self.burst(&o, current, per_replica, expected, cx, window) {
+            let burst = base.map_or(burst, |base| burst.min(base.saturating_mul(2)));
+            (need, reason) = (burst, Reason::Demand { work: o.work(), per_replica });
+        }
+        if let Some(low) = self.demand.permits(window / 3, z, Side::Lower) {
+            let by_rate = replicas(low / per_replica);
+            if by_rate > need {
+                (need, reason) = (by_rate, Reason::Rate { permits: low, per_replica });
+            }
+        }
+        let missed = match (cx.slo_ttft_ms, o.ttft_p99_ms) {
+            (Some(slo_ms), Some(ttft_p99_ms)) if ttft_p99_ms > slo_ms => Some((ttft_p99_ms, slo_ms)),
+            _ => None,
+        };
+        if let Some((ttft_p99_ms, slo_ms)) = missed {
+            // TTFT misses its objective while requests wait for a permit:
+            // one replica more than there are, one at a time (none is added
+            // while another is still loading, so a slow start cannot run
+            // away). With nobody waiting a slow TTFT is the prompts' own
+            // prefill, which more replicas would not shorten.
+            if o.waiting > 0
+                && o.replicas.starting == 0
+                && need <= current
+                && self.uncleared(&o, current, per_replica, expected, cx) > 0.0
+            {
+                need = current.saturating_add(1);
+                reason = Reason::SloMiss { ttft_p99_ms, slo_ms };
+                let low = self.demand.permits(window, z, Side::Lower);
+                self.missed = Some((current, low.unwrap_or(o.work() as f64)));
+            }
+        }
+        // Up at once: replicas still loading count as capacity on the way,
+        // so a burst is met once and not again while they load. Nothing is
+        // given back while the objective is missed with work present (an
+        // idle model's misses are of requests gone).
+        if need > current || (missed.is_some() && o.work() > 0) {
+            self.excess = None;
+            if need > current {
+                self.damp(now, need);
+            }
+            return (need.max(current), if need > current { reason } else { Reason::Steady });
+        }
+        // Down only when the demand's upper bound has fitted fewer replicas
+        // for a whole quiet period, keeping the period's peak.
+        let Some(quiet) = quiet else { return (current, Reason::Steady) };
+        let fits = match self.demand.permits(window, z, Side::Upper) {
+            // Idle — nothing running, waiting or arrived since the last
+            // decision — fits none: a whole quiet period of it, to zero.
+            _ if o.work() == 0 && !self.demand.arrived() => 0,
+            // Nothing is given back while requests wait.
+            _ if o.waiting > 0 => current,
+            Some(high) => replicas(high / per_replica).max(replicas(f64::from(o.in_flight) / per_replica)),
+            // Nothing measured yet: the work present is all there is.
+            None => replicas(o.work() as f64 / per_replica),
+        };
+        // A count where the objective was missed is not returned to unless
+        // the demand fell beyond its noise: its upper bound now below its
+        // lower bound then (misses come with the rate's upward swings, so a
+        // swing back is no reason to return).
+        let floor = match self.missed {
+            Some((count, then))
+                if self.demand.permits(window, z, Side::Upper).is_none_or(|now| now >= then) =>
+            {
+                count + 1
+            }
+            _ => 0,
+        };
+        let fits = fits.max(floor.min(current));
+        if fits >= current {
+            self.excess = None;
+            return (current, Reason::Steady);
+        }
+        let quiet = quiet.saturating_mul(1 << self.damping).min(self.s.scale_down_after_s * 1000);
+        let (since, peak) = self.excess.get_or_insert((now, fits));
+        *peak = (*peak).max(fits);
+        if now.saturating_sub(*since) < quiet {
+            return (current, Reason::Steady);
+        }
+        let peak = *peak;
+        self.excess = None;
+        self.last_down = Some((now, quiet, current));
+        (peak, Reason::Quiet { peak })
+    }
+
+    /// The replicas a queue calls for at once, if it is a burst: more
+    /// work than the replicas' permits *and* arrivals beyond the noise of
+    /// the rate before them (a queue the same traffic formed by chance is
+    /// the objective's business, not a burst's). Once a request's permit
+    /// time and a restart have been measured, a queue the `current`
+    /// replicas clear before one more would be ready calls for none, and
+    /// what they would not clear calls for the replicas that finish it
+    /// within a restart (or a request's time, if longer) beside the
+    /// traffic itself — so a queue that piled up while a slow load ran is
+    /// met by what drains it, not by a replica per queued request. Before,
+    /// each request running or waiting holds a permit.
+    fn burst(
+        &self,
+        o: &Observation,
+        current: u32,
+        per_replica: f64,
+        expected: Option<f64>,
+        cx: &Context<'_>,
+        window_ms: Millis,
+    ) -> Option<u32> {
+        let work = o.work() as f64;
+        let capacity = f64::from(current) * per_replica;
+        let surge = self.demand.surge(window_ms / 12, window_ms, self.s.noise_z);
+        if work <= capacity || surge == Some(false) {
+            return None;
+        }
+        let (Some(service_ms), Some(restart_ms)) = (self.demand.service_ms(), restart_ms(cx.starts, o))
+        else {
+            return Some(replicas(work / per_replica));
+        };
+        let load = expected.unwrap_or(f64::from(o.in_flight));
+        let horizon_ms = (restart_ms as f64).max(service_ms).max(1.0);
+        let rest = self.uncleared(o, current, per_replica, expected, cx);
+        (rest > 0.0).then(|| replicas((load + rest * service_ms / horizon_ms) / per_replica))
+    }
+
+    /// The queued requests the `current` replicas' spare permits would
+    /// not have finished by the time one more replica is ready (all of
+    /// them until a permit time and a restart are measured): what another
+    /// replica could still help with.
+    fn uncleared(
+        &self,
+        o: &Observation,
+        current: u32,
+        per_replica: f64,
+        expected: Option<f64>,
+        cx: &Context<'_>,
+    ) -> f64 {
+        let capacity = f64::from(current) * per_replica;
+        let backlog = f64::from(o.waiting);
+        let (Some(service_ms), Some(restart_ms)) = (self.demand.service_ms(), restart_ms(cx.starts, o))
+        else {
+            return backlog;
+        };
+        let load = expected.unwrap_or(f64::from(o.in_flight));
+        let clears = (capacity - load).max(0.0) * restart_ms as f64 / service_ms.max(1.0);
+        backlog - clears
+    }
+
+    /// Flap damping, on a step up to `need` at `now`: taking back, within
+    /// the quiet period, replicas just given back (no more than there
+    /// were) means the period was too short for this model's traffic — it
+    /// doubles (up to `scale_down_after_s`, at most `flap_damping` times) — and a step up
+    /// only after twice the period halves it again. Noisy steady traffic
+    /// so settles on a period long enough not to give back replicas it
+    /// wants a moment later, while a burst that grows past the old count
+    /// is growth, not a flap.
+    fn damp(&mut self, now: Millis, need: u32) {
+        let Some((at, quiet, before)) = self.last_down.take() else { return };
+        let since = now.saturating_sub(at);
+        if since < quiet && need <= before {
+            self.damping = (self.damping + 1).min(self.s.flap_damping);
+        } else if since >= quiet.saturating_mul(2) {
+            self.damping = self.damping.saturating_sub(1);
+        }
+    }
+
+    /// How long the demand must stay below the replicas before one is given
+    /// back: `quiet_factor` × the mean measured restart, within
+    /// `min_quiet_s` and `scale_down_after_s`; `scale_down_after_s` until a
+    /// restart has been measured. `None`: never (`scale_down_after_s = 0`).
+    fn quiet_ms(&self, starts: &StartTimes) -> Option<Millis> {
+        let longest = self.s.scale_down_after_s * 1000;
+        if longest == 0 {
+            return None;
+        }
+        let Some(restart) = starts.mean_ms() else { return Some(longest) };
+        let quiet = (restart as f64 * self.s.quiet_factor) as Millis;
+        Some(quiet.clamp((self.s.min_quiet_s * 1000).min(longest), longest))
+    }
+
+    /// How long an idle replica stays WARM: `warm_keep_factor` × its mean
+    /// COLD start (the price of letting it go), at least `min_warm_s`.
+    pub fn keep_warm_ms(&self, starts: &StartTimes) -> Millis {
+        let floor = self.s.min_warm_s * 1000;
+        let cold = starts.cold.map_or(0, |(ms, _)| ms) as f64;
+        floor.max((cold * self.s.warm_keep_factor) as Millis)
+    }
+}
+
+/// How long one more replica would take to be ready: a WARM wake when a
+/// copy sleeps, else a COLD start, as measured (the other tier's when this
+/// one has not been).
+fn restart_ms(starts: &StartTimes, o: &Observation) -> Option<Millis> {
+    let (first, second) =
+        if o.replicas.sleeping > 0 { (starts.warm, starts.cold) } else { (starts.cold, starts.warm) };
+    first.or(second).map(|(ms, _)| ms)
+}
