@@ -320,6 +320,9 @@ fn the_suite_runs_its_synthetic_cases_reproducibly_and_skips_public_traces_it_ca
         "{}",
         stderr(&o)
     );
+    let o = hangar(&["sim", "suite", "--traces-dir", dir.path().join("nowhere").to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("nowhere: no such directory"), "{}", stderr(&o));
     let o = hangar(&["sim", "suite", "--mooncake", dir.path().join("missing.jsonl").to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("missing.jsonl: no such trace file"), "{}", stderr(&o));

@@ -118,6 +118,9 @@ pub fn run(a: &SuiteArgs) -> anyhow::Result<()> {
     if !(a.scale > 0.0 && a.scale <= 1.0) {
         bail!("--scale must be above 0 and at most 1, got {}", a.scale);
     }
+    if let Some(dir) = a.traces_dir.as_ref().filter(|d| !d.is_dir()) {
+        bail!("--traces-dir {}: no such directory", dir.display());
+    }
     let all = suite::cases(a.seed, a.scale);
     for name in &a.cases {
         if !all.iter().any(|c| c.name == name) {
