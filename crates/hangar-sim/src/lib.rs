@@ -23,12 +23,15 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bound;
 mod clock;
 mod collector;
+pub mod compare;
 mod driver;
 pub mod fleet;
 mod report;
 pub mod stats;
+pub mod suite;
 pub mod synth;
 pub mod trace;
 

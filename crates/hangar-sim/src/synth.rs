@@ -184,6 +184,18 @@ impl SynthConfig {
     }
 }
 
+/// Generates a trace as [`crate::trace::read`] would read the JSONL file
+/// `hangar trace synth` writes from `cfg`, named `source_name`: the same
+/// requests, sessions and lines, without the file.
+pub fn trace(cfg: &SynthConfig, source_name: &str) -> Result<crate::trace::Trace, SynthError> {
+    let mut text = String::new();
+    for row in generate(cfg)? {
+        text.push_str(&serde_json::to_string(&row).expect("a row serializes"));
+        text.push('\n');
+    }
+    Ok(crate::trace::read(&text, source_name).expect("generated rows parse"))
+}
+
 /// Generates the rows, ordered by timestamp (stable for equal ones).
 pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
     cfg.validate()?;

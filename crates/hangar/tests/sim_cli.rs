@@ -11,6 +11,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `hangar sim compare` of the three scaling policies with their
+/// defaults, and `extra` flags.
+fn compare(fleet: &str, trace: &str, extra: &[&str]) -> Output {
+    let args = ["sim", "compare", "--fleet", fleet, trace, "--policy", "hangar", "--policy", "replicate"];
+    hangar(&[&args[..], &["--policy", "workers-ai"], extra].concat())
+}
+
 fn synth(dir: &Path, extra: &[&str]) -> String {
     let path = dir.join("trace.jsonl").display().to_string();
     let mut args = vec!["trace", "synth", "--requests", "120", "--seed", "3", "--rate", "20", "-o", &path];
@@ -162,25 +169,14 @@ fn a_fleet_simulates_a_multi_model_trace_and_compares_policies() {
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["total"]["requests"], 120);
 
-    let o = hangar(&[
-        "sim",
-        "compare",
-        "--fleet",
-        fleet.to_str().unwrap(),
-        &trace,
-        "--policy",
-        "hangar",
-        "--policy",
-        "replicate",
-        "--policy",
-        "workers-ai",
-    ]);
+    let o = compare(fleet.to_str().unwrap(), &trace, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8(o.stdout).unwrap();
     for policy in ["hangar", "replicate", "workers-ai"] {
         let row = table.lines().find(|l| l.split_whitespace().nth(1) == Some(policy));
-        assert!(row.is_some_and(|r| r.starts_with("all")), "{policy} missing:\n{table}");
+        assert!(row.is_some_and(|r| r.starts_with(policy)), "{policy} missing:\n{table}");
     }
+    assert!(table.contains("× bound") && table.contains("hindsight bound: "), "{table}");
 
     // A row naming a model the fleet does not serve: its line, or skipped.
     let other = dir.path().join("other.jsonl");
@@ -232,12 +228,10 @@ fn plots_draw_the_fleet_over_time_and_the_policies_side_by_side() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
 
-    let compare = path("compare.svg");
-    let policies = ["--policy", "hangar", "--policy", "replicate", "--policy", "workers-ai"];
-    let o =
-        hangar(&[&["sim", "compare", "--fleet", fleet, &trace, "--plot", &compare], &policies[..]].concat());
+    let plot = path("compare.svg");
+    let o = compare(fleet, &trace, &["--plot", &plot]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&compare).unwrap();
+    let text = std::fs::read_to_string(&plot).unwrap();
     assert!(text.starts_with("<svg") || text.starts_with("<?xml"), "{}", &text[..100]);
     for policy in ["hangar", "replicate", "workers-ai"] {
         assert!(svg_texts(&text).contains(&policy), "{policy} has no point label");
@@ -253,10 +247,233 @@ fn plots_draw_the_fleet_over_time_and_the_policies_side_by_side() {
     let o = hangar(&["sim", "--fleet", fleet, &trace, "--plot", &nowhere]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains(&format!("cannot write the plot {nowhere}")), "{}", stderr(&o));
-    let o =
-        hangar(&[&["sim", "compare", "--fleet", fleet, &trace, "--plot", &nowhere], &policies[..]].concat());
+    let o = compare(fleet, &trace, &["--plot", &nowhere]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains(&format!("cannot write the plot {nowhere}")), "{}", stderr(&o));
     let o = hangar(&["sim", &trace, "--plot", &svg]);
     assert_eq!(o.status.code(), Some(2), "--plot draws a fleet run");
+}
+
+#[test]
+fn the_suite_runs_its_synthetic_cases_reproducibly_and_skips_public_traces_it_cannot_find() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("no-traces");
+    std::fs::create_dir(&empty).unwrap();
+    let run = |name: &str| {
+        let out = dir.path().join(name);
+        let json = dir.path().join(format!("{name}.json"));
+        let o = hangar(&[
+            "sim",
+            "suite",
+            "--scale",
+            "0.03",
+            "--case",
+            "steady",
+            "--case",
+            "bursty",
+            "--case",
+            "azure",
+            "--traces-dir",
+            empty.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+            "--jobs",
+            "2",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        (String::from_utf8(o.stdout).unwrap(), std::fs::read(json).unwrap(), err, out)
+    };
+    let (table, a, err, out) = run("a");
+    let (_, b, _, _) = run("b");
+    assert_eq!(a, b, "the same suite, the same report");
+    assert!(err.contains("azure: skipped, azure2023_conv.csv and azure2023_code.csv not found"), "{err}");
+    assert!(table.contains("azure: skipped"), "{table}");
+    assert!(table.contains("| steady |") && table.contains("| bursty |"), "{table}");
+    assert!(table.contains("replicate frontier:") && table.contains("workers-ai frontier:"), "{table}");
+    for file in ["steady-hangar.svg", "steady-replicate.svg", "steady-workers-ai.svg", "bursty-frontier.svg"]
+    {
+        let svg = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(svg.starts_with("<svg"), "{file}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&a).unwrap();
+    let cases = report["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 2);
+    for case in cases {
+        let bound = case["bound"]["gpu_hours"].as_f64().unwrap();
+        let runs = case["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 11, "three defaults and eight other peer settings");
+        for r in runs {
+            // No run answers 99 % in time on fewer GPU-hours than the bound.
+            if r["total"]["slo_attainment"].as_f64().unwrap() >= 0.99 {
+                assert!(r["gpu_hours"].as_f64().unwrap() >= bound, "{r}");
+            }
+        }
+    }
+
+    let o = hangar(&["sim", "suite", "--case", "nope"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--case nope: no such case") && stderr(&o).contains("long-load"),
+        "{}",
+        stderr(&o)
+    );
+    let o = hangar(&["sim", "suite", "--traces-dir", dir.path().join("nowhere").to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("nowhere: no such directory"), "{}", stderr(&o));
+    let o = hangar(&["sim", "suite", "--mooncake", dir.path().join("missing.jsonl").to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("missing.jsonl: no such trace file"), "{}", stderr(&o));
+}
+
+/// Two small models that load in about half a second, so a policy can
+/// answer nearly every request of a short trace in time, and the knobs of
+/// the peers make a difference.
+const QUICK_FLEET: &str = r#"
+[cold_start]
+disk_gbps = 20.0
+page_cache_gbps = 40.0
+wake_gbps = 50.0
+boot_ms = 400
+
+[[nodes]]
+id = "gpu"
+count = 2
+gpus = 2
+gpu_memory = "80GB"
+cpu_cache = "100GB"
+
+[[models]]
+key = "synth/m0"
+size = "4GB"
+max_replicas = 4
+concurrency = 4
+slo_ttft_ms = 3000
+
+[[models]]
+key = "synth/m1"
+size = "2GB"
+max_replicas = 4
+concurrency = 4
+slo_ttft_ms = 3000
+"#;
+
+#[test]
+fn a_sweep_draws_each_peers_pareto_frontier_and_judges_hangar_against_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("bursty.jsonl").display().to_string();
+    let o = hangar(&[
+        "trace",
+        "synth",
+        "--requests",
+        "400",
+        "--seed",
+        "3",
+        "--rate",
+        "3",
+        "--models",
+        "2",
+        "--pattern",
+        "bursty",
+        "--period-s",
+        "30",
+        "--max-turns",
+        "1",
+        "-o",
+        &trace,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(&fleet, QUICK_FLEET).unwrap();
+    let json = dir.path().join("sweep.json");
+    let o = compare(fleet.to_str().unwrap(), &trace, &["--sweep", "--json", json.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    for line in ["replicate@0.125 ", "workers-ai@0.05-0.2 ", "replicate frontier: ", "workers-ai frontier: "]
+    {
+        assert!(table.contains(line), "{line}:\n{table}");
+    }
+    assert!(table.contains("best replicate at ≥ ") && table.contains("best workers-ai at ≥ "), "{table}");
+
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 11, "three defaults and four more settings of each peer");
+    let point = |r: &serde_json::Value| {
+        (
+            r["label"].as_str().unwrap().to_owned(),
+            r["total"]["slo_attainment"].as_f64().unwrap(),
+            r["gpu_hours"].as_f64().unwrap(),
+        )
+    };
+    // The knob matters on this trace: the peers' runs differ.
+    let spread = |family: &str| {
+        let a: Vec<f64> = runs.iter().filter(|r| r["family"] == family).map(|r| point(r).1).collect();
+        a.iter().cloned().fold(0.0, f64::max) - a.iter().cloned().fold(1.0, f64::min)
+    };
+    assert!(spread("replicate") > 0.2 && spread("workers-ai") > 0.2, "{table}");
+    let bound = &report["bound"];
+    for r in runs {
+        let (label, attainment, used) = point(r);
+        if attainment >= 0.99 {
+            assert!(used >= bound["gpu_hours"].as_f64().unwrap(), "{label} below the bound");
+            assert!(r["times_bound"].as_f64().unwrap() >= 1.0, "{label}");
+        }
+    }
+    for frontier in report["frontiers"].as_array().unwrap() {
+        let family = frontier["family"].as_str().unwrap();
+        let points: Vec<(String, f64, f64)> = frontier["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["label"].as_str().unwrap().to_owned(),
+                    p["attainment"].as_f64().unwrap(),
+                    p["gpu_hours"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert!(!points.is_empty());
+        let own: Vec<(String, f64, f64)> = runs.iter().filter(|r| r["family"] == family).map(point).collect();
+        // No run of the peer beats a frontier point on both counts, and
+        // every run off the frontier is matched or beaten by a point on it.
+        for (label, a, g) in &points {
+            for (other, oa, og) in &own {
+                assert!(
+                    !(oa >= a && og <= g && (oa > a || og < g)),
+                    "{other} dominates {label} on the frontier"
+                );
+            }
+        }
+        for (label, a, g) in &own {
+            assert!(
+                points.iter().any(|(_, pa, pg)| pa >= a && pg <= g),
+                "{label} is neither on the frontier nor beaten"
+            );
+        }
+        // The frontier climbs: more GPU-hours buy more attainment.
+        for w in points.windows(2) {
+            assert!(w[1].1 > w[0].1 && w[1].2 >= w[0].2, "{points:?}");
+        }
+    }
+    // hangar is judged against the cheapest frontier point at or above its
+    // attainment, for each peer.
+    let verdict = &report["verdict"];
+    let at = verdict["hangar"]["attainment"].as_f64().unwrap();
+    for peer in verdict["peers"].as_array().unwrap() {
+        let family = peer["family"].as_str().unwrap();
+        let cheapest = runs
+            .iter()
+            .filter(|r| r["family"] == family)
+            .map(point)
+            .filter(|p| p.1 >= at)
+            .map(|p| p.2)
+            .fold(f64::INFINITY, f64::min);
+        match peer["at_hangars_slo"].as_object() {
+            Some(p) => assert_eq!(p["gpu_hours"].as_f64().unwrap(), cheapest, "{family}"),
+            None => assert!(cheapest.is_infinite(), "{family}"),
+        }
+    }
 }

@@ -301,7 +301,11 @@ pub fn simulate_fleet_rows(
 }
 
 /// The fleet model a row is for: the one it names, or the only one.
-fn model_of(row: &TraceRequest, cfg: &FleetConfig, by_key: &BTreeMap<ModelKey, usize>) -> Option<usize> {
+pub(crate) fn model_of(
+    row: &TraceRequest,
+    cfg: &FleetConfig,
+    by_key: &BTreeMap<ModelKey, usize>,
+) -> Option<usize> {
     match &row.model {
         Some(m) => m.parse::<ModelKey>().ok().and_then(|k| by_key.get(&k).copied()),
         None if cfg.models.len() == 1 => Some(0),

@@ -40,6 +40,13 @@ pub fn read_text(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
+/// Writes `value` as pretty JSON, one trailing newline, to `path` (the
+/// `--json FILE` of the reports), naming the file if it cannot.
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// Writes one JSON value per line.
 pub fn write_jsonl<T: serde::Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
     let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;

@@ -12,14 +12,20 @@ use hangar_core::Millis;
 use hangar_engine::EngineConfig;
 use hangar_router::{KvRouterConfig, RouterPolicy};
 use hangar_scaler::ScalingConfig;
-use hangar_sim::fleet::{simulate_fleet_rows, FleetConfig, FleetOptions, FleetReport, ModelReport};
+use hangar_sim::bound::{hindsight_bound, BoundOptions};
+use hangar_sim::compare::{self, Comparison};
+use hangar_sim::fleet::{
+    simulate_fleet, simulate_fleet_rows, FleetConfig, FleetOptions, FleetReport, ModelReport,
+};
 use hangar_sim::synth::{self, SynthConfig};
 use hangar_sim::{simulate, trace, ArrivalMode, SimConfig, Slo};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{peak_rss_mib, read_text, write_jsonl};
+use super::{peak_rss_mib, read_text, write_json, write_jsonl};
 
 mod plot;
+mod pool;
+mod suite;
 
 use plot::PlotFile;
 
@@ -34,7 +40,7 @@ use plot::PlotFile;
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
     #[command(subcommand)]
-    compare: Option<Compare>,
+    command: Option<Command>,
     /// Mooncake-style JSONL or Azure CSV trace.
     trace: Option<PathBuf>,
     /// Simulate a whole fleet (nodes, models, admission, the controller
@@ -129,12 +135,15 @@ enum Engine {
     Sglang,
 }
 
-/// `hangar sim compare`.
+/// `hangar sim compare`, `sim live`, `sim suite`.
 #[derive(Debug, clap::Subcommand)]
-enum Compare {
+enum Command {
     /// Run several scaling policies on the same fleet and trace, and print
     /// one table: requests, SLO attainment, goodput, GPU-hours, goodput per
-    /// GPU-hour, cold starts, decisions and reversals per policy.
+    /// GPU-hour, cold starts, decisions and reversals per policy, and its
+    /// GPU-hours as a multiple of the trace's hindsight bound (the fewest
+    /// any schedule could use answering 99 % of requests in time; with
+    /// `--sweep`, each peer's frontier over its main knob too).
     Compare(CompareArgs),
     /// Replay a short trace through a fleet simulation and through a live
     /// `hangar serve` with mock engines of the same engine settings, and
@@ -142,6 +151,11 @@ enum Compare {
     /// sample (docs/sim.md, "Simulation against a live server"). Exits
     /// non-zero outside the tolerances.
     Live(super::sim_live::LiveArgs),
+    /// Run the trace suite: every scaling policy, and each peer over its
+    /// main knob, on public and synthetic traces of every shape, judged
+    /// against each trace's hindsight bound (docs/scaling.md, "The trace
+    /// suite").
+    Suite(suite::SuiteArgs),
 }
 
 #[derive(Debug, ClapArgs)]
@@ -154,6 +168,12 @@ struct CompareArgs {
     /// A policy every model runs, with its defaults; repeat to compare.
     #[arg(long = "policy", value_enum, required = true)]
     policies: Vec<PolicyName>,
+    /// Also run each peer policy given (replicate, workers-ai) over its
+    /// main knob — replicate's target backlog per replica, workers-ai's
+    /// utilization deadband — and report its Pareto frontier of GPU-hours
+    /// against SLO attainment, and hangar's default against it.
+    #[arg(long)]
+    sweep: bool,
     /// Divide the time between arrivals by this.
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
@@ -163,13 +183,17 @@ struct CompareArgs {
     /// Drop rows naming a model the fleet does not serve.
     #[arg(long)]
     skip_unknown: bool,
-    /// Write every policy's report as a JSON array to this file.
+    /// Write the comparison (the bound, every run with its figures per
+    /// model, the frontiers, the verdict) as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Draw GPU-hours against SLO attainment, one point per policy, to
-    /// this .svg or .png file.
+    /// Draw GPU-hours against SLO attainment — every run, the peers'
+    /// frontiers, the hindsight bound — to this .svg or .png file.
     #[arg(long, value_name = "FILE", value_parser = PlotFile::parse)]
     plot: Option<PlotFile>,
+    /// Runs at once [default: the machine's cores].
+    #[arg(long)]
+    jobs: Option<usize>,
 }
 
 /// A scaling policy by name.
@@ -228,16 +252,30 @@ impl std::io::Read for Counted {
 }
 
 /// One timeline sample a second, or fewer on a long trace: about 600 over
-/// the trace's span, as many as a plot's width shows. Reads the trace
-/// once more for its span.
+/// the trace's span (arrivals `first` to `last`, ms, divided by
+/// `speedup`), as many as a plot's width shows.
+fn sample_period(first: f64, last: f64, speedup: f64) -> Millis {
+    let span_ms = ((last - first) / speedup).max(0.0);
+    ((span_ms / 600.0) as Millis).max(1000)
+}
+
+/// [`sample_period`] of the trace file at `path`, read once more for its
+/// span.
 fn sample_ms(path: &std::path::Path, speedup: f64) -> anyhow::Result<Millis> {
     let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
     for row in stream_rows(path)?.0 {
         let t = row?.timestamp_ms;
         (first, last) = (first.min(t), last.max(t));
     }
-    let span_ms = ((last - first) / speedup).max(0.0);
-    Ok(((span_ms / 600.0) as Millis).max(1000))
+    Ok(sample_period(first, last, speedup))
+}
+
+/// [`sample_period`] of rows in memory.
+pub(super) fn span_sample_ms(rows: &[trace::TraceRequest], speedup: f64) -> Millis {
+    let (first, last) = (rows.iter()).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| {
+        (lo.min(r.timestamp_ms), hi.max(r.timestamp_ms))
+    });
+    sample_period(first, last, speedup)
 }
 
 /// Runs one fleet simulation of the trace file at `path`, streamed, with
@@ -292,8 +330,7 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
         plot::timeline(&report, file)?;
     }
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        write_json(path, &report)?;
     }
     let mut stdout = std::io::stdout().lock();
     write!(stdout, "{}", report.table())?;
@@ -307,42 +344,64 @@ fn run_fleet(args: &Args, fleet: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `hangar sim compare`.
+/// `hangar sim compare`: the trace is read whole (the bound needs all of
+/// it) and shared by the runs, which go on `--jobs` threads.
 fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     let cfg = read_fleet(&a.fleet)?;
-    let mut reports = Vec::new();
-    for (i, policy) in a.policies.iter().enumerate() {
-        let config = policy.config();
-        let label = format!("{} ({}/{})", config.name(), i + 1, a.policies.len());
-        let opts = FleetOptions {
-            speedup: a.speedup,
-            trace_block_size: a.trace_block_size,
-            skip_unknown: a.skip_unknown,
-            policy: Some(config),
-            ..FleetOptions::default()
-        };
-        reports.push(simulate_with_bar(&label, &a.trace, &cfg, &opts)?);
+    let trace = read_trace(&a.trace)?;
+    let bound_opts = BoundOptions {
+        speedup: a.speedup,
+        trace_block_size: a.trace_block_size,
+        skip_unknown: a.skip_unknown,
+        ..BoundOptions::default()
+    };
+    let bound = hindsight_bound(&trace, &cfg, &bound_opts).context("the hindsight bound")?;
+    let policies: Vec<ScalingConfig> = a.policies.iter().map(|p| p.config()).collect();
+    let specs = compare::runs(&cfg, &policies, a.sweep);
+    let opts = FleetOptions {
+        speedup: a.speedup,
+        trace_block_size: a.trace_block_size,
+        skip_unknown: a.skip_unknown,
+        ..FleetOptions::default()
+    };
+    let threads = pool::threads(a.jobs, specs.len());
+    let reports =
+        pool::map(&specs, threads, "runs", |spec| simulate_fleet(&trace, &spec.fleet, &opts, |_, _| {}));
+    let mut done = Vec::new();
+    for (spec, report) in specs.into_iter().zip(reports) {
+        let report = report.with_context(|| format!("run {}", spec.label))?;
+        done.push((spec, report));
     }
+    let comparison = Comparison::new(Some(bound), &done);
+    let title = format!("{} on {}", a.trace.display(), a.fleet.display());
     if let Some(file) = &a.plot {
-        plot::policies(&reports, &format!("{} on {}", a.trace.display(), a.fleet.display()), file)?;
+        plot::comparison(&comparison, &title, file)?;
     }
     if let Some(path) = &a.json {
-        let json = serde_json::to_string_pretty(&reports)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        write_json(path, &comparison)?;
     }
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{} on {}", a.trace.display(), a.fleet.display())?;
-    writeln!(out, "{}", ModelReport::header("models"))?;
-    for r in &reports {
-        writeln!(out, "{}", r.total.row("all"))?;
+    writeln!(out, "{title}")?;
+    writeln!(out, "{} {:>8} {:>10}", ModelReport::header("run"), "× bound", "× at SLO")?;
+    for r in &comparison.runs {
+        let times = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.2}"));
+        writeln!(
+            out,
+            "{} {:>8} {:>10}",
+            r.total.row(&r.label),
+            times(r.times_bound),
+            times(r.times_bound_at_its_slo)
+        )?;
     }
+    write!(out, "\n{}", comparison.summary())?;
     Ok(())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    match &args.compare {
-        Some(Compare::Compare(a)) => return run_compare(a),
-        Some(Compare::Live(a)) => return super::sim_live::run(a),
+    match &args.command {
+        Some(Command::Compare(a)) => return run_compare(a),
+        Some(Command::Live(a)) => return super::sim_live::run(a),
+        Some(Command::Suite(a)) => return suite::run(a),
         None => {}
     }
     if let Some(fleet) = &args.fleet {
@@ -364,8 +423,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     let wall = started.elapsed().as_secs_f64();
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&out.report)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        write_json(path, &out.report)?;
     }
     if let Some(path) = &args.requests_jsonl {
         write_jsonl(path, &out.requests)?;
@@ -383,13 +441,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn demo_trace() -> anyhow::Result<trace::Trace> {
-    let rows = synth::generate(&SynthConfig { requests: 2000, ..SynthConfig::default() })?;
-    let mut text = String::new();
-    for r in rows {
-        text.push_str(&serde_json::to_string(&r)?);
-        text.push('\n');
-    }
-    Ok(trace::read(&text, "built-in demo (hangar trace synth --requests 2000 --seed 0)")?)
+    Ok(synth::trace(
+        &SynthConfig { requests: 2000, ..SynthConfig::default() },
+        "built-in demo (hangar trace synth --requests 2000 --seed 0)",
+    )?)
 }
 
 fn sim_config(args: &Args) -> anyhow::Result<SimConfig> {

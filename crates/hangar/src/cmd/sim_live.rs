@@ -149,8 +149,7 @@ pub fn run(a: &LiveArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &a.json {
         let json = json!({"simulation": sim, "live": live, "models": rows});
-        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        super::write_json(path, &json)?;
     }
     if !outside.is_empty() {
         bail!(

@@ -1,5 +1,5 @@
-//! `--plot`: a fleet run's timeline, and `sim compare`'s policies, as a
-//! picture.
+//! `--plot`: a fleet run's timeline, and a comparison of policies (`sim
+//! compare`, each case of `sim suite`), as a picture.
 //!
 //! A figure is drawn with `plotters` into memory and written in one go, so
 //! a failed write names the file and leaves nothing half drawn. Text is
@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Once;
 
 use anyhow::{anyhow, Context};
+use hangar_sim::compare::Comparison;
 use hangar_sim::fleet::FleetReport;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::types::RangedCoordf64;
@@ -52,10 +53,12 @@ pub fn timeline(report: &FleetReport, file: &PlotFile) -> anyhow::Result<()> {
     save(&Timeline(report), file)
 }
 
-/// Draws GPU-hours against SLO attainment, one labelled point per policy
-/// of `sim compare`, to `file`.
-pub fn policies(reports: &[FleetReport], title: &str, file: &PlotFile) -> anyhow::Result<()> {
-    save(&Policies { reports, title }, file)
+/// Draws a comparison's runs at their GPU-hours (x) against their SLO
+/// attainment (y): each peer's frontier as a line through its settings,
+/// `hangar` as a larger point, and the hindsight bound (at 99 % and for
+/// every request) as dashed vertical lines, to `file`.
+pub fn comparison(comparison: &Comparison, title: &str, file: &PlotFile) -> anyhow::Result<()> {
+    save(&Frontiers { comparison, title }, file)
 }
 
 /// The family of every text in a figure, registered with the embedded
@@ -299,48 +302,95 @@ impl Figure for Timeline<'_> {
     }
 }
 
-/// One point per policy: what it cost against how well it served.
-struct Policies<'a> {
-    reports: &'a [FleetReport],
+/// A comparison: every run, the peers' frontiers and the bound.
+struct Frontiers<'a> {
+    comparison: &'a Comparison,
     title: &'a str,
 }
 
-impl Figure for Policies<'_> {
+impl Figure for Frontiers<'_> {
     fn size(&self) -> (u32, u32) {
-        (800, 600)
+        (900, 600)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
-        let points: Vec<(f64, f64, &str)> = self
-            .reports
+        let c = self.comparison;
+        let bounds: Vec<(f64, &str)> = c
+            .bound
             .iter()
-            .map(|r| {
-                (r.total.gpu_seconds.total / 3600.0, r.total.slo_attainment * 100.0, r.total.policy.as_str())
-            })
+            .flat_map(|b| [(b.gpu_hours, "bound, 99 %"), (Some(b.gpu_hours_all), "bound, every request")])
+            .filter_map(|(v, name)| v.filter(|v| v.is_finite()).map(|v| (v, name)))
             .collect();
-        let right = points.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-3) * 1.25;
-        let bottom = (points.iter().map(|p| p.1).fold(100.0, f64::min) - 5.0).max(0.0).floor();
+        let right = c
+            .runs
+            .iter()
+            .map(|r| r.gpu_hours)
+            .chain(bounds.iter().map(|b| b.0))
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.2;
+        let bottom = (c.runs.iter().map(|r| r.total.slo_attainment * 100.0).fold(100.0, f64::min) - 5.0)
+            .max(0.0)
+            .floor();
         let top = 100.0 + (100.0 - bottom) * 0.05;
-        let root = root.titled(self.title, (FAMILY, 18))?;
+        let root = root.titled(self.title, (FAMILY, 16))?;
         let mut chart = ChartBuilder::on(&root)
-            .caption("GPU-hours against SLO attainment, by scaling policy", (FAMILY, 16))
+            .caption(
+                "GPU-hours against SLO attainment: every run, the peers' frontiers, the hindsight bound",
+                (FAMILY, 14),
+            )
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
             .build_cartesian_2d(0.0..right, bottom..top)?;
+        // Enough decimals that ticks of a small run differ (0.005, 0.010).
+        let decimals = (1 - right.log10().floor() as i32).max(0) as usize;
+        let x_tick = |v: &f64| format!("{v:.decimals$}");
         chart
             .configure_mesh()
             .x_desc("GPU-hours")
             .y_desc("requests within the TTFT objective, %")
             .label_style((FAMILY, 12))
-            .x_label_formatter(&tick)
+            .x_label_formatter(&x_tick)
             .y_label_formatter(&tick)
             .draw()?;
-        chart.draw_series(points.iter().enumerate().map(|(i, &(x, y, name))| {
-            EmptyElement::at((x, y))
-                + Circle::new((0, 0), 5, color(i).filled())
-                + Text::new(name.to_owned(), (8, -14), (FAMILY, 14))
-        }))?;
-        Ok(())
+        for (i, (x, name)) in bounds.iter().enumerate() {
+            let style = if i == 0 { BLACK.stroke_width(2) } else { BLACK.stroke_width(1) };
+            chart
+                .draw_series(DashedLineSeries::new([(*x, bottom), (*x, top)], 6, 4, style))?
+                .label(format!("{name}: {x:.3} GPU-h"))
+                .legend(move |(lx, ly)| PathElement::new([(lx, ly), (lx + 20, ly)], style));
+        }
+        // One colour per policy, in the order the runs name them.
+        let mut families: Vec<&str> = Vec::new();
+        for r in &c.runs {
+            if !families.contains(&r.family.as_str()) {
+                families.push(&r.family);
+            }
+        }
+        for (i, family) in families.into_iter().enumerate() {
+            let color = color(i);
+            if let Some(f) = c.frontiers.iter().find(|f| f.family == family) {
+                let line: Vec<(f64, f64)> =
+                    f.points.iter().map(|p| (p.gpu_hours, p.attainment * 100.0)).collect();
+                chart.draw_series(LineSeries::new(line, color.stroke_width(1)))?;
+            }
+            let radius = if family == "hangar" { 7 } else { 4 };
+            chart
+                .draw_series(c.runs.iter().filter(|r| r.family == family).map(|r| {
+                    EmptyElement::at((r.gpu_hours, r.total.slo_attainment * 100.0))
+                        + Circle::new((0, 0), radius, color.filled())
+                        + Text::new(r.label.clone(), (8, -14), (FAMILY, 11))
+                }))?
+                .label(family)
+                .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .label_font((FAMILY, 12))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
     }
 }
