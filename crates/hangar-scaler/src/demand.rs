@@ -104,7 +104,7 @@ impl Demand {
 
     /// Whether the arrivals of the last `recent_ms` are more than the
     /// rate of the rest of the last `window_ms` explains, beyond `z` standard
-    /// deviations of its noise and by half again at least: a change of
+    /// deviations of its noise and twice over at least: a change of
     /// demand, not a queue that the same traffic formed by chance. `None` while less than a third of
     /// the window has been sampled.
     pub fn surge(&self, recent_ms: Millis, window_ms: Millis, z: f64) -> Option<bool> {
@@ -123,7 +123,7 @@ impl Demand {
         let rate = recent.arrivals.saturating_sub(long.arrivals) as f64 / before_ms as f64;
         let expected = rate * recent_span as f64;
         let seen = last.arrivals.saturating_sub(recent.arrivals) as f64;
-        Some(seen > (expected + z * (expected + 1.0).sqrt()).max(1.5 * expected))
+        Some(seen > (expected + z * (expected + 1.0).sqrt()).max(2.0 * expected))
     }
 }
 

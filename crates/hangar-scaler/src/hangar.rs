@@ -183,7 +183,10 @@ impl Hangar {
         let work = o.work() as f64;
         let capacity = f64::from(current) * per_replica;
         let window_ms = self.s.rate_window_s * 1000;
-        let surge = self.demand.surge(window_ms / 12, window_ms, self.s.noise_z);
+        // Tested at every decision, an hour of steady traffic tries it
+        // thousands of times: one standard deviation more than the rate's
+        // bounds keeps chance surges to about one in a day.
+        let surge = self.demand.surge(window_ms / 12, window_ms, self.s.noise_z + 1.0);
         if work <= capacity || surge == Some(false) {
             return None;
         }

@@ -231,7 +231,7 @@ fn policies(knob: u64) -> Vec<ScalingConfig> {
         ScalingConfig::Hangar(HangarSettings {
             min_quiet_s: knob % 4,
             quiet_factor: 0.5,
-            flap_damping: 0,
+            noise_z: 1.0,
             ..HangarSettings::default()
         }),
         ScalingConfig::Replicate(ReplicateSettings {

@@ -555,7 +555,7 @@ scaling = { policy = "replicate" }
             models: 2,
             max_turns: 1,
             pattern: Pattern::Bursty,
-            period_s: 40.0,
+            period_s: 120.0,
             seed: 11,
             ..SynthConfig::default()
         })
