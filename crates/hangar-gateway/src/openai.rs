@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::{AccountId, AuthError, BlockHash, Principal};
+use hangar_runtime::events::{Outcome, RequestRecord};
 use hangar_runtime::processor::{AdmitError, Lease, Patience};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server};
 use hyper::body::Incoming;
@@ -253,7 +254,9 @@ async fn forward(
     }
     // Only the KV router reads the prompt.
     let prompt = rt.prompt_blocks(&body);
-    let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt };
+    let record =
+        RequestRecord::open(&server, &rt, crate::guard::current_id(), account.clone(), arrival, body.clone());
+    let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt, record };
     let response = request.run(account).await;
     rt.metrics().answered(response.status().as_u16());
     response
@@ -268,10 +271,20 @@ struct Forward<'a> {
     arrival: Instant,
     /// Block hashes and estimated tokens of the prompt, for the KV router.
     prompt: Option<(Vec<BlockHash>, u32)>,
+    /// Its inference event in the making (none when events are off).
+    record: Option<RequestRecord>,
 }
 
 impl Forward<'_> {
-    async fn run(self, account: AccountId) -> Response {
+    /// Ends the request's event as failed with `code`, answering `response`.
+    fn fail(&mut self, response: Response, code: &'static str) -> Response {
+        if let Some(record) = &mut self.record {
+            record.finish(response.status().as_u16(), Some((Outcome::Failed, code)));
+        }
+        response
+    }
+
+    async fn run(mut self, account: AccountId) -> Response {
         let deadline = self.arrival + self.rt.timeout();
         let timeout_s = self.rt.timeout().as_secs();
         // One timer for the whole request: the send, then the answer.
@@ -290,16 +303,20 @@ impl Forward<'_> {
             );
             let lease = match admitted.await {
                 Ok(lease) => lease,
-                Err(e) => return admit_error(&e, timeout_s),
+                Err(e) => return self.fail(admit_error(&e, timeout_s), admit_code(&e)),
             };
             if attempt == 0 {
                 self.rt.metrics().queue_wait(self.arrival.elapsed());
             }
-            let Some(base) = self.rt.replica_url(lease.replica) else { continue };
+            let Some((base, node)) = self.rt.replica_route(lease.replica) else { continue };
+            if let Some(record) = &mut self.record {
+                record.admitted();
+                record.replica(lease.replica, node);
+            }
             let url = format!("{base}{}", self.path);
             let answer = tokio::select! {
                 answer = self.rt.send(&url, self.body.clone()) => answer,
-                () = timer.as_mut() => return timed_out(timeout_s),
+                () = timer.as_mut() => return self.fail(timed_out(timeout_s), "timeout"),
             };
             let replica = lease.replica;
             let name = || replica_name(&self.rt.config().key, replica);
@@ -317,12 +334,9 @@ impl Forward<'_> {
                     // Engine URLs are checked at load; should one still not
                     // make a request, this replica cannot serve.
                     tracing::error!(replica = %name(), "cannot address the replica at `{base}`: {e}");
-                    return error(
-                        StatusCode::BAD_GATEWAY,
-                        "service_unavailable",
-                        "the replica cannot be reached",
-                        None,
-                    );
+                    let message = "the replica cannot be reached";
+                    let response = error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None);
+                    return self.fail(response, "replica_failed");
                 }
                 Err(e) => {
                     tracing::warn!(replica = %name(), "forwarding failed: {e}");
@@ -332,16 +346,27 @@ impl Forward<'_> {
             }
         }
         let message = "the replica failed before answering, and so did the retry";
-        error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None)
+        self.fail(error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None), "replica_failed")
     }
 
     /// Streams the replica's answer to the client, holding the permit
     /// until it ends.
-    fn relay(self, upstream: hyper::Response<Incoming>, lease: Lease, deadline: Pin<Box<Sleep>>) -> Response {
+    fn relay(
+        mut self,
+        upstream: hyper::Response<Incoming>,
+        lease: Lease,
+        deadline: Pin<Box<Sleep>>,
+    ) -> Response {
         let (parts, body) = upstream.into_parts();
         let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
         let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
-        let body = RelayBody::new(body, lease, deadline, sse, self.rt.metrics().clone(), self.arrival);
+        let mut record = self.record.take();
+        if let Some(record) = &mut record {
+            record.streamed(sse);
+        }
+        let metrics = self.rt.metrics().clone();
+        let body = RelayBody::new(body, lease, deadline, sse, metrics, self.arrival)
+            .recording(record, parts.status.as_u16());
         let mut response = Response::new(Body::new(body));
         *response.status_mut() = parts.status;
         if let Some(ct) = content_type {
@@ -360,6 +385,15 @@ fn timed_out(timeout_s: u64) -> Response {
 /// for a model that cannot run now: about the controller's first retry
 /// of a model it could not place.
 const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
+
+/// The event's `error_code` of a request admission refused.
+fn admit_code(e: &AdmitError) -> &'static str {
+    match e {
+        AdmitError::QueueFull { .. } => "queue_full",
+        AdmitError::Timeout => "timeout",
+        _ => "unavailable",
+    }
+}
 
 fn admit_error(e: &AdmitError, timeout_s: u64) -> Response {
     match e {

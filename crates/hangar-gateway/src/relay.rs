@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::Bytes;
+use hangar_runtime::events::{Outcome, RequestRecord};
 use hangar_runtime::processor::Lease;
 use hangar_runtime::serve::ModelMetrics;
 use http_body::{Body, Frame, SizeHint};
@@ -32,6 +33,13 @@ pub(crate) struct RelayBody {
     done: bool,
     metrics: Arc<ModelMetrics>,
     arrival: Instant,
+    /// The request's inference event, finished when the answer ends
+    /// (dropped unfinished, it ends as the client gone).
+    record: Option<RequestRecord>,
+    /// The replica's status, answered to the client.
+    status: u16,
+    /// Why the answer was cut, if it was.
+    cut: Option<&'static str>,
 }
 
 impl RelayBody {
@@ -43,11 +51,43 @@ impl RelayBody {
         metrics: Arc<ModelMetrics>,
         arrival: Instant,
     ) -> Self {
-        Self { upstream, _lease: lease, deadline, sse, first: true, done: false, metrics, arrival }
+        Self {
+            upstream,
+            _lease: lease,
+            deadline,
+            sse,
+            first: true,
+            done: false,
+            metrics,
+            arrival,
+            record: None,
+            status: 200,
+            cut: None,
+        }
     }
 
-    fn fail(&mut self, why: &str) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+    /// Records the answer, whose status is `status`, in `record`.
+    pub fn recording(mut self, record: Option<RequestRecord>, status: u16) -> Self {
+        (self.record, self.status) = (record, status);
+        self
+    }
+
+    /// The answer ended (in full, or cut with `self.cut`): the event goes.
+    fn ended(&mut self) {
         self.done = true;
+        if let Some(record) = &mut self.record {
+            let error = match (self.cut, self.status) {
+                (Some(code), _) => Some((Outcome::Failed, code)),
+                (None, 200..=299) => None,
+                (None, _) => Some((Outcome::Failed, "engine_error")),
+            };
+            record.finish(self.status, error);
+        }
+    }
+
+    fn fail(&mut self, code: &'static str, why: &str) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.cut = Some(code);
+        self.ended();
         Poll::Ready(Some(match self.sse {
             true => {
                 let error = json!({"error": {"message": why, "type": "service_unavailable", "param": null, "code": null}});
@@ -60,6 +100,11 @@ impl RelayBody {
 
 impl Drop for RelayBody {
     fn drop(&mut self) {
+        // hyper stops polling once the body says it has ended: a full
+        // answer may end here rather than on a last `None`.
+        if !self.done && self.upstream.is_end_stream() {
+            self.ended();
+        }
         self.metrics.finished(self.arrival.elapsed());
     }
 }
@@ -78,22 +123,29 @@ impl Body for RelayBody {
         }
         match Pin::new(&mut this.upstream).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if this.first && frame.is_data() {
-                    this.first = false;
-                    this.metrics.first_byte(this.arrival.elapsed());
+                if let Some(data) = frame.data_ref() {
+                    if this.first {
+                        this.first = false;
+                        this.metrics.first_byte(this.arrival.elapsed());
+                    }
+                    if let Some(record) = &mut this.record {
+                        record.frame(data);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => {
-                this.done = true;
+                this.ended();
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
                 tracing::warn!("a replica's answer broke off: {e}");
-                this.fail("the replica failed while answering")
+                this.fail("stream_broken", "the replica failed while answering")
             }
             Poll::Pending => match this.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => this.fail("the answer did not finish within the request's timeout"),
+                Poll::Ready(()) => {
+                    this.fail("timeout", "the answer did not finish within the request's timeout")
+                }
                 Poll::Pending => Poll::Pending,
             },
         }

@@ -9,5 +9,6 @@
 //! The benchmarks that measure it from the outside are `hangar-bench`'s.
 #![deny(missing_docs)]
 
+pub mod events;
 pub mod processor;
 pub mod serve;

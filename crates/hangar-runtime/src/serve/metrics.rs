@@ -149,6 +149,11 @@ impl Metrics {
         Self { registry, ..m }
     }
 
+    /// The registry, for figures kept elsewhere (the event sink's).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// The counter of handlers that panicked, for the guard to bump.
     pub fn panics(&self) -> Counter {
         self.panics.clone()

@@ -61,7 +61,7 @@ pub use data_dir::{DataDirError, DataDirLock};
 pub use fleet::{wall_ms, Agent};
 use metrics::Metrics;
 pub use metrics::ModelMetrics;
-use prompt::prompt_text;
+pub(crate) use prompt::{prompt_text, prompt_words};
 use replicas::Replica;
 pub use replicas::ReplicaStatus;
 pub use upstream::SendError;
@@ -131,6 +131,8 @@ pub(crate) struct Inner {
     /// For the control plane: health checks, sleep and wake-up.
     pub client: reqwest::Client,
     pub metrics: Metrics,
+    /// Where inference events go.
+    pub events: crate::events::EventSink,
     /// The bearer key `/metrics` asks for, if any.
     pub metrics_key: Option<String>,
     /// The node's weight store, when a model has `weights`.
@@ -251,6 +253,11 @@ impl Server {
         self.inner.metrics.render(self.inner.models.values().map(|rt| &**rt))
     }
 
+    /// Where inference events go.
+    pub fn events(&self) -> &crate::events::EventSink {
+        &self.inner.events
+    }
+
     /// The counter of request handlers that panicked
     /// (`hangar_http_panics_total`), for the layer that catches them.
     pub fn panic_counter(&self) -> Counter {
@@ -275,6 +282,30 @@ impl Server {
     }
 }
 
+/// The event sink `config.events` names: the Redis stream of a fleet
+/// (`redis` set), else the JSONL file at `events.path` (which `hangar
+/// serve` resolves against `data_dir`); none when disabled or, for a
+/// server built without a data directory (tests), when no path is given.
+fn start_events(config: &ServeConfig) -> Result<crate::events::EventSink, ServeError> {
+    use crate::events::{EventSink, Target};
+    let ev = &config.events;
+    let target = match (&config.redis, &ev.path) {
+        _ if !ev.enabled => return Ok(EventSink::disabled()),
+        (Some(url), _) => Target::Redis {
+            redis: hangar_redis::Redis::connect(url).map_err(|e| ServeError::Fleet(e.to_string()))?,
+            stream: ev.stream.clone(),
+            max_len: ev.stream_max_len,
+        },
+        (None, Some(path)) => {
+            Target::File { path: path.clone(), max_bytes: ev.max_file_bytes.bytes(), keep: ev.keep_files }
+        }
+        (None, None) => return Ok(EventSink::disabled()),
+    };
+    // The writer thread ends when the last sink (the server's) is dropped.
+    let (sink, _writer) = EventSink::start(target, ev.channel);
+    Ok(sink)
+}
+
 /// The state every kind of server shares — models, their processors and
 /// replica tables, keys, metrics, the node's weight store — and the
 /// receiving end of the controller's channel. Engines it starts bind to
@@ -292,7 +323,9 @@ pub(crate) async fn build(
             .map(|k| (k.key.clone(), Principal { account: k.account.clone(), admin: k.admin })),
     );
     let weights = open_weight_store(config).await?;
-    let metrics = Metrics::new();
+    let mut metrics = Metrics::new();
+    let events = start_events(config)?;
+    events.stats().register(metrics.registry_mut());
     let (control, commands) = control::ControlHandle::new();
     let models = config
         .models
@@ -324,6 +357,7 @@ pub(crate) async fn build(
         engine_host,
         client: reqwest::Client::new(),
         metrics,
+        events,
         metrics_key: config.metrics_key.clone(),
         weights,
         gateway: std::sync::OnceLock::new(),

@@ -35,6 +35,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{Inner, ModelRuntime, Server};
+use crate::events::{run_event, RunEnd, RunFacts};
 use crate::processor::{AdmitError, Lease, Patience};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
 use hangar_agent::engine::{launch_cog, LaunchContext};
@@ -48,31 +49,64 @@ impl Executor for ServeExecutor {
     fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> hangar_predictions::ExecFuture {
         let inner = self.inner.clone();
         Box::pin(async move {
-            tokio::select! {
-                r = complete(inner, job, sink) => r,
+            let mut facts = RunFacts::new();
+            let result = tokio::select! {
+                r = complete(&inner, &job, sink, &mut facts) => r,
                 _ = cancel.cancelled() => Err(ExecError::Canceled),
-            }
+            };
+            record_run(&inner, &job, facts, &result);
+            result
         })
     }
 }
 
+/// Sends the inference event of one run of `job`.
+fn record_run(inner: &Inner, job: &Job, facts: RunFacts, result: &Result<Value, ExecError>) {
+    let Some(rt) = inner.models.get(&job.model).filter(|_| inner.events.enabled()) else { return };
+    let end = match result {
+        Ok(output) => RunEnd::Succeeded(output),
+        Err(ExecError::Canceled) => RunEnd::Canceled,
+        Err(ExecError::Lost(_)) => RunEnd::Failed("lost"),
+        Err(_) => RunEnd::Failed("engine_error"),
+    };
+    let billing = &rt.config.billing;
+    inner.events.send(run_event(job, facts, end, billing));
+}
+
+/// Notes in `facts` that the run holds a permit on `replica` now.
+fn admitted(rt: &ModelRuntime, facts: &mut RunFacts, replica: ReplicaId) {
+    facts.admitted.get_or_insert_with(std::time::Instant::now);
+    let node = rt.replica_route(replica).and_then(|(_, node)| node);
+    facts.replica = Some((super::replica_name(&rt.config.key, replica), node));
+}
+
 /// Runs `job` on its model: a completion for OpenAI-style engines, a
-/// prediction or training on a cog server for `cog` engines.
+/// prediction or training on a cog server for `cog` engines; what it
+/// learns on the way (permit, replica, first output) goes into `facts`.
 ///
 /// # Cancel safety
 /// Dropping the future leaves the line or gives the permit back, and
 /// drops the engine connection (the engine stops generating) or cancels
 /// the prediction on its cog server.
-async fn complete(inner: Arc<Inner>, job: Job, sink: Sink) -> Result<Value, ExecError> {
+async fn complete(
+    inner: &Arc<Inner>,
+    job: &Job,
+    sink: Sink,
+    facts: &mut RunFacts,
+) -> Result<Value, ExecError> {
     let rt = inner
         .models
         .get(&job.model)
         .cloned()
         .ok_or_else(|| ExecError::Failed(format!("the model `{}` is not served", job.model)))?;
     match (rt.config.engine.is_cog(), job.kind) {
-        (true, JobKind::Prediction) => predict_on_cog(&inner, &rt, &job, &sink).await,
-        (true, JobKind::Training) => train_on_cog(&inner, &rt, &job, &sink).await,
-        (false, JobKind::Prediction) => complete_on_llm(&inner, &rt, &job, &sink).await,
+        (true, JobKind::Prediction) => predict_on_cog(inner, &rt, job, &sink, facts).await,
+        (true, JobKind::Training) => {
+            let result = train_on_cog(inner, &rt, job, &sink).await;
+            facts.admitted.get_or_insert(facts.start);
+            result
+        }
+        (false, JobKind::Prediction) => complete_on_llm(inner, &rt, job, &sink, facts).await,
         (false, JobKind::Training) => Err(ExecError::Failed(format!(
             "the model `{}` runs on an engine that serves completions and cannot train; trainings need a \
              `cog` engine whose cog.yaml names a `train` function",
@@ -114,8 +148,10 @@ async fn predict_on_cog(
     rt: &Arc<ModelRuntime>,
     job: &Job,
     sink: &Sink,
+    facts: &mut RunFacts,
 ) -> Result<Value, ExecError> {
     let lease = admit(rt, &job.account, None, None).await?;
+    admitted(rt, facts, lease.replica);
     sink.started();
     let base =
         rt.replica_url(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
@@ -176,6 +212,7 @@ async fn complete_on_llm(
     rt: &Arc<ModelRuntime>,
     job: &Job,
     sink: &Sink,
+    facts: &mut RunFacts,
 ) -> Result<Value, ExecError> {
     let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
     let body = serde_json::to_vec(&input.completion_body(rt.config.key.as_str())).expect("JSON serializes");
@@ -185,6 +222,7 @@ async fn complete_on_llm(
     let mut avoid = None;
     let (response, lease) = loop {
         let lease = admit(rt, &job.account, prompt, avoid).await?;
+        admitted(rt, facts, lease.replica);
         if avoid.is_none() {
             sink.started();
         }
@@ -245,6 +283,7 @@ async fn complete_on_llm(
                 }
                 if let Some(text) = v.pointer("/choices/0/text").and_then(Value::as_str) {
                     if !text.is_empty() {
+                        facts.first_output.get_or_insert_with(std::time::Instant::now);
                         let token = Value::String(text.to_owned());
                         sink.output(token.clone());
                         tokens.push(token);

@@ -10,11 +10,23 @@ use serde_json::Value;
 /// The prompt of a chat (`messages`), completion (`prompt`) or embedding
 /// (`input`) request, as one string; empty if there is none.
 pub(crate) fn prompt_text(body: &Value) -> String {
+    text_of(body, true)
+}
+
+/// The prompt's words alone (no `role: ` before each message), for a
+/// token estimate.
+pub(crate) fn prompt_words(body: &Value) -> String {
+    text_of(body, false)
+}
+
+fn text_of(body: &Value, roles: bool) -> String {
     let mut text = String::new();
     if let Some(messages) = body.get("messages").and_then(Value::as_array) {
         for m in messages {
-            text.push_str(m.get("role").and_then(Value::as_str).unwrap_or(""));
-            text.push_str(": ");
+            if roles {
+                text.push_str(m.get("role").and_then(Value::as_str).unwrap_or(""));
+                text.push_str(": ");
+            }
             push_content(&mut text, m.get("content"));
             text.push('\n');
         }
@@ -56,5 +68,6 @@ mod tests {
         assert_eq!(prompt_text(&json!({"prompt": "once upon"})), "once upon");
         assert_eq!(prompt_text(&json!({"input": ["a", "b"]})), "ab");
         assert_eq!(prompt_text(&json!({"prompt": [1, 2, 3]})), "");
+        assert_eq!(prompt_words(&chat).split_whitespace().count(), 3);
     }
 }

@@ -85,6 +85,14 @@ impl ModelRuntime {
         replicas.get(&replica).filter(|r| r.state == ReplicaPhase::Ready).and_then(|r| r.base_url.clone())
     }
 
+    /// The base URL of a ready replica and the node running it, read
+    /// under one lock (`None` once it is not ready, or gone).
+    pub fn replica_route(&self, replica: ReplicaId) -> Option<(String, Option<String>)> {
+        let replicas = self.replicas.lock().expect("replica table lock");
+        let r = replicas.get(&replica).filter(|r| r.state == ReplicaPhase::Ready)?;
+        Some((r.base_url.clone()?, r.node.clone()))
+    }
+
     /// How many replicas are in `state`.
     pub(crate) fn count(&self, state: ReplicaPhase) -> usize {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state == state).count()

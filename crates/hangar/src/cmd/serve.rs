@@ -76,6 +76,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => {
             let data_dir = data_dir(&config, base)?;
             let lock = DataDirLock::acquire(&data_dir)?;
+            // Inference events go to a JSONL file under it (a fleet's to
+            // its Redis stream).
+            config.events.path = Some(config.events.file(&data_dir));
             (Backend::Sqlite(data_dir), Some(lock))
         }
     };

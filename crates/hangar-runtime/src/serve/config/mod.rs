@@ -85,6 +85,9 @@ pub struct ServeConfig {
     /// The node's weight store, for models with `weights`.
     #[serde(default)]
     pub store: StoreSettings,
+    /// Where inference events go (docs/observability.md).
+    #[serde(default)]
+    pub events: crate::events::EventsConfig,
 }
 
 /// `[[schedule]]`: keep `replicas` dedicated replicas of `model` from
@@ -235,6 +238,10 @@ pub struct ModelConfig {
     /// `{weights}` (docs/store.md).
     #[serde(default)]
     pub weights: Option<WeightsSource>,
+    /// How its usage is counted and priced: the trust flag, Replicate's
+    /// prices, Workers AI's neurons (docs/observability.md).
+    #[serde(default)]
+    pub billing: crate::events::BillingConfig,
 }
 
 /// A model's pool of keep-alive connections to its replicas.

@@ -106,6 +106,18 @@ impl ServeConfig {
             m.validate().map_err(|e| e.within(&format!("models[{i}]")))?;
         }
         self.check_api_keys()?;
+        if self.events.channel == 0 || self.events.channel > 1 << 20 {
+            return Err(FieldError::new(
+                "events.channel",
+                format!("{} is out of range: 1 to 1048576", self.events.channel),
+            ));
+        }
+        if self.events.max_file_bytes.bytes() < 1024 {
+            return Err(FieldError::new(
+                "events.max_file_bytes",
+                format!("{} is below 1KiB: every file would hold a few events", self.events.max_file_bytes),
+            ));
+        }
         self.predictions.validate().map_err(|e| e.within("predictions"))?;
         for (i, d) in self.predictions.deployments.iter().enumerate() {
             if !keys.contains_key(d.model.as_str()) {
@@ -278,6 +290,14 @@ impl ModelConfig {
         }
         check_engine(&self.engine).map_err(|e| e.within("engine"))?;
         self.check_weights()?;
+        for (field, rate) in self.billing.rates() {
+            if !(rate.is_finite() && rate >= 0.0) {
+                return Err(FieldError::new(
+                    format!("billing.{field}"),
+                    format!("{rate} is not a price: give a finite number, 0 or more"),
+                ));
+            }
+        }
         self.predictions.validate().map_err(|e| e.within("predictions"))
     }
 }

@@ -1,0 +1,113 @@
+//! One inference event: what a synchronous request or a prediction did,
+//! who it was for and what it costs.
+
+use std::borrow::Cow;
+
+use hangar_core::AccountId;
+use serde::{Deserialize, Serialize};
+
+use super::billing::{BillingConfig, Cost};
+
+/// What produced an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A synchronous OpenAI-API request.
+    Request,
+    /// One run of an async prediction.
+    Prediction,
+    /// One run of a training.
+    Training,
+}
+
+/// How a request or a prediction's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Answered in full.
+    Succeeded,
+    /// Refused or failed; `error_code` says why.
+    Failed,
+    /// The caller went away or cancelled it.
+    Canceled,
+}
+
+/// One request's or one prediction run's record, as the sink writes it
+/// (one JSON object per line, or one Redis stream entry's `e` field).
+///
+/// Times are milliseconds. `queue_ms` runs from arrival to the permit,
+/// `inference_ms` from the permit to the end of the answer, `total_ms`
+/// from arrival to the end. Token counts are the engine's `usage` when the
+/// model's `trust_usage` holds and the engine gave one, else estimated as
+/// words × 4/3 (seed 001: Replicate's estimate), which `tokens_estimated`
+/// says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferenceEvent {
+    /// When it ended, Unix ms.
+    pub ts_ms: u64,
+    /// Request or prediction run.
+    pub kind: EventKind,
+    /// The request id (`x-request-id`) or the prediction id.
+    pub id: String,
+    /// The account it ran for.
+    pub account: AccountId,
+    /// The model key.
+    pub model: String,
+    /// The replica that served it (`<model>:<replica_id>`), if one did.
+    pub replica: Option<String>,
+    /// The node of that replica, when known.
+    pub node: Option<String>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The HTTP status answered (requests; 0 for prediction runs).
+    pub status: u16,
+    /// Why it failed, as a stable code (`queue_full`, `timeout`,
+    /// `unavailable`, `replica_failed`, `engine_error`, `stream_broken`,
+    /// `lost`, `canceled`); none on success.
+    pub error_code: Option<Cow<'static, str>>,
+    /// Arrival to permit.
+    pub queue_ms: u64,
+    /// Permit to the end of the answer (0 without a permit).
+    pub inference_ms: u64,
+    /// Arrival to the end.
+    pub total_ms: u64,
+    /// Arrival to the first byte (requests) or first output (predictions).
+    pub ttft_ms: Option<u64>,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Generated tokens.
+    pub output_tokens: u64,
+    /// The token counts are words × 4/3, not the engine's.
+    pub tokens_estimated: bool,
+    /// Images produced (0 for text).
+    pub images: u64,
+    /// The billing units of the model's prices (zero without prices).
+    pub cost: Cost,
+}
+
+impl InferenceEvent {
+    /// Fills `cost` from the event's own figures and `billing`.
+    pub fn price(&mut self, billing: &BillingConfig) {
+        self.cost = billing.cost(self.inference_ms, self.input_tokens, self.output_tokens, self.images);
+    }
+}
+
+/// Replicate's token estimate: whitespace-separated words × 4/3, rounded up.
+pub fn estimate_tokens(text: &str) -> u64 {
+    let words = text.split_whitespace().count() as u64;
+    (words * 4).div_ceil(3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_words_times_four_thirds_rounded_up() {
+        assert_eq!(estimate_tokens(""), 0);
+        assert_eq!(estimate_tokens("  \n "), 0);
+        assert_eq!(estimate_tokens("one"), 2);
+        assert_eq!(estimate_tokens("one two three"), 4);
+        assert_eq!(estimate_tokens("a b c d e f"), 8);
+    }
+}
