@@ -196,14 +196,19 @@ impl Hangar {
         if surge.is_some() && self.demand.service_ms().is_none() && o.replicas.up() > 0 {
             return None;
         }
-        let (Some(service_ms), Some(restart_ms)) = (self.demand.service_ms(), restart_ms(cx.starts, o))
-        else {
+        let Some((service_ms, restart_ms)) = self.timings(o, cx) else {
             return Some(replicas(work / per_replica));
         };
         let load = expected.unwrap_or(f64::from(o.in_flight));
         let horizon_ms = (restart_ms as f64).max(service_ms).max(1.0);
         let rest = self.uncleared(o, current, per_replica, expected, cx);
         (rest > 0.0).then(|| replicas((load + rest * service_ms / horizon_ms) / per_replica))
+    }
+
+    /// A request's mean permit time and one more replica's restart, once
+    /// both have been measured.
+    fn timings(&self, o: &Observation, cx: &Context<'_>) -> Option<(f64, Millis)> {
+        Some((self.demand.service_ms()?, restart_ms(cx.starts, o)?))
     }
 
     /// The queued requests the `current` replicas' spare permits would
@@ -220,8 +225,7 @@ impl Hangar {
     ) -> f64 {
         let capacity = f64::from(current) * per_replica;
         let backlog = f64::from(o.waiting);
-        let (Some(service_ms), Some(restart_ms)) = (self.demand.service_ms(), restart_ms(cx.starts, o))
-        else {
+        let Some((service_ms, restart_ms)) = self.timings(o, cx) else {
             return backlog;
         };
         let load = expected.unwrap_or(f64::from(o.in_flight));
