@@ -79,13 +79,13 @@ const FIRST_BACKOFF: Millis = 1_000;
 /// The longest wait between retries.
 const MAX_BACKOFF: Millis = 60_000;
 
-/// The wait after the `last` one (`None`: there was none): the first, then
-/// twice the last, at most [`MAX_BACKOFF`].
 /// The least time a model's requests wait for room before another model's
 /// replicas beyond its demand are given to it (its mean COLD start when
 /// longer): shorter, and two models would trade GPUs on every lull.
 pub const STARVATION_PATIENCE_MS: Millis = 60_000;
 
+/// The wait after the `last` one (`None`: there was none): the first, then
+/// twice the last, at most [`MAX_BACKOFF`].
 fn next_backoff(last: Option<Millis>) -> Millis {
     last.map_or(FIRST_BACKOFF, |b| b.saturating_mul(2).min(MAX_BACKOFF))
 }
