@@ -107,11 +107,17 @@ enum State {
         to_warm: bool,
     },
     Warm,
+    /// Stopped, or never finished loading: nothing left of it. Its slot
+    /// stays (the report books by slot), but it counts nowhere.
+    Gone,
 }
 
 struct Replica {
     id: ReplicaId,
     model: usize,
+    /// The node it runs on: the page cache its COLD load fills is that
+    /// node's.
+    node: NodeId,
     /// GPUs it holds (fractions for a shared GPU).
     gpus: f64,
     /// Its engine while it is on a GPU; a WARM or stopped replica has none
@@ -189,8 +195,9 @@ struct Fleet<'t> {
     replicas: Vec<Replica>,
     slots: BTreeMap<ReplicaId, usize>,
     passes: Vec<Pass>,
-    /// Nodes that have loaded each model before (its weights are in their
-    /// page cache).
+    /// Nodes where a load of each model has finished (its weights are in
+    /// their page cache). A load still under way, or given up, has put
+    /// nothing there yet.
     cached: BTreeSet<(NodeId, usize)>,
     touched: Vec<usize>,
     requests: Requests,
@@ -499,6 +506,7 @@ impl Fleet<'_> {
                     in_flight.push((r.id, self.models[m].admission.in_use_on(r.id)));
                 }
                 State::Draining { .. } | State::Warm => counts.sleeping += 1,
+                State::Gone => {}
             }
         }
         let model = &mut self.models[m];
@@ -661,7 +669,8 @@ impl Fleet<'_> {
         touched.dedup();
         for &slot in &touched {
             let r = &mut self.replicas[slot];
-            if r.busy || !r.has_work() || matches!(r.state, State::Loading { .. } | State::Warm) {
+            if r.busy || !r.has_work() || matches!(r.state, State::Loading { .. } | State::Warm | State::Gone)
+            {
                 continue;
             }
             let pass = &mut self.passes[slot];
@@ -726,6 +735,7 @@ impl Fleet<'_> {
         let replica = Replica {
             id: d.replica_id,
             model: m,
+            node: d.node.clone(),
             gpus,
             engine: Some(engine),
             state: State::Loading { tier: StartTier::Cold },
@@ -747,7 +757,6 @@ impl Fleet<'_> {
         };
         self.replicas[slot].generation = self.seq;
         self.report.replica_state(slot, m, now, report::Bucket::Loading, gpus);
-        self.cached.insert((d.node.clone(), m));
         let generation = self.replicas[slot].generation;
         self.push(now + load_ms, Kind::Loaded(slot, generation));
     }
@@ -759,6 +768,8 @@ impl Fleet<'_> {
             // Still finishing its requests on the GPU: it simply stays.
             State::Draining { .. } => return self.resume(now, slot),
             State::Loading { .. } | State::Ready => return,
+            // Gone replicas leave `slots`; were one found, it starts anew.
+            State::Gone => return self.create(now, d),
         }
         let wake_ms = d.size_bytes as f64 / (self.cfg.cold_start.wake_gbps * 1e9) * 1000.0;
         let gpus = self.gpus_of(d);
@@ -792,6 +803,11 @@ impl Fleet<'_> {
         let r = &mut self.replicas[slot];
         r.state = State::Ready;
         let (m, id, took) = (r.model, r.id, now - r.load_started);
+        if tier == StartTier::Cold && !self.cached.contains(&(r.node.clone(), m)) {
+            // The weights read for this load are now in the node's page
+            // cache; a start beside it before this moment read the disk.
+            self.cached.insert((r.node.clone(), m));
+        }
         self.report.cold_start(m, tier, took);
         self.account_replica(now, slot);
         let key = self.models[m].key.clone();
@@ -810,29 +826,26 @@ impl Fleet<'_> {
         let m = self.replicas[slot].model;
         match self.replicas[slot].state {
             State::Loading { .. } => {
-                // Never served: it simply stops loading.
+                // Never served: it stops loading, and leaves nothing behind
+                // — its weights never all reached the GPU, so there is no
+                // WARM copy to sleep, whatever placement was told. Should
+                // placement wake it later, that is a COLD start (`wake`
+                // finds no replica and creates one).
                 self.replicas[slot].generation = self.seq;
                 self.replicas[slot].engine = None;
-                self.replicas[slot].state = if to_warm { State::Warm } else { State::Draining { to_warm } };
-                self.report.replica_state(
-                    slot,
-                    m,
-                    now,
-                    if to_warm { report::Bucket::Warm } else { report::Bucket::Gone },
-                    0.0,
-                );
-                if !to_warm {
-                    self.slots.remove(&replica);
-                }
-                return;
-            }
-            State::Warm if !to_warm => {
+                self.replicas[slot].state = State::Gone;
                 self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
                 self.slots.remove(&replica);
                 return;
             }
-            State::Warm => return,
-            _ => {}
+            State::Warm if !to_warm => {
+                self.replicas[slot].state = State::Gone;
+                self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
+                self.slots.remove(&replica);
+                return;
+            }
+            State::Warm | State::Gone => return,
+            State::Ready | State::Draining { .. } => {}
         }
         self.replicas[slot].state = State::Draining { to_warm };
         self.models[m].admission.replica_unhealthy(ms(now), replica);
@@ -857,6 +870,7 @@ impl Fleet<'_> {
             r.state = State::Warm;
             self.report.replica_state(slot, m, now, report::Bucket::Warm, 0.0);
         } else {
+            r.state = State::Gone;
             self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
             self.slots.remove(&id);
         }
