@@ -135,11 +135,6 @@ impl BlockPool {
         self.index.prefetch(hashes);
     }
 
-    /// Whether block `b` caches `hash`.
-    pub fn holds(&self, b: BlockId, hash: BlockHash) -> bool {
-        self.blocks[b as usize].holds(hash)
-    }
-
     pub fn is_free(&self, b: BlockId) -> bool {
         self.blocks[b as usize].ref_cnt() == 0
     }
