@@ -91,7 +91,10 @@ pub struct Cluster {
 /// out again while no node changed since. A clone of the cluster starts
 /// without one.
 #[derive(Debug, Default)]
-struct SnapshotCache(std::sync::Mutex<Option<(Vec<(NodeId, u64)>, Snapshot)>>);
+struct SnapshotCache(std::sync::Mutex<Option<Taken>>);
+
+/// A snapshot and, per node in order, its id and change count then.
+type Taken = (Vec<(NodeId, u64)>, Snapshot);
 
 impl Clone for SnapshotCache {
     fn clone(&self) -> Self {
