@@ -20,7 +20,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hangar_core::AccountId;
+use hangar_core::{AccountId, ErrorCode};
 use rand::Rng;
 use serde_json::{json, Map, Value};
 
@@ -548,7 +548,7 @@ async fn cancel(
             r.status = Status::Canceled;
             r.completed_at = Some(now());
             r.error = Some("canceled by the user".into());
-            inner.finish(&r).map_err(Problem::store)?;
+            inner.finish(&r, Some(ErrorCode::Canceled)).map_err(Problem::store)?;
             r = owned(&inner, &id, &account, Some(kind))?;
         }
     }
