@@ -169,7 +169,9 @@ impl Service {
             .route("/v1/predictions/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
             .route("/v1/predictions/{id}/cancel", post(|s, p, h| cancel(s, p, h, JobKind::Prediction)))
             .route("/v1/predictions/{id}/stream", get(stream))
-            // `urls.web`: there is no web UI; the same object as `urls.get`.
+            // `urls.web`: no page for a prediction exists yet, so this is
+            // `urls.get` at another address — JSON, with the same key rules
+            // (docs/predictions.md); a status page is to take it over.
             .route("/p/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
             .route("/v1/models/{owner}/{name}", get(model))
             .route("/v1/models/{owner}/{name}/predictions", post(create_by_model))
