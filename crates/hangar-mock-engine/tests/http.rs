@@ -251,7 +251,10 @@ async fn metrics_come_in_the_format_the_scraper_asks_for() {
     let text = client.get(format!("{}/metrics", s.base)).send().await.unwrap();
     assert_eq!(text.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
     let text = text.text().await.unwrap();
-    assert!(text.contains("# TYPE hangar_mock_requests_total counter\nhangar_mock_requests_total 1\n"), "{text}");
+    assert!(
+        text.contains("# TYPE hangar_mock_requests_total counter\nhangar_mock_requests_total 1\n"),
+        "{text}"
+    );
     assert!(!text.contains("# EOF"), "{text}");
     let open = client
         .get(format!("{}/metrics", s.base))
