@@ -369,13 +369,13 @@ impl Forward<'_> {
         let (rt, status) = (self.rt.clone(), parts.status.as_u16());
         let body = if is(b"application/json") {
             let read = tokio::select! {
-                read = body.collect() => read,
+                read = read_whole(body) => read,
                 () = deadline.as_mut() => {
                     return counted(tally, ErrorCode::Timeout, timed_out(self.rt.timeout().as_secs()));
                 }
             };
             let whole = match read {
-                Ok(read) => read.to_bytes(),
+                Ok(whole) => whole,
                 Err(e) => {
                     tracing::warn!(replica = %replica_name(&self.rt.config().key, lease.replica), "a replica's answer broke off: {e}");
                     let message = "the replica failed while answering";
@@ -400,6 +400,28 @@ impl Forward<'_> {
         }
         response
     }
+}
+
+/// All of `body`. Most answers come in one frame, which is returned as
+/// it is: no copy, no allocation; several are joined.
+///
+/// # Cancel safety
+/// Dropping the future drops the body (and the replica's connection).
+async fn read_whole(mut body: Incoming) -> Result<Bytes, hyper::Error> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<Vec<u8>> = None;
+    while let Some(frame) = body.frame().await {
+        // Trailers have no place in a JSON answer.
+        let Ok(data) = frame?.into_data() else { continue };
+        if let Some(joined) = &mut joined {
+            joined.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            joined = Some([&head[..], &data[..]].concat());
+        } else {
+            first = Some(data);
+        }
+    }
+    Ok(joined.map(Bytes::from).or(first).unwrap_or_default())
 }
 
 fn timed_out(timeout_s: u64) -> Response {
