@@ -10,12 +10,11 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::predictions::{client, post as post_json};
-use common::{chat, one_gpu, serve, serve_in, PREDICTIONS_CONFIG};
+use common::{chat, one_gpu, promtool, serve, serve_in, PREDICTIONS_CONFIG};
 use serde_json::{json, Value};
 
 /// The name the test engine gives its model, as llama.cpp's server does
@@ -250,23 +249,6 @@ fn spawn(args: &[&str], env: &[(&str, &std::path::Path)]) -> (Kill, String) {
     (child, line.trim().to_owned())
 }
 
-/// Debian's `promtool` (package `prometheus`), if installed. Without it
-/// the test is skipped — except under CI, where `.ci/run` installs it, so
-/// its absence fails the test.
-fn promtool() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("promtool"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        let why = "promtool is not installed (Debian: apt-get install -y --no-install-recommends prometheus)";
-        assert!(std::env::var_os("CI").is_none(), "{why}");
-        eprintln!("skipped: {why}");
-    }
-    found
-}
-
 /// `what`'s `/metrics` at `base`: in the text format by default, passing
 /// `promtool check metrics` with no problem; in OpenMetrics, ending with
 /// `# EOF`, when asked for it. Returns the text exposition.
@@ -274,23 +256,7 @@ fn check_with_promtool(promtool: &std::path::Path, what: &str, base: &str) -> St
     let text = reqwest::blocking::get(format!("{base}/metrics")).unwrap();
     assert_eq!(text.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8", "{what}");
     let text = text.text().unwrap();
-    assert!(text.contains("# TYPE "), "{what}: an empty exposition tests nothing:\n{text}");
-    let mut check = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    check.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = check.wait_with_output().unwrap();
-    let problems =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && problems.trim().is_empty(),
-        "promtool check metrics on {what}'s /metrics ({}):\n{problems}\n--- exposition ---\n{text}",
-        out.status
-    );
+    common::assert_promtool_passes(promtool, what, &text);
     let open = client()
         .get(format!("{base}/metrics"))
         .header("accept", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
