@@ -60,7 +60,7 @@ pub use control::{ControlError, ControlHandle, ScalingCommand};
 pub use data_dir::{DataDirError, DataDirLock};
 pub use fleet::{wall_ms, Agent};
 use metrics::Metrics;
-pub use metrics::ModelMetrics;
+pub use metrics::{ModelMetrics, Tally};
 use prompt::prompt_text;
 use replicas::Replica;
 pub use replicas::ReplicaStatus;
@@ -170,6 +170,7 @@ impl Server {
         let control = control_loop(&config, config.seed ^ rand::random::<u64>(), &inner, cluster);
         inner.control.set_active(true);
         tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));
+        tokio::spawn(metrics::sample(Arc::downgrade(&inner)));
         inner.min_replicas_up().await;
         Ok(Server { inner })
     }
@@ -193,6 +194,7 @@ impl Server {
         let leadership = Arc::new(fleet::Leadership::default());
         let view = fleet::View::new(&inner, me.clone(), registry.clone(), state.clone(), leadership.clone());
         tokio::spawn(view.run());
+        tokio::spawn(metrics::sample(Arc::downgrade(&inner)));
         let (stop, stopped) = (inner.stopping.clone(), tokio_util::sync::CancellationToken::new());
         let lead =
             fleet::leader::run(inner.clone(), config, lease, registry, state, leadership, commands, stop);
@@ -245,8 +247,9 @@ impl Server {
         self.inner.metrics_key.as_deref()
     }
 
-    /// The Prometheus text exposition of the server's figures, with the
-    /// state gauges (lines, permits, replicas) read now.
+    /// The OpenMetrics text exposition of the server's figures, with the
+    /// state gauges (lines, permits, replicas) read now
+    /// (docs/observability.md).
     pub fn render_metrics(&self) -> String {
         self.inner.metrics.render(self.inner.models.values().map(|rt| &**rt))
     }

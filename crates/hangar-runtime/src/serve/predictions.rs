@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use axum::http::header;
 use futures::StreamExt;
-use hangar_core::{AccountId, BlockHash, ReplicaId};
+use hangar_core::{AccountId, BlockHash, ErrorCode, Millis, ReplicaId, RequestKind};
 use hangar_predictions::llm::LlmInput;
-use hangar_predictions::record::JobKind;
+use hangar_predictions::record::{JobKind, Record};
 use hangar_predictions::store::Backend;
 use hangar_predictions::{
     ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError, Sink,
@@ -53,6 +53,54 @@ impl Executor for ServeExecutor {
                 _ = cancel.cancelled() => Err(ExecError::Canceled),
             }
         })
+    }
+
+    /// Counts the prediction in `/metrics` as a request of its kind: its
+    /// status (the one a synchronous request ending the same way gets),
+    /// its error code, its wait from creation to start and its duration
+    /// from creation to end.
+    fn ended(&self, record: &Record, code: Option<ErrorCode>) {
+        let Some(rt) = self.inner.models.get(&record.model) else { return };
+        let kind = request_kind(record.kind);
+        rt.metrics.ended(kind, code.map_or(200, ErrorCode::http_status), code);
+        let ms = |from: Millis, to: Millis| Duration::from_millis(to.saturating_sub(from));
+        if let Some(started) = record.started_at {
+            rt.metrics.queue_wait(kind, ms(record.created_at, started));
+        }
+        if let Some(completed) = record.completed_at {
+            rt.metrics.finished(kind, ms(record.created_at, completed));
+        }
+    }
+}
+
+/// The kind of request a job is counted as.
+fn request_kind(kind: JobKind) -> RequestKind {
+    match kind {
+        JobKind::Prediction => RequestKind::Prediction,
+        JobKind::Training => RequestKind::Training,
+    }
+}
+
+/// Tells `sink` of an output item, and `/metrics` of the job's first one
+/// (its time to first token, from its creation).
+struct Outputs<'a> {
+    sink: &'a Sink,
+    rt: &'a ModelRuntime,
+    job: &'a Job,
+    first: bool,
+}
+
+impl<'a> Outputs<'a> {
+    fn new(sink: &'a Sink, rt: &'a ModelRuntime, job: &'a Job) -> Self {
+        Outputs { sink, rt, job, first: true }
+    }
+
+    fn output(&mut self, item: Value) {
+        if std::mem::take(&mut self.first) {
+            let since = super::wall_ms().saturating_sub(self.job.created_at);
+            self.rt.metrics.first_byte(request_kind(self.job.kind), Duration::from_millis(since));
+        }
+        self.sink.output(item);
     }
 }
 
@@ -119,7 +167,7 @@ async fn predict_on_cog(
     sink.started();
     let base =
         rt.replica_url(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
-    let result = run_on_cog(&inner.client, &base, CogMode::Predict, job, sink).await;
+    let result = run_on_cog(&inner.client, &base, CogMode::Predict, rt, job, sink).await;
     drop(lease);
     result
 }
@@ -145,7 +193,7 @@ async fn train_on_cog(
         .await
         .map_err(|e| ExecError::Failed(format!("the trainer of `{}` did not start: {e}", rt.config.key)))?;
     sink.started();
-    let result = run_on_cog(&inner.client, &trainer.base_url, CogMode::Train, job, sink).await;
+    let result = run_on_cog(&inner.client, &trainer.base_url, CogMode::Train, rt, job, sink).await;
     trainer.stop(Duration::from_secs(5)).await;
     result
 }
@@ -156,12 +204,14 @@ async fn run_on_cog(
     client: &reqwest::Client,
     base: &str,
     mode: CogMode,
+    rt: &ModelRuntime,
     job: &Job,
     sink: &Sink,
 ) -> Result<Value, ExecError> {
     let cog_job = CogJob { base_url: base, mode, id: &job.id, input: &job.input };
+    let mut outputs = Outputs::new(sink, rt, job);
     let progress = |items: Vec<Value>, lines: Vec<String>| {
-        items.into_iter().for_each(|i| sink.output(i));
+        items.into_iter().for_each(|i| outputs.output(i));
         lines.into_iter().for_each(|l| sink.log(l));
     };
     cog::run(client, cog_job, progress).await.map_err(|e| match e {
@@ -221,6 +271,7 @@ async fn complete_on_llm(
         return Err(ExecError::Failed(format!("the engine answered {status}: {text}")));
     }
     let mut tokens = Vec::new();
+    let mut outputs = Outputs::new(sink, rt, job);
     let mut buffer = String::new();
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
@@ -246,7 +297,7 @@ async fn complete_on_llm(
                 if let Some(text) = v.pointer("/choices/0/text").and_then(Value::as_str) {
                     if !text.is_empty() {
                         let token = Value::String(text.to_owned());
-                        sink.output(token.clone());
+                        outputs.output(token.clone());
                         tokens.push(token);
                     }
                 }
