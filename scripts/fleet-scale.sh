@@ -8,12 +8,23 @@
 #
 #     scripts/fleet-scale.sh [REQUESTS]     # default 7200000
 #
+# NODES (default 100), MODELS (default 20) and RATE (requests/s, default
+# 2000) size the fleet and the traffic; each model's `max_replicas`
+# follows its share of the traffic so the fleet tops out near 4.8
+# replicas per node. The fleet-size figure of docs/sim.md runs
+#
+#     RATE=20000 scripts/fleet-scale.sh                       # 100 nodes, 20 models
+#     RATE=20000 NODES=1000 MODELS=100 scripts/fleet-scale.sh
+#
 # HANGAR names the binary to run (default: a release build by cargo);
 # WORK keeps the generated files (default: a temporary directory, removed
 # on exit). The trace is about 1.2 GB for the full hour.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 requests="${1:-7200000}"
+nodes="${NODES:-100}"
+models="${MODELS:-20}"
+rate="${RATE:-2000}"
 
 if [ -z "${HANGAR:-}" ]; then
     cargo build --quiet --release --manifest-path "$repo/Cargo.toml" -p hangar
@@ -26,37 +37,39 @@ if [ -z "${WORK:-}" ]; then
 fi
 cd "$WORK"
 
-# 20 models of 16, 30 and 70 GB; `max_replicas` follows each model's Zipf
+# Models of 16, 30 and 70 GB; `max_replicas` follows each model's Zipf
 # share of the traffic (the trace's `--model-zipf-s 1`) so the fleet tops
-# out near 500 replicas.
+# out near 4.8 replicas per node (480 on 100 nodes).
 {
     echo "seed = 1"
     echo
     echo "[[nodes]]"
     echo 'id = "gpu"'
-    echo "count = 100"
+    echo "count = $nodes"
     echo "gpus = 8"
     echo 'gpu_memory = "80GB"'
     echo 'cpu_cache = "512GB"'
-    python3 - <<'EOF'
+    NODES="$nodes" MODELS="$models" python3 - <<'EOF'
+import os
 sizes = ["16GB", "30GB", "70GB"]
-weights = [1 / (k + 1) for k in range(20)]
+weights = [1 / (k + 1) for k in range(int(os.environ["MODELS"]))]
 total = sum(weights)
 for k, w in enumerate(weights):
-    most = max(2, round(480 * w / total))
+    most = max(2, round(4.8 * int(os.environ["NODES"]) * w / total))
     print(f'\n[[models]]\nkey = "synth/m{k}"\nsize = "{sizes[k % 3]}"\n'
           f'max_replicas = {most}\nconcurrency = 32')
 EOF
 } > fleet-scale.toml
 
-if [ ! -s scale.jsonl ]; then
-    "$HANGAR" trace synth --requests "$requests" --rate 2000 --models 20 --max-turns 1 \
-        --output-tokens 128 --seed 7 -o scale.jsonl
+trace="scale-$requests-$rate-$models.jsonl"
+if [ ! -s "$trace" ]; then
+    "$HANGAR" trace synth --requests "$requests" --rate "$rate" --models "$models" --max-turns 1 \
+        --output-tokens 128 --seed 7 -o "$trace"
 fi
 
 for run in 1 2; do
     /usr/bin/time -f "run $run: wall %e s, peak RSS %M KiB" \
-        "$HANGAR" sim --fleet fleet-scale.toml scale.jsonl --json "report-$run.json" > "table-$run.txt"
+        "$HANGAR" sim --fleet fleet-scale.toml "$trace" --json "report-$run.json" > "table-$run.txt"
 done
 cmp report-1.json report-2.json &&
     echo "the two reports are byte-identical"

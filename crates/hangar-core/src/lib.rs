@@ -5,8 +5,10 @@
 //! other: identifiers ([`ModelKey`], [`ReplicaId`], [`AccountId`],
 //! [`RequestId`]), units ([`ByteSize`], [`Millis`]) and the KV-cache block
 //! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
-//! a node agent registers ([`NodeRecord`]), and the bounds every API applies
-//! alike ([`limits`]).
+//! a node agent registers ([`NodeRecord`]), the bounds every API applies
+//! alike ([`limits`]), how a request ended ([`RequestKind`],
+//! [`ErrorCode`]), and the formats every `/metrics` answers in
+//! ([`exposition`]).
 //!
 //! Nothing here performs I/O or reads a clock; policy crates can use all of it.
 //!
@@ -22,10 +24,12 @@
 
 pub mod agent;
 pub mod auth;
+pub mod exposition;
 mod field;
 mod ids;
 mod kv;
 pub mod limits;
+mod outcome;
 mod units;
 
 pub use agent::{
@@ -36,4 +40,5 @@ pub use field::FieldError;
 pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
 pub use kv::{mix64, BlockHash, KvEvent, ROOT_BLOCK_HASH};
 pub use limits::MAX_OUTPUT_TOKENS;
+pub use outcome::{ErrorCode, RequestKind};
 pub use units::{ByteSize, ByteSizeError, Millis};

@@ -16,6 +16,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use hangar_core::exposition::Format;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
@@ -150,19 +151,15 @@ async fn serve_metrics(addr: SocketAddr, stats: Arc<Stats>) -> io::Result<Socket
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    // OpenMetrics for a scraper that asks for it (Prometheus does), the
+    // text format 0.0.4 otherwise.
     let app = axum::Router::new().route(
         "/metrics",
-        get(move || {
-            let text = render_metrics(&stats.snapshot());
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    text,
-                )
-            }
+        get(move |headers: axum::http::HeaderMap| {
+            let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+            let format = Format::negotiate(accept);
+            let text = format.render(render_metrics(&stats.snapshot()));
+            async move { ([(axum::http::header::CONTENT_TYPE, format.content_type())], text) }
         }),
     );
     tokio::spawn(async move {

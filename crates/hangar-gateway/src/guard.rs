@@ -40,10 +40,11 @@ fn new_id() -> HeaderValue {
     HeaderValue::from_str(&format!("{n:016x}")).expect("hex digits are a valid header value")
 }
 
-/// The id of the request this task serves (its inference event's `id`);
-/// empty outside the guard (a handler called without the middleware).
-pub(crate) fn current_id() -> String {
-    CURRENT.try_with(|id| id.to_str().unwrap_or_default().to_owned()).unwrap_or_default()
+/// The id of the request this task serves (its inference event's `id`):
+/// a handle on the header value, no copy; none outside the guard (a
+/// handler called without the middleware).
+pub(crate) fn current_id() -> Option<HeaderValue> {
+    CURRENT.try_with(HeaderValue::clone).ok()
 }
 
 /// The caller's `x-request-id` when it is short, visible ASCII; else a new one.

@@ -15,6 +15,7 @@ mod admin;
 mod guard;
 mod openai;
 mod relay;
+mod rename;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;

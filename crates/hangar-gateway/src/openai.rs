@@ -18,10 +18,11 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hangar_core::{AccountId, AuthError, BlockHash, Principal};
-use hangar_runtime::events::{Outcome, RequestRecord};
+use hangar_core::exposition::Format;
+use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, RequestKind};
 use hangar_runtime::processor::{AdmitError, Lease, Patience};
-use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server};
+use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server, Tally};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::time::Sleep;
@@ -162,9 +163,11 @@ async fn readyz(State(server): State<Server>) -> Response {
     }
 }
 
-/// Prometheus `/metrics`. Its labels name every model, private ones
-/// included, so with `metrics_key` set it answers only a request bearing
-/// that key or an admin API key (401 otherwise).
+/// Prometheus `/metrics`, in OpenMetrics for a scraper that asks for it
+/// and in the text format 0.0.4 otherwise ([`Format`]). Its labels name
+/// every model, private ones included, so with `metrics_key` set it
+/// answers only a request bearing that key or an admin API key (401
+/// otherwise).
 async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
     if let Some(key) = server.metrics_key() {
         let bearer = headers
@@ -178,9 +181,9 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
             return denied(StatusCode::UNAUTHORIZED, message);
         }
     }
-    let body = server.render_metrics();
-    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::negotiate(accept);
+    ([(header::CONTENT_TYPE, format.content_type())], format.render(server.render_metrics())).into_response()
 }
 
 /// What the gateway reads of a request body; the rest is passed on as is.
@@ -212,7 +215,8 @@ impl Head {
 
 /// Admits the request onto a replica of its model and streams the
 /// replica's answer back; the permit is released when the answer ends or
-/// the client goes away.
+/// the client goes away. Every request for a model the caller may use is
+/// counted once, as what happened to it ([`Tally`]).
 async fn forward(
     State(server): State<Server>,
     uri: Uri,
@@ -235,30 +239,36 @@ async fn forward(
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None);
         }
     };
-    if let Some(refused) = head.output_tokens_refused() {
-        return refused;
-    }
-    let Some(Value::String(model)) = head.model else {
+    let Some(Value::String(model)) = &head.model else {
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
     };
-    let Some(rt) = server.model(&model).filter(|rt| rt.allows(&account)).cloned() else {
-        return no_such_model(&model);
+    let Some(rt) = server.model(model).filter(|rt| rt.allows(&account)).cloned() else {
+        return no_such_model(model);
     };
+    // The request's event rides on its tally: ended with it, once.
+    let trace = server.events().trace(&rt, crate::guard::current_id(), account.clone(), arrival, &body);
+    let tally = Tally::new(rt.metrics(), RequestKind::Sync).traced(trace);
+    if let Some(refused) = head.output_tokens_refused() {
+        return counted(tally, ErrorCode::BadRequest, refused);
+    }
     if rt.config().engine.is_cog() {
         let message = format!(
             "the model `{model}` runs on a cog engine, which serves predictions, not the OpenAI API: \
              use POST /v1/models/{model}/predictions"
         );
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some("model"));
+        let refused = error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some("model"));
+        return counted(tally, ErrorCode::BadRequest, refused);
     }
     // Only the KV router reads the prompt.
     let prompt = rt.prompt_blocks(&body);
-    let record =
-        RequestRecord::open(&server, &rt, crate::guard::current_id(), account.clone(), arrival, body.clone());
-    let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt, record };
-    let response = request.run(account).await;
-    rt.metrics().answered(response.status().as_u16());
+    let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt };
+    request.run(account, tally).await
+}
+
+/// `response`, an answer the gateway gives itself, counted with `code`.
+fn counted(tally: Tally, code: ErrorCode, response: Response) -> Response {
+    tally.ended(response.status().as_u16(), Some(code));
     response
 }
 
@@ -271,20 +281,12 @@ struct Forward<'a> {
     arrival: Instant,
     /// Block hashes and estimated tokens of the prompt, for the KV router.
     prompt: Option<(Vec<BlockHash>, u32)>,
-    /// Its inference event in the making (none when events are off).
-    record: Option<RequestRecord>,
 }
 
 impl Forward<'_> {
-    /// Ends the request's event as failed with `code`, answering `response`.
-    fn fail(&mut self, response: Response, code: &'static str) -> Response {
-        if let Some(record) = &mut self.record {
-            record.finish(response.status().as_u16(), Some((Outcome::Failed, code)));
-        }
-        response
-    }
-
-    async fn run(mut self, account: AccountId) -> Response {
+    /// The answer: the replica's, relayed (counted by its body when it
+    /// ends), or the gateway's own refusal (counted here).
+    async fn run(self, account: AccountId, mut tally: Tally) -> Response {
         let deadline = self.arrival + self.rt.timeout();
         let timeout_s = self.rt.timeout().as_secs();
         // One timer for the whole request: the send, then the answer.
@@ -303,20 +305,23 @@ impl Forward<'_> {
             );
             let lease = match admitted.await {
                 Ok(lease) => lease,
-                Err(e) => return self.fail(admit_error(&e, timeout_s), admit_code(&e)),
+                Err(e) => {
+                    let (code, response) = admit_error(&e, timeout_s);
+                    return counted(tally, code, response);
+                }
             };
+            let now = Instant::now();
             if attempt == 0 {
-                self.rt.metrics().queue_wait(self.arrival.elapsed());
+                self.rt.metrics().queue_wait(RequestKind::Sync, now - self.arrival);
             }
             let Some((base, node)) = self.rt.replica_route(lease.replica) else { continue };
-            if let Some(record) = &mut self.record {
-                record.admitted();
-                record.replica(lease.replica, node);
+            if let Some(trace) = tally.trace() {
+                trace.admitted(now, lease.replica, node);
             }
             let url = format!("{base}{}", self.path);
             let answer = tokio::select! {
                 answer = self.rt.send(&url, self.body.clone()) => answer,
-                () = timer.as_mut() => return self.fail(timed_out(timeout_s), "timeout"),
+                () = timer.as_mut() => return counted(tally, ErrorCode::Timeout, timed_out(timeout_s)),
             };
             let replica = lease.replica;
             let name = || replica_name(&self.rt.config().key, replica);
@@ -329,14 +334,14 @@ impl Forward<'_> {
                     self.rt.metrics().capacity_failover();
                     avoid = Some(replica);
                 }
-                Ok(upstream) => return self.relay(upstream, lease, timer),
+                Ok(upstream) => return self.relay(upstream, lease, timer, tally).await,
                 Err(SendError::Address(e)) => {
                     // Engine URLs are checked at load; should one still not
                     // make a request, this replica cannot serve.
                     tracing::error!(replica = %name(), "cannot address the replica at `{base}`: {e}");
                     let message = "the replica cannot be reached";
                     let response = error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None);
-                    return self.fail(response, "replica_failed");
+                    return counted(tally, ErrorCode::ReplicaFailed, response);
                 }
                 Err(e) => {
                     tracing::warn!(replica = %name(), "forwarding failed: {e}");
@@ -346,27 +351,62 @@ impl Forward<'_> {
             }
         }
         let message = "the replica failed before answering, and so did the retry";
-        self.fail(error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None), "replica_failed")
+        let response = error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None);
+        counted(tally, ErrorCode::ReplicaFailed, response)
     }
 
-    /// Streams the replica's answer to the client, holding the permit
-    /// until it ends.
-    fn relay(
-        mut self,
+    /// The replica's answer for the client, holding the permit until it
+    /// ends: a JSON answer read whole first (within `deadline`) and
+    /// renamed, anything else streamed.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the replica's answer and the permit; the
+    /// request is then counted as left by its client.
+    async fn relay(
+        self,
         upstream: hyper::Response<Incoming>,
         lease: Lease,
-        deadline: Pin<Box<Sleep>>,
+        mut deadline: Pin<Box<Sleep>>,
+        mut tally: Tally,
     ) -> Response {
         let (parts, body) = upstream.into_parts();
         let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
-        let sse = content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
-        let mut record = self.record.take();
-        if let Some(record) = &mut record {
-            record.streamed(sse);
-        }
-        let metrics = self.rt.metrics().clone();
-        let body = RelayBody::new(body, lease, deadline, sse, metrics, self.arrival)
-            .recording(record, parts.status.as_u16());
+        let is = |kind: &[u8]| content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(kind));
+        let (rt, status) = (self.rt.clone(), parts.status.as_u16());
+        let body = if is(b"application/json") {
+            let read = tokio::select! {
+                read = read_whole(body) => read,
+                () = deadline.as_mut() => {
+                    return counted(tally, ErrorCode::Timeout, timed_out(self.rt.timeout().as_secs()));
+                }
+            };
+            let whole = match read {
+                Ok(whole) => whole,
+                Err(e) => {
+                    tracing::warn!(replica = %replica_name(&self.rt.config().key, lease.replica), "a replica's answer broke off: {e}");
+                    let message = "the replica failed while answering";
+                    let response = error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None);
+                    return counted(tally, ErrorCode::ReplicaFailed, response);
+                }
+            };
+            let now = Instant::now();
+            rt.metrics().first_byte(RequestKind::Sync, now - self.arrival);
+            if let Some(trace) = tally.trace() {
+                trace.first_byte(now);
+                trace.whole(&whole);
+            }
+            let whole = match crate::rename::whole(&whole, rt.config().key.as_str()) {
+                Some(renamed) => Bytes::from(renamed),
+                None => whole,
+            };
+            RelayBody::whole(whole, lease, rt, tally, status, self.arrival)
+        } else {
+            let sse = is(b"text/event-stream");
+            if let Some(trace) = tally.trace() {
+                trace.streaming(sse);
+            }
+            RelayBody::stream(body, deadline, sse, lease, rt, tally, status, self.arrival)
+        };
         let mut response = Response::new(Body::new(body));
         *response.status_mut() = parts.status;
         if let Some(ct) = content_type {
@@ -374,6 +414,28 @@ impl Forward<'_> {
         }
         response
     }
+}
+
+/// All of `body`. Most answers come in one frame, which is returned as
+/// it is: no copy, no allocation; several are joined.
+///
+/// # Cancel safety
+/// Dropping the future drops the body (and the replica's connection).
+async fn read_whole(mut body: Incoming) -> Result<Bytes, hyper::Error> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<Vec<u8>> = None;
+    while let Some(frame) = body.frame().await {
+        // Trailers have no place in a JSON answer.
+        let Ok(data) = frame?.into_data() else { continue };
+        if let Some(joined) = &mut joined {
+            joined.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            joined = Some([&head[..], &data[..]].concat());
+        } else {
+            first = Some(data);
+        }
+    }
+    Ok(joined.map(Bytes::from).or(first).unwrap_or_default())
 }
 
 fn timed_out(timeout_s: u64) -> Response {
@@ -386,32 +448,27 @@ fn timed_out(timeout_s: u64) -> Response {
 /// of a model it could not place.
 const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
 
-/// The event's `error_code` of a request admission refused.
-fn admit_code(e: &AdmitError) -> &'static str {
-    match e {
-        AdmitError::QueueFull { .. } => "queue_full",
-        AdmitError::Timeout => "timeout",
-        _ => "unavailable",
-    }
-}
-
-fn admit_error(e: &AdmitError, timeout_s: u64) -> Response {
+/// The answer to a request admission refused, and its code.
+fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Response) {
     match e {
         AdmitError::Unavailable { reason } => {
             let message = format!("{reason}; retry");
             let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &message, None);
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(UNAVAILABLE_RETRY_AFTER_S));
-            r
+            (ErrorCode::Unavailable, r)
         }
         AdmitError::QueueFull { .. } => {
             let mut r = error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", &e.to_string(), None);
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            r
+            (ErrorCode::QueueFull, r)
         }
         AdmitError::Timeout => {
             let message = format!("no replica became free within the request's timeout ({timeout_s} s)");
-            error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None)
+            (ErrorCode::Timeout, error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None))
         }
-        _ => error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string(), None),
+        _ => (
+            ErrorCode::Unavailable,
+            error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string(), None),
+        ),
     }
 }

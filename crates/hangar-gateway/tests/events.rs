@@ -1,5 +1,6 @@
-//! Inference events of synchronous requests, through the router with
-//! `oneshot`, in front of a fake engine (an axum server on port 0).
+//! Inference events of synchronous requests and predictions, through the
+//! router with `oneshot`, in front of a fake engine (an axum server on
+//! port 0).
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,15 +9,18 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hangar_core::{ErrorCode, RequestKind};
 use hangar_predictions::store::Backend;
-use hangar_runtime::events::{InferenceEvent, Outcome};
+use hangar_runtime::events::InferenceEvent;
 use hangar_runtime::serve::{ServeConfig, Server};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
 /// An engine answering chat: with `usage` unless the prompt says
-/// `no-usage`; SSE when `stream`; 500 when the prompt says `fail`.
+/// `no-usage`; SSE when `stream` (ending with a usage chunk when the
+/// prompt says `with-usage`); 500 when the prompt says `fail`. Completions
+/// (what a prediction asks) stream two tokens.
 async fn engine() -> String {
     async fn chat(Json(body): Json<Value>) -> axum::response::Response {
         use axum::response::IntoResponse;
@@ -25,9 +29,14 @@ async fn engine() -> String {
             return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response();
         }
         if body.get("stream").and_then(Value::as_bool) == Some(true) {
-            let sse = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
-                       data: {\"choices\":[{\"delta\":{\"content\":\" b\"}}]}\n\n\
-                       data: {\"choices\":[{\"delta\":{\"content\":\" c\"}}]}\n\ndata: [DONE]\n\n";
+            let mut sse = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
+                           data: {\"choices\":[{\"delta\":{\"content\":\" b\"}}]}\n\n\
+                           data: {\"choices\":[{\"delta\":{\"content\":\" c\"}}]}\n\n"
+                .to_owned();
+            if prompt.contains("with-usage") {
+                sse += "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\n";
+            }
+            sse += "data: [DONE]\n\n";
             return ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], sse).into_response();
         }
         let mut answer = json!({"choices": [{"message": {"role": "assistant", "content": "one two three four five six"}}]});
@@ -36,8 +45,16 @@ async fn engine() -> String {
         }
         Json(answer).into_response()
     }
-    let app =
-        Router::new().route("/health", get(|| async { "ok" })).route("/v1/chat/completions", post(chat));
+    async fn complete() -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let sse = "data: {\"choices\":[{\"text\":\"hello\"}]}\n\n\
+                   data: {\"choices\":[{\"text\":\" world\"}]}\n\ndata: [DONE]\n\n";
+        ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], sse).into_response()
+    }
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(complete));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -95,17 +112,19 @@ async fn chat(router: &Router, id: &str, body: Value) -> (StatusCode, Vec<u8>) {
     (status, response.into_body().collect().await.unwrap().to_bytes().to_vec())
 }
 
-/// The events written so far, once `n` are.
+/// The events written so far: all `n` of them, the sink flushed first.
 async fn events(server: &Server, path: &Path, n: u64) -> Vec<InferenceEvent> {
-    for _ in 0..1000 {
-        if server.events().stats().written() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    flush(server).await;
     assert_eq!(server.events().stats().written(), n, "events written");
     let text = std::fs::read_to_string(path).unwrap();
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Waits until what was sent so far is written (or dropped).
+async fn flush(server: &Server) {
+    let sink = server.events().clone();
+    let flushed = tokio::task::spawn_blocking(move || sink.flush(Duration::from_secs(30))).await.unwrap();
+    assert!(flushed, "the writer flushes");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -135,15 +154,47 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
     let (status, _) =
         chat(&router, "req-5", json!({"model": "t/trusted", "messages": message("fail")})).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let (status, _) = chat(
+        &router,
+        "req-6",
+        json!({"model": "t/trusted", "stream": true, "messages": message("with-usage stream")}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // Refused by the gateway itself: no replica, no tokens.
+    let (status, _) =
+        chat(&router, "req-7", json!({"model": "t/trusted", "max_tokens": -1, "messages": message("x")}))
+            .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // The client leaves before reading its stream.
+    let request = Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer k-acme")
+        .header("x-request-id", "req-8")
+        .body(Body::from(json!({"model": "t/trusted", "stream": true, "messages": message("x")}).to_string()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    drop(response);
+    // A prediction: its event comes from its end, with Replicate's estimates.
+    let request = Request::post("/v1/models/t/trusted/predictions")
+        .header("authorization", "Bearer k-acme")
+        .header("content-type", "application/json")
+        .header("prefer", "wait")
+        .body(Body::from(json!({"input": {"prompt": "one two three"}}).to_string()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let prediction: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(prediction["status"], "succeeded", "{prediction}");
 
-    let all = events(&server, &path, 5).await;
+    let all = events(&server, &path, 9).await;
     let by_id =
         |id: &str| all.iter().find(|e| e.id == id).unwrap_or_else(|| panic!("no event {id}: {all:?}"));
 
     // The engine's usage, trusted, priced both ways.
     let e = by_id("req-1");
     assert_eq!((e.model.as_str(), e.account.as_str()), ("t/trusted", "acme"));
-    assert_eq!((e.outcome, e.status, e.error_code.as_deref()), (Outcome::Succeeded, 200, None));
+    assert_eq!((e.kind, e.status, e.code), (RequestKind::Sync, 200, None));
     assert_eq!((e.input_tokens, e.output_tokens, e.tokens_estimated), (11, 22, false));
     assert!(e.replica.as_deref().is_some_and(|r| r.starts_with("t/trusted:")), "{e:?}");
     assert_eq!(e.node.as_deref(), Some("n1"));
@@ -170,13 +221,33 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
 
     // The engine's error, as it answered.
     let e = by_id("req-5");
-    assert_eq!((e.outcome, e.status, e.error_code.as_deref()), (Outcome::Failed, 500, Some("engine_error")));
+    assert_eq!((e.status, e.code), (500, Some(ErrorCode::EngineError)));
+
+    // A stream that ends with the engine's usage: taken, not estimated.
+    let e = by_id("req-6");
+    assert_eq!((e.input_tokens, e.output_tokens, e.tokens_estimated), (7, 3, false), "{e:?}");
+
+    let e = by_id("req-7");
+    assert_eq!((e.status, e.code, e.replica.as_deref()), (400, Some(ErrorCode::BadRequest), None));
+    assert_eq!((e.input_tokens, e.output_tokens, e.inference_ms, e.ttft_ms), (0, 0, 0, None));
+
+    let e = by_id("req-8");
+    assert_eq!((e.status, e.code), (499, Some(ErrorCode::ClientClosed)), "{e:?}");
+
+    let e = by_id(prediction["id"].as_str().unwrap());
+    assert_eq!((e.kind, e.status, e.code), (RequestKind::Prediction, 200, None));
+    assert_eq!((e.input_tokens, e.output_tokens, e.tokens_estimated), (4, 2, true), "{e:?}");
+    assert!(e.replica.as_deref().is_some_and(|r| r.starts_with("t/trusted:")), "{e:?}");
+    assert_eq!(e.node.as_deref(), Some("n1"));
+    assert!(e.ttft_ms.is_some_and(|t| t <= e.total_ms), "{e:?}");
+    let usd = 0.001 * e.inference_ms as f64 / 1000.0 + 0.01 * 4.0 + 0.02 * 2.0;
+    assert!((e.cost.usd - usd).abs() < 1e-9, "{e:?}");
 
     // The figures are in /metrics.
     let metrics =
         router.clone().oneshot(Request::get("/metrics").body(Body::empty()).unwrap()).await.unwrap();
     let text = String::from_utf8(metrics.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    assert!(text.contains("hangar_events_written_total 5"), "{text}");
+    assert!(text.contains("hangar_events_written_total 9"), "{text}");
     assert!(text.contains("hangar_events_sink_failing 0"), "{text}");
     server.shutdown().await;
 }
@@ -212,13 +283,8 @@ async fn an_unwritable_sink_leaves_the_server_serving_and_says_so_in_metrics() {
         assert_eq!(r.status(), StatusCode::OK);
         r.into_body().collect().await.unwrap();
     }
+    flush(&server).await;
     let stats = server.events().stats().clone();
-    for _ in 0..1000 {
-        if stats.dropped_sink_failed() + stats.dropped_full() >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     assert_eq!(stats.dropped_sink_failed() + stats.dropped_full(), 3);
     let text = server.render_metrics();
     assert!(text.contains("hangar_events_sink_failing 1"), "{text}");

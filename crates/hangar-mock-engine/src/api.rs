@@ -9,12 +9,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
+use hangar_core::exposition::Format;
 use hangar_core::RequestId;
 use hangar_engine::Prompt;
 use serde_json::{json, Value};
@@ -395,8 +396,11 @@ async fn health(State(s): State<Shared>) -> Response {
     StatusCode::OK.into_response()
 }
 
-async fn metrics(State(s): State<Shared>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render()).into_response()
+/// `GET /metrics`: OpenMetrics for a scraper that asks for it (Prometheus
+/// does), the text format 0.0.4 otherwise, each under its own name.
+async fn metrics(State(s): State<Shared>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    ([(header::CONTENT_TYPE, format.content_type())], format.render(s.metrics.render())).into_response()
 }
 
 async fn sleep(State(s): State<Shared>) -> Result<Response, ApiError> {

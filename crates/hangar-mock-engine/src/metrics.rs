@@ -88,7 +88,8 @@ impl Metrics {
         }
     }
 
-    /// The metrics in the Prometheus text format.
+    /// The metrics in the OpenMetrics text format (`/metrics` serves them
+    /// in the format its scraper asks for: [`hangar_core::exposition`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
         encode(&mut out, &self.inner.registry).expect("writing to a String cannot fail");

@@ -234,6 +234,40 @@ async fn concurrent_requests_share_passes() {
     assert!(metrics.contains("hangar_mock_generation_tokens_total 240"), "{metrics}");
 }
 
+/// Counters named as each format names them, under that format's own
+/// `Content-Type`: a scraper reading OpenMetrics as the text format would
+/// take every counter for an untyped series.
+#[tokio::test]
+async fn metrics_come_in_the_format_the_scraper_asks_for() {
+    let s = start().await;
+    let (status, _) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let client = reqwest::Client::new();
+    let text = client.get(format!("{}/metrics", s.base)).send().await.unwrap();
+    assert_eq!(text.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+    let text = text.text().await.unwrap();
+    assert!(
+        text.contains("# TYPE hangar_mock_requests_total counter\nhangar_mock_requests_total 1\n"),
+        "{text}"
+    );
+    assert!(!text.contains("# EOF"), "{text}");
+    let open = client
+        .get(format!("{}/metrics", s.base))
+        .header("accept", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.headers()["content-type"], "application/openmetrics-text; version=1.0.0; charset=utf-8");
+    let open = open.text().await.unwrap();
+    assert!(open.contains("# TYPE hangar_mock_requests counter\nhangar_mock_requests_total 1\n"), "{open}");
+    assert!(open.ends_with("# EOF\n"), "{open}");
+}
+
 #[tokio::test]
 async fn sleep_refuses_requests_until_wake_up() {
     let s = start().await;

@@ -1,6 +1,7 @@
 //! [`DeploymentDelta`]: the ordered steps between two cluster states.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use hangar_core::ReplicaId;
 use serde::{Deserialize, Serialize};
@@ -9,16 +10,39 @@ use crate::deployment::{Deployment, Level, NodeId};
 use crate::error::DeltaError;
 
 /// Every hot and warm deployment of a cluster, keyed by replica id.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
+///
+/// The map is shared: cloning a snapshot, or taking one of a cluster that
+/// has not changed since the last ([`Cluster::snapshot`](crate::Cluster::snapshot)),
+/// costs nothing, and two snapshots sharing it have no delta — so a
+/// controller that snapshots around every attempt to place pays for the
+/// fleet's size only when the attempt changed something.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    deployments: BTreeMap<ReplicaId, Deployment>,
+    deployments: Arc<BTreeMap<ReplicaId, Deployment>>,
+}
+
+impl Serialize for Snapshot {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.deployments.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Snapshot {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self { deployments: Arc::new(BTreeMap::deserialize(deserializer)?) })
+    }
 }
 
 impl Snapshot {
     /// Collects deployments (later ones replace earlier ones with the same id).
     pub fn from_deployments(deps: impl IntoIterator<Item = Deployment>) -> Self {
-        Self { deployments: deps.into_iter().map(|d| (d.replica_id, d)).collect() }
+        Self { deployments: Arc::new(deps.into_iter().map(|d| (d.replica_id, d)).collect()) }
+    }
+
+    /// Whether `other` is this very snapshot (a clone of it, or taken of
+    /// an unchanged cluster): then the two are equal without a look.
+    pub fn same_as(&self, other: &Snapshot) -> bool {
+        Arc::ptr_eq(&self.deployments, &other.deployments)
     }
 
     /// The deployments, by replica id.
@@ -106,6 +130,9 @@ impl DeploymentDelta {
     /// step expresses (appearing warm, or moving nodes while warm).
     pub fn between(old: &Snapshot, new: &Snapshot) -> Result<Self, DeltaError> {
         let mut delta = Self::default();
+        if old.same_as(new) {
+            return Ok(delta);
+        }
         let ids: std::collections::BTreeSet<&ReplicaId> =
             old.deployments.keys().chain(new.deployments.keys()).collect();
         for id in ids {
@@ -191,7 +218,7 @@ impl DeploymentDelta {
                             place(current)
                         )));
                     }
-                    state.deployments.remove(&d.replica_id);
+                    Arc::make_mut(&mut state.deployments).remove(&d.replica_id);
                     continue;
                 }
                 Action::ToCache | Action::FromCache | Action::Update => {
@@ -209,7 +236,7 @@ impl DeploymentDelta {
                     }
                 }
             }
-            state.deployments.insert(d.replica_id, d.clone());
+            Arc::make_mut(&mut state.deployments).insert(d.replica_id, d.clone());
         }
         Ok(())
     }

@@ -52,6 +52,9 @@ pub struct Node {
     /// page cache), as last reported by the caller: a tie-breaker only, so
     /// it lives apart from the accounting above and no invariant covers it.
     resident: BTreeSet<String>,
+    /// Bumped by every change to `hot` or `warm`: a cluster's snapshot
+    /// taken at the same counts of every node is still the cluster's.
+    changes: u64,
 }
 
 const MAX_GPUS: usize = MAX_GPUS_PER_NODE as usize;
@@ -80,6 +83,7 @@ impl Node {
             gpu_free: [0; MAX_GPUS],
             min_reservation: [0; MAX_GPUS],
             resident: BTreeSet::new(),
+            changes: 0,
         };
         node.refresh_summary();
         node
@@ -196,12 +200,14 @@ impl Node {
             g.tenants += 1;
         }
         self.hot.entry(dep.model_key.clone()).or_default().insert(dep.replica_id, dep);
+        self.changes += 1;
         self.refresh_summary();
     }
 
     /// Removes a hot deployment and returns its GPU bytes to the GPUs.
     pub(crate) fn remove_hot(&mut self, model: &ModelKey, replica: &ReplicaId) -> Option<Deployment> {
         let dep = remove_nested(&mut self.hot, model, replica)?;
+        self.changes += 1;
         for (&gpu, &bytes) in &dep.gpu_bytes_by_gpu {
             let g = &mut self.gpus[gpu as usize];
             g.free_bytes += bytes;
@@ -221,6 +227,7 @@ impl Node {
         match dep {
             Some(d) if d.dedicated != dedicated => {
                 d.dedicated = dedicated;
+                self.changes += 1;
                 true
             }
             _ => false,
@@ -230,6 +237,7 @@ impl Node {
     /// Takes a warm deployment out of the cache, releasing its CPU bytes.
     pub(crate) fn remove_warm(&mut self, model: &ModelKey, replica: &ReplicaId) -> Option<Deployment> {
         let dep = remove_nested(&mut self.warm, model, replica)?;
+        self.changes += 1;
         self.cache_used -= dep.size_bytes;
         Some(dep)
     }
@@ -266,6 +274,12 @@ impl Node {
         self.cache_used += dep.size_bytes;
         debug_assert!(self.cache_used <= self.cache_budget);
         self.warm.entry(dep.model_key.clone()).or_default().insert(dep.replica_id, dep);
+        self.changes += 1;
+    }
+
+    /// How many times its deployments changed.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
     }
 }
 

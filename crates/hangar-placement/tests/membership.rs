@@ -220,6 +220,11 @@ fn run(w: &World) -> Result<Snapshot, TestCaseError> {
         c.check_invariants().map_err(TestCaseError::fail)?;
         prop_assert_eq!(ids(&c), order.clone());
         let after = c.snapshot();
+        // A snapshot handed out again is the cluster as it is: the same as
+        // one built afresh from a clone (which starts without the cache),
+        // and shared with the last one exactly when nothing changed.
+        prop_assert_eq!(&after, &c.clone().snapshot());
+        prop_assert!(c.snapshot().same_as(&after));
         for d in after.deployments().values() {
             let node = c.node(&d.node);
             let node =

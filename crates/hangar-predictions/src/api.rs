@@ -20,7 +20,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hangar_core::AccountId;
+use hangar_core::{AccountId, ErrorCode};
 use rand::Rng;
 use serde_json::{json, Map, Value};
 
@@ -169,7 +169,9 @@ impl Service {
             .route("/v1/predictions/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
             .route("/v1/predictions/{id}/cancel", post(|s, p, h| cancel(s, p, h, JobKind::Prediction)))
             .route("/v1/predictions/{id}/stream", get(stream))
-            // `urls.web`: there is no web UI; the same object as `urls.get`.
+            // `urls.web`: no page for a prediction exists yet, so this is
+            // `urls.get` at another address — JSON, with the same key rules
+            // (docs/predictions.md); a status page is to take it over.
             .route("/p/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
             .route("/v1/models/{owner}/{name}", get(model))
             .route("/v1/models/{owner}/{name}/predictions", post(create_by_model))
@@ -548,7 +550,7 @@ async fn cancel(
             r.status = Status::Canceled;
             r.completed_at = Some(now());
             r.error = Some("canceled by the user".into());
-            inner.finish(&r).map_err(Problem::store)?;
+            inner.finish(&r, Some(ErrorCode::Canceled)).map_err(Problem::store)?;
             r = owned(&inner, &id, &account, Some(kind))?;
         }
     }

@@ -8,12 +8,12 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use hangar_core::AccountId;
+use hangar_core::{AccountId, ErrorCode, Millis};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::record::JobKind;
+use crate::record::{JobKind, Record};
 
 /// One job to run.
 #[derive(Debug, Clone)]
@@ -28,6 +28,9 @@ pub struct Job {
     pub account: AccountId,
     /// The validated input.
     pub input: Value,
+    /// When it was created (ms since the Unix epoch): its arrival, which
+    /// its waiting and first output are measured from.
+    pub created_at: Millis,
 }
 
 /// Progress reported by an executor.
@@ -98,4 +101,16 @@ pub type ExecFuture = Pin<Box<dyn Future<Output = Result<Value, ExecError>> + Se
 pub trait Executor: Send + Sync + 'static {
     /// Runs `job`, reporting through `sink`; the final output on success.
     fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> ExecFuture;
+
+    /// `record` has just ended, through this process — it ran here, its
+    /// user canceled it here, or its deadline passed while it waited —
+    /// with `code` saying why unless it succeeded: what `hangar serve`
+    /// counts in `/metrics`. Called once per prediction across every
+    /// gateway sharing a store (the one whose store write ended it), after
+    /// the end is stored; it must not block. Predictions a restarted
+    /// server fails in its recovery, and those pruned after a day in the
+    /// queue, are not told.
+    fn ended(&self, record: &Record, code: Option<ErrorCode>) {
+        let _ = (record, code);
+    }
 }

@@ -27,7 +27,7 @@
 //! while it runs ends it as `canceled` (per-prediction) or `failed`
 //! (lifetime, predict timeout).
 
-use hangar_core::Millis;
+use hangar_core::{ErrorCode, Millis};
 use serde::{Deserialize, Serialize};
 
 /// Where a prediction is in its life.
@@ -207,29 +207,44 @@ impl Deadlines {
     }
 }
 
-/// How and why a prediction ends without succeeding.
+/// How and why a prediction ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ending {
     /// The terminal status.
     pub status: Status,
+    /// Why it did not succeed, as `/metrics` counts it (`None` when it
+    /// succeeded).
+    pub code: Option<ErrorCode>,
     /// The `error` recorded.
     pub error: String,
 }
 
 impl Ending {
+    /// It ran and produced its output.
+    pub fn succeeded() -> Self {
+        Ending { status: Status::Succeeded, code: None, error: String::new() }
+    }
+
+    /// It ends as `status` for the reason `code`, with `error` recorded.
+    pub fn new(status: Status, code: ErrorCode, error: impl Into<String>) -> Self {
+        Ending { status, code: Some(code), error: error.into() }
+    }
+
     /// A deadline that passed before the prediction started.
     pub fn expired_before_start(source: DeadlineSource) -> Self {
         match source {
-            DeadlineSource::PerPrediction => Ending {
-                status: Status::Aborted,
-                error: "the prediction's deadline (Cancel-After) passed before it started".into(),
-            },
-            DeadlineSource::Lifetime => Ending {
-                status: Status::Failed,
-                error: "the model's max_run_lifetime passed before the prediction started".into(),
-            },
+            DeadlineSource::PerPrediction => Ending::new(
+                Status::Aborted,
+                ErrorCode::Timeout,
+                "the prediction's deadline (Cancel-After) passed before it started",
+            ),
+            DeadlineSource::Lifetime => Ending::new(
+                Status::Failed,
+                ErrorCode::Timeout,
+                "the model's max_run_lifetime passed before the prediction started",
+            ),
             DeadlineSource::PredictTimeout => {
-                Ending { status: Status::Failed, error: "the prediction timed out before it started".into() }
+                Ending::new(Status::Failed, ErrorCode::Timeout, "the prediction timed out before it started")
             }
         }
     }
@@ -237,18 +252,21 @@ impl Ending {
     /// A deadline that passed while the prediction ran.
     pub fn expired_while_running(source: DeadlineSource) -> Self {
         match source {
-            DeadlineSource::PerPrediction => Ending {
-                status: Status::Canceled,
-                error: "the prediction's deadline (Cancel-After) passed while it ran".into(),
-            },
-            DeadlineSource::Lifetime => Ending {
-                status: Status::Failed,
-                error: "the model's max_run_lifetime passed while the prediction ran".into(),
-            },
-            DeadlineSource::PredictTimeout => Ending {
-                status: Status::Failed,
-                error: "the prediction exceeded the model's predict_timeout".into(),
-            },
+            DeadlineSource::PerPrediction => Ending::new(
+                Status::Canceled,
+                ErrorCode::Timeout,
+                "the prediction's deadline (Cancel-After) passed while it ran",
+            ),
+            DeadlineSource::Lifetime => Ending::new(
+                Status::Failed,
+                ErrorCode::Timeout,
+                "the model's max_run_lifetime passed while the prediction ran",
+            ),
+            DeadlineSource::PredictTimeout => Ending::new(
+                Status::Failed,
+                ErrorCode::Timeout,
+                "the prediction exceeded the model's predict_timeout",
+            ),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hangar_core::{AccountId, ApiKeys, Millis};
+use hangar_core::{AccountId, ApiKeys, ErrorCode, Millis};
 use serde_json::Value;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -317,14 +317,19 @@ impl Inner {
         Ok(Some(r))
     }
 
-    /// Ends `r` (already carrying its terminal fields) unless it ended
-    /// already; queues its `completed` webhook in the same transaction
-    /// and wakes anyone watching. `false` if another path ended it first.
-    pub fn finish(&self, r: &Record) -> Result<bool, StoreError> {
+    /// Ends `r` (already carrying its terminal fields; `code` says why,
+    /// unless it succeeded) unless it ended already; queues its
+    /// `completed` webhook in the same transaction, wakes anyone watching
+    /// and tells the executor ([`Executor::ended`]). `false` if another
+    /// path ended it first.
+    pub fn finish(&self, r: &Record, code: Option<ErrorCode>) -> Result<bool, StoreError> {
         let deliveries: Vec<Delivery> = self.completed_delivery(r).into_iter().collect();
         let done = self.store.finish(r, &deliveries)?;
         if done && !deliveries.is_empty() {
             self.deliveries.notify_one();
+        }
+        if done {
+            self.executor.ended(r, code);
         }
         if let Some(live) = self.live.lock().expect("live table").remove(&r.id) {
             live.cancel.cancel();
@@ -407,15 +412,22 @@ impl Inner {
         }
         let live = self.live(&r.id);
         let Ok(account) = r.account.parse::<AccountId>() else {
-            let ending = Ending {
-                status: Status::Failed,
-                error: format!("stored account `{}` is invalid", r.account),
-            };
+            let ending = Ending::new(
+                Status::Failed,
+                ErrorCode::Internal,
+                format!("stored account `{}` is invalid", r.account),
+            );
             return self.end_durably(&mut r, ending).await;
         };
         let (sink, mut events) = Sink::channel();
-        let job =
-            Job { id: r.id.clone(), kind: r.kind, model: r.model.clone(), account, input: r.input.clone() };
+        let job = Job {
+            id: r.id.clone(),
+            kind: r.kind,
+            model: r.model.clone(),
+            account,
+            input: r.input.clone(),
+            created_at: r.created_at,
+        };
         let exec_cancel = live.cancel.child_token();
         let mut exec = self.executor.execute(job, sink, exec_cancel.clone());
         let mut throttle = Throttle::new(r.webhook_events);
@@ -434,7 +446,7 @@ impl Inner {
                 biased;
                 _ = live.cancel.cancelled() => {
                     exec_cancel.cancel();
-                    let ending = Ending { status: Status::Canceled, error: "canceled by the user".into() };
+                    let ending = Ending::new(Status::Canceled, ErrorCode::Canceled, "canceled by the user");
                     return self.end_durably(&mut r, ending).await;
                 }
                 _ = sleep(wait_deadline) => {
@@ -457,16 +469,16 @@ impl Inner {
                         Ok(output) if started => {
                             r.output = Some(output);
                             r.logs = live.state.lock().expect("live state").logs.clone();
-                            Ending { status: Status::Succeeded, error: String::new() }
+                            Ending::succeeded()
                         }
-                        Ok(_) => Ending { status: Status::Failed, error: "the executor returned without starting".into() },
-                        Err(ExecError::Canceled) => Ending { status: Status::Canceled, error: "canceled".into() },
-                        Err(ExecError::Failed(e)) => Ending { status: Status::Failed, error: e },
+                        Ok(_) => Ending::new(Status::Failed, ErrorCode::Internal, "the executor returned without starting"),
+                        Err(ExecError::Canceled) => Ending::new(Status::Canceled, ErrorCode::Canceled, "canceled"),
+                        Err(ExecError::Failed(e)) => Ending::new(Status::Failed, ErrorCode::EngineError, e),
                         Err(ExecError::Lost(e)) => {
                             if self.run_again(&r, &e).await? {
                                 return Ok(());
                             }
-                            Ending { status: Status::Failed, error: format!("{e} (twice)") }
+                            Ending::new(Status::Failed, ErrorCode::ReplicaFailed, format!("{e} (twice)"))
                         }
                     };
                     return self.end_durably(&mut r, ending).await;
@@ -675,7 +687,7 @@ impl Inner {
                 r.logs = s.logs.clone();
             }
         }
-        self.finish(r)
+        self.finish(r, ending.code)
     }
 
     /// Ends waiting predictions whose deadline passed, even when no worker
@@ -751,11 +763,11 @@ impl Inner {
                             let result = if self.settings(&r).idempotent {
                                 self.store.requeue(&r.id).map(drop)
                             } else {
-                                let ending = Ending {
-                                    status: Status::Failed,
-                                    error: "the worker running this prediction stopped renewing its lease"
-                                        .into(),
-                                };
+                                let ending = Ending::new(
+                                    Status::Failed,
+                                    ErrorCode::ReplicaFailed,
+                                    "the worker running this prediction stopped renewing its lease",
+                                );
                                 self.end(&mut r, ending).map(drop)
                             };
                             if let Err(e) = result {

@@ -79,13 +79,13 @@ const FIRST_BACKOFF: Millis = 1_000;
 /// The longest wait between retries.
 const MAX_BACKOFF: Millis = 60_000;
 
-/// The wait after the `last` one (`None`: there was none): the first, then
-/// twice the last, at most [`MAX_BACKOFF`].
 /// The least time a model's requests wait for room before another model's
 /// replicas beyond its demand are given to it (its mean COLD start when
 /// longer): shorter, and two models would trade GPUs on every lull.
 pub const STARVATION_PATIENCE_MS: Millis = 60_000;
 
+/// The wait after the `last` one (`None`: there was none): the first, then
+/// twice the last, at most [`MAX_BACKOFF`].
 fn next_backoff(last: Option<Millis>) -> Millis {
     last.map_or(FIRST_BACKOFF, |b| b.saturating_mul(2).min(MAX_BACKOFF))
 }
@@ -320,8 +320,8 @@ impl Controller {
             self.apply_schedule(now);
         }
         let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
-        for key in keys {
-            let c = self.models.get_mut(&key).expect("a listed model");
+        for key in &keys {
+            let c = self.models.get_mut(key).expect("a listed model");
             let retry = c.blocked.as_ref().is_some_and(|b| b.retry_at <= now);
             if retry {
                 // Let the scaler ask for its full count again.
@@ -333,11 +333,11 @@ impl Controller {
                 self.actions.push_back(Action::Decided { model: key.clone(), decision });
             }
             if due {
-                self.reconcile(now, &key);
+                self.reconcile(now, key);
             }
-            self.expire_warm(now, &key);
+            self.expire_warm(now, key);
         }
-        self.relieve_starvation(now);
+        self.relieve_starvation(now, &keys);
     }
 
     /// A replica of `model` came up from `tier` after `took_ms`, on an
@@ -814,10 +814,9 @@ impl Controller {
     /// guards against churn between models that both need their GPUs; it
     /// does not let a model keep GPUs its demand does not need while
     /// another's requests wait.
-    fn relieve_starvation(&mut self, now: Millis) {
-        let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
+    fn relieve_starvation(&mut self, now: Millis, keys: &[ModelKey]) {
         let mut starving = None;
-        for key in &keys {
+        for key in keys {
             let hot = self.hot(key);
             let c = self.models.get_mut(key).expect("listed");
             let waits = c.scaler.latest().is_some_and(|o| o.waiting > 0);

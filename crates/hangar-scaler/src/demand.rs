@@ -67,6 +67,13 @@ impl Demand {
         }
     }
 
+    /// The oldest sample taken at or after `from`. Samples are in time
+    /// order and a busy model takes one at every decision (thousands in a
+    /// window), so this is a binary search, not a walk.
+    fn first_since(&self, from: Millis) -> Option<Sample> {
+        self.samples.get(self.samples.partition_point(|s| s.at < from)).copied()
+    }
+
     /// Whether a request arrived between the last two samples.
     pub fn arrived(&self) -> bool {
         let n = self.samples.len();
@@ -86,7 +93,7 @@ impl Demand {
         let service_ms = self.service_ms?;
         let last = *self.samples.back()?;
         let from = last.at.saturating_sub(window_ms);
-        let first = self.samples.iter().find(|s| s.at >= from)?;
+        let first = self.first_since(from)?;
         let span_ms = last.at.saturating_sub(first.at);
         if span_ms == 0 || span_ms < window_ms / 3 {
             return None;
@@ -111,7 +118,7 @@ impl Demand {
         let last = *self.samples.back()?;
         let since = |ms: Millis| {
             let from = last.at.saturating_sub(ms);
-            self.samples.iter().find(|s| s.at >= from).copied()
+            self.first_since(from)
         };
         let (long, recent) = (since(window_ms)?, since(recent_ms)?);
         // The rate before the recent arrivals, which must not raise the

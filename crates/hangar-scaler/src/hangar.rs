@@ -1,21 +1,24 @@
 //! Hangar's policy: as many replicas as the demand needs — measured beyond
 //! its noise — up at once, down only after a quiet period.
 //!
-//! Each rule in a line (docs/scaling.md, "The `hangar` policy"):
-//! - **Burst**: a queue beyond the noise band of the measured demand, and
-//!   beyond what the replicas up or loading clear before another would be
-//!   ready, is met at once.
+//! Each rule in a line (docs/scaling.md, "`hangar` (the default)"):
 //! - **Rate**: the arrival rate × mean permit time, at the lower bound of
-//!   its noise, is met.
-//! - **No runaway while loading**: a queue that grows at the rate before
-//!   it is no burst, so a slow load's queue is met by what drains it once
-//!   measured, not by a replica per queued request.
-//! - **Objective**: TTFT p99 above the objective while requests wait adds
-//!   one replica (none while another loads), and the count where it was
-//!   missed is not returned to while the demand stays as high.
+//!   its Poisson noise, is met.
+//! - **Burst**: more work than the permits *and* a surge of arrivals beyond
+//!   the rate before them is met at once, by what the replicas up or
+//!   loading would not clear before one more is ready.
+//! - **No runaway while loading**: a queue that grows at the rate it had is
+//!   no burst; with nothing finished yet, past a model's first seconds, no
+//!   queue is.
+//! - **Objective**: TTFT p99 above the objective while requests wait beyond
+//!   what is cleared adds one replica (none while another loads); the count
+//!   where it was missed is kept until the demand surely fell.
 //! - **Give-back**: only when the upper bound of the demand has fitted
 //!   fewer replicas for a whole quiet period (sized by the measured
-//!   restart), keeping the period's peak.
+//!   restart), keeping the period's peak, never while requests wait; to
+//!   zero after a quiet period without work or arrivals.
+//! - **Yield**: what it holds beyond that need goes at once to a model
+//!   starving for room (the controller asks, [`Hangar::need`]).
 
 use hangar_core::Millis;
 
@@ -196,14 +199,19 @@ impl Hangar {
         if surge.is_some() && self.demand.service_ms().is_none() && o.replicas.up() > 0 {
             return None;
         }
-        let (Some(service_ms), Some(restart_ms)) = (self.demand.service_ms(), restart_ms(cx.starts, o))
-        else {
+        let Some((service_ms, restart_ms)) = self.timings(o, cx) else {
             return Some(replicas(work / per_replica));
         };
         let load = expected.unwrap_or(f64::from(o.in_flight));
         let horizon_ms = (restart_ms as f64).max(service_ms).max(1.0);
         let rest = self.uncleared(o, current, per_replica, expected, cx);
         (rest > 0.0).then(|| replicas((load + rest * service_ms / horizon_ms) / per_replica))
+    }
+
+    /// A request's mean permit time and one more replica's restart, once
+    /// both have been measured.
+    fn timings(&self, o: &Observation, cx: &Context<'_>) -> Option<(f64, Millis)> {
+        Some((self.demand.service_ms()?, restart_ms(cx.starts, o)?))
     }
 
     /// The queued requests the `current` replicas' spare permits would
@@ -220,8 +228,7 @@ impl Hangar {
     ) -> f64 {
         let capacity = f64::from(current) * per_replica;
         let backlog = f64::from(o.waiting);
-        let (Some(service_ms), Some(restart_ms)) = (self.demand.service_ms(), restart_ms(cx.starts, o))
-        else {
+        let Some((service_ms, restart_ms)) = self.timings(o, cx) else {
             return backlog;
         };
         let load = expected.unwrap_or(f64::from(o.in_flight));

@@ -346,7 +346,7 @@ impl Scaler {
         if self.override_.is_some() || need >= self.desired {
             return None;
         }
-        self.change(now, need, Reason::Yielded, self.history.back().map(|(_, o)| *o).unwrap_or_default())
+        self.set_desired(now, need, Reason::Yielded)
     }
 
     /// Lowers an override's count to at most `replicas`.
@@ -361,7 +361,7 @@ impl Scaler {
     /// Sets the count outside a policy decision (an eviction), logged with
     /// `reason`.
     pub(crate) fn set_desired(&mut self, now: Millis, desired: u32, reason: Reason) -> Option<Decision> {
-        let inputs = self.history.back().map(|(_, o)| *o).unwrap_or_default();
+        let inputs = self.latest().copied().unwrap_or_default();
         self.change(now, desired, reason, inputs)
     }
 

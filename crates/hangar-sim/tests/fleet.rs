@@ -339,3 +339,78 @@ fn every_router_serves_the_fleet_reproducibly() {
     .unwrap_err();
     assert!(e.contains("f.toml") && e.contains("random"), "{e}");
 }
+
+/// One node of two GPUs, a 16 GB model: a load from disk takes 8 s + the
+/// 10 s boot, one from the page cache 1.6 s + 10 s.
+const ONE_NODE: &str = r#"
+seed = 1
+
+[cold_start]
+disk_gbps = 2.0
+page_cache_gbps = 10.0
+boot_ms = 10000
+
+[[nodes]]
+id = "gpu"
+gpus = 2
+gpu_memory = "80GB"
+cpu_cache = "0GB"
+
+[[models]]
+key = "synth/m0"
+size = "16GB"
+"#;
+
+fn rows(times_ms: &[u64], output: u32) -> Trace {
+    let text: String = times_ms
+        .iter()
+        .map(|t| format!("{{\"timestamp\": {t}, \"input_length\": 100, \"output_length\": {output}}}\n"))
+        .collect();
+    trace::read(&text, "rows.jsonl").unwrap()
+}
+
+/// The page cache holds a model's weights only once a load of it has
+/// finished on that node: two replicas that start together both read the
+/// disk, a later start on the node reads the page cache.
+#[test]
+fn the_page_cache_serves_only_loads_that_start_after_one_finished() {
+    let text = format!("{ONE_NODE}min_replicas = 2\nmax_replicas = 2\nscaling = {{ policy = \"fixed\" }}\n");
+    let cfg = FleetConfig::parse(&text, "fleet.toml").unwrap();
+    let r = simulate_fleet(&rows(&[0], 10), &cfg, &FleetOptions::default(), |_, _| {}).unwrap();
+    let starts = &r.models[0].cold_starts;
+    assert_eq!((starts.cold, starts.warm), (2, 0), "{starts:?}");
+    assert_eq!((starts.ms.min, starts.ms.max), (18_000.0, 18_000.0), "both from disk: {starts:?}");
+
+    // With no warm cache, a replica given back goes COLD; the next start
+    // on the node, after the first load finished, reads the page cache.
+    let text =
+        format!("{ONE_NODE}max_replicas = 1\nscaling = {{ policy = \"hangar\", scale_down_after_s = 5 }}\n");
+    let cfg = FleetConfig::parse(&text, "fleet.toml").unwrap();
+    let r = simulate_fleet(&rows(&[0, 300_000], 10), &cfg, &FleetOptions::default(), |_, _| {}).unwrap();
+    let m0 = &r.models[0];
+    assert_eq!(m0.completed, 2, "{m0:?}");
+    assert_eq!((m0.cold_starts.cold, m0.cold_starts.warm), (2, 0), "{m0:?}");
+    assert_eq!((m0.cold_starts.ms.min, m0.cold_starts.ms.max), (11_600.0, 18_000.0), "{m0:?}");
+}
+
+/// A replica given back before its load finished leaves nothing WARM: no
+/// WARM time is booked and the next start is a COLD load from disk (the
+/// given-up load put nothing in the page cache either).
+#[test]
+fn a_replica_given_back_mid_load_leaves_nothing_warm() {
+    // 70 GB from disk: 35 s + the 10 s boot. The only request times out
+    // after a second, so the model wants nothing long before the load ends.
+    let text = ONE_NODE.replace("cpu_cache = \"0GB\"", "cpu_cache = \"200GB\"").replace("16GB", "70GB")
+        + "max_replicas = 1\ntimeout_s = 1\nscaling = { policy = \"hangar\", scale_down_after_s = 5 }\n";
+    let cfg = FleetConfig::parse(&text, "fleet.toml").unwrap();
+    // Then a request a second for 80 s: those after the new load is done
+    // are served.
+    let times: Vec<u64> = [0].into_iter().chain((0..80).map(|k| 300_000 + k * 1000)).collect();
+    let r = simulate_fleet(&rows(&times, 10), &cfg, &FleetOptions::default(), |_, _| {}).unwrap();
+    let m0 = &r.models[0];
+    assert!(m0.timed_out >= 1 && m0.completed >= 1, "{m0:?}");
+    assert!(m0.gpu_seconds.loading < 45.0 + 45.0, "the first load was given up: {m0:?}");
+    assert_eq!(m0.warm_seconds, 0.0, "{m0:?}");
+    assert_eq!((m0.cold_starts.cold, m0.cold_starts.warm), (1, 0), "the given-up load is no start: {m0:?}");
+    assert_eq!(m0.cold_starts.ms.min, 45_000.0, "from disk: {m0:?}");
+}

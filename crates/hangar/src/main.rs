@@ -43,8 +43,8 @@ enum Command {
     /// Content-addressed model-weight store: import, inspect, serve, share.
     Store(cmd::store::Args),
     /// Benchmarks that print figures against targets: the gateway, durable
-    /// predictions, the predictions queue, a fleet's control plane, the
-    /// weight store and cold starts.
+    /// predictions, the predictions queue, a fleet's control plane, a fleet
+    /// under faults, the weight store and cold starts.
     Bench(cmd::bench::Args),
 }
 
@@ -72,9 +72,15 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr so that stdout stays for a command's output (tables,
-/// JSON); the level comes from `RUST_LOG`, default `info`.
+/// JSON); the level comes from `RUST_LOG`, default `info`. Coloured only
+/// on a terminal: a pod's log, a file or a pipe gets plain text.
 fn init_tracing() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
 }

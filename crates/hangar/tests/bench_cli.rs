@@ -12,6 +12,41 @@ fn run(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_hangar")).args(args).output().unwrap()
 }
 
+/// `hangar bench --help` names what each bench measures — one it lists
+/// missing from the summary fails here — and no longer claims they are
+/// all about the gateway's overhead.
+#[test]
+fn bench_help_names_every_bench_it_lists() {
+    let o = run(&["bench", "--help"]);
+    assert!(o.status.success());
+    let help = String::from_utf8(o.stdout).unwrap();
+    let summary = help.lines().next().unwrap();
+    let topics = [
+        ("gateway", "the gateway"),
+        ("predictions", "durable predictions"),
+        ("queue", "the predictions queue"),
+        ("cluster", "a fleet's control plane"),
+        ("chaos", "a fleet under faults"),
+        ("store", "the weight store"),
+        ("coldstart", "cold starts"),
+    ];
+    let listed: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    assert_eq!(listed, topics.map(|(name, _)| name), "{help}");
+    for (name, topic) in topics {
+        assert!(summary.contains(topic), "`{name}` ({topic}) is not in the summary: {summary}");
+    }
+    assert!(!help.contains("overhead)"), "{help}");
+}
+
 #[test]
 fn bench_gateway_serves_every_request_on_both_paths() {
     let o = run(&["bench", "gateway", "--requests", "200", "--concurrency", "4", "--json"]);

@@ -1,5 +1,7 @@
 //! `hangar evict` as a process: settings errors, signals, /metrics.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -135,8 +137,16 @@ fn metrics_are_served_in_prometheus_text() {
     let mut body = String::new();
     conn.read_to_string(&mut body).unwrap();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("content-type: text/plain; version=0.0.4"), "{body}");
     assert!(body.contains("hangar_evict_usage_percent"), "{body}");
-    assert!(body.contains("hangar_evict_deleted_files_total 0"), "{body}");
+    assert!(
+        body.contains("# TYPE hangar_evict_deleted_files_total counter\nhangar_evict_deleted_files_total 0"),
+        "{body}"
+    );
+    if let Some(promtool) = common::promtool() {
+        let exposition = body.split_once("\r\n\r\n").unwrap().1;
+        common::assert_promtool_passes(&promtool, "hangar evict", exposition);
+    }
     let pid = rustix::process::Pid::from_child(&p.0);
     rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
     assert!(wait_exit(&mut p, Duration::from_secs(10)).is_some_and(|s| s.success()));

@@ -165,6 +165,38 @@ fn a_malformed_config_is_a_clear_error() {
     }
 }
 
+/// A TOML syntax error — several lines, the offending one quoted — is
+/// printed once, not again as its own cause.
+#[test]
+fn a_toml_syntax_error_is_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[[models]]\nkey = \"t/x\"\nsize = \n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.starts_with("error: invalid configuration ") && err.contains("bad.toml"), "{err}");
+    assert_eq!(err.matches("TOML parse error at line 3").count(), 1, "{err}");
+    assert_eq!(err.matches("size = ").count(), 1, "{err}");
+}
+
+/// Logs that go to a file, a pipe or a pod's log are plain text: no ANSI
+/// colour codes unless stderr is a terminal.
+#[test]
+fn logs_carry_no_colour_codes_off_a_terminal() {
+    let s = serve(&one_gpu(
+        "[[models]]\nkey = \"t/m\"\nengine = { kind = \"mock\", preset = \"instant\" }\nsize = \"10GB\"\n\
+         min_replicas = 1\n",
+    ));
+    assert_eq!(post(&s.url, None, &chat("t/m", 1)).0, 200);
+    let log = s.log();
+    assert!(log.contains("INFO") && log.contains("replica ready"), "{log}");
+    assert!(!log.contains('\u{1b}'), "ANSI escapes in a log written to a file:\n{log:?}");
+}
+
 /// A malformed `redis` URL is refused at load (file, line, field), by
 /// `--redis` too; a Redis that does not answer stops serve at once,
 /// naming the URL, before it listens.

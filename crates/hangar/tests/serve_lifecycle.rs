@@ -67,11 +67,19 @@ fn two_at_once_start_a_second_replica(
     });
 }
 
-/// Checks `/metrics` holds every one of `lines`.
+/// Waits until `/metrics` holds every one of `lines` (ten seconds at most).
 fn assert_metrics(url: &str, lines: &[&str]) {
-    let metrics = Client::new().get(format!("{url}/metrics")).send().unwrap().text().unwrap();
-    for line in lines {
-        assert!(metrics.contains(line), "missing `{line}` in\n{metrics}");
+    // A request is counted when its answer's body ends, which may be a
+    // moment after its client has read the last byte.
+    let start = Instant::now();
+    loop {
+        let metrics = Client::new().get(format!("{url}/metrics")).send().unwrap().text().unwrap();
+        let missing: Vec<&&str> = lines.iter().filter(|line| !metrics.contains(**line)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "missing {missing:?} in\n{metrics}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -395,13 +403,13 @@ max_replicas = 2
     assert_metrics(
         &s.url,
         &[
-            "hangar_requests_total{model=\"t/scale\",status=\"200\"} 3",
+            "hangar_requests_total{model=\"t/scale\",kind=\"sync\",status=\"200\"} 3",
             "hangar_replicas{model=\"t/scale\",state=\"ready\"} 1",
-            "hangar_permits_total{model=\"t/scale\"} 1",
+            "hangar_permits{model=\"t/scale\"} 1",
             "hangar_queue_depth{model=\"t/scale\"} 0",
             "hangar_replica_in_flight{model=\"t/scale\",replica=\"t/scale:",
-            "hangar_request_duration_seconds_count{model=\"t/scale\"} 3",
-            "hangar_time_to_first_token_seconds_count{model=\"t/scale\"} 3",
+            "hangar_request_duration_seconds_count{model=\"t/scale\",kind=\"sync\"} 3",
+            "hangar_time_to_first_token_seconds_count{model=\"t/scale\",kind=\"sync\"} 3",
         ],
     );
 }

@@ -102,6 +102,9 @@ fn answers(url: &str) -> String {
     let r = chat(url, false);
     assert_eq!(r.status(), 200);
     let body: Value = r.json().unwrap();
+    // llama-server names its model by its weights' path (`/proc/self/fd/N`
+    // from the store); the client reads the model it asked for.
+    assert_eq!(body["model"], MODEL, "{body}");
     let text = body["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned();
     assert!(!text.trim().is_empty(), "an empty answer: {body}");
     text
@@ -128,6 +131,8 @@ fn smollm2_from_the_store_chats_streams_and_answers_the_openai_client_on_two_rep
     let streamed = chat(&s.url, true).text().unwrap();
     let chunks = streamed.lines().filter(|l| l.starts_with("data: {")).count();
     assert!(chunks >= 2 && streamed.contains("data: [DONE]"), "{streamed}");
+    let named = streamed.lines().filter(|l| l.contains(&format!("\"model\":\"{MODEL}\""))).count();
+    assert_eq!(named, chunks, "every event names the model asked for: {streamed}");
 
     // The official client, both ways, with requests on both replicas.
     let script = format!(

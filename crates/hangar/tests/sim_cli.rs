@@ -192,6 +192,35 @@ fn a_fleet_simulates_a_multi_model_trace_and_compares_policies() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// With --fleet the fleet file describes the cluster: a flag of the plain
+/// replay's own cluster is refused, naming it, instead of being ignored;
+/// --skip-unknown means nothing without --fleet.
+#[test]
+fn sim_fleet_refuses_the_flags_it_would_ignore() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(&fleet, FLEET).unwrap();
+    let fleet = fleet.to_str().unwrap();
+    for flag in [
+        &["--workers", "2"][..],
+        &["--router", "round-robin"],
+        &["--engine", "sglang"],
+        &["--max-num-seqs", "4"],
+        &["--no-prefix-caching"],
+        &["--concurrency", "4"],
+        &["--seed", "7"],
+        &["--slo-ttft-ms", "500"],
+        &["--requests-jsonl", "r.jsonl"],
+    ] {
+        let o = hangar(&[&["sim", "--fleet", fleet, "trace.jsonl"][..], flag].concat());
+        assert_eq!(o.status.code(), Some(2), "{flag:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(flag[0]) && stderr(&o).contains("--fleet"), "{flag:?}: {}", stderr(&o));
+    }
+    let o = hangar(&["sim", "--skip-unknown"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--fleet"), "{}", stderr(&o));
+}
+
 /// What an SVG's `<text>` elements say, trimmed.
 fn svg_texts(svg: &str) -> Vec<&str> {
     svg.split("</text>").filter_map(|chunk| chunk.rsplit_once('>')).map(|(_, text)| text.trim()).collect()

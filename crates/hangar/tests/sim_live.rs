@@ -28,7 +28,7 @@ concurrency = 4
 "#;
 
 #[test]
-fn a_short_trace_runs_live_and_simulated_with_the_same_replicas() {
+fn a_short_trace_runs_live_and_simulated_with_the_same_ttft_counts_and_replicas() {
     let dir = tempfile::tempdir().unwrap();
     let (fleet, trace, json) =
         (dir.path().join("fleet.toml"), dir.path().join("t.jsonl"), dir.path().join("r.json"));
@@ -40,11 +40,29 @@ fn a_short_trace_runs_live_and_simulated_with_the_same_replicas() {
         .output()
         .unwrap();
     assert!(synth.status.success(), "{}", String::from_utf8_lossy(&synth.stderr));
-    // TTFT agreement depends on this machine's load (a benchmark figure,
-    // docs/sim.md); the replicas wanted at each sample do not.
+    // Tolerances measured on this 2-core machine with the test's debug
+    // build, 14 runs, some while other builds and tests ran (the
+    // simulation's TTFT p50 is 77.7 ms, its p99 853 ms): the live p99 was
+    // 0.8–13 % away, but the live p50 1.5–108 % (1–84 ms) above the
+    // simulation's — the debug gateway and mock engine add a few to tens
+    // of ms to each request, more on a loaded machine, a large share of a
+    // 78 ms TTFT and a small one of the p99. Hence the command's one
+    // tolerance for both percentiles at 150 %, and below the checks that
+    // hold each to what was measured: p99 within 25 %, p50 no more than
+    // 10 % below the simulation's (the live server cannot beat the
+    // modelled time) nor more than 120 ms above it.
     let out = Command::new(hangar)
         .args(["sim", "live", trace.to_str().unwrap(), "--fleet", fleet.to_str().unwrap()])
-        .args(["--speedup", "2", "--sample-s", "4", "--ttft-tolerance-pct", "100000"])
+        .args([
+            "--speedup",
+            "2",
+            "--sample-s",
+            "4",
+            "--ttft-tolerance-pct",
+            "150",
+            "--replica-tolerance",
+            "1",
+        ])
         .args(["--json", json.to_str().unwrap()])
         .output()
         .unwrap();
@@ -52,12 +70,31 @@ fn a_short_trace_runs_live_and_simulated_with_the_same_replicas() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("within the tolerance") && stdout.contains("synth/m0"), "{stdout}");
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let row = &report["models"][0];
+    let [sim50, live50, sim99, live99] =
+        ["sim_ttft_p50_ms", "live_ttft_p50_ms", "sim_ttft_p99_ms", "live_ttft_p99_ms"]
+            .map(|k| row[k].as_f64().unwrap());
+    assert!((live99 - sim99).abs() <= 0.25 * sim99, "TTFT p99: sim {sim99} ms, live {live99} ms");
+    assert!(live50 >= 0.9 * sim50 && live50 <= sim50 + 120.0, "TTFT p50: sim {sim50} ms, live {live50} ms");
+    // Counts: every request answered on both sides, none failed.
     let live = &report["live"]["models"]["synth/m0"];
     assert_eq!(live["ttft_ms"].as_array().unwrap().len(), 40, "every request answered live: {live}");
-    assert_eq!(report["simulation"]["total"]["completed"], 40);
-    let samples = report["live"]["samples"].as_array().unwrap();
-    assert!(samples.len() >= 4, "sampled through the run: {samples:?}");
-    assert!(report["models"][0]["max_replica_gap"].as_u64().unwrap() <= 1);
+    assert_eq!(live["failed"], 0);
+    let sim = &report["simulation"]["total"];
+    assert_eq!(
+        (sim["completed"].as_u64(), sim["timed_out"].as_u64(), sim["rejected"].as_u64()),
+        (Some(40), Some(0), Some(0))
+    );
+    // Replicas wanted: the same at every sample but the first, which the
+    // live side may take after the first request has asked for one.
+    let wanted = |samples: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> u64| -> Vec<u64> {
+        samples.as_array().unwrap().iter().map(f).collect()
+    };
+    let live = wanted(&report["live"]["samples"], &|s| s["desired"]["synth/m0"].as_u64().unwrap());
+    let sim = wanted(&report["simulation"]["timeline"], &|s| s["desired"][0].as_u64().unwrap());
+    assert!(sim.len() >= 4, "sampled through the run: {sim:?}");
+    assert!(live[0].abs_diff(sim[0]) <= 1, "live {live:?}, sim {sim:?}");
+    assert_eq!(live[1..sim.len()], sim[1..], "live {live:?}, sim {sim:?}");
 }
 
 #[test]

@@ -17,7 +17,7 @@
 //! the pool; the ring is compacted when skipped entries would make it more
 //! than twice the pool's size.
 //!
-//! The index is a [`BlockIndex`]: a few bytes per block, so that the pools
+//! The index is a [`BlockIndex`]: four bytes per slot, so that the pools
 //! of a many-worker replay stay in cache (its lookups and registrations
 //! are among the hottest memory accesses of a replay). Evicting a block only
 //! clears the block's own hash: its index entry goes stale, and is
@@ -26,10 +26,17 @@
 //! entries are purged whenever they would fill the index past three
 //! quarters, so memory stays bounded.
 //!
+//! Memory follows use: blocks never allocated yet (*fresh*) have no record
+//! and no queue entry — the queue's order puts them first anyway, in id
+//! order, ahead of every block freed since — and the index starts as
+//! zeroed memory the system hands out page by page. A fleet simulation
+//! holds thousands of engines, most of which never touch most of their
+//! blocks; each costs what it used, not its full KV cache's bookkeeping.
+//!
 //! Invariants (checked by `check_invariants` in tests): a block is free
 //! exactly when its count is 0, and then exactly one queue entry matches
-//! it; `free_len` counts the free blocks; the index finds every block
-//! carrying a hash under that hash.
+//! it unless it is fresh; `free_len` counts the free blocks, fresh ones
+//! included; the index finds every block carrying a hash under that hash.
 
 use std::collections::VecDeque;
 
@@ -40,20 +47,54 @@ use crate::pass::KvLog;
 /// Index of a block in the pool.
 pub(crate) type BlockId = u32;
 
-/// One block's bookkeeping.
-#[derive(Debug, Clone, Copy)]
+/// One block's bookkeeping: 16 bytes.
+#[derive(Debug, Clone, Copy, Default)]
 struct Block {
-    ref_cnt: u32,
+    /// References, with [`HASHED`] set while `hash` names the block.
+    refs: u32,
     /// The stamp of the block's latest queue entry.
     stamp: u32,
-    hash: Option<BlockHash>,
+    hash: u64,
+}
+
+/// The bit of [`Block::refs`] saying the block carries a hash (a block is
+/// held by at most `max_num_seqs` requests, far below it).
+const HASHED: u32 = 1 << 31;
+
+impl Block {
+    fn ref_cnt(self) -> u32 {
+        self.refs & !HASHED
+    }
+
+    fn hash(self) -> Option<BlockHash> {
+        (self.refs & HASHED != 0).then_some(BlockHash(self.hash))
+    }
+
+    fn holds(self, hash: BlockHash) -> bool {
+        self.refs & HASHED != 0 && self.hash == hash.0
+    }
+
+    fn take_hash(&mut self) -> Option<BlockHash> {
+        let h = self.hash();
+        self.refs &= !HASHED;
+        h
+    }
+
+    fn set_hash(&mut self, hash: BlockHash) {
+        self.refs |= HASHED;
+        self.hash = hash.0;
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct BlockPool {
+    /// Blocks allocated at least once, by id; ids from `blocks.len()` to
+    /// `num_blocks` are fresh.
     blocks: Vec<Block>,
+    num_blocks: u32,
     /// The free queue, least recently freed first: (block, stamp) entries,
-    /// of which only those matching their free block count.
+    /// of which only those matching their free block count. Fresh blocks
+    /// come before all of them.
     queue: VecDeque<(BlockId, u32)>,
     /// The next queue entry's stamp. Stamps wrap, which is safe: an entry is
     /// skipped or compacted away long before 2³² newer ones are queued.
@@ -64,21 +105,18 @@ pub(crate) struct BlockPool {
 
 impl BlockPool {
     pub fn new(num_blocks: u32) -> Self {
-        let mut pool = Self {
-            blocks: vec![Block { ref_cnt: 0, stamp: 0, hash: None }; num_blocks as usize],
-            queue: VecDeque::with_capacity(2 * num_blocks as usize),
+        Self {
+            blocks: Vec::new(),
+            num_blocks,
+            queue: VecDeque::new(),
             next_stamp: 0,
-            free_len: 0,
+            free_len: num_blocks,
             index: BlockIndex::new(num_blocks),
-        };
-        for b in 0..num_blocks {
-            pool.enqueue(b);
         }
-        pool
     }
 
     pub fn num_blocks(&self) -> u32 {
-        self.blocks.len() as u32
+        self.num_blocks
     }
 
     /// Blocks available to [`allocate`](Self::allocate) (free, cached or not).
@@ -88,7 +126,7 @@ impl BlockPool {
 
     /// The block caching `hash`, if any.
     pub fn lookup(&self, hash: BlockHash) -> Option<BlockId> {
-        self.index.find(hash, |b| self.blocks[b as usize].hash == Some(hash)).ok()
+        self.index.find(hash, |b| self.blocks[b as usize].holds(hash)).ok()
     }
 
     /// Brings the index entries of `hashes` into cache together, ahead of
@@ -98,18 +136,18 @@ impl BlockPool {
     }
 
     pub fn is_free(&self, b: BlockId) -> bool {
-        self.blocks[b as usize].ref_cnt == 0
+        self.blocks[b as usize].ref_cnt() == 0
     }
 
     /// Takes a reference on a cached block found by [`lookup`](Self::lookup),
     /// taking it out of the free queue if nobody held it.
     pub fn touch(&mut self, b: BlockId) {
         let block = &mut self.blocks[b as usize];
-        if block.ref_cnt == 0 {
+        if block.ref_cnt() == 0 {
             // Its queue entry no longer matches; see the module docs.
             self.free_len -= 1;
         }
-        block.ref_cnt += 1;
+        block.refs += 1;
     }
 
     /// Takes `n` blocks from the head of the free queue into `out`, evicting
@@ -117,15 +155,21 @@ impl BlockPool {
     pub fn allocate(&mut self, n: u32, out: &mut Vec<BlockId>, log: &mut KvLog, events: &mut Vec<KvEvent>) {
         debug_assert!(n <= self.free_len);
         out.reserve(n as usize);
-        let mut taken = 0;
+        // Fresh blocks first: they head the queue.
+        let fresh = (n as usize).min(self.num_blocks as usize - self.blocks.len());
+        for _ in 0..fresh {
+            out.push(self.blocks.len() as BlockId);
+            self.blocks.push(Block { refs: 1, stamp: 0, hash: 0 });
+        }
+        let mut taken = fresh as u32;
         while taken < n {
             let (b, stamp) = self.queue.pop_front().expect("free_len counts queued blocks");
             let block = &mut self.blocks[b as usize];
-            if block.ref_cnt != 0 || block.stamp != stamp {
+            if block.ref_cnt() != 0 || block.stamp != stamp {
                 continue;
             }
-            block.ref_cnt = 1;
-            if let Some(h) = block.hash.take() {
+            block.refs += 1;
+            if let Some(h) = block.take_hash() {
                 // The index entry goes stale; see the module docs.
                 log.removed(events, h);
             }
@@ -138,10 +182,10 @@ impl BlockPool {
     /// Drops one reference; a block nobody holds joins the free queue's tail
     /// and stays a cache hit until reused.
     pub fn release(&mut self, b: BlockId) {
-        let rc = &mut self.blocks[b as usize].ref_cnt;
-        debug_assert!(*rc > 0, "block {b} released more often than taken");
-        *rc -= 1;
-        if *rc == 0 {
+        let block = &mut self.blocks[b as usize];
+        debug_assert!(block.ref_cnt() > 0, "block {b} released more often than taken");
+        block.refs -= 1;
+        if block.ref_cnt() == 0 {
             self.enqueue(b);
         }
     }
@@ -151,13 +195,13 @@ impl BlockPool {
     /// hash — two requests computed the same prefix at once — or when the
     /// block already has a hash.
     pub fn register(&mut self, b: BlockId, hash: BlockHash) -> bool {
-        if self.blocks[b as usize].hash.is_some() {
+        if self.blocks[b as usize].hash().is_some() {
             return false;
         }
-        let Err(vacancy) = self.index.find(hash, |c| self.blocks[c as usize].hash == Some(hash)) else {
+        let Err(vacancy) = self.index.find(hash, |c| self.blocks[c as usize].holds(hash)) else {
             return false;
         };
-        self.blocks[b as usize].hash = Some(hash);
+        self.blocks[b as usize].set_hash(hash);
         if self.index.insert_at(vacancy, hash, b) {
             self.purge_stale();
         }
@@ -168,8 +212,8 @@ impl BlockPool {
     /// keep theirs.
     pub fn clear_cache(&mut self) {
         for block in &mut self.blocks {
-            if block.ref_cnt == 0 {
-                block.hash = None;
+            if block.ref_cnt() == 0 {
+                block.take_hash();
             }
         }
         self.purge_stale();
@@ -178,15 +222,15 @@ impl BlockPool {
     /// Drops index entries whose block no longer carries their hash.
     fn purge_stale(&mut self) {
         let blocks = &self.blocks;
-        self.index.retain(|b, tag| blocks[b as usize].hash.is_some_and(|h| BlockIndex::tag(h) == tag));
+        self.index.retain(|b| blocks[b as usize].hash());
     }
 
     /// Queues a block that just became free at the tail.
     fn enqueue(&mut self, b: BlockId) {
-        if self.queue.len() >= 2 * self.blocks.len() {
+        if self.queue.len() >= 2 * self.num_blocks as usize {
             let blocks = &self.blocks;
             self.queue
-                .retain(|&(c, stamp)| blocks[c as usize].ref_cnt == 0 && blocks[c as usize].stamp == stamp);
+                .retain(|&(c, stamp)| blocks[c as usize].ref_cnt() == 0 && blocks[c as usize].stamp == stamp);
         }
         let stamp = self.next_stamp;
         self.next_stamp = stamp.wrapping_add(1);
@@ -201,19 +245,20 @@ impl BlockPool {
         let mut matched = vec![0u32; self.blocks.len()];
         for &(b, stamp) in &self.queue {
             let block = &self.blocks[b as usize];
-            if block.ref_cnt == 0 && block.stamp == stamp {
+            if block.ref_cnt() == 0 && block.stamp == stamp {
                 matched[b as usize] += 1;
             }
         }
         for (i, &m) in matched.iter().enumerate() {
-            let free = self.blocks[i].ref_cnt == 0;
+            let free = self.blocks[i].ref_cnt() == 0;
             assert_eq!(m, u32::from(free), "block {i}: one matching entry exactly when free");
         }
-        let free = self.blocks.iter().filter(|b| b.ref_cnt == 0).count();
+        let fresh = self.num_blocks as usize - self.blocks.len();
+        let free = self.blocks.iter().filter(|b| b.ref_cnt() == 0).count() + fresh;
         assert_eq!(free, self.free_len as usize, "free_len counts the free blocks");
-        assert!(self.queue.len() <= 2 * self.blocks.len(), "skipped entries are compacted");
+        assert!(self.queue.len() <= 2 * self.num_blocks as usize, "skipped entries are compacted");
         for (i, block) in self.blocks.iter().enumerate() {
-            if let Some(h) = block.hash {
+            if let Some(h) = block.hash() {
                 assert_eq!(self.lookup(h), Some(i as u32), "block {i}'s hash maps back to it");
             }
         }
@@ -222,24 +267,29 @@ impl BlockPool {
 }
 
 /// Cached block hash → block, for [`BlockPool`]: open addressing with
-/// linear probing, one `u64` per slot holding the block id and 32 bits of
-/// the (multiplicatively re-mixed) hash as a tag, so eight slots share a
-/// cache line and a probe rarely leaves its first. Entries are never
-/// removed one by one, only purged together ([`retain`](Self::retain)); a
-/// tag match is confirmed by the caller against the block's own hash, which
-/// also tells a stale entry from a live one.
+/// linear probing, one `u32` per slot holding the block id and, in the bits
+/// the id does not need, a tag from the (multiplicatively re-mixed) hash,
+/// so sixteen slots share a cache line and a probe rarely leaves its
+/// first. A slot stores its entry plus one, so an empty slot is zero and
+/// the table starts as zeroed memory. Entries are never removed one by
+/// one, only purged together ([`retain`](Self::retain)); a tag match is
+/// confirmed by the caller against the block's own hash, which also tells
+/// a stale entry from a live one (a short tag only costs such checks).
 #[derive(Debug)]
 struct BlockIndex {
-    slots: Vec<u64>,
+    slots: Vec<u32>,
     /// `64 − log2(slots)`: a re-mixed hash shifted right by this is its home.
     shift: u32,
+    /// Bits of an entry holding the block id; the tag has the rest.
+    id_bits: u32,
     /// Slots holding an entry, live or stale.
     used: usize,
-    /// Kept entries during a purge; kept to reuse its allocation.
-    scratch: Vec<u64>,
+    /// Kept entries during a purge, with their homes; kept to reuse its
+    /// allocation.
+    scratch: Vec<(usize, u32)>,
 }
 
-const EMPTY: u64 = u64::MAX;
+const EMPTY: u32 = 0;
 
 /// Index slots per block: the live entries then fill at most a quarter of
 /// the index, and stale ones another half before a purge, so purges come
@@ -252,6 +302,9 @@ impl BlockIndex {
         Self {
             slots: vec![EMPTY; slots as usize],
             shift: 64 - slots.trailing_zeros(),
+            // Ids below `num_blocks` fit with room to spare, so an entry
+            // (tag and id) is never all ones and one more never wraps.
+            id_bits: 32 - num_blocks.leading_zeros(),
             used: 0,
             scratch: Vec::new(),
         }
@@ -261,18 +314,25 @@ impl BlockIndex {
         hash.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
-    fn tag(hash: BlockHash) -> u32 {
-        (Self::mixed(hash) >> 32) as u32
+    /// The slot value of block `b` under `hash`: the hash's tag above the
+    /// id, plus one.
+    fn entry(&self, hash: BlockHash, b: BlockId) -> u32 {
+        let tag = if self.id_bits >= 32 { 0 } else { Self::mixed(hash) >> (32 + self.id_bits) };
+        (((tag as u32) << (self.id_bits % 32)) | b) + 1
     }
 
-    fn entry(hash: BlockHash, b: BlockId) -> u64 {
-        (u64::from(Self::tag(hash)) << 32) | u64::from(b)
+    fn block(&self, e: u32) -> BlockId {
+        let id = e - 1;
+        if self.id_bits >= 32 {
+            id
+        } else {
+            id & ((1 << self.id_bits) - 1)
+        }
     }
 
-    /// Where probing for an entry starts: the top bits of the re-mixed
-    /// hash, so an entry's home follows from its tag alone.
-    fn home(&self, tag: u32) -> usize {
-        ((u64::from(tag) << 32) >> self.shift) as usize
+    /// Where probing for `hash` starts: the top bits of its re-mixed hash.
+    fn home(&self, hash: BlockHash) -> usize {
+        (Self::mixed(hash) >> self.shift) as usize
     }
 
     fn mask(&self) -> usize {
@@ -288,15 +348,18 @@ impl BlockIndex {
     /// confirms; or else the empty slot that ended the search, where such an
     /// entry would go.
     fn find(&self, hash: BlockHash, holds: impl Fn(BlockId) -> bool) -> Result<BlockId, usize> {
-        let tag = Self::tag(hash);
-        let mut i = self.home(tag);
+        // The tag of `hash` with any id: entries match it where they agree
+        // above the id bits.
+        let want = self.entry(hash, 0) - 1;
+        let above = if self.id_bits >= 32 { 0 } else { u32::MAX << self.id_bits };
+        let mut i = self.home(hash);
         loop {
             let e = self.slots[i];
             if e == EMPTY {
                 return Err(i);
             }
-            if (e >> 32) as u32 == tag && holds(e as u32) {
-                return Ok(e as u32);
+            if (e - 1) & above == want && holds(self.block(e)) {
+                return Ok(self.block(e));
             }
             i = (i + 1) & self.mask();
         }
@@ -308,7 +371,7 @@ impl BlockIndex {
     fn prefetch(&self, hashes: &[BlockHash]) {
         let mut any = 0;
         for &h in hashes {
-            any |= self.slots[self.home(Self::tag(h))];
+            any |= self.slots[self.home(h)];
         }
         std::hint::black_box(any);
     }
@@ -317,25 +380,30 @@ impl BlockIndex {
     /// for `hash`, with `b`. Returns whether the index is now due a purge.
     fn insert_at(&mut self, vacancy: usize, hash: BlockHash, b: BlockId) -> bool {
         debug_assert_eq!(self.slots[vacancy], EMPTY);
-        self.slots[vacancy] = Self::entry(hash, b);
+        self.slots[vacancy] = self.entry(hash, b);
         self.used += 1;
         self.used > self.limit()
     }
 
-    /// Keeps the entries `(block, tag)` for which `live` holds (each once)
-    /// and re-inserts them into an otherwise empty index.
-    fn retain(&mut self, live: impl Fn(BlockId, u32) -> bool) {
+    /// Keeps the entries whose block still carries a hash of their tag
+    /// (`hash_of` tells a block's hash), each once, and re-inserts them
+    /// into an otherwise empty index.
+    fn retain(&mut self, hash_of: impl Fn(BlockId) -> Option<BlockHash>) {
         let mut kept = std::mem::take(&mut self.scratch);
         kept.clear();
-        for e in &mut self.slots {
-            if *e != EMPTY && live(*e as u32, (*e >> 32) as u32) {
-                kept.push(*e);
+        for i in 0..self.slots.len() {
+            let e = self.slots[i];
+            if e != EMPTY {
+                let b = self.block(e);
+                if let Some(h) = hash_of(b).filter(|&h| self.entry(h, b) == e) {
+                    kept.push((self.home(h), e));
+                }
             }
-            *e = EMPTY;
+            self.slots[i] = EMPTY;
         }
         self.used = 0;
-        'kept: for &e in &kept {
-            let mut i = self.home((e >> 32) as u32);
+        'kept: for &(home, e) in &kept {
+            let mut i = home;
             while self.slots[i] != EMPTY {
                 if self.slots[i] == e {
                     // A block whose old and new hashes share a tag has two

@@ -83,6 +83,23 @@ pub struct Cluster {
     node_index: BTreeMap<NodeId, usize>,
     replicas: BTreeMap<ReplicaId, Loc>,
     by_model: BTreeMap<ModelKey, BTreeSet<ReplicaId>>,
+    /// The last snapshot, with each node's change count and id then.
+    last_snapshot: SnapshotCache,
+}
+
+/// The last [`Cluster::snapshot`] and the nodes it was taken of: handed
+/// out again while no node changed since. A clone of the cluster starts
+/// without one.
+#[derive(Debug, Default)]
+struct SnapshotCache(std::sync::Mutex<Option<Taken>>);
+
+/// A snapshot and, per node in order, its id and change count then.
+type Taken = (Vec<(NodeId, u64)>, Snapshot);
+
+impl Clone for SnapshotCache {
+    fn clone(&self) -> Self {
+        SnapshotCache::default()
+    }
 }
 
 impl Cluster {
@@ -125,6 +142,7 @@ impl Cluster {
             node_index,
             replicas: BTreeMap::new(),
             by_model: BTreeMap::new(),
+            last_snapshot: SnapshotCache::default(),
         })
     }
 
@@ -216,10 +234,27 @@ impl Cluster {
     /// [`DeploymentDelta`](crate::DeploymentDelta) is computed between.
     /// Weight residency is not part of it: a node agent has nothing to do
     /// about it, and the caller re-reports it rather than restoring it.
+    ///
+    /// Taken again of a cluster no node of which changed, it is the same
+    /// snapshot, shared ([`Snapshot::same_as`]): O(nodes) to check, instead
+    /// of a copy of every deployment.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::from_deployments(
+        let mut cache = self.last_snapshot.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((nodes, snapshot)) = cache.as_ref() {
+            let unchanged = nodes.len() == self.nodes.len()
+                && nodes
+                    .iter()
+                    .zip(&self.nodes)
+                    .all(|((id, changes), n)| id == n.id() && *changes == n.changes());
+            if unchanged {
+                return snapshot.clone();
+            }
+        }
+        let snapshot = Snapshot::from_deployments(
             self.nodes.iter().flat_map(|n| n.hot_deployments().chain(n.warm_deployments())).cloned(),
-        )
+        );
+        *cache = Some((self.nodes.iter().map(|n| (n.id().clone(), n.changes())).collect(), snapshot.clone()));
+        snapshot
     }
 
     // ---- set-up ----

@@ -1,52 +1,31 @@
 //! One inference event: what a synchronous request or a prediction did,
 //! who it was for and what it costs.
 
-use std::borrow::Cow;
-
-use hangar_core::AccountId;
+use hangar_core::{AccountId, ErrorCode, RequestKind};
 use serde::{Deserialize, Serialize};
 
 use super::billing::{BillingConfig, Cost};
 
-/// What produced an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    /// A synchronous OpenAI-API request.
-    Request,
-    /// One run of an async prediction.
-    Prediction,
-    /// One run of a training.
-    Training,
-}
-
-/// How a request or a prediction's run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Answered in full.
-    Succeeded,
-    /// Refused or failed; `error_code` says why.
-    Failed,
-    /// The caller went away or cancelled it.
-    Canceled,
-}
-
-/// One request's or one prediction run's record, as the sink writes it
-/// (one JSON object per line, or one Redis stream entry's `e` field).
+/// One request's or one prediction's record, as the sink writes it (one
+/// JSON object per line, or one Redis stream entry's `e` field).
 ///
-/// Times are milliseconds. `queue_ms` runs from arrival to the permit,
-/// `inference_ms` from the permit to the end of the answer, `total_ms`
-/// from arrival to the end. Token counts are the engine's `usage` when the
-/// model's `trust_usage` holds and the engine gave one, else estimated as
-/// words × 4/3 (seed 001: Replicate's estimate), which `tokens_estimated`
-/// says.
+/// Its words are the ones `/metrics` uses: `kind` is a
+/// [`RequestKind`], `code` an [`ErrorCode`] (none when it succeeded), and
+/// `status` the HTTP status it is counted under there — a prediction's
+/// is the one a synchronous request ending the same way gets.
+///
+/// Times are milliseconds. `queue_ms` runs from arrival (a prediction's
+/// creation) to the permit (its start), `inference_ms` from the permit to
+/// the end, `total_ms` from arrival to the end. Token counts are the
+/// engine's `usage` when the model's `trust_usage` holds and the engine
+/// gave one, else estimated as words × 4/3 (seed 001: Replicate's
+/// estimate), which `tokens_estimated` says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InferenceEvent {
     /// When it ended, Unix ms.
     pub ts_ms: u64,
-    /// Request or prediction run.
-    pub kind: EventKind,
+    /// A synchronous request, a prediction or a training.
+    pub kind: RequestKind,
     /// The request id (`x-request-id`) or the prediction id.
     pub id: String,
     /// The account it ran for.
@@ -57,14 +36,10 @@ pub struct InferenceEvent {
     pub replica: Option<String>,
     /// The node of that replica, when known.
     pub node: Option<String>,
-    /// How it ended.
-    pub outcome: Outcome,
-    /// The HTTP status answered (requests; 0 for prediction runs).
+    /// The HTTP status it is counted under (499: the client left).
     pub status: u16,
-    /// Why it failed, as a stable code (`queue_full`, `timeout`,
-    /// `unavailable`, `replica_failed`, `engine_error`, `stream_broken`,
-    /// `lost`, `canceled`); none on success.
-    pub error_code: Option<Cow<'static, str>>,
+    /// Why it did not succeed; none when it did.
+    pub code: Option<ErrorCode>,
     /// Arrival to permit.
     pub queue_ms: u64,
     /// Permit to the end of the answer (0 without a permit).

@@ -1,21 +1,25 @@
 //! Inference events (seed 001: Workers AI's per-request events, with
 //! Replicate's billing metrics): one [`InferenceEvent`] per synchronous
-//! request and per prediction run, priced by the model's
-//! [`BillingConfig`], handed to an [`EventSink`] that never blocks the
-//! request path and writes to a rotating JSONL file or a Redis stream.
+//! request and per prediction, priced by the model's [`BillingConfig`],
+//! handed to an [`EventSink`] that never blocks and written by a thread of
+//! its own to a rotating JSONL file or a Redis stream.
 //!
-//! The gateway builds the event from what its handler already holds and
-//! sends it with one `try_send`; serializing and writing are the writer
-//! thread's (docs/observability.md, "Inference events").
+//! A synchronous request's event costs the request path next to nothing:
+//! its [`RequestTrace`] keeps instants and refcounted handles, rides on
+//! the request's `Tally` and goes to the writer in one `try_send` when the
+//! request is counted; the writer thread does the rest (docs/observability.md,
+//! "Inference events"). A prediction's event is made when it ends, from its
+//! stored record ([`prediction_event`]).
 
 mod billing;
 mod event;
-mod record;
-mod run;
+mod prediction;
 mod sink;
+mod trace;
 
 pub use billing::{BillingConfig, Cost, Neurons};
-pub use event::{estimate_tokens, EventKind, InferenceEvent, Outcome};
-pub use record::{find_usage, RequestRecord, Usage};
-pub use run::{images, input_tokens, output_tokens, run_event, RunEnd, RunFacts};
-pub use sink::{EventSink, EventsConfig, SinkStats, Target, WriterHandle};
+pub use event::{estimate_tokens, InferenceEvent};
+pub(crate) use prediction::request_kind;
+pub use prediction::{images, input_tokens, output_tokens, prediction_event, RunFacts, Runs};
+pub use sink::{EventSink, EventsConfig, SinkStats, Target, WriterHandle, TICK};
+pub use trace::{find_usage, RequestTrace, Usage, KEEP_ANSWER_BYTES};

@@ -12,19 +12,24 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hangar_core::ByteSize;
+use axum::http::HeaderValue;
+use bytes::Bytes;
+use hangar_core::{AccountId, ByteSize};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
+use super::trace::{RequestEnded, RequestTrace};
 use super::InferenceEvent;
+use crate::serve::ModelRuntime;
 
 /// After a failed write, how long the writer waits before trying the sink
 /// again (events meanwhile are dropped and counted).
@@ -171,24 +176,80 @@ impl SinkStats {
     }
 }
 
+/// What the request path and the predictions hand the writer.
+///
+/// A request's variant is the big one on purpose: boxing it would cost
+/// an allocation per request, and a slot of the channel is allocated once.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Ended {
+    /// A synchronous request: its trace, made into an event by the writer.
+    Request(RequestEnded),
+    /// A prediction's event, made when it ended (off the request path).
+    Prediction(Box<InferenceEvent>),
+    /// Everything sent before this is written (or dropped): say so.
+    Flush(Arc<Flushed>),
+}
+
+/// A [`EventSink::flush`] waiting for the writer.
+pub(super) struct Flushed {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// The wall clock at one instant, to turn the request path's `Instant`s
+/// into Unix time (the request path reads no wall clock).
+pub(super) struct WallClock {
+    unix_ms: u64,
+    at: Instant,
+}
+
+impl WallClock {
+    fn now() -> Self {
+        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        WallClock { unix_ms, at: Instant::now() }
+    }
+
+    /// `t` (before now) in Unix ms.
+    pub fn unix_ms(&self, t: Instant) -> u64 {
+        self.unix_ms.saturating_sub(self.at.saturating_duration_since(t).as_millis() as u64)
+    }
+}
+
 /// The request path's end of the events channel: cheap to clone, never
-/// blocks.
+/// blocks, never wakes the writer.
+///
+/// The channel is a bounded array (`std::sync::mpsc::sync_channel`); a
+/// send is a few atomic operations and a move. The writer is not woken
+/// per event (which would cost a system call on the request path): it
+/// drains the channel every [`TICK`] — sooner after a busy drain — so
+/// events reach the sink within about a tick.
 #[derive(Clone)]
 pub struct EventSink {
-    tx: Option<mpsc::Sender<InferenceEvent>>,
+    tx: Option<SyncSender<Ended>>,
+    /// The writer thread, woken only to flush.
+    writer: Option<Thread>,
     /// Counted on the request path: the `full` drops.
     full: Counter,
     stats: SinkStats,
 }
+
+/// How often the writer drains the channel when it is quiet.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// After a drain of more than a quarter of the channel, the writer comes
+/// back this soon.
+const BUSY_TICK: Duration = Duration::from_millis(10);
 
 /// The writer thread; [`WriterHandle::join`] waits for it to write what
 /// it was sent, once every [`EventSink`] clone is dropped.
 pub struct WriterHandle(Option<JoinHandle<()>>);
 
 impl WriterHandle {
-    /// Waits for the writer to end (it ends when the last sink is dropped).
+    /// Waits for the writer to end (it ends within a tick of the last
+    /// sink being dropped, having written what it was sent).
     pub fn join(mut self) {
         if let Some(thread) = self.0.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
@@ -199,30 +260,82 @@ impl EventSink {
     pub fn disabled() -> Self {
         let stats = SinkStats::default();
         let full = stats.full();
-        EventSink { tx: None, full, stats }
+        EventSink { tx: None, writer: None, full, stats }
     }
 
     /// Starts the writer thread on `target`, with a channel of `capacity`.
     pub fn start(target: Target, capacity: usize) -> (Self, WriterHandle) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let capacity = capacity.max(1);
+        let (tx, rx) = mpsc::sync_channel(capacity);
         let stats = SinkStats::default();
-        let writer = Writer { stats: stats.clone(), failing_since: None, retry_at: None, line: Vec::new() };
+        let writer =
+            Writer { stats: stats.clone(), failing_since: None, retry_at: None, batch: Batch::default() };
         let thread = std::thread::Builder::new()
             .name("hangar-events".into())
-            .spawn(move || writer.run(rx, target))
+            .spawn(move || writer.run(rx, target, capacity))
             .expect("the OS can start a thread");
         let full = stats.full();
-        (EventSink { tx: Some(tx), full, stats }, WriterHandle(Some(thread)))
+        let sink = EventSink { tx: Some(tx), writer: Some(thread.thread().clone()), full, stats };
+        (sink, WriterHandle(Some(thread)))
     }
 
-    /// Hands `event` to the writer, or drops it (counted) when the channel
+    /// A synchronous request's trace, `None` when events are off: request
+    /// `id` of `account` to `rt`, arrived at `arrival` with `request`
+    /// (kept by reference count, for an input-token estimate).
+    pub fn trace(
+        &self,
+        rt: &Arc<ModelRuntime>,
+        id: Option<HeaderValue>,
+        account: AccountId,
+        arrival: Instant,
+        request: &Bytes,
+    ) -> Option<RequestTrace> {
+        self.tx.as_ref()?;
+        Some(RequestTrace::new(self.clone(), rt.clone(), id, account, arrival, request.clone()))
+    }
+
+    /// Hands a prediction's `event` to the writer, as [`EventSink::send`].
+    pub fn prediction(&self, event: InferenceEvent) {
+        if self.tx.is_some() {
+            self.send(Ended::Prediction(Box::new(event)));
+        }
+    }
+
+    /// Hands `ended` to the writer, or drops it (counted) when the channel
     /// is full. Never blocks, never fails the caller.
-    pub fn send(&self, event: InferenceEvent) {
+    pub(super) fn send(&self, ended: Ended) {
         if let Some(tx) = &self.tx {
-            if tx.try_send(event).is_err() {
+            if tx.try_send(ended).is_err() {
                 self.full.inc();
             }
         }
+    }
+
+    /// Waits (at most `within`) until everything sent before the call is
+    /// written or dropped: for a server that stops, and for tests. It
+    /// blocks the calling thread; from async code, call it in
+    /// `spawn_blocking`. `false` if it gave up waiting.
+    pub fn flush(&self, within: Duration) -> bool {
+        let (Some(tx), Some(writer)) = (&self.tx, &self.writer) else { return true };
+        let flushed = Arc::new(Flushed { done: Mutex::new(false), cv: Condvar::new() });
+        let deadline = Instant::now() + within;
+        // The channel may be full: the writer makes room at its next tick.
+        let mut marker = Ended::Flush(flushed.clone());
+        loop {
+            writer.unpark();
+            match tx.try_send(marker) {
+                Ok(()) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    marker = back;
+                    std::thread::sleep(BUSY_TICK);
+                }
+                Err(_) => return false,
+            }
+        }
+        let done = flushed.done.lock().expect("never poisoned: no panics while held");
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (done, _) = flushed.cv.wait_timeout_while(done, left, |done| !*done).expect("never poisoned");
+        *done
     }
 
     /// Whether events are written at all.
@@ -236,83 +349,136 @@ impl EventSink {
     }
 }
 
+/// Events as JSON lines, one after the other, each ending at its offset
+/// in `ends` (no newline stored).
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Batch {
+    fn push(&mut self, event: &InferenceEvent) {
+        serde_json::to_writer(&mut self.bytes, event).expect("an event serializes");
+        self.ends.push(self.bytes.len());
+    }
+
+    fn lines(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(self.ends.iter().copied()).map(|(a, b)| &self.bytes[a..b])
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+}
+
 /// The writer thread's state.
 struct Writer {
     stats: SinkStats,
     /// Set while writes fail (logged once per episode).
     failing_since: Option<Instant>,
     retry_at: Option<Instant>,
-    /// The line being written, reused.
-    line: Vec<u8>,
+    batch: Batch,
 }
 
 /// One sink's way of writing a batch.
 trait Out {
-    /// Writes `lines` (each one JSON event without its newline).
-    fn write(&mut self, lines: &[Vec<u8>]) -> Result<(), String>;
+    /// Writes every line of `batch`.
+    fn write(&mut self, batch: &Batch) -> Result<(), String>;
 }
 
+/// Events written at most at once.
+const MAX_BATCH: usize = 4096;
+
 impl Writer {
-    fn run(mut self, mut rx: mpsc::Receiver<InferenceEvent>, target: Target) {
+    /// Drains `rx` every tick into `target`, until every sender is gone
+    /// and what they sent is written.
+    fn run(mut self, rx: Receiver<Ended>, target: Target, capacity: usize) {
         let mut out: Box<dyn Out> = match target {
             Target::File { path, max_bytes, keep } => {
                 Box::new(Jsonl { path, max_bytes, keep, file: None, size: 0 })
             }
             Target::Redis { redis, stream, max_len } => Box::new(Stream { redis, stream, max_len }),
         };
-        let mut batch: Vec<Vec<u8>> = Vec::new();
-        while let Some(event) = rx.blocking_recv() {
-            batch.clear();
-            self.push(&mut batch, &event);
-            while batch.len() < 512 {
-                match rx.try_recv() {
-                    Ok(event) => self.push(&mut batch, &event),
-                    Err(_) => break,
+        let mut flushes = Vec::new();
+        loop {
+            let clock = WallClock::now();
+            let (mut drained, mut gone) = (0, false);
+            loop {
+                let ended = match rx.try_recv() {
+                    Ok(ended) => ended,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        gone = true;
+                        break;
+                    }
+                };
+                drained += 1;
+                match ended {
+                    Ended::Request(ended) => self.batch.push(&ended.event(&clock)),
+                    Ended::Prediction(event) => self.batch.push(&event),
+                    Ended::Flush(flushed) => flushes.push(flushed),
+                }
+                if self.batch.len() >= MAX_BATCH {
+                    self.write(&mut *out);
                 }
             }
-            self.write(&mut *out, &batch);
+            if self.batch.len() > 0 {
+                self.write(&mut *out);
+            }
+            for flushed in flushes.drain(..) {
+                *flushed.done.lock().expect("never poisoned: no panics while held") = true;
+                flushed.cv.notify_all();
+            }
+            if gone {
+                return;
+            }
+            std::thread::park_timeout(if drained > capacity / 4 { BUSY_TICK } else { TICK });
         }
     }
 
-    fn push(&mut self, batch: &mut Vec<Vec<u8>>, event: &InferenceEvent) {
-        self.line.clear();
-        serde_json::to_writer(&mut self.line, event).expect("an event serializes");
-        batch.push(self.line.clone());
-    }
-
-    fn write(&mut self, out: &mut dyn Out, batch: &[Vec<u8>]) {
-        let n = batch.len() as u64;
+    /// Writes the batch (or drops it, counted, while the sink fails) and
+    /// clears it.
+    fn write(&mut self, out: &mut dyn Out) {
+        let n = self.batch.len() as u64;
         let dropped = || self.stats.dropped.get_or_create(&ReasonLabel { reason: "sink_failed" }).inc_by(n);
         if self.retry_at.is_some_and(|at| Instant::now() < at) {
             dropped();
-            return;
-        }
-        match out.write(batch) {
-            Ok(()) => {
-                self.stats.written.inc_by(n);
-                if let Some(since) = self.failing_since.take() {
-                    tracing::info!(
-                        "the event sink is written again, after {} s; events meanwhile were dropped",
-                        since.elapsed().as_secs()
-                    );
-                    self.stats.failing.set(0);
+        } else {
+            match out.write(&self.batch) {
+                Ok(()) => {
+                    self.stats.written.inc_by(n);
+                    if let Some(since) = self.failing_since.take() {
+                        tracing::info!(
+                            "the event sink is written again, after {} s; events meanwhile were dropped",
+                            since.elapsed().as_secs()
+                        );
+                        self.stats.failing.set(0);
+                    }
+                    self.retry_at = None;
                 }
-                self.retry_at = None;
-            }
-            Err(why) => {
-                dropped();
-                if self.failing_since.is_none() {
-                    tracing::error!(
-                        "cannot write inference events ({why}); the server serves on, dropping them \
-                         (hangar_events_dropped_total{{reason=\"sink_failed\"}}) and trying again every {} s",
-                        RETRY_AFTER.as_secs()
-                    );
-                    self.failing_since = Some(Instant::now());
-                    self.stats.failing.set(1);
+                Err(why) => {
+                    dropped();
+                    if self.failing_since.is_none() {
+                        tracing::error!(
+                            "cannot write inference events ({why}); the server serves on, dropping them \
+                             (hangar_events_dropped_total{{reason=\"sink_failed\"}}) and trying again every {} s",
+                            RETRY_AFTER.as_secs()
+                        );
+                        self.failing_since = Some(Instant::now());
+                        self.stats.failing.set(1);
+                    }
+                    self.retry_at = Some(Instant::now() + RETRY_AFTER);
                 }
-                self.retry_at = Some(Instant::now() + RETRY_AFTER);
             }
         }
+        self.batch.clear();
     }
 }
 
@@ -360,8 +526,8 @@ impl Jsonl {
         Ok(())
     }
 
-    fn write_lines(&mut self, lines: &[Vec<u8>]) -> std::io::Result<()> {
-        for line in lines {
+    fn write_lines(&mut self, batch: &Batch) -> std::io::Result<()> {
+        for line in batch.lines() {
             let len = line.len() as u64 + 1;
             self.open()?;
             if self.size > 0 && self.size + len > self.max_bytes {
@@ -377,8 +543,8 @@ impl Jsonl {
 }
 
 impl Out for Jsonl {
-    fn write(&mut self, lines: &[Vec<u8>]) -> Result<(), String> {
-        self.write_lines(lines).map_err(|e| {
+    fn write(&mut self, batch: &Batch) -> Result<(), String> {
+        self.write_lines(batch).map_err(|e| {
             // Reopened on the next try (the directory may come back).
             self.file = None;
             format!("{}: {e}", self.path.display())
@@ -394,12 +560,12 @@ struct Stream {
 }
 
 impl Out for Stream {
-    fn write(&mut self, lines: &[Vec<u8>]) -> Result<(), String> {
+    fn write(&mut self, batch: &Batch) -> Result<(), String> {
         use hangar_redis::redis;
         // A repeat after a dropped connection may add a batch twice; the
         // events carry their ids, so readers can tell.
         let mut pipe = redis::pipe();
-        for line in lines {
+        for line in batch.lines() {
             pipe.cmd("XADD")
                 .arg(&self.stream)
                 .arg("MAXLEN")
@@ -407,7 +573,7 @@ impl Out for Stream {
                 .arg(self.max_len)
                 .arg("*")
                 .arg("e")
-                .arg(&line[..])
+                .arg(line)
                 .ignore();
         }
         self.redis.run(|conn| pipe.query::<()>(conn)).map_err(|e| format!("stream `{}`: {e}", self.stream))
@@ -417,20 +583,19 @@ impl Out for Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::{EventKind, Outcome};
+    use hangar_core::RequestKind;
 
     pub(crate) fn event(id: &str) -> InferenceEvent {
         InferenceEvent {
             ts_ms: 1,
-            kind: EventKind::Request,
+            kind: RequestKind::Sync,
             id: id.into(),
             account: "acme".parse().unwrap(),
             model: "demo/chat".into(),
             replica: None,
             node: None,
-            outcome: Outcome::Succeeded,
             status: 200,
-            error_code: None,
+            code: None,
             queue_ms: 0,
             inference_ms: 10,
             total_ms: 10,
@@ -456,7 +621,7 @@ mod tests {
         let target = Target::File { path: path.clone(), max_bytes: 3 * one, keep: 2 };
         let (sink, writer) = EventSink::start(target, 64);
         for i in 0..10 {
-            sink.send(event(&format!("r{i:04}")));
+            sink.prediction(event(&format!("r{i:04}")));
         }
         let stats = sink.stats().clone();
         drop(sink);
@@ -481,7 +646,7 @@ mod tests {
         let target = Target::File { path: blocker.join("events.jsonl"), max_bytes: 1 << 20, keep: 1 };
         let (sink, writer) = EventSink::start(target, 4);
         for i in 0..100 {
-            sink.send(event(&format!("r{i}")));
+            sink.prediction(event(&format!("r{i}")));
         }
         let stats = sink.stats().clone();
         drop(sink);
@@ -500,12 +665,12 @@ mod tests {
 
     #[test]
     fn a_full_channel_drops_and_counts() {
-        let (tx, _rx) = mpsc::channel(2);
+        let (tx, _rx) = mpsc::sync_channel(2);
         let stats = SinkStats::default();
         let full = stats.full();
-        let sink = EventSink { tx: Some(tx), full, stats };
+        let sink = EventSink { tx: Some(tx), writer: None, full, stats };
         for i in 0..5 {
-            sink.send(event(&format!("r{i}")));
+            sink.prediction(event(&format!("r{i}")));
         }
         assert_eq!(sink.stats().dropped_full(), 3);
     }

@@ -60,7 +60,7 @@ pub use control::{ControlError, ControlHandle, ScalingCommand};
 pub use data_dir::{DataDirError, DataDirLock};
 pub use fleet::{wall_ms, Agent};
 use metrics::Metrics;
-pub use metrics::ModelMetrics;
+pub use metrics::{ModelMetrics, Tally};
 pub(crate) use prompt::{prompt_text, prompt_words};
 use replicas::Replica;
 pub use replicas::ReplicaStatus;
@@ -149,7 +149,7 @@ pub(crate) struct Inner {
     /// [`fleet::QUARANTINE`] (the node's report may still name it while
     /// the node is dying).
     /// (With the node that ran it, for a fleet's replica.)
-    pub failed: Mutex<std::collections::HashMap<ReplicaId, (Instant, Option<String>)>>,
+    pub failed: Mutex<FailedReplicas>,
     epoch: Instant,
 }
 
@@ -164,7 +164,7 @@ impl Server {
     /// every model with `min_replicas` has a replica ready (or could not
     /// start one, which is logged).
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
-        let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into()).await?;
+        let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into(), true).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
         node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);
         // A per-process value mixed into the seed: the replica ids it draws
@@ -172,6 +172,7 @@ impl Server {
         let control = control_loop(&config, config.seed ^ rand::random::<u64>(), &inner, cluster);
         inner.control.set_active(true);
         tokio::spawn(control::run_owned(Arc::downgrade(&inner), control, commands));
+        tokio::spawn(metrics::sample(Arc::downgrade(&inner)));
         inner.min_replicas_up().await;
         Ok(Server { inner })
     }
@@ -182,7 +183,7 @@ impl Server {
     /// holds it (docs/cluster.md). Returns at once: replicas appear as
     /// the agents report them.
     pub async fn start_gateway(config: ServeConfig, redis: hangar_redis::Redis) -> Result<Self, ServeError> {
-        let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into()).await?;
+        let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into(), true).await?;
         let me = format!("gw-{:016x}", rand::random::<u64>());
         inner.gateway.set(me.clone()).expect("a new server");
         let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
@@ -195,6 +196,7 @@ impl Server {
         let leadership = Arc::new(fleet::Leadership::default());
         let view = fleet::View::new(&inner, me.clone(), registry.clone(), state.clone(), leadership.clone());
         tokio::spawn(view.run());
+        tokio::spawn(metrics::sample(Arc::downgrade(&inner)));
         let (stop, stopped) = (inner.stopping.clone(), tokio_util::sync::CancellationToken::new());
         let lead =
             fleet::leader::run(inner.clone(), config, lease, registry, state, leadership, commands, stop);
@@ -210,6 +212,7 @@ impl Server {
 
     /// Stops every engine this server started; a fleet's gateway gives up
     /// the leader lease first if it holds it (another takes over at once).
+    /// Then writes the inference events sent so far (for 5 s at most).
     pub async fn shutdown(&self) {
         self.inner.stopping.cancel();
         if let Some(stopped) = self.inner.leader_stopped.get() {
@@ -218,6 +221,10 @@ impl Server {
         if let Some(driver) = self.inner.driver.get() {
             driver.shutdown().await;
         }
+        // What requests that ended have sent is written before the process
+        // goes (the writer is a thread, which exiting would cut short).
+        let events = self.inner.events.clone();
+        let _ = tokio::task::spawn_blocking(move || events.flush(Duration::from_secs(5))).await;
     }
 }
 
@@ -247,8 +254,9 @@ impl Server {
         self.inner.metrics_key.as_deref()
     }
 
-    /// The Prometheus text exposition of the server's figures, with the
-    /// state gauges (lines, permits, replicas) read now.
+    /// The OpenMetrics text exposition of the server's figures, with the
+    /// state gauges (lines, permits, replicas) read now
+    /// (docs/observability.md).
     pub fn render_metrics(&self) -> String {
         self.inner.metrics.render(self.inner.models.values().map(|rt| &**rt))
     }
@@ -306,14 +314,19 @@ fn start_events(config: &ServeConfig) -> Result<crate::events::EventSink, ServeE
     Ok(sink)
 }
 
+/// Replicas seen failing: when, and the node that ran each.
+pub(crate) type FailedReplicas = std::collections::HashMap<ReplicaId, (Instant, Option<Arc<str>>)>;
+
 /// The state every kind of server shares — models, their processors and
 /// replica tables, keys, metrics, the node's weight store — and the
 /// receiving end of the controller's channel. Engines it starts bind to
-/// `engine_host`.
+/// `engine_host`; with `events`, it writes inference events (a gateway
+/// does, a fleet's agent serves no requests).
 pub(crate) async fn build(
     config: &ServeConfig,
     hangar_exe: PathBuf,
     engine_host: String,
+    events: bool,
 ) -> Result<(Arc<Inner>, tokio::sync::mpsc::UnboundedReceiver<control::Command>), ServeError> {
     config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
     let api_keys = ApiKeys::new(
@@ -324,7 +337,10 @@ pub(crate) async fn build(
     );
     let weights = open_weight_store(config).await?;
     let mut metrics = Metrics::new();
-    let events = start_events(config)?;
+    let events = match events {
+        true => start_events(config)?,
+        false => crate::events::EventSink::disabled(),
+    };
     events.stats().register(metrics.registry_mut());
     let (control, commands) = control::ControlHandle::new();
     let models = config

@@ -20,13 +20,13 @@
 //!   synchronous path is.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::http::header;
 use futures::StreamExt;
-use hangar_core::{AccountId, BlockHash, ReplicaId};
+use hangar_core::{AccountId, BlockHash, ErrorCode, Millis, ReplicaId};
 use hangar_predictions::llm::LlmInput;
-use hangar_predictions::record::JobKind;
+use hangar_predictions::record::{JobKind, Record};
 use hangar_predictions::store::Backend;
 use hangar_predictions::{
     ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError, Sink,
@@ -35,7 +35,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{Inner, ModelRuntime, Server};
-use crate::events::{run_event, RunEnd, RunFacts};
+use crate::events::{prediction_event, request_kind, Runs};
 use crate::processor::{AdmitError, Lease, Patience};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
 use hangar_agent::engine::{launch_cog, LaunchContext};
@@ -43,70 +43,120 @@ use hangar_agent::engine::{launch_cog, LaunchContext};
 /// Runs predictions on this server's models.
 struct ServeExecutor {
     inner: Arc<Inner>,
+    /// What each run learns for its prediction's event (only kept when
+    /// events are written).
+    runs: Arc<Runs>,
 }
 
 impl Executor for ServeExecutor {
     fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> hangar_predictions::ExecFuture {
         let inner = self.inner.clone();
+        let runs = inner.events.enabled().then(|| self.runs.clone());
         Box::pin(async move {
-            let mut facts = RunFacts::new();
-            let result = tokio::select! {
-                r = complete(&inner, &job, sink, &mut facts) => r,
+            let run = Run { job: &job, runs: runs.as_deref() };
+            tokio::select! {
+                r = complete(&inner, &run, sink) => r,
                 _ = cancel.cancelled() => Err(ExecError::Canceled),
-            };
-            record_run(&inner, &job, facts, &result);
-            result
+            }
         })
+    }
+
+    /// Counts the prediction in `/metrics` as a request of its kind: its
+    /// status (the one a synchronous request ending the same way gets),
+    /// its error code, its wait from creation to start and its duration
+    /// from creation to end; and hands its inference event to the sink.
+    fn ended(&self, record: &Record, code: Option<ErrorCode>) {
+        let Some(rt) = self.inner.models.get(&record.model) else { return };
+        let kind = request_kind(record.kind);
+        rt.metrics.ended(kind, code.map_or(200, ErrorCode::http_status), code);
+        let ms = |from: Millis, to: Millis| Duration::from_millis(to.saturating_sub(from));
+        if let Some(started) = record.started_at {
+            rt.metrics.queue_wait(kind, ms(record.created_at, started));
+        }
+        if let Some(completed) = record.completed_at {
+            rt.metrics.finished(kind, ms(record.created_at, completed));
+        }
+        if self.inner.events.enabled() {
+            let facts = self.runs.take(&record.id);
+            match prediction_event(rt, record, code, facts) {
+                Some(event) => self.inner.events.prediction(event),
+                None => {
+                    tracing::warn!(prediction = %record.id, "no inference event: its stored account `{}` is invalid", record.account)
+                }
+            }
+        }
     }
 }
 
-/// Sends the inference event of one run of `job`.
-fn record_run(inner: &Inner, job: &Job, facts: RunFacts, result: &Result<Value, ExecError>) {
-    let Some(rt) = inner.models.get(&job.model).filter(|_| inner.events.enabled()) else { return };
-    let end = match result {
-        Ok(output) => RunEnd::Succeeded(output),
-        Err(ExecError::Canceled) => RunEnd::Canceled,
-        Err(ExecError::Lost(_)) => RunEnd::Failed("lost"),
-        Err(_) => RunEnd::Failed("engine_error"),
-    };
-    let billing = &rt.config.billing;
-    inner.events.send(run_event(job, facts, end, billing));
+/// One run of a job, and where its facts go (none: events are off).
+/// Dropped — the run over, or abandoned — it says so to [`Runs`].
+struct Run<'a> {
+    job: &'a Job,
+    runs: Option<&'a Runs>,
 }
 
-/// Notes in `facts` that the run holds a permit on `replica` now.
-fn admitted(rt: &ModelRuntime, facts: &mut RunFacts, replica: ReplicaId) {
-    facts.admitted.get_or_insert_with(std::time::Instant::now);
-    let node = rt.replica_route(replica).and_then(|(_, node)| node);
-    facts.replica = Some((super::replica_name(&rt.config.key, replica), node));
+impl Run<'_> {
+    /// The run holds a permit on `replica`, run by `node`, now.
+    fn admitted(&self, replica: ReplicaId, node: Option<Arc<str>>) {
+        if let Some(runs) = self.runs {
+            runs.admitted(&self.job.id, replica, node);
+        }
+    }
+}
+
+impl Drop for Run<'_> {
+    fn drop(&mut self) {
+        if let Some(runs) = self.runs {
+            runs.run_over(&self.job.id, Instant::now());
+        }
+    }
+}
+
+/// Tells `sink` of an output item, and `/metrics` (and the run's facts)
+/// of the job's first one (its time to first token, from its creation).
+struct Outputs<'a> {
+    sink: &'a Sink,
+    rt: &'a ModelRuntime,
+    run: &'a Run<'a>,
+    first: bool,
+}
+
+impl<'a> Outputs<'a> {
+    fn new(sink: &'a Sink, rt: &'a ModelRuntime, run: &'a Run<'a>) -> Self {
+        Outputs { sink, rt, run, first: true }
+    }
+
+    fn output(&mut self, item: Value) {
+        if std::mem::take(&mut self.first) {
+            let (job, now) = (self.run.job, super::wall_ms());
+            let since = now.saturating_sub(job.created_at);
+            self.rt.metrics.first_byte(request_kind(job.kind), Duration::from_millis(since));
+            if let Some(runs) = self.run.runs {
+                runs.first_output(&job.id, now);
+            }
+        }
+        self.sink.output(item);
+    }
 }
 
 /// Runs `job` on its model: a completion for OpenAI-style engines, a
-/// prediction or training on a cog server for `cog` engines; what it
-/// learns on the way (permit, replica, first output) goes into `facts`.
+/// prediction or training on a cog server for `cog` engines.
 ///
 /// # Cancel safety
 /// Dropping the future leaves the line or gives the permit back, and
 /// drops the engine connection (the engine stops generating) or cancels
 /// the prediction on its cog server.
-async fn complete(
-    inner: &Arc<Inner>,
-    job: &Job,
-    sink: Sink,
-    facts: &mut RunFacts,
-) -> Result<Value, ExecError> {
+async fn complete(inner: &Arc<Inner>, run: &Run<'_>, sink: Sink) -> Result<Value, ExecError> {
+    let job = run.job;
     let rt = inner
         .models
         .get(&job.model)
         .cloned()
         .ok_or_else(|| ExecError::Failed(format!("the model `{}` is not served", job.model)))?;
     match (rt.config.engine.is_cog(), job.kind) {
-        (true, JobKind::Prediction) => predict_on_cog(inner, &rt, job, &sink, facts).await,
-        (true, JobKind::Training) => {
-            let result = train_on_cog(inner, &rt, job, &sink).await;
-            facts.admitted.get_or_insert(facts.start);
-            result
-        }
-        (false, JobKind::Prediction) => complete_on_llm(inner, &rt, job, &sink, facts).await,
+        (true, JobKind::Prediction) => predict_on_cog(inner, &rt, run, &sink).await,
+        (true, JobKind::Training) => train_on_cog(inner, &rt, run, &sink).await,
+        (false, JobKind::Prediction) => complete_on_llm(inner, &rt, run, &sink).await,
         (false, JobKind::Training) => Err(ExecError::Failed(format!(
             "the model `{}` runs on an engine that serves completions and cannot train; trainings need a \
              `cog` engine whose cog.yaml names a `train` function",
@@ -146,16 +196,15 @@ async fn admit(
 async fn predict_on_cog(
     inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
-    job: &Job,
+    run: &Run<'_>,
     sink: &Sink,
-    facts: &mut RunFacts,
 ) -> Result<Value, ExecError> {
-    let lease = admit(rt, &job.account, None, None).await?;
-    admitted(rt, facts, lease.replica);
+    let lease = admit(rt, &run.job.account, None, None).await?;
     sink.started();
-    let base =
-        rt.replica_url(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
-    let result = run_on_cog(&inner.client, &base, CogMode::Predict, job, sink).await;
+    let (base, node) =
+        rt.replica_route(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
+    run.admitted(lease.replica, node);
+    let result = run_on_cog(&inner.client, &base, CogMode::Predict, rt, run, sink).await;
     drop(lease);
     result
 }
@@ -166,7 +215,7 @@ async fn predict_on_cog(
 async fn train_on_cog(
     inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
-    job: &Job,
+    run: &Run<'_>,
     sink: &Sink,
 ) -> Result<Value, ExecError> {
     let ctx = LaunchContext {
@@ -181,7 +230,7 @@ async fn train_on_cog(
         .await
         .map_err(|e| ExecError::Failed(format!("the trainer of `{}` did not start: {e}", rt.config.key)))?;
     sink.started();
-    let result = run_on_cog(&inner.client, &trainer.base_url, CogMode::Train, job, sink).await;
+    let result = run_on_cog(&inner.client, &trainer.base_url, CogMode::Train, rt, run, sink).await;
     trainer.stop(Duration::from_secs(5)).await;
     result
 }
@@ -192,12 +241,15 @@ async fn run_on_cog(
     client: &reqwest::Client,
     base: &str,
     mode: CogMode,
-    job: &Job,
+    rt: &ModelRuntime,
+    run: &Run<'_>,
     sink: &Sink,
 ) -> Result<Value, ExecError> {
+    let job = run.job;
     let cog_job = CogJob { base_url: base, mode, id: &job.id, input: &job.input };
+    let mut outputs = Outputs::new(sink, rt, run);
     let progress = |items: Vec<Value>, lines: Vec<String>| {
-        items.into_iter().for_each(|i| sink.output(i));
+        items.into_iter().for_each(|i| outputs.output(i));
         lines.into_iter().for_each(|l| sink.log(l));
     };
     cog::run(client, cog_job, progress).await.map_err(|e| match e {
@@ -210,10 +262,10 @@ async fn run_on_cog(
 async fn complete_on_llm(
     inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
-    job: &Job,
+    run: &Run<'_>,
     sink: &Sink,
-    facts: &mut RunFacts,
 ) -> Result<Value, ExecError> {
+    let job = run.job;
     let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
     let body = serde_json::to_vec(&input.completion_body(rt.config.key.as_str())).expect("JSON serializes");
     let prompt = rt.prompt_blocks(&body);
@@ -222,13 +274,13 @@ async fn complete_on_llm(
     let mut avoid = None;
     let (response, lease) = loop {
         let lease = admit(rt, &job.account, prompt, avoid).await?;
-        admitted(rt, facts, lease.replica);
         if avoid.is_none() {
             sink.started();
         }
         // Gone between the permit and now (failed, or its node left):
         // ask for another.
-        let Some(base) = rt.replica_url(lease.replica) else { continue };
+        let Some((base, node)) = rt.replica_route(lease.replica) else { continue };
+        run.admitted(lease.replica, node);
         let sent = inner
             .client
             .post(format!("{base}/v1/completions"))
@@ -259,6 +311,7 @@ async fn complete_on_llm(
         return Err(ExecError::Failed(format!("the engine answered {status}: {text}")));
     }
     let mut tokens = Vec::new();
+    let mut outputs = Outputs::new(sink, rt, run);
     let mut buffer = String::new();
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
@@ -283,9 +336,8 @@ async fn complete_on_llm(
                 }
                 if let Some(text) = v.pointer("/choices/0/text").and_then(Value::as_str) {
                     if !text.is_empty() {
-                        facts.first_output.get_or_insert_with(std::time::Instant::now);
                         let token = Value::String(text.to_owned());
-                        sink.output(token.clone());
+                        outputs.output(token.clone());
                         tokens.push(token);
                     }
                 }
@@ -324,7 +376,7 @@ impl Server {
                 input,
             });
         }
-        let executor = Arc::new(ServeExecutor { inner: self.inner.clone() });
+        let executor = Arc::new(ServeExecutor { inner: self.inner.clone(), runs: Arc::default() });
         let api_keys = self.inner.api_keys.clone();
         Service::start(backend, config, models, api_keys, executor, base_url)
     }

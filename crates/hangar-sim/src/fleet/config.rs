@@ -122,10 +122,10 @@ pub struct FleetModel {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ColdStart {
-    /// Weights read from disk, GB/s (a node's first load of a model).
+    /// Weights read from disk, GB/s (unless a load of the model has finished on the node).
     pub disk_gbps: f64,
-    /// Weights read from the page cache, GB/s (a node that loaded the
-    /// model before).
+    /// Weights read from the page cache, GB/s (a node where a load of the
+    /// model has finished before).
     pub page_cache_gbps: f64,
     /// A WARM replica's weights copied back from CPU memory, GB/s.
     pub wake_gbps: f64,

@@ -107,11 +107,17 @@ enum State {
         to_warm: bool,
     },
     Warm,
+    /// Stopped, or never finished loading: nothing left of it. Its slot
+    /// stays (the report books by slot), but it counts nowhere.
+    Gone,
 }
 
 struct Replica {
     id: ReplicaId,
     model: usize,
+    /// The node it runs on: the page cache its COLD load fills is that
+    /// node's.
+    node: NodeId,
     /// GPUs it holds (fractions for a shared GPU).
     gpus: f64,
     /// Its engine while it is on a GPU; a WARM or stopped replica has none
@@ -188,13 +194,29 @@ struct Fleet<'t> {
     by_key: BTreeMap<ModelKey, usize>,
     replicas: Vec<Replica>,
     slots: BTreeMap<ReplicaId, usize>,
+    /// Per model, the slots of its replicas that are not gone, ascending:
+    /// what an observation counts, without a pass over every replica the
+    /// fleet ever started.
+    by_model: Vec<Vec<usize>>,
     passes: Vec<Pass>,
-    /// Nodes that have loaded each model before (its weights are in their
-    /// page cache).
+    /// Nodes where a load of each model has finished (its weights are in
+    /// their page cache). A load still under way, or given up, has put
+    /// nothing there yet.
     cached: BTreeSet<(NodeId, usize)>,
     touched: Vec<usize>,
     requests: Requests,
     report: report::Builder,
+    /// When each model's admission is next due, as last asked, and the
+    /// same ordered by time: the earliest is read in O(1), and only models
+    /// due are woken, so an instant costs what changed, not the number of
+    /// models.
+    admission_due: Vec<Option<Millis>>,
+    due_models: BTreeSet<(Millis, usize)>,
+    /// Models whose admission was called since `admission_due` was asked.
+    admission_touched: Vec<usize>,
+    /// The control loop's next due time, as last asked (`None`: it was
+    /// called since, ask again).
+    control_due: Option<Millis>,
     next_due: f64,
     /// A day after the last arrival: requests still pending then fail.
     horizon: f64,
@@ -284,11 +306,16 @@ pub fn simulate_fleet_rows(
         by_key,
         replicas: Vec::new(),
         slots: BTreeMap::new(),
+        by_model: vec![Vec::new(); cfg.models.len()],
         passes: Vec::new(),
         cached: BTreeSet::new(),
         touched: Vec::new(),
         requests: Requests::default(),
         report: report::Builder::new(cfg, opts.sample_ms),
+        admission_due: vec![None; cfg.models.len()],
+        due_models: BTreeSet::new(),
+        admission_touched: Vec::new(),
+        control_due: None,
         next_due: f64::INFINITY,
         horizon: f64::INFINITY,
         last_end: 0.0,
@@ -422,11 +449,10 @@ impl Fleet<'_> {
     fn settle(&mut self, now: f64) {
         self.carry_out(now);
         self.start_passes(now);
-        let due = self
-            .models
-            .iter()
-            .filter_map(|m| m.admission.poll_timeout())
-            .chain([self.control.poll_timeout()])
+        self.refresh_admission_due();
+        let control = *self.control_due.get_or_insert_with(|| self.control.poll_timeout());
+        let due = (self.due_models.first().map(|&(t, _)| t).into_iter())
+            .chain([control])
             .min()
             .map_or(f64::INFINITY, |t| t as f64);
         if due < self.next_due || self.next_due <= now {
@@ -435,6 +461,25 @@ impl Fleet<'_> {
                 self.push(due.max(now), Kind::Due);
             }
         }
+    }
+
+    /// Asks the admissions called since of their next due time.
+    fn refresh_admission_due(&mut self) {
+        let mut touched = std::mem::take(&mut self.admission_touched);
+        for &m in &touched {
+            let due = self.models[m].admission.poll_timeout();
+            if due != self.admission_due[m] {
+                if let Some(old) = self.admission_due[m] {
+                    self.due_models.remove(&(old, m));
+                }
+                if let Some(new) = due {
+                    self.due_models.insert((new, m));
+                }
+                self.admission_due[m] = due;
+            }
+        }
+        touched.clear();
+        self.admission_touched = touched;
     }
 
     fn handle(&mut self, now: f64, kind: Kind) {
@@ -460,6 +505,7 @@ impl Fleet<'_> {
                     }
                 }
                 self.control.handle_timeout(ms(now));
+                self.control_due = None;
                 if self.next.is_none() && now > self.horizon {
                     // A bound on the run, so a request the fleet can never
                     // serve cannot keep the clock going forever.
@@ -467,7 +513,14 @@ impl Fleet<'_> {
                         self.end(now, id, Outcome::Failed);
                     }
                 }
-                for m in 0..self.models.len() {
+                // Only admissions with a deadline due have anything to do
+                // (every other call drained its actions): in model order,
+                // as a pass over all of them would.
+                self.refresh_admission_due();
+                let mut due: Vec<usize> =
+                    self.due_models.range(..=(ms(now), usize::MAX)).map(|&(_, m)| m).collect();
+                due.sort_unstable();
+                for m in due {
                     self.models[m].admission.handle_timeout(ms(now));
                     self.admissions(now, m);
                 }
@@ -495,7 +548,7 @@ impl Fleet<'_> {
     ) -> (ModelKey, Observation, Vec<(ReplicaId, u32)>) {
         let mut counts = ReplicaCounts::default();
         let mut in_flight = Vec::new();
-        for r in self.replicas.iter().filter(|r| r.model == m) {
+        for r in self.by_model[m].iter().map(|&slot| &self.replicas[slot]) {
             match r.state {
                 State::Loading { .. } => counts.starting += 1,
                 State::Ready => {
@@ -503,6 +556,7 @@ impl Fleet<'_> {
                     in_flight.push((r.id, self.models[m].admission.in_use_on(r.id)));
                 }
                 State::Draining { .. } | State::Warm => counts.sleeping += 1,
+                State::Gone => {}
             }
         }
         let model = &mut self.models[m];
@@ -555,8 +609,10 @@ impl Fleet<'_> {
             Submitted::Queued => {
                 // As `hangar serve`: a request that has to wait tells the
                 // controller at once.
+                self.admission_touched.push(m);
                 let (key, obs, in_flight) = self.observation(now, m, 1);
                 self.control.waiting(ms(now), &key, obs, &in_flight);
+                self.control_due = None;
             }
             Submitted::Rejected { .. } => {
                 self.models[m].counters.2 += 1;
@@ -575,6 +631,7 @@ impl Fleet<'_> {
 
     /// Decisions an admission took since it was last asked.
     fn admissions(&mut self, now: f64, m: usize) {
+        self.admission_touched.push(m);
         while let Some(action) = self.models[m].admission.poll_action() {
             match action {
                 Admit::Dispatch(p) => self.start_request(now, m, p.request, p.replica),
@@ -665,7 +722,8 @@ impl Fleet<'_> {
         touched.dedup();
         for &slot in &touched {
             let r = &mut self.replicas[slot];
-            if r.busy || !r.has_work() || matches!(r.state, State::Loading { .. } | State::Warm) {
+            if r.busy || !r.has_work() || matches!(r.state, State::Loading { .. } | State::Warm | State::Gone)
+            {
                 continue;
             }
             let pass = &mut self.passes[slot];
@@ -730,6 +788,7 @@ impl Fleet<'_> {
         let replica = Replica {
             id: d.replica_id,
             model: m,
+            node: d.node.clone(),
             gpus,
             engine: Some(engine),
             state: State::Loading { tier: StartTier::Cold },
@@ -745,13 +804,14 @@ impl Fleet<'_> {
             None => {
                 self.replicas.push(replica);
                 self.passes.push(Pass::default());
-                self.slots.insert(d.replica_id, self.replicas.len() - 1);
-                self.replicas.len() - 1
+                let slot = self.replicas.len() - 1;
+                self.slots.insert(d.replica_id, slot);
+                self.by_model[m].push(slot);
+                slot
             }
         };
         self.replicas[slot].generation = self.seq;
         self.report.replica_state(slot, m, now, report::Bucket::Loading, gpus);
-        self.cached.insert((d.node.clone(), m));
         let generation = self.replicas[slot].generation;
         self.push(now + load_ms, Kind::Loaded(slot, generation));
     }
@@ -763,6 +823,8 @@ impl Fleet<'_> {
             // Still finishing its requests on the GPU: it simply stays.
             State::Draining { .. } => return self.resume(now, slot),
             State::Loading { .. } | State::Ready => return,
+            // Gone replicas leave `slots`; were one found, it starts anew.
+            State::Gone => return self.create(now, d),
         }
         let wake_ms = d.size_bytes as f64 / (self.cfg.cold_start.wake_gbps * 1e9) * 1000.0;
         let gpus = self.gpus_of(d);
@@ -796,11 +858,17 @@ impl Fleet<'_> {
         let r = &mut self.replicas[slot];
         r.state = State::Ready;
         let (m, id, took) = (r.model, r.id, now - r.load_started);
+        if tier == StartTier::Cold && !self.cached.contains(&(r.node.clone(), m)) {
+            // The weights read for this load are now in the node's page
+            // cache; a start beside it before this moment read the disk.
+            self.cached.insert((r.node.clone(), m));
+        }
         self.report.cold_start(m, tier, took);
         self.account_replica(now, slot);
         let key = self.models[m].key.clone();
         // Simulated engines sleep (they model vLLM's sleep mode).
         self.control.handle_ready(ms(now), &key, tier, took as Millis, true);
+        self.control_due = None;
         let model = &mut self.models[m];
         let permits = model.permits;
         model.admission.replica_ready(ms(now), id, permits, &mut model.chooser);
@@ -814,29 +882,18 @@ impl Fleet<'_> {
         let m = self.replicas[slot].model;
         match self.replicas[slot].state {
             State::Loading { .. } => {
-                // Never served: it simply stops loading.
+                // Never served: it stops loading, and leaves nothing behind
+                // — its weights never all reached the GPU, so there is no
+                // WARM copy to sleep, whatever placement was told. Should
+                // placement wake it later, that is a COLD start (`wake`
+                // finds no replica and creates one).
                 self.replicas[slot].generation = self.seq;
-                self.replicas[slot].engine = None;
-                self.replicas[slot].state = if to_warm { State::Warm } else { State::Draining { to_warm } };
-                self.report.replica_state(
-                    slot,
-                    m,
-                    now,
-                    if to_warm { report::Bucket::Warm } else { report::Bucket::Gone },
-                    0.0,
-                );
-                if !to_warm {
-                    self.slots.remove(&replica);
-                }
+                self.gone(now, slot);
                 return;
             }
-            State::Warm if !to_warm => {
-                self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
-                self.slots.remove(&replica);
-                return;
-            }
-            State::Warm => return,
-            _ => {}
+            State::Warm if !to_warm => return self.gone(now, slot),
+            State::Warm | State::Gone => return,
+            State::Ready | State::Draining { .. } => {}
         }
         self.replicas[slot].state = State::Draining { to_warm };
         self.models[m].admission.replica_unhealthy(ms(now), replica);
@@ -861,9 +918,20 @@ impl Fleet<'_> {
             r.state = State::Warm;
             self.report.replica_state(slot, m, now, report::Bucket::Warm, 0.0);
         } else {
-            self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
-            self.slots.remove(&id);
+            self.gone(now, slot);
         }
+    }
+
+    /// Replica `slot` is no more: nothing of it is left, and nothing looks
+    /// it up again.
+    fn gone(&mut self, now: f64, slot: usize) {
+        let r = &mut self.replicas[slot];
+        let (m, id) = (r.model, r.id);
+        r.engine = None;
+        r.state = State::Gone;
+        self.report.replica_state(slot, m, now, report::Bucket::Gone, 0.0);
+        self.slots.remove(&id);
+        self.by_model[m].retain(|&s| s != slot);
     }
 
     /// Books a ready or draining replica as busy or idle, as it is now.
@@ -883,6 +951,10 @@ impl Fleet<'_> {
             let m = self.replicas[slot].model;
             self.report.replica_state(slot, m, end, report::Bucket::Gone, 0.0);
         }
+        // The engines are done with: their memory goes before the report's
+        // is taken.
+        self.replicas.clear();
+        self.passes.clear();
         let record = self.control.take_record();
         let mut report = self.report.finish(self.cfg, &self.source, self.control.controller(), end);
         report.control_record = record;

@@ -23,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
+use hangar_core::exposition::Format;
 
 use super::Core;
 use crate::blob::StoredArtifact;
@@ -41,11 +42,11 @@ pub(super) async fn serve(core: Arc<Core>, listener: tokio::net::TcpListener) {
     }
 }
 
-async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        core.telemetry.encode(),
-    )
+/// `GET /metrics`: OpenMetrics for a scraper that asks for it (Prometheus
+/// does), the text format 0.0.4 otherwise.
+async fn metrics(State(core): State<Arc<Core>>, headers: axum::http::HeaderMap) -> impl IntoResponse {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    ([(header::CONTENT_TYPE, format.content_type())], format.render(core.telemetry.encode()))
 }
 
 async fn events(State(core): State<Arc<Core>>) -> impl IntoResponse {

@@ -20,7 +20,8 @@ use super::serve::{config_dir, resolve_engine_paths};
 /// another live agent holds is refused), runs the replicas the leader
 /// wants here — engines started, put to sleep, woken and stopped as a
 /// single `hangar serve` does — and reports them. The first output line is
-/// `agent NAME listening on http://ADDR` (GET /health, GET /status).
+/// `agent NAME listening on http://ADDR` (GET /health, GET /status, GET
+/// /metrics).
 /// SIGTERM leaves the fleet, drains, and stops every engine.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
@@ -54,7 +55,7 @@ pub struct Args {
     /// Host memory for the warm cache.
     #[arg(long, default_value = "0B")]
     cpu_cache: ByteSize,
-    /// Where the agent's own HTTP answers (`/health`, `/status`).
+    /// Where the agent's own HTTP answers (`/health`, `/status`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
     /// The address this machine's engines bind to and are reported at:

@@ -28,11 +28,25 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     if broken_pipe {
         return ExitCode::SUCCESS;
     }
-    eprintln!("error: {err}");
-    for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
-    }
+    eprint!("{}", chain_text(err));
     ExitCode::FAILURE
+}
+
+/// An error chain as [`report`] prints it. Many errors put their cause in
+/// their own message (`invalid configuration FILE: <the parser's error>`);
+/// such a cause is not printed again, so a TOML error — several lines
+/// with the offending one quoted — shows once.
+fn chain_text(err: &anyhow::Error) -> String {
+    let mut out = format!("error: {err}\n");
+    let mut said = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !said.contains(&text) {
+            out.push_str(&format!("  caused by: {text}\n"));
+        }
+        said = text;
+    }
+    out
 }
 
 /// Reads a whole text file, naming it in the error.
@@ -64,4 +78,30 @@ pub fn peak_rss_mib() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_printed_again() {
+        let parser =
+            std::io::Error::other("TOML parse error at line 2, column 5\n  |\n2 | x = \n  |     ^\n");
+        let err = anyhow::Error::from(std::io::Error::other(parser.to_string()))
+            .context(format!("invalid configuration serve.toml: {parser}"));
+        let text = chain_text(&err);
+        assert_eq!(text.matches("TOML parse error").count(), 1, "{text}");
+        assert!(!text.contains("caused by"), "{text}");
+    }
+
+    #[test]
+    fn a_cause_the_message_does_not_say_is_printed() {
+        let err = anyhow::Error::from(std::io::Error::other("No such file or directory"))
+            .context("cannot read serve.toml");
+        assert_eq!(
+            chain_text(&err),
+            "error: cannot read serve.toml\n  caused by: No such file or directory\n"
+        );
+    }
 }

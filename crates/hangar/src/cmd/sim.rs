@@ -35,7 +35,8 @@ use plot::PlotFile;
 /// Without TRACE it replays a built-in synthetic multi-turn chat trace
 /// (`hangar trace synth --requests 2000 --seed 0`). Engine settings come
 /// from `--engine-config FILE` (TOML, the fields of docs/sim.md) and are
-/// overridden by the flags below.
+/// overridden by the flags below. With --fleet the fleet file describes
+/// the cluster: the flags of the replay's own cluster are refused.
 #[derive(Debug, ClapArgs)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
@@ -51,81 +52,81 @@ pub struct Args {
     fleet: Option<PathBuf>,
     /// With --fleet: drop trace rows naming a model the fleet does not
     /// serve, instead of refusing the trace.
-    #[arg(long)]
+    #[arg(long, requires = "fleet")]
     skip_unknown: bool,
     /// With --fleet: draw load, replicas per model and TTFT p99 over
     /// simulated time to this .svg or .png file.
     #[arg(long, value_name = "FILE", requires = "fleet", value_parser = PlotFile::parse)]
     plot: Option<PlotFile>,
     /// Workers (engines) in the simulated cluster.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, conflicts_with = "fleet", default_value_t = 4)]
     workers: u32,
     /// Routing policy: round-robin, least-outstanding or kv (as `hangar
     /// serve`'s `router`; the snake_case spellings are aliases).
-    #[arg(long, default_value_t = RouterPolicy::Kv)]
+    #[arg(long, conflicts_with = "fleet", default_value_t = RouterPolicy::Kv)]
     router: RouterPolicy,
     /// KV router: weight of the prefill work a worker would do.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, conflicts_with = "fleet", default_value_t = 1.0)]
     prefill_load_scale: f64,
     /// KV router: discount per cached overlap block.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, conflicts_with = "fleet", default_value_t = 1.0)]
     overlap_credit: f64,
     /// KV router: weight of the requests in flight.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, conflicts_with = "fleet", default_value_t = 0.0)]
     active_request_weight: f64,
     /// KV events reach the router this many ms after the pass that caused them.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, conflicts_with = "fleet", default_value_t = 0.0)]
     kv_event_delay_ms: f64,
     /// Engine configuration file (TOML).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     engine_config: Option<PathBuf>,
     /// Scheduler of every engine.
-    #[arg(long, value_enum)]
+    #[arg(long, conflicts_with = "fleet", value_enum)]
     engine: Option<Engine>,
     /// Tokens per KV block [engine default: 64].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     block_size: Option<u32>,
     /// KV blocks per engine [default: 16384].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     num_gpu_blocks: Option<u32>,
     /// Most requests running per engine [default: 256].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     max_num_seqs: Option<u32>,
     /// Most tokens per pass [default: 8192].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     max_num_batched_tokens: Option<u32>,
     /// Turn the prefix cache off.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     no_prefix_caching: bool,
     /// Turn chunked prefill off.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     no_chunked_prefill: bool,
     /// Divide modelled pass times by this [default: 1].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     speedup_ratio: Option<f64>,
     /// Trace mode: divide the time between arrivals (and turn delays) by this.
     #[arg(long, default_value_t = 1.0, conflicts_with = "concurrency")]
     speedup: f64,
     /// Concurrency mode: keep this many requests in flight, ignoring timestamps.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     concurrency: Option<u32>,
     /// Tokens each trace hash id stands for.
     #[arg(long, default_value_t = 512)]
     trace_block_size: u32,
     /// Seed of every random choice.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, conflicts_with = "fleet", default_value_t = 0)]
     seed: u64,
     /// Goodput objective: time to first token in ms.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     slo_ttft_ms: Option<f64>,
     /// Goodput objective: mean inter-token latency in ms.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     slo_itl_ms: Option<f64>,
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Write one JSON record per request to this file.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     requests_jsonl: Option<PathBuf>,
 }
 

@@ -235,3 +235,43 @@ fn bootstrap(venv: &Path) -> PathBuf {
     }
     python
 }
+
+/// Debian's `promtool` (package `prometheus`), if installed. Without it
+/// a test is skipped — except under CI, where `.ci/run` installs it, so
+/// its absence fails the test.
+pub fn promtool() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("promtool"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        let why = "promtool is not installed (Debian: apt-get install -y --no-install-recommends prometheus)";
+        assert!(std::env::var_os("CI").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+    }
+    found
+}
+
+/// Fails unless `promtool check metrics` finds no problem in `exposition`,
+/// `what`'s `/metrics` (which must not be empty: that would test nothing).
+pub fn assert_promtool_passes(promtool: &Path, what: &str, exposition: &str) {
+    use std::io::Write;
+    assert!(exposition.contains("# TYPE "), "{what}: an empty exposition tests nothing:\n{exposition}");
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check.stdin.take().unwrap().write_all(exposition.as_bytes()).unwrap();
+    let out = check.wait_with_output().unwrap();
+    let problems =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && problems.trim().is_empty(),
+        "promtool check metrics on {what}'s /metrics ({}):\n{problems}\n--- exposition ---\n{exposition}",
+        out.status
+    );
+}

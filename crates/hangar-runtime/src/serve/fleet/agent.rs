@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use hangar_agent::lifecycle::{self, DriverHandle};
+use hangar_core::exposition::Format;
 use hangar_core::{NodeRecord, NodeReport, ReplicaReport};
 use hangar_placement::NodeId;
 use hangar_redis::fleet::FleetState;
@@ -42,8 +43,9 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 /// A running node agent.
 pub struct Agent {
-    /// The node's models and engines (kept alive with the agent).
-    _inner: Arc<super::super::Inner>,
+    /// The node's models and engines (kept alive with the agent), and
+    /// their figures.
+    inner: Arc<super::super::Inner>,
     record: NodeRecord,
     node: NodeId,
     registry: Registry,
@@ -84,7 +86,7 @@ impl Agent {
         // this one machine (placement decides where they go).
         config.nodes.clear();
         config.redis = Some(redis.url().to_owned());
-        let (inner, mut commands) = build(&config, hangar_exe, engine_host).await?;
+        let (inner, mut commands) = build(&config, hangar_exe, engine_host, false).await?;
         // No controller runs here (the leader reads the node's report);
         // nothing is sent on its channel, which is drained all the same.
         tokio::spawn(async move { while commands.recv().await.is_some() {} });
@@ -103,7 +105,7 @@ impl Agent {
         .expect("registering does not panic");
         let record = registered.map_err(|e| ServeError::Fleet(e.to_string()))?;
         let agent = Arc::new(Agent {
-            _inner: inner,
+            inner,
             record,
             node: id,
             registry,
@@ -140,27 +142,43 @@ impl Agent {
         NodeReport { agent: self.record.agent.clone(), replicas }
     }
 
-    /// `GET /health` and `GET /status`: the node's record, its report, and
+    /// `GET /health`; `GET /status`: the node's record, its report, and
     /// every replica as its lifecycle driver holds it (desired tier and
     /// GPUs with their bytes, engine state, process id, capabilities) — what
     /// an operator, or the fault-injection suite's checker, compares with
-    /// placement.
+    /// placement; and `GET /metrics`: the node's replicas by state, their
+    /// starts and failures (docs/observability.md). Like `/status`, it
+    /// needs no key: an agent's port is the fleet's own network's.
     pub fn router(self: &Arc<Self>) -> axum::Router {
-        let me = self.clone();
-        axum::Router::new().route("/health", get(|| async { "ok" })).route(
-            "/status",
-            get(move || {
-                let me = me.clone();
-                async move {
-                    axum::Json(serde_json::json!({
-                        "node": me.record,
-                        "report": me.report(),
-                        "replicas": me.driver.replicas(),
-                        "gpus": me.driver.nodes().get(&me.record.name),
-                    }))
-                }
-            }),
-        )
+        let (me, metrics) = (self.clone(), self.clone());
+        axum::Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route(
+                "/status",
+                get(move || {
+                    let me = me.clone();
+                    async move {
+                        axum::Json(serde_json::json!({
+                            "node": me.record,
+                            "report": me.report(),
+                            "replicas": me.driver.replicas(),
+                            "gpus": me.driver.nodes().get(&me.record.name),
+                        }))
+                    }
+                }),
+            )
+            .route(
+                "/metrics",
+                get(move |headers: axum::http::HeaderMap| {
+                    let inner = metrics.inner.clone();
+                    async move {
+                        let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+                        let format = Format::negotiate(accept);
+                        let body = inner.metrics.render_node(inner.models.values().map(|rt| &**rt));
+                        ([(axum::http::header::CONTENT_TYPE, format.content_type())], format.render(body))
+                    }
+                }),
+            )
     }
 
     /// Resolves when another agent has taken this node's name: this one
