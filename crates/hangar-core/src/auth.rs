@@ -70,9 +70,12 @@ impl ApiKeys {
     }
 }
 
-/// The account of every request to an open server.
+/// The account of every request to an open server (made once: the
+/// request path clones it).
 pub fn anonymous() -> AccountId {
-    "anonymous".parse().expect("a valid account id")
+    static ANONYMOUS: std::sync::LazyLock<AccountId> =
+        std::sync::LazyLock::new(|| "anonymous".parse().expect("a valid account id"));
+    ANONYMOUS.clone()
 }
 
 #[cfg(test)]

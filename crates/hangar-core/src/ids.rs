@@ -4,9 +4,14 @@
 //! parsed so that every later use can print them into logs, metric labels and
 //! URLs without escaping. Ids the platform mints ([`ReplicaId`],
 //! [`RequestId`]) are opaque.
+//!
+//! A user's key is shared, not owned (`Arc<str>`): the request path clones
+//! the account of every request several times (admission, its inference
+//! event), and a clone is a reference count, not an allocation.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -114,7 +119,7 @@ macro_rules! string_id {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// The identifier as a string slice.
@@ -128,7 +133,7 @@ macro_rules! string_id {
             fn from_str(s: &str) -> Result<Self, IdError> {
                 validate($kind, s, $max, $punct)?;
                 $segments($kind, s)?;
-                Ok(Self(s.to_owned()))
+                Ok(Self(s.into()))
             }
         }
 
@@ -137,13 +142,13 @@ macro_rules! string_id {
             fn try_from(s: String) -> Result<Self, IdError> {
                 validate($kind, &s, $max, $punct)?;
                 $segments($kind, &s)?;
-                Ok(Self(s))
+                Ok(Self(s.into()))
             }
         }
 
         impl From<$name> for String {
             fn from(id: $name) -> String {
-                id.0
+                id.0.to_string()
             }
         }
 
