@@ -40,11 +40,14 @@ fn new_id() -> HeaderValue {
     HeaderValue::from_str(&format!("{n:016x}")).expect("hex digits are a valid header value")
 }
 
-/// The id of the request this task serves (its inference event's `id`):
-/// a handle on the header value, no copy; none outside the guard (a
-/// handler called without the middleware).
-pub(crate) fn current_id() -> Option<HeaderValue> {
-    CURRENT.try_with(HeaderValue::clone).ok()
+/// `f` of the id of the request this task serves (its inference event's
+/// `id`), read in place; of an empty id outside the guard (a handler
+/// called without the middleware).
+pub(crate) fn with_current_id<T>(f: impl FnOnce(&[u8]) -> T) -> T {
+    let mut f = Some(f);
+    CURRENT
+        .try_with(|id| f.take().expect("called once")(id.as_bytes()))
+        .unwrap_or_else(|_| f.take().expect("not called: no id is set")(&[]))
 }
 
 /// The caller's `x-request-id` when it is short, visible ASCII; else a new one.

@@ -20,6 +20,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::exposition::Format;
 use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, RequestKind};
+use hangar_runtime::events::RequestTrace;
 use hangar_runtime::processor::{AdmitError, Lease, Patience};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server, Tally};
 use http_body_util::BodyExt;
@@ -247,7 +248,8 @@ async fn forward(
         return no_such_model(model);
     };
     // The request's event rides on its tally: ended with it, once.
-    let trace = server.events().trace(&rt, crate::guard::current_id(), account.clone(), arrival, &body);
+    let trace =
+        crate::guard::with_current_id(|id| RequestTrace::start(&rt, id, account.clone(), arrival, &body));
     let tally = Tally::new(rt.metrics(), RequestKind::Sync).traced(trace);
     if let Some(refused) = head.output_tokens_refused() {
         return counted(tally, ErrorCode::BadRequest, refused);

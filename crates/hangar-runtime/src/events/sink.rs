@@ -17,9 +17,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::http::HeaderValue;
-use bytes::Bytes;
-use hangar_core::{AccountId, ByteSize};
+use hangar_core::ByteSize;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -27,9 +25,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
-use super::trace::{RequestEnded, RequestTrace};
+use super::trace::RequestEnded;
 use super::InferenceEvent;
-use crate::serve::ModelRuntime;
 
 /// After a failed write, how long the writer waits before trying the sink
 /// again (events meanwhile are dropped and counted).
@@ -277,21 +274,6 @@ impl EventSink {
         let full = stats.full();
         let sink = EventSink { tx: Some(tx), writer: Some(thread.thread().clone()), full, stats };
         (sink, WriterHandle(Some(thread)))
-    }
-
-    /// A synchronous request's trace, `None` when events are off: request
-    /// `id` of `account` to `rt`, arrived at `arrival` with `request`
-    /// (kept by reference count, for an input-token estimate).
-    pub fn trace(
-        &self,
-        rt: &Arc<ModelRuntime>,
-        id: Option<HeaderValue>,
-        account: AccountId,
-        arrival: Instant,
-        request: &Bytes,
-    ) -> Option<RequestTrace> {
-        self.tx.as_ref()?;
-        Some(RequestTrace::new(self.clone(), rt.clone(), id, account, arrival, request.clone()))
     }
 
     /// Hands a prediction's `event` to the writer, as [`EventSink::send`].

@@ -108,6 +108,9 @@ pub struct ModelRuntime {
     pub(crate) waiting_signal: Arc<AtomicBool>,
     /// Its connections to its replicas, for forwarding requests.
     pub(crate) upstream: upstream::Upstream,
+    /// The server's event sink (a clone): a request's trace reaches it
+    /// through the model it already holds, no handle of its own.
+    pub(crate) events: crate::events::EventSink,
 }
 
 pub(crate) struct Inner {
@@ -359,6 +362,7 @@ pub(crate) async fn build(
                 unplaceable: AtomicBool::new(false),
                 waiting_signal,
                 upstream: upstream::upstream(&m.connections),
+                events: events.clone(),
             };
             (m.key.to_string(), Arc::new(rt))
         })
