@@ -316,9 +316,9 @@ impl Forward<'_> {
             if attempt == 0 {
                 self.rt.metrics().queue_wait(RequestKind::Sync, now - self.arrival);
             }
-            let Some((base, node)) = self.rt.replica_route(lease.replica) else { continue };
+            let Some(base) = self.rt.replica_url(lease.replica) else { continue };
             if let Some(trace) = tally.trace() {
-                trace.admitted(now, lease.replica, node);
+                trace.admitted(now, lease.replica);
             }
             let url = format!("{base}{}", self.path);
             let answer = tokio::select! {

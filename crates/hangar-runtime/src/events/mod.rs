@@ -5,10 +5,10 @@
 //! its own to a rotating JSONL file or a Redis stream.
 //!
 //! A synchronous request's event costs the request path next to nothing:
-//! its [`RequestTrace`] keeps instants and small copies (never a handle
+//! its [`RequestTrace`] keeps instants and small things (never a handle
 //! that would pin hyper's buffers past the request), rides on the
-//! request's `Tally` and goes to the writer in one `try_send` when the
-//! request is counted; the writer thread does the rest (docs/observability.md,
+//! request's `Tally` and goes to the writer, compact, in one `try_send`
+//! when the request is counted; the writer thread does the rest (docs/observability.md,
 //! "Inference events"). A prediction's event is made when it ends, from its
 //! stored record ([`prediction_event`]).
 
@@ -23,4 +23,4 @@ pub use event::{estimate_tokens, InferenceEvent};
 pub(crate) use prediction::request_kind;
 pub use prediction::{images, input_tokens, output_tokens, prediction_event, RunFacts, Runs};
 pub use sink::{EventSink, EventsConfig, SinkStats, Target, WriterHandle, TICK};
-pub use trace::{find_usage, RequestTrace, Usage, COPY_UP_TO, STREAM_TAIL_BYTES, USAGE_BYTES};
+pub use trace::{find_usage, RequestTrace, Usage, COPY_UP_TO, MESSAGE_BYTES, STREAM_TAIL_BYTES};

@@ -6,7 +6,7 @@
 //! `prompt`, output tokens and images from the output.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, ErrorCode, Millis, ReplicaId, RequestKind};
@@ -65,7 +65,7 @@ pub fn images(output: &Value) -> u64 {
 #[derive(Debug, Clone, Default)]
 pub struct RunFacts {
     /// The replica it ran on and that replica's node.
-    pub replica: Option<(ReplicaId, Option<Arc<str>>)>,
+    pub replica: Option<(ReplicaId, Option<String>)>,
     /// Its first output, Unix ms.
     pub first_output: Option<Millis>,
     /// When its run here ended (for pruning: an end written by another
@@ -92,7 +92,7 @@ impl Runs {
     }
 
     /// Prediction `id` runs on `replica` of `node` now.
-    pub fn admitted(&self, id: &str, replica: ReplicaId, node: Option<Arc<str>>) {
+    pub fn admitted(&self, id: &str, replica: ReplicaId, node: Option<String>) {
         self.with(id, |f| {
             f.replica = Some((replica, node));
             f.over = None;
@@ -163,7 +163,7 @@ pub fn prediction_event(
         account,
         model: record.model.clone(),
         replica: facts.replica.as_ref().map(|(r, _)| replica_name(key, *r)),
-        node: facts.replica.and_then(|(_, node)| node).map(|n| n.to_string()),
+        node: facts.replica.and_then(|(_, node)| node),
         status: code.map_or(200, ErrorCode::http_status),
         code,
         queue_ms: since(record.created_at, started.unwrap_or(end)),
@@ -205,7 +205,7 @@ mod tests {
     fn facts_wait_for_their_end_and_those_never_told_are_pruned() {
         let runs = Runs::default();
         let t0 = Instant::now();
-        runs.admitted("p1", ReplicaId::from_u128(1), Some("n1".into()));
+        runs.admitted("p1", ReplicaId::from_u128(1), Some("n1".to_owned()));
         runs.first_output("p1", 1_000);
         runs.first_output("p1", 2_000);
         runs.admitted("p2", ReplicaId::from_u128(2), None);

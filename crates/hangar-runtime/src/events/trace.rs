@@ -3,32 +3,33 @@
 //! ([`RequestEnded::event`]).
 //!
 //! The request path takes the `Instant`s it reads anyway for `/metrics`
-//! and copies a few small things into the trace; at the end, one
-//! `try_send` hands the trace to the writer, which parses the engine's
-//! `usage`, estimates tokens when it must (parsing the request and the
-//! answer), names the replica, reads the wall clock, prices and
-//! serializes.
+//! and keeps a few small things in the trace; at the end, one `try_send`
+//! hands a compact [`RequestEnded`] to the writer, which estimates tokens
+//! when it must (parsing the request and the answer), names the replica
+//! and its node, reads the wall clock, prices and serializes.
 //!
-//! # Why copies, not `Bytes` handles
-//! A `Bytes` handle is a reference count, but keeping one past the
-//! request pins the buffer hyper read it into: hyper can then not reuse
-//! that connection's read buffer and allocates a new one for the next
-//! read (measured: the gateway's resident memory more than doubled and
-//! its throughput fell in `hangar bench gateway`). So the request path
-//! keeps only what the writer needs, copied, or a handle only while the
-//! request runs:
-//! - a whole JSON answer: its `usage` object, copied (a search of the
-//!   answer for `"usage"` and at most [`USAGE_BYTES`] copied); with no
-//!   usage, or a model that is not trusted, the answer itself, for an
-//!   estimate;
-//! - a streamed answer: the count of its SSE `data:` events and its last
-//!   [`STREAM_TAIL_BYTES`] (where a stream's usage comes);
-//! - the request body: a handle while the request runs (its buffer is
-//!   held then anyway), and when it ends, only if an estimate may need it.
+//! # What the request path keeps, and why
+//! Measured with `hangar bench gateway`, three things cost the gateway:
+//! - A `Bytes` handle kept past the request pins the buffer hyper read it
+//!   into: hyper then cannot reuse that connection's read buffer and
+//!   allocates a new one for the next read (the gateway's resident memory
+//!   more than doubled). So a handle on the request body is kept only
+//!   while the request runs (its buffer is held then anyway), and past
+//!   its end only what an estimate needs is kept, copied up to
+//!   [`COPY_UP_TO`] bytes (by handle beyond).
+//! - Every byte of what is sent crosses to the writer's core, and the
+//!   trace is moved with the request's tally several times: the message
+//!   is kept small (times as microseconds from arrival, the request id
+//!   inline when short, what an estimate needs boxed).
+//! - An allocation freed by the writer is freed on another thread's
+//!   arena: the usual request allocates nothing for its event.
 //!
-//! What is kept for an estimate is copied when it is at most
-//! [`COPY_UP_TO`] bytes; a larger body or answer is kept by handle.
+//! So a whole JSON answer's `usage` is read on the request path (one
+//! search for `"usage"` and a parse of that small object), and a streamed
+//! answer's SSE `data:` events are counted as they pass and its last
+//! [`STREAM_TAIL_BYTES`] kept, where its usage chunk comes.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -56,53 +57,11 @@ pub struct Usage {
 /// Finds and reads the last `usage` object in `text`, if `text` holds a
 /// whole one (`"usage": null` reads as none).
 pub fn find_usage(text: &[u8]) -> Option<Usage> {
-    let (start, _) = usage_value(text)?;
-    serde_json::Deserializer::from_slice(&text[start..]).into_iter::<Option<Usage>>().next()?.ok().flatten()
-}
-
-/// Where the value of the last `"usage"` key in `text` begins, and — when
-/// it is an object that ends within `text` — where it ends.
-fn usage_value(text: &[u8]) -> Option<(usize, Option<usize>)> {
     let at = memmem::rfind(text, b"\"usage\"")? + b"\"usage\"".len();
-    let space = |b: &u8| b.is_ascii_whitespace();
-    let colon = at + text[at..].iter().take_while(|b| space(b)).count();
-    if text.get(colon) != Some(&b':') {
-        return None;
-    }
-    let start = colon + 1 + text[colon + 1..].iter().take_while(|b| space(b)).count();
-    Some((start, object_end(text, start)))
+    let rest = &text[at..];
+    let rest = rest[rest.iter().take_while(|b| b.is_ascii_whitespace()).count()..].strip_prefix(b":")?;
+    serde_json::Deserializer::from_slice(rest).into_iter::<Option<Usage>>().next()?.ok().flatten()
 }
-
-/// The end (one past its `}`) of the JSON object starting at `start`.
-fn object_end(text: &[u8], start: usize) -> Option<usize> {
-    if text.get(start) != Some(&b'{') {
-        return None;
-    }
-    let (mut depth, mut in_string, mut escaped) = (0u32, false, false);
-    for (i, b) in text[start..].iter().enumerate() {
-        match (in_string, escaped, b) {
-            (true, true, _) => escaped = false,
-            (true, false, b'\\') => escaped = true,
-            (true, false, b'"') => in_string = false,
-            (true, false, _) => {}
-            (false, _, b'"') => in_string = true,
-            (false, _, b'{') => depth += 1,
-            (false, _, b'}') => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(start + i + 1);
-                }
-            }
-            (false, _, _) => {}
-        }
-    }
-    None
-}
-
-/// The longest `usage` object copied from a whole answer (OpenAI's, with
-/// its token details, is about 230 bytes); a longer one makes the answer
-/// kept whole, where the writer finds it all the same.
-pub const USAGE_BYTES: usize = 256;
 
 /// The end of a streamed answer kept for the writer: where its `usage`
 /// chunk and `[DONE]` come.
@@ -124,41 +83,56 @@ fn keep(bytes: Bytes) -> Bytes {
     }
 }
 
-/// A small copy of bytes, inline (no allocation).
-#[derive(Clone, Copy)]
-struct Inline<const N: usize> {
-    len: usize,
-    bytes: [u8; N],
+/// A request id: inline when short (the gateway's own are 16 hex
+/// digits), else on the heap.
+#[derive(Debug, Clone, PartialEq)]
+enum RequestId {
+    Short { len: u8, bytes: [u8; SHORT_ID] },
+    Long(Box<[u8]>),
 }
 
-impl<const N: usize> Inline<N> {
-    /// `from`, cut to its first `N` bytes.
-    fn new(from: &[u8]) -> Self {
-        let mut inline = Inline { len: from.len().min(N), bytes: [0; N] };
-        inline.bytes[..inline.len].copy_from_slice(&from[..inline.len]);
-        inline
+/// The longest request id kept inline.
+const SHORT_ID: usize = 22;
+
+impl RequestId {
+    fn new(id: &[u8]) -> Self {
+        let id = &id[..id.len().min(ID_BYTES)];
+        match id.len() <= SHORT_ID {
+            true => {
+                let mut bytes = [0; SHORT_ID];
+                bytes[..id.len()].copy_from_slice(id);
+                RequestId::Short { len: id.len() as u8, bytes }
+            }
+            false => RequestId::Long(id.into()),
+        }
     }
 
-    fn as_slice(&self) -> &[u8] {
-        &self.bytes[..self.len]
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Short { len, bytes } => &bytes[..usize::from(*len)],
+            RequestId::Long(bytes) => bytes,
+        }
     }
 }
 
-/// What the request path keeps of an answer.
-///
-/// The usage copy is inline on purpose: boxing it would cost the request
-/// an allocation, and the writer a free on another thread's arena.
-#[allow(clippy::large_enum_variant)]
+/// What the request path keeps of an answer while the request runs.
 enum Answer {
     /// None came (refused, timed out, the client left first).
     None,
-    /// A whole answer's `usage` object, copied (the answer is not kept).
-    Usage(Inline<USAGE_BYTES>),
+    /// A whole answer's `usage`, read (the answer is not kept).
+    Usage(Usage),
     /// A whole answer kept for an estimate: it had no usage, or its model
     /// is not trusted.
     Whole(Bytes),
     /// A streamed answer (boxed: its tail is large next to a trace).
     Stream(Box<Tail>),
+}
+
+/// What an estimate reads, kept past the request (boxed: rare).
+struct Kept {
+    request: Option<Bytes>,
+    answer: Option<Bytes>,
+    tail: Option<Box<Tail>>,
 }
 
 /// What is kept of a streamed answer, as the client got it.
@@ -167,13 +141,18 @@ struct Tail {
     sse: bool,
     /// `data:` events seen.
     events: u64,
-    /// Its last bytes (up to [`STREAM_TAIL_BYTES`]).
-    last: Inline<STREAM_TAIL_BYTES>,
+    /// Its last bytes: `last[..len]`, up to [`STREAM_TAIL_BYTES`].
+    len: usize,
+    last: [u8; STREAM_TAIL_BYTES],
 }
 
 impl Tail {
     fn new(sse: bool) -> Self {
-        Tail { sse, events: 0, last: Inline { len: 0, bytes: [0; STREAM_TAIL_BYTES] } }
+        Tail { sse, events: 0, len: 0, last: [0; STREAM_TAIL_BYTES] }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.last[..self.len]
     }
 
     /// One more frame: its events counted, its bytes appended to the tail.
@@ -181,21 +160,20 @@ impl Tail {
         if self.sse {
             self.events += memmem::find_iter(frame, b"data:").count() as u64;
         }
-        let last = &mut self.last;
         if frame.len() >= STREAM_TAIL_BYTES {
-            last.bytes.copy_from_slice(&frame[frame.len() - STREAM_TAIL_BYTES..]);
-            last.len = STREAM_TAIL_BYTES;
+            self.last.copy_from_slice(&frame[frame.len() - STREAM_TAIL_BYTES..]);
+            self.len = STREAM_TAIL_BYTES;
         } else {
-            let keep = (STREAM_TAIL_BYTES - frame.len()).min(last.len);
-            last.bytes.copy_within(last.len - keep..last.len, 0);
-            last.bytes[keep..keep + frame.len()].copy_from_slice(frame);
-            last.len = keep + frame.len();
+            let keep = (STREAM_TAIL_BYTES - frame.len()).min(self.len);
+            self.last.copy_within(self.len - keep..self.len, 0);
+            self.last[keep..keep + frame.len()].copy_from_slice(frame);
+            self.len = keep + frame.len();
         }
     }
 
     /// SSE events with data, `[DONE]` aside (each about one token).
     fn tokens(&self) -> u64 {
-        let done = memmem::find(self.last.as_slice(), b"[DONE]").is_some();
+        let done = memmem::find(self.bytes(), b"[DONE]").is_some();
         self.events.saturating_sub(u64::from(done))
     }
 }
@@ -206,31 +184,47 @@ impl Tail {
 /// once, with what `/metrics` counts it as, by the request's
 /// [`Tally`](crate::serve::Tally), which holds it.
 pub struct RequestTrace {
-    facts: RequestFacts,
-}
-
-/// What a trace holds; sent to the writer when the request ends.
-pub(super) struct RequestFacts {
     rt: Arc<ModelRuntime>,
-    /// `x-request-id`: the caller's or the gateway's, copied.
-    id: Inline<ID_BYTES>,
+    /// `x-request-id`: the caller's or the gateway's.
+    id: RequestId,
     account: AccountId,
     arrival: Instant,
-    admitted: Option<Instant>,
-    first_byte: Option<Instant>,
-    replica: Option<(ReplicaId, Option<Arc<str>>)>,
-    /// The request body: a handle while the request runs; kept past its
-    /// end only for an estimate.
+    /// Arrival to the first permit, µs.
+    admitted_us: Option<u32>,
+    /// Arrival to the answer's first byte, µs.
+    first_byte_us: Option<u32>,
+    /// The last replica it went to (the writer names its node).
+    replica: Option<ReplicaId>,
+    /// The request body, while the request runs.
     request: Option<Bytes>,
     answer: Answer,
 }
 
-/// A request that ended, on its way to the writer.
+/// A request that ended, on its way to the writer: what its event needs,
+/// small (a `size_of` test holds it to [`MESSAGE_BYTES`]).
 pub(super) struct RequestEnded {
-    facts: RequestFacts,
-    end: Instant,
+    rt: Arc<ModelRuntime>,
+    id: RequestId,
+    account: AccountId,
+    arrival: Instant,
+    admitted_us: Option<u32>,
+    first_byte_us: Option<u32>,
+    total_us: u32,
     status: u16,
     code: Option<ErrorCode>,
+    replica: Option<ReplicaId>,
+    usage: Option<Usage>,
+    /// What an estimate reads: none when the engine's usage is taken (or
+    /// the request never got a permit).
+    kept: Option<Box<Kept>>,
+}
+
+/// The most a [`RequestEnded`] may weigh.
+pub const MESSAGE_BYTES: usize = 160;
+
+/// Microseconds from `from` to `to`, saturated.
+fn micros(from: Instant, to: Instant) -> u32 {
+    u32::try_from(to.saturating_duration_since(from).as_micros()).unwrap_or(u32::MAX)
 }
 
 impl RequestTrace {
@@ -244,54 +238,49 @@ impl RequestTrace {
         request: &Bytes,
     ) -> Option<Self> {
         rt.events.enabled().then(|| RequestTrace {
-            facts: RequestFacts {
-                rt: rt.clone(),
-                id: Inline::new(id),
-                account,
-                arrival,
-                admitted: None,
-                first_byte: None,
-                replica: None,
-                request: Some(request.clone()),
-                answer: Answer::None,
-            },
+            rt: rt.clone(),
+            id: RequestId::new(id),
+            account,
+            arrival,
+            admitted_us: None,
+            first_byte_us: None,
+            replica: None,
+            request: Some(request.clone()),
+            answer: Answer::None,
         })
     }
 
-    /// The request got a permit `at` on `replica`, run by `node`: the
-    /// first permit ends its wait; the last replica is the one named.
-    pub fn admitted(&mut self, at: Instant, replica: ReplicaId, node: Option<Arc<str>>) {
-        self.facts.admitted.get_or_insert(at);
-        self.facts.replica = Some((replica, node));
+    /// The request got a permit `at` on `replica`: the first permit ends
+    /// its wait; the last replica is the one named.
+    pub fn admitted(&mut self, at: Instant, replica: ReplicaId) {
+        self.admitted_us.get_or_insert(micros(self.arrival, at));
+        self.replica = Some(replica);
     }
 
     /// The answer's first byte went out `at`.
     pub fn first_byte(&mut self, at: Instant) {
-        self.facts.first_byte.get_or_insert(at);
+        self.first_byte_us.get_or_insert(micros(self.arrival, at));
     }
 
     /// The answer, read whole (as the replica sent it: its `usage` is the
-    /// same renamed or not): its usage copied, or — with none, or for a
+    /// same renamed or not): its usage read, or — with none, or for a
     /// model not trusted — the answer kept for an estimate.
     pub fn whole(&mut self, answer: &Bytes) {
-        let usage = match self.facts.rt.config().billing.trust_usage {
-            true => usage_value(answer).and_then(|(start, end)| Some(&answer[start..end?])),
-            false => None,
-        };
-        self.facts.answer = match usage.filter(|u| u.len() <= USAGE_BYTES) {
-            Some(usage) => Answer::Usage(Inline::new(usage)),
+        let usage = self.rt.config().billing.trust_usage.then(|| find_usage(answer)).flatten();
+        self.answer = match usage {
+            Some(usage) => Answer::Usage(usage),
             None => Answer::Whole(keep(answer.clone())),
         };
     }
 
     /// The answer is streamed (`sse`: as server-sent events).
     pub fn streaming(&mut self, sse: bool) {
-        self.facts.answer = Answer::Stream(Box::new(Tail::new(sse)));
+        self.answer = Answer::Stream(Box::new(Tail::new(sse)));
     }
 
     /// A frame of a streamed answer, as the client gets it.
     pub fn frame(&mut self, frame: &[u8]) {
-        if let Answer::Stream(tail) = &mut self.facts.answer {
+        if let Answer::Stream(tail) = &mut self.answer {
             tail.push(frame);
         }
     }
@@ -299,64 +288,86 @@ impl RequestTrace {
     /// Ends the trace: the request was counted with `status` and `code`
     /// (none when it succeeded). Never blocks: a full channel drops the
     /// event and counts it.
-    pub fn end(mut self, status: u16, code: Option<ErrorCode>) {
-        let f = &mut self.facts;
+    pub fn end(self, status: u16, code: Option<ErrorCode>) {
+        let total_us = micros(self.arrival, Instant::now());
+        let (usage, answer, tail) = match self.answer {
+            Answer::None => (None, None, None),
+            Answer::Usage(usage) => (Some(usage), None, None),
+            Answer::Whole(answer) => (None, Some(answer), None),
+            Answer::Stream(tail) => (None, None, Some(tail)),
+        };
         // The body outlives the request only if an estimate may read it.
-        let estimate = f.admitted.is_some() && !matches!(f.answer, Answer::Usage(_));
-        f.request = f.request.take().filter(|_| estimate).map(keep);
+        let kept = (self.admitted_us.is_some() && usage.is_none())
+            .then(|| Box::new(Kept { request: self.request.map(keep), answer, tail }));
+        let ended = RequestEnded {
+            rt: self.rt,
+            id: self.id,
+            account: self.account,
+            arrival: self.arrival,
+            admitted_us: self.admitted_us,
+            first_byte_us: self.first_byte_us,
+            total_us,
+            status,
+            code,
+            replica: self.replica,
+            usage,
+            kept,
+        };
         // The model's sink, held while the trace moves into the channel.
-        let rt = self.facts.rt.clone();
-        rt.events.send(Ended::Request(RequestEnded { facts: self.facts, end: Instant::now(), status, code }));
+        let rt = ended.rt.clone();
+        rt.events.send(Ended::Request(ended));
     }
 }
 
 impl RequestEnded {
     /// The event, made by the writer thread: `clock` turns the request's
-    /// instants into wall time.
-    pub(super) fn event(self, clock: &WallClock) -> InferenceEvent {
-        let RequestEnded { facts: f, end, status, code } = self;
-        let config = f.rt.config();
-        let ms = |d: std::time::Duration| d.as_millis() as u64;
-        let usage = match &f.answer {
-            Answer::None => None,
-            Answer::Usage(usage) => serde_json::from_slice(usage.as_slice()).ok(),
-            Answer::Whole(answer) => find_usage(answer),
-            Answer::Stream(tail) => find_usage(tail.last.as_slice()),
-        };
+    /// instants into wall time, `nodes` names replicas' nodes.
+    pub(super) fn event(self, clock: &WallClock, nodes: &mut NodeNames) -> InferenceEvent {
+        let config = self.rt.config();
+        let ms = |us: u32| u64::from(us) / 1000;
         let (mut input_tokens, mut output_tokens, mut tokens_estimated) = (0, 0, false);
-        match usage.filter(|_| config.billing.trust_usage) {
-            Some(u) => (input_tokens, output_tokens) = (u.prompt_tokens, u.completion_tokens),
-            None if f.admitted.is_some() => {
+        let usage = self.usage.or_else(|| {
+            let kept = self.kept.as_deref()?;
+            match (&kept.answer, &kept.tail) {
+                (Some(answer), _) => find_usage(answer),
+                (_, Some(tail)) => find_usage(tail.bytes()),
+                _ => None,
+            }
+        });
+        match (usage.filter(|_| config.billing.trust_usage), &self.kept) {
+            (Some(u), _) => (input_tokens, output_tokens) = (u.prompt_tokens, u.completion_tokens),
+            (None, Some(kept)) => {
                 tokens_estimated = true;
-                input_tokens = f
+                input_tokens = kept
                     .request
-                    .and_then(|r| serde_json::from_slice::<Value>(&r).ok())
+                    .as_ref()
+                    .and_then(|r| serde_json::from_slice::<Value>(r).ok())
                     .map_or(0, |v| estimate_tokens(&prompt_words(&v)));
-                output_tokens = match &f.answer {
-                    Answer::None | Answer::Usage(_) => 0,
-                    Answer::Whole(answer) => estimate_answer(answer),
-                    Answer::Stream(tail) if tail.sse => tail.tokens(),
-                    // A streamed answer that is neither SSE nor JSON.
-                    Answer::Stream(_) => 0,
+                output_tokens = match (&kept.answer, &kept.tail) {
+                    (Some(answer), _) => estimate_answer(answer),
+                    (_, Some(tail)) if tail.sse => tail.tokens(),
+                    // No answer, or a stream that is neither SSE nor JSON.
+                    _ => 0,
                 };
             }
-            None => {}
+            (None, None) => {}
         }
-        let id = String::from_utf8_lossy(f.id.as_slice()).into_owned();
+        let end = self.arrival + std::time::Duration::from_micros(u64::from(self.total_us));
+        let admitted = self.admitted_us.unwrap_or(self.total_us);
         let mut event = InferenceEvent {
             ts_ms: clock.unix_ms(end),
             kind: RequestKind::Sync,
-            id,
-            account: f.account,
+            id: String::from_utf8_lossy(self.id.as_bytes()).into_owned(),
+            account: self.account,
             model: config.key.to_string(),
-            replica: f.replica.as_ref().map(|(r, _)| replica_name(&config.key, *r)),
-            node: f.replica.and_then(|(_, node)| node).map(|n| n.to_string()),
-            status,
-            code,
-            queue_ms: ms(f.admitted.unwrap_or(end).saturating_duration_since(f.arrival)),
-            inference_ms: f.admitted.map_or(0, |a| ms(end.saturating_duration_since(a))),
-            total_ms: ms(end.saturating_duration_since(f.arrival)),
-            ttft_ms: f.first_byte.map(|t| ms(t.saturating_duration_since(f.arrival))),
+            replica: self.replica.map(|r| replica_name(&config.key, r)),
+            node: self.replica.and_then(|r| nodes.node(&self.rt, r)),
+            status: self.status,
+            code: self.code,
+            queue_ms: ms(admitted),
+            inference_ms: self.admitted_us.map_or(0, |a| ms(self.total_us.saturating_sub(a))),
+            total_ms: ms(self.total_us),
+            ttft_ms: self.first_byte_us.map(ms),
             input_tokens,
             output_tokens,
             tokens_estimated,
@@ -365,6 +376,29 @@ impl RequestEnded {
         };
         event.price(&config.billing);
         event
+    }
+}
+
+/// The writer's names of replicas' nodes, remembered: a replica that
+/// failed is gone from its model's table by the time its last requests'
+/// events are made.
+#[derive(Default)]
+pub(super) struct NodeNames(HashMap<ReplicaId, Option<String>>);
+
+impl NodeNames {
+    /// Replicas remembered at most (then the memory starts over).
+    const MAX: usize = 4096;
+
+    fn node(&mut self, rt: &ModelRuntime, replica: ReplicaId) -> Option<String> {
+        if let Some(known) = self.0.get(&replica).filter(|n| n.is_some()) {
+            return known.clone();
+        }
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        let node = rt.replica_node(replica);
+        self.0.insert(replica, node.clone());
+        node
     }
 }
 
@@ -400,14 +434,12 @@ mod tests {
     }
 
     #[test]
-    fn a_usage_object_is_bounded_by_its_braces_whatever_its_strings_hold() {
-        let json = br#"{"usage" : {"prompt_tokens":1,"x":{"y":"}\"{"},"completion_tokens":2}, "after": {}}"#;
-        let (start, end) = usage_value(json).unwrap();
-        let object = &json[start..end.unwrap()];
-        assert_eq!(object, br#"{"prompt_tokens":1,"x":{"y":"}\"{"},"completion_tokens":2}"#);
-        assert_eq!(usage_value(br#"{"usage":{"prompt_tokens":1"#), Some((9, None)));
-        assert_eq!(usage_value(br#"{"usage":null}"#).map(|(_, end)| end), Some(None));
-        assert!(usage_value(br#"{"usage" 3}"#).is_none());
+    fn what_crosses_to_the_writer_is_small() {
+        let size = std::mem::size_of::<RequestEnded>();
+        assert!(size <= MESSAGE_BYTES, "a RequestEnded weighs {size} bytes");
+        assert_eq!(RequestId::new(b"00000000000000ab").as_bytes(), b"00000000000000ab");
+        let long = [b'x'; 200];
+        assert_eq!(RequestId::new(&long).as_bytes(), &long[..ID_BYTES]);
     }
 
     #[test]
@@ -431,7 +463,7 @@ mod tests {
             b"data: [DONE]\n\n",
         ]);
         assert_eq!(tail.tokens(), 3);
-        let usage = find_usage(tail.last.as_slice()).unwrap();
+        let usage = find_usage(tail.bytes()).unwrap();
         assert_eq!((usage.prompt_tokens, usage.completion_tokens), (4, 2));
     }
 
@@ -441,9 +473,9 @@ mod tests {
         for cut in [1, 7, 100, 1023, 1024, 1025, 3000] {
             let frames: Vec<&[u8]> = text.chunks(cut).collect();
             let tail = stream(&frames);
-            assert_eq!(tail.last.as_slice(), &text[text.len() - STREAM_TAIL_BYTES..], "frames of {cut}");
+            assert_eq!(tail.bytes(), &text[text.len() - STREAM_TAIL_BYTES..], "frames of {cut}");
         }
         let short = stream(&[b"ab", b"cd"]);
-        assert_eq!(short.last.as_slice(), b"abcd");
+        assert_eq!(short.bytes(), b"abcd");
     }
 }

@@ -152,7 +152,7 @@ pub(crate) struct Inner {
     /// [`fleet::QUARANTINE`] (the node's report may still name it while
     /// the node is dying).
     /// (With the node that ran it, for a fleet's replica.)
-    pub failed: Mutex<FailedReplicas>,
+    pub failed: Mutex<std::collections::HashMap<ReplicaId, (Instant, Option<String>)>>,
     epoch: Instant,
 }
 
@@ -316,9 +316,6 @@ fn start_events(config: &ServeConfig) -> Result<crate::events::EventSink, ServeE
     let (sink, _writer) = EventSink::start(target, ev.channel);
     Ok(sink)
 }
-
-/// Replicas seen failing: when, and the node that ran each.
-pub(crate) type FailedReplicas = std::collections::HashMap<ReplicaId, (Instant, Option<Arc<str>>)>;
 
 /// The state every kind of server shares — models, their processors and
 /// replica tables, keys, metrics, the node's weight store — and the

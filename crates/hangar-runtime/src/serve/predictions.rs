@@ -97,7 +97,7 @@ struct Run<'a> {
 
 impl Run<'_> {
     /// The run holds a permit on `replica`, run by `node`, now.
-    fn admitted(&self, replica: ReplicaId, node: Option<Arc<str>>) {
+    fn admitted(&self, replica: ReplicaId, node: Option<String>) {
         if let Some(runs) = self.runs {
             runs.admitted(&self.job.id, replica, node);
         }

@@ -26,8 +26,8 @@ pub(crate) struct Replica {
     pub state: ReplicaPhase,
     /// Its engine's base URL, once known.
     pub base_url: Option<String>,
-    /// The node running it (shared: a request's event names it).
-    pub node: Option<Arc<str>>,
+    /// The node running it.
+    pub node: Option<String>,
     /// The driver's view of it, when this process runs it.
     pub local: Option<NodeReplica>,
 }
@@ -63,7 +63,7 @@ impl Replica {
     /// A replica another machine runs (fleet mode), as its node reports
     /// it: this gateway routes to it, it does not own its engine.
     pub fn remote(state: ReplicaPhase, url: Option<String>, node: String) -> Replica {
-        Replica { state, base_url: url, node: Some(node.into()), local: None }
+        Replica { state, base_url: url, node: Some(node), local: None }
     }
 
     /// A replica this process runs, as its driver sees it.
@@ -71,7 +71,7 @@ impl Replica {
         Replica {
             state: r.phase,
             base_url: r.url.clone(),
-            node: Some(r.view.node.as_str().into()),
+            node: Some(r.view.node.clone()),
             local: Some(r.clone()),
         }
     }
@@ -87,10 +87,15 @@ impl ModelRuntime {
 
     /// The base URL of a ready replica and the node running it, read
     /// under one lock (`None` once it is not ready, or gone).
-    pub fn replica_route(&self, replica: ReplicaId) -> Option<(String, Option<Arc<str>>)> {
+    pub(crate) fn replica_route(&self, replica: ReplicaId) -> Option<(String, Option<String>)> {
         let replicas = self.replicas.lock().expect("replica table lock");
         let r = replicas.get(&replica).filter(|r| r.state == ReplicaPhase::Ready)?;
         Some((r.base_url.clone()?, r.node.clone()))
+    }
+
+    /// The node running `replica`, while the table has it (in any state).
+    pub(crate) fn replica_node(&self, replica: ReplicaId) -> Option<String> {
+        self.replicas.lock().expect("replica table lock").get(&replica).and_then(|r| r.node.clone())
     }
 
     /// How many replicas are in `state`.
@@ -135,7 +140,7 @@ impl ModelRuntime {
                     level: d.map(|d| d.level.to_string()),
                     dedicated: d.is_some_and(|d| d.dedicated),
                     state: r.state,
-                    node: d.map(|d| d.node.to_string()).or_else(|| r.node.as_deref().map(str::to_owned)),
+                    node: d.map(|d| d.node.to_string()).or_else(|| r.node.clone()),
                     gpus: d.map(|d| d.gpu_bytes_by_gpu.keys().copied().collect()).unwrap_or_default(),
                     engine_gpus: local.map(NodeReplica::gpus),
                     in_flight: self.processor.in_use_on(*id),
