@@ -508,7 +508,9 @@ pub struct Tally {
     metrics: Arc<ModelMetrics>,
     kind: RequestKind,
     counted: bool,
-    trace: Option<RequestTrace>,
+    /// Boxed: the tally is moved through the request's futures, a pointer
+    /// is cheaper to move than the trace.
+    trace: Option<Box<RequestTrace>>,
 }
 
 impl Tally {
@@ -519,13 +521,13 @@ impl Tally {
 
     /// The tally that also ends `trace` (none: events are off).
     pub fn traced(mut self, trace: Option<RequestTrace>) -> Self {
-        self.trace = trace;
+        self.trace = trace.map(Box::new);
         self
     }
 
     /// The request's event in the making, to note what happens to it.
     pub fn trace(&mut self) -> Option<&mut RequestTrace> {
-        self.trace.as_mut()
+        self.trace.as_deref_mut()
     }
 
     /// The request ended with `status` (and `code`, unless it succeeded).
