@@ -136,15 +136,14 @@ async fn model(State(server): State<Server>, Path(id): Path<String>, headers: He
     };
     match server.model(&id) {
         Some(rt) if rt.allows(&account) => Json(model_object(&id)).into_response(),
-        _ => no_such_model(&id),
+        _ => no_such_model(&id).into_response(),
     }
 }
 
 /// The 404 of a model that does not exist — or that the caller's account
 /// may not see, which must not be told apart.
-fn no_such_model(model: &str) -> Response {
-    let message = format!("The model `{model}` does not exist.");
-    error(StatusCode::NOT_FOUND, "invalid_request_error", &message, Some("model"))
+pub(crate) fn no_such_model(model: &str) -> ApiError {
+    ApiError::not_found(format!("The model `{model}` does not exist.")).param("model")
 }
 
 /// Ready when every model that keeps replicas has one serving.
@@ -245,7 +244,7 @@ async fn forward(
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
     };
     let Some(rt) = server.model(model).filter(|rt| rt.allows(&account)).cloned() else {
-        return no_such_model(model);
+        return no_such_model(model).into_response();
     };
     // The request's event rides on its tally: ended with it, once.
     let trace =

@@ -62,12 +62,20 @@ async fn engine() -> String {
 }
 
 async fn start(dir: &Path) -> (Server, Router) {
+    start_with(dir, |_| {}).await
+}
+
+/// The test server with its events in `dir`, its configuration changed by
+/// `edit` first: two public models (`t/trusted` priced, `t/untrusted`) and
+/// `t/private` for account `beta` only; keys `k-acme` (account `acme`),
+/// `k-beta` (`beta`) and `k-ops` (admin).
+async fn start_with(dir: &Path, edit: impl FnOnce(&mut ServeConfig)) -> (Server, Router) {
     let url = engine().await;
     let text = format!(
         r#"
 [[nodes]]
 id = "n1"
-gpus = 1
+gpus = 3
 gpu_memory = "80GB"
 
 [[models]]
@@ -84,13 +92,30 @@ size = "10GB"
 min_replicas = 1
 billing = {{ trust_usage = false }}
 
+[[models]]
+key = "t/private"
+engine = {{ kind = "external", url = "{url}" }}
+size = "10GB"
+min_replicas = 1
+access = ["beta"]
+
 [[api_keys]]
 key = "k-acme"
 account = "acme"
+
+[[api_keys]]
+key = "k-beta"
+account = "beta"
+
+[[api_keys]]
+key = "k-ops"
+account = "ops"
+admin = true
 "#
     );
     let mut config = ServeConfig::from_toml(&text, "test").unwrap();
     config.events.path = Some(dir.join("events.jsonl"));
+    edit(&mut config);
     let server = Server::start(config, Default::default()).await.unwrap();
     let service = server
         .start_predictions(&Backend::Sqlite(dir.to_path_buf()), Default::default(), "http://test")
@@ -101,8 +126,12 @@ account = "acme"
 }
 
 async fn chat(router: &Router, id: &str, body: Value) -> (StatusCode, Vec<u8>) {
+    chat_as(router, "k-acme", id, body).await
+}
+
+async fn chat_as(router: &Router, key: &str, id: &str, body: Value) -> (StatusCode, Vec<u8>) {
     let request = Request::post("/v1/chat/completions")
-        .header("authorization", "Bearer k-acme")
+        .header("authorization", format!("Bearer {key}"))
         .header("content-type", "application/json")
         .header("x-request-id", id)
         .body(Body::from(body.to_string()))
@@ -289,5 +318,147 @@ async fn an_unwritable_sink_leaves_the_server_serving_and_says_so_in_metrics() {
     let text = server.render_metrics();
     assert!(text.contains("hangar_events_sink_failing 1"), "{text}");
     assert!(text.contains("hangar_events_dropped_total{reason=\"sink_failed\"}"), "{text}");
+    server.shutdown().await;
+}
+
+/// `GET /v1/usage?{query}` with `key` (none: no key): the status and the
+/// JSON answer.
+async fn usage(router: &Router, key: Option<&str>, query: &str) -> (StatusCode, Value) {
+    let mut request = Request::get(format!("/v1/usage?{query}"));
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let response = router.clone().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// The groups of a usage answer as (group, requests).
+fn groups(answer: &Value) -> Vec<(String, u64)> {
+    answer["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no data: {answer}"))
+        .iter()
+        .map(|g| (g["group"].as_str().unwrap().to_owned(), g["requests"].as_u64().unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_account_sees_its_own_usage_and_an_admin_everyones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router) = start(dir.path()).await;
+    let message = json!([{"role": "user", "content": "hello there"}]);
+    for i in 0..3 {
+        let body = json!({"model": "t/trusted", "messages": message});
+        assert_eq!(chat_as(&router, "k-acme", &format!("a{i}"), body).await.0, StatusCode::OK);
+    }
+    for (i, model) in ["t/trusted", "t/private"].into_iter().enumerate() {
+        let body = json!({"model": model, "messages": message});
+        assert_eq!(chat_as(&router, "k-beta", &format!("b{i}"), body).await.0, StatusCode::OK);
+    }
+
+    // An account: its own, whatever it asks for.
+    let (status, mine) = usage(&router, Some("k-acme"), "").await;
+    assert_eq!(status, StatusCode::OK, "{mine}");
+    assert_eq!(groups(&mine), [("t/trusted".to_owned(), 3)]);
+    assert_eq!((mine["account"].as_str(), mine["group_by"].as_str()), (Some("acme"), Some("model")));
+    assert_eq!(mine["total"]["input_tokens"], 33, "the engine's usage: {mine}");
+    let usd = mine["total"]["usd"].as_f64().unwrap();
+    assert!(usd >= 3.0 * (0.01 * 11.0 + 0.02 * 22.0) - 1e-9, "{mine}");
+    let (status, refused) = usage(&router, Some("k-acme"), "account=beta").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    assert_eq!(refused["error"]["param"], "account");
+    assert_eq!(usage(&router, Some("k-acme"), "account=acme").await.0, StatusCode::OK);
+    // A model it may not use does not exist for it; nothing of beta's shows.
+    let (status, refused) = usage(&router, Some("k-acme"), "model=t/private").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{refused}");
+    assert!(!refused.to_string().contains("beta"), "{refused}");
+    let (_, theirs) = usage(&router, Some("k-beta"), "group_by=account").await;
+    assert_eq!(groups(&theirs), [("beta".to_owned(), 2)]);
+
+    // An admin: everyone's, or one account's, or one model's.
+    let (_, all) = usage(&router, Some("k-ops"), "group_by=account").await;
+    assert_eq!(groups(&all), [("acme".to_owned(), 3), ("beta".to_owned(), 2)]);
+    assert_eq!(all["account"], Value::Null);
+    let (_, one) = usage(&router, Some("k-ops"), "account=beta&model=t/private").await;
+    assert_eq!(groups(&one), [("t/private".to_owned(), 1)]);
+    // A model no longer served is still a valid question for an admin.
+    let (status, gone) = usage(&router, Some("k-ops"), "model=t/retired").await;
+    assert_eq!((status, gone["total"]["requests"].as_u64()), (StatusCode::OK, Some(0)));
+    // Grouped by hour or day: all five in one group (unless the hour
+    // turned between the requests and the question).
+    let (_, hours) = usage(&router, Some("k-ops"), "group_by=hour").await;
+    assert_eq!(hours["total"]["requests"], 5);
+    assert!(groups(&hours).iter().all(|(g, _)| g.len() == 17 && g.ends_with(":00Z")), "{hours}");
+    // A range: RFC 3339 or Unix seconds; one in the future has none.
+    let now = hangar_runtime::serve::wall_ms() / 1000;
+    let (_, later) = usage(&router, Some("k-ops"), &format!("from={}&to={}", now + 3600, now + 7200)).await;
+    assert_eq!(later["total"]["requests"], 0);
+    let (_, today) = usage(&router, Some("k-ops"), "from=2020-01-01T00:00:00Z").await;
+    assert_eq!(today["total"]["requests"], 5);
+    assert_eq!(today["from"], "2020-01-01T00:00:00Z");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_usage_questions_are_refused_naming_the_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router) = start(dir.path()).await;
+    assert_eq!(usage(&router, None, "").await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(usage(&router, Some("k-wrong"), "").await.0, StatusCode::UNAUTHORIZED);
+    for (query, param) in [
+        ("from=yesterday", Some("from")),
+        ("to=2026-13-40T00:00:00Z", Some("to")),
+        ("from=2000&to=1000", Some("from")),
+        ("group_by=week", Some("group_by")),
+        ("model=../etc", Some("model")),
+        ("account=a%20b", Some("account")),
+        ("from=1&from=2", Some("from")),
+        ("grup_by=model", None),
+    ] {
+        let (status, answer) = usage(&router, Some("k-ops"), query).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        match param {
+            Some(param) => {
+                assert_eq!(answer["error"]["param"], param, "{query}: {answer}");
+                assert!(message.contains(&format!("`{param}`")), "{query}: {message}");
+            }
+            None => assert!(message.contains("`grup_by`"), "{message}"),
+        }
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_reads_the_rotated_files_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router) = start_with(dir.path(), |c| {
+        // A couple of events a file.
+        c.events.max_file_bytes = hangar_core::ByteSize::new(1024);
+        c.events.keep_files = 30;
+    })
+    .await;
+    let message = json!([{"role": "user", "content": "hello there"}]);
+    for i in 0..12 {
+        let body = json!({"model": "t/trusted", "messages": message});
+        assert_eq!(chat(&router, &format!("r{i}"), body).await.0, StatusCode::OK);
+    }
+    let (status, answer) = usage(&router, Some("k-acme"), "").await;
+    assert_eq!((status, groups(&answer)), (StatusCode::OK, vec![("t/trusted".to_owned(), 12)]), "{answer}");
+    let files = std::fs::read_dir(dir.path()).unwrap().flatten();
+    let events = files.filter(|f| f.file_name().to_string_lossy().starts_with("events.jsonl")).count();
+    assert!(events >= 4, "rotated: {events} files");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_without_events_says_it_has_no_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router) = start_with(dir.path(), |c| c.events.enabled = false).await;
+    let (status, answer) = usage(&router, Some("k-ops"), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("enabled = false"), "{answer}");
     server.shutdown().await;
 }

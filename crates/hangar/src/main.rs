@@ -42,6 +42,9 @@ enum Command {
     Evict(cmd::evict::Args),
     /// Content-addressed model-weight store: import, inspect, serve, share.
     Store(cmd::store::Args),
+    /// Usage and billing of a running server (its `GET /v1/usage`), per
+    /// model, account, day or hour.
+    Usage(cmd::usage::Args),
     /// Benchmarks that print figures against targets: the gateway, durable
     /// predictions, the predictions queue, a fleet's control plane, a fleet
     /// under faults, the weight store and cold starts.
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Evict(args) => cmd::evict::run(args),
         Command::Store(args) => cmd::store::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Usage(args) => cmd::usage::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,7 +2,8 @@
 //! Replicate's billing metrics): one [`InferenceEvent`] per synchronous
 //! request and per prediction, priced by the model's [`BillingConfig`],
 //! handed to an [`EventSink`] that never blocks and written by a thread of
-//! its own to a rotating JSONL file or a Redis stream.
+//! its own to a rotating JSONL file or a Redis stream; and the usage they
+//! add up to ([`UsageReport`], read back by a [`UsageSource`]).
 //!
 //! A synchronous request's event costs the request path next to nothing:
 //! its [`RequestTrace`] keeps instants and small things (never a handle
@@ -17,6 +18,7 @@ mod event;
 mod prediction;
 mod sink;
 mod trace;
+mod usage;
 
 pub use billing::{BillingConfig, Cost, Neurons};
 pub use event::{estimate_tokens, InferenceEvent};
@@ -24,3 +26,7 @@ pub(crate) use prediction::request_kind;
 pub use prediction::{images, input_tokens, output_tokens, prediction_event, RunFacts, Runs};
 pub use sink::{EventSink, EventsConfig, SinkStats, Target, WriterHandle, TICK};
 pub use trace::{find_usage, RequestTrace, Usage, COPY_UP_TO, MESSAGE_BYTES, STREAM_TAIL_BYTES};
+pub use usage::{
+    parse_time, read_files, read_stream, rfc3339, Group, GroupBy, QueryError, Totals, UsageError, UsageQuery,
+    UsageReport, UsageRow, UsageSource,
+};

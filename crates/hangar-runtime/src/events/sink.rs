@@ -206,9 +206,12 @@ impl WallClock {
         WallClock { unix_ms, at: Instant::now() }
     }
 
-    /// `t` (before now) in Unix ms.
+    /// `t` (before now) in Unix ms, never later than it was: the gap to
+    /// now is rounded up (a usage query up to now counts what ended
+    /// before it).
     pub fn unix_ms(&self, t: Instant) -> u64 {
-        self.unix_ms.saturating_sub(self.at.saturating_duration_since(t).as_millis() as u64)
+        let gap_ms = self.at.saturating_duration_since(t).as_micros().div_ceil(1000);
+        self.unix_ms.saturating_sub(u64::try_from(gap_ms).unwrap_or(u64::MAX))
     }
 }
 

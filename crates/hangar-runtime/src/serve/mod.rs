@@ -52,6 +52,7 @@ use hangar_agent::lifecycle::DriverHandle;
 use hangar_agent::weights::WeightStore;
 use hangar_core::ReplicaPhase;
 
+use crate::events::{EventSink, Target, UsageError, UsageQuery, UsageReport, UsageSource};
 pub use config::{
     check_queue_capacity, ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO,
     MAX_DURATION_S, MAX_QUEUE_CAPACITY,
@@ -136,6 +137,8 @@ pub(crate) struct Inner {
     pub metrics: Metrics,
     /// Where inference events go.
     pub events: crate::events::EventSink,
+    /// Where they are read back from, for usage.
+    pub usage: crate::events::UsageSource,
     /// The bearer key `/metrics` asks for, if any.
     pub metrics_key: Option<String>,
     /// The node's weight store, when a model has `weights`.
@@ -265,8 +268,29 @@ impl Server {
     }
 
     /// Where inference events go.
-    pub fn events(&self) -> &crate::events::EventSink {
+    pub fn events(&self) -> &EventSink {
         &self.inner.events
+    }
+
+    /// The usage `query` asks for, read from this server's events (its
+    /// files, or its fleet's stream) once the events this server has sent
+    /// so far are written: a caller sees its own last requests. (Another
+    /// gateway of a fleet writes its own within a tick.)
+    ///
+    /// # Cancel safety
+    /// The read runs on the blocking pool and changes nothing: dropping
+    /// the future lets it finish unseen.
+    pub async fn usage(&self, query: UsageQuery) -> Result<UsageReport, UsageError> {
+        let inner = self.inner.clone();
+        let read = move || {
+            inner.events.flush(Duration::from_secs(5));
+            inner.usage.read(query)
+        };
+        match tokio::task::spawn_blocking(read).await {
+            Ok(read) => read,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(UsageError::Stopping),
+        }
     }
 
     /// The counter of request handlers that panicked
@@ -293,28 +317,29 @@ impl Server {
     }
 }
 
-/// The event sink `config.events` names: the Redis stream of a fleet
-/// (`redis` set), else the JSONL file at `events.path` (which `hangar
-/// serve` resolves against `data_dir`); none when disabled or, for a
-/// server built without a data directory (tests), when no path is given.
-fn start_events(config: &ServeConfig) -> Result<crate::events::EventSink, ServeError> {
-    use crate::events::{EventSink, Target};
+/// The event sink `config.events` names, and where its events are read
+/// back: the Redis stream of a fleet (`redis` set), else the JSONL file at
+/// `events.path` (which `hangar serve` resolves against `data_dir`); none
+/// when disabled or, for a server built without a data directory (tests),
+/// when no path is given.
+fn start_events(config: &ServeConfig) -> Result<(EventSink, UsageSource), ServeError> {
     let ev = &config.events;
-    let target = match (&config.redis, &ev.path) {
-        _ if !ev.enabled => return Ok(EventSink::disabled()),
-        (Some(url), _) => Target::Redis {
-            redis: hangar_redis::Redis::connect(url).map_err(|e| ServeError::Fleet(e.to_string()))?,
-            stream: ev.stream.clone(),
-            max_len: ev.stream_max_len,
-        },
-        (None, Some(path)) => {
-            Target::File { path: path.clone(), max_bytes: ev.max_file_bytes.bytes(), keep: ev.keep_files }
+    let (target, source) = match (&config.redis, &ev.path) {
+        _ if !ev.enabled => return Ok((EventSink::disabled(), UsageSource::Off)),
+        (Some(url), _) => {
+            let redis = hangar_redis::Redis::connect(url).map_err(|e| ServeError::Fleet(e.to_string()))?;
+            let source = UsageSource::Stream { redis: redis.clone(), stream: ev.stream.clone() };
+            (Target::Redis { redis, stream: ev.stream.clone(), max_len: ev.stream_max_len }, source)
         }
-        (None, None) => return Ok(EventSink::disabled()),
+        (None, Some(path)) => (
+            Target::File { path: path.clone(), max_bytes: ev.max_file_bytes.bytes(), keep: ev.keep_files },
+            UsageSource::Files { path: path.clone(), keep: ev.keep_files },
+        ),
+        (None, None) => return Ok((EventSink::disabled(), UsageSource::Off)),
     };
     // The writer thread ends when the last sink (the server's) is dropped.
     let (sink, _writer) = EventSink::start(target, ev.channel);
-    Ok(sink)
+    Ok((sink, source))
 }
 
 /// The state every kind of server shares — models, their processors and
@@ -337,9 +362,9 @@ pub(crate) async fn build(
     );
     let weights = open_weight_store(config).await?;
     let mut metrics = Metrics::new();
-    let events = match events {
+    let (events, usage) = match events {
         true => start_events(config)?,
-        false => crate::events::EventSink::disabled(),
+        false => (EventSink::disabled(), UsageSource::Off),
     };
     events.stats().register(metrics.registry_mut());
     let (control, commands) = control::ControlHandle::new();
@@ -375,6 +400,7 @@ pub(crate) async fn build(
         client: reqwest::Client::new(),
         metrics,
         events,
+        usage,
         metrics_key: config.metrics_key.clone(),
         weights,
         gateway: std::sync::OnceLock::new(),

@@ -17,6 +17,7 @@ pub mod sim;
 mod sim_live;
 pub mod store;
 pub mod trace;
+pub mod usage;
 
 /// Prints an error chain the way users read it (`error: … caused by: …`) and
 /// picks the exit code. A broken pipe (`hangar sim | head`) is not a failure.
