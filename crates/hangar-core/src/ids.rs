@@ -117,9 +117,17 @@ fn any_segments(_: &'static str, _: &str) -> Result<(), IdError> {
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $kind:literal, $max:literal, $punct:literal, $segments:path) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+        #[serde(try_from = "String")]
         pub struct $name(Arc<str>);
+
+        // Written as the string it is, without the copy `into = "String"`
+        // would make (events write an account per line).
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
 
         impl $name {
             /// The identifier as a string slice.

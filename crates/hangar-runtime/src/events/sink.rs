@@ -25,7 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
-use super::trace::{NodeNames, RequestEnded};
+use super::trace::{ReplicaNames, RequestEnded};
 use super::InferenceEvent;
 
 /// After a failed write, how long the writer waits before trying the sink
@@ -391,7 +391,7 @@ impl Writer {
             }
             Target::Redis { redis, stream, max_len } => Box::new(Stream { redis, stream, max_len }),
         };
-        let (mut flushes, mut nodes) = (Vec::new(), NodeNames::default());
+        let (mut flushes, mut replicas) = (Vec::new(), ReplicaNames::default());
         loop {
             let clock = WallClock::now();
             let (mut drained, mut gone) = (0, false);
@@ -406,7 +406,7 @@ impl Writer {
                 };
                 drained += 1;
                 match ended {
-                    Ended::Request(ended) => self.batch.push(&ended.event(&clock, &mut nodes)),
+                    Ended::Request(ended) => self.batch.push(&ended.event(&clock, &mut replicas)),
                     Ended::Prediction(event) => self.batch.push(&event),
                     Ended::Flush(flushed) => flushes.push(flushed),
                 }

@@ -244,6 +244,15 @@ impl Tail {
 /// once, with what `/metrics` counts it as, by the request's
 /// [`Tally`](crate::serve::Tally), which holds it.
 pub struct RequestTrace {
+    facts: Facts,
+    /// The request body, while the request runs.
+    request: Option<Bytes>,
+    answer: Answer,
+}
+
+/// What a request's event knows of it from its start: on its trace while
+/// it runs, then on the message to the writer.
+pub(super) struct Facts {
     rt: Arc<ModelRuntime>,
     /// `x-request-id`: the caller's or the gateway's.
     id: RequestId,
@@ -253,26 +262,17 @@ pub struct RequestTrace {
     admitted_us: Option<u32>,
     /// Arrival to the answer's first byte, µs.
     first_byte_us: Option<u32>,
-    /// The last replica it went to (the writer names its node).
+    /// The last replica it went to (the writer names it and its node).
     replica: Option<ReplicaId>,
-    /// The request body, while the request runs.
-    request: Option<Bytes>,
-    answer: Answer,
 }
 
 /// A request that ended, on its way to the writer: what its event needs,
 /// small (a `size_of` test holds it to [`MESSAGE_BYTES`]).
 pub(super) struct RequestEnded {
-    rt: Arc<ModelRuntime>,
-    id: RequestId,
-    account: AccountId,
-    arrival: Instant,
-    admitted_us: Option<u32>,
-    first_byte_us: Option<u32>,
+    facts: Facts,
     total_us: u32,
     status: u16,
     code: Option<ErrorCode>,
-    replica: Option<ReplicaId>,
     usage: Option<Usage>,
     /// What an estimate reads: none when the engine's usage is taken (or
     /// the request never got a permit).
@@ -298,13 +298,15 @@ impl RequestTrace {
         request: &Bytes,
     ) -> Option<Self> {
         rt.events.enabled().then(|| RequestTrace {
-            rt: rt.clone(),
-            id: RequestId::new(id),
-            account,
-            arrival,
-            admitted_us: None,
-            first_byte_us: None,
-            replica: None,
+            facts: Facts {
+                rt: rt.clone(),
+                id: RequestId::new(id),
+                account,
+                arrival,
+                admitted_us: None,
+                first_byte_us: None,
+                replica: None,
+            },
             request: Some(request.clone()),
             answer: Answer::None,
         })
@@ -313,20 +315,22 @@ impl RequestTrace {
     /// The request got a permit `at` on `replica`: the first permit ends
     /// its wait; the last replica is the one named.
     pub fn admitted(&mut self, at: Instant, replica: ReplicaId) {
-        self.admitted_us.get_or_insert(micros(self.arrival, at));
-        self.replica = Some(replica);
+        let f = &mut self.facts;
+        f.admitted_us.get_or_insert(micros(f.arrival, at));
+        f.replica = Some(replica);
     }
 
     /// The answer's first byte went out `at`.
     pub fn first_byte(&mut self, at: Instant) {
-        self.first_byte_us.get_or_insert(micros(self.arrival, at));
+        let f = &mut self.facts;
+        f.first_byte_us.get_or_insert(micros(f.arrival, at));
     }
 
     /// The answer, read whole (as the replica sent it: its `usage` is the
     /// same renamed or not): its usage read, or — with none, or for a
     /// model not trusted — the answer kept for an estimate.
     pub fn whole(&mut self, answer: &Bytes) {
-        let usage = self.rt.config().billing.trust_usage.then(|| find_usage(answer)).flatten();
+        let usage = self.facts.rt.config().billing.trust_usage.then(|| find_usage(answer)).flatten();
         self.answer = match usage {
             Some(usage) => Answer::Usage(usage),
             None => Answer::Whole(keep(answer.clone())),
@@ -349,7 +353,7 @@ impl RequestTrace {
     /// (none when it succeeded). Never blocks: a full channel drops the
     /// event and counts it.
     pub fn end(self, status: u16, code: Option<ErrorCode>) {
-        let total_us = micros(self.arrival, Instant::now());
+        let total_us = micros(self.facts.arrival, Instant::now());
         let (usage, answer, tail) = match self.answer {
             Answer::None => (None, None, None),
             Answer::Usage(usage) => (Some(usage), None, None),
@@ -357,44 +361,32 @@ impl RequestTrace {
             Answer::Stream(tail) => (None, None, Some(tail)),
         };
         // The body outlives the request only if an estimate may read it.
-        let kept = (self.admitted_us.is_some() && usage.is_none())
+        let kept = (self.facts.admitted_us.is_some() && usage.is_none())
             .then(|| Box::new(Kept { request: self.request.map(keep), answer, tail }));
-        let ended = RequestEnded {
-            rt: self.rt,
-            id: self.id,
-            account: self.account,
-            arrival: self.arrival,
-            admitted_us: self.admitted_us,
-            first_byte_us: self.first_byte_us,
-            total_us,
-            status,
-            code,
-            replica: self.replica,
-            usage,
-            kept,
-        };
+        let ended = RequestEnded { facts: self.facts, total_us, status, code, usage, kept };
         // The model's sink, held while the trace moves into the channel.
-        let rt = ended.rt.clone();
+        let rt = ended.facts.rt.clone();
         rt.events.send(Ended::Request(ended));
     }
 }
 
 impl RequestEnded {
     /// The event, made by the writer thread: `clock` turns the request's
-    /// instants into wall time, `nodes` names replicas' nodes.
-    pub(super) fn event(self, clock: &WallClock, nodes: &mut NodeNames) -> InferenceEvent {
-        let config = self.rt.config();
+    /// instants into wall time, `replicas` names replicas and their nodes.
+    pub(super) fn event(self, clock: &WallClock, replicas: &mut ReplicaNames) -> InferenceEvent {
+        let RequestEnded { facts: f, total_us, status, code, usage, kept } = self;
+        let config = f.rt.config();
         let ms = |us: u32| u64::from(us) / 1000;
         let (mut input_tokens, mut output_tokens, mut tokens_estimated) = (0, 0, false);
-        let usage = self.usage.or_else(|| {
-            let kept = self.kept.as_deref()?;
+        let usage = usage.or_else(|| {
+            let kept = kept.as_deref()?;
             match (&kept.answer, &kept.tail) {
                 (Some(answer), _) => find_usage(answer),
                 (_, Some(tail)) => find_usage(tail.bytes()),
                 _ => None,
             }
         });
-        match (usage.filter(|_| config.billing.trust_usage), &self.kept) {
+        match (usage.filter(|_| config.billing.trust_usage), &kept) {
             (Some(u), _) => (input_tokens, output_tokens) = (u.prompt_tokens, u.completion_tokens),
             (None, Some(kept)) => {
                 tokens_estimated = true;
@@ -412,22 +404,25 @@ impl RequestEnded {
             }
             (None, None) => {}
         }
-        let end = self.arrival + std::time::Duration::from_micros(u64::from(self.total_us));
-        let admitted = self.admitted_us.unwrap_or(self.total_us);
+        let end = f.arrival + std::time::Duration::from_micros(u64::from(total_us));
+        let (replica, node) = match f.replica {
+            Some(r) => replicas.name(&f.rt, r),
+            None => (None, None),
+        };
         let mut event = InferenceEvent {
             ts_ms: clock.unix_ms(end),
             kind: RequestKind::Sync,
-            id: String::from_utf8_lossy(self.id.as_bytes()).into_owned(),
-            account: self.account,
+            id: String::from_utf8_lossy(f.id.as_bytes()).into_owned(),
+            account: f.account,
             model: config.key.to_string(),
-            replica: self.replica.map(|r| replica_name(&config.key, r)),
-            node: self.replica.and_then(|r| nodes.node(&self.rt, r)),
-            status: self.status,
-            code: self.code,
-            queue_ms: ms(admitted),
-            inference_ms: self.admitted_us.map_or(0, |a| ms(self.total_us.saturating_sub(a))),
-            total_ms: ms(self.total_us),
-            ttft_ms: self.first_byte_us.map(ms),
+            replica,
+            node,
+            status,
+            code,
+            queue_ms: ms(f.admitted_us.unwrap_or(total_us)),
+            inference_ms: f.admitted_us.map_or(0, |a| ms(total_us.saturating_sub(a))),
+            total_ms: ms(total_us),
+            ttft_ms: f.first_byte_us.map(ms),
             input_tokens,
             output_tokens,
             tokens_estimated,
@@ -439,26 +434,39 @@ impl RequestEnded {
     }
 }
 
-/// The writer's names of replicas' nodes, remembered: a replica that
+/// The writer's names of replicas (`<model>:<id>`) and of their nodes,
+/// remembered: made once per replica, not per event, and a replica that
 /// failed is gone from its model's table by the time its last requests'
 /// events are made.
 #[derive(Default)]
-pub(super) struct NodeNames(HashMap<ReplicaId, Option<String>>);
+pub(super) struct ReplicaNames(HashMap<ReplicaId, (String, Option<String>)>);
 
-impl NodeNames {
+impl ReplicaNames {
     /// Replicas remembered at most (then the memory starts over).
     const MAX: usize = 4096;
 
-    fn node(&mut self, rt: &ModelRuntime, replica: ReplicaId) -> Option<String> {
-        if let Some(known) = self.0.get(&replica).filter(|n| n.is_some()) {
-            return known.clone();
+    /// `replica` of `rt`'s model: its name, and its node when known.
+    fn name(&mut self, rt: &ModelRuntime, replica: ReplicaId) -> (Option<String>, Option<String>) {
+        match self.0.get(&replica) {
+            // A node unknown when first named may be known now.
+            Some((name, None)) => {
+                let node = rt.replica_node(replica);
+                let known = (Some(name.clone()), node.clone());
+                if node.is_some() {
+                    self.0.insert(replica, (name.clone(), node));
+                }
+                known
+            }
+            Some((name, node)) => (Some(name.clone()), node.clone()),
+            None => {
+                if self.0.len() >= Self::MAX {
+                    self.0.clear();
+                }
+                let (name, node) = (replica_name(&rt.config().key, replica), rt.replica_node(replica));
+                self.0.insert(replica, (name.clone(), node.clone()));
+                (Some(name), node)
+            }
         }
-        if self.0.len() >= Self::MAX {
-            self.0.clear();
-        }
-        let node = rt.replica_node(replica);
-        self.0.insert(replica, node.clone());
-        node
     }
 }
 

@@ -139,7 +139,10 @@ mod tests {
         assert_eq!(lines[0], "usage from 2026-11-26T00:00:00Z to 2026-11-27T00:00:00Z, account acme");
         assert!(lines[1].starts_with("model      requests  errors"), "{text}");
         assert!(lines[2].starts_with("demo/chat         2       1"), "{text}");
-        assert_eq!(lines[4], "total            14       1        140         280       0      1.2  0.512300     3.50");
+        assert_eq!(
+            lines[4],
+            "total            14       1        140         280       0      1.2  0.512300     3.50"
+        );
         assert!(lines[4].ends_with("1.2  0.512300     3.50"), "{text}");
         assert_eq!(lines.len(), 5);
     }
