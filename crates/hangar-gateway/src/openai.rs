@@ -291,7 +291,17 @@ impl Forward<'_> {
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
         // A replica that refused the request for want of capacity.
         let mut avoid = None;
-        for attempt in 0..2 {
+        // Sends left: a first and one retry. A send whose replica is then
+        // found dead gives its try back — that replica is out of the table,
+        // so the next goes elsewhere — up to `DEAD_REPLICAS_SKIPPED` times:
+        // a node that dies takes all its replicas, and its siblings' health
+        // checks may still be in flight when the retry is admitted.
+        let (mut tries, mut dead_skipped) = (2u32, 0u32);
+        for attempt in 0.. {
+            if tries == 0 {
+                break;
+            }
+            tries -= 1;
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
             let admitted = self.rt.processor().admit_with(
@@ -340,7 +350,11 @@ impl Forward<'_> {
                 Err(e) => {
                     tracing::warn!(replica = %name(), "forwarding failed: {e}");
                     drop(lease);
-                    self.server.probe(self.rt, replica).await;
+                    let alive = self.server.probe(self.rt, replica).await;
+                    if !alive && dead_skipped < DEAD_REPLICAS_SKIPPED {
+                        dead_skipped += 1;
+                        tries += 1;
+                    }
                 }
             }
         }
@@ -428,6 +442,11 @@ fn timed_out(timeout_s: u64) -> Response {
     let message = format!("the request did not finish within its timeout ({timeout_s} s)");
     error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None)
 }
+
+/// How many replicas found dead one request may pass over (each gives
+/// its try back): more than a node holds of one model in practice, and
+/// few enough that a request cannot keep a gateway busy for long.
+const DEAD_REPLICAS_SKIPPED: u32 = 4;
 
 /// Seconds a client is told to wait (`Retry-After`) before asking again
 /// for a model that cannot run now: about the controller's first retry
