@@ -816,7 +816,12 @@ impl Controller {
     /// than it takes to start one of its replicas (its mean COLD start, at
     /// least [`STARVATION_PATIENCE_MS`]) gets the replicas another model
     /// holds beyond what that model's demand needs — the one holding the
-    /// most such first, one per call. Placement's minimum deployment age
+    /// most such first, one per call — or, when none holds more than it
+    /// needs, a replica of the model whose traffic per replica is surely
+    /// less than the starving model's (its rate's upper bound below the
+    /// other's lower bound; the least such first): a GPU goes where it
+    /// serves more requests, and the two bounds apart keep two models of
+    /// like traffic from trading it back and forth. Placement's minimum deployment age
     /// guards against churn between models that both need their GPUs; it
     /// does not let a model keep GPUs its demand does not need while
     /// another's requests wait.
@@ -841,7 +846,7 @@ impl Controller {
             }
         }
         let Some(starving) = starving else { return };
-        let donor = keys
+        let surplus = keys
             .iter()
             .filter(|k| **k != starving)
             .filter_map(|k| {
@@ -850,13 +855,37 @@ impl Controller {
                 (surplus > 0).then_some((surplus, k.clone()))
             })
             .max_by_key(|(surplus, k)| (*surplus, std::cmp::Reverse(k.clone())));
-        let Some((_, donor)) = donor else { return };
+        let (donor, surplus) = match surplus {
+            Some((_, donor)) => (donor, true),
+            None => match self.less_served(&starving, keys) {
+                Some(donor) => (donor, false),
+                None => return,
+            },
+        };
         let c = self.models.get_mut(&donor).expect("listed");
-        if let Some(decision) = c.scaler.yield_surplus(now) {
+        let decided = if surplus { c.scaler.yield_surplus(now) } else { c.scaler.yield_one(now) };
+        if let Some(decision) = decided {
             self.actions.push_back(Action::Decided { model: donor.clone(), decision });
             self.reconcile(now, &donor);
             self.models.get_mut(&starving).expect("listed").starving_since = Some(now);
         }
+    }
+
+    /// Of `keys`, the model holding a replica whose traffic per replica
+    /// held is surely less than `starving`'s (its rate's upper bound over
+    /// its hot replicas below `starving`'s lower bound), the least first.
+    fn less_served(&self, starving: &ModelKey, keys: &[ModelKey]) -> Option<ModelKey> {
+        let (wants, _) = self.models[starving].scaler.rate_band()?;
+        keys.iter()
+            .filter(|k| *k != starving)
+            .filter_map(|k| {
+                let hot = self.hot(k);
+                let (_, high) = self.models[k].scaler.rate_band()?;
+                let per_replica = high / f64::from(hot.max(1));
+                (hot > 0 && per_replica < wants).then_some((per_replica, k))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)))
+            .map(|(_, k)| k.clone())
     }
 
     /// Lets go of WARM replicas idle beyond the scaler's keep time.
