@@ -223,7 +223,9 @@ impl Cluster {
     /// [`replicas_of`](Self::replicas_of) would list, without reading their
     /// records: a controller asks it of every model on every tick.
     pub fn count_of(&self, model: &ModelKey, level: Level) -> usize {
-        self.by_model.get(model).map_or(0, |ids| ids.iter().filter(|id| self.replicas[*id].level == level).count())
+        self.by_model
+            .get(model)
+            .map_or(0, |ids| ids.iter().filter(|id| self.replicas[*id].level == level).count())
     }
 
     /// A model's replicas at `level` (`Hot` or `Warm`), by replica id.
