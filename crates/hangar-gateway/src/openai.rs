@@ -34,7 +34,6 @@ pub(crate) fn router(server: Server) -> Router {
         .route("/v1/chat/completions", post(forward))
         .route("/v1/completions", post(forward))
         .route("/v1/embeddings", post(forward))
-        .route("/v1/models", get(models))
         // The OpenAI SDK sends `demo/chat-small` as `demo%2Fchat-small`: one
         // segment. (Unencoded, `/v1/models/{owner}/{name}` is Replicate's.)
         .route("/v1/models/{id}", get(model))
@@ -110,19 +109,6 @@ fn account(server: &Server, headers: &HeaderMap) -> Result<AccountId, AuthError>
 /// An OpenAI model object.
 fn model_object(key: &str) -> Value {
     json!({"id": key, "object": "model", "created": 0, "owned_by": "hangar"})
-}
-
-async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
-    let account = match account(&server, &headers) {
-        Ok(a) => a,
-        Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
-    };
-    let data: Vec<Value> = server
-        .models()
-        .filter(|rt| rt.allows(&account))
-        .map(|rt| model_object(rt.config().key.as_str()))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /v1/models/{id}`: one model the caller may use, as OpenAI's
