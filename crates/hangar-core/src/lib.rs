@@ -7,8 +7,9 @@
 //! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
 //! a node agent registers ([`NodeRecord`]), the bounds every API applies
 //! alike ([`limits`]), how a request ended ([`RequestKind`],
-//! [`ErrorCode`]), and the formats every `/metrics` answers in
-//! ([`exposition`]).
+//! [`ErrorCode`]), what each replica is doing — the instance monitor's
+//! states and windows ([`instance`]) — and the formats every `/metrics`
+//! answers in ([`exposition`]).
 //!
 //! Nothing here performs I/O or reads a clock; policy crates can use all of it.
 //!
@@ -27,6 +28,7 @@ pub mod auth;
 pub mod exposition;
 mod field;
 mod ids;
+pub mod instance;
 mod kv;
 pub mod limits;
 mod outcome;
