@@ -181,10 +181,12 @@ impl Sink for NodeSink {
             Some(r) => {
                 let Some(rt) = inner.models.get(r.view.model.as_str()) else { return };
                 rt.replicas.lock().expect("replica table lock").insert(replica, Replica::local(r));
+                rt.processor.replica_phase(replica, r.phase);
             }
             None => {
                 for rt in inner.models.values() {
                     rt.replicas.lock().expect("replica table lock").remove(&replica);
+                    rt.processor.forget(replica);
                 }
             }
         }
