@@ -35,7 +35,8 @@ mod outcome;
 mod units;
 
 pub use agent::{
-    DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeRecord, NodeReport, ReplicaPhase, ReplicaReport,
+    DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeRecord, NodeReport, PhaseAt, ReplicaPhase,
+    ReplicaReport, StartPhase, StartReport, StartStatus, WeightsReport,
 };
 pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;
