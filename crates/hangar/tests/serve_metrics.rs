@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::predictions::{client, post as post_json};
-use common::{chat, one_gpu, promtool, serve, serve_in, PREDICTIONS_CONFIG};
+use common::{chat, one_gpu, promtool, serve, PREDICTIONS_CONFIG};
 use serde_json::{json, Value};
 
 /// The name the test engine gives its model, as llama.cpp's server does
@@ -329,14 +329,8 @@ fn an_agent_and_a_fleet_gateway_pass_promtool() {
     let Some(promtool) = promtool() else { return };
     let Some(redis) = hangar_redis::LocalRedis::for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "redis = \"{}\"\n[[models]]\nkey = \"t/a\"\nengine = {{ kind = \"mock\", preset = \"fast\" }}\n\
-         size = \"10GB\"\nmin_replicas = 1\n",
-        redis.url()
-    );
-    let path = dir.path().join("fleet.toml");
-    std::fs::write(&path, &config).unwrap();
-    let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
+    let model = "[[models]]\nkey = \"t/a\"\nengine = { kind = \"mock\", preset = \"fast\" }\nsize = \"10GB\"\nmin_replicas = 1\n";
+    let (path, gateway) = common::fleet::gateway(dir.path(), &redis.url(), model);
     let agent = common::fleet::agent(dir.path(), &path, &redis.url(), "n0", 1);
     common::fleet::wait_ready(&gateway.url, &[("t/a", 1)], None);
     assert_eq!(common::post(&gateway.url, None, &chat("t/a", 2)).0, 200);

@@ -74,21 +74,9 @@ concurrency = 4
     )
 }
 
-/// Debian's `chromium`, if installed. Without it the browser tests are
-/// skipped — except under CI, where `.ci/run` installs it, so its absence
-/// fails them.
+/// Debian's `chromium`, if installed (see [`common::installed`]).
 fn chromium() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .flat_map(|dir| [dir.join("chromium"), dir.join("chromium-browser")])
-        .find(|p| p.is_file());
-    if found.is_none() {
-        let why = "chromium is not installed (Debian: apt-get install -y --no-install-recommends chromium)";
-        assert!(std::env::var_os("CI").is_none(), "{why}");
-        eprintln!("skipped: {why}");
-    }
-    found
+    common::installed("chromium", "chromium")
 }
 
 /// A browser run: its process group is killed when it is dropped, however
@@ -276,14 +264,9 @@ fn the_status_page_shows_every_node_of_a_fleet() {
     let Some(chromium) = chromium() else { return };
     let Some(redis) = hangar_redis::LocalRedis::for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "redis = \"{}\"\n[[models]]\nkey = \"t/a\"\nengine = {{ kind = \"mock\", preset = \"fast\" }}\n\
-         size = \"40GB\"\nmin_replicas = 2\nmax_replicas = 2\n",
-        redis.url()
-    );
-    let path = dir.path().join("fleet.toml");
-    std::fs::write(&path, &config).unwrap();
-    let gateway = common::serve_in(tempfile::tempdir().unwrap(), &config);
+    let model = "[[models]]\nkey = \"t/a\"\nengine = { kind = \"mock\", preset = \"fast\" }\n\
+                 size = \"40GB\"\nmin_replicas = 2\nmax_replicas = 2\n";
+    let (path, gateway) = common::fleet::gateway(dir.path(), &redis.url(), model);
     let _a = common::fleet::agent(dir.path(), &path, &redis.url(), "node-a", 1);
     let _b = common::fleet::agent(dir.path(), &path, &redis.url(), "node-b", 1);
     common::fleet::wait_ready(&gateway.url, &[("t/a", 2)], None);
