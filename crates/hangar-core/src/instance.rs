@@ -387,6 +387,7 @@ mod tests {
         m.handle_phase(0, ReplicaPhase::Ready);
         let early = serde_json::to_value(m.report()).unwrap();
         assert_eq!(early, serde_json::json!({"state": "idle", "in_flight": 0}));
+        assert_eq!(serde_json::from_value::<InstanceReport>(early).unwrap(), m.report(), "no window yet");
         m.request_started(500);
         m.handle_timeout(1_000);
         let v = serde_json::to_value(m.report()).unwrap();
