@@ -5,6 +5,8 @@
 //!   models), forwarded to the models' replicas with per-request deadlines
 //!   and one retry, and the server's health, readiness and `/metrics`;
 //! - `admin`: the admin API, what runs where and the operator's levers;
+//! - `ui`: the live status page, `/ui` (admin key), drawn from
+//!   `GET /admin/status`;
 //! - `guard`: the layer on every route (request ids; a panicking handler
 //!   answers 500, logged once by [`install_panic_hook`]);
 //! - [`router`]: all of them with the predictions API of
@@ -16,6 +18,7 @@ mod guard;
 mod openai;
 mod relay;
 mod rename;
+mod ui;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
@@ -24,13 +27,15 @@ use hangar_runtime::serve::Server;
 
 pub use guard::install_panic_hook;
 
-/// Every route of `hangar serve`: the OpenAI API, the admin API, health,
-/// metrics and the `predictions` API, under one body limit (413 beyond
+/// Every route of `hangar serve`: the OpenAI API, the admin API and the
+/// status page, health, metrics and the `predictions` API, under one body
+/// limit (413 beyond
 /// `max_body_bytes`) and the guard (request ids; a panicking handler
 /// answers 500).
 pub fn router(server: &Server, predictions: &Service, max_body_bytes: usize) -> axum::Router {
     openai::router(server.clone())
         .merge(admin::router(server.clone()))
+        .merge(ui::router(server.clone()))
         .merge(predictions.router())
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(from_fn_with_state(server.panic_counter(), guard::guard))

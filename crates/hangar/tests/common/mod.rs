@@ -236,17 +236,25 @@ fn bootstrap(venv: &Path) -> PathBuf {
     python
 }
 
-/// Debian's `promtool` (package `prometheus`), if installed. Without it
-/// a test is skipped — except under CI, where `.ci/run` installs it, so
-/// its absence fails the test.
+/// Debian's `promtool` (package `prometheus`), if installed (see
+/// [`installed`]).
 pub fn promtool() -> Option<PathBuf> {
+    installed("promtool", "prometheus")
+}
+
+/// `program` on the `PATH`, from Debian's `package`. Without it the test
+/// is skipped, saying what to install — except under CI, where `.ci/run`
+/// installs it, so its absence fails the test.
+pub fn installed(program: &str, package: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("promtool"))
+        .map(|dir| dir.join(program))
         .find(|p| p.is_file());
     if found.is_none() {
-        let why = "promtool is not installed (Debian: apt-get install -y --no-install-recommends prometheus)";
+        let why = format!(
+            "{program} is not installed (Debian: apt-get install -y --no-install-recommends {package})"
+        );
         assert!(std::env::var_os("CI").is_none(), "{why}");
         eprintln!("skipped: {why}");
     }
