@@ -138,7 +138,19 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let mut body = json!({"type": "about:blank", "title": self.title, "status": self.status.as_u16(), "detail": self.detail});
+        // OpenAI's `error` object beside the problem's fields: routes both
+        // clients call (`GET /v1/models`, `/v1/models/{owner}/{name}`) fail
+        // readably for either, and the rest cost nothing by it.
+        let kind = match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        };
+        let mut body = json!({
+            "type": "about:blank", "title": self.title, "status": self.status.as_u16(), "detail": self.detail,
+            "error": {"message": self.detail, "type": kind, "param": null, "code": null},
+        });
         if let Some((field, message)) = self.invalid {
             body["invalid_fields"] = json!([{"type": "invalid", "field": field, "description": message}]);
         }

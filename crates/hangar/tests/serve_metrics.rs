@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,21 +40,7 @@ fn engine() -> String {
 
 fn answer(stream: TcpStream) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let (mut length, mut header) = (0, String::new());
-    while reader.read_line(&mut header).unwrap_or(0) > 2 {
-        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap();
-        }
-        header.clear();
-    }
-    let mut body = vec![0; length];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
+    let Some((line, body)) = common::read_request(&mut reader) else { return };
     let body = String::from_utf8_lossy(&body);
     let mut w = stream;
     let whole = |w: &mut TcpStream, status: u16, text: &str| {

@@ -5,7 +5,7 @@
 pub mod fleet;
 pub mod predictions;
 
-use std::io::{BufRead, BufReader, ErrorKind};
+use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -282,4 +282,24 @@ pub fn assert_promtool_passes(promtool: &Path, what: &str, exposition: &str) {
         "promtool check metrics on {what}'s /metrics ({}):\n{problems}\n--- exposition ---\n{exposition}",
         out.status
     );
+}
+
+/// Reads one HTTP/1.1 request from `reader`, as a test's hand-written
+/// engine gets it: its request line and its body (by `content-length`);
+/// `None` when the connection ends first.
+pub fn read_request(reader: &mut impl BufRead) -> Option<(String, Vec<u8>)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let (mut length, mut header) = (0, String::new());
+    while reader.read_line(&mut header).unwrap_or(0) > 2 {
+        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+        header.clear();
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((line, body))
 }
