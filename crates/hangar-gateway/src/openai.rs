@@ -307,7 +307,16 @@ impl Forward<'_> {
             if attempt == 0 {
                 self.rt.metrics().queue_wait(RequestKind::Sync, self.arrival.elapsed());
             }
-            let Some(base) = self.rt.replica_url(lease.replica) else { continue };
+            let Some(base) = self.rt.replica_url(lease.replica) else {
+                // Granted on a replica that left the table meanwhile (failed
+                // by another request's probe): nothing was sent, so this try
+                // is given back like one that found its replica dead.
+                if dead_skipped < DEAD_REPLICAS_SKIPPED {
+                    dead_skipped += 1;
+                    tries += 1;
+                }
+                continue;
+            };
             let url = format!("{base}{}", self.path);
             let answer = tokio::select! {
                 answer = self.rt.send(&url, self.body.clone()) => answer,
@@ -324,7 +333,26 @@ impl Forward<'_> {
                     self.rt.metrics().capacity_failover();
                     avoid = Some(replica);
                 }
-                Ok(upstream) => return self.relay(upstream, lease, timer, tally).await,
+                Ok(upstream) => {
+                    let answer = match Answer::read(upstream, &mut timer).await {
+                        Some(Ok(answer)) => answer,
+                        None => return counted(tally, ErrorCode::Timeout, timed_out(timeout_s)),
+                        // A JSON answer cut before its end: the client has
+                        // had nothing yet, so it is retried as a failed send.
+                        Some(Err(e)) => {
+                            tracing::warn!(replica = %name(), "a replica's answer broke off: {e}");
+                            drop(lease);
+                            if !self.server.probe(self.rt, replica).await
+                                && dead_skipped < DEAD_REPLICAS_SKIPPED
+                            {
+                                dead_skipped += 1;
+                                tries += 1;
+                            }
+                            continue;
+                        }
+                    };
+                    return self.relay(answer, lease, timer, tally);
+                }
                 Err(SendError::Address(e)) => {
                     // Engine URLs are checked at load; should one still not
                     // make a request, this replica cannot serve.
@@ -336,8 +364,7 @@ impl Forward<'_> {
                 Err(e) => {
                     tracing::warn!(replica = %name(), "forwarding failed: {e}");
                     drop(lease);
-                    let alive = self.server.probe(self.rt, replica).await;
-                    if !alive && dead_skipped < DEAD_REPLICAS_SKIPPED {
+                    if !self.server.probe(self.rt, replica).await && dead_skipped < DEAD_REPLICAS_SKIPPED {
                         dead_skipped += 1;
                         tries += 1;
                     }
@@ -350,56 +377,67 @@ impl Forward<'_> {
     }
 
     /// The replica's answer for the client, holding the permit until it
-    /// ends: a JSON answer read whole first (within `deadline`) and
-    /// renamed, anything else streamed.
-    ///
-    /// # Cancel safety
-    /// Dropping the future drops the replica's answer and the permit; the
-    /// request is then counted as left by its client.
-    async fn relay(
-        self,
-        upstream: hyper::Response<Incoming>,
-        lease: Lease,
-        mut deadline: Pin<Box<Sleep>>,
-        tally: Tally,
-    ) -> Response {
-        let (parts, body) = upstream.into_parts();
-        let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
-        let is = |kind: &[u8]| content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(kind));
-        let (rt, status) = (self.rt.clone(), parts.status.as_u16());
-        let body = if is(b"application/json") {
-            let read = tokio::select! {
-                read = read_whole(body) => read,
-                () = deadline.as_mut() => {
-                    return counted(tally, ErrorCode::Timeout, timed_out(self.rt.timeout().as_secs()));
-                }
-            };
-            let whole = match read {
-                Ok(whole) => whole,
-                Err(e) => {
-                    tracing::warn!(replica = %replica_name(&self.rt.config().key, lease.replica), "a replica's answer broke off: {e}");
-                    let message = "the replica failed while answering";
-                    let response = error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None);
-                    return counted(tally, ErrorCode::ReplicaFailed, response);
-                }
-            };
-            rt.metrics().first_byte(RequestKind::Sync, self.arrival.elapsed());
-            let whole = match crate::rename::whole(&whole, rt.config().key.as_str()) {
-                Some(renamed) => Bytes::from(renamed),
-                None => whole,
-            };
-            RelayBody::whole(whole, lease, rt, tally, status, self.arrival)
-        } else {
-            let sse = is(b"text/event-stream");
-            RelayBody::stream(body, deadline, sse, lease, rt, tally, status, self.arrival)
+    /// ends: a JSON answer (read whole, within the request's deadline,
+    /// before this) renamed, anything else streamed within `deadline`.
+    fn relay(&self, answer: Answer, lease: Lease, deadline: Pin<Box<Sleep>>, tally: Tally) -> Response {
+        let rt = self.rt.clone();
+        let (parts, body) = match answer {
+            Answer::Whole(parts, whole) => {
+                rt.metrics().first_byte(RequestKind::Sync, self.arrival.elapsed());
+                let whole = match crate::rename::whole(&whole, rt.config().key.as_str()) {
+                    Some(renamed) => Bytes::from(renamed),
+                    None => whole,
+                };
+                let status = parts.status.as_u16();
+                (parts, RelayBody::whole(whole, lease, rt, tally, status, self.arrival))
+            }
+            Answer::Stream(parts, body) => {
+                let sse = is(&parts, b"text/event-stream");
+                let status = parts.status.as_u16();
+                (parts, RelayBody::stream(body, deadline, sse, lease, rt, tally, status, self.arrival))
+            }
         };
         let mut response = Response::new(Body::new(body));
         *response.status_mut() = parts.status;
-        if let Some(ct) = content_type {
+        if let Some(ct) = parts.headers.get(header::CONTENT_TYPE).cloned() {
             response.headers_mut().insert(header::CONTENT_TYPE, ct);
         }
         response
     }
+}
+
+/// A replica's answer as the gateway relays it.
+enum Answer {
+    /// A JSON answer, read whole.
+    Whole(axum::http::response::Parts, Bytes),
+    /// Anything else, streamed as it comes.
+    Stream(axum::http::response::Parts, Incoming),
+}
+
+impl Answer {
+    /// Reads a JSON answer whole (`Some(Err)` if it broke off, `None` if
+    /// `deadline` passed first); anything else is left to stream.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the answer (and the replica's connection).
+    async fn read(
+        upstream: hyper::Response<Incoming>,
+        deadline: &mut Pin<Box<Sleep>>,
+    ) -> Option<Result<Answer, hyper::Error>> {
+        let (parts, body) = upstream.into_parts();
+        if !is(&parts, b"application/json") {
+            return Some(Ok(Answer::Stream(parts, body)));
+        }
+        tokio::select! {
+            read = read_whole(body) => Some(read.map(|whole| Answer::Whole(parts, whole))),
+            () = deadline.as_mut() => None,
+        }
+    }
+}
+
+/// Whether the answer's content type is `kind`.
+fn is(parts: &axum::http::response::Parts, kind: &[u8]) -> bool {
+    parts.headers.get(header::CONTENT_TYPE).is_some_and(|c| c.as_bytes().starts_with(kind))
 }
 
 /// All of `body`. Most answers come in one frame, which is returned as
