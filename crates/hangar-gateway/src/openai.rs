@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::exposition::Format;
-use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, RequestKind};
+use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, ReplicaId, RequestKind};
 use hangar_runtime::processor::{AdmitError, Lease, Patience};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server, Tally};
 use http_body_util::BodyExt;
@@ -277,17 +277,11 @@ impl Forward<'_> {
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
         // A replica that refused the request for want of capacity.
         let mut avoid = None;
-        // Sends left: a first and one retry. A send whose replica is then
-        // found dead gives its try back — that replica is out of the table,
-        // so the next goes elsewhere — up to `DEAD_REPLICAS_SKIPPED` times:
-        // a node that dies takes all its replicas, and its siblings' health
-        // checks may still be in flight when the retry is admitted.
-        let (mut tries, mut dead_skipped) = (2u32, 0u32);
+        let mut tries = Tries::default();
         for attempt in 0.. {
-            if tries == 0 {
+            if !tries.take() {
                 break;
             }
-            tries -= 1;
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
             let admitted = self.rt.processor().admit_with(
@@ -309,12 +303,8 @@ impl Forward<'_> {
             }
             let Some(base) = self.rt.replica_url(lease.replica) else {
                 // Granted on a replica that left the table meanwhile (failed
-                // by another request's probe): nothing was sent, so this try
-                // is given back like one that found its replica dead.
-                if dead_skipped < DEAD_REPLICAS_SKIPPED {
-                    dead_skipped += 1;
-                    tries += 1;
-                }
+                // by another request's probe): nothing was sent.
+                tries.replica_dead();
                 continue;
             };
             let url = format!("{base}{}", self.path);
@@ -342,12 +332,7 @@ impl Forward<'_> {
                         Some(Err(e)) => {
                             tracing::warn!(replica = %name(), "a replica's answer broke off: {e}");
                             drop(lease);
-                            if !self.server.probe(self.rt, replica).await
-                                && dead_skipped < DEAD_REPLICAS_SKIPPED
-                            {
-                                dead_skipped += 1;
-                                tries += 1;
-                            }
+                            self.lost(replica, &mut tries).await;
                             continue;
                         }
                     };
@@ -364,16 +349,21 @@ impl Forward<'_> {
                 Err(e) => {
                     tracing::warn!(replica = %name(), "forwarding failed: {e}");
                     drop(lease);
-                    if !self.server.probe(self.rt, replica).await && dead_skipped < DEAD_REPLICAS_SKIPPED {
-                        dead_skipped += 1;
-                        tries += 1;
-                    }
+                    self.lost(replica, &mut tries).await;
                 }
             }
         }
         let message = "the replica failed before answering, and so did the retry";
         let response = error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None);
         counted(tally, ErrorCode::ReplicaFailed, response)
+    }
+
+    /// `replica` gave no whole answer (its permit already given back): it
+    /// is checked, and if found dead its try is given back.
+    async fn lost(&self, replica: ReplicaId, tries: &mut Tries) {
+        if !self.server.probe(self.rt, replica).await {
+            tries.replica_dead();
+        }
     }
 
     /// The replica's answer for the client, holding the permit until it
@@ -472,6 +462,40 @@ fn timed_out(timeout_s: u64) -> Response {
 /// few enough that a request cannot keep a gateway busy for long.
 const DEAD_REPLICAS_SKIPPED: u32 = 4;
 
+/// A sync request's sends: a first and one retry. A send whose replica is
+/// then found dead gives its try back — that replica is out of the table,
+/// so the next goes elsewhere — up to [`DEAD_REPLICAS_SKIPPED`] times: a
+/// node that dies takes all its replicas, and its siblings' health checks
+/// may still be in flight when the retry is admitted.
+struct Tries {
+    left: u32,
+    dead_skipped: u32,
+}
+
+impl Default for Tries {
+    fn default() -> Self {
+        Tries { left: 2, dead_skipped: 0 }
+    }
+}
+
+impl Tries {
+    /// Takes a try; `false` when none is left.
+    fn take(&mut self) -> bool {
+        let Some(left) = self.left.checked_sub(1) else { return false };
+        self.left = left;
+        true
+    }
+
+    /// The last try's replica was found dead, or gone: the try is given
+    /// back, within the bound.
+    fn replica_dead(&mut self) {
+        if self.dead_skipped < DEAD_REPLICAS_SKIPPED {
+            self.dead_skipped += 1;
+            self.left += 1;
+        }
+    }
+}
+
 /// Seconds a client is told to wait (`Retry-After`) before asking again
 /// for a model that cannot run now: about the controller's first retry
 /// of a model it could not place.
@@ -499,5 +523,24 @@ fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Response) {
             ErrorCode::Unavailable,
             error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string(), None),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_tries_twice_and_once_more_per_replica_found_dead_within_the_bound() {
+        let mut t = Tries::default();
+        assert!(t.take() && t.take());
+        assert!(!t.take(), "a first and one retry");
+        let mut t = Tries::default();
+        let mut sends = 0;
+        while t.take() {
+            sends += 1;
+            t.replica_dead();
+        }
+        assert_eq!(sends, 2 + DEAD_REPLICAS_SKIPPED, "every send found its replica dead");
     }
 }
