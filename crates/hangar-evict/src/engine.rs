@@ -545,11 +545,9 @@ pub(crate) fn open_root(config: &Config) -> Result<Option<Root>, EvictError> {
     }
 }
 
-/// Locks a mutex, ignoring poisoning: the data are counters and sinks that
-/// stay usable after a panicking holder.
 /// Allocated bytes of `files` (what `df` counts).
 fn bytes_of(files: &[Candidate]) -> u64 {
-    files.iter().map(|c| u64::from(c.blocks) * 512).sum()
+    files.iter().map(Candidate::bytes).sum()
 }
 
 /// `candidates` cut, in order, into batches of at most `count` files and
@@ -563,7 +561,7 @@ fn batches(candidates: &[Candidate], count: usize, max_bytes: u64) -> Vec<&[Cand
             .iter()
             .take(count.max(1))
             .take_while(|c| {
-                bytes += u64::from(c.blocks) * 512;
+                bytes += c.bytes();
                 bytes <= max_bytes
             })
             .count()
@@ -575,6 +573,8 @@ fn batches(candidates: &[Candidate], count: usize, max_bytes: u64) -> Vec<&[Cand
     out
 }
 
+/// Locks a mutex, ignoring poisoning: the data are counters and sinks that
+/// stay usable after a panicking holder.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -199,7 +199,6 @@ impl WorkersAi {
             return (current, Reason::Disabled);
         }
         let window_ms = self.s.window_s * 1000;
-        self.remember(now, o.busy_ms, window_ms);
         // The window: from the oldest observation within it.
         let from = now.saturating_sub(window_ms);
         let (t0, first) = history.iter().find(|(t, _)| *t >= from).copied().unwrap_or((now, o));
@@ -217,8 +216,11 @@ impl WorkersAi {
         // per replica's permits (Workers AI's `required_to_fit`), or as
         // much the same window a forecast offset ago, if more.
         let mut needed = o.busy_ms.saturating_sub(first.busy_ms) as f64 / span_ms / permits;
-        if let Some(past) = self.forecast(now, window_ms).filter(|_| self.s.use_forecast) {
-            needed = needed.max(past / permits);
+        if self.s.use_forecast {
+            self.remember(now, o.busy_ms, window_ms);
+            if let Some(past) = self.forecast(now, window_ms) {
+                needed = needed.max(past / permits);
+            }
         }
         // What runs now counts even when nothing finished in the window yet.
         needed = needed.max(f64::from(o.in_flight) / permits);
@@ -259,7 +261,7 @@ impl WorkersAi {
     }
 
     /// Keeps the busy-time counter at `now`, and what the forecast may
-    /// still ask for.
+    /// still ask for (only a policy that forecasts keeps any).
     fn remember(&mut self, now: Millis, busy_ms: u64, window_ms: Millis) {
         self.past.push_back((now, busy_ms));
         let keep = self.s.forecast_offset_s.saturating_mul(1000).saturating_add(window_ms);
