@@ -15,3 +15,12 @@ pub mod devices;
 pub mod engine;
 pub mod lifecycle;
 pub mod weights;
+
+/// The fleet's clock: milliseconds since the Unix epoch — when a start
+/// report's start began and ended here, and (through `hangar-runtime`,
+/// which re-exports it) the scores of the registry's and the load index.
+/// Whatever writes or compares those takes the time from here, so that all
+/// read one clock.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -204,25 +204,7 @@ pub struct LoadedWeights {
     pub report: WeightsReport,
 }
 
-/// How a replica's weights were materialized (its start report's weights
-/// phase).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct WeightsReport {
-    /// The artifact.
-    pub artifact: String,
-    /// Where the bytes came from: `resident` (lease-in-place), `local` (the
-    /// blob store), `peer` or `fallback`.
-    pub source: &'static str,
-    /// The artifact's bytes.
-    pub bytes: u64,
-    /// The whole phase: key resolved (or file imported), materialized,
-    /// confirmed, ms.
-    pub took_ms: u64,
-    /// Of that, the store daemon's own load — reading every byte from its
-    /// source and verifying it — ms (the daemon's clock); 0 for resident
-    /// weights, which were not read again.
-    pub load_ms: u64,
-}
+pub use hangar_core::WeightsReport;
 
 impl LoadedWeights {
     /// The descriptor the engine inherits; it opens it as
@@ -391,7 +373,7 @@ impl WeightStore {
         };
         let report = WeightsReport {
             artifact: memory.id.to_string(),
-            source: source_name(confirmed.source, memory.reused),
+            source: source_name(confirmed.source, memory.reused).to_owned(),
             bytes: memory.index.data_len,
             took_ms: started.elapsed().as_millis() as u64,
             load_ms: if memory.reused { 0 } else { confirmed.duration_ms },

@@ -518,3 +518,40 @@ fn an_evict_racing_a_wake_never_serves_from_a_sleeping_engine() {
         runtime().block_on(run(ops.clone(), BTreeSet::new())).unwrap_or_else(|e| panic!("{ops:?}: {e}"));
     }
 }
+
+/// Each start, failed or ready, leaves its report on the replica (seed
+/// 001's setup-run report), stamped when it began and ended; a restart's
+/// report replaces the last.
+#[test]
+fn each_start_leaves_its_report_failed_or_ready() {
+    use hangar_core::StartStatus;
+
+    runtime().block_on(async {
+        let world: Shared = Arc::default();
+        world.lock().unwrap().fail_start.insert(id(0));
+        let nodes = BTreeMap::from([(NODE.to_owned(), vec![GPU_BYTES; GPUS])]);
+        let driver = spawn(nodes, Arc::new(FakeEngines(world.clone())), Arc::new(FakeSink(world.clone())));
+        let slot = Slot { gpus: BTreeMap::from([(0, GPU_BYTES)]), fraction: None };
+        driver
+            .set_desired(NODE, vec![Wanted { replica: id(0), model: model(), tier: Tier::Hot(slot) }])
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(driver.replica(id(0)).unwrap().start, None, "no report while the start runs");
+        // The fake start fails after 300 ms.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let failed = driver.replica(id(0)).unwrap().start.expect("a failed start's report");
+        assert_eq!(failed.status, StartStatus::Failed);
+        assert_eq!(failed.error.as_deref(), Some("the fake engine was told to fail"));
+        assert_eq!(failed.ready_ms, 300, "placed → failed, on the driver's clock");
+        assert!(failed.started_at_ms > 0 && failed.completed_at_ms >= failed.started_at_ms);
+        // Restarted after its back-off (1 s), ready 300 ms later.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let ready = driver.replica(id(0)).unwrap().start.expect("the restart's report");
+        assert_eq!((ready.status, ready.error), (StartStatus::Ready, None));
+        assert!(ready.started_at_ms >= failed.started_at_ms);
+        assert!(world.lock().unwrap().serving.contains(&id(0)));
+        // Its engine says how busy it is (what a fleet's agent samples).
+        assert_eq!(driver.busy().await, vec![(id(0), model(), 0)]);
+        driver.shutdown().await;
+    });
+}

@@ -154,6 +154,8 @@ fn report(r: &NodeRecord, i: usize) -> NodeReport {
         gpus: vec![n as u32],
         sleeps: true,
         failure: None,
+        start: None,
+        instance: None,
     };
     NodeReport { agent: r.agent.clone(), replicas: vec![replica(0), replica(1)] }
 }

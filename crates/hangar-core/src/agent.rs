@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::instance::InstanceReport;
 use crate::{ByteSize, ModelKey, ReplicaId};
 
 /// A machine as its agent registers it, renewed with every heartbeat:
@@ -144,7 +145,7 @@ impl ReplicaPhase {
 }
 
 /// One replica as its node's agent reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaReport {
     /// The replica.
     pub replica: ReplicaId,
@@ -171,6 +172,164 @@ pub struct ReplicaReport {
     /// Why it failed, while it is failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// How its last start went (absent: it has not finished one, or an
+    /// agent from before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartReport>,
+    /// What it is doing, by the agent's instance monitor (absent: an agent
+    /// from before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceReport>,
+}
+
+/// How one start of a replica ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartStatus {
+    /// Its engine serves.
+    #[default]
+    Ready,
+    /// It did not start (nothing is left running).
+    Failed,
+}
+
+/// A step of a replica's start, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartPhase {
+    /// Placement put it on its node and GPUs: the start began.
+    Placed,
+    /// Its weights are materialized (for a model with `weights`).
+    Weights,
+    /// Its engine process answers its readiness check (healthy).
+    Engine,
+    /// Its capabilities probed: it serves.
+    Ready,
+}
+
+/// When, after its start began, a replica reached one [`StartPhase`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseAt {
+    /// The phase.
+    pub phase: StartPhase,
+    /// Milliseconds after the start began.
+    pub at_ms: u64,
+}
+
+/// How a replica's weights were materialized (its start report's weights
+/// phase).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightsReport {
+    /// The artifact.
+    pub artifact: String,
+    /// Where the bytes came from: `resident` (lease-in-place), `local` (the
+    /// blob store), `peer` or `fallback`.
+    pub source: String,
+    /// The artifact's bytes.
+    pub bytes: u64,
+    /// The whole phase: key resolved (or file imported), materialized,
+    /// confirmed, ms.
+    pub took_ms: u64,
+    /// Of that, the store daemon's own load — reading every byte from its
+    /// source and verifying it — ms (the daemon's clock); 0 for resident
+    /// weights, which were not read again.
+    pub load_ms: u64,
+}
+
+/// How one start of a replica went: seed 001's setup-run report, made by
+/// the node that ran it once the start ends, ready or failed (a start
+/// abandoned because placement changed its mind has none). Placed at 0,
+/// its weights materialized (from which source), its engine answering,
+/// ready — or the error that stopped it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartReport {
+    /// How it ended.
+    #[serde(default)]
+    pub status: StartStatus,
+    /// When it began, ms since the Unix epoch (the node's clock; 0 from
+    /// an agent from before this field).
+    #[serde(default)]
+    pub started_at_ms: u64,
+    /// When it ended, ms since the Unix epoch.
+    #[serde(default)]
+    pub completed_at_ms: u64,
+    /// The phases it reached, in order, each with its time since placed.
+    #[serde(default)]
+    pub phases: Vec<PhaseAt>,
+    /// The weights phase, for a model with `weights`.
+    #[serde(default)]
+    pub weights: Option<WeightsReport>,
+    /// Engine process spawned → answering its readiness check, ms.
+    #[serde(default)]
+    pub engine_ms: u64,
+    /// Placed → ready, ms (the phases above and the capability probe).
+    #[serde(default)]
+    pub ready_ms: u64,
+    /// Why it failed — with the tail of what the engine printed where the
+    /// node has it (a cog model's `setup()` logs), at most
+    /// [`StartReport::ERROR_TAIL`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl StartReport {
+    /// The most of an error's text a report keeps (its end, where a log's
+    /// last lines are): seed 001's 20 KiB of setup logs.
+    pub const ERROR_TAIL: usize = 20 * 1024;
+
+    /// A start that ended with the engine serving: its weights phase, the
+    /// engine's spawn → healthy time, and placed → ready. The times since
+    /// the epoch are the driver's to stamp.
+    pub fn ready(weights: Option<WeightsReport>, engine_ms: u64, ready_ms: u64) -> Self {
+        let weights_ms = weights.as_ref().map_or(0, |w| w.took_ms);
+        let mut phases = vec![PhaseAt { phase: StartPhase::Placed, at_ms: 0 }];
+        if weights.is_some() {
+            phases.push(PhaseAt { phase: StartPhase::Weights, at_ms: weights_ms });
+        }
+        phases.push(PhaseAt { phase: StartPhase::Engine, at_ms: (weights_ms + engine_ms).min(ready_ms) });
+        phases.push(PhaseAt { phase: StartPhase::Ready, at_ms: ready_ms });
+        StartReport { status: StartStatus::Ready, phases, weights, engine_ms, ready_ms, ..Self::default() }
+    }
+
+    /// A start that failed `took_ms` after it began, for `why` (its last
+    /// [`Self::ERROR_TAIL`] bytes kept).
+    pub fn failed(took_ms: u64, why: &str) -> Self {
+        let mut from = why.len().saturating_sub(Self::ERROR_TAIL);
+        while !why.is_char_boundary(from) {
+            from += 1;
+        }
+        StartReport {
+            status: StartStatus::Failed,
+            phases: vec![PhaseAt { phase: StartPhase::Placed, at_ms: 0 }],
+            ready_ms: took_ms,
+            error: Some(why[from..].to_owned()),
+            ..Self::default()
+        }
+    }
+
+    /// The same report stamped with when the start began and ended (ms
+    /// since the Unix epoch).
+    pub fn at(mut self, started_at_ms: u64, completed_at_ms: u64) -> Self {
+        self.started_at_ms = started_at_ms;
+        self.completed_at_ms = completed_at_ms.max(started_at_ms);
+        self
+    }
+}
+
+impl std::fmt::Display for StartReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("placed")?;
+        if let Some(w) = &self.weights {
+            write!(f, " → weights {} ms ({}, {} bytes)", w.took_ms, w.source, w.bytes)?;
+        }
+        match (&self.status, &self.error) {
+            (StartStatus::Failed, Some(why)) => write!(f, " → failed at {} ms: {why}", self.ready_ms),
+            (StartStatus::Failed, None) => write!(f, " → failed at {} ms", self.ready_ms),
+            (StartStatus::Ready, _) => {
+                write!(f, " → engine {} ms → ready at {} ms", self.engine_ms, self.ready_ms)
+            }
+        }
+    }
 }
 
 /// What a report without `sleeps` says: what placement assumes until told.
@@ -180,7 +339,7 @@ fn engine_sleeps_unless_told() -> bool {
 
 /// Every replica one node runs, reported whole by its agent several
 /// times a second (a replica missing from it is gone).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeReport {
     /// The agent run that wrote it.
     pub agent: String,
@@ -225,9 +384,57 @@ mod tests {
         let older = r#"{"replica":"00000000000000000000000000000007","model":"acme/m","phase":"ready"}"#;
         let report: ReplicaReport = serde_json::from_str(older).unwrap();
         assert!(report.sleeps, "a report from before the field: placement's default");
+        assert!(report.start.is_none() && report.instance.is_none(), "nor a start report nor a monitor");
         let cannot = ReplicaReport { sleeps: false, ..report };
         let text = serde_json::to_string(&cannot).unwrap();
         assert!(text.contains(r#""sleeps":false"#), "{text}");
         assert_eq!(serde_json::from_str::<ReplicaReport>(&text).unwrap(), cannot);
+    }
+
+    #[test]
+    fn a_start_report_lists_its_phases_and_travels_whole() {
+        let weights = WeightsReport {
+            artifact: "hg1:ab".into(),
+            source: "peer".into(),
+            bytes: 10,
+            took_ms: 400,
+            load_ms: 300,
+        };
+        let ready = StartReport::ready(Some(weights), 1_000, 1_450).at(5_000, 6_450);
+        let phases: Vec<(StartPhase, u64)> = ready.phases.iter().map(|p| (p.phase, p.at_ms)).collect();
+        assert_eq!(
+            phases,
+            [
+                (StartPhase::Placed, 0),
+                (StartPhase::Weights, 400),
+                (StartPhase::Engine, 1_400),
+                (StartPhase::Ready, 1_450)
+            ]
+        );
+        assert_eq!(
+            ready.to_string(),
+            "placed → weights 400 ms (peer, 10 bytes) → engine 1000 ms → ready at 1450 ms"
+        );
+        let text = serde_json::to_string(&ready).unwrap();
+        assert!(text.contains(r#""status":"ready""#) && text.contains(r#""phase":"engine""#), "{text}");
+        assert_eq!(serde_json::from_str::<StartReport>(&text).unwrap(), ready);
+    }
+
+    #[test]
+    fn a_failed_start_keeps_the_tail_of_its_error() {
+        let log = format!("{}Traceback: é\nValueError: no weights", "x".repeat(30_000));
+        let failed = StartReport::failed(2_000, &log).at(10, 2_010);
+        let error = failed.error.as_deref().unwrap();
+        assert!(error.len() <= StartReport::ERROR_TAIL && error.ends_with("ValueError: no weights"));
+        assert_eq!(
+            (failed.status, failed.ready_ms, failed.completed_at_ms),
+            (StartStatus::Failed, 2_000, 2_010)
+        );
+        assert!(failed.to_string().starts_with("placed → failed at 2000 ms: x"), "{failed}");
+        // A cut inside a character moves to its end.
+        let wide = format!("{}a", "é".repeat(StartReport::ERROR_TAIL));
+        let kept = StartReport::failed(1, &wide).error.unwrap();
+        assert_eq!(kept.len(), StartReport::ERROR_TAIL - 1);
+        assert!(kept.ends_with("éa"));
     }
 }

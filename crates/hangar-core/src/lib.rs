@@ -7,8 +7,9 @@
 //! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
 //! a node agent registers ([`NodeRecord`]), the bounds every API applies
 //! alike ([`limits`]), how a request ended ([`RequestKind`],
-//! [`ErrorCode`]), and the formats every `/metrics` answers in
-//! ([`exposition`]).
+//! [`ErrorCode`]), what each replica is doing — the instance monitor's
+//! states and windows ([`instance`]) — and the formats every `/metrics`
+//! answers in ([`exposition`]).
 //!
 //! Nothing here performs I/O or reads a clock; policy crates can use all of it.
 //!
@@ -27,13 +28,15 @@ pub mod auth;
 pub mod exposition;
 mod field;
 mod ids;
+pub mod instance;
 mod kv;
 pub mod limits;
 mod outcome;
 mod units;
 
 pub use agent::{
-    DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeRecord, NodeReport, ReplicaPhase, ReplicaReport,
+    DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeRecord, NodeReport, PhaseAt, ReplicaPhase,
+    ReplicaReport, StartPhase, StartReport, StartStatus, WeightsReport,
 };
 pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;

@@ -39,6 +39,14 @@ use crate::usage::{Usage, UsageSource};
 /// Extra share of the volume a sweep selects beyond the exact overshoot, so
 /// that rounding and metadata blocks do not force a second sweep.
 const BUDGET_MARGIN: f64 = 0.01;
+/// How far below the target a deletion may carry usage, as a share of the
+/// volume: the files taken for deletion stop at what the sweep found above
+/// the target plus this, and each batch holds at most this over the
+/// threads' count of bytes — so with every thread's batch in flight when
+/// the target is reached, usage lands within about this of it however
+/// small the volume (a fixed 100 files a batch once took a small volume
+/// from 91 % to 32 % for a 70 % target).
+const LANDING_SLACK: f64 = 0.01;
 /// Longest wait between sweeps that found nothing deletable.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -109,6 +117,8 @@ pub struct Sweep {
     candidates: Vec<Candidate>,
     budget_bytes: u64,
     need_bytes: u64,
+    /// The volume's size when swept.
+    capacity_bytes: u64,
 }
 
 impl Sweep {
@@ -296,7 +306,13 @@ impl Evictor {
         self.stats.discovered.store(0, Relaxed);
         self.stats.hot_skipped.store(0, Relaxed);
         let Some(root) = open_root(&self.config)? else {
-            return Ok(Sweep { shards: Vec::new(), candidates: Vec::new(), budget_bytes, need_bytes: need });
+            return Ok(Sweep {
+                shards: Vec::new(),
+                candidates: Vec::new(),
+                budget_bytes,
+                need_bytes: need,
+                capacity_bytes: usage.capacity_bytes(),
+            });
         };
         let input = SweepInput {
             config: &self.config,
@@ -319,7 +335,13 @@ impl Evictor {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "sweep done"
         );
-        Ok(Sweep { shards, candidates, budget_bytes, need_bytes: need })
+        Ok(Sweep {
+            shards,
+            candidates,
+            budget_bytes,
+            need_bytes: need,
+            capacity_bytes: usage.capacity_bytes(),
+        })
     }
 
     /// Deletes a sweep's selection oldest first, in batches of
@@ -328,12 +350,19 @@ impl Evictor {
     ///
     /// `NUM_CRAWLER_PROCESSES` threads take consecutive batches, so at most
     /// that many batches are in flight when the target is reached, and
-    /// order is kept to within those batches.
+    /// order is kept to within those batches. A batch is also bounded in
+    /// bytes, and no batch is taken once those taken cover what was above
+    /// the target by [`LANDING_SLACK`] of the volume: usage lands within
+    /// about that of the target.
     pub fn evict(&mut self, mut sweep: Sweep) -> Result<EvictReport, EvictError> {
         sweep.order_core_by_inode();
         let hot_ns = self.config.access_time_threshold.as_nanos() as i64;
         let hot_cutoff_ns = fsops::now_ns().saturating_sub(hot_ns);
-        let batches: Vec<&[Candidate]> = sweep.candidates.chunks(self.config.deletion_batch_size).collect();
+        let slack = (sweep.capacity_bytes as f64 * LANDING_SLACK) as u64;
+        let batch_bytes = (slack / self.config.crawler_threads.max(1) as u64).max(1);
+        let batches = batches(&sweep.candidates, self.config.deletion_batch_size, batch_bytes);
+        let enough = sweep.need_bytes.saturating_add(slack);
+        let taken = AtomicU64::new(0);
         let threads = self.config.crawler_threads.min(batches.len()).max(1);
         let next = AtomicUsize::new(0);
         let reached = AtomicBool::new(false);
@@ -355,6 +384,9 @@ impl Evictor {
                         let Some(batch) = batches.get(next.fetch_add(1, Relaxed)) else {
                             break;
                         };
+                        if taken.fetch_add(bytes_of(batch), Relaxed) >= enough {
+                            break;
+                        }
                         let out = deleter.batch(batch, &mut |r| removed.push(r));
                         stats.queued.fetch_sub(batch.len() as u64, Relaxed);
                         deleted.fetch_add(out.deleted, Relaxed);
@@ -511,6 +543,34 @@ pub(crate) fn open_root(config: &Config) -> Result<Option<Root>, EvictError> {
             Ok(None)
         }
     }
+}
+
+/// Allocated bytes of `files` (what `df` counts).
+fn bytes_of(files: &[Candidate]) -> u64 {
+    files.iter().map(Candidate::bytes).sum()
+}
+
+/// `candidates` cut, in order, into batches of at most `count` files and
+/// at most `max_bytes` (one file at least each).
+fn batches(candidates: &[Candidate], count: usize, max_bytes: u64) -> Vec<&[Candidate]> {
+    let mut out = Vec::new();
+    let mut rest = candidates;
+    while !rest.is_empty() {
+        let mut bytes = 0u64;
+        let len = rest
+            .iter()
+            .take(count.max(1))
+            .take_while(|c| {
+                bytes += c.bytes();
+                bytes <= max_bytes
+            })
+            .count()
+            .max(1);
+        let (batch, tail) = rest.split_at(len);
+        out.push(batch);
+        rest = tail;
+    }
+    out
 }
 
 /// Locks a mutex, ignoring poisoning: the data are counters and sinks that

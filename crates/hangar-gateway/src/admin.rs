@@ -1,7 +1,11 @@
 //! The admin API: what runs where, and the operator's levers.
 //!
 //! - `GET /admin/status`: every model's line and permits and every replica
-//!   (name `<model>:<replica_id>`, level, state, node, GPUs, in flight).
+//!   (name `<model>:<replica_id>`, level, state, node, GPUs, in flight, what
+//!   its instance monitor says, its last start report), each model's
+//!   recent minutes and starts, and the nodes with their GPUs — everything
+//!   the status page (`/ui`) renders. A browser may read it with the
+//!   cookie `/ui?key=` set instead of an `Authorization` header.
 //! - `POST /admin/models/{key}/scaling` `{"action": "pin", "replicas": N}`,
 //!   `{"action": "freeze"}` or `{"action": "unfreeze"}`: the kill switches
 //!   of the model's scaler (docs/scaling.md).
@@ -15,7 +19,9 @@
 //!   switch the line without losing anyone waiting.
 //!
 //! With API keys configured, only keys marked `admin = true` may call it
-//! (403 for others, 401 without a valid key).
+//! (403 for others, 401 without a valid key). The commands take the key
+//! from the `Authorization` header only, never from the status page's
+//! cookie, so no other site can make a browser send them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,9 +33,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::ReplicaId;
+use hangar_core::{AuthError, Principal};
 use hangar_placement::Deployment;
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
-use hangar_runtime::serve::{check_queue_capacity, ControlError, ModelRuntime, ScalingCommand, Server};
+use hangar_runtime::serve::{
+    check_queue_capacity, wall_ms, ControlError, ModelRuntime, ScalingCommand, Server,
+};
 use hangar_scaler::CommandError;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -45,9 +54,15 @@ pub(crate) fn router(server: Server) -> Router {
         .with_state(server)
 }
 
-/// Lets admin callers through.
+/// Lets admin callers through, by their `Authorization` header.
 fn admin(server: &Server, headers: &HeaderMap) -> Result<(), ApiError> {
-    match principal(server, headers) {
+    allow(principal(server, headers))
+}
+
+/// Lets `principal` through if it may use the admin API: 401 without a
+/// valid key, 403 for a key that is not an admin's.
+pub(crate) fn allow(principal: Result<Principal, AuthError>) -> Result<(), ApiError> {
+    match principal {
         Ok(p) if p.admin => Ok(()),
         Ok(p) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -77,7 +92,7 @@ fn model<'a>(server: &'a Server, key: &str) -> Result<&'a Arc<ModelRuntime>, Api
 }
 
 async fn status(State(server): State<Server>, headers: HeaderMap) -> Result<Response, ApiError> {
-    admin(&server, &headers)?;
+    allow(crate::ui::principal(&server, &headers))?;
     let mut control: BTreeMap<String, (Value, Vec<Deployment>)> =
         server.control().status().await.into_iter().map(|(k, v, d)| (k, (v, d))).collect();
     let mut models = Vec::new();
@@ -95,10 +110,14 @@ async fn status(State(server): State<Server>, headers: HeaderMap) -> Result<Resp
             "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
             "permits": {"total": load.permits, "used": load.in_use},
             "replicas": rt.status(&deployments),
+            "ready": rt.ready_replicas(),
             "placement": placement(&deployments),
+            "ttft_p99_ms": rt.metrics().recent_ttft_p99(),
+            "history": rt.metrics().history(),
+            "starts": rt.recent_starts(),
         }));
     }
-    let mut status = json!({"models": models});
+    let mut status = json!({"at_ms": wall_ms(), "nodes": server.nodes(), "models": models});
     if let Some(gateway) = server.fleet_gateway() {
         status["fleet"] = json!({"gateway": gateway, "leading": server.control().is_active()});
     }

@@ -7,6 +7,8 @@
 //! - `admin`: the admin API, what runs where and the operator's levers;
 //! - `usage`: `GET /v1/usage`, the inference events added up per model,
 //!   account, day or hour, an account seeing only its own;
+//! - `ui`: the live status page, `/ui` (admin key), drawn from
+//!   `GET /admin/status`;
 //! - `guard`: the layer on every route (request ids; a panicking handler
 //!   answers 500, logged once by [`install_panic_hook`]);
 //! - [`router`]: all of them with the predictions API of
@@ -18,6 +20,7 @@ mod guard;
 mod openai;
 mod relay;
 mod rename;
+mod ui;
 mod usage;
 
 use axum::extract::DefaultBodyLimit;
@@ -27,13 +30,15 @@ use hangar_runtime::serve::Server;
 
 pub use guard::install_panic_hook;
 
-/// Every route of `hangar serve`: the OpenAI API, the admin API, health,
-/// metrics, usage and the `predictions` API, under one body limit (413 beyond
+/// Every route of `hangar serve`: the OpenAI API, the admin API and the
+/// status page, health, metrics, usage and the `predictions` API, under one
+/// body limit (413 beyond
 /// `max_body_bytes`) and the guard (request ids; a panicking handler
 /// answers 500).
 pub fn router(server: &Server, predictions: &Service, max_body_bytes: usize) -> axum::Router {
     openai::router(server.clone())
         .merge(admin::router(server.clone()))
+        .merge(ui::router(server.clone()))
         .merge(usage::router(server.clone()))
         .merge(predictions.router())
         .layer(DefaultBodyLimit::max(max_body_bytes))

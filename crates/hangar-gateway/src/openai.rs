@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_core::exposition::Format;
-use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, RequestKind};
+use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, ReplicaId, RequestKind};
 use hangar_runtime::events::RequestTrace;
 use hangar_runtime::processor::{AdmitError, Lease, Patience};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server, Tally};
@@ -35,7 +35,6 @@ pub(crate) fn router(server: Server) -> Router {
         .route("/v1/chat/completions", post(forward))
         .route("/v1/completions", post(forward))
         .route("/v1/embeddings", post(forward))
-        .route("/v1/models", get(models))
         // The OpenAI SDK sends `demo/chat-small` as `demo%2Fchat-small`: one
         // segment. (Unencoded, `/v1/models/{owner}/{name}` is Replicate's.)
         .route("/v1/models/{id}", get(model))
@@ -111,19 +110,6 @@ fn account(server: &Server, headers: &HeaderMap) -> Result<AccountId, AuthError>
 /// An OpenAI model object.
 fn model_object(key: &str) -> Value {
     json!({"id": key, "object": "model", "created": 0, "owned_by": "hangar"})
-}
-
-async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
-    let account = match account(&server, &headers) {
-        Ok(a) => a,
-        Err(e) => return denied(StatusCode::UNAUTHORIZED, &e.to_string()),
-    };
-    let data: Vec<Value> = server
-        .models()
-        .filter(|rt| rt.allows(&account))
-        .map(|rt| model_object(rt.config().key.as_str()))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /v1/models/{id}`: one model the caller may use, as OpenAI's
@@ -294,7 +280,11 @@ impl Forward<'_> {
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
         // A replica that refused the request for want of capacity.
         let mut avoid = None;
-        for attempt in 0..2 {
+        let mut tries = Tries::default();
+        for attempt in 0.. {
+            if !tries.take() {
+                break;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
             let admitted = self.rt.processor().admit_with(
@@ -315,7 +305,12 @@ impl Forward<'_> {
             if attempt == 0 {
                 self.rt.metrics().queue_wait(RequestKind::Sync, now - self.arrival);
             }
-            let Some(base) = self.rt.replica_url(lease.replica) else { continue };
+            let Some(base) = self.rt.replica_url(lease.replica) else {
+                // Granted on a replica that left the table meanwhile (failed
+                // by another request's probe): nothing was sent.
+                tries.replica_dead();
+                continue;
+            };
             if let Some(trace) = tally.trace() {
                 trace.admitted(now, lease.replica);
             }
@@ -335,7 +330,21 @@ impl Forward<'_> {
                     self.rt.metrics().capacity_failover();
                     avoid = Some(replica);
                 }
-                Ok(upstream) => return self.relay(upstream, lease, timer, tally).await,
+                Ok(upstream) => {
+                    let answer = match Answer::read(upstream, &mut timer).await {
+                        Some(Ok(answer)) => answer,
+                        None => return counted(tally, ErrorCode::Timeout, timed_out(timeout_s)),
+                        // A JSON answer cut before its end: the client has
+                        // had nothing yet, so it is retried as a failed send.
+                        Some(Err(e)) => {
+                            tracing::warn!(replica = %name(), "a replica's answer broke off: {e}");
+                            drop(lease);
+                            self.lost(replica, &mut tries).await;
+                            continue;
+                        }
+                    };
+                    return self.relay(answer, lease, timer, tally);
+                }
                 Err(SendError::Address(e)) => {
                     // Engine URLs are checked at load; should one still not
                     // make a request, this replica cannot serve.
@@ -347,7 +356,7 @@ impl Forward<'_> {
                 Err(e) => {
                     tracing::warn!(replica = %name(), "forwarding failed: {e}");
                     drop(lease);
-                    self.server.probe(self.rt, replica).await;
+                    self.lost(replica, &mut tries).await;
                 }
             }
         }
@@ -356,65 +365,84 @@ impl Forward<'_> {
         counted(tally, ErrorCode::ReplicaFailed, response)
     }
 
+    /// `replica` gave no whole answer (its permit already given back): it
+    /// is checked, and if found dead its try is given back.
+    async fn lost(&self, replica: ReplicaId, tries: &mut Tries) {
+        if !self.server.probe(self.rt, replica).await {
+            tries.replica_dead();
+        }
+    }
+
     /// The replica's answer for the client, holding the permit until it
-    /// ends: a JSON answer read whole first (within `deadline`) and
-    /// renamed, anything else streamed.
-    ///
-    /// # Cancel safety
-    /// Dropping the future drops the replica's answer and the permit; the
-    /// request is then counted as left by its client.
-    async fn relay(
-        self,
-        upstream: hyper::Response<Incoming>,
-        lease: Lease,
-        mut deadline: Pin<Box<Sleep>>,
-        mut tally: Tally,
-    ) -> Response {
-        let (parts, body) = upstream.into_parts();
-        let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
-        let is = |kind: &[u8]| content_type.as_ref().is_some_and(|c| c.as_bytes().starts_with(kind));
-        let (rt, status) = (self.rt.clone(), parts.status.as_u16());
-        let body = if is(b"application/json") {
-            let read = tokio::select! {
-                read = read_whole(body) => read,
-                () = deadline.as_mut() => {
-                    return counted(tally, ErrorCode::Timeout, timed_out(self.rt.timeout().as_secs()));
+    /// ends: a JSON answer (read whole, within the request's deadline,
+    /// before this) renamed, anything else streamed within `deadline`.
+    fn relay(&self, answer: Answer, lease: Lease, deadline: Pin<Box<Sleep>>, mut tally: Tally) -> Response {
+        let rt = self.rt.clone();
+        let (parts, body) = match answer {
+            Answer::Whole(parts, whole) => {
+                let now = Instant::now();
+                rt.metrics().first_byte(RequestKind::Sync, now - self.arrival);
+                if let Some(trace) = tally.trace() {
+                    trace.first_byte(now);
+                    trace.whole(&whole);
                 }
-            };
-            let whole = match read {
-                Ok(whole) => whole,
-                Err(e) => {
-                    tracing::warn!(replica = %replica_name(&self.rt.config().key, lease.replica), "a replica's answer broke off: {e}");
-                    let message = "the replica failed while answering";
-                    let response = error(StatusCode::BAD_GATEWAY, "service_unavailable", message, None);
-                    return counted(tally, ErrorCode::ReplicaFailed, response);
+                let whole = match crate::rename::whole(&whole, rt.config().key.as_str()) {
+                    Some(renamed) => Bytes::from(renamed),
+                    None => whole,
+                };
+                let status = parts.status.as_u16();
+                (parts, RelayBody::whole(whole, lease, rt, tally, status, self.arrival))
+            }
+            Answer::Stream(parts, body) => {
+                let sse = is(&parts, b"text/event-stream");
+                if let Some(trace) = tally.trace() {
+                    trace.streaming(sse);
                 }
-            };
-            let now = Instant::now();
-            rt.metrics().first_byte(RequestKind::Sync, now - self.arrival);
-            if let Some(trace) = tally.trace() {
-                trace.first_byte(now);
-                trace.whole(&whole);
+                let status = parts.status.as_u16();
+                (parts, RelayBody::stream(body, deadline, sse, lease, rt, tally, status, self.arrival))
             }
-            let whole = match crate::rename::whole(&whole, rt.config().key.as_str()) {
-                Some(renamed) => Bytes::from(renamed),
-                None => whole,
-            };
-            RelayBody::whole(whole, lease, rt, tally, status, self.arrival)
-        } else {
-            let sse = is(b"text/event-stream");
-            if let Some(trace) = tally.trace() {
-                trace.streaming(sse);
-            }
-            RelayBody::stream(body, deadline, sse, lease, rt, tally, status, self.arrival)
         };
         let mut response = Response::new(Body::new(body));
         *response.status_mut() = parts.status;
-        if let Some(ct) = content_type {
+        if let Some(ct) = parts.headers.get(header::CONTENT_TYPE).cloned() {
             response.headers_mut().insert(header::CONTENT_TYPE, ct);
         }
         response
     }
+}
+
+/// A replica's answer as the gateway relays it.
+enum Answer {
+    /// A JSON answer, read whole.
+    Whole(axum::http::response::Parts, Bytes),
+    /// Anything else, streamed as it comes.
+    Stream(axum::http::response::Parts, Incoming),
+}
+
+impl Answer {
+    /// Reads a JSON answer whole (`Some(Err)` if it broke off, `None` if
+    /// `deadline` passed first); anything else is left to stream.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the answer (and the replica's connection).
+    async fn read(
+        upstream: hyper::Response<Incoming>,
+        deadline: &mut Pin<Box<Sleep>>,
+    ) -> Option<Result<Answer, hyper::Error>> {
+        let (parts, body) = upstream.into_parts();
+        if !is(&parts, b"application/json") {
+            return Some(Ok(Answer::Stream(parts, body)));
+        }
+        tokio::select! {
+            read = read_whole(body) => Some(read.map(|whole| Answer::Whole(parts, whole))),
+            () = deadline.as_mut() => None,
+        }
+    }
+}
+
+/// Whether the answer's content type is `kind`.
+fn is(parts: &axum::http::response::Parts, kind: &[u8]) -> bool {
+    parts.headers.get(header::CONTENT_TYPE).is_some_and(|c| c.as_bytes().starts_with(kind))
 }
 
 /// All of `body`. Most answers come in one frame, which is returned as
@@ -444,6 +472,45 @@ fn timed_out(timeout_s: u64) -> Response {
     error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None)
 }
 
+/// How many replicas found dead one request may pass over (each gives
+/// its try back): more than a node holds of one model in practice, and
+/// few enough that a request cannot keep a gateway busy for long.
+const DEAD_REPLICAS_SKIPPED: u32 = 4;
+
+/// A sync request's sends: a first and one retry. A send whose replica is
+/// then found dead gives its try back — that replica is out of the table,
+/// so the next goes elsewhere — up to [`DEAD_REPLICAS_SKIPPED`] times: a
+/// node that dies takes all its replicas, and its siblings' health checks
+/// may still be in flight when the retry is admitted.
+struct Tries {
+    left: u32,
+    dead_skipped: u32,
+}
+
+impl Default for Tries {
+    fn default() -> Self {
+        Tries { left: 2, dead_skipped: 0 }
+    }
+}
+
+impl Tries {
+    /// Takes a try; `false` when none is left.
+    fn take(&mut self) -> bool {
+        let Some(left) = self.left.checked_sub(1) else { return false };
+        self.left = left;
+        true
+    }
+
+    /// The last try's replica was found dead, or gone: the try is given
+    /// back, within the bound.
+    fn replica_dead(&mut self) {
+        if self.dead_skipped < DEAD_REPLICAS_SKIPPED {
+            self.dead_skipped += 1;
+            self.left += 1;
+        }
+    }
+}
+
 /// Seconds a client is told to wait (`Retry-After`) before asking again
 /// for a model that cannot run now: about the controller's first retry
 /// of a model it could not place.
@@ -471,5 +538,24 @@ fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Response) {
             ErrorCode::Unavailable,
             error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string(), None),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_tries_twice_and_once_more_per_replica_found_dead_within_the_bound() {
+        let mut t = Tries::default();
+        assert!(t.take() && t.take());
+        assert!(!t.take(), "a first and one retry");
+        let mut t = Tries::default();
+        let mut sends = 0;
+        while t.take() {
+            sends += 1;
+            t.replica_dead();
+        }
+        assert_eq!(sends, 2 + DEAD_REPLICAS_SKIPPED, "every send found its replica dead");
     }
 }

@@ -138,7 +138,19 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let mut body = json!({"type": "about:blank", "title": self.title, "status": self.status.as_u16(), "detail": self.detail});
+        // OpenAI's `error` object beside the problem's fields: routes both
+        // clients call (`GET /v1/models`, `/v1/models/{owner}/{name}`) fail
+        // readably for either, and the rest cost nothing by it.
+        let kind = match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        };
+        let mut body = json!({
+            "type": "about:blank", "title": self.title, "status": self.status.as_u16(), "detail": self.detail,
+            "error": {"message": self.detail, "type": kind, "param": null, "code": null},
+        });
         if let Some((field, message)) = self.invalid {
             body["invalid_fields"] = json!([{"type": "invalid", "field": field, "description": message}]);
         }
@@ -173,11 +185,14 @@ impl Service {
             // `urls.get` at another address — JSON, with the same key rules
             // (docs/predictions.md); a status page is to take it over.
             .route("/p/{id}", get(|s, p, h| get_job(s, p, h, JobKind::Prediction)))
+            .route("/v1/models", get(models))
             .route("/v1/models/{owner}/{name}", get(model))
             .route("/v1/models/{owner}/{name}/predictions", post(create_by_model))
             .route("/v1/models/{owner}/{name}/versions", get(versions))
             .route("/v1/models/{owner}/{name}/versions/{id}", get(version))
+            .route("/v1/deployments", get(deployments).post(create_deployment))
             .route("/v1/deployments/{owner}/{name}", get(deployment))
+            .route("/v1/hardware", get(hardware))
             .route("/v1/deployments/{owner}/{name}/predictions", post(create_by_deployment))
             .route("/v1/webhooks/default/secret", get(secret))
             .route("/v1/webhooks/default/secret/rotate", post(rotate_secret))
@@ -714,7 +729,7 @@ fn version_json(inner: &Inner, key: &str) -> Value {
     let m = &inner.models[key];
     json!({
         "id": m.version,
-        "created_at": rfc3339(0),
+        "created_at": rfc3339(inner.started_ms),
         "cog_version": "0.16.0",
         "openapi_schema": match &m.input {
             InputRules::Llm => openapi_schema(),
@@ -732,14 +747,22 @@ async fn model(
 ) -> ApiResult {
     let account = account(&inner, &headers)?;
     let model = visible_model(&inner, &account, &owner, &name)?;
-    let key = model.key.clone();
+    Ok(Json(model_json(&inner, model)).into_response())
+}
+
+/// A model as both APIs read it: OpenAI's model object (`id`, `object`,
+/// `created`, `owned_by`) and Replicate's (`owner`, `name`, `latest_version`
+/// …) in one — `client.models.retrieve("owner/name")` sent unencoded
+/// reaches the Replicate route. A key without one `/` has no owner: its
+/// `owner` is empty and its `name` the whole key.
+fn model_json(inner: &Inner, model: &crate::Model) -> Value {
+    let key = &model.key;
+    let (owner, name) = key.split_once('/').unwrap_or(("", key));
     let visibility = if model.access.is_some() { "private" } else { "public" };
-    Ok(Json(json!({
-        // OpenAI's model object too: `client.models.retrieve("owner/name")`
-        // sent unencoded reaches this route.
+    json!({
         "id": key,
         "object": "model",
-        "created": 0,
+        "created": inner.started_ms / 1000,
         "owned_by": "hangar",
         "url": format!("{}/{key}", inner.base_url),
         "owner": owner,
@@ -749,9 +772,19 @@ async fn model(
         "github_url": null, "paper_url": null, "license_url": null, "cover_image_url": null,
         "run_count": 0,
         "default_example": null,
-        "latest_version": version_json(&inner, &key),
-    }))
-    .into_response())
+        "latest_version": version_json(inner, key),
+    })
+}
+
+/// `GET /v1/models`: every model the caller may use, in one answer both
+/// clients read — OpenAI's list (`object`, `data`) and Replicate's page
+/// (`results`, `next`, `previous`; one page holds them all).
+async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
+    let account = account(&inner, &headers)?;
+    let models: Vec<Value> =
+        inner.models.values().filter(|m| m.allows(&account)).map(|m| model_json(&inner, m)).collect();
+    Ok(Json(json!({"object": "list", "data": models, "results": models, "next": null, "previous": null}))
+        .into_response())
 }
 
 async fn versions(
@@ -783,23 +816,78 @@ async fn deployment(
     headers: HeaderMap,
 ) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let (_, (model, settings)) = visible_deployment(&inner, &account, &owner, &name)?;
-    Ok(Json(json!({
+    let (key, deployment) = visible_deployment(&inner, &account, &owner, &name)?;
+    Ok(Json(deployment_json(&inner, &key, deployment)).into_response())
+}
+
+/// A deployment as Replicate's client reads it. Its one release is the
+/// config this server loaded (number 1, created when the service started):
+/// the model's hardware and replica bounds, and the deployment's limits.
+fn deployment_json(inner: &Inner, key: &str, (model, settings): &(String, crate::ModelSettings)) -> Value {
+    let (owner, name) = key.split_once('/').unwrap_or(("", key));
+    let m = &inner.models[model];
+    json!({
         "owner": owner,
         "name": name,
         "current_release": {
             "number": 1,
             "model": model,
-            "version": inner.models[model].version,
-            "created_at": rfc3339(0),
+            "version": m.version,
+            "created_at": rfc3339(inner.started_ms),
+            "created_by": null,
             "configuration": {
+                "hardware": m.capacity.hardware,
+                "min_instances": m.capacity.min_instances,
+                "max_instances": m.capacity.max_instances,
                 "max_run_lifetime_s": settings.max_run_lifetime_s,
                 "predict_timeout_s": settings.predict_timeout_s,
                 "idempotent": settings.idempotent,
             },
         },
-    }))
-    .into_response())
+    })
+}
+
+/// `GET /v1/deployments`: the deployments whose model the caller may use
+/// (one page holds them all).
+async fn deployments(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
+    let account = account(&inner, &headers)?;
+    let results: Vec<Value> = inner
+        .deployments
+        .iter()
+        .filter(|(_, (model, _))| inner.models.get(model).is_some_and(|m| m.allows(&account)))
+        .map(|(key, d)| deployment_json(&inner, key, d))
+        .collect();
+    Ok(Json(json!({"results": results, "next": null, "previous": null})).into_response())
+}
+
+/// `POST /v1/deployments`: refused with 405 and where deployments come
+/// from — Hangar's are declared in the config (`[[predictions.deployments]]`,
+/// a name bound to a model the config serves), so creating one is a
+/// change of the config, not of a running server.
+async fn create_deployment(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
+    account(&inner, &headers)?;
+    Err(Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Deployments are configured, not created",
+        "deployments are declared in the server's config ([[predictions.deployments]] with a `name` and \
+         the `model` it runs, docs/predictions.md) and cannot be created through the API; \
+         GET /v1/deployments lists them",
+    ))
+}
+
+/// `GET /v1/hardware`: the hardware the caller's models run on, each SKU
+/// once (`gpu` for a model any GPU node takes, `gpu-KIND` for one that
+/// needs nodes of that `gpu_kind`) — what a deployment's release names.
+async fn hardware(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
+    let account = account(&inner, &headers)?;
+    let skus: std::collections::BTreeMap<&str, String> = inner
+        .models
+        .values()
+        .filter(|m| m.allows(&account))
+        .map(|m| (m.capacity.hardware.as_str(), m.capacity.hardware_name()))
+        .collect();
+    let list: Vec<Value> = skus.into_iter().map(|(sku, name)| json!({"sku": sku, "name": name})).collect();
+    Ok(Json(list).into_response())
 }
 
 /// The account's current signing secret (each account has its own).

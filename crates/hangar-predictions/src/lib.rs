@@ -27,7 +27,7 @@ pub mod webhook_target;
 
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
 pub use executor::{ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
-pub use service::{InputRules, Model, Service, ServiceError};
+pub use service::{Capacity, InputRules, Model, Service, ServiceError};
 
 /// The version id of a model described by `description` (e.g. its
 /// configuration as JSON): 64 hex digits of its SHA-256, stable while the

@@ -40,6 +40,39 @@ pub struct Model {
     pub access: Option<Vec<AccountId>>,
     /// How its input is checked.
     pub input: InputRules,
+    /// What a deployment of it shows as its release's configuration.
+    pub capacity: Capacity,
+}
+
+/// A model's hardware and replica bounds, as Replicate's deployment
+/// release shows them (`configuration.hardware`, `min_instances`,
+/// `max_instances`) and `GET /v1/hardware` lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    /// The hardware SKU: `gpu-KIND` for a model that needs nodes of one
+    /// `gpu_kind`, `gpu` for one any GPU node takes.
+    pub hardware: String,
+    /// `min_replicas`.
+    pub min_instances: u32,
+    /// The most replicas it may have.
+    pub max_instances: u32,
+}
+
+impl Capacity {
+    /// The capacity of a model needing nodes of `gpu_kind` (any, if
+    /// `None`), between `min` and `max` replicas.
+    pub fn new(gpu_kind: Option<&str>, min: u32, max: u32) -> Self {
+        let hardware = gpu_kind.map_or_else(|| "gpu".to_owned(), |k| format!("gpu-{k}"));
+        Capacity { hardware, min_instances: min, max_instances: max }
+    }
+
+    /// The hardware's display name.
+    pub fn hardware_name(&self) -> String {
+        match self.hardware.strip_prefix("gpu-") {
+            Some(kind) => format!("GPU ({kind})"),
+            None => "GPU (any node)".to_owned(),
+        }
+    }
 }
 
 /// How a model's prediction input is checked, and the schema its version
@@ -101,6 +134,9 @@ pub(crate) struct Inner {
     /// sweep, when it must renew its claims.
     watched: Arc<Watched>,
     pub models: BTreeMap<String, Model>,
+    /// When this service started (Unix ms): the release every model and
+    /// deployment shows is the config loaded then.
+    pub started_ms: u64,
     pub deployments: BTreeMap<String, (String, ModelSettings)>,
     pub api_keys: ApiKeys,
     pub config: PredictionsConfig,
@@ -175,6 +211,7 @@ impl Service {
             store,
             watched,
             models,
+            started_ms: now(),
             deployments,
             api_keys,
             config,

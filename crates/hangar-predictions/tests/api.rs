@@ -49,6 +49,7 @@ fn model(key: &str, access: Option<&[&str]>) -> Model {
         settings: ModelSettings::default(),
         access: access.map(|a| a.iter().map(|s| s.parse().unwrap()).collect()),
         input: InputRules::Llm,
+        capacity: hangar_predictions::Capacity::new(key.strip_prefix("t/private").map(|_| "a100-80gb"), 0, 2),
     }
 }
 
@@ -303,6 +304,47 @@ async fn a_private_model_answers_other_accounts_exactly_as_a_missing_one() {
     }
 }
 
+/// What Replicate's client lists — models, deployments, hardware — holds
+/// only what the account may use, with each deployment's hardware and
+/// bounds; `GET /v1/models` is OpenAI's list too. A deployment cannot be
+/// created through the API: 405 saying where deployments come from.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lists_show_only_what_the_account_may_use() {
+    let s = with_private_model();
+    let router = s.service.router();
+    let keys = |v: &Value, field: &str, name: &str| -> Vec<String> {
+        v[field].as_array().unwrap().iter().map(|m| m[name].as_str().unwrap().to_owned()).collect()
+    };
+    let acme = call(&router, "GET", "/v1/models", Some(ACME), None).await;
+    assert_eq!(acme.status, StatusCode::OK, "{acme:?}");
+    assert_eq!(keys(&acme.body, "data", "id"), ["t/open", "t/private"]);
+    assert_eq!(keys(&acme.body, "results", "name"), ["open", "private"]);
+    assert_eq!(acme.body["object"], "list");
+    assert_eq!(acme.body["next"], Value::Null);
+    let other = call(&router, "GET", "/v1/models", Some(OTHER), None).await;
+    assert_eq!(keys(&other.body, "data", "id"), ["t/open"]);
+
+    let acme = call(&router, "GET", "/v1/deployments", Some(ACME), None).await;
+    assert_eq!(keys(&acme.body, "results", "name"), ["open-prod", "private-prod"]);
+    let private = &acme.body["results"][1]["current_release"];
+    assert_eq!(private["configuration"]["hardware"], "gpu-a100-80gb");
+    assert_eq!(private["configuration"]["max_instances"], 2);
+    assert_ne!(private["created_at"], "1970-01-01T00:00:00.000Z", "the release is the loaded config");
+    let other = call(&router, "GET", "/v1/deployments", Some(OTHER), None).await;
+    assert_eq!(keys(&other.body, "results", "name"), ["open-prod"]);
+
+    let acme = call(&router, "GET", "/v1/hardware", Some(ACME), None).await;
+    let skus: Vec<&str> = acme.body.as_array().unwrap().iter().map(|h| h["sku"].as_str().unwrap()).collect();
+    assert_eq!(skus, ["gpu", "gpu-a100-80gb"]);
+    let other = call(&router, "GET", "/v1/hardware", Some(OTHER), None).await;
+    assert_eq!(other.body, json!([{"sku": "gpu", "name": "GPU (any node)"}]));
+
+    let body = r#"{"name": "x", "model": "t/open", "version": "v", "hardware": "gpu", "min_instances": 0, "max_instances": 1}"#;
+    let create = call(&router, "POST", "/v1/deployments", Some(ACME), Some(body)).await;
+    assert_eq!(create.status, StatusCode::METHOD_NOT_ALLOWED, "{create:?}");
+    assert!(create.body["detail"].as_str().unwrap().contains("[[predictions.deployments]]"), "{create:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_key_every_route_is_401_for_existing_and_unknown_models_alike() {
     let (with, without) = (with_private_model(), without_private_model());
@@ -323,6 +365,9 @@ async fn without_a_key_every_route_is_401_for_existing_and_unknown_models_alike(
     routes.push(("POST", format!("/v1/models/t/open/versions/{open_vid}/trainings"), Some("{}".into())));
     routes.push(("GET", "/v1/deployments/acme/open-prod".into(), None));
     routes.push(("GET", "/v1/deployments/acme/nope".into(), None));
+    for list in ["/v1/models", "/v1/deployments", "/v1/hardware"] {
+        routes.push(("GET", list.into(), None));
+    }
     routes.push(("GET", "/v1/webhooks/default/secret".into(), None));
     routes.push(("POST", "/v1/webhooks/default/secret/rotate".into(), None));
     let first = call(&with, "GET", "/v1/models/t/open", None, None).await;

@@ -327,6 +327,14 @@ impl Admission {
         self.replicas.get(&replica).map_or(0, |r| r.in_use)
     }
 
+    /// The replica whose permit `request` holds, if it holds one.
+    pub fn holder(&self, request: RequestId) -> Option<ReplicaId> {
+        match self.requests.get(&request)?.place {
+            Place::Leased(replica) => Some(replica),
+            Place::Waiting { .. } => None,
+        }
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &AdmissionConfig {
         &self.config

@@ -358,6 +358,12 @@ proptest! {
             a.check_invariants();
             prop_assert_eq!(a.waiting(), waiting.len());
             prop_assert_eq!(a.in_use() as usize, holding.len());
+            for id in &holding {
+                prop_assert!(a.holder(RequestId(*id)).is_some(), "a holder names its replica");
+            }
+            for id in waiting.iter().chain(&ended) {
+                prop_assert_eq!(a.holder(RequestId(*id)), None, "only holders hold");
+            }
             prop_assert!(holding.is_disjoint(&ended) && waiting.is_disjoint(&ended));
         }
         // Within each account, dispatches keep arrival order.

@@ -15,11 +15,20 @@
 //! The admission policy itself is `hangar-queue`'s sans-IO state machine;
 //! this module only adds the clock, a timer task for deadlines, and the
 //! channels that wake waiting handlers.
+//!
+//! It also keeps the instance monitor ([`InstanceMonitor`]) of each
+//! replica this process runs, since it is where permits are granted and
+//! given back: a grant and a release bump the monitor of the permit's
+//! replica under the lock they already hold (no lock, no allocation of
+//! their own). The node tells it each replica's phase
+//! ([`Processor::replica_phase`]); a fleet's agent, which holds no permits,
+//! samples its engines' own counts instead ([`Processor::sample_in_flight`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, RequestId};
+use hangar_core::instance::{InstanceMonitor, InstanceReport};
+use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, ReplicaPhase, RequestId};
 pub use hangar_queue::Patience;
 use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
 use rustc_hash::FxHashMap;
@@ -90,6 +99,21 @@ struct State {
     waiters: FxHashMap<RequestId, Waiter>,
     next_id: u64,
     counters: Counters,
+    /// The instance monitor of each replica this process runs (none for
+    /// the remote replicas of a fleet's gateway: their agents keep them).
+    monitors: FxHashMap<ReplicaId, InstanceMonitor>,
+}
+
+impl State {
+    /// A permit on `replica` was granted (`true`) or given back.
+    fn bump(&mut self, now: Millis, replica: ReplicaId, granted: bool) {
+        if let Some(m) = self.monitors.get_mut(&replica) {
+            match granted {
+                true => m.request_started(now),
+                false => m.request_ended(now),
+            }
+        }
+    }
 }
 
 /// Called (outside the processor's lock) when a request has to wait for a
@@ -138,6 +162,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let granted_at = self.granted_at;
         self.shared.with(|s, now| {
+            s.bump(now, self.replica, false);
             s.admission.release(now, self.request, &mut *s.chooser);
             s.chooser.done(self.request);
             s.counters.completions += 1;
@@ -165,10 +190,12 @@ impl Shared {
                 Action::Unavailable { request, reason } => (request, Err(AdmitError::Unavailable { reason })),
             };
             let delivered = state.waiters.remove(&request).is_some_and(|w| w.send(result.clone()).is_ok());
-            if !delivered && result.is_ok() {
+            match (delivered, &result) {
+                (true, Ok(replica)) => state.bump(now, *replica, true),
                 // The waiter left between dispatch and delivery: give the
                 // permit straight back.
-                state.admission.release(now, request, &mut *state.chooser);
+                (false, Ok(_)) => drop(state.admission.release(now, request, &mut *state.chooser)),
+                (_, Err(_)) => {}
             }
             if !delivered || result.is_err() {
                 state.chooser.done(request);
@@ -190,6 +217,11 @@ impl Drop for WaitGuard {
         if self.armed {
             self.shared.with(|s, now| {
                 s.waiters.remove(&self.request);
+                // Dispatched and delivered, but its caller left before
+                // taking the lease: the permit it held goes back.
+                if let Some(replica) = s.admission.holder(self.request) {
+                    s.bump(now, replica, false);
+                }
                 s.admission.release(now, self.request, &mut *s.chooser);
                 s.chooser.done(self.request);
             });
@@ -219,6 +251,7 @@ impl Processor {
             waiters: FxHashMap::default(),
             next_id: 0,
             counters: Counters::default(),
+            monitors: FxHashMap::default(),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -278,6 +311,39 @@ impl Processor {
         })
     }
 
+    /// `replica`, which this process runs, is in `phase`: its instance
+    /// monitor (made at its first phase) hears it.
+    pub fn replica_phase(&self, replica: ReplicaId, phase: ReplicaPhase) {
+        self.shared.with(|s, now| {
+            s.monitors.entry(replica).or_insert_with(|| InstanceMonitor::new(now)).handle_phase(now, phase)
+        });
+    }
+
+    /// `replica`'s engine says it runs or holds `in_flight` requests (a
+    /// fleet's agent, whose gateways hold the permits, samples it).
+    pub fn sample_in_flight(&self, replica: ReplicaId, in_flight: u32) {
+        self.shared.with(|s, now| {
+            if let Some(m) = s.monitors.get_mut(&replica) {
+                m.set_in_flight(now, in_flight);
+            }
+        });
+    }
+
+    /// `replica` is gone from this process: its monitor goes too.
+    pub fn forget(&self, replica: ReplicaId) {
+        self.shared.with(|s, _| s.monitors.remove(&replica));
+    }
+
+    /// What `replica` is doing now and its last closed window, if this
+    /// process runs it.
+    pub fn instance(&self, replica: ReplicaId) -> Option<InstanceReport> {
+        self.shared.with(|s, now| {
+            let m = s.monitors.get_mut(&replica)?;
+            m.handle_timeout(now);
+            Some(m.report())
+        })
+    }
+
     /// Permits out on one replica.
     pub fn in_use_on(&self, replica: ReplicaId) -> u32 {
         self.shared.with(|s, _| s.admission.in_use_on(replica))
@@ -332,6 +398,10 @@ impl Processor {
                     .submit_as(now, request, account, deadline, patience, &mut *s.chooser)
                     .expect("ids are unique");
                 let rx = match submitted {
+                    Submitted::Leased(p) => {
+                        s.bump(now, p.replica, true);
+                        None
+                    }
                     Submitted::Queued => {
                         let (tx, rx) = oneshot::channel();
                         s.waiters.insert(request, tx);

@@ -143,3 +143,56 @@ async fn futures_select(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
+
+#[tokio::test]
+async fn each_replicas_instance_monitor_counts_the_permits_held_on_it() {
+    use hangar_core::instance::InstanceState;
+    use hangar_core::ReplicaPhase;
+
+    let p = Processor::new(
+        AdmissionConfig { algorithm: QueueAlgorithm::Fifo, capacity: 10 },
+        Box::new(FirstFree),
+    );
+    let r = ReplicaId::from_u128(1);
+    let state = |p: &Processor| p.instance(r).map(|i| (i.state, i.in_flight));
+    assert_eq!(state(&p), None, "no monitor for a replica this process was never told of");
+    p.replica_phase(r, ReplicaPhase::Starting);
+    assert_eq!(state(&p), Some((InstanceState::Boot, 0)));
+    p.replica_ready(r, 2);
+    p.replica_phase(r, ReplicaPhase::Ready);
+    assert_eq!(state(&p), Some((InstanceState::Idle, 0)));
+
+    // Leased at once.
+    let a = p.admit(acct("a"), None).await.unwrap();
+    let b = p.admit(acct("a"), None).await.unwrap();
+    assert_eq!(state(&p), Some((InstanceState::Active, 2)));
+    // One waits and is dispatched when `a` goes: still two in flight.
+    let p2 = p.clone();
+    let waiting = tokio::spawn(async move { p2.admit(acct("a"), None).await.unwrap() });
+    while p.load().waiting == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Another waits and leaves the line: it never held a permit.
+    let p3 = p.clone();
+    let leaver = tokio::spawn(async move { p3.admit(acct("b"), None).await.map(|_| ()) });
+    while p.load().waiting < 2 {
+        tokio::task::yield_now().await;
+    }
+    leaver.abort();
+    let _ = leaver.await;
+    drop(a);
+    let c = waiting.await.unwrap();
+    assert_eq!(state(&p), Some((InstanceState::Active, 2)));
+
+    // A replica gone from the line still has its requests finishing.
+    p.replica_gone(r);
+    p.replica_phase(r, ReplicaPhase::Draining);
+    assert_eq!(state(&p), Some((InstanceState::Active, 2)));
+    drop(b);
+    drop(c);
+    assert_eq!(state(&p), Some((InstanceState::Idle, 0)));
+    p.replica_phase(r, ReplicaPhase::Sleeping);
+    assert_eq!(state(&p), Some((InstanceState::Off, 0)));
+    p.forget(r);
+    assert_eq!(state(&p), None);
+}

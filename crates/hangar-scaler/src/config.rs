@@ -208,6 +208,38 @@ pub struct WorkersAiSettings {
     /// The kill switch: keep the current count. Seed 001:
     /// `scaling_config.disabled`, default false.
     pub disabled: bool,
+    /// Which of Workers AI's three algorithms sizes the model. Seed 001:
+    /// the request count is the fallback, the EZ utilization one overrides
+    /// it when configured, the older utilization one overrides both; here
+    /// one is chosen. Default `ez-utilization`.
+    pub algorithm: WorkersAiAlgorithm,
+    /// The autoscaling factor: `request-count` wants the requests of a
+    /// minute × this (each request taken to last about a minute);
+    /// `utilization` clamps it to at least 1.2 and scales up above
+    /// utilization 1/f, down below 1/(f + 0.15). Seed 001: 0.8.
+    pub scaling_factor: f64,
+    /// Size on the larger of the window's work and the work of the same
+    /// window `forecast_offset_s` earlier (the utilization algorithms).
+    /// Seed 001: true.
+    pub use_forecast: bool,
+    /// How far back the forecast looks. Seed 001: the same time last week,
+    /// 604,800 s.
+    pub forecast_offset_s: u64,
+}
+
+/// Workers AI's scaling algorithms (seed 001, "Scaling algorithms").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkersAiAlgorithm {
+    /// The EZ utilization algorithm: utilization against the
+    /// `min_utilization`–`max_utilization` deadband, scaled, inflated by
+    /// requests turned away.
+    EzUtilization,
+    /// The older utilization algorithm (`model_utilization_autoscaler`): a
+    /// deadband of 1/(f + 0.15) to 1/f around the factor f.
+    Utilization,
+    /// The request-count fallback: requests per minute × the factor.
+    RequestCount,
 }
 
 impl Default for WorkersAiSettings {
@@ -222,6 +254,10 @@ impl Default for WorkersAiSettings {
             out_of_cap_max_inflation: 2.0,
             max_downscale_per_cycle: 10,
             disabled: false,
+            algorithm: WorkersAiAlgorithm::EzUtilization,
+            scaling_factor: 0.8,
+            use_forecast: true,
+            forecast_offset_s: 7 * 24 * 3600,
         }
     }
 }
@@ -246,7 +282,15 @@ impl WorkersAiSettings {
         if self.max_downscale_per_cycle == 0 {
             return Err(FieldError::new("max_downscale_per_cycle", "must be at least 1"));
         }
+        fraction("scaling_factor", self.scaling_factor, 0.01, 100.0)?;
+        seconds("forecast_offset_s", self.forecast_offset_s, 1)?;
         Ok(())
+    }
+
+    /// The older utilization algorithm's factor: `scaling_factor`, at least
+    /// 1.2 (seed 001: a 20 % over-provisioning floor).
+    pub(crate) fn utilization_factor(&self) -> f64 {
+        self.scaling_factor.max(1.2)
     }
 
     /// The utilization a resized model is sized for: the middle of the

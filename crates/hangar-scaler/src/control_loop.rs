@@ -150,7 +150,7 @@ impl ControlLoop {
     ) {
         self.note(|| Input::Waiting { at: now, model: model.clone(), obs, in_flight: in_flight.to_vec() });
         self.controller.observe(now, model, obs, in_flight);
-        self.controller.handle_timeout(now);
+        self.controller.handle_model_timeout(now, model);
     }
 
     /// A replica of `model` came up from `tier` after `took_ms`, on an

@@ -321,23 +321,35 @@ impl Controller {
         }
         let keys: Vec<ModelKey> = self.models.keys().cloned().collect();
         for key in &keys {
-            let c = self.models.get_mut(key).expect("a listed model");
-            let retry = c.blocked.as_ref().is_some_and(|b| b.retry_at <= now);
-            if retry {
-                // Let the scaler ask for its full count again.
-                c.scaler.set_placeable(now, None);
-            }
-            let decided = c.scaler.handle_timeout(now);
-            let due = retry || decided.is_some();
-            if let Some(decision) = decided {
-                self.actions.push_back(Action::Decided { model: key.clone(), decision });
-            }
-            if due {
-                self.reconcile(now, key);
-            }
-            self.expire_warm(now, key);
+            self.handle_model_timeout(now, key);
         }
         self.relieve_starvation(now, &keys);
+    }
+
+    /// Takes what is due at `now` for `model` alone: its decision, its
+    /// retry, its WARM replicas' keep time. For a request of the model that
+    /// has to wait, which must be decided on at once: the other models are
+    /// not due (a driver calls [`handle_timeout`](Self::handle_timeout) when
+    /// [`poll_timeout`](Self::poll_timeout) says so), and starvation, which
+    /// is reckoned in tens of seconds, is looked at on the next full call —
+    /// so a waiting request costs one model's work, however many the fleet
+    /// serves.
+    pub fn handle_model_timeout(&mut self, now: Millis, model: &ModelKey) {
+        let Some(c) = self.models.get_mut(model) else { return };
+        let retry = c.blocked.as_ref().is_some_and(|b| b.retry_at <= now);
+        if retry {
+            // Let the scaler ask for its full count again.
+            c.scaler.set_placeable(now, None);
+        }
+        let decided = c.scaler.handle_timeout(now);
+        let due = retry || decided.is_some();
+        if let Some(decision) = decided {
+            self.actions.push_back(Action::Decided { model: model.clone(), decision });
+        }
+        if due {
+            self.reconcile(now, model);
+        }
+        self.expire_warm(now, model);
     }
 
     /// A replica of `model` came up from `tier` after `took_ms`, on an
@@ -622,15 +634,21 @@ impl Controller {
     }
 
     fn hot(&self, model: &ModelKey) -> u32 {
-        self.cluster.replicas_of(model, Level::Hot).len() as u32
+        self.cluster.count_of(model, Level::Hot) as u32
     }
 
-    /// Pushes the steps from `before` to the cluster as it is now, if any.
-    fn push_delta(&mut self, before: &Snapshot) {
+    /// Pushes the steps from `before` to the cluster as it is now, if any,
+    /// and returns them.
+    fn push_delta(&mut self, before: &Snapshot) -> Option<&DeploymentDelta> {
         let delta = DeploymentDelta::between(before, &self.cluster.snapshot())
             .expect("snapshots of one cluster are consistent");
-        if !delta.is_empty() {
-            self.actions.push_back(Action::Apply(delta));
+        if delta.is_empty() {
+            return None;
+        }
+        self.actions.push_back(Action::Apply(delta));
+        match self.actions.back() {
+            Some(Action::Apply(delta)) => Some(delta),
+            _ => unreachable!("just pushed"),
         }
     }
 
@@ -689,8 +707,8 @@ impl Controller {
             })
             .collect();
         let outcome = self.cluster.deploy(&requests, now, &mut self.rng);
-        self.push_delta(before);
-        self.lower_preempted(now, before);
+        let evicted = self.push_delta(before).map(evicted).unwrap_or_default();
+        self.lower_preempted(now, evicted);
         for m in &outcome.models {
             if (m.hot() as u32) < m.requested {
                 let reason = m.replicas.iter().find_map(|r| r.reason.as_ref()).map(ToString::to_string);
@@ -703,12 +721,13 @@ impl Controller {
         }
     }
 
-    /// Replicas of other models the last deploy pushed off the GPUs: their
-    /// models want only what they still have, until their own demand asks
-    /// again (so two models do not take turns evicting each other).
-    fn lower_preempted(&mut self, now: Millis, before: &Snapshot) {
+    /// Replicas of other models the last deploy pushed off the GPUs
+    /// (`evicted`, with where each went): their models want only what they
+    /// still have, until their own demand asks again (so two models do not
+    /// take turns evicting each other).
+    fn lower_preempted(&mut self, now: Millis, evicted: Vec<((ModelKey, ReplicaId), Level)>) {
         let mut preempted = Vec::new();
-        for ((victim, replica), level) in self.evicted(before) {
+        for ((victim, replica), level) in evicted {
             if let Some(c) = self.models.get_mut(&victim) {
                 if level == Level::Warm {
                     c.warm_since.insert(replica, now);
@@ -733,8 +752,8 @@ impl Controller {
     fn apply_schedule(&mut self, now: Millis) {
         let before = self.cluster.snapshot();
         self.cluster.apply_schedule(&self.schedule, now, &mut self.rng);
-        self.push_delta(&before);
-        self.lower_preempted(now, &before);
+        let evicted = self.push_delta(&before).map(evicted).unwrap_or_default();
+        self.lower_preempted(now, evicted);
         // A window that ended left its replicas to the policy: room may
         // come from them soon, and a waiting model should see it.
         self.capacity_freed(now);
@@ -754,19 +773,6 @@ impl Controller {
         }
         self.schedule_due =
             self.schedule.windows().iter().flat_map(|w| [w.start_ms, w.end_ms]).filter(|t| *t > now).min();
-    }
-
-    /// Replicas that were hot `before` and are not now, with where they went.
-    fn evicted(&self, before: &Snapshot) -> Vec<((ModelKey, ReplicaId), Level)> {
-        before
-            .deployments()
-            .values()
-            .filter(|d| d.level == Level::Hot)
-            .filter_map(|d| {
-                let now = self.cluster.deployment(&d.replica_id).map_or(Level::Cold, |n| n.level);
-                (now != Level::Hot).then(|| ((d.model_key.clone(), d.replica_id), now))
-            })
-            .collect()
     }
 
     /// Caps `model` at what it has and retries it `backoff` from `now`.
@@ -810,18 +816,26 @@ impl Controller {
     /// than it takes to start one of its replicas (its mean COLD start, at
     /// least [`STARVATION_PATIENCE_MS`]) gets the replicas another model
     /// holds beyond what that model's demand needs — the one holding the
-    /// most such first, one per call. Placement's minimum deployment age
+    /// most such first, one per call — or, when none holds more than it
+    /// needs, a replica of the model whose traffic per replica is surely
+    /// less than the starving model's (its rate's upper bound below the
+    /// other's lower bound; the least such first): a GPU goes where it
+    /// serves more requests, and the two bounds apart keep two models of
+    /// like traffic from trading it back and forth. Placement's minimum deployment age
     /// guards against churn between models that both need their GPUs; it
     /// does not let a model keep GPUs its demand does not need while
     /// another's requests wait.
     fn relieve_starvation(&mut self, now: Millis, keys: &[ModelKey]) {
         let mut starving = None;
         for key in keys {
-            let hot = self.hot(key);
-            let c = self.models.get_mut(key).expect("listed");
+            let c = &self.models[key];
             let waits = c.scaler.latest().is_some_and(|o| o.waiting > 0);
             let no_room = c.blocked.as_ref().is_some_and(|b| b.cause == BlockCause::NoRoom);
-            if !(waits && no_room && c.scaler.desired() > hot) {
+            // Counting hot replicas costs a look at each: only for a model
+            // that waits for room.
+            let short = waits && no_room && c.scaler.desired() > self.hot(key);
+            let c = self.models.get_mut(key).expect("listed");
+            if !short {
                 c.starving_since = None;
                 continue;
             }
@@ -832,7 +846,7 @@ impl Controller {
             }
         }
         let Some(starving) = starving else { return };
-        let donor = keys
+        let surplus = keys
             .iter()
             .filter(|k| **k != starving)
             .filter_map(|k| {
@@ -841,13 +855,37 @@ impl Controller {
                 (surplus > 0).then_some((surplus, k.clone()))
             })
             .max_by_key(|(surplus, k)| (*surplus, std::cmp::Reverse(k.clone())));
-        let Some((_, donor)) = donor else { return };
+        let (donor, surplus) = match surplus {
+            Some((_, donor)) => (donor, true),
+            None => match self.less_served(&starving, keys) {
+                Some(donor) => (donor, false),
+                None => return,
+            },
+        };
         let c = self.models.get_mut(&donor).expect("listed");
-        if let Some(decision) = c.scaler.yield_surplus(now) {
+        let decided = if surplus { c.scaler.yield_surplus(now) } else { c.scaler.yield_one(now) };
+        if let Some(decision) = decided {
             self.actions.push_back(Action::Decided { model: donor.clone(), decision });
             self.reconcile(now, &donor);
             self.models.get_mut(&starving).expect("listed").starving_since = Some(now);
         }
+    }
+
+    /// Of `keys`, the model holding a replica whose traffic per replica
+    /// held is surely less than `starving`'s (its rate's upper bound over
+    /// its hot replicas below `starving`'s lower bound), the least first.
+    fn less_served(&self, starving: &ModelKey, keys: &[ModelKey]) -> Option<ModelKey> {
+        let (wants, _) = self.models[starving].scaler.rate_band()?;
+        keys.iter()
+            .filter(|k| *k != starving)
+            .filter_map(|k| {
+                let hot = self.hot(k);
+                let (_, high) = self.models[k].scaler.rate_band()?;
+                let per_replica = high / f64::from(hot.max(1));
+                (hot > 0 && per_replica < wants).then_some((per_replica, k))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)))
+            .map(|(_, k)| k.clone())
     }
 
     /// Lets go of WARM replicas idle beyond the scaler's keep time.
@@ -872,6 +910,26 @@ impl Controller {
         }
         self.push_delta(&before);
     }
+}
+
+/// The replicas `delta` takes off the GPUs, with where each goes: to the
+/// warm cache (WARM), or out (COLD). A HOT replica that moves to another
+/// node — deleted and created again under its id — stays HOT. Read from
+/// the delta, which holds only what changed, rather than from a walk of
+/// every deployment.
+fn evicted(delta: &DeploymentDelta) -> Vec<((ModelKey, ReplicaId), Level)> {
+    let to_cache = delta.to_cache.iter().map(|d| ((d.model_key.clone(), d.replica_id), Level::Warm));
+    let deleted = delta
+        .delete
+        .iter()
+        .filter(|d| d.level == Level::Hot && !delta.create.iter().any(|c| c.replica_id == d.replica_id))
+        .map(|d| ((d.model_key.clone(), d.replica_id), Level::Cold));
+    let mut evicted: Vec<_> = to_cache.chain(deleted).collect();
+    // In replica order, as placement lists deployments: the decisions that
+    // follow come out in the same order in the live server and the
+    // simulator, run after run.
+    evicted.sort_unstable_by_key(|((_, id), _)| *id);
+    evicted
 }
 
 impl Scaler {

@@ -61,6 +61,13 @@ pub enum Reason {
     },
     /// Workers AI: the kill switch is on.
     Disabled,
+    /// Workers AI's request-count algorithm: requests a minute × factor.
+    RequestCount {
+        /// Requests a minute over the window.
+        per_minute: f64,
+        /// The autoscaling factor.
+        factor: f64,
+    },
     /// Hangar: replicas the demand needs.
     Demand {
         /// Requests running or waiting.
@@ -139,6 +146,9 @@ impl fmt::Display for Reason {
                 write!(f, "utilization {utilization:.2} against {min:.2}–{max:.2}")
             }
             Reason::Disabled => f.write_str("scaling disabled"),
+            Reason::RequestCount { per_minute, factor } => {
+                write!(f, "{per_minute:.1} requests a minute × {factor:.2}")
+            }
             Reason::Demand { work, per_replica } => {
                 write!(f, "{work} requests running or waiting at {per_replica:.1} per replica")
             }

@@ -91,6 +91,13 @@ impl Demand {
     /// the window has been sampled (too few arrivals to say anything).
     pub fn permits(&self, window_ms: Millis, z: f64, side: Side) -> Option<f64> {
         let service_ms = self.service_ms?;
+        Some(self.rate(window_ms, z, side)? * service_ms)
+    }
+
+    /// The arrival rate of the last `window_ms`, per ms, at `side` of the
+    /// band `z` standard deviations of its count wide; `None` while less
+    /// than a third of the window has been sampled.
+    pub fn rate(&self, window_ms: Millis, z: f64, side: Side) -> Option<f64> {
         let last = *self.samples.back()?;
         let from = last.at.saturating_sub(window_ms);
         let first = self.first_since(from)?;
@@ -106,7 +113,7 @@ impl Demand {
             Side::Lower => (n - spread).max(0.0),
             Side::Upper => n + spread,
         };
-        Some(count / span_ms as f64 * service_ms)
+        Some(count / span_ms as f64)
     }
 
     /// Whether the arrivals of the last `recent_ms` are more than the

@@ -17,8 +17,11 @@
 //!   fewer replicas for a whole quiet period (sized by the measured
 //!   restart), keeping the period's peak, never while requests wait; to
 //!   zero after a quiet period without work or arrivals.
-//! - **Yield**: what it holds beyond that need goes at once to a model
-//!   starving for room (the controller asks, [`Hangar::need`]).
+//! - **Yield**: what it holds beyond what its demand's upper bound over
+//!   the rate window needs goes at once to a model starving for room (the
+//!   controller asks, [`Hangar::need`]), and so does a replica whose
+//!   traffic is surely less than the starving model's
+//!   ([`Hangar::rate_band`]): a GPU serves the model that has more for it.
 
 use hangar_core::Millis;
 
@@ -36,8 +39,10 @@ pub(crate) struct Hangar {
     demand: Demand,
     /// Since when the demand has fitted fewer replicas, and its peak since.
     excess: Option<(Millis, u32)>,
-    /// What the demand needed at the last decision.
+    /// What the demand needed at the last decision, over the rate window.
     need: Option<u32>,
+    /// The arrival rate's noise band (per ms) at the last decision.
+    rate_band: Option<(f64, f64)>,
     /// The count at which the objective was last missed while requests
     /// waited, and the demand's lower bound (permits) then.
     missed: Option<(u32, f64)>,
@@ -53,7 +58,7 @@ pub(crate) struct Context<'a> {
 
 impl Hangar {
     pub fn new(s: HangarSettings) -> Self {
-        Hangar { s, demand: Demand::default(), excess: None, need: None, missed: None }
+        Hangar { s, demand: Demand::default(), excess: None, need: None, rate_band: None, missed: None }
     }
 
     pub fn recommend(
@@ -71,10 +76,17 @@ impl Hangar {
         let z = self.s.noise_z;
         let expected = self.demand.permits(window, 0.0, Side::Upper);
 
-        // What the demand needs of the count now (for a give-back, or a
-        // yield to a model waiting for room).
-        let fits = self.fits(&o, current, per_replica, window);
-        self.need = Some(fits);
+        // What the demand needs of the count now, for a give-back (none
+        // once idle: the quiet period guards that) and for a yield to a
+        // model waiting for room (a model between two of its requests
+        // still needs the replica the next one will use).
+        // Both over the rate window alone: another model's wait is counted
+        // in tens of seconds, not in this one's quiet period.
+        let fits = self.fits(&o, current, per_replica, window, true);
+        let rate_window = self.s.rate_window_s * 1000;
+        self.need = Some(self.fits(&o, current, per_replica, rate_window, false));
+        let band = |side| self.demand.rate(rate_window, z, side);
+        self.rate_band = band(Side::Lower).zip(band(Side::Upper));
 
         let (mut need, mut reason) = (0, Reason::Steady);
         if let Some(burst) = self.burst(&o, current, per_replica, expected, cx) {
@@ -133,22 +145,33 @@ impl Hangar {
     }
 
     /// What the model needs of its `current` replicas: none when idle
-    /// (nothing running, waiting or arrived since the last decision), all
+    /// (nothing running, waiting or arrived since the last decision) if
+    /// `idle_is_none` (else all, until the demand is measured), all
     /// while requests wait, else those its demand's upper bound and the
     /// requests running need — and no fewer than one more than a count at
     /// which the objective was missed, unless the demand fell beyond its
     /// noise since: its upper bound now below its lower bound then (misses
     /// come with the rate's upward swings, so a swing back is no reason
     /// to return).
-    fn fits(&self, o: &Observation, current: u32, per_replica: f64, window: Millis) -> u32 {
+    fn fits(
+        &self,
+        o: &Observation,
+        current: u32,
+        per_replica: f64,
+        window: Millis,
+        idle_is_none: bool,
+    ) -> u32 {
         let z = self.s.noise_z;
         let high = self.demand.permits(window, z, Side::Upper);
         let fits = match high {
-            _ if o.work() == 0 && !self.demand.arrived() => 0,
+            _ if idle_is_none && o.work() == 0 && !self.demand.arrived() => 0,
             _ if o.waiting > 0 => current,
             Some(high) => replicas(high / per_replica).max(replicas(f64::from(o.in_flight) / per_replica)),
-            // Nothing measured yet: the work present is all there is.
-            None => replicas(o.work() as f64 / per_replica),
+            // Nothing measured yet: the work present is all there is — to
+            // scale on; to yield, the count stands (a model between two
+            // requests is not known to need less).
+            None if idle_is_none => replicas(o.work() as f64 / per_replica),
+            None => current,
         };
         let floor = match self.missed {
             Some((count, then)) if high.is_none_or(|now| now >= then) => count + 1,
@@ -162,6 +185,14 @@ impl Hangar {
     /// waiting for room.
     pub fn need(&self) -> Option<u32> {
         self.need
+    }
+
+    /// The arrival rate's band (lower, upper; requests per ms) over the
+    /// rate window at the last decision, `None` before the window is a
+    /// third sampled: whose traffic is surely the larger, when two models
+    /// want one GPU.
+    pub fn rate_band(&self) -> Option<(f64, f64)> {
+        self.rate_band
     }
 
     /// The replicas a queue calls for at once, if it is a burst: more

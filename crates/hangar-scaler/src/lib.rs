@@ -62,7 +62,7 @@ mod policy;
 mod scaler;
 mod ttft;
 
-pub use config::{HangarSettings, ReplicateSettings, ScalingConfig, WorkersAiSettings};
+pub use config::{HangarSettings, ReplicateSettings, ScalingConfig, WorkersAiAlgorithm, WorkersAiSettings};
 pub use control_loop::{ControlLoop, Input};
 pub use controller::{
     Action, BlockCause, Blocked, CommandError, Controller, ModelSpec, STARVATION_PATIENCE_MS,

@@ -212,6 +212,16 @@ impl Scaler {
         }
     }
 
+    /// The arrival rate's noise band (lower, upper; requests per ms) over
+    /// the policy's rate window (`hangar`'s; `None` for the other policies
+    /// and before the window is a third sampled).
+    pub fn rate_band(&self) -> Option<(f64, f64)> {
+        match &self.policy {
+            Policy::Hangar(h) => h.rate_band(),
+            _ => None,
+        }
+    }
+
     /// The last observation, if any.
     pub fn latest(&self) -> Option<&Observation> {
         self.history.back().map(|(_, o)| o)
@@ -347,6 +357,17 @@ impl Scaler {
             return None;
         }
         self.set_desired(now, need, Reason::Yielded)
+    }
+
+    /// Gives up one replica to a model waiting for room whose traffic is
+    /// surely more than this one's (`Reason::Yielded`); not below the
+    /// model's floor or bounds. An operator's override stands.
+    pub(crate) fn yield_one(&mut self, now: Millis) -> Option<Decision> {
+        let least = self.bounds.min.max(self.floor);
+        if self.override_.is_some() || self.desired <= least {
+            return None;
+        }
+        self.set_desired(now, self.desired - 1, Reason::Yielded)
     }
 
     /// Lowers an override's count to at most `replicas`.

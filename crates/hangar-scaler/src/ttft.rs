@@ -49,15 +49,33 @@ impl TtftWindow {
     /// The p99 of the samples within the window ending at `now`; `None`
     /// when there are none.
     pub fn p99(&mut self, now: Millis) -> Option<Millis> {
+        self.forget(now);
+        self.p99_where(|_| true)
+    }
+
+    /// The p99 of the samples whose first token came after `from` and at
+    /// or before `to` (within the window ending at `to`); `None` when
+    /// there are none. A status page's TTFT over each of its intervals.
+    pub fn p99_between(&mut self, from: Millis, to: Millis) -> Option<Millis> {
+        self.forget(to);
+        self.p99_where(|t| from < t && t <= to)
+    }
+
+    /// Forgets the samples older than the window ending at `now`.
+    fn forget(&mut self, now: Millis) {
         let from = now.saturating_sub(self.window_ms);
         while self.samples.front().is_some_and(|(t, _)| *t < from) {
             self.samples.pop_front();
         }
-        if self.samples.is_empty() {
+    }
+
+    /// The nearest-rank p99 of the samples whose time `keep` accepts.
+    fn p99_where(&mut self, keep: impl Fn(Millis) -> bool) -> Option<Millis> {
+        self.scratch.clear();
+        self.scratch.extend(self.samples.iter().filter(|(t, _)| keep(*t)).map(|(_, ms)| *ms));
+        if self.scratch.is_empty() {
             return None;
         }
-        self.scratch.clear();
-        self.scratch.extend(self.samples.iter().map(|(_, ms)| *ms));
         // The nearest-rank p99: the ceil(0.99 n)-th smallest.
         let rank = (self.scratch.len() * 99).div_ceil(100).max(1) - 1;
         Some(*self.scratch.select_nth_unstable(rank).1)
@@ -87,6 +105,20 @@ mod tests {
         // A minute later the first hundred have gone.
         assert_eq!(w.p99(61_500), Some(5_000));
         assert_eq!(w.p99(62_001), None);
+    }
+
+    #[test]
+    fn an_intervals_p99_counts_only_its_own_samples() {
+        let mut w = TtftWindow::new();
+        for i in 1..=100 {
+            w.record(1_000 + i, i);
+        }
+        w.record(6_000, 7_000);
+        assert_eq!(w.p99_between(1_000, 5_000), Some(99));
+        assert_eq!(w.p99_between(5_000, 10_000), Some(7_000));
+        assert_eq!(w.p99_between(6_000, 10_000), None, "a sample at `from` is the last interval's");
+        assert_eq!(w.p99_between(10_000, 15_000), None);
+        assert_eq!(w.p99(10_000), Some(100), "the minute's p99 counts every interval's samples");
     }
 
     #[test]

@@ -660,3 +660,78 @@ proptest! {
         prop_assert!(failures == 0 || seen.iter().filter(|s| matches!(s, Seen::Create(_))).count() > failures);
     }
 }
+
+/// Three models of a whole GPU each on two GPUs, Poisson traffic of
+/// clearly different rates; the busiest starts 30 s after the others, so
+/// the two GPUs first go to the least busy and the middle one. Within a
+/// few minutes the busiest holds a GPU in place of the least busy — the
+/// starving model takes a replica whose traffic is surely less than its
+/// own — and then nobody trades back: three creates in all, the least
+/// busy at zero at the end.
+fn gpus_go_to_the_busier_models(seed: u64, rates: [f64; 3]) -> Result<(), TestCaseError> {
+    use rand::{Rng, SeedableRng};
+    let names = ["low", "mid", "high"];
+    let models = names.iter().map(|n| spec(n, hangar(300), 0, 1)).collect();
+    let sizes: Vec<(&str, &str)> = names.iter().map(|n| (*n, "60GB")).collect();
+    let mut c = Controller::new(cluster(2, &sizes), 1, models, 0);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // Knuth's product of uniforms: the arrivals of a 250 ms step.
+    let mut poisson = |mean: f64| {
+        let (limit, mut product, mut n) = ((-mean).exp(), rng.random::<f64>(), 0u64);
+        while product > limit {
+            product *= rng.random::<f64>();
+            n += 1;
+        }
+        n
+    };
+    // Per model: arrivals, completions, busy ms, waiting.
+    let mut counters = [(0u64, 0u64, 0u64, 0u64); 3];
+    let mut creates = 0;
+    for t in (1..=3_600u64).map(|i| i * 250) {
+        for (i, name) in names.iter().enumerate() {
+            let hot = c.cluster().count_of(&key(name), Level::Hot) as u32;
+            let (arrivals, completions, busy_ms, waiting) = &mut counters[i];
+            let n = if i == 2 && t < 30_000 { 0 } else { poisson(rates[i] * 0.25) };
+            *arrivals += n;
+            *waiting += n;
+            if hot > 0 {
+                // A replica serves 20 requests a second: nothing queues.
+                (*completions, *busy_ms, *waiting) = (*completions + *waiting, *busy_ms + *waiting * 200, 0);
+            }
+            // Requests that waited past their timeout leave the line.
+            *waiting = (*waiting).min(50);
+            let obs = Observation {
+                arrivals: *arrivals,
+                completions: *completions,
+                busy_ms: *busy_ms,
+                waiting: *waiting as u32,
+                permits_per_replica: 4,
+                replicas: ReplicaCounts { ready: hot, ..ReplicaCounts::default() },
+                ..Observation::default()
+            };
+            c.observe(t, &key(name), obs, &[]);
+        }
+        while c.poll_timeout() <= t {
+            c.handle_timeout(t);
+        }
+        let actions = drain(&mut c);
+        creates += steps(&actions, Step::Create) + steps(&actions, Step::FromCache);
+    }
+    let hot: Vec<usize> = names.iter().map(|n| c.cluster().count_of(&key(n), Level::Hot)).collect();
+    prop_assert_eq!(&hot, &vec![0, 1, 1], "rates {:?}", rates);
+    prop_assert!(creates <= 3, "{} starts: the GPUs were traded back and forth (rates {:?})", creates, rates);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn a_gpu_goes_to_the_model_whose_traffic_is_surely_more(
+        seed in any::<u64>(),
+        low in 0.1f64..0.5,
+        mid in 1.5f64..2.5,
+        high in 3.0f64..5.0,
+    ) {
+        gpus_go_to_the_busier_models(seed, [low, mid, high])?;
+    }
+}

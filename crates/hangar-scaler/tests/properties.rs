@@ -16,7 +16,7 @@
 use hangar_core::Millis;
 use hangar_scaler::{
     Bounds, HangarSettings, Observation, ReplicaCounts, ReplicateSettings, Scaler, ScalingConfig, StartTier,
-    WorkersAiSettings,
+    WorkersAiAlgorithm, WorkersAiSettings,
 };
 use proptest::prelude::*;
 
@@ -33,6 +33,20 @@ fn policies() -> Vec<ScalingConfig> {
         ScalingConfig::WorkersAi(WorkersAiSettings {
             interval_s: 5,
             window_s: 15,
+            ..WorkersAiSettings::default()
+        }),
+        // Workers AI's older algorithms, the forecast looking 30 s back.
+        ScalingConfig::WorkersAi(WorkersAiSettings {
+            interval_s: 5,
+            window_s: 15,
+            algorithm: WorkersAiAlgorithm::Utilization,
+            forecast_offset_s: 30,
+            ..WorkersAiSettings::default()
+        }),
+        ScalingConfig::WorkersAi(WorkersAiSettings {
+            interval_s: 5,
+            window_s: 15,
+            algorithm: WorkersAiAlgorithm::RequestCount,
             ..WorkersAiSettings::default()
         }),
         ScalingConfig::Hangar(HangarSettings { scale_down_after_s: 20, ..HangarSettings::default() }),

@@ -76,6 +76,11 @@ fn the_checker_finds_a_planted_ghost_engine() {
     assert_eq!(report.fleet.ghost_engines, 1, "{report}");
     assert_eq!(report.mismatches(Mismatch::Orphan), 1, "{report}");
     assert!(!report.passed(), "{report}");
+    // A failed run keeps its logs for whoever reads the report; this one
+    // failed on purpose.
+    if let Some(logs) = &report.logs {
+        std::fs::remove_dir_all(logs).unwrap();
+    }
 }
 
 /// Redis paused for 8 s under load, then (after the fleet settles) killed

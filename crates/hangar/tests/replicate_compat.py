@@ -34,6 +34,24 @@ check(version.openapi_schema["components"]["schemas"]["Input"]["required"] == ["
 out = replicate.run(f"{FAST}:{version.id}", input={"prompt": "Hi", "max_new_tokens": 3})
 check(len(list(out)) == 3, "run on owner/name:version")
 
+# What the client lists: models, deployments, hardware.
+listed = replicate.models.list()
+check({m.id for m in listed.results} >= {FAST, SLOW}, f"models.list: {[m.id for m in listed.results]}")
+deployment = replicate.deployments.get("acme/fast-prod")
+release = deployment.current_release
+check(release.model == FAST and release.configuration.hardware == "gpu", "deployments.get: model, hardware")
+check((release.configuration.min_instances, release.configuration.max_instances) == (1, 1), "deployments.get: bounds")
+check(not release.created_at.startswith("1970"), f"deployments.get: created_at {release.created_at}")
+check([d.name for d in replicate.deployments.list().results] == ["fast-prod"], "deployments.list")
+check([h.sku for h in replicate.hardware.list()] == ["gpu"], "hardware.list")
+try:
+    replicate.deployments.create(
+        name="new", model=FAST, version=version.id, hardware="gpu", min_instances=0, max_instances=1
+    )
+    check(False, "deployments.create is refused")
+except ReplicateError as e:
+    check(e.status == 405 and "predictions.deployments" in str(e.detail), f"deployments.create refused: {e}")
+
 # predictions.create / get / wait / list.
 p = replicate.predictions.create(version=version.id, input={"prompt": "x", "max_tokens": 4})
 check(p.status == "starting", f"created: {p.status}")

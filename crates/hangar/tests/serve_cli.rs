@@ -155,14 +155,19 @@ fn a_malformed_config_is_a_clear_error() {
         ("key = \"m\"\nsize = \"60GB\"\nmin_replicas = 3", "bad.toml:9: models[0].min_replicas"),
     ] {
         std::fs::write(&path, format!("{model}{extra}\n")).unwrap();
-        let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
-            .args(["serve", "--config", path.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(1));
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = refused(&path);
         assert!(err.contains("bad.toml") && err.contains(says), "{err}");
     }
+}
+
+/// What `hangar serve` prints refusing the config at `path` (exit 1).
+fn refused(path: &std::path::Path) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// A TOML syntax error — several lines, the offending one quoted — is
@@ -172,12 +177,7 @@ fn a_toml_syntax_error_is_printed_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, "[[models]]\nkey = \"t/x\"\nsize = \n").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = refused(&path);
     assert!(err.starts_with("error: invalid configuration ") && err.contains("bad.toml"), "{err}");
     assert_eq!(err.matches("TOML parse error at line 3").count(), 1, "{err}");
     assert_eq!(err.matches("size = ").count(), 1, "{err}");

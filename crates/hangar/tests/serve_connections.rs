@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,19 +28,7 @@ fn closing_engine() -> (String, Arc<AtomicUsize>) {
                 let mut reader = BufReader::new(stream);
                 let mut posts = 0;
                 loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let (mut length, mut header) = (0, String::new());
-                    while reader.read_line(&mut header).unwrap_or(0) > 2 {
-                        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap();
-                        }
-                        header.clear();
-                    }
-                    let mut body = vec![0; length];
-                    reader.read_exact(&mut body).unwrap();
+                    let Some((line, _)) = common::read_request(&mut reader) else { return };
                     let answer = if line.starts_with("POST") {
                         posts += 1;
                         if posts == 2 {

@@ -8,13 +8,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::predictions::{client, post as post_json};
-use common::{chat, one_gpu, promtool, serve, serve_in, PREDICTIONS_CONFIG};
+use common::{chat, one_gpu, promtool, serve, PREDICTIONS_CONFIG};
 use serde_json::{json, Value};
 
 /// The name the test engine gives its model, as llama.cpp's server does
@@ -40,21 +40,7 @@ fn engine() -> String {
 
 fn answer(stream: TcpStream) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let (mut length, mut header) = (0, String::new());
-    while reader.read_line(&mut header).unwrap_or(0) > 2 {
-        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap();
-        }
-        header.clear();
-    }
-    let mut body = vec![0; length];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
+    let Some((line, body)) = common::read_request(&mut reader) else { return };
     let body = String::from_utf8_lossy(&body);
     let mut w = stream;
     let whole = |w: &mut TcpStream, status: u16, text: &str| {
@@ -329,14 +315,8 @@ fn an_agent_and_a_fleet_gateway_pass_promtool() {
     let Some(promtool) = promtool() else { return };
     let Some(redis) = hangar_redis::LocalRedis::for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "redis = \"{}\"\n[[models]]\nkey = \"t/a\"\nengine = {{ kind = \"mock\", preset = \"fast\" }}\n\
-         size = \"10GB\"\nmin_replicas = 1\n",
-        redis.url()
-    );
-    let path = dir.path().join("fleet.toml");
-    std::fs::write(&path, &config).unwrap();
-    let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
+    let model = "[[models]]\nkey = \"t/a\"\nengine = { kind = \"mock\", preset = \"fast\" }\nsize = \"10GB\"\nmin_replicas = 1\n";
+    let (path, gateway) = common::fleet::gateway(dir.path(), &redis.url(), model);
     let agent = common::fleet::agent(dir.path(), &path, &redis.url(), "n0", 1);
     common::fleet::wait_ready(&gateway.url, &[("t/a", 1)], None);
     assert_eq!(common::post(&gateway.url, None, &chat("t/a", 2)).0, 200);
@@ -345,6 +325,13 @@ fn an_agent_and_a_fleet_gateway_pass_promtool() {
     assert!(m.contains("hangar_replicas{model=\"t/a\",state=\"ready\"} 1\n"), "{m}");
     assert!(m.contains("hangar_replica_start_seconds_count{model=\"t/a\",tier=\"cold\"} 1\n"), "{m}");
     assert!(!m.contains("hangar_requests_total"), "request figures are the gateways':\n{m}");
+    // The agent's instance monitor knows its one replica, in one state.
+    let instances: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("hangar_instances{model=\"t/a\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(instances, 1.0, "{m}");
     let m = check_with_promtool(&promtool, "a fleet's hangar serve", &gateway.url);
     assert!(m.contains("hangar_requests_total{model=\"t/a\",kind=\"sync\",status=\"200\"} 1\n"), "{m}");
 }
@@ -420,6 +407,13 @@ fn the_grafana_dashboard_queries_only_series_the_server_has() {
     assert!(exprs.len() >= 15, "the dashboard has its panels: {exprs:?}");
 
     let s = busy_server();
+    // The instance monitor's per-replica figures come once a replica's
+    // first 15 s window has closed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !metrics(&s.url).contains("hangar_replica_utilization{") {
+        assert!(Instant::now() < deadline, "no instance window closed in a minute:\n{}", metrics(&s.url));
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let exposition = metrics(&s.url);
     let samples: Vec<(&str, Vec<(&str, &str)>)> =
         exposition.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).map(sample).collect();

@@ -29,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::machine::{Engine, Fact, Lifecycle, Outcome, Output, ReplicaView, Slot, Step, Tier, Wanted};
 use crate::capabilities::Capabilities;
+use crate::wall_ms;
+pub use hangar_core::StartReport;
 
 /// How often an engine is health-checked.
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,29 +44,6 @@ const DRAIN_POLL: Duration = Duration::from_millis(50);
 /// How long an engine process gets to exit after SIGTERM.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// How one replica's start went, phase by phase (seed 001's setup-run
-/// report): placed at 0, its weights materialized (from which source), its
-/// engine started and answering, ready.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct StartReport {
-    /// The weights phase, for a model with `weights`.
-    pub weights: Option<crate::weights::WeightsReport>,
-    /// Engine process spawned → answering its readiness check, ms.
-    pub engine_ms: u64,
-    /// Placed → ready, ms (the phases above and the capability probe).
-    pub ready_ms: u64,
-}
-
-impl std::fmt::Display for StartReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("placed")?;
-        if let Some(w) = &self.weights {
-            write!(f, " → weights {} ms ({}, {} bytes)", w.took_ms, w.source, w.bytes)?;
-        }
-        write!(f, " → engine {} ms → ready at {} ms", self.engine_ms, self.ready_ms)
-    }
-}
-
 /// An engine that started.
 #[derive(Debug)]
 pub struct Started<E> {
@@ -76,7 +55,7 @@ pub struct Started<E> {
     pub pid: Option<u32>,
     /// What it can do (whether it sleeps, among others).
     pub capabilities: Capabilities,
-    /// How its start went.
+    /// How its start went (the driver stamps when it began and ended).
     pub report: StartReport,
 }
 
@@ -211,13 +190,19 @@ pub fn phase(v: &ReplicaView) -> ReplicaPhase {
 enum Msg {
     Desired { node: String, wanted: Vec<Wanted> },
     Probe { replica: ReplicaId, reply: oneshot::Sender<bool> },
+    Busy { reply: oneshot::Sender<Vec<(ReplicaId, ModelKey, u32)>> },
     Shutdown { reply: oneshot::Sender<()> },
 }
 
 /// Inputs from the driver's own tasks (steps and watchers).
 enum Internal<E> {
-    /// A step ended.
-    Done { replica: ReplicaId, outcome: Outcome, started: Option<Started<E>> },
+    /// A step ended (a start, ready or failed, with its report).
+    Done {
+        replica: ReplicaId,
+        outcome: Outcome,
+        started: Option<Box<Started<E>>>,
+        report: Option<Box<StartReport>>,
+    },
     /// An engine's health check failed (for good).
     Lost { replica: ReplicaId, incarnation: u64, why: String },
     /// A probe's check ended; the answer goes out once a death it found
@@ -277,6 +262,21 @@ impl DriverHandle {
         rx.await.unwrap_or(false)
     }
 
+    /// The requests each awake engine says it runs or holds (its own
+    /// gauges, [`Engines::busy`]), by replica with its model; engines that
+    /// do not say are left out. A fleet's agent, whose gateways hold the
+    /// permits, samples it for its instance monitors.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops only the answer.
+    pub async fn busy(&self) -> Vec<(ReplicaId, ModelKey, u32)> {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Msg::Busy { reply }).is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
     /// Stops every engine at once (after SIGTERM, once requests have had
     /// their drain) and ends the driver.
     ///
@@ -297,7 +297,6 @@ struct Kept<E> {
     url: String,
     pid: Option<u32>,
     capabilities: Capabilities,
-    report: StartReport,
     /// Stops its health watcher.
     watch: CancellationToken,
 }
@@ -309,6 +308,8 @@ struct Driver<E: Engines, S: Sink> {
     sink: Arc<S>,
     epoch: Instant,
     kept: BTreeMap<ReplicaId, Kept<E::Engine>>,
+    /// Each replica's last start, ready or failed, until it is forgotten.
+    reports: BTreeMap<ReplicaId, StartReport>,
     /// The abandon token of each step in flight.
     steps: BTreeMap<ReplicaId, CancellationToken>,
     internal: mpsc::UnboundedSender<Internal<E::Engine>>,
@@ -334,6 +335,7 @@ pub fn spawn<E: Engines, S: Sink>(
         sink,
         epoch: Instant::now(),
         kept: BTreeMap::new(),
+        reports: BTreeMap::new(),
         steps: BTreeMap::new(),
         internal,
         table: table.clone(),
@@ -378,6 +380,7 @@ impl<E: Engines, S: Sink> Driver<E, S> {
                         }
                     }
                     Some(Msg::Probe { replica, reply }) => self.probe(replica, reply),
+                    Some(Msg::Busy { reply }) => self.busy(reply),
                     Some(Msg::Shutdown { reply }) => {
                         self.stop_all().await;
                         let _ = reply.send(());
@@ -400,9 +403,12 @@ impl<E: Engines, S: Sink> Driver<E, S> {
     fn handle_internal(&mut self, input: Internal<E::Engine>) {
         let now = self.now();
         match input {
-            Internal::Done { replica, outcome, started } => {
+            Internal::Done { replica, outcome, started, report } => {
                 self.steps.remove(&replica);
-                if let Some(s) = started {
+                if let Some(report) = report {
+                    self.reports.insert(replica, *report);
+                }
+                if let Some(s) = started.map(|s| *s) {
                     self.keep(replica, s);
                 }
                 if matches!(outcome, Outcome::Stopped) {
@@ -445,8 +451,7 @@ impl<E: Engines, S: Sink> Driver<E, S> {
             watch.clone(),
             self.internal.clone(),
         ));
-        let kept =
-            Kept { engine, url: s.url, pid: s.pid, capabilities: s.capabilities, report: s.report, watch };
+        let kept = Kept { engine, url: s.url, pid: s.pid, capabilities: s.capabilities, watch };
         if let Some(old) = self.kept.insert(replica, kept) {
             // Not expected (a start begins with no engine); never leak one.
             old.watch.cancel();
@@ -478,6 +483,25 @@ impl<E: Engines, S: Sink> Driver<E, S> {
         tokio::spawn(async move {
             let health = engines.check(&engine, awake).await;
             let _ = internal.send(Internal::Probed { replica, incarnation: view.incarnation, health, reply });
+        });
+    }
+
+    /// Asks every awake engine how busy it is, in a task of its own (the
+    /// driver does not wait on engines); the answer goes to `reply`.
+    fn busy(&self, reply: oneshot::Sender<Vec<(ReplicaId, ModelKey, u32)>>) {
+        let awake: Vec<(ReplicaId, ModelKey, Arc<E::Engine>)> = self
+            .machine
+            .views()
+            .filter(|v| matches!(v.engine, Engine::Awake { .. }))
+            .filter_map(|v| Some((v.replica, v.model, self.kept.get(&v.replica)?.engine.clone())))
+            .collect();
+        let engines = self.engines.clone();
+        tokio::spawn(async move {
+            let asks = awake.into_iter().map(|(replica, model, engine)| {
+                let engines = engines.clone();
+                async move { engines.busy(&engine).await.map(|n| (replica, model, n)) }
+            });
+            let _ = reply.send(futures::future::join_all(asks).await.into_iter().flatten().collect());
         });
     }
 
@@ -519,6 +543,7 @@ impl<E: Engines, S: Sink> Driver<E, S> {
             table.keys().filter(|id| self.machine.view(**id).is_none()).copied().collect();
         for id in gone {
             table.remove(&id);
+            self.reports.remove(&id);
             self.sink.changed(id, None);
         }
         for v in views {
@@ -528,9 +553,7 @@ impl<E: Engines, S: Sink> Driver<E, S> {
                 url: kept.map(|k| k.url.clone()),
                 pid: kept.and_then(|k| k.pid),
                 capabilities: kept.map(|k| k.capabilities).unwrap_or_default(),
-                start: kept
-                    .map(|k| k.report.clone())
-                    .or_else(|| table.get(&v.replica).and_then(|r| r.start.clone())),
+                start: self.reports.get(&v.replica).cloned(),
                 view: v,
             };
             if table.get(&now.view.replica) != Some(&now) {
@@ -552,12 +575,23 @@ impl<E: Engines, S: Sink> Driver<E, S> {
         let model = self.machine.view(replica).map(|v| v.model).expect("a step is for a known replica");
         let engine = self.kept.get(&replica).map(|k| k.engine.clone());
         tokio::spawn(async move {
+            let mut report = None;
             let (outcome, started) = match (step, engine) {
                 (Step::Start { model, slot }, _) => {
+                    let (began, placed) = (wall_ms(), Instant::now());
                     match engines.start(replica, &model, &slot, abandon).await {
-                        Ok(s) => (Outcome::Started { sleeps: s.capabilities.sleep.is_some() }, Some(s)),
+                        Ok(mut s) => {
+                            // The report goes to the driver's books; the
+                            // engine is kept without it.
+                            report = Some(Box::new(std::mem::take(&mut s.report).at(began, wall_ms())));
+                            (Outcome::Started { sleeps: s.capabilities.sleep.is_some() }, Some(s))
+                        }
                         Err(StartError::Abandoned) => (Outcome::Abandoned, None),
-                        Err(StartError::Failed(why)) => (Outcome::StartFailed(why), None),
+                        Err(StartError::Failed(why)) => {
+                            let took = placed.elapsed().as_millis() as u64;
+                            report = Some(Box::new(StartReport::failed(took, &why).at(began, wall_ms())));
+                            (Outcome::StartFailed(why), None)
+                        }
                     }
                 }
                 (Step::Sleep, Some(engine)) => {
@@ -578,7 +612,8 @@ impl<E: Engines, S: Sink> Driver<E, S> {
                 (Step::Wake, None) => (Outcome::WakeFailed("its engine is gone".into()), None),
                 (Step::Stop, None) => (Outcome::Stopped, None),
             };
-            let _ = internal.send(Internal::Done { replica, outcome, started });
+            let _ =
+                internal.send(Internal::Done { replica, outcome, started: started.map(Box::new), report });
         });
     }
 

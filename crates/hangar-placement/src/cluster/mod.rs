@@ -219,6 +219,15 @@ impl Cluster {
         map.get(&loc.model)?.get(replica)
     }
 
+    /// How many replicas of `model` are at `level` — what
+    /// [`replicas_of`](Self::replicas_of) would list, without reading their
+    /// records: a controller asks it of every model on every tick.
+    pub fn count_of(&self, model: &ModelKey, level: Level) -> usize {
+        self.by_model
+            .get(model)
+            .map_or(0, |ids| ids.iter().filter(|id| self.replicas[*id].level == level).count())
+    }
+
     /// A model's replicas at `level` (`Hot` or `Warm`), by replica id.
     pub fn replicas_of(&self, model: &ModelKey, level: Level) -> Vec<&Deployment> {
         self.by_model

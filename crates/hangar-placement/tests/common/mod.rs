@@ -98,6 +98,12 @@ pub fn grow_one_checked(
         return Err(format!("{} candidates for {} nodes", candidates.len(), c.nodes().len()));
     }
     let hot = c.replicas_of(model, Level::Hot).len() as u32;
+    for level in [Level::Hot, Level::Warm] {
+        let (counted, listed) = (c.count_of(model, level), c.replicas_of(model, level).len());
+        if counted != listed {
+            return Err(format!("count_of says {counted} {level} replicas, replicas_of lists {listed}"));
+        }
+    }
     let request = ReplicaRequest { model_key: model.clone(), replicas: hot + 1, dedicated };
     let out = c.deploy(&[request], now, rng);
     let placed = out.models[0].replicas.last().expect("one replica asked").clone();

@@ -340,7 +340,7 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
             let _ = reply.send(control.controller_mut().evict(now, &model, replica));
         }
         Command::Status { reply } => {
-            let _ = reply.send(status(control.controller()));
+            let _ = reply.send(status(control.controller(), now));
         }
         Command::NodeJoined(node, running) => {
             let id = node.id.clone();
@@ -367,7 +367,9 @@ fn observe_now<F: Fleet>(fleet: &F, control: &mut ControlLoop, now: Millis, mode
     }
 }
 
-fn status(controller: &Controller) -> Status {
+/// Every model's scaling state, with the controller's clock `now` (the
+/// decisions' `at_ms` are on it).
+fn status(controller: &Controller, now: Millis) -> Status {
     let cluster = controller.cluster();
     cluster
         .models()
@@ -383,6 +385,7 @@ fn status(controller: &Controller) -> Status {
                 })
                 .collect();
             let value = json!({
+                "now_ms": now,
                 "policy": scaler.policy(),
                 "desired": scaler.desired(),
                 "bounds": scaler.bounds(),

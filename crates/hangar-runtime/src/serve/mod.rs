@@ -64,7 +64,7 @@ use metrics::Metrics;
 pub use metrics::{ModelMetrics, Tally};
 pub(crate) use prompt::{prompt_text, prompt_words};
 use replicas::Replica;
-pub use replicas::ReplicaStatus;
+pub use replicas::{ReplicaStatus, StartRecord, RECENT_STARTS};
 pub use upstream::SendError;
 
 /// Why the server could not start.
@@ -89,6 +89,39 @@ pub fn replica_name(model: &ModelKey, replica: ReplicaId) -> String {
     format!("{model}:{replica}")
 }
 
+/// A node as `/admin/status` shows it: its GPUs, and on a fleet its
+/// agent. A single machine's come from its file; a fleet gateway's are the
+/// live nodes of its last view of the registry.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NodeStatus {
+    /// Its name (what each replica's `node` says).
+    pub name: String,
+    /// Its GPUs, numbered from 0.
+    pub gpus: u32,
+    /// Each GPU's memory, bytes.
+    pub gpu_memory: u64,
+    /// The hardware label models may require.
+    pub gpu_kind: Option<String>,
+    /// Its agent's address (a fleet's node).
+    pub url: Option<String>,
+    /// Leaving the fleet: nothing new is placed on it.
+    pub draining: bool,
+}
+
+impl NodeStatus {
+    /// A fleet's node, as its agent registered it.
+    pub(crate) fn registered(r: &hangar_core::NodeRecord) -> Self {
+        NodeStatus {
+            name: r.name.clone(),
+            gpus: r.gpus,
+            gpu_memory: r.gpu_memory.bytes(),
+            gpu_kind: r.gpu_kind.clone(),
+            url: Some(r.url.clone()),
+            draining: r.draining,
+        }
+    }
+}
+
 /// One served model: its configuration, its processor (the line and the
 /// permits of its replicas), its replica table, its request figures and
 /// its connections to its replicas. [`Server::model`] hands it out.
@@ -99,6 +132,8 @@ pub struct ModelRuntime {
     pub(crate) processor: Processor,
     pub(crate) metrics: Arc<ModelMetrics>,
     replicas: Mutex<BTreeMap<ReplicaId, Replica>>,
+    /// Its last start reports, whichever node made them.
+    starts: Mutex<replicas::RecentStarts>,
     /// Replicas its scaler wants, as the controller last said (read on the
     /// request path to tell the controller of a request for a model at
     /// zero, and by `/readyz`).
@@ -156,6 +191,9 @@ pub(crate) struct Inner {
     /// the node is dying).
     /// (With the node that ran it, for a fleet's replica.)
     pub failed: Mutex<std::collections::HashMap<ReplicaId, (Instant, Option<String>)>>,
+    /// The nodes: a single machine's, or the live nodes of a fleet
+    /// gateway's last view.
+    pub(crate) nodes: Mutex<Vec<NodeStatus>>,
     epoch: Instant,
 }
 
@@ -172,6 +210,18 @@ impl Server {
     pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into(), true).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
+        *inner.nodes.lock().expect("nodes lock") = cluster
+            .nodes()
+            .iter()
+            .map(|n| NodeStatus {
+                name: n.id().to_string(),
+                gpus: n.gpus().len() as u32,
+                gpu_memory: n.gpu_memory(),
+                gpu_kind: Some(n.gpu_kind().to_owned()),
+                url: None,
+                draining: false,
+            })
+            .collect();
         node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);
         // A per-process value mixed into the seed: the replica ids it draws
         // then differ from the last run's (logs, metrics, Redis name them).
@@ -304,6 +354,12 @@ impl Server {
         &self.inner.control
     }
 
+    /// The nodes and their GPUs: a single machine's, or on a fleet's
+    /// gateway the live nodes as it last read them.
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        self.inner.nodes.lock().expect("nodes lock").clone()
+    }
+
     /// This server's id as a gateway of a fleet; `None` on a single machine.
     pub fn fleet_gateway(&self) -> Option<&str> {
         self.inner.gateway.get().map(String::as_str)
@@ -380,6 +436,7 @@ pub(crate) async fn build(
                 processor: Processor::with_hook(m.admission(), m.chooser(config.seed), Some(hook)),
                 metrics: metrics.model(&m.key),
                 replicas: Mutex::new(BTreeMap::new()),
+                starts: Mutex::default(),
                 desired: AtomicU32::new(m.min_replicas),
                 unplaceable: AtomicBool::new(false),
                 waiting_signal,
@@ -407,6 +464,7 @@ pub(crate) async fn build(
         stopping: tokio_util::sync::CancellationToken::new(),
         leader_stopped: std::sync::OnceLock::new(),
         failed: Mutex::default(),
+        nodes: Mutex::default(),
         epoch: Instant::now(),
     });
     Ok((inner, commands))

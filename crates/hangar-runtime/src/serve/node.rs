@@ -98,6 +98,7 @@ impl Sink for NodeSink {
                 base_url: None,
                 node: None,
                 local: None,
+                reported: None,
             });
             entry.state = ReplicaPhase::Ready;
             entry.base_url = Some(url.to_owned());
@@ -181,10 +182,15 @@ impl Sink for NodeSink {
             Some(r) => {
                 let Some(rt) = inner.models.get(r.view.model.as_str()) else { return };
                 rt.replicas.lock().expect("replica table lock").insert(replica, Replica::local(r));
+                rt.processor.replica_phase(replica, r.phase);
+                if let Some(start) = &r.start {
+                    rt.note_start(replica, Some(&r.view.node), start);
+                }
             }
             None => {
                 for rt in inner.models.values() {
                     rt.replicas.lock().expect("replica table lock").remove(&replica);
+                    rt.processor.forget(replica);
                 }
             }
         }

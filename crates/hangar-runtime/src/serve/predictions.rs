@@ -374,6 +374,11 @@ impl Server {
                 settings: rt.config.predictions,
                 access: rt.config.access.clone(),
                 input,
+                capacity: hangar_predictions::Capacity::new(
+                    rt.config.gpu_kind.as_deref(),
+                    rt.config.min_replicas,
+                    rt.config.max_replicas(),
+                ),
             });
         }
         let executor = Arc::new(ServeExecutor { inner: self.inner.clone(), runs: Arc::default() });

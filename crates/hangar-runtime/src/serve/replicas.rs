@@ -8,11 +8,19 @@
 //! written by a fleet gateway's view (`fleet::view`) from its node's
 //! report. Either way the entry's phase says whether it serves; the
 //! processor's permits on it are given and taken by the same writer.
+//!
+//! What a replica is doing (its instance monitor) and how its last start
+//! went (its start report) come from whoever runs it: this process's
+//! processor and lifecycle driver, or the node's report. Each model also
+//! keeps its last [`RECENT_STARTS`] start reports, whichever node made
+//! them, for the admin API and the status page.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use hangar_agent::capabilities::Capabilities;
 use hangar_agent::lifecycle::{NodeReplica, StartReport};
+use hangar_core::instance::InstanceReport;
 use hangar_core::{ReplicaId, ReplicaPhase};
 use hangar_placement::Deployment;
 use serde::Serialize;
@@ -30,7 +38,36 @@ pub(crate) struct Replica {
     pub node: Option<String>,
     /// The driver's view of it, when this process runs it.
     pub local: Option<NodeReplica>,
+    /// What its node reports of it, when another machine runs it: its
+    /// last start and what it is doing.
+    pub reported: Option<Reported>,
 }
+
+/// What a node's report says of a replica beyond its phase.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Reported {
+    pub start: Option<StartReport>,
+    pub instance: Option<InstanceReport>,
+}
+
+/// How many start reports a model keeps.
+pub const RECENT_STARTS: usize = 20;
+
+/// One of a model's recent starts, as the admin API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StartRecord {
+    /// `<model>:<replica_id>`.
+    pub replica: String,
+    /// The node it started on.
+    pub node: Option<String>,
+    /// How it went.
+    #[serde(flatten)]
+    pub report: StartReport,
+}
+
+/// A model's recent starts, newest last.
+#[derive(Default)]
+pub(crate) struct RecentStarts(VecDeque<(ReplicaId, StartRecord)>);
 
 /// A replica as the admin API shows it (serialized as is).
 #[derive(Debug, Serialize)]
@@ -55,6 +92,8 @@ pub struct ReplicaStatus {
     capabilities: Capabilities,
     /// How its last start went.
     start: Option<StartReport>,
+    /// What it is doing: its instance monitor's state and last window.
+    instance: Option<InstanceReport>,
     /// Why it failed, while it is failed.
     failure: Option<String>,
 }
@@ -62,8 +101,8 @@ pub struct ReplicaStatus {
 impl Replica {
     /// A replica another machine runs (fleet mode), as its node reports
     /// it: this gateway routes to it, it does not own its engine.
-    pub fn remote(state: ReplicaPhase, url: Option<String>, node: String) -> Replica {
-        Replica { state, base_url: url, node: Some(node), local: None }
+    pub fn remote(state: ReplicaPhase, url: Option<String>, node: String, reported: Reported) -> Replica {
+        Replica { state, base_url: url, node: Some(node), local: None, reported: Some(reported) }
     }
 
     /// A replica this process runs, as its driver sees it.
@@ -73,6 +112,7 @@ impl Replica {
             base_url: r.url.clone(),
             node: Some(r.view.node.clone()),
             local: Some(r.clone()),
+            reported: None,
         }
     }
 }
@@ -96,6 +136,52 @@ impl ModelRuntime {
     /// The node running `replica`, while the table has it (in any state).
     pub(crate) fn replica_node(&self, replica: ReplicaId) -> Option<String> {
         self.replicas.lock().expect("replica table lock").get(&replica).and_then(|r| r.node.clone())
+    }
+
+    /// Keeps `report`, the start of `replica` on `node`, among the model's
+    /// recent starts — once: the same start (same replica, same start
+    /// time) seen again is not kept twice.
+    pub(crate) fn note_start(&self, replica: ReplicaId, node: Option<&str>, report: &StartReport) {
+        let mut recent = self.starts.lock().expect("recent starts lock");
+        let seen = recent.0.iter().rev().any(|(id, r)| {
+            *id == replica
+                && r.report.started_at_ms == report.started_at_ms
+                && r.report.status == report.status
+        });
+        if seen {
+            return;
+        }
+        if recent.0.len() == RECENT_STARTS {
+            recent.0.pop_front();
+        }
+        let record = StartRecord {
+            replica: replica_name(&self.config.key, replica),
+            node: node.map(str::to_owned),
+            report: report.clone(),
+        };
+        recent.0.push_back((replica, record));
+    }
+
+    /// The model's recent starts, newest first.
+    pub fn recent_starts(&self) -> Vec<StartRecord> {
+        self.starts.lock().expect("recent starts lock").0.iter().rev().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// What each replica of this process is doing, by name: the instance
+    /// monitor's state and last window (remote replicas: their node's
+    /// report).
+    pub(crate) fn instances(&self) -> Vec<(String, InstanceReport)> {
+        let table: Vec<(ReplicaId, Option<InstanceReport>)> = {
+            let replicas = self.replicas.lock().expect("replica table lock");
+            replicas.iter().map(|(id, r)| (*id, r.reported.as_ref().and_then(|p| p.instance))).collect()
+        };
+        table
+            .into_iter()
+            .filter_map(|(id, reported)| {
+                let instance = self.processor.instance(id).or(reported)?;
+                Some((replica_name(&self.config.key, id), instance))
+            })
+            .collect()
     }
 
     /// How many replicas are in `state`.
@@ -147,7 +233,13 @@ impl ModelRuntime {
                     url: r.base_url.clone(),
                     pid: local.and_then(|l| l.pid),
                     capabilities: local.map(|l| l.capabilities).unwrap_or_default(),
-                    start: local.and_then(|l| l.start.clone()),
+                    start: local
+                        .and_then(|l| l.start.clone())
+                        .or_else(|| r.reported.as_ref().and_then(|p| p.start.clone())),
+                    instance: self
+                        .processor
+                        .instance(*id)
+                        .or_else(|| r.reported.as_ref().and_then(|p| p.instance)),
                     failure: local.and_then(|l| l.failure().map(str::to_owned)),
                 }
             })

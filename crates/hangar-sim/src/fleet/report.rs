@@ -263,7 +263,7 @@ impl Builder {
         let desired = keys.iter().map(|k| controller.scaler(k).map_or(0, |s| s.desired())).collect();
         let hot = keys
             .iter()
-            .map(|k| controller.cluster().replicas_of(k, hangar_placement::Level::Hot).len() as u32)
+            .map(|k| controller.cluster().count_of(k, hangar_placement::Level::Hot) as u32)
             .collect();
         self.timeline.push(Sample { t_s: now / 1000.0, desired, hot, arrivals: 0, ttft_p99_ms: None });
     }

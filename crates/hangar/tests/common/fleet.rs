@@ -108,6 +108,16 @@ pub fn agent_with_memory(
     agent
 }
 
+/// A fleet's file of `models` (`[[models]]` entries) on `redis`, written
+/// to `dir`, and a gateway serving it: the file's path (for agents) and
+/// the gateway.
+pub fn gateway(dir: &Path, redis: &str, models: &str) -> (std::path::PathBuf, super::Serve) {
+    let config = format!("redis = \"{redis}\"\n{models}");
+    let path = dir.join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    (path, super::serve_in(tempfile::tempdir().unwrap(), &config))
+}
+
 /// `GET /admin/status` of a gateway.
 pub fn status(gateway: &str) -> Value {
     reqwest::blocking::get(format!("{gateway}/admin/status")).unwrap().json().unwrap()

@@ -236,17 +236,25 @@ fn bootstrap(venv: &Path) -> PathBuf {
     python
 }
 
-/// Debian's `promtool` (package `prometheus`), if installed. Without it
-/// a test is skipped — except under CI, where `.ci/run` installs it, so
-/// its absence fails the test.
+/// Debian's `promtool` (package `prometheus`), if installed (see
+/// [`installed`]).
 pub fn promtool() -> Option<PathBuf> {
+    installed("promtool", "prometheus")
+}
+
+/// `program` on the `PATH`, from Debian's `package`. Without it the test
+/// is skipped, saying what to install — except under CI, where `.ci/run`
+/// installs it, so its absence fails the test.
+pub fn installed(program: &str, package: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("promtool"))
+        .map(|dir| dir.join(program))
         .find(|p| p.is_file());
     if found.is_none() {
-        let why = "promtool is not installed (Debian: apt-get install -y --no-install-recommends prometheus)";
+        let why = format!(
+            "{program} is not installed (Debian: apt-get install -y --no-install-recommends {package})"
+        );
         assert!(std::env::var_os("CI").is_none(), "{why}");
         eprintln!("skipped: {why}");
     }
@@ -274,4 +282,24 @@ pub fn assert_promtool_passes(promtool: &Path, what: &str, exposition: &str) {
         "promtool check metrics on {what}'s /metrics ({}):\n{problems}\n--- exposition ---\n{exposition}",
         out.status
     );
+}
+
+/// Reads one HTTP/1.1 request from `reader`, as a test's hand-written
+/// engine gets it: its request line and its body (by `content-length`);
+/// `None` when the connection ends first.
+pub fn read_request(reader: &mut impl BufRead) -> Option<(String, Vec<u8>)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let (mut length, mut header) = (0, String::new());
+    while reader.read_line(&mut header).unwrap_or(0) > 2 {
+        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+        header.clear();
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((line, body))
 }

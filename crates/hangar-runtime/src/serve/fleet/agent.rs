@@ -10,9 +10,13 @@
 //! not this run's: it is ignored until the leader writes one for this run.
 //! A desired state it cannot read (Redis down) changes nothing: the
 //! engines keep running as they are. Four times a second it reports every
-//! replica it has, with its phase, engine URL and GPUs
-//! (`hangar:reported:NODE`), which is how the leader hears of a replica
-//! that serves, failed or went cold. The replicas' health checks run here.
+//! replica it has, with its phase, engine URL and GPUs, its last start
+//! report and what its instance monitor says (`hangar:reported:NODE`),
+//! which is how the leader hears of a replica that serves, failed or went
+//! cold, and every gateway what each replica is doing. The gateways hold
+//! the permits, so the agent's instance monitors are fed by sampling each
+//! awake engine's own count of the requests it runs or holds (its
+//! gauges) as often. The replicas' health checks run here.
 //!
 //! On SIGTERM it drains: it leaves the registry at once (the leader places
 //! its replicas elsewhere without waiting for the TTL), stops reporting
@@ -119,6 +123,7 @@ impl Agent {
         tokio::spawn(every(Arc::downgrade(&agent), HEARTBEAT_EVERY, Agent::heartbeat));
         tokio::spawn(every(Arc::downgrade(&agent), FOLLOW_EVERY, Agent::follow));
         tokio::spawn(every(Arc::downgrade(&agent), REPORT_EVERY, Agent::report_now));
+        tokio::spawn(sample_engines(Arc::downgrade(&agent)));
         Ok(agent)
     }
 
@@ -137,6 +142,12 @@ impl Agent {
                 gpus: r.gpus(),
                 sleeps: r.view.sleeps,
                 failure: r.failure().map(str::to_owned),
+                start: r.start.clone(),
+                instance: self
+                    .inner
+                    .models
+                    .get(r.view.model.as_str())
+                    .and_then(|rt| rt.processor.instance(r.view.replica)),
             })
             .collect();
         NodeReport { agent: self.record.agent.clone(), replicas }
@@ -248,6 +259,34 @@ impl Agent {
             return;
         }
         let _ = self.driver.set_desired(&self.record.name, lifecycle::wanted(&desired.replicas));
+    }
+}
+
+/// Feeds each replica's instance monitor what its engine says it runs or
+/// holds, every [`REPORT_EVERY`], until the agent stops or is dropped. A
+/// request shorter than that may go unseen: the figures of a fleet's
+/// replicas are samples, where a single machine's count every permit.
+///
+/// # Cancel safety
+/// Holds nothing across its awaits but the driver's handle.
+async fn sample_engines(agent: Weak<Agent>) {
+    let mut every = tokio::time::interval(REPORT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(me) = agent.upgrade() else { return };
+        if me.stop.is_cancelled() {
+            return;
+        }
+        let driver = me.driver.clone();
+        drop(me);
+        let busy = driver.busy().await;
+        let Some(me) = agent.upgrade() else { return };
+        for (replica, model, in_flight) in busy {
+            if let Some(rt) = me.inner.models.get(model.as_str()) {
+                rt.processor.sample_in_flight(replica, in_flight);
+            }
+        }
     }
 }
 

@@ -28,13 +28,12 @@ pub(crate) const QUARANTINE: std::time::Duration = std::time::Duration::from_sec
 
 /// The fleet's clock: milliseconds since the Unix epoch, the score of the
 /// registry's node index (a node's last heartbeat) and of the gateways'
-/// load index. Whatever writes those indexes or compares a time with their
-/// scores — an agent's heartbeat, a gateway's load, `hangar bench
-/// cluster`'s simulated agents and its reading of a dead node's last
-/// heartbeat — takes the time from here, so that all read one clock.
-pub fn wall_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+/// load index, and a start report's times. Whatever writes those indexes
+/// or compares a time with their scores — an agent's heartbeat, a
+/// gateway's load, `hangar bench cluster`'s simulated agents and its
+/// reading of a dead node's last heartbeat — takes the time from here, so
+/// that all read one clock (`hangar-agent`'s, which stamps start reports).
+pub use hangar_agent::wall_ms;
 
 /// The node as placement knows it, from what its agent registered.
 fn node_config(r: &NodeRecord) -> Result<NodeConfig, String> {

@@ -32,7 +32,7 @@ use hangar_redis::registry::Registry;
 use hangar_scaler::StartTier;
 
 use super::super::control::Command;
-use super::super::replicas::Replica;
+use super::super::replicas::{Replica, Reported};
 use super::super::Inner;
 use super::leader::{Leadership, Tenure};
 use super::wall_ms;
@@ -54,6 +54,8 @@ struct Seen {
     ready_ms: Option<u64>,
     sleeps: bool,
     failure: Option<String>,
+    /// Its last start and what it is doing, as its node says.
+    reported: Reported,
 }
 
 /// What the view keeps between refreshes.
@@ -157,10 +159,13 @@ impl View {
                     ready_ms: r.ready_ms,
                     sleeps: r.sleeps,
                     failure: r.failure.clone(),
+                    reported: Reported { start: r.start.clone(), instance: r.instance },
                 };
                 seen.insert(r.replica, s);
             }
         }
+        *inner.nodes.lock().expect("nodes lock") =
+            nodes.values().map(super::super::NodeStatus::registered).collect();
         let mut routed = seen.clone();
         {
             let mut failed = inner.failed.lock().expect("failed table");
@@ -340,10 +345,17 @@ fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>) {
                 Some(r) => {
                     r.state = state;
                     r.base_url.clone_from(&s.url);
+                    r.reported = Some(s.reported.clone());
                 }
                 None => {
-                    table.insert(*id, Replica::remote(state, s.url.clone(), s.node.clone()));
+                    table.insert(
+                        *id,
+                        Replica::remote(state, s.url.clone(), s.node.clone(), s.reported.clone()),
+                    );
                 }
+            }
+            if let Some(start) = &s.reported.start {
+                rt.note_start(*id, Some(&s.node), start);
             }
             match (was == Some(ReplicaPhase::Ready), state == ReplicaPhase::Ready) {
                 (false, true) => rt.processor.replica_ready(*id, rt.config.permits()),

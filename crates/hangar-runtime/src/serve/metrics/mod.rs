@@ -10,14 +10,17 @@
 //! state (the line, permits, replicas) are read from the processors and
 //! replica tables when scraped, so they are never stale; the five-minute
 //! figures of the line come from a [`PermitWindow`] per model, sampled
-//! every 500 ms by a task of the server ([`sample`]).
+//! every 500 ms by a task of the server ([`sample`]), which also takes a
+//! point of each model's [`History`] every 5 s (the status page's plots).
 
+mod history;
 mod window;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use hangar_core::instance::InstanceState;
 use hangar_core::{ErrorCode, Millis, ModelKey, ReplicaPhase, RequestKind};
 use hangar_scaler::{StartTier, TtftWindow};
 use prometheus_client::encoding::text::encode;
@@ -30,6 +33,9 @@ use prometheus_client::registry::Registry;
 
 use super::{Inner, ModelRuntime};
 use crate::events::RequestTrace;
+use crate::processor::Counters;
+pub use history::HistoryPoint;
+use history::{History, Reading, HISTORY_EVERY};
 pub(crate) use window::{PermitWindow, Sample, SAMPLE_EVERY};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -73,6 +79,14 @@ struct DirectionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     model: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplicaStateLabels {
+    model: String,
+    /// `<model>:<replica_id>`.
+    replica: String,
     state: &'static str,
 }
 
@@ -137,6 +151,10 @@ pub(crate) struct Metrics {
     permits_used: Family<ModelLabel, Gauge>,
     replicas: Family<StateLabels, Gauge>,
     in_flight: Family<ReplicaLabels, Gauge>,
+    instances: Family<StateLabels, Gauge>,
+    utilization: Family<ReplicaLabels, Ratio>,
+    mean_concurrency: Family<ReplicaLabels, Ratio>,
+    window_seconds: Family<ReplicaStateLabels, Ratio>,
 }
 
 impl Metrics {
@@ -163,6 +181,10 @@ impl Metrics {
             permits_used: Family::default(),
             replicas: Family::default(),
             in_flight: Family::default(),
+            instances: Family::default(),
+            utilization: Family::default(),
+            mean_concurrency: Family::default(),
+            window_seconds: Family::default(),
             registry: Registry::with_prefix("hangar"),
             node_registry: Registry::with_prefix("hangar"),
         };
@@ -180,6 +202,26 @@ impl Metrics {
                 "replica_failures",
                 "Replicas removed because their engine exited or failed health checks",
                 m.replica_failures.clone(),
+            );
+            registry.register(
+                "instances",
+                "Replicas by instance state (boot, idle, active, off), by the instance monitor",
+                m.instances.clone(),
+            );
+            registry.register(
+                "replica_utilization",
+                "Share of a replica's last 15 s window with at least one request in flight",
+                m.utilization.clone(),
+            );
+            registry.register(
+                "replica_mean_concurrency",
+                "Requests in flight on a replica over its last 15 s window, weighted by time",
+                m.mean_concurrency.clone(),
+            );
+            registry.register(
+                "replica_window_seconds",
+                "Seconds of a replica's last 15 s window spent in each instance state",
+                m.window_seconds.clone(),
             );
         }
         let r = &mut m.registry;
@@ -288,6 +330,7 @@ impl Metrics {
             unplaceable: self.unplaceable.get_or_create(&key).clone(),
             recent_ttft: Mutex::new((Instant::now(), TtftWindow::new())),
             window: Mutex::default(),
+            history: Mutex::default(),
             model: key.model,
         })
     }
@@ -297,6 +340,7 @@ impl Metrics {
     pub fn render<'a>(&self, models: impl Iterator<Item = &'a ModelRuntime>) -> String {
         // Replicas come and go: only those serving now are reported.
         self.in_flight.clear();
+        self.clear_instances();
         for rt in models {
             let model = rt.config.key.as_str();
             let load = rt.processor.load();
@@ -310,6 +354,7 @@ impl Metrics {
                 self.permits_used_mean.get_or_create(&label(model)).set(window.mean_in_use());
             }
             self.set_replicas(rt);
+            self.set_instances(rt);
             for (replica, in_flight) in rt.in_flight() {
                 let labels = ReplicaLabels { model: model.to_owned(), replica };
                 self.in_flight.get_or_create(&labels).set(i64::from(in_flight));
@@ -321,10 +366,49 @@ impl Metrics {
     /// The exposition of a fleet's node agent: its replicas by state, their
     /// starts and failures.
     pub fn render_node<'a>(&self, models: impl Iterator<Item = &'a ModelRuntime>) -> String {
+        self.clear_instances();
         for rt in models {
             self.set_replicas(rt);
+            self.set_instances(rt);
         }
         encoded(&self.node_registry)
+    }
+
+    fn clear_instances(&self) {
+        self.utilization.clear();
+        self.mean_concurrency.clear();
+        self.window_seconds.clear();
+    }
+
+    /// The instance monitors' figures of `rt`'s replicas: how many are in
+    /// each state, and each one's last window.
+    fn set_instances(&self, rt: &ModelRuntime) {
+        let model = rt.config.key.to_string();
+        let mut counts = [0i64; InstanceState::ALL.len()];
+        for (replica, instance) in rt.instances() {
+            counts[instance.state as usize] += 1;
+            let Some(w) = instance.window else { continue };
+            let labels = ReplicaLabels { model: model.clone(), replica };
+            self.utilization.get_or_create(&labels).set(w.utilization);
+            self.mean_concurrency.get_or_create(&labels).set(w.mean_concurrency);
+            for (state, ms) in [
+                (InstanceState::Boot, w.boot_ms),
+                (InstanceState::Idle, w.idle_ms),
+                (InstanceState::Active, w.active_ms),
+                (InstanceState::Off, w.off_ms),
+            ] {
+                let labels = ReplicaStateLabels {
+                    model: model.clone(),
+                    replica: labels.replica.clone(),
+                    state: state.as_str(),
+                };
+                self.window_seconds.get_or_create(&labels).set(ms as f64 / 1000.0);
+            }
+        }
+        for (state, count) in InstanceState::ALL.into_iter().zip(counts) {
+            let labels = StateLabels { model: model.clone(), state: state.as_str() };
+            self.instances.get_or_create(&labels).set(count);
+        }
     }
 
     fn set_replicas(&self, rt: &ModelRuntime) {
@@ -376,6 +460,8 @@ pub struct ModelMetrics {
     recent_ttft: Mutex<(Instant, TtftWindow)>,
     /// The line and permits over the last five minutes.
     window: Mutex<PermitWindow>,
+    /// Its recent minutes, a point every 5 s.
+    history: Mutex<History>,
 }
 
 impl ModelMetrics {
@@ -434,7 +520,7 @@ impl ModelMetrics {
     }
 
     /// The p99 TTFT of the last minute's synchronous requests.
-    pub(crate) fn recent_ttft_p99(&self) -> Option<Millis> {
+    pub fn recent_ttft_p99(&self) -> Option<Millis> {
         let mut recent = self.recent_ttft.lock().expect("never poisoned: no panics while held");
         let now = recent.0.elapsed().as_millis() as Millis;
         recent.1.p99(now)
@@ -484,6 +570,24 @@ impl ModelMetrics {
     /// The model is (not) unplaceable.
     pub(crate) fn unplaceable(&self, yes: bool) {
         self.unplaceable.set(i64::from(yes));
+    }
+
+    /// Takes a point of the model's history: the processor's cumulative
+    /// `counters` and its line (`waiting`, `in_flight`) now, `at_ms` since
+    /// the Unix epoch, with the p99 of the TTFTs since the last point.
+    pub(crate) fn record_history(&self, at_ms: u64, counters: Counters, waiting: usize, in_flight: u32) {
+        let mut history = self.history.lock().expect("never poisoned: no panics while held");
+        let (now, ttft_p99_ms) = {
+            let mut recent = self.recent_ttft.lock().expect("never poisoned: no panics while held");
+            let now = recent.0.elapsed().as_millis() as Millis;
+            (now, recent.1.p99_between(history.last_now().unwrap_or(now), now))
+        };
+        history.record(Reading { at_ms, now, counters, ttft_p99_ms, waiting, in_flight });
+    }
+
+    /// The model's recent minutes, a point every 5 s, oldest first.
+    pub fn history(&self) -> Vec<HistoryPoint> {
+        self.history.lock().expect("never poisoned: no panics while held").points()
     }
 
     /// One sample of the model's line and permits for the five-minute
@@ -559,22 +663,29 @@ impl Drop for Tally {
 }
 
 /// Samples every model's line and permits each [`SAMPLE_EVERY`] for the
-/// five-minute figures, until the server is dropped or stops.
+/// five-minute figures, and takes a point of its history each
+/// [`HISTORY_EVERY`], until the server is dropped or stops.
 ///
 /// # Cancel safety
 /// Holds nothing across its awaits: dropping it only ends the sampling.
 pub(crate) async fn sample(inner: Weak<Inner>) {
     let mut every = tokio::time::interval(SAMPLE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    let per_point = (HISTORY_EVERY.as_millis() / SAMPLE_EVERY.as_millis()) as u64;
+    for tick in 0u64.. {
         every.tick().await;
         let Some(inner) = inner.upgrade() else { return };
         if inner.stopping.is_cancelled() {
             return;
         }
+        let point = tick % per_point == 0;
+        let at_ms = super::wall_ms();
         for rt in inner.models.values() {
             let load = rt.processor.load();
             rt.metrics.sample(Sample { waiting: load.waiting, in_use: load.in_use, permits: load.permits });
+            if point {
+                rt.metrics.record_history(at_ms, load.counters, load.waiting, load.in_use);
+            }
         }
     }
 }
