@@ -54,6 +54,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::cog::{self, CogMode, HealthStatus};
+use crate::log_tail::LogTail;
 
 /// What runs a model's replicas.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,14 +202,21 @@ pub enum LaunchError {
     #[error("the engine command uses {{weights}} but the model has no `weights`")]
     NoWeights,
     /// The process exited before it was ready.
-    #[error("the engine exited before it was ready ({status})")]
+    #[error("the engine exited before it was ready ({status}){}", last_output(.output))]
     Exited {
         /// Its exit status.
         status: std::process::ExitStatus,
+        /// The end of what it printed ([`LogTail`]).
+        output: String,
     },
     /// Readiness did not come within the setup timeout.
-    #[error("the engine was not ready within {0:?}")]
-    SetupTimeout(Duration),
+    #[error("the engine was not ready within {timeout:?}{}", last_output(.output))]
+    SetupTimeout {
+        /// The setup timeout.
+        timeout: Duration,
+        /// The end of what it printed ([`LogTail`]).
+        output: String,
+    },
     /// The mock engine did not announce its address.
     #[error("the engine did not print `listening on http://…` as its first line")]
     NoAddress,
@@ -229,6 +237,15 @@ pub enum LaunchError {
     Io(#[from] std::io::Error),
 }
 
+/// `; its last output:` and `output`, when it printed anything.
+fn last_output(output: &str) -> String {
+    if output.trim().is_empty() {
+        String::new()
+    } else {
+        format!("; its last output:\n{output}")
+    }
+}
+
 /// A started (or external) engine.
 #[derive(Debug)]
 pub struct RunningEngine {
@@ -238,6 +255,8 @@ pub struct RunningEngine {
     child: Option<Child>,
     /// What asks the process to stop.
     stop_by: StopBy,
+    /// The end of what it has printed (empty for external engines).
+    logs: LogTail,
 }
 
 /// How a started engine is asked to stop before it is killed.
@@ -251,6 +270,11 @@ enum StopBy {
 }
 
 impl RunningEngine {
+    /// The end of what the engine has printed so far.
+    pub fn logs(&self) -> &LogTail {
+        &self.logs
+    }
+
     /// The engine process's pid, if this node started it.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
@@ -339,6 +363,7 @@ pub async fn launch_on(
             base_url: url.trim_end_matches('/').to_owned(),
             child: None,
             stop_by: StopBy::Terminate,
+            logs: LogTail::default(),
         }),
         EngineSpec::Cog { .. } => launch_cog(spec, ctx, host, CogMode::Predict).await,
         EngineSpec::Mock { preset, startup_delay_ms, wake_delay_ms, engine_config } => {
@@ -374,11 +399,13 @@ pub async fn launch_on(
             let program = words.next().ok_or(LaunchError::EmptyCommand)?.to_owned();
             let mut cmd = Command::new(&program);
             cmd.args(words).env("CUDA_VISIBLE_DEVICES", &gpus).stdin(Stdio::null()).kill_on_drop(true);
-            output_to_stderr(&mut cmd)?;
+            LogTail::pipe(&mut cmd);
             die_with_parent(&mut cmd);
             ctx.pass_weights(&mut cmd);
-            let child = cmd.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
-            ready(child, base_url(host, port), readiness_path, Duration::from_secs(*setup_timeout_s)).await
+            let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
+            let logs = LogTail::follow(&mut child);
+            let timeout = Duration::from_secs(*setup_timeout_s);
+            ready(child, logs, base_url(host, port), readiness_path, timeout).await
         }
     }
 }
@@ -421,12 +448,13 @@ pub async fn launch_cog(
             cmd.env("PATH", joined);
         }
     }
-    output_to_stderr(&mut cmd)?;
+    LogTail::pipe(&mut cmd);
     die_with_parent(&mut cmd);
-    let child =
+    let mut child =
         cmd.spawn().map_err(|source| LaunchError::Spawn { program: python.display().to_string(), source })?;
+    let logs = LogTail::follow(&mut child);
     let mut engine =
-        RunningEngine { base_url: base_url(host, port), child: Some(child), stop_by: StopBy::CogShutdown };
+        RunningEngine { base_url: base_url(host, port), child: Some(child), stop_by: StopBy::CogShutdown, logs };
     let client = reqwest::Client::new();
     let timeout = Duration::from_secs(*setup_timeout_s);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -434,7 +462,8 @@ pub async fn launch_cog(
         let child = engine.child.as_mut().expect("the cog server is ours until it is stopped");
         if let Some(status) = child.try_wait()? {
             engine.child = None;
-            return Err(LaunchError::Exited { status });
+            engine.logs.drained(OUTPUT_DRAIN).await;
+            return Err(LaunchError::Exited { status, output: engine.logs.text() });
         }
         match cog::health(&client, &engine.base_url, Duration::from_secs(2)).await.map(|h| (h.status, h)) {
             Ok((HealthStatus::Ready | HealthStatus::Busy, _)) => return Ok(engine),
@@ -442,7 +471,9 @@ pub async fn launch_cog(
                 break LaunchError::SetupFailed { logs: h.setup_logs().to_owned() }
             }
             Ok((HealthStatus::Defunct, _)) => break LaunchError::Defunct,
-            _ if tokio::time::Instant::now() >= deadline => break LaunchError::SetupTimeout(timeout),
+            _ if tokio::time::Instant::now() >= deadline => {
+                break LaunchError::SetupTimeout { timeout, output: engine.logs.text() }
+            }
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
@@ -452,17 +483,12 @@ pub async fn launch_cog(
     Err(failure)
 }
 
+/// How long an engine that exited has for what it printed last to be
+/// read: its pipes close with it, unless it left a process holding them.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(1);
+
 /// How long a cog server whose setup failed has to shut down.
 const FAILED_COG_GRACE: Duration = Duration::from_secs(5);
-
-/// Sends what the engine prints to this process's stderr (its log): our
-/// stdout is for this process's own output (`hangar serve` announces its
-/// address on its first line).
-fn output_to_stderr(cmd: &mut Command) -> std::io::Result<()> {
-    use std::os::fd::AsFd;
-    cmd.stdout(std::io::stderr().as_fd().try_clone_to_owned()?);
-    Ok(())
-}
 
 /// Makes the engine die with the process that started it, even if that
 /// process is killed outright and never runs its cleanup: no orphaned
@@ -486,16 +512,22 @@ pub async fn launch_announcing(
     hangar_exe: &std::path::Path,
     timeout: Duration,
 ) -> Result<RunningEngine, LaunchError> {
-    let (child, base_url) = spawn_announcing(cmd, &hangar_exe.display().to_string()).await?;
-    ready(child, base_url, "/health", timeout).await
+    let (child, logs, base_url) = spawn_announcing(cmd, &hangar_exe.display().to_string()).await?;
+    ready(child, logs, base_url, "/health", timeout).await
 }
 
-/// Spawns a process whose first stdout line is `listening on URL`.
-async fn spawn_announcing(mut cmd: Command, program: &str) -> Result<(Child, String), LaunchError> {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).kill_on_drop(true);
+/// Spawns a process whose first stdout line is `listening on URL`; what
+/// it prints next is followed by a [`LogTail`].
+async fn spawn_announcing(mut cmd: Command, program: &str) -> Result<(Child, LogTail, String), LaunchError> {
+    cmd.stdin(Stdio::null()).kill_on_drop(true);
+    LogTail::pipe(&mut cmd);
     die_with_parent(&mut cmd);
     let mut child =
         cmd.spawn().map_err(|source| LaunchError::Spawn { program: program.to_owned(), source })?;
+    let logs = LogTail::default();
+    if let Some(stderr) = child.stderr.take() {
+        logs.follow_reader(stderr);
+    }
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut lines = BufReader::new(stdout).lines();
     let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
@@ -505,9 +537,8 @@ async fn spawn_announcing(mut cmd: Command, program: &str) -> Result<(Child, Str
     };
     match url {
         Some(url) => {
-            // Keep draining stdout so the child never blocks on a full pipe.
-            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            Ok((child, url))
+            logs.follow_reader(lines.into_inner());
+            Ok((child, logs, url))
         }
         None => {
             let _ = child.kill().await;
@@ -520,6 +551,7 @@ async fn spawn_announcing(mut cmd: Command, program: &str) -> Result<(Child, Str
 /// exits or `timeout` passes, killing it.
 async fn ready(
     mut child: Child,
+    logs: LogTail,
     base_url: String,
     path: &str,
     timeout: Duration,
@@ -530,14 +562,15 @@ async fn ready(
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait()? {
-            return Err(LaunchError::Exited { status });
+            logs.drained(OUTPUT_DRAIN).await;
+            return Err(LaunchError::Exited { status, output: logs.text() });
         }
         if client.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
-            return Ok(RunningEngine { base_url, child: Some(child), stop_by: StopBy::Terminate });
+            return Ok(RunningEngine { base_url, child: Some(child), stop_by: StopBy::Terminate, logs });
         }
         if tokio::time::Instant::now() >= deadline {
             let _ = child.kill().await;
-            return Err(LaunchError::SetupTimeout(timeout));
+            return Err(LaunchError::SetupTimeout { timeout, output: logs.text() });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

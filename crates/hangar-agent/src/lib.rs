@@ -14,6 +14,7 @@ pub mod cog;
 pub mod devices;
 pub mod engine;
 pub mod lifecycle;
+pub mod log_tail;
 pub mod weights;
 
 /// The fleet's clock: milliseconds since the Unix epoch — when a start

@@ -74,8 +74,15 @@ async fn failures_are_clear_and_leave_no_process() {
     assert!(e.to_string().starts_with("cannot start `/nonexistent/vllm`"), "{e}");
     let e = launch(&openai("false", "/health", 5), &ctx()).await.unwrap_err();
     assert!(matches!(e, LaunchError::Exited { .. }), "{e}");
+    assert!(!e.to_string().contains("last output"), "it printed nothing: {e}");
+    // What an engine printed before it died is in its error.
+    let dies = openai("python3 -c print('loading');__import__('sys').exit('CUDA_out_of_memory')", "/health", 5);
+    let e = launch(&dies, &ctx()).await.unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("its last output:\n"), "{e}");
+    assert!(text.contains("\nloading\n") && text.contains("\nCUDA_out_of_memory\n"), "{e}");
     let e = launch(&openai("sleep 30", "/health", 1), &ctx()).await.unwrap_err();
-    assert!(matches!(e, LaunchError::SetupTimeout(_)), "{e}");
+    assert!(matches!(e, LaunchError::SetupTimeout { .. }), "{e}");
     let e = launch(&openai("   ", "/health", 1), &ctx()).await.unwrap_err();
     assert!(matches!(e, LaunchError::EmptyCommand));
     let e = launch(&EngineSpec::mock("fast", 0), &ctx()).await.unwrap_err();

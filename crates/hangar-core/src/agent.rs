@@ -270,6 +270,10 @@ pub struct StartReport {
     /// [`StartReport::ERROR_TAIL`] bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The end of what the engine printed while it started (a failed
+    /// start has it in `error`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub logs: String,
 }
 
 impl StartReport {

@@ -7,7 +7,7 @@
 //! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
 //! a node agent registers ([`NodeRecord`]), the bounds every API applies
 //! alike ([`limits`]), how a request ended ([`RequestKind`],
-//! [`ErrorCode`]), what each replica is doing — the instance monitor's
+//! [`ErrorCode`]) and the steps its user is shown ([`Progress`]), what each replica is doing — the instance monitor's
 //! states and windows ([`instance`]) — and the formats every `/metrics`
 //! answers in ([`exposition`]).
 //!
@@ -32,6 +32,7 @@ pub mod instance;
 mod kv;
 pub mod limits;
 mod outcome;
+mod progress;
 mod units;
 
 pub use agent::{
@@ -44,4 +45,5 @@ pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
 pub use kv::{mix64, BlockHash, KvEvent, ROOT_BLOCK_HASH};
 pub use limits::MAX_OUTPUT_TOKENS;
 pub use outcome::{ErrorCode, RequestKind};
+pub use progress::{Progress, StepAt};
 pub use units::{ByteSize, ByteSizeError, Millis};

@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use hangar_core::exposition::Format;
 use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, ReplicaId, RequestKind};
 use hangar_runtime::events::RequestTrace;
-use hangar_runtime::processor::{AdmitError, Lease, Patience};
+use hangar_runtime::processor::{AdmitError, Lease, Wait};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server, Tally};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -287,13 +287,8 @@ impl Forward<'_> {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-            let admitted = self.rt.processor().admit_with(
-                account.clone(),
-                Patience::FailFast,
-                Some(left),
-                prompt,
-                avoid,
-            );
+            let wait = Wait { timeout: Some(left), prompt, avoid, ..Wait::default() };
+            let admitted = self.rt.processor().admit_with(account.clone(), wait);
             let lease = match admitted.await {
                 Ok(lease) => lease,
                 Err(e) => {
@@ -312,7 +307,7 @@ impl Forward<'_> {
                 continue;
             };
             if let Some(trace) = tally.trace() {
-                trace.admitted(now, lease.replica);
+                trace.admitted(now, lease.replica, lease.queued_at);
             }
             let url = format!("{base}{}", self.path);
             let answer = tokio::select! {

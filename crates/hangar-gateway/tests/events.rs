@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hangar_core::{ErrorCode, RequestKind};
+use hangar_core::{ErrorCode, Progress, RequestKind};
 use hangar_predictions::store::Backend;
 use hangar_runtime::events::InferenceEvent;
 use hangar_runtime::serve::{ServeConfig, Server};
@@ -19,7 +19,8 @@ use tower::ServiceExt;
 
 /// An engine answering chat: with `usage` unless the prompt says
 /// `no-usage`; SSE when `stream` (ending with a usage chunk when the
-/// prompt says `with-usage`); 500 when the prompt says `fail`. Completions
+/// prompt says `with-usage`); 500 when the prompt says `fail`; after
+/// 300 ms when it says `slow`. Completions
 /// (what a prediction asks) stream two tokens.
 async fn engine() -> String {
     async fn chat(Json(body): Json<Value>) -> axum::response::Response {
@@ -27,6 +28,9 @@ async fn engine() -> String {
         let prompt = body.pointer("/messages/0/content").and_then(Value::as_str).unwrap_or("").to_owned();
         if prompt.contains("fail") {
             return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response();
+        }
+        if prompt.contains("slow") {
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
         if body.get("stream").and_then(Value::as_bool) == Some(true) {
             let mut sse = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
@@ -232,6 +236,11 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
     assert!((e.cost.usd - usd).abs() < 1e-9, "{e:?}");
     assert!((e.cost.neurons - (1.0 + 0.5 * 22.0)).abs() < 1e-9, "{e:?}");
     assert_eq!(e.images, 0);
+    // Its steps, in order and in time, a permit free on arrival.
+    assert_eq!(step_names(e), ["received", "dispatched", "running", "completed"], "{e:?}");
+    assert_eq!(e.steps[1].step, Progress::Dispatched { replica: e.replica.clone().unwrap() });
+    assert!(e.steps.windows(2).all(|w| w[0].at_ms <= w[1].at_ms) && e.steps[3].at_ms == e.ts_ms, "{e:?}");
+    assert_eq!(e.queue_position, None);
 
     // No usage: words × 4/3 of the prompt and of the answer.
     let e = by_id("req-2");
@@ -251,6 +260,7 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
     // The engine's error, as it answered.
     let e = by_id("req-5");
     assert_eq!((e.status, e.code), (500, Some(ErrorCode::EngineError)));
+    assert_eq!(e.steps.last().unwrap().step, Progress::Error { code: Some(ErrorCode::EngineError) });
 
     // A stream that ends with the engine's usage: taken, not estimated.
     let e = by_id("req-6");
@@ -259,6 +269,7 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
     let e = by_id("req-7");
     assert_eq!((e.status, e.code, e.replica.as_deref()), (400, Some(ErrorCode::BadRequest), None));
     assert_eq!((e.input_tokens, e.output_tokens, e.inference_ms, e.ttft_ms), (0, 0, 0, None));
+    assert_eq!(step_names(e), ["received", "error"], "never dispatched: {e:?}");
 
     let e = by_id("req-8");
     assert_eq!((e.status, e.code), (499, Some(ErrorCode::ClientClosed)), "{e:?}");
@@ -271,6 +282,10 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
     assert!(e.ttft_ms.is_some_and(|t| t <= e.total_ms), "{e:?}");
     let usd = 0.001 * e.inference_ms as f64 / 1000.0 + 0.01 * 4.0 + 0.02 * 2.0;
     assert!((e.cost.usd - usd).abs() < 1e-9, "{e:?}");
+    // A prediction's steps are lines of its logs.
+    let replica = e.replica.as_deref().unwrap();
+    let logs = format!("received\ndispatched to replica {replica}\nrunning\ncompleted\n");
+    assert_eq!(prediction["logs"], logs.as_str(), "{prediction}");
 
     // The figures are in /metrics.
     let metrics =
@@ -278,6 +293,42 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
     let text = String::from_utf8(metrics.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
     assert!(text.contains("hangar_events_written_total 9"), "{text}");
     assert!(text.contains("hangar_events_sink_failing 0"), "{text}");
+    server.shutdown().await;
+}
+
+fn step_names(e: &InferenceEvent) -> Vec<String> {
+    e.steps.iter().map(|s| serde_json::to_value(&s.step).unwrap()["step"].as_str().unwrap().to_owned()).collect()
+}
+
+/// A request that found every permit taken says where it queued and
+/// when it left the line; so does a prediction, in its logs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queued_request_reports_its_position_and_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router) = start_with(dir.path(), |c| {
+        let model = c.models.iter_mut().find(|m| m.key.as_str() == "t/trusted").unwrap();
+        model.concurrency = 1;
+    })
+    .await;
+    let path = dir.path().join("events.jsonl");
+    let slow = json!({"model": "t/trusted", "messages": [{"role": "user", "content": "slow"}]});
+    let holder = tokio::spawn({
+        let (router, slow) = (router.clone(), slow.clone());
+        async move { chat(&router, "holder", slow).await }
+    });
+    while server.model("t/trusted").unwrap().processor().load().in_use == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, _) = chat(&router, "queued", slow).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(holder.await.unwrap().0, StatusCode::OK);
+
+    let all = events(&server, &path, 2).await;
+    let e = all.iter().find(|e| e.id == "queued").unwrap();
+    assert_eq!(e.queue_position, Some(1), "{e:?}");
+    assert_eq!(step_names(e), ["received", "queued", "dispatched", "running", "completed"], "{e:?}");
+    assert_eq!(e.steps[1].step, Progress::Queued { position: 1 });
+    assert!(e.steps.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "{e:?}");
     server.shutdown().await;
 }
 

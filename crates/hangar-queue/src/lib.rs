@@ -335,6 +335,17 @@ impl Admission {
         }
     }
 
+    /// Where waiting `request` stands in the line (1: served next; see
+    /// the line's order in the crate docs); `None` once it is not waiting.
+    /// What a queued prediction shows as its position.
+    pub fn position(&self, request: RequestId) -> Option<usize> {
+        let req = self.requests.get(&request)?;
+        match req.place {
+            Place::Waiting { .. } => self.waiting.position(&req.account, request),
+            Place::Leased(_) => None,
+        }
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &AdmissionConfig {
         &self.config

@@ -8,7 +8,7 @@ use hangar_core::{AccountId, RequestId};
 use crate::QueueAlgorithm;
 
 /// Requests waiting for a permit, in the order the algorithm serves them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Waiting {
     Fifo(VecDeque<(AccountId, RequestId)>),
     Fair {
@@ -100,6 +100,34 @@ impl Waiting {
         }
     }
 
+    /// Where `request` of `account` stands: 1 if it is served next, n if
+    /// n − 1 requests are served before it should nobody else arrive.
+    /// Under fair queuing that counts, from every other account's line,
+    /// the requests the rotation serves before this one's turn — one per
+    /// round of the rotation, accounts ahead of it in the rotation getting
+    /// one more. O(line) for FIFO, O(accounts) for fair.
+    pub fn position(&self, account: &AccountId, request: RequestId) -> Option<usize> {
+        match self {
+            Self::Fifo(q) => q.iter().position(|(_, r)| *r == request).map(|i| i + 1),
+            Self::Fair { lines, rotation } => {
+                let rank = lines.get(account)?.iter().position(|r| *r == request)?;
+                let mut ahead_in_rotation = true;
+                let before: usize = rotation
+                    .iter()
+                    .map(|a| {
+                        if a == account {
+                            ahead_in_rotation = false;
+                            return rank;
+                        }
+                        let rounds = if ahead_in_rotation { rank + 1 } else { rank };
+                        lines[a].len().min(rounds)
+                    })
+                    .sum();
+                Some(before + 1)
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Self::Fifo(q) => q.len(),
@@ -110,5 +138,50 @@ impl Waiting {
     /// Empties the line, returning every request in serving order.
     pub fn drain(&mut self) -> Vec<RequestId> {
         std::iter::from_fn(|| self.pop()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever arrived, was served or left in whatever order, every
+        /// waiting request's position is its place in the order the line
+        /// then serves them.
+        #[test]
+        fn a_position_is_the_place_in_serving_order(
+            fair in any::<bool>(),
+            ops in proptest::collection::vec((0u8..4, 0u8..10), 1..80),
+        ) {
+            let algorithm = if fair { QueueAlgorithm::Fair } else { QueueAlgorithm::Fifo };
+            let mut line = Waiting::new(algorithm);
+            let name = |a: u8| -> AccountId { format!("account-{a}").parse().unwrap() };
+            let mut accounts: HashMap<RequestId, (u8, AccountId)> = HashMap::new();
+            for (i, (account, op)) in ops.into_iter().enumerate() {
+                match op {
+                    0 => {
+                        line.pop();
+                    }
+                    1 => {
+                        let leaving = accounts.iter().find(|(_, (n, _))| *n == account);
+                        if let Some((r, (_, a))) = leaving {
+                            line.remove(a, *r);
+                        }
+                    }
+                    _ => {
+                        let a = name(account);
+                        accounts.insert(RequestId(i as u64), (account, a.clone()));
+                        line.push(a, RequestId(i as u64));
+                    }
+                }
+                let order = line.clone().drain();
+                for (place, r) in order.iter().enumerate() {
+                    prop_assert_eq!(line.position(&accounts[r].1, *r), Some(place + 1));
+                }
+                prop_assert_eq!(line.position(&name(9), RequestId(u64::MAX)), None);
+            }
+        }
     }
 }

@@ -24,6 +24,7 @@
 //! ([`Processor::replica_phase`]); a fleet's agent, which holds no permits,
 //! samples its engines' own counts instead ([`Processor::sample_in_flight`]).
 
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -150,6 +151,9 @@ pub struct Lease {
     pub replica: ReplicaId,
     /// When the permit was granted, on the processor's clock.
     granted_at: Millis,
+    /// The request's position in the line when it joined it; `None` when
+    /// a permit was free on arrival.
+    pub queued_at: Option<NonZeroU32>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -361,26 +365,16 @@ impl Processor {
     /// Dropping the future removes the request from the line (or gives its
     /// permit back if one was granted meanwhile).
     pub async fn admit(&self, account: AccountId, timeout: Option<Duration>) -> Result<Lease, AdmitError> {
-        self.admit_with(account, Patience::FailFast, timeout, None, None).await
+        self.admit_with(account, Wait { timeout, ..Wait::default() }).await
     }
 
-    /// [`admit`](Self::admit) of a request that waits with `patience`,
-    /// telling the chooser the request's prompt (block hashes and token
-    /// count) so it can route by cache overlap, and a replica to `avoid`
-    /// — one that just refused the request for want of capacity — while
-    /// another has a free permit.
+    /// [`admit`](Self::admit) of a request that waits as `wait` says.
     ///
     /// # Cancel safety
     /// As [`admit`](Self::admit).
-    pub async fn admit_with(
-        &self,
-        account: AccountId,
-        patience: Patience,
-        timeout: Option<Duration>,
-        prompt: Option<(&[BlockHash], u32)>,
-        avoid: Option<ReplicaId>,
-    ) -> Result<Lease, AdmitError> {
-        let (request, rx) = {
+    pub async fn admit_with(&self, account: AccountId, wait: Wait<'_>) -> Result<Lease, AdmitError> {
+        let Wait { patience, timeout, prompt, avoid, on_position } = wait;
+        let (request, position, rx) = {
             let shared = &self.shared;
             let submitted = shared.with(|s, now| {
                 let request = RequestId(s.next_id);
@@ -397,59 +391,126 @@ impl Processor {
                     .admission
                     .submit_as(now, request, account, deadline, patience, &mut *s.chooser)
                     .expect("ids are unique");
-                let rx = match submitted {
+                let (rx, position) = match submitted {
                     Submitted::Leased(p) => {
                         s.bump(now, p.replica, true);
-                        None
+                        (None, None)
                     }
                     Submitted::Queued => {
                         let (tx, rx) = oneshot::channel();
                         s.waiters.insert(request, tx);
-                        Some(rx)
+                        (Some(rx), s.admission.position(request).and_then(position_of))
                     }
-                    _ => None,
+                    _ => (None, None),
                 };
-                (request, submitted, rx)
+                (request, submitted, rx, position)
             });
             match submitted {
-                (request, Submitted::Leased(p), _) => {
+                (request, Submitted::Leased(p), _, _) => {
                     let granted_at = self.shared.now();
                     return Ok(Lease {
                         shared: self.shared.clone(),
                         request,
                         replica: p.replica,
                         granted_at,
+                        queued_at: None,
                     });
                 }
-                (request, Submitted::Rejected { capacity }, _) => {
+                (request, Submitted::Rejected { capacity }, _, _) => {
                     self.shared.with(|s, _| {
                         s.chooser.done(request);
                         s.counters.rejected += 1;
                     });
                     return Err(AdmitError::QueueFull { capacity });
                 }
-                (request, Submitted::Unavailable, _) => {
+                (request, Submitted::Unavailable, _, _) => {
                     let reason = self.shared.with(|s, _| {
                         s.chooser.done(request);
                         s.admission.unavailable().unwrap_or("the model cannot run now").to_owned()
                     });
                     return Err(AdmitError::Unavailable { reason });
                 }
-                (request, Submitted::Queued, rx) => {
+                (request, Submitted::Queued, rx, position) => {
                     self.shared.timer.notify_one();
                     if let Some(hook) = &self.shared.on_queued {
                         hook();
                     }
-                    (request, rx.expect("queued requests wait"))
+                    (request, position, rx.expect("queued requests wait"))
                 }
             }
         };
         let mut guard = WaitGuard { shared: self.shared.clone(), request, armed: true };
-        let result = rx.await.unwrap_or(Err(AdmitError::Failed("the processor stopped".into())));
+        let granted = match (on_position, position) {
+            (Some(tell), Some(position)) => self.watch_position(request, position, tell, rx).await,
+            _ => rx.await,
+        };
+        let result = granted.unwrap_or(Err(AdmitError::Failed("the processor stopped".into())));
         guard.armed = false;
         let granted_at = self.shared.now();
-        result.map(|replica| Lease { shared: self.shared.clone(), request, replica, granted_at })
+        result.map(|replica| Lease { shared: self.shared.clone(), request, replica, granted_at, queued_at: position })
     }
+
+    /// Waits on `rx` for waiting `request`'s permit, telling `tell` its
+    /// position — `position` at once, then again whenever it has moved,
+    /// looked at every [`POSITION_EVERY`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops `rx`; the caller's guard takes the request
+    /// out of the line.
+    async fn watch_position(
+        &self,
+        request: RequestId,
+        mut position: NonZeroU32,
+        tell: &(dyn Fn(NonZeroU32) + Send + Sync),
+        mut rx: oneshot::Receiver<Result<ReplicaId, AdmitError>>,
+    ) -> Result<Result<ReplicaId, AdmitError>, oneshot::error::RecvError> {
+        tell(position);
+        let mut every = tokio::time::interval(POSITION_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            tokio::select! {
+                granted = &mut rx => return granted,
+                _ = every.tick() => {
+                    let now = self.shared.with(|s, _| s.admission.position(request).and_then(position_of));
+                    if let Some(now) = now.filter(|p| *p != position) {
+                        position = now;
+                        tell(position);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How often a waiting request whose caller follows its position
+/// ([`Wait::on_position`]) looks at it again: often enough that a
+/// prediction's logs follow its line, rarely enough to cost nothing.
+pub const POSITION_EVERY: Duration = Duration::from_secs(1);
+
+/// A line's position (1: next) as the lease keeps it.
+fn position_of(position: usize) -> Option<NonZeroU32> {
+    NonZeroU32::new(u32::try_from(position).unwrap_or(u32::MAX))
+}
+
+/// How a request waits for its permit: everything
+/// [`Processor::admit_with`] needs besides its account.
+#[derive(Default, Clone, Copy)]
+pub struct Wait<'a> {
+    /// Fail fast (a synchronous request) or wait (a prediction).
+    pub patience: Patience,
+    /// The longest wait, if any.
+    pub timeout: Option<Duration>,
+    /// The request's prompt (block hashes and token count), so the chooser
+    /// can route by cache overlap.
+    pub prompt: Option<(&'a [BlockHash], u32)>,
+    /// A replica that just refused the request for want of capacity:
+    /// avoided while another has a free permit.
+    pub avoid: Option<ReplicaId>,
+    /// Told the request's position in the line when it joins it and again
+    /// whenever it moves (looked at every [`POSITION_EVERY`]); a request
+    /// leased at once is never told.
+    pub on_position: Option<&'a (dyn Fn(NonZeroU32) + Send + Sync)>,
 }
 
 /// Sleeps until the earliest deadline, then expires what is due. Holds the

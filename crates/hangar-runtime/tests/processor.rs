@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hangar_core::{AccountId, ReplicaId};
 use hangar_queue::{AdmissionConfig, FirstFree, QueueAlgorithm};
-use hangar_runtime::processor::{AdmitError, Patience, Processor};
+use hangar_runtime::processor::{AdmitError, Patience, Processor, Wait};
 
 fn acct(s: &str) -> AccountId {
     s.parse().unwrap()
@@ -114,7 +114,7 @@ async fn an_unavailable_model_answers_sync_requests_at_once_and_keeps_async_ones
     let sync =
         tokio::spawn(async move { p1.admit(acct("a"), Some(Duration::from_secs(600))).await.map(drop) });
     let patient = tokio::spawn(async move {
-        p2.admit_with(acct("a"), Patience::Patient, None, None, None).await.map(|l| l.replica)
+        p2.admit_with(acct("a"), Wait { patience: Patience::Patient, ..Wait::default() }).await.map(|l| l.replica)
     });
     while p.load().waiting < 2 {
         tokio::task::yield_now().await;
@@ -195,4 +195,54 @@ async fn each_replicas_instance_monitor_counts_the_permits_held_on_it() {
     assert_eq!(state(&p), Some((InstanceState::Off, 0)));
     p.forget(r);
     assert_eq!(state(&p), None);
+}
+
+/// A request that follows its position is told it when it joins the line
+/// and again each time it moves, and its lease keeps where it joined; a
+/// request leased at once is told nothing.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_is_told_its_position_as_the_line_moves() {
+    use std::num::NonZeroU32;
+    use std::sync::{Arc, Mutex};
+
+    let p = processor(QueueAlgorithm::Fifo, 10, 1);
+    let told: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let tell_into = |told: &Arc<Mutex<Vec<u32>>>| {
+        let told = told.clone();
+        move |position: NonZeroU32| told.lock().unwrap().push(position.get())
+    };
+    let at_once = tell_into(&told);
+    let first = p.admit_with(acct("a"), Wait { on_position: Some(&at_once), ..Wait::default() }).await.unwrap();
+    assert_eq!(first.queued_at, None);
+    assert!(told.lock().unwrap().is_empty(), "a request leased at once has no position");
+    let ahead: Vec<_> = (0..2)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move { p.admit(acct("a"), None).await.unwrap() })
+        })
+        .collect();
+    while p.load().waiting < 2 {
+        tokio::task::yield_now().await;
+    }
+    let (p3, told3) = (p.clone(), told.clone());
+    let third = tokio::spawn(async move {
+        let tell = tell_into(&told3);
+        p3.admit_with(acct("a"), Wait { on_position: Some(&tell), ..Wait::default() }).await.map(|l| l.queued_at)
+    });
+    while p.load().waiting < 3 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(*told.lock().unwrap(), [3], "told its place at once");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(*told.lock().unwrap(), [3], "not told again while it has not moved");
+    let mut ahead = ahead.into_iter();
+    drop(first);
+    let second = ahead.next().unwrap().await.unwrap();
+    assert_eq!(second.queued_at, NonZeroU32::new(1));
+    tokio::time::sleep(hangar_runtime::processor::POSITION_EVERY).await;
+    assert_eq!(*told.lock().unwrap(), [3, 2], "told once it moved");
+    drop(second);
+    drop(ahead.next().unwrap().await.unwrap());
+    assert_eq!(third.await.unwrap().unwrap(), NonZeroU32::new(3), "its lease keeps where it joined");
 }

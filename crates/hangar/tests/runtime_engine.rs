@@ -32,7 +32,7 @@ async fn a_mock_engine_is_launched_ready_and_stopped() {
 async fn a_mock_engine_that_loads_too_long_is_killed() {
     let spec = EngineSpec::mock("fast", 3_600_000);
     let e = launch(&spec, &ctx(Duration::from_millis(500))).await.unwrap_err();
-    assert!(matches!(e, LaunchError::SetupTimeout(_)), "{e}");
+    assert!(matches!(e, LaunchError::SetupTimeout { .. }), "{e}");
 }
 
 /// As a fleet's agent launches it: bound to the engine host (127.0.0.2

@@ -100,11 +100,10 @@ impl NodeEngines {
         let engine_ms = spawned.elapsed().as_millis() as u64;
         let url = engine.base_url.clone();
         let capabilities = capabilities::probe(&self.client, &url, spec).await;
-        let report = StartReport::ready(
-            weights.as_ref().map(|w| w.report.clone()),
-            engine_ms,
-            placed.elapsed().as_millis() as u64,
-        );
+        let report = StartReport {
+            logs: engine.logs().text(),
+            ..StartReport::ready(weights.as_ref().map(|w| w.report.clone()), engine_ms, placed.elapsed().as_millis() as u64)
+        };
         let pid = engine.pid();
         let live = LiveEngine {
             process: tokio::sync::Mutex::new(Some(engine)),

@@ -1,7 +1,7 @@
 //! One inference event: what a synchronous request or a prediction did,
 //! who it was for and what it costs.
 
-use hangar_core::{AccountId, ErrorCode, RequestKind};
+use hangar_core::{AccountId, ErrorCode, RequestKind, StepAt};
 use serde::{Deserialize, Serialize};
 
 use super::billing::{BillingConfig, Cost};
@@ -58,6 +58,16 @@ pub struct InferenceEvent {
     pub images: u64,
     /// The billing units of the model's prices (zero without prices).
     pub cost: Cost,
+    /// Its position in its model's line when it joined it; none when a
+    /// permit was free on arrival (and for predictions, whose logs show
+    /// it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
+    /// Where it went, step by step (a synchronous request's; a
+    /// prediction's are in its logs): received, queued, dispatched,
+    /// running, completed or error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepAt>,
 }
 
 impl InferenceEvent {

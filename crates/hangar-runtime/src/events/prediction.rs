@@ -6,6 +6,7 @@
 //! `prompt`, output tokens and images from the output.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -68,6 +69,8 @@ pub struct RunFacts {
     pub replica: Option<(ReplicaId, Option<String>)>,
     /// Its first output, Unix ms.
     pub first_output: Option<Millis>,
+    /// Its position in the line when it joined it, if it waited there.
+    pub queued_at: Option<NonZeroU32>,
     /// When its run here ended (for pruning: an end written by another
     /// gateway is never told here).
     over: Option<Instant>,
@@ -91,10 +94,12 @@ impl Runs {
         }
     }
 
-    /// Prediction `id` runs on `replica` of `node` now.
-    pub fn admitted(&self, id: &str, replica: ReplicaId, node: Option<String>) {
+    /// Prediction `id` runs on `replica` of `node` now, having joined the
+    /// line at `queued_at` or not.
+    pub fn admitted(&self, id: &str, replica: ReplicaId, node: Option<String>, queued_at: Option<NonZeroU32>) {
         self.with(id, |f| {
             f.replica = Some((replica, node));
+            f.queued_at = f.queued_at.or(queued_at);
             f.over = None;
         });
     }
@@ -175,6 +180,8 @@ pub fn prediction_event(
         tokens_estimated: true,
         images: output.map_or(0, images),
         cost: Default::default(),
+        queue_position: facts.queued_at.map(NonZeroU32::get),
+        steps: Vec::new(),
     };
     event.price(&rt.config().billing);
     Some(event)

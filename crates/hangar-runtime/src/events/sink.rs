@@ -590,6 +590,8 @@ mod tests {
             tokens_estimated: false,
             images: 0,
             cost: Default::default(),
+            queue_position: None,
+            steps: Vec::new(),
         }
     }
 

@@ -30,11 +30,12 @@
 //! [`STREAM_TAIL_BYTES`] kept, where its usage chunk comes.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use hangar_core::{AccountId, ErrorCode, ReplicaId, RequestKind};
+use hangar_core::{AccountId, ErrorCode, Progress, ReplicaId, RequestKind, StepAt};
 use memchr::memmem;
 use serde::Deserialize;
 use serde_json::Value;
@@ -264,6 +265,9 @@ pub(super) struct Facts {
     first_byte_us: Option<u32>,
     /// The last replica it went to (the writer names it and its node).
     replica: Option<ReplicaId>,
+    /// Its position in the line when it joined it (none: a permit was
+    /// free on arrival).
+    queued_at: Option<NonZeroU32>,
 }
 
 /// A request that ended, on its way to the writer: what its event needs,
@@ -306,17 +310,23 @@ impl RequestTrace {
                 admitted_us: None,
                 first_byte_us: None,
                 replica: None,
+                queued_at: None,
             },
             request: Some(request.clone()),
             answer: Answer::None,
         })
     }
 
-    /// The request got a permit `at` on `replica`: the first permit ends
-    /// its wait; the last replica is the one named.
-    pub fn admitted(&mut self, at: Instant, replica: ReplicaId) {
+    /// The request got a permit `at` on `replica`, having waited in the
+    /// line from `queued_at` (its position then) or not: the first permit
+    /// ends its wait and says whether it queued; the last replica is the
+    /// one named.
+    pub fn admitted(&mut self, at: Instant, replica: ReplicaId, queued_at: Option<NonZeroU32>) {
         let f = &mut self.facts;
-        f.admitted_us.get_or_insert(micros(f.arrival, at));
+        if f.admitted_us.is_none() {
+            f.admitted_us = Some(micros(f.arrival, at));
+            f.queued_at = queued_at;
+        }
         f.replica = Some(replica);
     }
 
@@ -409,8 +419,12 @@ impl RequestEnded {
             Some(r) => replicas.name(&f.rt, r),
             None => (None, None),
         };
+        let ts_ms = clock.unix_ms(end);
+        let steps = steps(&f, total_us, code, replica.as_deref(), |us| {
+            clock.unix_ms(f.arrival + std::time::Duration::from_micros(u64::from(us)))
+        });
         let mut event = InferenceEvent {
-            ts_ms: clock.unix_ms(end),
+            ts_ms,
             kind: RequestKind::Sync,
             id: String::from_utf8_lossy(f.id.as_bytes()).into_owned(),
             account: f.account,
@@ -428,10 +442,39 @@ impl RequestEnded {
             tokens_estimated,
             images: 0,
             cost: Default::default(),
+            queue_position: f.queued_at.map(NonZeroU32::get),
+            steps,
         };
         event.price(&config.billing);
         event
     }
+}
+
+/// A synchronous request's [`Progress`] from its facts: received on
+/// arrival; queued then too, at its position, if no permit was free;
+/// dispatched to `replica` with its first permit; running from its first
+/// byte; completed — or error with `code` — at its end, `total_us` after
+/// arrival. `unix_ms` turns µs after arrival into wall time.
+fn steps(
+    f: &Facts,
+    total_us: u32,
+    code: Option<ErrorCode>,
+    replica: Option<&str>,
+    unix_ms: impl Fn(u32) -> u64,
+) -> Vec<StepAt> {
+    let at = |us: u32, step: Progress| StepAt { at_ms: unix_ms(us), step };
+    let mut steps = vec![at(0, Progress::Received)];
+    if let Some(position) = f.queued_at {
+        steps.push(at(0, Progress::Queued { position: position.get() }));
+    }
+    if let (Some(us), Some(replica)) = (f.admitted_us, replica) {
+        steps.push(at(us, Progress::Dispatched { replica: replica.to_owned() }));
+    }
+    if let Some(us) = f.first_byte_us {
+        steps.push(at(us, Progress::Running));
+    }
+    steps.push(at(total_us, code.map_or(Progress::Completed, |code| Progress::Error { code: Some(code) })));
+    steps
 }
 
 /// The writer's names of replicas (`<model>:<id>`) and of their nodes,

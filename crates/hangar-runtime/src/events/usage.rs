@@ -433,6 +433,8 @@ mod tests {
             tokens_estimated: true,
             images: i % 2,
             cost: Cost { usd: 0.25, neurons: 2.0 },
+            queue_position: None,
+            steps: Vec::new(),
         }
     }
 

@@ -19,12 +19,13 @@
 //!   deadlines bound it), so it is served in its turn however busy the
 //!   synchronous path is.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::header;
 use futures::StreamExt;
-use hangar_core::{AccountId, BlockHash, ErrorCode, Millis, ReplicaId};
+use hangar_core::{AccountId, BlockHash, ErrorCode, Millis, Progress, ReplicaId};
 use hangar_predictions::llm::LlmInput;
 use hangar_predictions::record::{JobKind, Record};
 use hangar_predictions::store::Backend;
@@ -36,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Inner, ModelRuntime, Server};
 use crate::events::{prediction_event, request_kind, Runs};
-use crate::processor::{AdmitError, Lease, Patience};
+use crate::processor::{AdmitError, Lease, Patience, Wait};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
 use hangar_agent::engine::{launch_cog, LaunchContext};
 
@@ -54,10 +55,22 @@ impl Executor for ServeExecutor {
         let runs = inner.events.enabled().then(|| self.runs.clone());
         Box::pin(async move {
             let run = Run { job: &job, runs: runs.as_deref() };
-            tokio::select! {
-                r = complete(&inner, &run, sink) => r,
+            // Its steps, one log line each: received (its run here starts
+            // from its `created_at`), queued, dispatched, running, and how
+            // it ended.
+            sink.log(Progress::Received.to_string());
+            let result = tokio::select! {
+                r = complete(&inner, &run, sink.clone()) => r,
                 _ = cancel.cancelled() => Err(ExecError::Canceled),
+            };
+            // The last step in its logs (a run lost here runs once more,
+            // so it has not ended).
+            match &result {
+                Ok(_) => sink.log(Progress::Completed.to_string()),
+                Err(ExecError::Failed(why)) => sink.log(format!("{}: {why}", Progress::Error { code: None })),
+                Err(_) => {}
             }
+            result
         })
     }
 
@@ -96,10 +109,13 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// The run holds a permit on `replica`, run by `node`, now.
-    fn admitted(&self, replica: ReplicaId, node: Option<String>) {
+    /// The run holds `lease`, on a replica of `rt` run by `node`, now: its
+    /// logs say where it was dispatched.
+    fn admitted(&self, rt: &ModelRuntime, lease: &Lease, node: Option<String>, sink: &Sink) {
+        let replica = replica_name(&rt.config.key, lease.replica);
+        sink.log(Progress::Dispatched { replica }.to_string());
         if let Some(runs) = self.runs {
-            runs.admitted(&self.job.id, replica, node);
+            runs.admitted(&self.job.id, lease.replica, node, lease.queued_at);
         }
     }
 }
@@ -128,6 +144,7 @@ impl<'a> Outputs<'a> {
 
     fn output(&mut self, item: Value) {
         if std::mem::take(&mut self.first) {
+            self.sink.log(Progress::Running.to_string());
             let (job, now) = (self.run.job, super::wall_ms());
             let since = now.saturating_sub(job.created_at);
             self.rt.metrics.first_byte(request_kind(job.kind), Duration::from_millis(since));
@@ -171,15 +188,19 @@ async fn complete(inner: &Arc<Inner>, run: &Run<'_>, sink: Sink) -> Result<Value
 /// second: replicas follow, and a failed start is retried on the
 /// controller's back-off. It waits as a patient request: a model that
 /// cannot be placed for now (no room, no nodes) keeps it waiting, not
-/// failed; only a model whose engine does not start fails it.
+/// failed; only a model whose engine does not start fails it. Its logs
+/// (`sink`) show its position in the line while it waits.
 async fn admit(
     rt: &Arc<ModelRuntime>,
     account: &AccountId,
     prompt: Option<(&[BlockHash], u32)>,
     avoid: Option<ReplicaId>,
+    sink: &Sink,
 ) -> Result<Lease, ExecError> {
+    let tell = |position: NonZeroU32| sink.log(Progress::Queued { position: position.get() }.to_string());
+    let wait = Wait { patience: Patience::Patient, prompt, avoid, on_position: Some(&tell), ..Wait::default() };
     loop {
-        match rt.processor.admit_with(account.clone(), Patience::Patient, None, prompt, avoid).await {
+        match rt.processor.admit_with(account.clone(), wait).await {
             Ok(lease) => return Ok(lease),
             // The line is full of synchronous requests: yield to them.
             // (`Unavailable` is only for fail-fast requests; should it
@@ -199,11 +220,11 @@ async fn predict_on_cog(
     run: &Run<'_>,
     sink: &Sink,
 ) -> Result<Value, ExecError> {
-    let lease = admit(rt, &run.job.account, None, None).await?;
+    let lease = admit(rt, &run.job.account, None, None, sink).await?;
     sink.started();
     let (base, node) =
         rt.replica_route(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
-    run.admitted(lease.replica, node);
+    run.admitted(rt, &lease, node, sink);
     let result = run_on_cog(&inner.client, &base, CogMode::Predict, rt, run, sink).await;
     drop(lease);
     result
@@ -273,14 +294,14 @@ async fn complete_on_llm(
     // A replica out of capacity hands the prediction to another, once.
     let mut avoid = None;
     let (response, lease) = loop {
-        let lease = admit(rt, &job.account, prompt, avoid).await?;
+        let lease = admit(rt, &job.account, prompt, avoid, sink).await?;
         if avoid.is_none() {
             sink.started();
         }
         // Gone between the permit and now (failed, or its node left):
         // ask for another.
         let Some((base, node)) = rt.replica_route(lease.replica) else { continue };
-        run.admitted(lease.replica, node);
+        run.admitted(rt, &lease, node, sink);
         let sent = inner
             .client
             .post(format!("{base}/v1/completions"))
