@@ -453,8 +453,12 @@ pub async fn launch_cog(
     let mut child =
         cmd.spawn().map_err(|source| LaunchError::Spawn { program: python.display().to_string(), source })?;
     let logs = LogTail::follow(&mut child);
-    let mut engine =
-        RunningEngine { base_url: base_url(host, port), child: Some(child), stop_by: StopBy::CogShutdown, logs };
+    let mut engine = RunningEngine {
+        base_url: base_url(host, port),
+        child: Some(child),
+        stop_by: StopBy::CogShutdown,
+        logs,
+    };
     let client = reqwest::Client::new();
     let timeout = Duration::from_secs(*setup_timeout_s);
     let deadline = tokio::time::Instant::now() + timeout;

@@ -169,6 +169,9 @@ mod tests {
         child.wait().await.unwrap();
         tail.drained(Duration::from_secs(60)).await;
         let text = tail.text();
-        assert!(text.contains("to-stdout\n") && text.contains("to-stderr\n") && text.ends_with("no newline\n"), "{text}");
+        assert!(
+            text.contains("to-stdout\n") && text.contains("to-stderr\n") && text.ends_with("no newline\n"),
+            "{text}"
+        );
     }
 }

@@ -76,7 +76,8 @@ async fn failures_are_clear_and_leave_no_process() {
     assert!(matches!(e, LaunchError::Exited { .. }), "{e}");
     assert!(!e.to_string().contains("last output"), "it printed nothing: {e}");
     // What an engine printed before it died is in its error.
-    let dies = openai("python3 -c print('loading');__import__('sys').exit('CUDA_out_of_memory')", "/health", 5);
+    let dies =
+        openai("python3 -c print('loading');__import__('sys').exit('CUDA_out_of_memory')", "/health", 5);
     let e = launch(&dies, &ctx()).await.unwrap_err();
     let text = e.to_string();
     assert!(text.contains("its last output:\n"), "{e}");

@@ -7,9 +7,10 @@
 //! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
 //! a node agent registers ([`NodeRecord`]), the bounds every API applies
 //! alike ([`limits`]), how a request ended ([`RequestKind`],
-//! [`ErrorCode`]) and the steps its user is shown ([`Progress`]), what each replica is doing — the instance monitor's
-//! states and windows ([`instance`]) — and the formats every `/metrics`
-//! answers in ([`exposition`]).
+//! [`ErrorCode`]) and the steps its user is shown ([`Progress`]), what
+//! each replica is doing — the instance monitor's states and windows
+//! ([`instance`]) — and the formats every `/metrics` answers in
+//! ([`exposition`]).
 //!
 //! Nothing here performs I/O or reads a clock; policy crates can use all of it.
 //!

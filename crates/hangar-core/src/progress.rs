@@ -82,7 +82,10 @@ mod tests {
         assert_eq!(serde_json::from_value::<StepAt>(json).unwrap(), queued);
         assert_eq!(queued.step.to_string(), "queued at position 3");
         let failed = Progress::Error { code: Some(ErrorCode::Timeout) };
-        assert_eq!(serde_json::to_value(&failed).unwrap(), serde_json::json!({"step": "error", "code": "timeout"}));
+        assert_eq!(
+            serde_json::to_value(&failed).unwrap(),
+            serde_json::json!({"step": "error", "code": "timeout"})
+        );
         assert_eq!(failed.to_string(), "error (timeout)");
         assert_eq!(serde_json::to_value(Progress::Running).unwrap(), serde_json::json!({"step": "running"}));
     }

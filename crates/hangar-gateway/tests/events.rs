@@ -297,7 +297,10 @@ async fn each_request_writes_one_event_with_its_tokens_times_and_cost() {
 }
 
 fn step_names(e: &InferenceEvent) -> Vec<String> {
-    e.steps.iter().map(|s| serde_json::to_value(&s.step).unwrap()["step"].as_str().unwrap().to_owned()).collect()
+    e.steps
+        .iter()
+        .map(|s| serde_json::to_value(&s.step).unwrap()["step"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// A request that found every permit taken says where it queued and

@@ -447,7 +447,13 @@ impl Processor {
         let result = granted.unwrap_or(Err(AdmitError::Failed("the processor stopped".into())));
         guard.armed = false;
         let granted_at = self.shared.now();
-        result.map(|replica| Lease { shared: self.shared.clone(), request, replica, granted_at, queued_at: position })
+        result.map(|replica| Lease {
+            shared: self.shared.clone(),
+            request,
+            replica,
+            granted_at,
+            queued_at: position,
+        })
     }
 
     /// Waits on `rx` for waiting `request`'s permit, telling `tell` its

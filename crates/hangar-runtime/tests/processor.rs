@@ -114,7 +114,9 @@ async fn an_unavailable_model_answers_sync_requests_at_once_and_keeps_async_ones
     let sync =
         tokio::spawn(async move { p1.admit(acct("a"), Some(Duration::from_secs(600))).await.map(drop) });
     let patient = tokio::spawn(async move {
-        p2.admit_with(acct("a"), Wait { patience: Patience::Patient, ..Wait::default() }).await.map(|l| l.replica)
+        p2.admit_with(acct("a"), Wait { patience: Patience::Patient, ..Wait::default() })
+            .await
+            .map(|l| l.replica)
     });
     while p.load().waiting < 2 {
         tokio::task::yield_now().await;
@@ -212,7 +214,8 @@ async fn a_waiting_request_is_told_its_position_as_the_line_moves() {
         move |position: NonZeroU32| told.lock().unwrap().push(position.get())
     };
     let at_once = tell_into(&told);
-    let first = p.admit_with(acct("a"), Wait { on_position: Some(&at_once), ..Wait::default() }).await.unwrap();
+    let first =
+        p.admit_with(acct("a"), Wait { on_position: Some(&at_once), ..Wait::default() }).await.unwrap();
     assert_eq!(first.queued_at, None);
     assert!(told.lock().unwrap().is_empty(), "a request leased at once has no position");
     let ahead: Vec<_> = (0..2)
@@ -227,7 +230,9 @@ async fn a_waiting_request_is_told_its_position_as_the_line_moves() {
     let (p3, told3) = (p.clone(), told.clone());
     let third = tokio::spawn(async move {
         let tell = tell_into(&told3);
-        p3.admit_with(acct("a"), Wait { on_position: Some(&tell), ..Wait::default() }).await.map(|l| l.queued_at)
+        p3.admit_with(acct("a"), Wait { on_position: Some(&tell), ..Wait::default() })
+            .await
+            .map(|l| l.queued_at)
     });
     while p.load().waiting < 3 {
         tokio::task::yield_now().await;

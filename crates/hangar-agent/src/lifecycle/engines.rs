@@ -102,7 +102,11 @@ impl NodeEngines {
         let capabilities = capabilities::probe(&self.client, &url, spec).await;
         let report = StartReport {
             logs: engine.logs().text(),
-            ..StartReport::ready(weights.as_ref().map(|w| w.report.clone()), engine_ms, placed.elapsed().as_millis() as u64)
+            ..StartReport::ready(
+                weights.as_ref().map(|w| w.report.clone()),
+                engine_ms,
+                placed.elapsed().as_millis() as u64,
+            )
         };
         let pid = engine.pid();
         let live = LiveEngine {

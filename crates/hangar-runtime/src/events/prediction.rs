@@ -96,7 +96,13 @@ impl Runs {
 
     /// Prediction `id` runs on `replica` of `node` now, having joined the
     /// line at `queued_at` or not.
-    pub fn admitted(&self, id: &str, replica: ReplicaId, node: Option<String>, queued_at: Option<NonZeroU32>) {
+    pub fn admitted(
+        &self,
+        id: &str,
+        replica: ReplicaId,
+        node: Option<String>,
+        queued_at: Option<NonZeroU32>,
+    ) {
         self.with(id, |f| {
             f.replica = Some((replica, node));
             f.queued_at = f.queued_at.or(queued_at);
@@ -212,10 +218,10 @@ mod tests {
     fn facts_wait_for_their_end_and_those_never_told_are_pruned() {
         let runs = Runs::default();
         let t0 = Instant::now();
-        runs.admitted("p1", ReplicaId::from_u128(1), Some("n1".to_owned()));
+        runs.admitted("p1", ReplicaId::from_u128(1), Some("n1".to_owned()), None);
         runs.first_output("p1", 1_000);
         runs.first_output("p1", 2_000);
-        runs.admitted("p2", ReplicaId::from_u128(2), None);
+        runs.admitted("p2", ReplicaId::from_u128(2), None, None);
         runs.run_over("p1", t0);
         runs.run_over("p2", t0);
         let facts = runs.take("p1").unwrap();
@@ -223,7 +229,7 @@ mod tests {
         assert_eq!(facts.replica.unwrap().1.as_deref(), Some("n1"));
         assert!(runs.take("p1").is_none());
         // p2's end was written elsewhere: its facts go after KEEP.
-        runs.admitted("p3", ReplicaId::from_u128(3), None);
+        runs.admitted("p3", ReplicaId::from_u128(3), None, None);
         runs.run_over("p3", t0 + Runs::KEEP);
         assert!(runs.take("p2").is_none());
         assert_eq!(runs.len(), 1);

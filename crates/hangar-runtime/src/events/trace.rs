@@ -249,6 +249,10 @@ pub struct RequestTrace {
     /// The request body, while the request runs.
     request: Option<Bytes>,
     answer: Answer,
+    /// Its position in the line when it joined it (none: a permit was
+    /// free on arrival). Beside the facts, not among them: there it would
+    /// grow the message past [`MESSAGE_BYTES`].
+    queued_at: Option<NonZeroU32>,
 }
 
 /// What a request's event knows of it from its start: on its trace while
@@ -265,9 +269,6 @@ pub(super) struct Facts {
     first_byte_us: Option<u32>,
     /// The last replica it went to (the writer names it and its node).
     replica: Option<ReplicaId>,
-    /// Its position in the line when it joined it (none: a permit was
-    /// free on arrival).
-    queued_at: Option<NonZeroU32>,
 }
 
 /// A request that ended, on its way to the writer: what its event needs,
@@ -277,6 +278,7 @@ pub(super) struct RequestEnded {
     total_us: u32,
     status: u16,
     code: Option<ErrorCode>,
+    queued_at: Option<NonZeroU32>,
     usage: Option<Usage>,
     /// What an estimate reads: none when the engine's usage is taken (or
     /// the request never got a permit).
@@ -310,8 +312,8 @@ impl RequestTrace {
                 admitted_us: None,
                 first_byte_us: None,
                 replica: None,
-                queued_at: None,
             },
+            queued_at: None,
             request: Some(request.clone()),
             answer: Answer::None,
         })
@@ -325,7 +327,7 @@ impl RequestTrace {
         let f = &mut self.facts;
         if f.admitted_us.is_none() {
             f.admitted_us = Some(micros(f.arrival, at));
-            f.queued_at = queued_at;
+            self.queued_at = queued_at;
         }
         f.replica = Some(replica);
     }
@@ -373,7 +375,8 @@ impl RequestTrace {
         // The body outlives the request only if an estimate may read it.
         let kept = (self.facts.admitted_us.is_some() && usage.is_none())
             .then(|| Box::new(Kept { request: self.request.map(keep), answer, tail }));
-        let ended = RequestEnded { facts: self.facts, total_us, status, code, usage, kept };
+        let queued_at = self.queued_at;
+        let ended = RequestEnded { facts: self.facts, total_us, status, code, queued_at, usage, kept };
         // The model's sink, held while the trace moves into the channel.
         let rt = ended.facts.rt.clone();
         rt.events.send(Ended::Request(ended));
@@ -384,7 +387,7 @@ impl RequestEnded {
     /// The event, made by the writer thread: `clock` turns the request's
     /// instants into wall time, `replicas` names replicas and their nodes.
     pub(super) fn event(self, clock: &WallClock, replicas: &mut ReplicaNames) -> InferenceEvent {
-        let RequestEnded { facts: f, total_us, status, code, usage, kept } = self;
+        let RequestEnded { facts: f, total_us, status, code, queued_at, usage, kept } = self;
         let config = f.rt.config();
         let ms = |us: u32| u64::from(us) / 1000;
         let (mut input_tokens, mut output_tokens, mut tokens_estimated) = (0, 0, false);
@@ -420,7 +423,7 @@ impl RequestEnded {
             None => (None, None),
         };
         let ts_ms = clock.unix_ms(end);
-        let steps = steps(&f, total_us, code, replica.as_deref(), |us| {
+        let steps = steps(&f, queued_at, total_us, code, replica.as_deref(), |us| {
             clock.unix_ms(f.arrival + std::time::Duration::from_micros(u64::from(us)))
         });
         let mut event = InferenceEvent {
@@ -442,7 +445,7 @@ impl RequestEnded {
             tokens_estimated,
             images: 0,
             cost: Default::default(),
-            queue_position: f.queued_at.map(NonZeroU32::get),
+            queue_position: queued_at.map(NonZeroU32::get),
             steps,
         };
         event.price(&config.billing);
@@ -457,6 +460,7 @@ impl RequestEnded {
 /// arrival. `unix_ms` turns µs after arrival into wall time.
 fn steps(
     f: &Facts,
+    queued_at: Option<NonZeroU32>,
     total_us: u32,
     code: Option<ErrorCode>,
     replica: Option<&str>,
@@ -464,7 +468,7 @@ fn steps(
 ) -> Vec<StepAt> {
     let at = |us: u32, step: Progress| StepAt { at_ms: unix_ms(us), step };
     let mut steps = vec![at(0, Progress::Received)];
-    if let Some(position) = f.queued_at {
+    if let Some(position) = queued_at {
         steps.push(at(0, Progress::Queued { position: position.get() }));
     }
     if let (Some(us), Some(replica)) = (f.admitted_us, replica) {

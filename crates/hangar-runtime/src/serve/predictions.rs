@@ -35,7 +35,7 @@ use hangar_predictions::{
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{Inner, ModelRuntime, Server};
+use super::{replica_name, Inner, ModelRuntime, Server};
 use crate::events::{prediction_event, request_kind, Runs};
 use crate::processor::{AdmitError, Lease, Patience, Wait};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
@@ -198,7 +198,8 @@ async fn admit(
     sink: &Sink,
 ) -> Result<Lease, ExecError> {
     let tell = |position: NonZeroU32| sink.log(Progress::Queued { position: position.get() }.to_string());
-    let wait = Wait { patience: Patience::Patient, prompt, avoid, on_position: Some(&tell), ..Wait::default() };
+    let wait =
+        Wait { patience: Patience::Patient, prompt, avoid, on_position: Some(&tell), ..Wait::default() };
     loop {
         match rt.processor.admit_with(account.clone(), wait).await {
             Ok(lease) => return Ok(lease),
