@@ -22,6 +22,7 @@ mod relay;
 mod rename;
 mod ui;
 mod usage;
+mod ws;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
@@ -40,6 +41,7 @@ pub fn router(server: &Server, predictions: &Service, max_body_bytes: usize) -> 
         .merge(admin::router(server.clone()))
         .merge(ui::router(server.clone()))
         .merge(usage::router(server.clone()))
+        .merge(ws::router(server.clone()))
         .merge(predictions.router())
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(from_fn_with_state(server.panic_counter(), guard::guard))

@@ -103,7 +103,7 @@ pub(crate) fn principal(server: &Server, headers: &HeaderMap) -> Result<Principa
 }
 
 /// The account a request acts for.
-fn account(server: &Server, headers: &HeaderMap) -> Result<AccountId, AuthError> {
+pub(crate) fn account(server: &Server, headers: &HeaderMap) -> Result<AccountId, AuthError> {
     principal(server, headers).map(|p| p.account)
 }
 
@@ -512,7 +512,7 @@ impl Tries {
 const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
 
 /// The answer to a request admission refused, and its code.
-fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Response) {
+pub(crate) fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Response) {
     match e {
         AdmitError::Unavailable { reason } => {
             let message = format!("{reason}; retry");

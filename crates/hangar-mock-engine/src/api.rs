@@ -41,13 +41,14 @@ pub(crate) struct AppState {
     pub weights: Option<crate::WeightsRead>,
 }
 
-type Shared = Arc<AppState>;
+pub(crate) type Shared = Arc<AppState>;
 
 pub(crate) fn router(state: Shared, max_body_bytes: usize, sleep_api: bool) -> Router {
     let routes = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/ws", get(crate::ws::stream))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics));
@@ -69,15 +70,15 @@ pub(crate) fn router(state: Shared, max_body_bytes: usize, sleep_api: bool) -> R
 
 /// A request in the engine: its id, prompt size and output identity, and
 /// the channel its progress arrives on.
-struct Run {
-    id: RequestId,
-    prompt_tokens: u32,
-    fingerprint: u64,
-    progress: mpsc::UnboundedReceiver<Progress>,
+pub(crate) struct Run {
+    pub id: RequestId,
+    pub prompt_tokens: u32,
+    pub fingerprint: u64,
+    pub progress: mpsc::UnboundedReceiver<Progress>,
 }
 
 impl AppState {
-    fn check_ready(&self) -> Result<(), ApiError> {
+    pub(crate) fn check_ready(&self) -> Result<(), ApiError> {
         if Instant::now() < self.ready_at {
             return Err(ApiError::unavailable("the model is still loading; retry when /health answers 200"));
         }
@@ -95,7 +96,7 @@ impl AppState {
         }
     }
 
-    fn submit(&self, tokens: Vec<u32>, max_tokens: u32) -> Result<Run, ApiError> {
+    pub(crate) fn submit(&self, tokens: Vec<u32>, max_tokens: u32) -> Result<Run, ApiError> {
         if tokens.is_empty() {
             return Err(ApiError::bad_request("the prompt is empty", Some("prompt".into())));
         }
@@ -136,7 +137,7 @@ fn input_tokens(input: Input) -> Vec<u32> {
     }
 }
 
-fn usage(prompt: u32, completion: u32, cached: u32) -> Value {
+pub(crate) fn usage(prompt: u32, completion: u32, cached: u32) -> Value {
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,

@@ -21,6 +21,7 @@ mod error;
 mod metrics;
 mod openai;
 mod text;
+mod ws;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;

@@ -54,8 +54,8 @@ use hangar_core::ReplicaPhase;
 
 use crate::events::{EventSink, Target, UsageError, UsageQuery, UsageReport, UsageSource};
 pub use config::{
-    check_queue_capacity, ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig, DEMO,
-    MAX_DURATION_S, MAX_QUEUE_CAPACITY,
+    check_queue_capacity, ApiKey, ConfigError, DedicatedWindow, ModelConfig, QueueConfig, ServeConfig,
+    WebSocketConfig, DEMO, MAX_DURATION_S, MAX_QUEUE_CAPACITY,
 };
 pub use control::{ControlError, ControlHandle, ScalingCommand};
 pub use data_dir::{DataDirError, DataDirLock};

@@ -242,6 +242,36 @@ pub struct ModelConfig {
     /// prices, Workers AI's neurons (docs/observability.md).
     #[serde(default)]
     pub billing: crate::events::BillingConfig,
+    /// Whether, and how, its engine takes WebSocket connections, which
+    /// `GET /v1/ws?model=KEY` relays (docs/serve.md). Default: it does not.
+    #[serde(default)]
+    pub websocket: Option<WebSocketConfig>,
+}
+
+/// A model whose engine speaks WebSocket: where, and the relay's limits
+/// (seed 001: Workers AI's maximum connection duration).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebSocketConfig {
+    /// The engine's WebSocket path. Default `/v1/ws` (the mock engine's
+    /// token stream).
+    pub path: String,
+    /// The longest a connection may last, seconds; then it is closed (code
+    /// 1008). Default 600.
+    pub max_duration_s: u64,
+    /// The largest message either way; a larger one closes the connection
+    /// (code 1009). Default 1 MiB.
+    pub max_message_bytes: ByteSize,
+}
+
+impl Default for WebSocketConfig {
+    fn default() -> Self {
+        WebSocketConfig {
+            path: "/v1/ws".to_owned(),
+            max_duration_s: 600,
+            max_message_bytes: ByteSize::new(1 << 20),
+        }
+    }
 }
 
 /// A model's pool of keep-alive connections to its replicas.
@@ -394,6 +424,8 @@ size = "16GB"
 min_replicas = 1
 max_replicas = 2
 concurrency = 8
+# The mock engine's token stream: GET /v1/ws?model=demo/chat-small.
+websocket = {}
 
 [[models]]
 key = "demo/chat-large"

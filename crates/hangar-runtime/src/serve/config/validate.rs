@@ -298,9 +298,30 @@ impl ModelConfig {
                 ));
             }
         }
+        if let Some(ws) = &self.websocket {
+            if !ws.path.starts_with('/') || ws.path.contains(['?', '#', ' ']) {
+                return Err(FieldError::new(
+                    "websocket.path",
+                    format!("`{}` is not a path: give one that starts with `/`, without a query", ws.path),
+                ));
+            }
+            seconds("websocket.max_duration_s", ws.max_duration_s, 1)?;
+            let bytes = ws.max_message_bytes.bytes();
+            if !(MIN_WS_MESSAGE..=MAX_WS_MESSAGE).contains(&bytes) {
+                return Err(FieldError::new(
+                    "websocket.max_message_bytes",
+                    format!("{bytes} bytes is out of range: {MIN_WS_MESSAGE} (1 KiB) to {MAX_WS_MESSAGE} (64 MiB)"),
+                ));
+            }
+        }
         self.predictions.validate().map_err(|e| e.within("predictions"))
     }
 }
+
+/// The smallest WebSocket message limit: room for a JSON request.
+const MIN_WS_MESSAGE: u64 = 1 << 10;
+/// The largest: a message is held whole in memory on its way through.
+const MAX_WS_MESSAGE: u64 = 64 << 20;
 
 impl ModelConfig {
     /// `weights` and `{weights}` go together: an `openai` command uses
