@@ -13,39 +13,21 @@ use hangar_store::client::{ClientError, Hold, StoreClient, TargetMemory};
 use hangar_store::index::CanonicalIndex;
 use hangar_store::preflight::{self, Rule, ServingPolicy, MANIFEST_TENSOR, REQUIRED_FIELDS};
 use hangar_store::protocol::Selection;
-use hangar_store::synth::{model, specs, write_files, OwnedTensor};
+use hangar_store::synth::{manifest_tensor, model, serving_manifest, specs, write_files, OwnedTensor};
 use hangar_store::{BlobStore, StoreError};
-use safetensors::Dtype;
 use serde_json::{json, Value};
 
 /// A small model and a manifest that is right for it.
 fn model_and_manifest(seed: u64) -> (Vec<(String, OwnedTensor)>, Value) {
     let tensors = model(1 << 16, 2, seed);
-    let index = CanonicalIndex::build(specs(&tensors)).unwrap();
-    let manifest = json!({
-        "schema_version": 1,
-        "artifact_kind": "serving",
-        "framework_name": "torch",
-        "adapter_version": "adapter-v1",
-        "serving_abi_version": "abi-v1",
-        "representation_contract_hash": "bafkrepresentation",
-        "serving_build_digest": "bafkbuilddigest",
-        "tensor_schema_hash": preflight::tensor_schema_hash(&index),
-        "canonical_tensor_count": preflight::canonical_tensor_count(&index),
-        "serving_manifest_ref": "tensor:__tensorcast_meta__.manifest_json",
-        "builder_mode": "pure_transform",
-        "build_pipeline_version": "pipeline-v1",
-    });
+    let manifest = serving_manifest(&tensors);
     (tensors, manifest)
 }
 
 /// `tensors` plus a manifest tensor holding `manifest` bytes, written as
 /// safetensors files under `dir`.
 fn files_with(dir: &Path, mut tensors: Vec<(String, OwnedTensor)>, manifest: Option<&[u8]>) -> Vec<PathBuf> {
-    if let Some(bytes) = manifest {
-        let t = OwnedTensor { dtype: Dtype::U8, shape: vec![bytes.len()], data: bytes.to_vec() };
-        tensors.push((MANIFEST_TENSOR.to_owned(), t));
-    }
+    tensors.extend(manifest.map(manifest_tensor));
     write_files(dir, &tensors, 2).unwrap()
 }
 
@@ -221,10 +203,7 @@ fn a_producers_registration_through_the_daemon_is_checked_strict_on_request() {
 
     let bytes = serde_json::to_vec(&manifest).unwrap();
     let mut with = tensors.clone();
-    with.push((
-        MANIFEST_TENSOR.to_owned(),
-        OwnedTensor { dtype: Dtype::U8, shape: vec![bytes.len()], data: bytes.clone() },
-    ));
+    with.push(manifest_tensor(&bytes));
     let mut p = c.begin_register(specs(&with), vec!["m:serving".parse().unwrap()]).unwrap();
     fill(&mut p, &with);
     let report = c.commit_register_with(p, &ServingPolicy::strict()).unwrap();
@@ -235,10 +214,7 @@ fn a_producers_registration_through_the_daemon_is_checked_strict_on_request() {
     bad["canonical_tensor_count"] = json!(99);
     let bad = serde_json::to_vec(&bad).unwrap();
     let mut with_bad = tensors;
-    with_bad.push((
-        MANIFEST_TENSOR.to_owned(),
-        OwnedTensor { dtype: Dtype::U8, shape: vec![bad.len()], data: bad },
-    ));
+    with_bad.push(manifest_tensor(&bad));
     let mut p = c.begin_register(specs(&with_bad), vec![]).unwrap();
     fill(&mut p, &with_bad);
     match c.commit_register(p) {
