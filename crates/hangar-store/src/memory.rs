@@ -207,7 +207,7 @@ impl TargetMap {
             return Err(TargetError::ReadOnly);
         }
         let size = rustix::fs::fstat(fd).map_err(|e| TargetError::Io(e.into()))?.st_size as u64;
-        let end = offset.checked_add(len).unwrap_or(u64::MAX);
+        let end = offset.saturating_add(len);
         if end > size {
             return Err(TargetError::BeyondEnd { offset, end, size });
         }
