@@ -14,7 +14,7 @@ use hangar_store::client::{Hold, StoreClient};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
 use hangar_store::registry::RegistryHandle;
-use hangar_store::synth::{model, specs, OwnedTensor};
+use hangar_store::synth::{model, specs, write_files, OwnedTensor};
 use hangar_store::{BlobStore, StoreKey};
 use serde_json::Value;
 
@@ -122,4 +122,42 @@ fn a_fetched_artifact_and_a_registration_of_the_same_bytes_publish_once() {
     assert_eq!(published[0]["source"], "peer");
     assert_eq!(of_kind(&ev, "ingestion_completed").len(), 2, "the registration is still an ingestion");
     assert_eq!(metric(&b, "hangar_store_publishes_deduplicated_total"), 1);
+}
+
+/// An artifact whose bytes the disk budget dropped is no longer stored
+/// here: fetched and stored again, it is published again, window or not.
+#[test]
+fn an_artifact_dropped_by_the_disk_budget_is_published_again_when_stored_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("node");
+    let (x, y) = (model(3 << 20, 2, 51), model(3 << 20, 2, 52));
+    write_files(&dir.path().join("fallback/org/x/v1"), &x, 1).unwrap();
+    let y_bytes = {
+        let scratch = BlobStore::open(dir.path().join("scratch")).unwrap();
+        scratch.import_files(&write_files(&dir.path().join("y"), &y, 1).unwrap(), &[]).unwrap();
+        scratch.usage().unwrap()[0].1
+    };
+    let mut cfg = DaemonConfig::new(&root, root.join("store.sock"));
+    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.publish_dedupe_window = Duration::from_secs(600);
+    cfg.disk_budget = Some(y_bytes);
+    cfg.fallback = Some(dir.path().join("fallback").display().to_string());
+    let d = DaemonHandle::start(cfg).unwrap();
+    let mut c = StoreClient::connect(d.socket()).unwrap();
+    let x_id = register(&mut c, &x).id;
+    let y_id = register(&mut c, &y).id;
+    let held = c.materialize(&Selection { artifact_id: y_id, view: None, key: None }, Hold::Process).unwrap();
+    c.confirm(&held, Duration::from_secs(20)).unwrap();
+    let store = BlobStore::open(&root).unwrap();
+    eventually("the disk budget drops x's bytes", || !store.contains(&x_id));
+
+    let sel = Selection { artifact_id: x_id, view: None, key: Some("org/x:v1".parse().unwrap()) };
+    let m = c.materialize(&sel, Hold::Process).unwrap();
+    assert_eq!(c.confirm(&m, Duration::from_secs(20)).unwrap().source, Source::Fallback);
+    let published_x = || {
+        let ev = events(&d);
+        of_kind(&ev, "ingestion_published").iter().filter(|e| e["id"] == x_id.to_string()).count()
+    };
+    eventually("x is published again once stored again", || published_x() == 2);
+    assert_eq!(metric(&d, "hangar_store_publishes_deduplicated_total"), 0);
 }

@@ -570,11 +570,10 @@ impl Core {
                         return Err(Unavailable { id, key, tried }.into());
                     };
                     let from = verified as u64 * chunks::CHUNK_SIZE;
-                    // Padding is zero: a caller's region may hold anything.
+                    // Padding is zero: a caller's region may hold anything,
+                    // and a peer that failed mid-chunk left bytes behind.
                     let data = &mut dst.bytes()[..len];
-                    if mode == Mode::Target {
-                        data[from as usize..].fill(0);
-                    }
+                    data[from as usize..].fill(0);
                     if let Err(e) = fb.fill_range(&mut data[from as usize..], from).await {
                         tried.push(said(&format!("fallback {}", fb.label()), &e));
                         return Err(Unavailable { id, key, tried }.into());

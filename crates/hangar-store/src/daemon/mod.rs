@@ -10,7 +10,9 @@
 //! the fallback source ([`load`]).
 //!
 //! `Materialize` answers as soon as memory is allocated; the load continues
-//! in a task and `Confirm` waits for it. A failed load is removed from the
+//! in a task and `Confirm` waits for it. `MaterializeIntoTarget` instead
+//! writes into a region of the caller's own memfd, passed with the request,
+//! and answers when it is filled: no holder, no resident, nothing stored. A failed load is removed from the
 //! resident table at once, so its memory is never handed to a later caller.
 //!
 //! Under a disk budget the daemon drops the bytes of stored artifacts
@@ -426,6 +428,8 @@ impl Core {
         let dropped = self.blobs.enforce_disk_budget(budget, &referenced)?;
         for id in &dropped {
             tracing::info!(%id, "dropped from disk, keys kept: the store is over its disk budget and nothing uses it");
+            // No longer stored here: its next store is published again.
+            self.telemetry.unpublished(id);
         }
         Ok(dropped)
     }
