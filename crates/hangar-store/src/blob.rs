@@ -37,6 +37,7 @@ use crate::error::{io_err, StoreError};
 use crate::format::{self, TensorLocation};
 use crate::id::{ArtifactId, Digest, IdOrKey, StoreKey};
 use crate::index::{CanonicalIndex, TensorSpec};
+use crate::preflight::ServingPolicy;
 
 thread_local! {
     /// One chunk of canonical data being assembled by an import thread.
@@ -197,6 +198,18 @@ impl BlobStore {
     /// the store already holds writes nothing and reports `existed`. On
     /// error nothing is visible.
     pub fn import_files(&self, files: &[PathBuf], keys: &[StoreKey]) -> Result<CommitReport, StoreError> {
+        self.import_files_with(files, keys, &ServingPolicy::default())
+    }
+
+    /// [`BlobStore::import_files`] under a serving `policy`: the artifact
+    /// passes the serving preflight ([`crate::preflight`]) before anything
+    /// becomes visible — a strict policy also refuses one without a manifest.
+    pub fn import_files_with(
+        &self,
+        files: &[PathBuf],
+        keys: &[StoreKey],
+        policy: &ServingPolicy,
+    ) -> Result<CommitReport, StoreError> {
         let mut opened = Vec::with_capacity(files.len());
         let mut tensors = Vec::new();
         for (i, path) in files.iter().enumerate() {
@@ -229,7 +242,7 @@ impl BlobStore {
             let path = &files[loc.file];
             opened[loc.file].read_exact_at(dst, loc.start + run.tensor_offset).map_err(io_err(path))
         })?;
-        reg.commit(keys)
+        reg.commit_with(keys, policy)
     }
 
     /// Reads `keys.json`.
@@ -617,7 +630,19 @@ impl Registration {
     /// (one rename of the staged data into its directory), reported as new.
     ///
     /// On error the staged data is removed and nothing becomes visible.
-    pub fn commit(mut self, keys: &[StoreKey]) -> Result<CommitReport, StoreError> {
+    pub fn commit(self, keys: &[StoreKey]) -> Result<CommitReport, StoreError> {
+        self.commit_with(keys, &ServingPolicy::default())
+    }
+
+    /// [`Registration::commit`] under a serving `policy`: after hashing and
+    /// before anything becomes visible (or `existed` is reported), the
+    /// artifact passes the serving preflight ([`crate::preflight::check`]);
+    /// a refusal is [`StoreError::Preflight`] and removes the staged data.
+    pub fn commit_with(
+        mut self,
+        keys: &[StoreKey],
+        policy: &ServingPolicy,
+    ) -> Result<CommitReport, StoreError> {
         if let Some((t, fed)) = self.index.tensors.iter().zip(&self.fed).find(|(t, f)| **f != t.len) {
             return Err(StoreError::Incomplete { tensor: t.name.clone(), len: t.len, got: *fed });
         }
@@ -629,6 +654,15 @@ impl Registration {
             index: self.index.digest(),
             data: chunks::data_root(self.index.data_len, &hashes),
         };
+        let manifest = match crate::preflight::manifest_range(&id, &self.index)? {
+            Some((a, b)) => {
+                let mut buf = vec![0u8; (b - a) as usize];
+                self.file.read_exact_at(&mut buf, a).map_err(io_err(&self.path))?;
+                Some(buf)
+            }
+            None => None,
+        };
+        crate::preflight::check(&id, &self.index, manifest.as_deref(), policy)?;
         let report = CommitReport {
             id,
             existed: self.store.contains(&id),

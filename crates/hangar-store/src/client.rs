@@ -15,6 +15,25 @@
 //! # Ok::<(), hangar_store::client::ClientError>(())
 //! ```
 //!
+//! A process that has its own memory for the weights (a buffer it
+//! allocated, a region it lays out itself) asks the daemon to stream an
+//! artifact straight into it, the daemon keeping no copy
+//! ([`StoreClient::materialize_into`], TensorCast's `MaterializeIntoTarget`):
+//!
+//! ```no_run
+//! use hangar_store::client::{StoreClient, TargetMemory};
+//! use hangar_store::protocol::Selection;
+//! # let id: hangar_store::ArtifactId = "hg1:0000000000000000000000000000000000000000000000000000000000000000:0000000000000000000000000000000000000000000000000000000000000000".parse().unwrap();
+//!
+//! let mut c = StoreClient::connect("/run/hangar/store.sock")?;
+//! let sel = Selection { artifact_id: id, view: Some("0/2:*.weight=0".parse().unwrap()), key: None };
+//! let (_, layout) = c.describe(&sel)?;                       // size the region
+//! let mut mem = TargetMemory::allocate(layout.data_len)?;    // this process's memory
+//! let done = c.materialize_into(&sel, &mem, 0)?;              // filled and verified
+//! let bias: &[u8] = done.tensor(mem.bytes(), "layers.0.mlp.bias").unwrap();
+//! # Ok::<(), hangar_store::client::ClientError>(())
+//! ```
+//!
 //! Key lookups are cached for [`KEY_CACHE_TTL`]. A request that fails on
 //! the transport (daemon restarted, connection reset) is retried once on a
 //! fresh connection; requests are idempotent per replica id, so a retried
@@ -33,6 +52,7 @@ use crate::blob::CommitReport;
 use crate::id::{ArtifactId, StoreKey};
 use crate::index::{CanonicalIndex, TensorSpec};
 use crate::memory::{map_readonly, map_writable, recv_frame, send_frame};
+use crate::preflight::ServingPolicy;
 use crate::protocol::{ErrorKind, Request, ResidentInfo, Response, Selection, Source};
 
 /// How long a key → id lookup is reused.
@@ -68,6 +88,13 @@ pub enum ClientError {
     /// The daemon refused the request as invalid.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The artifact failed the serving preflight (the message names the
+    /// rule and the artifact).
+    #[error("{0}")]
+    Preflight(String),
+    /// This process could not set up its own target memory.
+    #[error("target memory: {0}")]
+    TargetMemory(#[from] std::io::Error),
     /// The daemon failed otherwise.
     #[error("daemon error: {0}")]
     Daemon(String),
@@ -85,6 +112,7 @@ impl ClientError {
             ErrorKind::OutOfBudget => ClientError::OutOfBudget(message),
             ErrorKind::Timeout => ClientError::Timeout(message),
             ErrorKind::BadRequest => ClientError::BadRequest(message),
+            ErrorKind::Preflight => ClientError::Preflight(message),
             ErrorKind::Internal => ClientError::Daemon(message),
         }
     }
@@ -161,6 +189,73 @@ impl Producing {
     }
 }
 
+/// Memory of this process that the daemon may fill
+/// ([`StoreClient::materialize_into`]): a memfd sealed against resizing
+/// (so the daemon's mapping of it can never fault), mapped writable here.
+#[derive(Debug)]
+pub struct TargetMemory {
+    region: crate::memory::SharedRegion,
+    map: memmap2::MmapMut,
+}
+
+impl TargetMemory {
+    /// Allocates `len` zeroed bytes (at least 1).
+    pub fn allocate(len: u64) -> std::io::Result<Self> {
+        let region = crate::memory::SharedRegion::allocate_for_producer("hangar-target", len)?;
+        let map = map_writable(region.fd(), region.len())?;
+        Ok(TargetMemory { region, map })
+    }
+
+    /// The memfd (what is passed to the daemon).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.region.fd()
+    }
+
+    /// Its length.
+    pub fn len(&self) -> u64 {
+        self.region.len()
+    }
+
+    /// Whether it is empty (never: at least 1 byte).
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The bytes, writable (the memory is this process's).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
+}
+
+/// What `MaterializeIntoTarget` wrote into the caller's memory.
+#[derive(Debug, Clone)]
+pub struct MaterializedInto {
+    /// Id of what was written (the view id for a view).
+    pub id: ArtifactId,
+    /// Its layout, from the region's start.
+    pub index: CanonicalIndex,
+    /// Where the bytes came from.
+    pub source: Source,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Time taken.
+    pub duration_ms: u64,
+}
+
+impl MaterializedInto {
+    /// Tensor `name`'s bytes in `region` (the region it was written to,
+    /// from its start).
+    pub fn tensor<'a>(&self, region: &'a [u8], name: &str) -> Option<&'a [u8]> {
+        let t = self.index.tensor(name)?;
+        region.get(t.offset as usize..(t.offset + t.len) as usize)
+    }
+}
+
 /// Outcome of a successful `Confirm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Confirmed {
@@ -207,25 +302,38 @@ impl StoreClient {
         })
     }
 
-    fn round_trip(&mut self, body: &[u8]) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    fn round_trip(
+        &mut self,
+        body: &[u8],
+        fd: Option<BorrowedFd<'_>>,
+    ) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
         let conn = match &self.conn {
             Some(c) => c,
             None => return Err(std::io::ErrorKind::NotConnected.into()),
         };
-        send_frame(conn, body, None)?;
+        send_frame(conn, body, fd)?;
         recv_frame(conn)?.ok_or_else(|| std::io::ErrorKind::UnexpectedEof.into())
     }
 
     /// Sends a request; on a transport error retries once on a fresh connection.
     fn call(&mut self, req: &Request) -> Result<(Response, Vec<OwnedFd>), ClientError> {
+        self.call_with(req, None)
+    }
+
+    /// [`Self::call`] with `fd` attached to the request (sent again on the retry).
+    fn call_with(
+        &mut self,
+        req: &Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(Response, Vec<OwnedFd>), ClientError> {
         let body = serde_json::to_vec(req).expect("requests serialize");
-        let (payload, fds) = match self.round_trip(&body) {
+        let (payload, fds) = match self.round_trip(&body, fd) {
             Ok(r) => r,
             Err(first) => {
                 tracing::debug!(error = %first, "store daemon transport error; reconnecting once");
                 self.conn = None;
                 self.conn = Some(self.dial()?);
-                self.round_trip(&body).map_err(|source| {
+                self.round_trip(&body, fd).map_err(|source| {
                     self.conn = None;
                     ClientError::DaemonUnavailable { socket: self.socket.display().to_string(), source }
                 })?
@@ -341,9 +449,21 @@ impl StoreClient {
     }
 
     /// Stores what was written: hashed by the daemon, `existed` if the store
-    /// already held the content.
+    /// already held the content. A present manifest tensor must pass the
+    /// serving preflight ([`crate::preflight`]).
     pub fn commit_register(&mut self, p: Producing) -> Result<CommitReport, ClientError> {
-        match self.call(&Request::CommitRegister { handle: p.handle })? {
+        self.commit_register_with(p, &ServingPolicy::default())
+    }
+
+    /// [`Self::commit_register`] under a serving policy (strict: an artifact
+    /// without a manifest is refused too, [`ClientError::Preflight`]).
+    pub fn commit_register_with(
+        &mut self,
+        p: Producing,
+        policy: &ServingPolicy,
+    ) -> Result<CommitReport, ClientError> {
+        let req = Request::CommitRegister { handle: p.handle, serving: policy.clone() };
+        match self.call(&req)? {
             (Response::Committed { report }, _) => Ok(report),
             (other, _) => Err(unexpected(&other)),
         }
@@ -353,6 +473,51 @@ impl StoreClient {
     pub fn abort_register(&mut self, p: Producing) -> Result<(), ClientError> {
         match self.call(&Request::AbortRegister { handle: p.handle })? {
             (Response::Aborted { .. }, _) => Ok(()),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// The id and canonical layout of a selection (a view's own), loading
+    /// nothing: what a target region must hold (`index.data_len` bytes).
+    pub fn describe(&mut self, sel: &Selection) -> Result<(ArtifactId, CanonicalIndex), ClientError> {
+        match self.call(&Request::Describe { selection: sel.clone() })? {
+            (Response::Described { id, index }, _) => Ok((id, index)),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// `MaterializeIntoTarget` into `target` from byte `offset`: the
+    /// daemon streams the artifact (or view) into this process's memory
+    /// from its resident copy, its disk, a peer or the fallback, verifying
+    /// every chunk, and returns when all of it is there. It takes no
+    /// reference and keeps no copy (nothing to `unload`). Refused, with
+    /// both sizes named, when the region after `offset` is smaller than
+    /// the selection.
+    pub fn materialize_into(
+        &mut self,
+        sel: &Selection,
+        target: &TargetMemory,
+        offset: u64,
+    ) -> Result<MaterializedInto, ClientError> {
+        let len = target.len().saturating_sub(offset);
+        self.materialize_into_fd(sel, target.fd(), offset, len)
+    }
+
+    /// [`Self::materialize_into`] into `len` bytes at `offset` of any
+    /// memfd: it must be writable, sealed against shrinking
+    /// (`F_SEAL_SHRINK`), not sealed against writes, and large enough.
+    pub fn materialize_into_fd(
+        &mut self,
+        sel: &Selection,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+    ) -> Result<MaterializedInto, ClientError> {
+        let req = Request::MaterializeIntoTarget { selection: sel.clone(), offset, len };
+        match self.call_with(&req, Some(fd))? {
+            (Response::MaterializedInto { id, index, source, bytes, duration_ms }, _) => {
+                Ok(MaterializedInto { id, index, source, bytes, duration_ms })
+            }
             (other, _) => Err(unexpected(&other)),
         }
     }

@@ -140,6 +140,12 @@ pub enum StoreError {
         /// Who holds the name.
         taken: crate::registry::NameTaken,
     },
+    /// An artifact failed the serving preflight; nothing was accepted.
+    #[error(transparent)]
+    Preflight(#[from] crate::preflight::PreflightError),
+    /// A caller's target region (`MaterializeIntoTarget`) cannot be written.
+    #[error(transparent)]
+    Target(#[from] crate::memory::TargetError),
     /// An unknown replica / lease handle.
     #[error("unknown handle `{0}`")]
     UnknownHandle(String),

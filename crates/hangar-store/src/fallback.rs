@@ -219,8 +219,15 @@ impl FallbackArtifact {
     /// (the whole artifact's memory, zeroed), with range requests.
     pub async fn fill(&self, dst: &mut [u8], from_chunk: usize) -> Result<(), StoreError> {
         let start = from_chunk as u64 * CHUNK_SIZE;
+        self.fill_range(&mut dst[start as usize..], start).await
+    }
+
+    /// Fills `dst` (zeroed) with the canonical bytes `start..start +
+    /// dst.len()`, with range requests; padding is left as it is.
+    pub async fn fill_range(&self, dst: &mut [u8], start: u64) -> Result<(), StoreError> {
+        let end = start + dst.len() as u64;
         let mut runs = Vec::new();
-        self.index.for_each_run(start, self.index.data_len, |t, toff, at, len| runs.push((t, toff, at, len)));
+        self.index.for_each_run(start, end, |t, toff, at, len| runs.push((t, toff, at, len)));
         for (t, toff, at, len) in runs {
             let loc = &self.locations[t];
             let mut done = 0;
@@ -233,7 +240,7 @@ impl FallbackArtifact {
                         reason: e.to_string(),
                     }
                 })?;
-                let d = (at + done) as usize;
+                let d = (at - start + done) as usize;
                 dst[d..d + n as usize].copy_from_slice(&bytes);
                 done += n;
             }

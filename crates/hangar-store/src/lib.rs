@@ -12,7 +12,15 @@
 //! sans-IO [`residency`] table. Misses load from the local blob store, then
 //! from a peer daemon found through the [`registry`], then from the
 //! [`fallback`] directory or object store. Processes talk to it with the
-//! blocking [`client`] over the [`protocol`] on a Unix socket.
+//! blocking [`client`] over the [`protocol`] on a Unix socket; a process
+//! with memory of its own has the daemon stream an artifact straight into
+//! it (`MaterializeIntoTarget`, [`client::StoreClient::materialize_into`]),
+//! the daemon keeping nothing.
+//!
+//! An artifact carrying the reserved serving manifest tensor passes the
+//! serving [`preflight`] before it is imported, registered or loaded.
+//! Ingestions that leave an artifact stored on a node are published once
+//! per artifact per window ([`publish`]).
 //!
 //! ```
 //! use hangar_store::{synth, BlobStore};
@@ -39,7 +47,9 @@ pub mod format;
 pub mod id;
 pub mod index;
 pub mod memory;
+pub mod preflight;
 pub mod protocol;
+pub mod publish;
 pub mod registry;
 pub mod residency;
 mod service;

@@ -89,6 +89,14 @@ impl SharedRegion {
 /// must start on a page boundary. Best effort: on kernels without the
 /// advice the copy simply faults.
 pub fn populate(range: &mut [u8]) {
+    // A range that does not start on a page (a caller's target region at
+    // an odd offset) is populated from its first whole page on.
+    let page = rustix::param::page_size();
+    let skip = range.as_ptr().align_offset(page).min(range.len());
+    let range = &mut range[skip..];
+    if range.is_empty() {
+        return;
+    }
     // SAFETY: the range is memory we own mutably; populating only
     // allocates and maps its pages, it does not change their contents.
     let r = unsafe {
@@ -111,6 +119,123 @@ pub fn map_readonly(fd: BorrowedFd<'_>, len: u64) -> io::Result<Mmap> {
     // SAFETY: the region is sealed against shrinking, so the mapping cannot
     // fault; its bytes may still be filled in by the daemon until `Confirm`.
     unsafe { MmapOptions::new().len(len.max(1) as usize).map(fd.as_raw_fd()) }
+}
+
+/// Why a caller's target region cannot be written (`MaterializeIntoTarget`).
+/// Checked before a byte is written; the region is then left untouched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TargetError {
+    /// The request came without a file descriptor.
+    #[error("MaterializeIntoTarget needs the target memfd attached to the request (SCM_RIGHTS); none came")]
+    NoFd,
+    /// The region is empty.
+    #[error("the target region is empty (len 0)")]
+    Empty,
+    /// The fd is not a shared-memory file (memfd).
+    #[error("the target is not a memfd (F_GET_SEALS: {0}); create it with memfd_create(MFD_ALLOW_SEALING)")]
+    NotMemfd(std::io::Error),
+    /// The memfd is sealed against writes.
+    #[error("the target memfd is sealed against writes ({0}); the daemon cannot fill it")]
+    SealedAgainstWrites(&'static str),
+    /// The memfd may shrink under the daemon's mapping.
+    #[error(
+        "the target memfd is not sealed against shrinking: add F_SEAL_SHRINK (a shrink under the daemon's \
+         mapping would fault it; StoreClient's TargetMemory does this)"
+    )]
+    NotSealedAgainstShrink,
+    /// The fd was opened read-only.
+    #[error("the target fd is open read-only; pass a read-write memfd")]
+    ReadOnly,
+    /// The region reaches past the memfd's end.
+    #[error("the target region {offset}..{end} reaches past the end of the memfd, which is {size} bytes")]
+    BeyondEnd {
+        /// Region start.
+        offset: u64,
+        /// Region end.
+        end: u64,
+        /// The memfd's size.
+        size: u64,
+    },
+    /// The region is smaller than what is to be written into it.
+    #[error("the target region is {region} bytes, smaller than the {need} bytes of {what}")]
+    TooSmall {
+        /// Region bytes.
+        region: u64,
+        /// Bytes of the artifact or view.
+        need: u64,
+        /// The artifact or view id.
+        what: String,
+    },
+    /// The kernel refused something else (mapping, `fstat`).
+    #[error("the target memfd: {0}")]
+    Io(std::io::Error),
+}
+
+/// A caller's region of its own memfd, mapped writable by the daemon for
+/// one `MaterializeIntoTarget` and unmapped when dropped: the daemon holds
+/// no other reference to it.
+#[derive(Debug)]
+pub struct TargetMap {
+    map: MmapMut,
+    skip: usize,
+    len: usize,
+}
+
+impl TargetMap {
+    /// Checks that `fd` is a memfd the daemon may write `offset..offset+len`
+    /// of — not sealed against writes, sealed against shrinking (so the
+    /// mapping can never fault), open read-write, large enough — and maps
+    /// that region. The fd may be closed afterwards; the mapping keeps the
+    /// memory.
+    pub fn open(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<TargetMap, TargetError> {
+        if len == 0 {
+            return Err(TargetError::Empty);
+        }
+        let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| TargetError::NotMemfd(e.into()))?;
+        if seals.contains(SealFlags::WRITE) {
+            return Err(TargetError::SealedAgainstWrites("F_SEAL_WRITE"));
+        }
+        if seals.contains(SealFlags::FUTURE_WRITE) {
+            return Err(TargetError::SealedAgainstWrites("F_SEAL_FUTURE_WRITE"));
+        }
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(TargetError::NotSealedAgainstShrink);
+        }
+        let flags = rustix::fs::fcntl_getfl(fd).map_err(|e| TargetError::Io(e.into()))?;
+        if !flags.contains(rustix::fs::OFlags::RDWR) {
+            return Err(TargetError::ReadOnly);
+        }
+        let size = rustix::fs::fstat(fd).map_err(|e| TargetError::Io(e.into()))?.st_size as u64;
+        let end = offset.saturating_add(len);
+        if end > size {
+            return Err(TargetError::BeyondEnd { offset, end, size });
+        }
+        let page = rustix::param::page_size() as u64;
+        let base = offset / page * page;
+        let skip = (offset - base) as usize;
+        // SAFETY: the memfd is sealed against shrinking and the region lies
+        // inside it, so the mapping cannot fault; its bytes are the
+        // caller's, which lent them for this call.
+        let map = unsafe { MmapOptions::new().offset(base).len(skip + len as usize).map_mut(fd.as_raw_fd()) }
+            .map_err(TargetError::Io)?;
+        Ok(TargetMap { map, skip, len: len as usize })
+    }
+
+    /// The region's length.
+    pub fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    /// Whether the region is empty (never: [`TargetMap::open`] refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The region's bytes.
+    pub fn bytes(&mut self) -> &mut [u8] {
+        &mut self.map[self.skip..self.skip + self.len]
+    }
 }
 
 /// Builds a frame: `u32 LE length ‖ payload`.

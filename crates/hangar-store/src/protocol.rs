@@ -7,8 +7,10 @@
 //!
 //! Operation names follow the TensorCast reference: `ResolveKey`,
 //! `Materialize`, `Confirm`, `Unload`, plus `KeepAlive` for TTL leases and
-//! `Status`, and the streaming registration `BeginRegister` /
-//! `CommitRegister` / `AbortRegister`.
+//! `Status`, the streaming registration `BeginRegister` /
+//! `CommitRegister` / `AbortRegister`, and `MaterializeIntoTarget` (with
+//! `Describe` to size the target), whose *request* carries the caller's
+//! memfd as `SCM_RIGHTS`.
 
 use hangar_core::ReplicaId;
 use serde::{Deserialize, Serialize};
@@ -16,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::blob::CommitReport;
 use crate::id::{ArtifactId, StoreKey};
 use crate::index::{CanonicalIndex, TensorSpec};
+use crate::preflight::ServingPolicy;
 use crate::view::ViewSpec;
 
 /// Largest frame accepted (an index of a huge checkpoint is a few MiB).
@@ -58,6 +61,25 @@ pub enum Request {
         #[serde(default)]
         lease_ttl_ms: Option<u64>,
     },
+    /// Stream the selection into the caller's own memory: the memfd rides on
+    /// the request as `SCM_RIGHTS`, and the daemon writes the artifact (or
+    /// view) at `offset` of it, verifying every chunk, then answers. It
+    /// keeps nothing: no holder, no resident, no copy.
+    MaterializeIntoTarget {
+        /// What.
+        selection: Selection,
+        /// Where the region starts in the memfd.
+        #[serde(default)]
+        offset: u64,
+        /// The region's length: at least the artifact's (or view's) `data_len`.
+        len: u64,
+    },
+    /// The id and canonical layout of a selection, loading nothing: how a
+    /// caller sizes a target region.
+    Describe {
+        /// What.
+        selection: Selection,
+    },
     /// Wait (bounded) until loading finished; surfaces loader errors.
     Confirm {
         /// The handle.
@@ -93,6 +115,9 @@ pub enum Request {
     CommitRegister {
         /// The registration.
         handle: ReplicaId,
+        /// The serving policy the artifact must pass (strict: a manifest required).
+        #[serde(default)]
+        serving: ServingPolicy,
     },
     /// Drop a registration without storing anything.
     AbortRegister {
@@ -113,6 +138,8 @@ pub enum Source {
     Peer,
     /// The fallback directory / object store.
     Fallback,
+    /// A producer's registration (`CommitRegister`).
+    Register,
 }
 
 impl Source {
@@ -123,6 +150,7 @@ impl Source {
             Source::Local => "local",
             Source::Peer => "peer",
             Source::Fallback => "fallback",
+            Source::Register => "register",
         }
     }
 }
@@ -154,8 +182,11 @@ pub enum ErrorKind {
     OutOfBudget,
     /// Confirm's deadline passed.
     Timeout,
-    /// The request was invalid (bad view, unknown handle, busy replica).
+    /// The request was invalid (bad view, unknown handle, busy replica, a
+    /// target region that cannot be written).
     BadRequest,
+    /// The artifact failed the serving preflight.
+    Preflight,
     /// Anything else.
     Internal,
 }
@@ -177,6 +208,27 @@ pub enum Response {
         index: CanonicalIndex,
         /// True when it was already resident (lease-in-place: no allocation, no copy).
         reused: bool,
+    },
+    /// Answer to `MaterializeIntoTarget`: every byte is in the caller's
+    /// region and verified.
+    MaterializedInto {
+        /// Id of what was written (the view id for a view).
+        id: ArtifactId,
+        /// Its layout, from the region's start.
+        index: CanonicalIndex,
+        /// Where the bytes came from.
+        source: Source,
+        /// Bytes written.
+        bytes: u64,
+        /// Time taken in ms.
+        duration_ms: u64,
+    },
+    /// Answer to `Describe`.
+    Described {
+        /// Id (the view id for a view).
+        id: ArtifactId,
+        /// Its layout.
+        index: CanonicalIndex,
     },
     /// Answer to `Confirm`.
     Confirmed {

@@ -111,3 +111,32 @@ pub fn write_files(
     }
     Ok(paths)
 }
+
+/// The serving manifest tensor (`__tensorcast_meta__.manifest_json`, `U8`)
+/// holding `manifest` bytes, to add to a model.
+pub fn manifest_tensor(manifest: &[u8]) -> (String, OwnedTensor) {
+    let t = OwnedTensor { dtype: Dtype::U8, shape: vec![manifest.len()], data: manifest.to_vec() };
+    (crate::preflight::MANIFEST_TENSOR.to_owned(), t)
+}
+
+/// A serving manifest that passes the preflight for `tensors` (the
+/// manifest tensor itself not among them): every required field filled
+/// with a placeholder, and the tensor count and schema hash of their
+/// canonical index.
+pub fn serving_manifest(tensors: &[(String, OwnedTensor)]) -> serde_json::Value {
+    let index = crate::index::CanonicalIndex::build(specs(tensors)).expect("a model's tensors lay out");
+    serde_json::json!({
+        "schema_version": crate::preflight::SCHEMA_VERSION,
+        "artifact_kind": crate::preflight::ARTIFACT_KIND,
+        "framework_name": "torch",
+        "adapter_version": "adapter-v1",
+        "serving_abi_version": "abi-v1",
+        "representation_contract_hash": "repr-hash",
+        "serving_build_digest": "build-digest",
+        "tensor_schema_hash": crate::preflight::tensor_schema_hash(&index),
+        "canonical_tensor_count": crate::preflight::canonical_tensor_count(&index),
+        "serving_manifest_ref": crate::preflight::MANIFEST_REF,
+        "builder_mode": "pure_transform",
+        "build_pipeline_version": "pipeline-v1",
+    })
+}

@@ -2,8 +2,11 @@
 //!
 //! Every load publishes an `ingestion_started` and an `ingestion_completed`
 //! (or `ingestion_failed`) event with one context id, the source used, bytes
-//! and duration. Events go to `tracing` and to a bounded in-memory ring
-//! served as JSON on `/v1/events`.
+//! and duration; so does a producer's registration (source `register`). An
+//! ingestion that leaves an artifact stored on this node is also
+//! *published* (`ingestion_published`), deduplicated by publish context
+//! within a window ([`crate::publish`]). Events go to `tracing` and to a
+//! bounded in-memory ring served as JSON on `/v1/events`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +21,7 @@ use serde::Serialize;
 
 use crate::id::ArtifactId;
 use crate::protocol::Source;
+use crate::publish::{Decision, PublishDedupe};
 
 /// Events kept for `/v1/events`.
 pub const EVENT_RING: usize = 256;
@@ -37,6 +41,8 @@ pub enum EventKind {
     IngestionCompleted,
     /// Loading failed.
     IngestionFailed,
+    /// The artifact is stored on this node and announced (deduplicated).
+    IngestionPublished,
 }
 
 /// One ingestion event.
@@ -56,6 +62,10 @@ pub struct IngestionEvent {
     pub duration_ms: u64,
     /// Error message for failures.
     pub error: Option<String>,
+    /// Whether the bytes went into a caller's own memory
+    /// (`MaterializeIntoTarget`) rather than the daemon's.
+    #[serde(default)]
+    pub into_target: bool,
 }
 
 /// Metrics and the event ring.
@@ -69,12 +79,22 @@ pub struct Telemetry {
     evictions: Counter,
     load_failures: Counter,
     peer_sent_bytes: Counter,
+    publishes: Counter,
+    publishes_deduplicated: Counter,
+    dedupe: Mutex<PublishDedupe>,
     next_context: AtomicU64,
     events: Mutex<VecDeque<IngestionEvent>>,
 }
 
 impl Default for Telemetry {
     fn default() -> Self {
+        Telemetry::new(crate::publish::DEFAULT_WINDOW_MS)
+    }
+}
+
+impl Telemetry {
+    /// Metrics, an empty ring, and publishes deduplicated within `window` ms.
+    pub fn new(window: hangar_core::Millis) -> Self {
         let mut registry = Registry::with_prefix("hangar_store");
         let t = Telemetry {
             resident_bytes: Gauge::default(),
@@ -84,6 +104,9 @@ impl Default for Telemetry {
             evictions: Counter::default(),
             load_failures: Counter::default(),
             peer_sent_bytes: Counter::default(),
+            publishes: Counter::default(),
+            publishes_deduplicated: Counter::default(),
+            dedupe: Mutex::new(PublishDedupe::new(window)),
             next_context: AtomicU64::new(1),
             events: Mutex::new(VecDeque::with_capacity(EVENT_RING)),
             registry: Registry::default(),
@@ -98,6 +121,16 @@ impl Default for Telemetry {
             "peer_sent_bytes",
             "Verified bytes sent to peer daemons",
             t.peer_sent_bytes.clone(),
+        );
+        registry.register(
+            "publishes",
+            "Ingestions published (artifact stored on this node and announced)",
+            t.publishes.clone(),
+        );
+        registry.register(
+            "publishes_deduplicated",
+            "Publishes that joined a live publish context of the same artifact (no-op, TTL refresh)",
+            t.publishes_deduplicated.clone(),
         );
         Telemetry { registry, ..t }
     }
@@ -125,9 +158,9 @@ impl Telemetry {
     }
 
     /// Publishes `ingestion_started`; returns the context id for the rest.
-    pub fn started(&self, id: ArtifactId, bytes: u64) -> u64 {
+    pub fn started(&self, id: ArtifactId, bytes: u64, into_target: bool) -> u64 {
         let context_id = self.next_context.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(context_id, %id, bytes, "ingestion started");
+        tracing::info!(context_id, %id, bytes, into_target, "ingestion started");
         self.push(IngestionEvent {
             kind: EventKind::IngestionStarted,
             context_id,
@@ -136,6 +169,7 @@ impl Telemetry {
             bytes,
             duration_ms: 0,
             error: None,
+            into_target,
         });
         context_id
     }
@@ -148,6 +182,7 @@ impl Telemetry {
         outcome: Result<Source, &str>,
         bytes: u64,
         duration_ms: u64,
+        into_target: bool,
     ) {
         let (kind, source, error) = match outcome {
             Ok(s) => {
@@ -161,7 +196,50 @@ impl Telemetry {
                 (EventKind::IngestionFailed, None, Some(e.to_owned()))
             }
         };
-        self.push(IngestionEvent { kind, context_id, id, source, bytes, duration_ms, error });
+        self.push(IngestionEvent { kind, context_id, id, source, bytes, duration_ms, error, into_target });
+    }
+
+    /// Publishes that ingestion `context_id` left `id` stored on this node
+    /// (by `source`), unless `id` was published within the dedupe window
+    /// ([`crate::publish`]): then it joins that context, refreshes the
+    /// window and publishes nothing. Returns whether it published — the
+    /// caller announces the holding to the registry only then.
+    pub fn publish(
+        &self,
+        now: hangar_core::Millis,
+        context_id: u64,
+        id: ArtifactId,
+        source: Source,
+        bytes: u64,
+    ) -> bool {
+        let decision = self.dedupe.lock().expect("not poisoned").publish(now, id, context_id);
+        match decision {
+            Decision::Duplicate { context } => {
+                self.publishes_deduplicated.inc();
+                tracing::debug!(context_id, joined = context, %id, "publish deduplicated (TTL refresh)");
+                false
+            }
+            Decision::Publish { context } => {
+                self.publishes.inc();
+                tracing::info!(context_id = context, %id, source = source.as_str(), bytes, "ingestion published");
+                self.push(IngestionEvent {
+                    kind: EventKind::IngestionPublished,
+                    context_id: context,
+                    id,
+                    source: Some(source),
+                    bytes,
+                    duration_ms: 0,
+                    error: None,
+                    into_target: false,
+                });
+                true
+            }
+        }
+    }
+
+    /// Forgets `id`'s publish context (it left the store).
+    pub fn unpublished(&self, id: &ArtifactId) {
+        self.dedupe.lock().expect("not poisoned").forget(id);
     }
 
     fn push(&self, e: IngestionEvent) {

@@ -211,24 +211,31 @@ impl ViewPlan {
         mut read_chunk: impl FnMut(usize, &mut [u8]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let mut buf = vec![0u8; CHUNK_SIZE as usize];
-        let mut cached: Option<usize> = None;
-        for op in &self.ops {
-            let mut done = 0;
-            while done < op.len {
-                let at = op.src + done;
-                let ci = (at / CHUNK_SIZE) as usize;
-                let (cs, ce) = chunk_range(ci, parent_len);
-                if cached != Some(ci) {
-                    read_chunk(ci, &mut buf[..(ce - cs) as usize])?;
-                    cached = Some(ci);
-                }
-                let n = (ce - at).min(op.len - done);
-                let d = (op.dst + done) as usize;
-                dst[d..d + n as usize].copy_from_slice(&buf[(at - cs) as usize..(at - cs + n) as usize]);
-                done += n;
-            }
+        for i in self.needed_chunks() {
+            let (cs, ce) = chunk_range(i, parent_len);
+            let chunk = &mut buf[..(ce - cs) as usize];
+            read_chunk(i, chunk)?;
+            self.apply_chunk(i, parent_len, chunk, dst);
         }
         Ok(())
+    }
+
+    /// Copies the parts of parent chunk `i` (its verified bytes in
+    /// `chunk`) that the view holds into `dst`, the view's data. Chunks may
+    /// come in any order; each is applied once.
+    pub fn apply_chunk(&self, i: usize, parent_len: u64, chunk: &[u8], dst: &mut [u8]) {
+        let (cs, ce) = chunk_range(i, parent_len);
+        // Ops are in increasing, non-overlapping `src` order.
+        let first = self.ops.partition_point(|op| op.src + op.len <= cs);
+        for op in &self.ops[first..] {
+            if op.src >= ce {
+                break;
+            }
+            let a = op.src.max(cs);
+            let b = (op.src + op.len).min(ce);
+            let d = (op.dst + (a - op.src)) as usize;
+            dst[d..d + (b - a) as usize].copy_from_slice(&chunk[(a - cs) as usize..(b - cs) as usize]);
+        }
     }
 }
 

@@ -359,7 +359,12 @@ fn producers_register_bytes_in_place_through_the_daemon() {
         use hangar_store::memory::{recv_frame, send_frame};
         use hangar_store::protocol::{ErrorKind, Request, Response};
         let s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-        send_frame(&s, &serde_json::to_vec(&Request::CommitRegister { handle }).unwrap(), None).unwrap();
+        send_frame(
+            &s,
+            &serde_json::to_vec(&Request::CommitRegister { handle, serving: Default::default() }).unwrap(),
+            None,
+        )
+        .unwrap();
         let (payload, _) = recv_frame(&s).unwrap().unwrap();
         match serde_json::from_slice::<Response>(&payload).unwrap() {
             Response::Error { kind: ErrorKind::BadRequest, message } => {

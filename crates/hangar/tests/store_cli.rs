@@ -256,3 +256,86 @@ fn a_second_daemon_under_the_same_node_name_is_refused() {
     let (_b, line) = start(&rb, &named.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(line.starts_with("serving"), "{line}");
 }
+
+/// Issue 31: `get --no-resident` has the daemon stream the artifact (or a
+/// view) into the command's own memory and keep nothing resident; the
+/// file written is the same as a local `get`.
+#[test]
+fn get_no_resident_writes_the_same_bytes_and_leaves_nothing_resident() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let files = write_files(&dir.path().join("src"), &model(1 << 18, 2, 9), 1).unwrap();
+    ok(hangar(&root, &["import", files[0].to_str().unwrap(), "--key", "demo/m:v1"]));
+    let socket = dir.path().join("d.sock");
+    let s = socket.to_str().unwrap();
+    let _serve = start(&root, &["serve", "--socket", s]);
+    for view in [None, Some("1/2:*.weight=0")] {
+        let (daemon, local) = (dir.path().join("daemon"), dir.path().join("local"));
+        let mut args =
+            vec!["get", "demo/m:v1", "--socket", s, "--no-resident", "--out", daemon.to_str().unwrap()];
+        let mut local_args = vec!["get", "demo/m:v1", "--out", local.to_str().unwrap()];
+        if let Some(v) = view {
+            args.extend(["--view", v]);
+            local_args.extend(["--view", v]);
+        }
+        let got = ok(hangar(&root, &args));
+        assert!(got.contains("from local") && got.contains("nothing kept resident"), "{got}");
+        ok(hangar(&root, &local_args));
+        assert_eq!(
+            std::fs::read(daemon.join("model.safetensors")).unwrap(),
+            std::fs::read(local.join("model.safetensors")).unwrap(),
+            "view {view:?}"
+        );
+    }
+    let status = ok(hangar(&root, &["status", "--socket", s]));
+    assert!(status.starts_with("resident 0 of") && status.lines().count() == 1, "{status}");
+    let e = err(hangar(&root, &["get", "demo/m:v1", "--no-resident", "--out", "/tmp/x"]));
+    assert!(e.contains("--socket"), "{e}");
+}
+
+/// Issue 31: `import --strict` refuses an artifact without a serving
+/// manifest, naming the rule and the artifact; a present manifest is
+/// checked without `--strict` too; `stat` prints what a manifest must say.
+#[test]
+fn import_strict_and_the_serving_preflight_from_the_command_line() {
+    use hangar_store::synth::{manifest_tensor, serving_manifest};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let tensors = model(1 << 16, 2, 10);
+    let plain = write_files(&dir.path().join("plain"), &tensors, 1).unwrap();
+    let p = plain[0].to_str().unwrap();
+    let e = err(hangar(&root, &["import", p, "--key", "demo/p:v1", "--strict"]));
+    assert!(e.contains("rule `manifest_required`") && e.contains("hg1:"), "{e}");
+    assert!(ok(hangar(&root, &["ls"])).lines().count() == 1, "nothing imported");
+    let imported = ok(hangar(&root, &["import", p, "--key", "demo/p:v1"]));
+    let stat = ok(hangar(&root, &["stat", "demo/p:v1"]));
+    let manifest = serving_manifest(&tensors);
+    let want = format!("schema   {} (4 tensors", manifest["tensor_schema_hash"].as_str().unwrap());
+    assert!(stat.contains(&want) && stat.contains("serving  none"), "{stat}");
+    assert!(imported.starts_with("imported"), "{imported}");
+
+    let mut good = tensors.clone();
+    good.push(manifest_tensor(&serde_json::to_vec(&manifest).unwrap()));
+    let good = write_files(&dir.path().join("good"), &good, 1).unwrap();
+    ok(hangar(&root, &["import", good[0].to_str().unwrap(), "--key", "demo/s:v1", "--strict"]));
+    let stat = ok(hangar(&root, &["stat", "demo/s:v1"]));
+    assert!(
+        stat.contains("serving  manifest ok (torch, build build-digest)") && stat.contains(&want),
+        "{stat}"
+    );
+    let e = err(hangar(
+        &root,
+        &["import", good[0].to_str().unwrap(), "--strict", "--manifest-ref", "tensor:elsewhere"],
+    ));
+    assert!(e.contains("rule `serving_manifest_ref`") && e.contains("tensor:elsewhere"), "{e}");
+
+    let mut bad_manifest = manifest.clone();
+    bad_manifest["schema_version"] = serde_json::json!(2);
+    let mut bad = tensors;
+    bad.push(manifest_tensor(&serde_json::to_vec(&bad_manifest).unwrap()));
+    let bad = write_files(&dir.path().join("bad"), &bad, 1).unwrap();
+    let e = err(hangar(&root, &["import", bad[0].to_str().unwrap(), "--key", "demo/b:v1"]));
+    assert!(e.contains("rule `schema_version`") && e.contains("schema_version is 2, must be 1"), "{e}");
+    let e = err(hangar(&root, &["import", p, "--manifest-ref", "x"]));
+    assert!(e.contains("--strict"), "{e}");
+}

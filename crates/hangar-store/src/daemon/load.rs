@@ -13,12 +13,21 @@
 //! chunk, with the next peer or the fallback. Artifacts obtained remotely are
 //! written to the local blob store afterwards, so this node can serve them.
 //! A view of a parent only peers hold fetches just the parent chunks it
-//! reads (and is not persisted: the view is cheap to rebuild from a peer).
+//! reads, one chunk at a time through a chunk-sized buffer (and is not
+//! persisted: the view is cheap to rebuild from a peer).
+//!
+//! A load runs in one of two [`Mode`]s. Into the daemon's own shared memory
+//! (`Materialize`), remotely fetched artifacts are persisted and a view may
+//! make its whole parent resident. Into a caller's region
+//! (`MaterializeIntoTarget`) nothing is kept: no resident, no blob, no
+//! staging copy of the data — a resident copy is copied out, the disk and
+//! peers are streamed straight into the region, and a view of a parent
+//! only the fallback holds is streamed through one chunk buffer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use memmap2::MmapMut;
+use memmap2::{Mmap, MmapMut};
 use tokio::io::AsyncReadExt;
 
 use super::Core;
@@ -28,6 +37,8 @@ use crate::error::{StoreError, Unavailable};
 use crate::fallback::FallbackArtifact;
 use crate::id::{hex, ArtifactId, Digest, StoreKey};
 use crate::index::{CanonicalIndex, TensorSpec};
+use crate::memory::TargetMap;
+use crate::preflight::ServingPolicy;
 use crate::protocol::{Selection, Source};
 use crate::registry::{Heartbeat, Holders, NameTaken};
 use crate::residency::Owner;
@@ -57,7 +68,8 @@ pub(super) enum Job {
     View { plan: ViewPlan, parent: Parent },
     /// A view of a parent that only peers hold: just the parent chunks the
     /// view reads are fetched; if no peer completes them, the whole parent
-    /// is materialized (peers, then the fallback) and the view built from it.
+    /// is materialized (peers, then the fallback) and the view built from
+    /// it — or, into a caller's region, streamed from the fallback.
     PeerView {
         plan: ViewPlan,
         parent: ArtifactId,
@@ -65,24 +77,91 @@ pub(super) enum Job {
         peers: Vec<String>,
         key: Option<StoreKey>,
     },
+    /// Into a caller's region: a view of a parent only the fallback holds,
+    /// streamed chunk by chunk (every parent chunk hashed for the data root).
+    FallbackView { plan: ViewPlan, parent: ArtifactId, found: FallbackArtifact },
+    /// Into a caller's region: a copy of a resident, verified when it was loaded.
+    Resident { memory: Mmap, index: CanonicalIndex },
+}
+
+/// Into whose memory a load writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// The daemon's shared memory (`Materialize`): remote fetches are
+    /// persisted, a view may make its whole parent resident.
+    Resident,
+    /// A caller's region (`MaterializeIntoTarget`): nothing kept.
+    Target,
+}
+
+/// The memory a load fills: the daemon's writable mapping of a fresh
+/// memfd, or a caller's region.
+#[derive(Debug)]
+pub(super) enum Dest {
+    Shared(MmapMut),
+    Target(TargetMap),
+}
+
+impl Dest {
+    /// The bytes, from the artifact's offset 0 (at least its length).
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Dest::Shared(m) => m,
+            Dest::Target(t) => t.bytes(),
+        }
+    }
+}
+
+/// Where verified peer chunks go ([`Core::fetch_from_peer`]).
+trait ChunkSink: Send {
+    /// The memory chunk `i` (of length `len`) is read into.
+    fn slot(&mut self, i: usize, start: u64, len: usize) -> &mut [u8];
+    /// Chunk `i`, now in its slot, matched its hash.
+    fn verified(&mut self, i: usize);
+}
+
+/// Chunks read straight into their places in memory laid out like the artifact.
+struct InPlace<'a>(&'a mut [u8]);
+
+impl ChunkSink for InPlace<'_> {
+    fn slot(&mut self, _i: usize, start: u64, len: usize) -> &mut [u8] {
+        let dst = &mut self.0[start as usize..start as usize + len];
+        crate::memory::populate(dst);
+        dst
+    }
+    fn verified(&mut self, _i: usize) {}
+}
+
+/// Parent chunks read into one chunk buffer, each copied into the view
+/// once verified: a view from a peer stages nothing the parent's size.
+struct IntoView<'a> {
+    plan: &'a ViewPlan,
+    parent_len: u64,
+    view: &'a mut [u8],
+    buf: Vec<u8>,
+}
+
+impl ChunkSink for IntoView<'_> {
+    fn slot(&mut self, _i: usize, _start: u64, len: usize) -> &mut [u8] {
+        self.buf.resize(len, 0);
+        &mut self.buf[..len]
+    }
+    fn verified(&mut self, i: usize) {
+        self.plan.apply_chunk(i, self.parent_len, &self.buf, self.view);
+    }
 }
 
 /// Where a view reads its parent from.
 #[derive(Debug)]
 pub(super) enum Parent {
     Local(StoredArtifact),
-    /// A resident parent held by an internal replica until the view is built.
+    /// A resident parent, mapped (the map keeps its memory even if it is
+    /// evicted meanwhile) and, when the daemon made it resident for this
+    /// view, held by an internal replica until the view is built.
     Resident {
-        memory: memmap2::Mmap,
+        memory: Mmap,
         len: u64,
-        _hold: InternalHold,
-    },
-    /// The parent chunks a view reads, fetched from a peer and verified,
-    /// at their places in an anonymous map the parent's size (pages the
-    /// view does not read are never touched, so cost nothing).
-    Fetched {
-        memory: MmapMut,
-        len: u64,
+        _hold: Option<InternalHold>,
     },
 }
 
@@ -91,7 +170,6 @@ impl Parent {
         match self {
             Parent::Local(_) => Source::Local,
             Parent::Resident { .. } => Source::Resident,
-            Parent::Fetched { .. } => Source::Peer,
         }
     }
 
@@ -102,7 +180,6 @@ impl Parent {
                 return plan.execute(art.index.data_len, dst, |i, buf| art.read_chunk(i, buf));
             }
             Parent::Resident { memory, len, .. } => (memory, *len),
-            Parent::Fetched { memory, len } => (memory, *len),
         };
         plan.execute(len, dst, |i, buf| {
             let (a, b) = chunk_range(i, len);
@@ -131,7 +208,10 @@ impl Job {
         match self {
             Job::Local(a) => &a.index,
             Job::Remote { index, .. } => index,
-            Job::View { plan, .. } | Job::PeerView { plan, .. } => &plan.index,
+            Job::View { plan, .. } | Job::PeerView { plan, .. } | Job::FallbackView { plan, .. } => {
+                &plan.index
+            }
+            Job::Resident { index, .. } => index,
         }
     }
 }
@@ -151,7 +231,16 @@ fn said(source: &str, e: &StoreError) -> String {
 
 impl Core {
     /// Works out where a selection's bytes will come from, and its layout.
-    pub(super) async fn plan(self: Arc<Self>, sel: &Selection) -> Result<Job, StoreError> {
+    /// Into a caller's region ([`Mode::Target`]) a ready resident copy of
+    /// the selection (or of a view's parent) is used first, and nothing is
+    /// made resident.
+    pub(super) async fn plan(self: Arc<Self>, sel: &Selection, mode: Mode) -> Result<Job, StoreError> {
+        let view_id = sel.view.as_ref().map(|v| ArtifactId::view_of(&sel.artifact_id, &v.canonical()));
+        if mode == Mode::Target {
+            if let Some((memory, index)) = self.ready_resident(&view_id.unwrap_or(sel.artifact_id))? {
+                return Ok(Job::Resident { memory, index });
+            }
+        }
         let Some(spec) = &sel.view else { return self.locate(&sel.artifact_id, sel.key.as_ref()).await };
         spec.validate()?;
         let parent_id = sel.artifact_id;
@@ -160,8 +249,14 @@ impl Core {
             let plan = ViewPlan::new(&parent.index, spec)?;
             return Ok(Job::View { plan, parent: Parent::Local(parent) });
         }
-        if !self.is_resident(&parent_id) {
-            let mut tried = Vec::new();
+        if mode == Mode::Target {
+            if let Some((memory, index)) = self.ready_resident(&parent_id)? {
+                let parent = Parent::Resident { memory, len: index.data_len, _hold: None };
+                return Ok(Job::View { plan: ViewPlan::new(&index, spec)?, parent });
+            }
+        }
+        let mut tried = Vec::new();
+        if mode == Mode::Target || !self.is_resident(&parent_id) {
             if let (peers, Some(index)) = self.peers_with_index(&parent_id, &mut tried).await {
                 return Ok(Job::PeerView {
                     plan: ViewPlan::new(&index, spec)?,
@@ -172,8 +267,51 @@ impl Core {
                 });
             }
         }
+        if mode == Mode::Target {
+            let found = self.fallback_parent(parent_id, sel.key.as_ref(), tried).await?;
+            return Ok(Job::FallbackView {
+                plan: ViewPlan::new(&found.index, spec)?,
+                parent: parent_id,
+                found,
+            });
+        }
         let (index, parent) = self.whole_parent(parent_id, sel.key.clone()).await?;
         Ok(Job::View { plan: ViewPlan::new(&index, spec)?, parent })
+    }
+
+    /// A view's parent in the fallback (its index from this node's disk
+    /// when the disk budget dropped only its bytes); every source tried is
+    /// named when it is not there.
+    async fn fallback_parent(
+        &self,
+        parent: ArtifactId,
+        key: Option<&StoreKey>,
+        mut tried: Vec<String>,
+    ) -> Result<FallbackArtifact, StoreError> {
+        let Some(fb) = &self.fallback else {
+            tried.push("fallback: none configured".into());
+            return Err(Unavailable { id: parent, key: key.cloned(), tried }.into());
+        };
+        let known = self.blobs.known_index(&parent)?;
+        fb.locate(&parent, key, known.as_ref()).await.map_err(|e| {
+            tried.push(said(&format!("fallback {}", fb.label()), &e));
+            Unavailable { id: parent, key: key.cloned(), tried }.into()
+        })
+    }
+
+    /// A read-only map of `id` and its layout if it is resident and its
+    /// load finished (verified); `None` otherwise.
+    fn ready_resident(&self, id: &ArtifactId) -> Result<Option<(Mmap, CanonicalIndex)>, StoreError> {
+        let found = {
+            let st = self.lock();
+            st.residents
+                .get(id)
+                .filter(|r| matches!(*r.status.borrow(), super::LoadStatus::Ready { .. }))
+                .map(|r| (r.region.clone(), (*r.index).clone()))
+        };
+        let Some((region, index)) = found else { return Ok(None) };
+        let memory = region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
+        Ok(Some((memory, index)))
     }
 
     fn is_resident(&self, id: &ArtifactId) -> bool {
@@ -199,7 +337,7 @@ impl Core {
             let memory =
                 granted.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
             let len = granted.index.data_len;
-            Ok(((*granted.index).clone(), Parent::Resident { memory, len, _hold: guard }))
+            Ok(((*granted.index).clone(), Parent::Resident { memory, len, _hold: Some(guard) }))
         })
     }
 
@@ -309,50 +447,93 @@ impl Core {
         Ok(CanonicalIndex::from_bytes(&bytes)?)
     }
 
-    /// Runs a planned load into `mem`; returns the source that completed it.
+    /// Runs a planned load into `dst`; returns the source that completed
+    /// it. Every byte is verified before this returns `Ok`, and a whole
+    /// artifact passes the serving preflight ([`crate::preflight`]) on the
+    /// bytes loaded. In [`Mode::Target`] a view's region is zeroed first
+    /// (padding is zero, whatever the caller's memory held) and nothing is
+    /// persisted; on error the region's contents are unspecified.
     pub(super) async fn load(
         self: Arc<Self>,
         id: ArtifactId,
         job: Job,
-        mut mem: MmapMut,
+        mut dst: Dest,
+        mode: Mode,
+        context: u64,
     ) -> Result<Source, StoreError> {
+        let len = job.index().data_len as usize;
+        if mode == Mode::Target
+            && matches!(job, Job::View { .. } | Job::PeerView { .. } | Job::FallbackView { .. })
+        {
+            dst.bytes()[..len].fill(0);
+        }
         match job {
             Job::Local(art) => {
                 art.advise_sequential();
-                tokio::task::spawn_blocking(move || {
-                    chunks::for_each_chunk_mut_parallel(&mut mem[..art.index.data_len as usize], |i, dst| {
-                        crate::memory::populate(dst);
-                        art.read_chunk(i, dst)
+                let dst = tokio::task::spawn_blocking(move || {
+                    chunks::for_each_chunk_mut_parallel(&mut dst.bytes()[..len], |i, chunk| {
+                        crate::memory::populate(chunk);
+                        art.read_chunk(i, chunk)
                     })
+                    .map(|()| (dst, art.index))
                 })
                 .await
                 .map_err(|e| source_err("local", e))??;
+                let (mut dst, index) = dst;
+                crate::preflight::check_data(&id, &index, &dst.bytes()[..len], &ServingPolicy::default())?;
                 Ok(Source::Local)
             }
-            Job::View { plan, parent } => Self::build_view(plan, parent, mem).await,
+            Job::Resident { memory, .. } => {
+                tokio::task::spawn_blocking(move || {
+                    chunks::for_each_chunk_mut_parallel::<()>(&mut dst.bytes()[..len], |i, chunk| {
+                        crate::memory::populate(chunk);
+                        let (a, b) = chunk_range(i, len as u64);
+                        chunk.copy_from_slice(&memory[a as usize..b as usize]);
+                        Ok(())
+                    })
+                })
+                .await
+                .map_err(|e| source_err("resident", e))?
+                .expect("copies cannot fail");
+                Ok(Source::Resident)
+            }
+            Job::View { plan, parent } => Self::build_view(plan, parent, dst).await,
             Job::PeerView { plan, parent, parent_len, peers, key } => {
                 let wanted = plan.needed_chunks();
-                let mut staged = MmapMut::map_anon(parent_len.max(1) as usize)
-                    .map_err(|e| StoreError::Io { path: "anonymous map".into(), source: e })?;
                 let mut done = 0;
-                for peer in &peers {
-                    match self
-                        .fetch_from_peer(peer, &parent, parent_len, &mut staged, &wanted, &mut done)
-                        .await
-                    {
-                        Ok(()) => break,
-                        Err(e) => {
-                            tracing::warn!(%peer, %parent, done, of = wanted.len(), error = %e, "peer could not give a view's chunks")
+                {
+                    let mut sink =
+                        IntoView { plan: &plan, parent_len, view: &mut dst.bytes()[..len], buf: Vec::new() };
+                    for peer in &peers {
+                        match self
+                            .fetch_from_peer(peer, &parent, parent_len, &mut sink, &wanted, &mut done)
+                            .await
+                        {
+                            Ok(()) => break,
+                            Err(e) => {
+                                tracing::warn!(%peer, %parent, done, of = wanted.len(), error = %e, "peer could not give a view's chunks")
+                            }
                         }
                     }
                 }
-                let parent = if done == wanted.len() {
-                    Parent::Fetched { memory: staged, len: parent_len }
-                } else {
-                    drop(staged);
-                    self.whole_parent(parent, key).await?.1
-                };
-                Self::build_view(plan, parent, mem).await
+                if done == wanted.len() {
+                    return Ok(Source::Peer);
+                }
+                match mode {
+                    Mode::Resident => {
+                        let (_, parent) = self.whole_parent(parent, key.clone()).await?;
+                        Self::build_view(plan, parent, dst).await
+                    }
+                    Mode::Target => {
+                        let tried =
+                            vec![format!("peers: none completed the {} chunks the view reads", wanted.len())];
+                        let found = self.fallback_parent(parent, key.as_ref(), tried).await?;
+                        Self::stream_fallback_view(&plan, parent, &found, &mut dst.bytes()[..len]).await
+                    }
+                }
+            }
+            Job::FallbackView { plan, parent, found } => {
+                Self::stream_fallback_view(&plan, parent, &found, &mut dst.bytes()[..len]).await
             }
             Job::Remote { index, peers, mut fallback, key, mut tried } => {
                 let n = chunk_count(index.data_len);
@@ -360,8 +541,9 @@ impl Core {
                 let mut verified = 0usize;
                 let mut source = None;
                 for peer in &peers {
+                    let mut sink = InPlace(&mut dst.bytes()[..len]);
                     match self
-                        .fetch_from_peer(peer, &id, index.data_len, &mut mem, &wanted, &mut verified)
+                        .fetch_from_peer(peer, &id, index.data_len, &mut sink, &wanted, &mut verified)
                         .await
                     {
                         Ok(()) => {
@@ -387,11 +569,15 @@ impl Core {
                     let Some(fb) = fallback else {
                         return Err(Unavailable { id, key, tried }.into());
                     };
-                    if let Err(e) = fb.fill(&mut mem[..index.data_len as usize], verified).await {
+                    let from = verified as u64 * chunks::CHUNK_SIZE;
+                    // Padding is zero: a caller's region may hold anything,
+                    // and a peer that failed mid-chunk left bytes behind.
+                    let data = &mut dst.bytes()[..len];
+                    data[from as usize..].fill(0);
+                    if let Err(e) = fb.fill_range(&mut data[from as usize..], from).await {
                         tried.push(said(&format!("fallback {}", fb.label()), &e));
                         return Err(Unavailable { id, key, tried }.into());
                     }
-                    let data = &mem[..index.data_len as usize];
                     let root = chunks::data_root(index.data_len, &chunks::hash_chunks(data));
                     if Some(&root) != id.data_root() {
                         return Err(StoreError::Corrupt {
@@ -401,33 +587,73 @@ impl Core {
                     }
                     source = Some(Source::Fallback);
                 }
-                self.persist(id, index, mem, key);
-                Ok(source.expect("set above"))
+                crate::preflight::check_data(&id, &index, &dst.bytes()[..len], &ServingPolicy::default())?;
+                let source = source.expect("set above");
+                if mode == Mode::Resident {
+                    self.persist(id, index, dst, key, context, source);
+                }
+                Ok(source)
             }
         }
     }
 
     /// Builds a view from its parent on a blocking thread; the parent (and
     /// any hold on it) is released right after.
-    async fn build_view(plan: ViewPlan, parent: Parent, mut mem: MmapMut) -> Result<Source, StoreError> {
+    async fn build_view(plan: ViewPlan, parent: Parent, mut dst: Dest) -> Result<Source, StoreError> {
         let source = parent.source();
-        tokio::task::spawn_blocking(move || parent.build(&plan, &mut mem[..plan.index.data_len as usize]))
-            .await
-            .map_err(|e| source_err("view", e))??;
+        tokio::task::spawn_blocking(move || {
+            parent.build(&plan, &mut dst.bytes()[..plan.index.data_len as usize])
+        })
+        .await
+        .map_err(|e| source_err("view", e))??;
         Ok(source)
     }
 
+    /// Builds a view (into `view`, zeroed) from a parent that only the
+    /// fallback holds without staging the parent: every parent chunk is
+    /// read into one chunk buffer and hashed, the chunks the view reads
+    /// are copied into it, and the recomputed data root must be the
+    /// parent's (the fallback has no chunk list to check chunks one by one).
+    async fn stream_fallback_view(
+        plan: &ViewPlan,
+        parent: ArtifactId,
+        found: &FallbackArtifact,
+        view: &mut [u8],
+    ) -> Result<Source, StoreError> {
+        let len = found.index.data_len;
+        let n = chunk_count(len);
+        let needed = plan.needed_chunks();
+        let mut hashes = Vec::with_capacity(n);
+        let mut buf = vec![0u8; chunks::CHUNK_SIZE as usize];
+        for i in 0..n {
+            let (a, b) = chunk_range(i, len);
+            let chunk = &mut buf[..(b - a) as usize];
+            chunk.fill(0);
+            found.fill_range(chunk, a).await?;
+            hashes.push(chunks::hash_chunk(chunk));
+            if needed.binary_search(&i).is_ok() {
+                plan.apply_chunk(i, len, chunk, view);
+            }
+        }
+        if Some(&chunks::data_root(len, &hashes)) != parent.data_root() {
+            return Err(StoreError::Corrupt {
+                what: parent.to_string(),
+                reason: format!("the bytes of fallback {} do not hash to the id", found.label()),
+            });
+        }
+        Ok(Source::Fallback)
+    }
+
     /// Streams the chunks `wanted[*done..]` (ascending) of artifact `id` from
-    /// a peer into their places in `mem` (laid out like the artifact),
-    /// verifying each; `done` advances past every verified chunk, so the
-    /// next source resumes where this one stopped. Each run of consecutive
-    /// chunks is one request.
+    /// a peer into `sink`, verifying each; `done` advances past every
+    /// verified chunk, so the next source resumes where this one stopped.
+    /// Each run of consecutive chunks is one request.
     async fn fetch_from_peer(
         &self,
         peer: &str,
         id: &ArtifactId,
         data_len: u64,
-        mem: &mut [u8],
+        sink: &mut impl ChunkSink,
         wanted: &[usize],
         done: &mut usize,
     ) -> Result<(), StoreError> {
@@ -444,12 +670,11 @@ impl Core {
             let to = from + run;
             let url = format!("{peer}/v1/artifacts/{id}/data?from_chunk={from}&to_chunk={to}");
             let mut raw = self.open_raw(&url).await?;
-            // Each chunk is read straight into its place (pages mapped in
-            // one call first) and verified before the next is read.
+            // Each chunk is read straight into its slot and verified
+            // before the next is read.
             for (i, want) in list.iter().enumerate().take(to).skip(from) {
                 let (a, b) = chunk_range(i, data_len);
-                let dst = &mut mem[a as usize..b as usize];
-                crate::memory::populate(dst);
+                let dst = sink.slot(i, a, (b - a) as usize);
                 let mut got = 0;
                 while got < dst.len() {
                     let read = tokio::time::timeout(self.cfg.peer_timeout, raw.read(&mut dst[got..]))
@@ -465,6 +690,7 @@ impl Core {
                 if chunks::hash_chunk(dst) != *want {
                     return Err(StoreError::HashMismatch { id: *id, chunk: i });
                 }
+                sink.verified(i);
                 *done += 1;
             }
         }
@@ -494,10 +720,20 @@ impl Core {
     /// Writes a remotely obtained artifact into the local blob store (in the
     /// background; failure only costs a future re-fetch) — for a known
     /// artifact whose bytes the disk budget dropped, puts them back — then
-    /// marks it used and applies the disk budget.
-    fn persist(self: &Arc<Self>, id: ArtifactId, index: CanonicalIndex, mem: MmapMut, key: Option<StoreKey>) {
+    /// publishes it under the load's `context` (deduplicated,
+    /// [`crate::publish`]), marks it used and applies the disk budget.
+    fn persist(
+        self: &Arc<Self>,
+        id: ArtifactId,
+        index: CanonicalIndex,
+        mut dst: Dest,
+        key: Option<StoreKey>,
+        context: u64,
+        source: Source,
+    ) {
         let core = self.clone();
         tokio::task::spawn_blocking(move || {
+            let mem = dst.bytes();
             let specs = index.tensors.iter().map(|t| TensorSpec {
                 name: t.name.clone(),
                 dtype: t.dtype,
@@ -512,6 +748,7 @@ impl Core {
             match result {
                 Ok(r) if r.id == id => {
                     tracing::info!(%id, "stored remotely fetched artifact locally");
+                    core.publish_stored(context, id, source, r.bytes);
                     core.used_now(id);
                 }
                 Ok(r) => tracing::error!(%id, got = %r.id, "persisted artifact hashed differently"),
@@ -588,7 +825,11 @@ pub(super) async fn heartbeat_loop(core: Arc<Core>) {
     let mut tick = tokio::time::interval(core.cfg.heartbeat);
     let mut failing = false;
     loop {
-        tick.tick().await;
+        // A publish announces the new holding now rather than at the next period.
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = core.announce.notified() => {}
+        }
         match heartbeat_once(&core, &reg, &url).await {
             Ok(()) if failing => {
                 failing = false;

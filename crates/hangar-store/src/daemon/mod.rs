@@ -10,7 +10,9 @@
 //! the fallback source ([`load`]).
 //!
 //! `Materialize` answers as soon as memory is allocated; the load continues
-//! in a task and `Confirm` waits for it. A failed load is removed from the
+//! in a task and `Confirm` waits for it. `MaterializeIntoTarget` instead
+//! writes into a region of the caller's own memfd, passed with the request,
+//! and answers when it is filled: no holder, no resident, nothing stored. A failed load is removed from the
 //! resident table at once, so its memory is never handed to a later caller.
 //!
 //! Under a disk budget the daemon drops the bytes of stored artifacts
@@ -81,6 +83,9 @@ pub struct DaemonConfig {
     /// first, never one a holder references ([`crate::disk_budget`]); their
     /// keys stay and a later load fetches them again. `None`: no limit.
     pub disk_budget: Option<u64>,
+    /// Publishes of one artifact within this window of the first join its
+    /// publish context and only refresh it ([`crate::publish`]).
+    pub publish_dedupe_window: Duration,
 }
 
 impl DaemonConfig {
@@ -100,6 +105,7 @@ impl DaemonConfig {
             peer_timeout: Duration::from_secs(5),
             fault_stall_after: None,
             disk_budget: None,
+            publish_dedupe_window: Duration::from_millis(crate::publish::DEFAULT_WINDOW_MS),
         }
     }
 }
@@ -165,6 +171,8 @@ struct Core {
     watched: Mutex<HashSet<u32>>,
     internal: std::sync::atomic::AtomicU64,
     registrations: Mutex<HashMap<ReplicaId, Pending>>,
+    /// Wakes the heartbeat loop when an ingestion is published.
+    announce: tokio::sync::Notify,
 }
 
 /// A streaming registration waiting for its producer to commit.
@@ -224,7 +232,7 @@ impl Core {
             self.used(sel.artifact_id);
             return Ok(g);
         }
-        let job = self.clone().plan(sel).await?;
+        let job = self.clone().plan(sel, load::Mode::Resident).await?;
         let index = Arc::new(job.index().clone());
         let (granted, writer, tx) = {
             let mut st = self.lock();
@@ -271,13 +279,13 @@ impl Core {
         tx: watch::Sender<LoadStatus>,
     ) {
         let bytes = job.index().data_len;
-        let ctx = self.telemetry.started(id, bytes);
+        let ctx = self.telemetry.started(id, bytes, false);
         let t0 = Instant::now();
-        let result = self.clone().load(id, job, writer).await;
+        let result = self.clone().load(id, job, load::Dest::Shared(writer), load::Mode::Resident, ctx).await;
         let duration_ms = t0.elapsed().as_millis() as u64;
         match result {
             Ok(source) => {
-                self.telemetry.finished(ctx, id, Ok(source), bytes, duration_ms);
+                self.telemetry.finished(ctx, id, Ok(source), bytes, duration_ms, false);
                 let _ = tx.send(LoadStatus::Ready { source, bytes, duration_ms });
                 // A load from a peer or the fallback stored a new blob.
                 let stored = self.lock().stored_of.get(&id).copied().unwrap_or(id);
@@ -285,7 +293,7 @@ impl Core {
             }
             Err(e) => {
                 let message = e.to_string();
-                self.telemetry.finished(ctx, id, Err(&message), bytes, duration_ms);
+                self.telemetry.finished(ctx, id, Err(&message), bytes, duration_ms, false);
                 {
                     let mut st = self.lock();
                     st.residents.remove(&id);
@@ -296,6 +304,89 @@ impl Core {
                 }
                 let _ = tx.send(LoadStatus::Failed { kind: error_kind(&e), message });
             }
+        }
+    }
+
+    /// `MaterializeIntoTarget`: streams the selection into the caller's
+    /// region `offset..offset+len` of the memfd `fd` and returns once every
+    /// byte is written and verified. The daemon allocates nothing for the
+    /// data and keeps nothing: no holder, no resident, no blob (a peer's or
+    /// the fallback's bytes are not persisted); it maps the region for the
+    /// call and unmaps it when done. Sources, in order: a ready resident
+    /// copy (of the selection, or of a view's parent), the local blob
+    /// store, peers, the fallback. The region is checked before anything
+    /// is written ([`crate::memory::TargetError`]); on a load error its
+    /// contents are unspecified.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe in effect: dropping it stops the load at its next await
+    /// and unmaps the region (a blocking copy already running finishes
+    /// into the caller's memory first).
+    async fn materialize_into(
+        self: &Arc<Self>,
+        sel: &Selection,
+        fd: Option<std::os::fd::OwnedFd>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(ArtifactId, CanonicalIndex, Source, u64, u64), StoreError> {
+        if let ArtifactId::View(_) = sel.artifact_id {
+            return Err(StoreError::View("select the parent artifact id and give the view spec".into()));
+        }
+        let id = match &sel.view {
+            Some(v) => ArtifactId::view_of(&sel.artifact_id, &v.canonical()),
+            None => sel.artifact_id,
+        };
+        let fd = fd.ok_or(crate::memory::TargetError::NoFd)?;
+        let target = crate::memory::TargetMap::open(std::os::fd::AsFd::as_fd(&fd), offset, len)?;
+        drop(fd);
+        let job = self.clone().plan(sel, load::Mode::Target).await?;
+        let index = job.index().clone();
+        let bytes = index.data_len;
+        if target.len() < bytes {
+            return Err(crate::memory::TargetError::TooSmall {
+                region: target.len(),
+                need: bytes,
+                what: id.to_string(),
+            }
+            .into());
+        }
+        let ctx = self.telemetry.started(id, bytes, true);
+        let t0 = Instant::now();
+        let result = self.clone().load(id, job, load::Dest::Target(target), load::Mode::Target, ctx).await;
+        let duration_ms = t0.elapsed().as_millis() as u64;
+        match result {
+            Ok(source) => {
+                self.telemetry.finished(ctx, id, Ok(source), bytes, duration_ms, true);
+                self.used(sel.artifact_id);
+                Ok((id, index, source, bytes, duration_ms))
+            }
+            Err(e) => {
+                self.telemetry.finished(ctx, id, Err(&e.to_string()), bytes, duration_ms, true);
+                Err(e)
+            }
+        }
+    }
+
+    /// `Describe`: the id and layout of a selection — what a caller sizes
+    /// its target region by — without loading or allocating anything.
+    async fn describe(self: &Arc<Self>, sel: &Selection) -> Result<(ArtifactId, CanonicalIndex), StoreError> {
+        if let ArtifactId::View(_) = sel.artifact_id {
+            return Err(StoreError::View("select the parent artifact id and give the view spec".into()));
+        }
+        let id = match &sel.view {
+            Some(v) => ArtifactId::view_of(&sel.artifact_id, &v.canonical()),
+            None => sel.artifact_id,
+        };
+        let job = self.clone().plan(sel, load::Mode::Target).await?;
+        Ok((id, job.index().clone()))
+    }
+
+    /// Publishes that ingestion `context` left `id` stored on this node
+    /// (deduplicated, [`crate::publish`]) and, when it was published,
+    /// wakes the heartbeat so the registry hears of it now.
+    fn publish_stored(&self, context: u64, id: ArtifactId, source: Source, bytes: u64) {
+        if self.telemetry.publish(self.now(), context, id, source, bytes) {
+            self.announce.notify_one();
         }
     }
 
@@ -337,6 +428,8 @@ impl Core {
         let dropped = self.blobs.enforce_disk_budget(budget, &referenced)?;
         for id in &dropped {
             tracing::info!(%id, "dropped from disk, keys kept: the store is over its disk budget and nothing uses it");
+            // No longer stored here: its next store is published again.
+            self.telemetry.unpublished(id);
         }
         Ok(dropped)
     }
@@ -476,8 +569,19 @@ impl Core {
         Ok((handle, index, region))
     }
 
-    /// `CommitRegister`: hashes what the producer wrote and stores it.
-    async fn commit_register(&self, handle: ReplicaId) -> Result<CommitReport, StoreError> {
+    /// `CommitRegister`: hashes what the producer wrote, runs the serving
+    /// preflight under `policy`, stores it, and publishes the ingestion
+    /// (`ingestion_started`, `ingestion_completed` with source `register`,
+    /// then `ingestion_published` unless deduplicated).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: the registration is taken before hashing; dropped
+    /// mid-way, it is gone (the producer begins again).
+    async fn commit_register(
+        self: &Arc<Self>,
+        handle: ReplicaId,
+        policy: crate::preflight::ServingPolicy,
+    ) -> Result<CommitReport, StoreError> {
         let p = self
             .registrations
             .lock()
@@ -485,7 +589,9 @@ impl Core {
             .remove(&handle)
             .ok_or_else(|| StoreError::UnknownHandle(format!("registration {handle}")))?;
         let blobs = self.blobs.clone();
-        tokio::task::spawn_blocking(move || {
+        let bytes = p.index.data_len;
+        let t0 = Instant::now();
+        let result = tokio::task::spawn_blocking(move || {
             let map = p.region.map().map_err(|e| StoreError::Io { path: "memfd".into(), source: e })?;
             let mut reg = blobs.register(
                 p.index
@@ -497,10 +603,16 @@ impl Core {
             for t in &p.index.tensors {
                 reg.feed(&t.name, &map[t.offset as usize..(t.offset + t.len) as usize])?;
             }
-            reg.commit(&p.keys)
+            reg.commit_with(&p.keys, &policy)
         })
         .await
-        .map_err(|e| StoreError::Source { source_name: "registration".into(), reason: e.to_string() })?
+        .map_err(|e| StoreError::Source { source_name: "registration".into(), reason: e.to_string() })?;
+        let report = result?;
+        let ctx = self.telemetry.started(report.id, bytes, false);
+        let ms = t0.elapsed().as_millis() as u64;
+        self.telemetry.finished(ctx, report.id, Ok(Source::Register), bytes, ms, false);
+        self.publish_stored(ctx, report.id, Source::Register, bytes);
+        Ok(report)
     }
 
     /// `AbortRegister` (also run for a producer's connection that closes
@@ -535,11 +647,13 @@ pub fn error_kind(e: &StoreError) -> ErrorKind {
         StoreError::HashMismatch { .. } | StoreError::Corrupt { .. } => ErrorKind::HashMismatch,
         StoreError::OutOfBudget { .. } => ErrorKind::OutOfBudget,
         StoreError::Timeout(_) => ErrorKind::Timeout,
+        StoreError::Preflight(_) => ErrorKind::Preflight,
         StoreError::View(_)
         | StoreError::UnknownHandle(_)
         | StoreError::Parse(_)
         | StoreError::Index(_)
-        | StoreError::Format(_) => ErrorKind::BadRequest,
+        | StoreError::Format(_)
+        | StoreError::Target(_) => ErrorKind::BadRequest,
         _ => ErrorKind::Internal,
     }
 }
@@ -633,6 +747,7 @@ async fn serve(
     };
     let http_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let own_url = cfg.advertise.clone().or_else(|| http_addr.map(|a| format!("http://{a}")));
+    let window = cfg.publish_dedupe_window.as_millis() as Millis;
     let core = Arc::new(Core {
         state: Mutex::new(State {
             residency: Residency::new(cfg.budget),
@@ -643,7 +758,8 @@ async fn serve(
         cfg,
         blobs,
         epoch: Instant::now(),
-        telemetry: Telemetry::default(),
+        telemetry: Telemetry::new(window),
+        announce: tokio::sync::Notify::new(),
         http: reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .build()

@@ -1,10 +1,15 @@
-//! The local socket: framed JSON requests, memfds passed with `SCM_RIGHTS`.
+//! The local socket: framed JSON requests, memfds passed with `SCM_RIGHTS`
+//! — in responses (the daemon's memory) and in `MaterializeIntoTarget`
+//! requests (the caller's).
 
-use std::io;
+use std::io::{self, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -46,12 +51,40 @@ pub(super) async fn accept_loop(core: Arc<Core>, listener: UnixListener) {
     }
 }
 
-async fn read_frame(stream: &mut UnixStream) -> io::Result<Option<Vec<u8>>> {
+/// Most fds accepted on one request; more are closed by the kernel.
+const MAX_FDS: usize = 4;
+
+/// Reads one frame and the fds that came on its first bytes (a client
+/// attaches a target memfd there); `Ok(None)` on a clean end of stream.
+async fn read_frame(stream: &mut UnixStream) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     let mut len = [0u8; 4];
-    match stream.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+    let mut got = 0;
+    let mut fds = Vec::new();
+    while got < len.len() {
+        stream.readable().await?;
+        let read = stream.try_io(Interest::READABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+            let mut anc = RecvAncillaryBuffer::new(&mut space);
+            let msg = rustix::net::recvmsg(
+                &*stream,
+                &mut [IoSliceMut::new(&mut len[got..])],
+                &mut anc,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            )?;
+            for m in anc.drain() {
+                if let RecvAncillaryMessage::ScmRights(received) = m {
+                    fds.extend(received);
+                }
+            }
+            Ok(msg.bytes)
+        });
+        match read {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
     }
     let n = u32::from_le_bytes(len);
     if n > MAX_FRAME {
@@ -62,7 +95,7 @@ async fn read_frame(stream: &mut UnixStream) -> io::Result<Option<Vec<u8>>> {
     }
     let mut buf = vec![0; n as usize];
     stream.read_exact(&mut buf).await?;
-    Ok(Some(buf))
+    Ok(Some((buf, fds)))
 }
 
 /// Sends one frame; `region`'s fd rides on its first bytes.
@@ -105,7 +138,7 @@ async fn serve_requests(
     open: &mut Vec<hangar_core::ReplicaId>,
 ) {
     loop {
-        let payload = match read_frame(stream).await {
+        let (payload, fds) = match read_frame(stream).await {
             Ok(Some(p)) => p,
             Ok(None) => return,
             Err(e) => {
@@ -115,7 +148,7 @@ async fn serve_requests(
         };
         let (resp, region) = match serde_json::from_slice::<Request>(&payload) {
             Ok(req) => {
-                let out = handle(core, req, peer_pid).await;
+                let out = handle(core, req, peer_pid, fds).await;
                 if let (Response::RegisterBegun { handle, .. }, _) = &out {
                     open.push(*handle);
                 }
@@ -138,12 +171,28 @@ fn error(e: StoreError) -> Response {
     Response::Error { kind: error_kind(&e), message: e.to_string() }
 }
 
+/// Answers one request; `fds` came with it (only `MaterializeIntoTarget`
+/// uses one, the others are closed when this returns).
 async fn handle(
     core: &Arc<Core>,
     req: Request,
     peer_pid: Option<u32>,
+    fds: Vec<OwnedFd>,
 ) -> (Response, Option<Arc<SharedRegion>>) {
     match req {
+        Request::MaterializeIntoTarget { selection, offset, len } => {
+            let fd = fds.into_iter().next();
+            match core.materialize_into(&selection, fd, offset, len).await {
+                Ok((id, index, source, bytes, duration_ms)) => {
+                    (Response::MaterializedInto { id, index, source, bytes, duration_ms }, None)
+                }
+                Err(e) => (error(e), None),
+            }
+        }
+        Request::Describe { selection } => match core.describe(&selection).await {
+            Ok((id, index)) => (Response::Described { id, index }, None),
+            Err(e) => (error(e), None),
+        },
         Request::ResolveKey { key } => match core.resolve_key(&key).await {
             Ok(id) => (Response::Resolved { id }, None),
             Err(e) => (error(e), None),
@@ -187,7 +236,7 @@ async fn handle(
             Ok((handle, index, region)) => (Response::RegisterBegun { handle, index }, Some(region)),
             Err(e) => (error(e), None),
         },
-        Request::CommitRegister { handle } => match core.commit_register(handle).await {
+        Request::CommitRegister { handle, serving } => match core.commit_register(handle, serving).await {
             Ok(report) => (Response::Committed { report }, None),
             Err(e) => (error(e), None),
         },

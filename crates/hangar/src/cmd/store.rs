@@ -3,7 +3,8 @@
 //! `import`, `ls`, `stat` and `rm` work on a local store root directly;
 //! `get` reads through the node's daemon when `--socket` (or
 //! `HANGAR_STORE_SOCKET`) is given — so it can pull from peers and
-//! fallbacks — and from the local root otherwise; `serve` runs the daemon,
+//! fallbacks; with `--no-resident` into this command's own memory, the
+//! daemon keeping no copy — and from the local root otherwise; `serve` runs the daemon,
 //! `registry` the peer registry, `status` asks a daemon what is resident,
 //! `bench` measures the store against plain reads and copies.
 
@@ -14,8 +15,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use hangar_core::ByteSize;
-use hangar_store::client::{Hold, StoreClient};
+use hangar_store::client::{Hold, StoreClient, TargetMemory};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
+use hangar_store::preflight::{self, ServingPolicy};
 use hangar_store::protocol::Selection;
 use hangar_store::registry::RegistryHandle;
 use hangar_store::view::{ViewPlan, ViewSpec};
@@ -50,6 +52,15 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Strict serving policy: refuse an artifact without the manifest
+        /// tensor `__tensorcast_meta__.manifest_json` (a present manifest
+        /// must pass the serving preflight either way).
+        #[arg(long)]
+        strict: bool,
+        /// With `--strict`: the `serving_manifest_ref` the manifest must
+        /// name (default `tensor:__tensorcast_meta__.manifest_json`).
+        #[arg(long, requires = "strict")]
+        manifest_ref: Option<String>,
     },
     /// List known artifacts, their keys and whether their bytes are on
     /// disk (`no`: the disk budget dropped them; the next load through the
@@ -81,6 +92,12 @@ enum Command {
         /// Tensor-parallel view `RANK/WORLD:GLOB=DIM,…`, e.g. `0/2:*.weight=0`.
         #[arg(long)]
         view: Option<ViewSpec>,
+        /// Through the daemon (needs `--socket`): have it stream the bytes
+        /// straight into this command's own memory (`MaterializeIntoTarget`)
+        /// and keep no copy, so exporting leaves the daemon's resident set
+        /// (what running replicas use) as it was.
+        #[arg(long, requires = "socket")]
+        no_resident: bool,
     },
     /// Run the per-node daemon (until killed).
     Serve(ServeArgs),
@@ -137,6 +154,10 @@ struct ServeArgs {
     /// Abandon a peer that sends nothing for this many ms.
     #[arg(long, default_value_t = 5_000)]
     peer_timeout_ms: u64,
+    /// Publishes of one artifact within this many ms of the first join its
+    /// publish context and are not repeated (0: publish every time).
+    #[arg(long, default_value_t = hangar_store::publish::DEFAULT_WINDOW_MS)]
+    publish_dedupe_ms: u64,
     /// Testing aid: stop sending artifact data to peers after this many bytes.
     #[arg(long, hide = true)]
     fault_stall_peer_after: Option<u64>,
@@ -147,8 +168,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let open =
         || BlobStore::open(&args.root).with_context(|| format!("opening store {}", args.root.display()));
     match args.command {
-        Command::Import { files, keys, json } => {
-            let report = open()?.import_files(&files, &keys)?;
+        Command::Import { files, keys, json, strict, manifest_ref } => {
+            let policy = ServingPolicy { strict, manifest_ref };
+            let report = open()?.import_files_with(&files, &keys, &policy)?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
@@ -192,6 +214,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 if verify {
                     println!("verified {} chunks", art.chunk_hashes.len());
                 }
+                // What a serving manifest for these tensors must say.
+                println!(
+                    "schema   {} ({} tensors, `{}` excluded)",
+                    preflight::tensor_schema_hash(&art.index),
+                    preflight::canonical_tensor_count(&art.index),
+                    preflight::MANIFEST_TENSOR
+                );
+                let serving = match art.index.tensor(preflight::MANIFEST_TENSOR) {
+                    None => "none (an ordinary artifact)".to_owned(),
+                    Some(_) => {
+                        let data = art.map_verified()?;
+                        match preflight::check_data(&id, &art.index, &data, &ServingPolicy::default()) {
+                            Ok(preflight::Accepted::Serving { framework_name, serving_build_digest }) => {
+                                format!("manifest ok ({framework_name}, build {serving_build_digest})")
+                            }
+                            Ok(preflight::Accepted::Ordinary) => unreachable!("it has a manifest"),
+                            Err(e) => format!("manifest refused: {e}"),
+                        }
+                    }
+                };
+                println!("serving  {serving}");
                 for t in &art.index.tensors {
                     println!(
                         "  {:<48} {:<8} {:<20} @{}",
@@ -203,7 +246,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Get { what, out, view } => match &args.socket {
+        Command::Get { what, out, view, no_resident } => match &args.socket {
+            Some(socket) if no_resident => get_into_own_memory(socket, what, view, &out)?,
             Some(socket) => get_via_daemon(socket, what, view, &out)?,
             None => {
                 let store = open()?;
@@ -237,6 +281,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cfg.fallback = s.fallback;
             cfg.peer_timeout = Duration::from_millis(s.peer_timeout_ms);
             cfg.fault_stall_after = s.fault_stall_peer_after;
+            cfg.publish_dedupe_window = Duration::from_millis(s.publish_dedupe_ms);
             let handle = DaemonHandle::start(cfg).context("starting the store daemon")?;
             match handle.http_addr() {
                 Some(addr) => println!("serving {} and http://{addr}", handle.socket().display()),
@@ -292,5 +337,37 @@ fn get_via_daemon(
     let path = hangar_store::export::write_artifact(&m.index, m.data(), out)?;
     client.unload(&m)?;
     println!("wrote {} ({}, from {})", path.display(), m.id, confirmed.source.as_str());
+    Ok(())
+}
+
+/// `get --no-resident`: resolve, `Describe` for the size, allocate this
+/// process's own memory (a memfd sealed against resizing), have the daemon
+/// stream the artifact or view into it (`MaterializeIntoTarget`: verified,
+/// no reference taken, nothing kept resident), write it out.
+///
+/// Why a memfd the CLI creates rather than mapping the output file: the
+/// daemon accepts only a memfd sealed against shrinking, because it writes
+/// through a mapping and a file shrunk under it would fault the daemon; a
+/// regular output file cannot carry that seal. The export format (a
+/// safetensors header before the data) differs from the canonical layout
+/// anyway, so the bytes are written out once, as `get` always does.
+fn get_into_own_memory(
+    socket: &std::path::Path,
+    what: IdOrKey,
+    view: Option<ViewSpec>,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let mut client = StoreClient::connect(socket)?;
+    let (artifact_id, key) = match what {
+        IdOrKey::Id(id) => (id, None),
+        IdOrKey::Key(k) => (client.resolve_key(&k)?, Some(k)),
+    };
+    let sel = Selection { artifact_id, view, key };
+    let (_, layout) = client.describe(&sel)?;
+    let target = TargetMemory::allocate(layout.data_len).context("allocating memory for the artifact")?;
+    let done = client.materialize_into(&sel, &target, 0)?;
+    let path =
+        hangar_store::export::write_artifact(&done.index, &target.bytes()[..done.bytes as usize], out)?;
+    println!("wrote {} ({}, from {}, nothing kept resident)", path.display(), done.id, done.source.as_str());
     Ok(())
 }
