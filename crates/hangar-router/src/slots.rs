@@ -86,15 +86,18 @@ pub struct AdapterConfig {
     /// GPU memory its engine sets aside for them.
     pub memory: ByteSize,
     /// The size assumed for an adapter whose size is not known (default
-    /// 200 MB: a rank-16 LoRA of every linear layer of an 8B model is
-    /// about 170 MB in 16-bit weights).
+    /// 200 MB: a LoRA of every linear layer of an 8B Llama in 16-bit
+    /// weights is 84 MB at rank 16, 168 MB at rank 32).
     pub default_size: ByteSize,
     /// What one request in flight on a replica costs a new request there,
-    /// in ms (default 100 ms): the `adapter` policy counts a load of *L*
-    /// ms as *L* / `request_ms` requests in flight. A prefill pass of a
-    /// typical prompt on the mock engine's timing model takes 20–50 ms and
-    /// a new request waits behind a few of them, so a request in flight
-    /// costs one about 100 ms.
+    /// in ms of its time to first token (default 25): the `adapter` policy
+    /// counts a load of *L* ms as *L* / `request_ms` requests in flight.
+    /// On an engine that batches, a request in flight delays a new one's
+    /// first token by at most about one prefill pass of its own — 20–50
+    /// ms for a prompt's uncached part on the mock engine's default timing
+    /// — and mostly by far less (a decode step grows by well under a
+    /// millisecond per request); an engine that runs one request at a time
+    /// (concurrency 1) wants about its mean service time instead.
     pub request_ms: f64,
 }
 
@@ -104,16 +107,16 @@ impl Default for AdapterConfig {
             slots: 8,
             memory: ByteSize::new(4_000_000_000),
             default_size: ByteSize::new(200_000_000),
-            request_ms: 100.0,
+            request_ms: 25.0,
         }
     }
 }
 
 impl AdapterConfig {
-    /// Checks the settings; the error names the field (under `at`, e.g.
-    /// `models[0].adapters`).
-    pub fn validate(&self, at: &str) -> Result<(), hangar_core::FieldError> {
-        let bad = |field: &str, why: &str| Err(hangar_core::FieldError::new(format!("{at}.{field}"), why));
+    /// Checks the settings; the error names the field (`slots`, …; place
+    /// it with [`FieldError::within`](hangar_core::FieldError::within)).
+    pub fn validate(&self) -> Result<(), hangar_core::FieldError> {
+        let bad = |field: &str, why: &str| Err(hangar_core::FieldError::new(field, why));
         if self.slots == 0 {
             return bad("slots", "must be at least 1");
         }
@@ -476,19 +479,22 @@ impl AdapterSlots {
         }
     }
 
-    /// How many loads must still begin before a request for `adapter` (of
+    /// How many loads must still end before a request for `adapter` (of
     /// `bytes` if not held) could run here — 0 when it is loaded or
-    /// loading, else its place among the adapters waiting to load — or
+    /// loading, else its place among the adapters waiting to load (behind
+    /// the load in flight, if one is) — or
     /// `None` when it cannot fit until a request in flight here ends
     /// (every slot, or too much of the memory, is in use). What the
     /// `adapter` routing policy prices.
     pub fn loads_before_ready(&self, adapter: &AdapterRef, bytes: u64) -> Option<u32> {
         let queued = self.wanted.len() as u32;
+        let loading = u32::from(matches!(self.step, Some(SlotStep::Load { .. })));
         match self.adapters.get(adapter) {
             Some(e) => match e.state {
                 State::Loaded | State::Stuck | State::Loading => Some(0),
                 State::Wanted => {
-                    Some(self.wanted.iter().position(|a| a == adapter).map_or(queued, |i| i as u32) + 1)
+                    let place = self.wanted.iter().position(|a| a == adapter).map_or(queued, |i| i as u32);
+                    Some(loading + place + 1)
                 }
                 State::Unloading => Some(queued + 1),
             },
@@ -496,7 +502,7 @@ impl AdapterSlots {
                 let (free_count, free_bytes) = self.freeable();
                 let fits = self.held_count - free_count < self.slots
                     && self.held_bytes - free_bytes + bytes <= self.memory;
-                fits.then_some(queued + 1)
+                fits.then_some(loading + queued + 1)
             }
         }
     }

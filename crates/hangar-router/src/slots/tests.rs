@@ -107,7 +107,7 @@ fn misuse_and_impossible_adapters_change_nothing() {
     assert_eq!(s.acquire(RequestId(1), &adapter(1), 100), Err(SlotsError::Duplicate(RequestId(1))));
     assert_eq!(s.requests(), 1);
     s.check();
-    let field = |cfg: AdapterConfig| cfg.validate("models[0].adapters").unwrap_err().to_string();
+    let field = |cfg: AdapterConfig| cfg.validate().unwrap_err().within("models[0].adapters").to_string();
     assert!(field(config(0, 1)).contains("models[0].adapters.slots"));
     assert!(field(AdapterConfig { request_ms: 0.0, ..config(1, 1_000_000_000) }).contains("request_ms"));
     assert!(field(config(1, 1)).contains("default_size"));
