@@ -435,7 +435,7 @@ impl ModelReport {
     /// The header of [`row`](Self::row)s, starting with `first`.
     pub fn header(first: &str) -> String {
         format!(
-            "{first:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>10} {:>7} {:>5} {:>5} {:>8}",
+            "{first:<28} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>10} {:>7} {:>5} {:>5} {:>8}",
             "policy", "requests", "done", "429", "504", "TTFT p50", "TTFT p99", "SLO %", "goodput/s", "GPU-h",
             "good/GPU-h", "starts", "dec", "rev", "ad loads"
         )
@@ -445,7 +445,7 @@ impl ModelReport {
     /// figures.
     pub fn row(&self, first: &str) -> String {
         format!(
-            "{first:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>9.3} {:>10.0} {:>7} {:>5} {:>5} {:>8}",
+            "{first:<28} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>9.3} {:>10.0} {:>7} {:>5} {:>5} {:>8}",
             self.policy,
             self.requests,
             self.completed,
