@@ -33,8 +33,9 @@
 //! [`ReplicaChooser::poll_adapter`] after every call into the admission
 //! (and into the chooser): the loads and unloads to carry out on each
 //! replica (reported back with [`ReplicaChooser::adapter_step_done`]) and
-//! which granted requests may now be sent ([`AdapterAction::Ready`]) or
-//! will not run ([`AdapterAction::Failed`]). A request with an adapter is
+//! which granted requests may now be sent or will not run
+//! ([`AdapterAction::Answer`]: [`SlotEvent::Ready`](crate::SlotEvent::Ready)
+//! or [`SlotEvent::Failed`](crate::SlotEvent::Failed)). A request with an adapter is
 //! sent only on its `Ready`; it holds its permit while its adapter loads.
 
 use std::collections::{BTreeMap, HashMap};
@@ -185,8 +186,7 @@ impl ReplicaChooser {
         let action = self.router.poll_adapter()?;
         Some(match action {
             AdapterAction::Step { on, step } => AdapterAction::Step { on: self.replicas[&on], step },
-            AdapterAction::Ready(r) => AdapterAction::Ready(r),
-            AdapterAction::Failed { request, adapter } => AdapterAction::Failed { request, adapter },
+            AdapterAction::Answer(event) => AdapterAction::Answer(event),
         })
     }
 
@@ -324,7 +324,7 @@ impl Chooser for ReplicaChooser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SlotStep;
+    use crate::{SlotEvent, SlotStep};
     use proptest::prelude::*;
 
     fn free(ids: &[u128]) -> Vec<FreeReplica> {
@@ -450,7 +450,7 @@ mod tests {
         c.adapter_step_done(r1, false);
         assert_eq!(
             c.poll_adapter(),
-            Some(AdapterAction::Failed { request: RequestId(1), adapter: a.id.clone() })
+            Some(AdapterAction::Answer(SlotEvent::Failed { request: RequestId(1), adapter: a.id.clone() }))
         );
         c.done(RequestId(1));
         assert_eq!(c.adapter_slots(r1).unwrap().holding(&a.id), crate::Holding::Absent);
@@ -458,13 +458,13 @@ mod tests {
         let r2 = ask(&mut c, 2, &[1, 2]);
         let Some(AdapterAction::Step { on, .. }) = c.poll_adapter() else { panic!() };
         c.adapter_step_done(on, true);
-        assert_eq!(c.poll_adapter(), Some(AdapterAction::Ready(RequestId(2))));
+        assert_eq!(c.poll_adapter(), Some(AdapterAction::Answer(SlotEvent::Ready(RequestId(2)))));
         c.done(RequestId(2));
         // Now every request for `a` goes to the replica that holds it, and
         // runs at once.
         for id in 3..8 {
             assert_eq!(ask(&mut c, id, &[1, 2]), r2, "request {id}");
-            assert_eq!(c.poll_adapter(), Some(AdapterAction::Ready(RequestId(id))));
+            assert_eq!(c.poll_adapter(), Some(AdapterAction::Answer(SlotEvent::Ready(RequestId(id)))));
             c.done(RequestId(id));
         }
         // Only free replicas are candidates, adapters or not.

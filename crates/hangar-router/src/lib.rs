@@ -190,8 +190,8 @@ pub struct AdapterAsk<'a> {
 /// [`Router::poll_adapter`] (`W`: a [`WorkerId`]) or
 /// [`ReplicaChooser::poll_adapter`] (a [`ReplicaId`](hangar_core::ReplicaId)).
 ///
-/// Every request routed with an adapter gets exactly one
-/// [`Ready`](Self::Ready) or [`Failed`](Self::Failed) unless it finishes
+/// Every request routed with an adapter gets exactly one answer —
+/// [`SlotEvent::Ready`] or [`SlotEvent::Failed`] — unless it finishes
 /// first; send it to its worker only on `Ready`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdapterAction<W> {
@@ -204,17 +204,11 @@ pub enum AdapterAction<W> {
         /// What to do.
         step: SlotStep,
     },
-    /// The request's adapter is loaded on its worker: send it.
-    Ready(RequestId),
-    /// The request's adapter failed to load on its worker: it will not
-    /// run there (end it, or route it again after
+    /// What became of a routed request: its adapter is loaded on its
+    /// worker (`Ready`: send it), or failed to load there (`Failed`: it
+    /// will not run there; end it, or route it again after
     /// [`Router::finished`]).
-    Failed {
-        /// The request.
-        request: RequestId,
-        /// Its adapter.
-        adapter: AdapterRef,
-    },
+    Answer(SlotEvent),
 }
 
 /// Why a request could not be routed.
@@ -353,7 +347,7 @@ impl Router {
         let in_flight = &self.in_flight;
         self.adapter_actions.retain(|a| match a {
             AdapterAction::Step { on, .. } => *on != w,
-            AdapterAction::Ready(r) | AdapterAction::Failed { request: r, .. } => {
+            AdapterAction::Answer(SlotEvent::Ready(r) | SlotEvent::Failed { request: r, .. }) => {
                 in_flight.get(r).is_none_or(|f| f.worker != w)
             }
         });
@@ -386,10 +380,7 @@ impl Router {
     fn drain_slots(&mut self, w: WorkerId) {
         let slots = &mut self.workers[w.0 as usize].as_mut().expect("live worker").slots;
         while let Some(event) = slots.poll_event() {
-            self.adapter_actions.push_back(match event {
-                SlotEvent::Ready(r) => AdapterAction::Ready(r),
-                SlotEvent::Failed { request, adapter } => AdapterAction::Failed { request, adapter },
-            });
+            self.adapter_actions.push_back(AdapterAction::Answer(event));
         }
         if let Some(step) = slots.poll_step() {
             self.adapter_actions.push_back(AdapterAction::Step { on: w, step });
@@ -513,7 +504,7 @@ impl Router {
             let acquired =
                 load.slots.acquire(req.id, ask.adapter, ask.bytes).expect("checked to fit; not in flight");
             if acquired == Acquired::Ready {
-                self.adapter_actions.push_back(AdapterAction::Ready(req.id));
+                self.adapter_actions.push_back(AdapterAction::Answer(SlotEvent::Ready(req.id)));
             }
             self.drain_slots(w);
         }
@@ -551,7 +542,7 @@ impl Router {
         if f.adapter {
             load.slots.release(id);
             // An answer not yet pulled is no longer wanted.
-            self.adapter_actions.retain(|a| !matches!(a, AdapterAction::Ready(r) | AdapterAction::Failed { request: r, .. } if *r == id));
+            self.adapter_actions.retain(|a| !matches!(a, AdapterAction::Answer(SlotEvent::Ready(r) | SlotEvent::Failed { request: r, .. }) if *r == id));
             self.drain_slots(f.worker);
         }
     }

@@ -179,7 +179,8 @@ mod adapters {
     use proptest::prelude::*;
 
     use crate::{
-        AdapterAction, AdapterAsk, AdapterConfig, RouteRequest, Router, RouterPolicy, SlotStep, WorkerId,
+        AdapterAction, AdapterAsk, AdapterConfig, RouteRequest, Router, RouterPolicy, SlotEvent, SlotStep,
+        WorkerId,
     };
 
     fn adapter(k: u32) -> AdapterRef {
@@ -213,8 +214,8 @@ mod adapters {
         while let Some(action) = r.poll_adapter() {
             match action {
                 AdapterAction::Step { on, .. } => r.adapter_step_done(on, true),
-                AdapterAction::Ready(id) => ready.push(id),
-                AdapterAction::Failed { request, .. } => panic!("{request} failed"),
+                AdapterAction::Answer(SlotEvent::Ready(id)) => ready.push(id),
+                AdapterAction::Answer(SlotEvent::Failed { request, .. }) => panic!("{request} failed"),
             }
         }
         ready
@@ -257,7 +258,7 @@ mod adapters {
         r.adapter_step_done(w, false);
         assert_eq!(
             r.poll_adapter(),
-            Some(AdapterAction::Failed { request: RequestId(1), adapter: a.clone() })
+            Some(AdapterAction::Answer(SlotEvent::Failed { request: RequestId(1), adapter: a.clone() }))
         );
         r.finished(RequestId(1));
         // Neither holds it: the costs tie, broken by the seeded rng; what
@@ -384,12 +385,12 @@ mod adapters {
                             AdapterAction::Step { on, step } => {
                                 assert!(steps.insert(on, step).is_none(), "two steps in flight on {on:?}");
                             }
-                            AdapterAction::Ready(id) => {
+                            AdapterAction::Answer(SlotEvent::Ready(id)) => {
                                 let (w, a) = &open[&id];
                                 assert!(engine.get(w).is_some_and(|e| e.contains(a)), "{id} ready without {a} on {w:?}");
                                 assert!(answered.insert(id), "{id} answered twice");
                             }
-                            AdapterAction::Failed { request, adapter } => {
+                            AdapterAction::Answer(SlotEvent::Failed { request, adapter }) => {
                                 assert_eq!(open[&request].1, adapter);
                                 assert!(answered.insert(request), "{request} answered twice");
                             }

@@ -521,21 +521,12 @@ fn routers_are_compared_on_a_trace_of_many_adapters() {
     let with_adapters = FLEET.replace("size = \"16GB\"", "size = \"16GB\"\nadapters = { slots = 4 }");
     std::fs::write(&fleet, &with_adapters).unwrap();
     let json = dir.path().join("compare.json");
-    let o = hangar(&[
-        "sim",
-        "compare",
-        "--fleet",
-        fleet.to_str().unwrap(),
-        &trace,
-        "--policy",
-        "hangar",
-        "--router",
-        "round-robin",
-        "--router",
-        "adapter",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let compare = |extra: &[&str]| {
+        let fleet = fleet.to_str().unwrap();
+        hangar(&[&["sim", "compare", "--fleet", fleet, trace.as_str()][..], extra].concat())
+    };
+    let routers = ["--policy", "hangar", "--router", "round-robin", "--router", "adapter"];
+    let o = compare(&[&routers[..], &["--json", json.to_str().unwrap()]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8(o.stdout).unwrap();
     for label in ["hangar/round-robin", "hangar/adapter"] {
@@ -550,32 +541,11 @@ fn routers_are_compared_on_a_trace_of_many_adapters() {
     assert!(runs[0]["total"]["adapters"]["loads"].as_u64().unwrap() > 0);
 
     // --sweep would mix routers in one frontier: refused, naming both.
-    let o = hangar(&[
-        "sim",
-        "compare",
-        "--fleet",
-        fleet.to_str().unwrap(),
-        &trace,
-        "--policy",
-        "replicate",
-        "--router",
-        "adapter",
-        "--sweep",
-    ]);
+    let o = compare(&["--policy", "replicate", "--router", "adapter", "--sweep"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--router") && stderr(&o).contains("--sweep"), "{}", stderr(&o));
     // An unknown router names the ones there are.
-    let o = hangar(&[
-        "sim",
-        "compare",
-        "--fleet",
-        fleet.to_str().unwrap(),
-        &trace,
-        "--policy",
-        "hangar",
-        "--router",
-        "sticky",
-    ]);
+    let o = compare(&["--policy", "hangar", "--router", "sticky"]);
     assert!(stderr(&o).contains("kv or adapter"), "{}", stderr(&o));
     // A plain replay has no adapter slots.
     let o = hangar(&["sim", &trace]);

@@ -47,7 +47,7 @@ use hangar_core::{
 use hangar_engine::{EngineCore, EngineRequest, Pass, Prompt};
 use hangar_placement::{Action as Step, Deployment, NodeId};
 use hangar_queue::{Action as Admit, Admission, AdmissionConfig, Chooser, Submitted};
-use hangar_router::{AdapterAction, ApproxKvConfig, ReplicaChooser, RouterPolicy, SlotStep};
+use hangar_router::{AdapterAction, ApproxKvConfig, ReplicaChooser, RouterPolicy, SlotEvent, SlotStep};
 use hangar_scaler::{Action, ControlLoop, Observation, ReplicaCounts, ScalingConfig, StartTier, TtftWindow};
 
 pub use config::{ColdStart, FleetConfig, FleetModel, FleetNodes};
@@ -777,7 +777,7 @@ impl Fleet<'_> {
                     self.report.adapter_unload(m);
                     self.models[m].chooser.adapter_step_done(on, true);
                 }
-                AdapterAction::Ready(request) => {
+                AdapterAction::Answer(SlotEvent::Ready(request)) => {
                     let Some(r) = self.requests.get_mut(request) else { continue };
                     let Some(replica) = r.waiting_on.take() else { continue };
                     let waited = now - r.timing.granted;
@@ -785,7 +785,7 @@ impl Fleet<'_> {
                     self.report.adapter_ready(m, waited);
                     self.start_request(now, m, request, replica);
                 }
-                AdapterAction::Failed { request, .. } => {
+                AdapterAction::Answer(SlotEvent::Failed { request, .. }) => {
                     // Loads do not fail in a simulation; were one to, its
                     // requests would end unserved.
                     if let Some(replica) = self.requests.get_mut(request).and_then(|r| r.waiting_on.take()) {
