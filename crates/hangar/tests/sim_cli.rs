@@ -547,6 +547,11 @@ fn routers_are_compared_on_a_trace_of_many_adapters() {
     // An unknown router names the ones there are.
     let o = compare(&["--policy", "hangar", "--router", "sticky"]);
     assert!(stderr(&o).contains("kv or adapter"), "{}", stderr(&o));
+    // `sim live` would send the rows without their adapters: refused
+    // before anything runs.
+    let o = hangar(&["sim", "live", &trace, "--fleet", fleet.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("field `adapter`") && stderr(&o).contains("--fleet"), "{}", stderr(&o));
     // A plain replay has no adapter slots.
     let o = hangar(&["sim", &trace]);
     assert_eq!(o.status.code(), Some(1));
