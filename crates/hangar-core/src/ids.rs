@@ -181,6 +181,20 @@ string_id!(
 );
 
 string_id!(
+    /// A LoRA adapter's name under its base model, e.g. `acme/support-v2`:
+    /// the same rules as a [`ModelKey`] (ASCII letters, digits and `._-/`,
+    /// at most 128 bytes, `/`-separated segments that are names), since
+    /// the name becomes a store key, the engine's `lora_name` and a path.
+    /// It holds no `:`, which separates it from its base in
+    /// [`AdapterRef`](crate::AdapterRef)'s `BASE:ADAPTER`.
+    AdapterName,
+    "adapter name",
+    128,
+    "._-/",
+    path_segments
+);
+
+string_id!(
     /// An account (tenant) on whose behalf requests are made: ASCII letters,
     /// digits and `._-@`, at most 128 bytes.
     AccountId,

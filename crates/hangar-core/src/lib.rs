@@ -3,8 +3,9 @@
 //! Every other crate depends inward on this one and on nothing else of the
 //! workspace, so the types here are the words the crates use to talk to each
 //! other: identifiers ([`ModelKey`], [`ReplicaId`], [`AccountId`],
-//! [`RequestId`]), units ([`ByteSize`], [`Millis`]) and the KV-cache block
-//! identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
+//! [`RequestId`]), LoRA adapters' names ([`AdapterRef`]: `BASE:ADAPTER`,
+//! and an [`Adapter`] with its size where known), units ([`ByteSize`],
+//! [`Millis`]) and the KV-cache block identity engines and routers agree on ([`BlockHash`], [`KvEvent`]), what
 //! a node agent registers ([`NodeRecord`]), the bounds every API applies
 //! alike ([`limits`]), how a request ended ([`RequestKind`],
 //! [`ErrorCode`]) and the steps its user is shown ([`Progress`]), what
@@ -24,6 +25,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod adapter;
 pub mod agent;
 pub mod auth;
 pub mod exposition;
@@ -36,13 +38,14 @@ mod outcome;
 mod progress;
 mod units;
 
+pub use adapter::{parse_model_field, Adapter, AdapterRef, AdapterRefError};
 pub use agent::{
     DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeRecord, NodeReport, PhaseAt, ReplicaPhase,
     ReplicaReport, StartPhase, StartReport, StartStatus, WeightsReport,
 };
 pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;
-pub use ids::{AccountId, IdError, ModelKey, ReplicaId, RequestId};
+pub use ids::{AccountId, AdapterName, IdError, ModelKey, ReplicaId, RequestId};
 pub use kv::{mix64, BlockHash, KvEvent, ROOT_BLOCK_HASH};
 pub use limits::MAX_OUTPUT_TOKENS;
 pub use outcome::{ErrorCode, RequestKind};

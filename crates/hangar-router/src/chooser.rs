@@ -22,6 +22,21 @@
 //! in flight, would be `least-outstanding`'s first choice for every
 //! request, each paying a failover. The request that was refused is kept
 //! off that replica for its next choice by [`Chooser::avoid`] as well.
+//!
+//! # Adapters
+//! A request that runs with a LoRA adapter is told to the chooser before
+//! it is submitted ([`ReplicaChooser::hint_adapter`]). When it is given a
+//! replica, that replica's [`AdapterSlots`](crate::AdapterSlots) are asked
+//! to hold the adapter, so the chooser knows what each replica holds from
+//! the slots themselves — the loads and unloads they asked for and the
+//! driver confirmed —, not from where it sent requests. The driver pulls
+//! [`ReplicaChooser::poll_adapter`] after every call into the admission
+//! (and into the chooser): the loads and unloads to carry out on each
+//! replica (reported back with [`ReplicaChooser::adapter_step_done`]) and
+//! which granted requests may now be sent or will not run
+//! ([`AdapterAction::Answer`]: [`SlotEvent::Ready`](crate::SlotEvent::Ready)
+//! or [`SlotEvent::Failed`](crate::SlotEvent::Failed)). A request with an adapter is
+//! sent only on its `Ready`; it holds its permit while its adapter loads.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,7 +45,12 @@ use hangar_queue::{Chooser, FreeReplica};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::{KvRouterConfig, RouteRequest, Router, RouterPolicy, WorkerId};
+use hangar_core::Adapter;
+
+use crate::{
+    AdapterAction, AdapterAsk, AdapterConfig, AdapterSlots, KvRouterConfig, RouteRequest, Router,
+    RouterPolicy, SlotsError, WorkerId,
+};
 
 /// Settings of the `kv` policy's approximate mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,6 +121,8 @@ pub struct ReplicaChooser {
     spare: Vec<WorkerId>,
     caches: FxHashMap<WorkerId, Lru>,
     prompts: FxHashMap<RequestId, (Vec<BlockHash>, u32)>,
+    /// Requests' adapters (with their size and load time) until routed.
+    adapters: FxHashMap<RequestId, (hangar_core::AdapterRef, u64, f64)>,
     /// Requests a replica refused for want of capacity, and that replica.
     avoid: FxHashMap<RequestId, ReplicaId>,
     /// Replicas that refused a request for want of capacity, and until
@@ -125,11 +147,60 @@ impl ReplicaChooser {
             spare: Vec::new(),
             caches: FxHashMap::default(),
             prompts: FxHashMap::default(),
+            adapters: FxHashMap::default(),
             avoid: FxHashMap::default(),
             refusing: FxHashMap::default(),
             tick: 0,
             scratch: Vec::new(),
         }
+    }
+
+    /// Sets each replica's adapter slots and the `adapter` policy's price
+    /// of a load (default [`AdapterConfig::default`]).
+    pub fn with_adapters(self, adapters: AdapterConfig) -> Self {
+        Self { router: self.router.with_adapters(adapters), ..self }
+    }
+
+    /// Request `request`, about to be submitted, runs with `adapter` (an
+    /// unknown size taken as the configured `default_size`), which takes
+    /// about `load_ms` to load where it is not held. It lasts until the
+    /// request is [done](Chooser::done). Refused, and not kept, when the
+    /// adapter is larger than a replica's adapter memory — refuse the
+    /// request (it could never run) rather than submit it.
+    pub fn hint_adapter(
+        &mut self,
+        request: RequestId,
+        adapter: &Adapter,
+        load_ms: f64,
+    ) -> Result<(), SlotsError> {
+        let config = self.router.adapter_config();
+        let bytes = adapter.size_or(config.default_size).bytes();
+        config.check_fits(&adapter.id, bytes)?;
+        self.adapters.insert(request, (adapter.id.clone(), bytes, load_ms.max(0.0)));
+        Ok(())
+    }
+
+    /// The next adapter step to carry out on a replica, or granted request
+    /// that may now be sent (or will not run). See the module docs.
+    pub fn poll_adapter(&mut self) -> Option<AdapterAction<ReplicaId>> {
+        let action = self.router.poll_adapter()?;
+        Some(match action {
+            AdapterAction::Step { on, step } => AdapterAction::Step { on: self.replicas[&on], step },
+            AdapterAction::Answer(event) => AdapterAction::Answer(event),
+        })
+    }
+
+    /// The adapter step in flight on `replica` ended, `ok` if its engine
+    /// did it. Nothing happens for a replica that is gone.
+    pub fn adapter_step_done(&mut self, replica: ReplicaId, ok: bool) {
+        if let Some(&w) = self.workers.get(&replica) {
+            self.router.adapter_step_done(w, ok);
+        }
+    }
+
+    /// The adapter slots of `replica`, once it was a candidate.
+    pub fn adapter_slots(&self, replica: ReplicaId) -> Option<&AdapterSlots> {
+        self.workers.get(&replica).and_then(|&w| self.router.adapter_slots(w))
     }
 
     /// Blocks replica `replica` is assumed to hold.
@@ -198,7 +269,13 @@ impl Chooser for ReplicaChooser {
             }
         }
         let (blocks, tokens) = self.prompts.remove(&request).unwrap_or_default();
-        let req = RouteRequest { id: request, blocks: &blocks, prompt_tokens: tokens };
+        let adapter = self.adapters.remove(&request);
+        let adapter = adapter.as_ref().map(|(adapter, bytes, load_ms)| AdapterAsk {
+            adapter,
+            bytes: *bytes,
+            load_ms: *load_ms,
+        });
+        let req = RouteRequest { id: request, blocks: &blocks, prompt_tokens: tokens, adapter };
         let chosen = self.router.route_among(&req, &candidates);
         self.scratch = candidates;
         match chosen {
@@ -228,6 +305,7 @@ impl Chooser for ReplicaChooser {
 
     fn done(&mut self, request: RequestId) {
         self.prompts.remove(&request);
+        self.adapters.remove(&request);
         self.avoid.remove(&request);
         self.router.finished(request);
     }
@@ -246,6 +324,7 @@ impl Chooser for ReplicaChooser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{SlotEvent, SlotStep};
     use proptest::prelude::*;
 
     fn free(ids: &[u128]) -> Vec<FreeReplica> {
@@ -350,6 +429,55 @@ mod tests {
         assert!("random".parse::<RouterPolicy>().unwrap_err().contains("`random`"));
     }
 
+    #[test]
+    fn the_chooser_learns_what_replicas_hold_from_their_slots() {
+        use hangar_core::{Adapter, ByteSize};
+        let cfg = AdapterConfig { slots: 2, memory: ByteSize::new(1_000), ..AdapterConfig::default() };
+        let mut c =
+            ReplicaChooser::new(RouterPolicy::Adapter, &ApproxKvConfig::default(), 5).with_adapters(cfg);
+        let a = Adapter::sized("base:lora-a".parse().unwrap(), ByteSize::new(100));
+        let ask = |c: &mut ReplicaChooser, id: u64, ids: &[u128]| {
+            c.hint_adapter(RequestId(id), &a, 500.0).unwrap();
+            c.choose(0, RequestId(id), &free(ids))
+        };
+        // The first request for `a` goes anywhere, and asks for a load there.
+        let r1 = ask(&mut c, 1, &[1, 2]);
+        let Some(AdapterAction::Step { on, step: SlotStep::Load { .. } }) = c.poll_adapter() else {
+            panic!()
+        };
+        assert_eq!(on, r1);
+        // The load fails: r1 does not hold `a`, and the request is told.
+        c.adapter_step_done(r1, false);
+        assert_eq!(
+            c.poll_adapter(),
+            Some(AdapterAction::Answer(SlotEvent::Failed { request: RequestId(1), adapter: a.id.clone() }))
+        );
+        c.done(RequestId(1));
+        assert_eq!(c.adapter_slots(r1).unwrap().holding(&a.id), crate::Holding::Absent);
+        // Again, and this time the load succeeds.
+        let r2 = ask(&mut c, 2, &[1, 2]);
+        let Some(AdapterAction::Step { on, .. }) = c.poll_adapter() else { panic!() };
+        c.adapter_step_done(on, true);
+        assert_eq!(c.poll_adapter(), Some(AdapterAction::Answer(SlotEvent::Ready(RequestId(2)))));
+        c.done(RequestId(2));
+        // Now every request for `a` goes to the replica that holds it, and
+        // runs at once.
+        for id in 3..8 {
+            assert_eq!(ask(&mut c, id, &[1, 2]), r2, "request {id}");
+            assert_eq!(c.poll_adapter(), Some(AdapterAction::Answer(SlotEvent::Ready(RequestId(id)))));
+            c.done(RequestId(id));
+        }
+        // Only free replicas are candidates, adapters or not.
+        let other = if r2 == ReplicaId::from_u128(1) { 2 } else { 1 };
+        assert_eq!(ask(&mut c, 9, &[other]), ReplicaId::from_u128(other));
+        // A gone replica's slots go with it.
+        c.replica_gone(r2);
+        assert!(c.adapter_slots(r2).is_none());
+        // An adapter larger than a replica's memory is refused at the hint.
+        let huge = Adapter::sized("base:huge".parse().unwrap(), ByteSize::new(2_000));
+        assert!(c.hint_adapter(RequestId(10), &huge, 1.0).is_err());
+    }
+
     proptest! {
         /// A replica that refused a request for want of capacity is not
         /// chosen for it again while another is free, whatever the policy;
@@ -357,7 +485,7 @@ mod tests {
         /// permit); and the hint lasts for that one choice.
         #[test]
         fn an_avoided_replica_is_chosen_only_when_no_other_is_free(
-            policy in prop_oneof![Just(RouterPolicy::RoundRobin), Just(RouterPolicy::LeastOutstanding), Just(RouterPolicy::Kv)],
+            policy in prop_oneof![Just(RouterPolicy::RoundRobin), Just(RouterPolicy::LeastOutstanding), Just(RouterPolicy::Kv), Just(RouterPolicy::Adapter)],
             asks in proptest::collection::vec((proptest::collection::vec(0u128..5, 1..5), 0u128..5), 1..100),
         ) {
             let mut c = ReplicaChooser::new(policy, &ApproxKvConfig::default(), 3);
@@ -381,7 +509,7 @@ mod tests {
         /// the choice is always a free replica.
         #[test]
         fn a_refusing_replica_is_chosen_only_when_every_other_free_one_refuses(
-            policy in prop_oneof![Just(RouterPolicy::RoundRobin), Just(RouterPolicy::LeastOutstanding), Just(RouterPolicy::Kv)],
+            policy in prop_oneof![Just(RouterPolicy::RoundRobin), Just(RouterPolicy::LeastOutstanding), Just(RouterPolicy::Kv), Just(RouterPolicy::Adapter)],
             seed in any::<u64>(),
             steps in proptest::collection::vec(
                 (0u64..1_500, 0u8..10, proptest::collection::vec(0u128..6, 1..6), 0u128..6),

@@ -22,6 +22,25 @@
 //!   the term estimates decode work, and a decode step attends over each
 //!   request's whole context whether or not its KV is shared (the timing
 //!   model charges decode by summed context tokens for the same reason).
+//! - `adapter`: for a request naming a LoRA adapter, the lowest
+//!   `requests_w + loads_w × load_ms / request_ms`, where `requests_w` is
+//!   what `least-outstanding` counts and `loads_w` how many adapter loads
+//!   must begin on *w* before the request could run there — 0 when *w*
+//!   holds the adapter or is loading it — so a replica lacking it costs
+//!   about its load time in requests in flight, as `kv` weighs a prompt's
+//!   uncached blocks against load. A replica that cannot load it until a
+//!   request in flight there ends (every slot in use) comes last. Without
+//!   an adapter it is `least-outstanding`. This is also Replicate's *prefer
+//!   same stream* for hotswap versions: a worker that holds a version's
+//!   weights serves that version again rather than swapping.
+//!
+//! Every policy loads adapters the same way: each worker has its
+//! [`AdapterSlots`] (at most `slots` adapters and `memory` bytes, the
+//! least recently used unused one unloaded to make room), which the router
+//! asks to hold a routed request's adapter; the steps it takes and the
+//! requests that may then run come out of [`Router::poll_adapter`]. Only
+//! `adapter` reads them to choose; the others are the baselines it is
+//! compared with.
 //!
 //! ```
 //! use hangar_core::{BlockHash, KvEvent, RequestId};
@@ -32,13 +51,14 @@
 //! router.add_worker(WorkerId(1));
 //! let prompt = [BlockHash(11), BlockHash(12)];
 //! router.apply_kv_events(WorkerId(1), &[KvEvent::Stored { parent: None, blocks: prompt.to_vec() }]);
-//! let w = router.route(&RouteRequest { id: RequestId(1), blocks: &prompt, prompt_tokens: 128 }).unwrap();
+//! let w = router.route(&RouteRequest { id: RequestId(1), blocks: &prompt, prompt_tokens: 128, adapter: None }).unwrap();
 //! assert_eq!(w, WorkerId(1));
 //! ```
 #![deny(missing_docs)]
 
 mod chooser;
 mod index;
+mod slots;
 
 use hangar_core::{BlockHash, KvEvent, RequestId};
 use rand::{Rng, SeedableRng};
@@ -47,7 +67,9 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 pub use chooser::{text_blocks, ApproxKvConfig, ReplicaChooser, REFUSAL_COOL_DOWN_MS};
+use hangar_core::AdapterRef;
 use index::{KvIndex, WorkerSet};
+pub use slots::{Acquired, AdapterConfig, AdapterSlots, Holding, SlotEvent, SlotStep, SlotsError};
 
 /// A worker (replica) as the router knows it: a small dense index the driver
 /// assigns.
@@ -76,8 +98,8 @@ impl Default for KvRouterConfig {
 /// `hangar serve`'s `router`, `hangar sim --router`, the fleet file's
 /// `router` and every chooser.
 ///
-/// Spelled in kebab-case (`round-robin`, `least-outstanding`, `kv`); the
-/// snake_case spellings are accepted as aliases. The KV policy's weights
+/// Spelled in kebab-case (`round-robin`, `least-outstanding`, `kv`,
+/// `adapter`); the snake_case spellings are accepted as aliases. The KV policy's weights
 /// are a [`KvRouterConfig`] of their own ([`Router::with_kv`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -91,19 +113,23 @@ pub enum RouterPolicy {
     LeastOutstanding,
     /// Lowest KV-aware cost.
     Kv,
+    /// Fewest requests in flight, a replica lacking the request's adapter
+    /// counting its load time as requests (see the crate docs).
+    Adapter,
 }
 
 impl RouterPolicy {
     /// Every policy, in the order help texts list them.
-    pub const ALL: [RouterPolicy; 3] = [Self::RoundRobin, Self::LeastOutstanding, Self::Kv];
+    pub const ALL: [RouterPolicy; 4] = [Self::RoundRobin, Self::LeastOutstanding, Self::Kv, Self::Adapter];
 
-    /// Parses a policy name (`round-robin`, `least-outstanding`, `kv`, or
-    /// the snake_case aliases).
+    /// Parses a policy name (`round-robin`, `least-outstanding`, `kv`,
+    /// `adapter`, or the snake_case aliases).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "round_robin" | "round-robin" | "rr" => Some(Self::RoundRobin),
             "least_outstanding" | "least-outstanding" => Some(Self::LeastOutstanding),
             "kv" => Some(Self::Kv),
+            "adapter" => Some(Self::Adapter),
             _ => None,
         }
     }
@@ -114,6 +140,7 @@ impl RouterPolicy {
             Self::RoundRobin => "round-robin",
             Self::LeastOutstanding => "least-outstanding",
             Self::Kv => "kv",
+            Self::Adapter => "adapter",
         }
     }
 }
@@ -129,7 +156,7 @@ impl std::str::FromStr for RouterPolicy {
 
     fn from_str(s: &str) -> Result<Self, String> {
         Self::from_name(s).ok_or_else(|| {
-            format!("unknown routing policy `{s}`: expected round-robin, least-outstanding or kv")
+            format!("unknown routing policy `{s}`: expected round-robin, least-outstanding, kv or adapter")
         })
     }
 }
@@ -143,6 +170,45 @@ pub struct RouteRequest<'a> {
     pub blocks: &'a [BlockHash],
     /// Prompt length in tokens (the last, partial block counts as a block).
     pub prompt_tokens: u32,
+    /// The LoRA adapter it runs with, if any.
+    pub adapter: Option<AdapterAsk<'a>>,
+}
+
+/// A request's adapter, as the router weighs and loads it.
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterAsk<'a> {
+    /// Which adapter.
+    pub adapter: &'a AdapterRef,
+    /// Its size (the driver's default for one of unknown size).
+    pub bytes: u64,
+    /// About how long loading it takes, ms: what the `adapter` policy
+    /// charges a replica that would have to.
+    pub load_ms: f64,
+}
+
+/// What the driver does for adapters, pulled from
+/// [`Router::poll_adapter`] (`W`: a [`WorkerId`]) or
+/// [`ReplicaChooser::poll_adapter`] (a [`ReplicaId`](hangar_core::ReplicaId)).
+///
+/// Every request routed with an adapter gets exactly one answer —
+/// [`SlotEvent::Ready`] or [`SlotEvent::Failed`] — unless it finishes
+/// first; send it to its worker only on `Ready`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdapterAction<W> {
+    /// Carry out `step` on worker `on`'s engine, then report how it went
+    /// ([`Router::adapter_step_done`]). A worker has one step in flight
+    /// at a time.
+    Step {
+        /// The worker.
+        on: W,
+        /// What to do.
+        step: SlotStep,
+    },
+    /// What became of a routed request: its adapter is loaded on its
+    /// worker (`Ready`: send it), or failed to load there (`Failed`: it
+    /// will not run there; end it, or route it again after
+    /// [`Router::finished`]).
+    Answer(SlotEvent),
 }
 
 /// Why a request could not be routed.
@@ -155,15 +221,27 @@ pub enum RouteError {
     /// The request is already in flight.
     #[error("request {0} is already routed")]
     Duplicate(RequestId),
+    /// The request's adapter can never be held (larger than a worker's
+    /// adapter memory).
+    #[error(transparent)]
+    Adapter(#[from] SlotsError),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct WorkerLoad {
     requests: u32,
     queued_prefill_blocks: u64,
     /// Prompt blocks (the last partial one included) of requests in flight.
     active_blocks: u64,
+    /// The adapters it holds.
+    slots: AdapterSlots,
 }
+
+/// What the `adapter` policy adds for a worker that cannot load the
+/// request's adapter until a request in flight there ends: more than any
+/// other cost, so such a worker is chosen only when every candidate is
+/// one (and then the least busy).
+const BLOCKED_COST: f64 = 1e12;
 
 #[derive(Debug)]
 struct InFlight {
@@ -171,6 +249,8 @@ struct InFlight {
     prompt_blocks: u64,
     prefill_blocks: u64,
     prefilling: bool,
+    /// It holds its worker's adapter slots.
+    adapter: bool,
 }
 
 /// The router state machine. See the crate docs.
@@ -178,6 +258,8 @@ struct InFlight {
 pub struct Router {
     policy: RouterPolicy,
     kv: KvRouterConfig,
+    adapters: AdapterConfig,
+    adapter_actions: std::collections::VecDeque<AdapterAction<WorkerId>>,
     block_size: u32,
     rng: ChaCha8Rng,
     workers: Vec<Option<WorkerLoad>>,
@@ -197,6 +279,8 @@ impl Router {
         Self {
             policy,
             kv: KvRouterConfig::default(),
+            adapters: AdapterConfig::default(),
+            adapter_actions: std::collections::VecDeque::new(),
             block_size: block_size.max(1),
             rng: ChaCha8Rng::seed_from_u64(seed),
             workers: Vec::new(),
@@ -216,6 +300,19 @@ impl Router {
         self
     }
 
+    /// Sets each worker's adapter slots and the `adapter` policy's price of
+    /// a load (default [`AdapterConfig::default`]); for workers added
+    /// after.
+    pub fn with_adapters(mut self, adapters: AdapterConfig) -> Self {
+        self.adapters = adapters;
+        self
+    }
+
+    /// The adapter settings in use.
+    pub fn adapter_config(&self) -> &AdapterConfig {
+        &self.adapters
+    }
+
     /// The policy in use.
     pub fn policy(&self) -> RouterPolicy {
         self.policy
@@ -228,20 +325,66 @@ impl Router {
             self.workers.resize_with(i + 1, || None);
         }
         if self.workers[i].is_none() {
-            self.workers[i] = Some(WorkerLoad::default());
+            self.workers[i] = Some(WorkerLoad {
+                requests: 0,
+                queued_prefill_blocks: 0,
+                active_blocks: 0,
+                slots: AdapterSlots::new(&self.adapters),
+            });
             self.live.insert(w);
         }
     }
 
-    /// Stops routing to a worker and forgets its cache and its requests
-    /// (the driver re-routes or fails them).
+    /// Stops routing to a worker and forgets its cache, its adapters and
+    /// its requests (the driver re-routes or fails them); adapter actions
+    /// for it or its requests not yet pulled are dropped.
     pub fn remove_worker(&mut self, w: WorkerId) {
         if let Some(slot) = self.workers.get_mut(w.0 as usize) {
             *slot = None;
         }
         self.live.remove(w);
         self.index.forget_worker(w);
+        let in_flight = &self.in_flight;
+        self.adapter_actions.retain(|a| match a {
+            AdapterAction::Step { on, .. } => *on != w,
+            AdapterAction::Answer(SlotEvent::Ready(r) | SlotEvent::Failed { request: r, .. }) => {
+                in_flight.get(r).is_none_or(|f| f.worker != w)
+            }
+        });
         self.in_flight.retain(|_, f| f.worker != w);
+    }
+
+    /// The adapter slots of worker `w`, if it is live.
+    pub fn adapter_slots(&self, w: WorkerId) -> Option<&AdapterSlots> {
+        self.load(w).map(|l| &l.slots)
+    }
+
+    /// The next adapter step to carry out or request that may now run (or
+    /// will not). Drain it after every call that routes, finishes or
+    /// reports a step.
+    pub fn poll_adapter(&mut self) -> Option<AdapterAction<WorkerId>> {
+        self.adapter_actions.pop_front()
+    }
+
+    /// Worker `w`'s adapter step in flight ended, `ok` if its engine did it
+    /// (see [`AdapterSlots::step_done`]). Nothing happens for a worker
+    /// that is gone or had no step in flight.
+    pub fn adapter_step_done(&mut self, w: WorkerId, ok: bool) {
+        let Some(load) = self.workers.get_mut(w.0 as usize).and_then(Option::as_mut) else { return };
+        if load.slots.step_done(ok) {
+            self.drain_slots(w);
+        }
+    }
+
+    /// Moves worker `w`'s slots' events and next step to the actions.
+    fn drain_slots(&mut self, w: WorkerId) {
+        let slots = &mut self.workers[w.0 as usize].as_mut().expect("live worker").slots;
+        while let Some(event) = slots.poll_event() {
+            self.adapter_actions.push_back(AdapterAction::Answer(event));
+        }
+        if let Some(step) = slots.poll_step() {
+            self.adapter_actions.push_back(AdapterAction::Step { on: w, step });
+        }
     }
 
     /// Applies a worker's KV events (in the order the worker emitted them).
@@ -312,6 +455,9 @@ impl Router {
         if self.in_flight.contains_key(&req.id) {
             return Err(RouteError::Duplicate(req.id));
         }
+        if let Some(ask) = &req.adapter {
+            self.adapters.check_fits(ask.adapter, ask.bytes)?;
+        }
         let prompt_blocks = u64::from(req.prompt_tokens.div_ceil(self.block_size));
         let (w, overlap) = match self.policy {
             RouterPolicy::RoundRobin => (self.pick_round_robin(set), 0),
@@ -336,14 +482,35 @@ impl Router {
                 self.scratch_overlap = overlap;
                 (w, ov)
             }
+            RouterPolicy::Adapter => {
+                let (ask, request_ms) = (req.adapter, self.adapters.request_ms);
+                let w = self.pick_min(set, |l, _| {
+                    let load = f64::from(l.requests);
+                    let Some(ask) = ask else { return load };
+                    match l.slots.loads_before_ready(ask.adapter, ask.bytes) {
+                        Some(loads) => load + f64::from(loads) * ask.load_ms / request_ms,
+                        None => BLOCKED_COST + load,
+                    }
+                });
+                (w, 0)
+            }
         };
         let prefill_blocks = prompt_blocks.saturating_sub(u64::from(overlap));
         let load = self.load_mut(w);
         load.requests += 1;
         load.queued_prefill_blocks += prefill_blocks;
         load.active_blocks += prompt_blocks;
+        if let Some(ask) = &req.adapter {
+            let acquired =
+                load.slots.acquire(req.id, ask.adapter, ask.bytes).expect("checked to fit; not in flight");
+            if acquired == Acquired::Ready {
+                self.adapter_actions.push_back(AdapterAction::Answer(SlotEvent::Ready(req.id)));
+            }
+            self.drain_slots(w);
+        }
+        let adapter = req.adapter.is_some();
         self.in_flight
-            .insert(req.id, InFlight { worker: w, prompt_blocks, prefill_blocks, prefilling: true });
+            .insert(req.id, InFlight { worker: w, prompt_blocks, prefill_blocks, prefilling: true, adapter });
         Ok(w)
     }
 
@@ -360,7 +527,10 @@ impl Router {
         load.queued_prefill_blocks -= n;
     }
 
-    /// The request left its worker (completed, failed or aborted).
+    /// The request left its worker (completed, failed or aborted): it no
+    /// longer counts there, and its adapter is no longer in use by it —
+    /// which may let a waiting adapter in (drain
+    /// [`poll_adapter`](Self::poll_adapter)).
     pub fn finished(&mut self, id: RequestId) {
         let Some(f) = self.in_flight.remove(&id) else { return };
         let load = self.workers[f.worker.0 as usize].as_mut().expect("live worker");
@@ -369,6 +539,12 @@ impl Router {
             load.queued_prefill_blocks -= f.prefill_blocks;
         }
         load.active_blocks -= f.prompt_blocks;
+        if f.adapter {
+            load.slots.release(id);
+            // An answer not yet pulled is no longer wanted.
+            self.adapter_actions.retain(|a| !matches!(a, AdapterAction::Answer(SlotEvent::Ready(r) | SlotEvent::Failed { request: r, .. }) if *r == id));
+            self.drain_slots(f.worker);
+        }
     }
 
     /// The first worker of `set` at or after the one after the last pick.

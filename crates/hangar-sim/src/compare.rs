@@ -4,6 +4,11 @@
 //! peer's Pareto frontier over its main knob, and `hangar`'s default
 //! judged against those frontiers rather than against one default point.
 //!
+//! Routing policies are compared the same way: given routers, [`runs`]
+//! runs each scaling policy under each router (every model routing with
+//! it), labelled `policy/router` — how `adapter` routing is held against
+//! round robin on a trace of many LoRA adapters (docs/adapters.md).
+//!
 //! [`runs`] lists the fleet runs — the policies asked for with their
 //! defaults, then (with a sweep) each peer over its knob: `replicate`'s
 //! `target_backlog_per_replica` ([`REPLICATE_TARGETS`], shares of each
@@ -29,7 +34,7 @@
 //!     "one.jsonl",
 //! )
 //! .unwrap();
-//! let specs = runs(&fleet, &[ScalingConfig::default()], false);
+//! let specs = runs(&fleet, &[ScalingConfig::default()], &[], false);
 //! let done: Vec<_> = specs
 //!     .into_iter()
 //!     .map(|spec| {
@@ -43,6 +48,7 @@
 
 use std::fmt::Write as _;
 
+use hangar_router::RouterPolicy;
 use hangar_scaler::{ReplicateSettings, ScalingConfig, WorkersAiSettings};
 use serde::Serialize;
 
@@ -73,6 +79,8 @@ pub struct RunSpec {
     pub label: String,
     /// The policy, as the config spells it.
     pub family: &'static str,
+    /// The routing policy every model runs, when the comparison sets one.
+    pub router: Option<RouterPolicy>,
     /// Whether it runs the policy with its defaults.
     pub default: bool,
     /// The fleet, every model's `scaling` set for the run.
@@ -81,8 +89,16 @@ pub struct RunSpec {
 
 /// The runs comparing `policies` on `fleet`: each with its defaults, in
 /// the order given, then — with `sweep` — each peer among them (see
-/// [`PEERS`]) at the other values of its knob.
-pub fn runs(fleet: &FleetConfig, policies: &[ScalingConfig], sweep: bool) -> Vec<RunSpec> {
+/// [`PEERS`]) at the other values of its knob. With `routers`, each
+/// policy's default runs once per router instead (labelled
+/// `policy/router`), every model routing with it; a sweep then is not
+/// run (its frontiers would mix routers).
+pub fn runs(
+    fleet: &FleetConfig,
+    policies: &[ScalingConfig],
+    routers: &[RouterPolicy],
+    sweep: bool,
+) -> Vec<RunSpec> {
     let with = |scaling: &dyn Fn(&FleetModel) -> ScalingConfig| {
         let mut f = fleet.clone();
         for m in &mut f.models {
@@ -90,11 +106,28 @@ pub fn runs(fleet: &FleetConfig, policies: &[ScalingConfig], sweep: bool) -> Vec
         }
         f
     };
+    if !routers.is_empty() {
+        return (policies.iter())
+            .flat_map(|p| routers.iter().map(move |r| (p, *r)))
+            .map(|(p, router)| {
+                let mut fleet = with(&|_| p.clone());
+                fleet.models.iter_mut().for_each(|m| m.router = router);
+                RunSpec {
+                    label: format!("{}/{router}", p.name()),
+                    family: p.name(),
+                    router: Some(router),
+                    default: true,
+                    fleet,
+                }
+            })
+            .collect();
+    }
     let mut out: Vec<RunSpec> = policies
         .iter()
         .map(|p| RunSpec {
             label: p.name().to_owned(),
             family: p.name(),
+            router: None,
             default: true,
             fleet: with(&|_| p.clone()),
         })
@@ -107,6 +140,7 @@ pub fn runs(fleet: &FleetConfig, policies: &[ScalingConfig], sweep: bool) -> Vec
         out.extend(REPLICATE_TARGETS.into_iter().filter(|&s| s != 1.0).map(|share| RunSpec {
             label: format!("replicate@{share}"),
             family: "replicate",
+            router: None,
             default: false,
             fleet: with(&|m| {
                 ScalingConfig::Replicate(ReplicateSettings {
@@ -122,6 +156,7 @@ pub fn runs(fleet: &FleetConfig, policies: &[ScalingConfig], sweep: bool) -> Vec
         out.extend(WORKERS_AI_DEADBANDS.into_iter().filter(|&b| b != band).map(|(min, max)| RunSpec {
             label: format!("workers-ai@{min}-{max}"),
             family: "workers-ai",
+            router: None,
             default: false,
             fleet: with(&|_| {
                 ScalingConfig::WorkersAi(WorkersAiSettings {
@@ -142,6 +177,8 @@ pub struct RunResult {
     pub label: String,
     /// The policy.
     pub family: String,
+    /// The routing policy every model ran, when the comparison set one.
+    pub router: Option<RouterPolicy>,
     /// Whether it ran the policy's defaults.
     pub default: bool,
     /// The whole fleet's figures.
@@ -231,6 +268,7 @@ impl Comparison {
                 RunResult {
                     label: spec.label.clone(),
                     family: spec.family.to_owned(),
+                    router: spec.router,
                     default: spec.default,
                     total: report.total.clone(),
                     models: report.models.clone(),
@@ -385,7 +423,7 @@ mod tests {
             ScalingConfig::Replicate(Default::default()),
             ScalingConfig::WorkersAi(Default::default()),
         ];
-        let all = runs(&fleet, &three, true);
+        let all = runs(&fleet, &three, &[], true);
         assert_eq!(all.len(), 1 + REPLICATE_TARGETS.len() + WORKERS_AI_DEADBANDS.len());
         assert_eq!(all.iter().filter(|r| r.default).count(), 3);
         let half = all.iter().find(|r| r.label == "replicate@0.5").unwrap();
@@ -393,8 +431,16 @@ mod tests {
         assert_eq!(s.target_backlog_per_replica, Some(8.0), "half of 16 permits");
         assert!(all.iter().any(|r| r.label == "workers-ai@0.1-0.35"));
         assert!(all.iter().all(|r| !r.label.contains(' ')), "one word each");
-        assert_eq!(runs(&fleet, &three, false).len(), 3);
+        assert_eq!(runs(&fleet, &three, &[], false).len(), 3);
         // Only the peers asked for are swept.
-        assert_eq!(runs(&fleet, &three[..2], true).len(), 1 + REPLICATE_TARGETS.len());
+        assert_eq!(runs(&fleet, &three[..2], &[], true).len(), 1 + REPLICATE_TARGETS.len());
+        // Routers: each policy under each, labelled so, with no sweep.
+        let routed = runs(&fleet, &three[..2], &[RouterPolicy::RoundRobin, RouterPolicy::Adapter], true);
+        let labels: Vec<&str> = routed.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["hangar/round-robin", "hangar/adapter", "replicate/round-robin", "replicate/adapter"]
+        );
+        assert!(routed[1].fleet.models.iter().all(|m| m.router == RouterPolicy::Adapter));
     }
 }

@@ -227,6 +227,19 @@ fn validate(trace: &Trace, cfg: &SimConfig) -> Result<(), SimError> {
         return Err(TraceError::empty(&trace.source).into());
     }
     for r in &trace.requests {
+        if r.adapter.is_some() {
+            // A plain replay's workers serve one model and have no adapter
+            // slots; the fleet simulation models adapters.
+            return Err(TraceError {
+                source_name: trace.source.clone(),
+                line: r.line,
+                field: Some("adapter".into()),
+                why: "adapters are simulated on a fleet: run `hangar sim --fleet FLEET TRACE` with \
+                      `[models.adapters]` (docs/adapters.md)"
+                    .into(),
+            }
+            .into());
+        }
         let needed = (r.input_len as usize).div_ceil(cfg.trace_block_size as usize);
         if !r.hash_ids.is_empty() && r.hash_ids.len() < needed {
             return Err(TraceError {
@@ -364,7 +377,7 @@ impl Sim<'_> {
         let id = RequestId(u64::from(i));
         let w = self
             .router
-            .route(&RouteRequest { id, blocks: prompt.blocks(), prompt_tokens: r.input_len })
+            .route(&RouteRequest { id, blocks: prompt.blocks(), prompt_tokens: r.input_len, adapter: None })
             .expect("workers exist and request ids are unique");
         self.in_flight += 1;
         self.collector.arrived(i, now, w.0);

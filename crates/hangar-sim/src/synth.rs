@@ -17,6 +17,15 @@
 //! `rate`), `diurnal` (a sine between 10 % and 190 % of `rate` over
 //! `period_s`) or `bursty` (a tenth of each period at 5× `rate`, the rest
 //! at half). With neither, the trace is exactly what it always was.
+//!
+//! `adapters` makes many LoRA fine-tunes over those few models: adapter
+//! *k* (`lora-k`) belongs to model *k* mod `models`; each session picks its
+//! model as before, then one of that model's adapters with Zipf popularity
+//! (`adapter_zipf_s`), and every turn of it names the adapter and its size
+//! (`adapter`, `adapter_size`). An adapter's size is its LoRA rank — 8,
+//! 16, 32 or 64, drawn once per adapter with chances 30, 40, 20 and 10 %
+//! — times `adapter_rank_bytes`. The adapters are drawn from a generator
+//! of their own, so the rest of the trace is the one without them.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -59,6 +68,14 @@ pub struct SynthConfig {
     pub pattern: Pattern,
     /// The pattern's period in seconds.
     pub period_s: f64,
+    /// LoRA adapters over the models (0: rows name none).
+    pub adapters: u32,
+    /// Zipf exponent of adapter popularity within a model.
+    pub adapter_zipf_s: f64,
+    /// Bytes of an adapter per unit of LoRA rank (default 5.24 MB: a
+    /// rank-16 adapter of every linear layer of an 8B Llama is 84 MB in
+    /// 16-bit weights).
+    pub adapter_rank_bytes: u64,
 }
 
 /// How a synthetic trace's arrival rate changes over time.
@@ -107,6 +124,9 @@ impl Default for SynthConfig {
             model_zipf_s: 1.0,
             pattern: Pattern::Steady,
             period_s: 600.0,
+            adapters: 0,
+            adapter_zipf_s: 1.0,
+            adapter_rank_bytes: 5_240_000,
         }
     }
 }
@@ -131,6 +151,12 @@ pub struct SynthRow {
     /// The model, when the trace spreads over several.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The LoRA adapter, when the trace has adapters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
+    /// The adapter's size in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter_size: Option<u64>,
 }
 
 /// Why a generator setting cannot work.
@@ -180,6 +206,15 @@ impl SynthConfig {
         if !(self.period_s.is_finite() && self.period_s >= 1.0) {
             return bad("period-s", "must be at least 1");
         }
+        if self.adapters > 1_000_000 {
+            return bad("adapters", "must be at most 1000000");
+        }
+        if !(self.adapter_zipf_s.is_finite() && self.adapter_zipf_s >= 0.0) {
+            return bad("adapter-zipf-s", "must be ≥ 0");
+        }
+        if self.adapters > 0 && self.adapter_rank_bytes == 0 {
+            return bad("adapter-rank-bytes", "must be at least 1");
+        }
         Ok(())
     }
 }
@@ -209,16 +244,20 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
     let multi_turn = cfg.max_turns > 1;
     let mut rows = Vec::with_capacity(cfg.requests as usize);
     let model_zipf = zipf_cdf(cfg.models.max(1), cfg.model_zipf_s);
+    let mut adapters = Adapters::new(cfg);
     let mut clock_ms = 0.0;
     let mut session = 0u32;
     while rows.len() < cfg.requests as usize {
         clock_ms = next_arrival(&mut rng, cfg, clock_ms);
         let u: f64 = rng.random();
         let sys = zipf.partition_point(|&c| c < u).min(zipf.len() - 1) as u64;
+        let mut model_index = 0;
         let model = (cfg.models > 0).then(|| {
             let u: f64 = rng.random();
-            format!("synth/m{}", model_zipf.partition_point(|&c| c < u).min(model_zipf.len() - 1))
+            model_index = model_zipf.partition_point(|&c| c < u).min(model_zipf.len() - 1);
+            format!("synth/m{model_index}")
         });
+        let adapter = adapters.pick(model_index);
         let turns = rng.random_range(1..=cfg.max_turns);
         let mut history = sys_len;
         let mut content_ids: Vec<u64> = Vec::new();
@@ -260,6 +299,8 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
                 session_id: multi_turn.then(|| format!("s{session}")),
                 delay,
                 model: model.clone(),
+                adapter: adapter.map(|k| format!("lora-{k}")),
+                adapter_size: adapter.map(|k| adapters.sizes[k]),
             });
             prev_len = len;
             history = len + output;
@@ -268,6 +309,57 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
     }
     rows.sort_by_key(|r| r.timestamp);
     Ok(rows)
+}
+
+/// The adapters of a trace: each one's size, and each model's by
+/// popularity; drawn from a generator of their own.
+struct Adapters {
+    rng: ChaCha8Rng,
+    /// Bytes of adapter `k`.
+    sizes: Vec<u64>,
+    /// Per model, the cumulative Zipf weights of its adapters, in rank
+    /// order (adapter `m + j × models` is model `m`'s rank `j`).
+    cdf: Vec<Vec<f64>>,
+    models: usize,
+}
+
+impl Adapters {
+    fn new(cfg: &SynthConfig) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x6164_6170_7465_7273);
+        let sizes = (0..cfg.adapters)
+            .map(|_| {
+                let u: f64 = rng.random();
+                let rank = match u {
+                    u if u < 0.3 => 8,
+                    u if u < 0.7 => 16,
+                    u if u < 0.9 => 32,
+                    _ => 64,
+                };
+                rank * cfg.adapter_rank_bytes
+            })
+            .collect();
+        let models = cfg.models.max(1) as usize;
+        let cdf = (0..models)
+            .map(|m| {
+                let own = (cfg.adapters as usize).saturating_sub(m).div_ceil(models) as u32;
+                if own == 0 {
+                    Vec::new()
+                } else {
+                    zipf_cdf(own, cfg.adapter_zipf_s)
+                }
+            })
+            .collect();
+        Adapters { rng, sizes, cdf, models }
+    }
+
+    /// An adapter of model `m` by popularity; `None` without adapters (or
+    /// when the model has none).
+    fn pick(&mut self, m: usize) -> Option<usize> {
+        let cdf = self.cdf.get(m).filter(|c| !c.is_empty())?;
+        let u: f64 = self.rng.random();
+        let rank = cdf.partition_point(|&c| c < u).min(cdf.len() - 1);
+        Some(m + rank * self.models)
+    }
 }
 
 /// The next session arrival after `clock_ms`: Poisson at `rate`, shaped by
@@ -377,6 +469,41 @@ mod tests {
         // Without models or a pattern, the trace is the one it always was.
         let plain = SynthConfig { requests: 100, ..SynthConfig::default() };
         assert!(generate(&plain).unwrap().iter().all(|r| r.model.is_none()));
+    }
+
+    #[test]
+    fn adapters_belong_to_their_model_follow_zipf_and_leave_the_rest_alone() {
+        let base = SynthConfig { requests: 3000, max_turns: 3, models: 2, ..SynthConfig::default() };
+        let cfg = SynthConfig { adapters: 100, adapter_zipf_s: 1.1, ..base.clone() };
+        let rows = generate(&cfg).unwrap();
+        assert_eq!(rows, generate(&cfg).unwrap(), "deterministic");
+        let plain = generate(&base).unwrap();
+        for (a, b) in rows.iter().zip(&plain) {
+            assert_eq!((a.timestamp, &a.hash_ids, &a.model), (b.timestamp, &b.hash_ids, &b.model));
+            assert!(b.adapter.is_none() && b.adapter_size.is_none());
+        }
+        let mut count = std::collections::BTreeMap::<usize, usize>::new();
+        let mut size = std::collections::BTreeMap::<usize, u64>::new();
+        for r in &rows {
+            let k: usize = r.adapter.as_deref().unwrap()["lora-".len()..].parse().unwrap();
+            assert_eq!(r.model.as_deref(), Some(format!("synth/m{}", k % 2).as_str()), "lora-{k}");
+            *count.entry(k).or_default() += 1;
+            let bytes = r.adapter_size.unwrap();
+            assert_eq!(*size.entry(k).or_insert(bytes), bytes, "one size per adapter");
+            assert!([8, 16, 32, 64].map(|r| r * 5_240_000).contains(&bytes));
+        }
+        // Zipf within each model: its first adapters are the most asked for.
+        assert!(count[&0] > count.get(&20).copied().unwrap_or(0) * 3, "{count:?}");
+        assert!(count[&1] > count.get(&21).copied().unwrap_or(0) * 3, "{count:?}");
+        assert!(count.len() > 40, "the tail is long: {}", count.len());
+        // A session keeps its adapter.
+        let mut by_session = std::collections::BTreeMap::<&str, &str>::new();
+        for r in &rows {
+            let (s, a) = (r.session_id.as_deref().unwrap(), r.adapter.as_deref().unwrap());
+            assert_eq!(*by_session.entry(s).or_insert(a), a);
+        }
+        let e = generate(&SynthConfig { adapters: 5, adapter_zipf_s: -1.0, ..base }).unwrap_err();
+        assert_eq!(e.to_string(), "trace synth: `adapter-zipf-s` must be ≥ 0");
     }
 
     #[test]

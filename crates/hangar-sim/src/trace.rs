@@ -7,7 +7,11 @@
 //!   `trace_block_size` prompt tokens; equal prefixes of ids mean equal
 //!   prompt prefixes), optional `session_id` (string or integer) and `delay`
 //!   or `delay_ms` (ms after the previous turn of the session completes),
-//!   optional `model` (the model a whole-fleet simulation sends it to).
+//!   optional `model` (the model a whole-fleet simulation sends it to),
+//!   optional `adapter` (the LoRA adapter it runs with, named under its
+//!   `model`: the request is `MODEL:ADAPTER`) and `adapter_size` (its size
+//!   in bytes, when the trace knows it). Traces without them read as
+//!   before.
 //! - **Azure LLM inference trace CSV**: header `TIMESTAMP,ContextTokens,
 //!   GeneratedTokens`, timestamps like `2023-11-16 18:15:46.6805900`. Prompts
 //!   carry no prefix information, so every request's tokens are its own.
@@ -17,6 +21,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use hangar_core::AdapterName;
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -39,6 +44,10 @@ pub struct TraceRequest {
     pub delay_ms: f64,
     /// The model it names, if any (`model`).
     pub model: Option<String>,
+    /// The LoRA adapter it runs with, under its model (`adapter`).
+    pub adapter: Option<AdapterName>,
+    /// The adapter's size in bytes, if the trace gives it (`adapter_size`).
+    pub adapter_size: Option<u64>,
     /// Line in the source file (1-based), for messages.
     pub line: usize,
 }
@@ -315,6 +324,8 @@ struct Row<'a> {
     session: Option<SessionKey<'a>>,
     delay_ms: f64,
     model: Option<String>,
+    adapter: Option<AdapterName>,
+    adapter_size: Option<u64>,
 }
 
 /// One JSONL row, its session numbered in `sessions` (when kept).
@@ -345,6 +356,8 @@ fn jsonl_row(
         session,
         delay_ms: row.delay_ms,
         model: row.model,
+        adapter: row.adapter,
+        adapter_size: row.adapter_size,
         line: ctx.line,
     })
 }
@@ -372,6 +385,9 @@ struct FastRow<'a> {
     delay_ms: Field<f64>,
     #[serde(borrow)]
     model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    adapter: Option<Cow<'a, str>>,
+    adapter_size: Field<u64>,
 }
 
 /// A field as a row has it: absent, `null`, or a value (`Option` would
@@ -432,6 +448,15 @@ impl<'a> FastRow<'a> {
                 Some(m) if !m.is_empty() => Some(m.into_owned()),
                 Some(_) => return None,
             },
+            adapter_size: match (&r.adapter, r.adapter_size) {
+                (_, Field::Absent | Field::Null) => None,
+                (Some(_), Field::Value(b)) => Some(b),
+                (None, Field::Value(_)) => return None,
+            },
+            adapter: match r.adapter {
+                None => None,
+                Some(a) => Some(a.parse().ok()?),
+            },
         })
     }
 }
@@ -474,7 +499,31 @@ fn parse_row(raw: &str, ctx: &LineCtx<'_>) -> Result<Row<'static>, TraceError> {
         Some(Value::String(m)) if !m.is_empty() => Some(m.clone()),
         Some(v) => return Err(ctx.err(Some("model"), format!("expected a model key, found {v}"))),
     };
-    Ok(Row { timestamp_ms, input_len, output_len, hash_ids, session, delay_ms, model })
+    let adapter = match obj.get("adapter") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(a)) => {
+            Some(a.parse::<AdapterName>().map_err(|e| ctx.err(Some("adapter"), e.to_string()))?)
+        }
+        Some(v) => {
+            return Err(ctx.err(
+                Some("adapter"),
+                format!("expected an adapter name (e.g. \"acme/support-v2\"), found {v}"),
+            ))
+        }
+    };
+    let adapter_size = match obj.get("adapter_size") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let bytes = v.as_u64().ok_or_else(|| {
+                ctx.err(Some("adapter_size"), format!("expected the adapter's size in bytes, found {v}"))
+            })?;
+            if adapter.is_none() {
+                return Err(ctx.err(Some("adapter_size"), "given without an `adapter`"));
+            }
+            Some(bytes)
+        }
+    };
+    Ok(Row { timestamp_ms, input_len, output_len, hash_ids, session, delay_ms, model, adapter, adapter_size })
 }
 
 /// The columns an Azure CSV header names.
@@ -520,6 +569,8 @@ fn csv_row(
         session: None,
         delay_ms: 0.0,
         model: None,
+        adapter: None,
+        adapter_size: None,
         line: ctx.line,
     })
 }
@@ -589,6 +640,8 @@ mod tests {
             r#"{"timestamp": 1e3, "input_length": 1, "output_length": 0, "hash_ids": null, "session_id": "a\"b\u00e9"}"#,
             r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "delay": null, "delay_ms": 5, "model": "m"}"#,
             r#"{"timestamp": 0, "created_time": -1, "input_length": 1, "output_length": 1}"#,
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "model": "m", "adapter": "acme/x", "adapter_size": 5}"#,
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter": "a", "adapter_size": null}"#,
         ];
         let left = [
             r#"{"timestamp": null, "created_time": 5, "input_length": 1, "output_length": 1}"#,
@@ -602,6 +655,9 @@ mod tests {
             r#"[5, 1, 1]"#,
             r#"{"timestamp": 5, "output_length": 1}"#,
             r#"{"timestamp": 0, "input_length": 1, "input_tokens": "x", "output_length": 1}"#,
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter": "a b"}"#,
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter_size": 5}"#,
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter": "a", "adapter_size": -5}"#,
         ];
         let ctx = LineCtx { source: "t.jsonl", line: 1 };
         for raw in taken {
@@ -641,6 +697,25 @@ mod tests {
             "t.jsonl:1: field `hash_ids`: element 1 is -2, not a 64-bit unsigned integer"
         );
         assert!(e("{not json").starts_with("t.jsonl:1: not a JSON object"));
+        assert_eq!(
+            e(r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter": "a:b"}"#),
+            "t.jsonl:1: field `adapter`: adapter name `a:b` has the character ':' at byte 1; allowed are ASCII \
+             letters, digits and ._-/"
+        );
+        assert_eq!(
+            e(r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter": 7}"#),
+            "t.jsonl:1: field `adapter`: expected an adapter name (e.g. \"acme/support-v2\"), found 7"
+        );
+        assert_eq!(
+            e(r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter_size": 5}"#),
+            "t.jsonl:1: field `adapter_size`: given without an `adapter`"
+        );
+        assert_eq!(
+            e(
+                r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "adapter": "a", "adapter_size": "5MB"}"#
+            ),
+            "t.jsonl:1: field `adapter_size`: expected the adapter's size in bytes, found \"5MB\""
+        );
         assert_eq!(e("\n\n"), "t.jsonl:0: the trace holds no requests");
     }
 

@@ -506,3 +506,60 @@ fn a_sweep_draws_each_peers_pareto_frontier_and_judges_hangar_against_it() {
         }
     }
 }
+
+/// Many LoRA adapters over two models, as a user would compare routers on
+/// them: `trace synth --adapters`, then `sim compare --router`, whose table
+/// has a row per policy and router and whose adapter lines count loads; a
+/// plain replay of the trace is refused, pointing to --fleet.
+#[test]
+fn routers_are_compared_on_a_trace_of_many_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = synth(dir.path(), &["--models", "2", "--adapters", "50", "--max-turns", "1"]);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("\"adapter\":\"lora-") && text.contains("\"adapter_size\":"), "{text}");
+    let fleet = dir.path().join("fleet.toml");
+    let with_adapters = FLEET.replace("size = \"16GB\"", "size = \"16GB\"\nadapters = { slots = 4 }");
+    std::fs::write(&fleet, &with_adapters).unwrap();
+    let json = dir.path().join("compare.json");
+    let compare = |extra: &[&str]| {
+        let fleet = fleet.to_str().unwrap();
+        hangar(&[&["sim", "compare", "--fleet", fleet, trace.as_str()][..], extra].concat())
+    };
+    let routers = ["--policy", "hangar", "--router", "round-robin", "--router", "adapter"];
+    let o = compare(&[&routers[..], &["--json", json.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    for label in ["hangar/round-robin", "hangar/adapter"] {
+        assert!(table.lines().any(|l| l.starts_with(label)), "{label} missing:\n{table}");
+        assert!(table.lines().any(|l| l.trim_start().starts_with(label) && l.contains("loads")), "{table}");
+    }
+    assert!(table.contains("ad loads"), "{table}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs[1]["router"], "adapter");
+    assert_eq!(runs[1]["total"]["adapters"]["requests"], 120);
+    assert!(runs[0]["total"]["adapters"]["loads"].as_u64().unwrap() > 0);
+
+    // --sweep would mix routers in one frontier: refused, naming both.
+    let o = compare(&["--policy", "replicate", "--router", "adapter", "--sweep"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--router") && stderr(&o).contains("--sweep"), "{}", stderr(&o));
+    // An unknown router names the ones there are.
+    let o = compare(&["--policy", "hangar", "--router", "sticky"]);
+    assert!(stderr(&o).contains("kv or adapter"), "{}", stderr(&o));
+    // `sim live` would send the rows without their adapters: refused
+    // before anything runs.
+    let o = hangar(&["sim", "live", &trace, "--fleet", fleet.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("field `adapter`") && stderr(&o).contains("--fleet"), "{}", stderr(&o));
+    // A plain replay has no adapter slots.
+    let o = hangar(&["sim", &trace]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("field `adapter`") && stderr(&o).contains("--fleet"), "{}", stderr(&o));
+    // A fleet whose model loads no adapters names the row.
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, FLEET).unwrap();
+    let o = hangar(&["sim", "--fleet", plain.to_str().unwrap(), &trace]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("loads no adapters") && stderr(&o).contains(":1:"), "{}", stderr(&o));
+}

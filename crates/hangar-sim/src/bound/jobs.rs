@@ -216,6 +216,7 @@ mod tests {
             slo_ttft_ms: 2000,
             scaling: None,
             router: Default::default(),
+            adapters: None,
         };
         Floors::new(&model).unwrap()
     }

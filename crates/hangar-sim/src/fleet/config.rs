@@ -3,7 +3,7 @@
 use hangar_core::{ByteSize, FieldError, Millis, ModelKey};
 use hangar_engine::EngineConfig;
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, PlacementConfig};
-use hangar_router::RouterPolicy;
+use hangar_router::{AdapterConfig, RouterPolicy};
 use hangar_scaler::ScalingConfig;
 use serde::Deserialize;
 
@@ -115,6 +115,12 @@ pub struct FleetModel {
     /// scores the prompt's `hash_ids` against what each replica was sent).
     #[serde(default)]
     pub router: RouterPolicy,
+    /// The LoRA adapters its replicas load for requests that name one
+    /// (`[models.adapters]`: `slots`, `memory`, `default_size`,
+    /// `request_ms`; docs/adapters.md). Without it, a trace row naming an
+    /// adapter of this model is refused.
+    #[serde(default)]
+    pub adapters: Option<AdapterConfig>,
 }
 
 /// A replica's start: loading its weights from the tier they are on, then
@@ -131,11 +137,27 @@ pub struct ColdStart {
     pub wake_gbps: f64,
     /// The engine's own start once weights are in (ms); not paid on a wake.
     pub boot_ms: Millis,
+    /// An adapter load's work besides reading its bytes (ms, default
+    /// 300): the engine building its layers' weights and copying them to
+    /// the GPU — LoRAX measured about 20 ms a layer before batching the
+    /// copies (predibase/lorax#433), PEFT 25–60 ms an adapter. Its bytes
+    /// come from the disk, or the page cache once a load of it has
+    /// finished on the node.
+    pub adapter_ms: Millis,
 }
 
 impl Default for ColdStart {
     fn default() -> Self {
-        ColdStart { disk_gbps: 2.0, page_cache_gbps: 10.0, wake_gbps: 25.0, boot_ms: 10_000 }
+        ColdStart { disk_gbps: 2.0, page_cache_gbps: 10.0, wake_gbps: 25.0, boot_ms: 10_000, adapter_ms: 300 }
+    }
+}
+
+impl ColdStart {
+    /// How long loading an adapter of `bytes` takes: from the page cache
+    /// (`cached`: a load of it finished on the node before) or the disk.
+    pub fn adapter_load_ms(&self, bytes: u64, cached: bool) -> f64 {
+        let gbps = if cached { self.page_cache_gbps } else { self.disk_gbps };
+        bytes as f64 / (gbps * 1e9) * 1000.0 + self.adapter_ms as f64
     }
 }
 
@@ -268,6 +290,9 @@ impl FleetConfig {
             }
             if let Some(s) = &m.scaling {
                 s.validate().map_err(|e| e.within(&format!("{at}.scaling")))?;
+            }
+            if let Some(a) = &m.adapters {
+                a.validate().map_err(|e| e.within(&format!("{at}.adapters")))?;
             }
             hangar_engine::EngineCore::new(&m.engine, super::no_tables)
                 .map_err(|e| FieldError::new(format!("{at}.engine"), e.to_string()))?;

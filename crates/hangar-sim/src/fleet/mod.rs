@@ -14,6 +14,16 @@
 //! weights' bytes over the bandwidth of the tier they come from (disk,
 //! page cache, or a WARM wake from CPU memory) plus the engine's boot.
 //!
+//! Adapters: a model with `[models.adapters]` gives each replica the
+//! router's [`AdapterSlots`](hangar_router::AdapterSlots) (through its
+//! chooser, as `hangar serve` does); a row naming an `adapter` is granted
+//! a permit as any other, then waits until the slots say its adapter is
+//! loaded there. A load takes the adapter's bytes over the disk's
+//! bandwidth — the page cache's once a load of that adapter finished on
+//! the node — plus `cold_start.adapter_ms`; an unload is immediate. A
+//! request's prompt blocks are its adapter's own (an engine's prefix cache
+//! keys blocks by adapter), and a WARM replica wakes with no adapters.
+//!
 //! The trace is read as the clock reaches it ([`simulate_fleet_rows`]) and
 //! each request is booked in the report as it ends, so memory follows the
 //! fleet and what is in flight, not the trace's length.
@@ -30,15 +40,18 @@ mod requests;
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use hangar_core::{AccountId, BlockHash, Millis, ModelKey, ReplicaId, RequestId, ROOT_BLOCK_HASH};
+use hangar_core::{
+    mix64, AccountId, Adapter, AdapterRef, BlockHash, ByteSize, Millis, ModelKey, ReplicaId, RequestId,
+    ROOT_BLOCK_HASH,
+};
 use hangar_engine::{EngineCore, EngineRequest, Pass, Prompt};
 use hangar_placement::{Action as Step, Deployment, NodeId};
 use hangar_queue::{Action as Admit, Admission, AdmissionConfig, Chooser, Submitted};
-use hangar_router::{ApproxKvConfig, ReplicaChooser, RouterPolicy};
+use hangar_router::{AdapterAction, ApproxKvConfig, ReplicaChooser, RouterPolicy, SlotEvent, SlotStep};
 use hangar_scaler::{Action, ControlLoop, Observation, ReplicaCounts, ScalingConfig, StartTier, TtftWindow};
 
 pub use config::{ColdStart, FleetConfig, FleetModel, FleetNodes};
-pub use report::{ColdStarts, FleetReport, GpuSeconds, ModelReport, Sample};
+pub use report::{AdapterCounts, ColdStarts, FleetReport, GpuSeconds, ModelReport, Sample};
 
 use crate::trace::{Trace, TraceError, TraceRequest};
 use crate::SimError;
@@ -85,6 +98,8 @@ enum Kind {
     PassEnd(usize, u64),
     /// A replica finished loading (slot, generation).
     Loaded(usize, u64),
+    /// A replica's adapter load finished (slot, generation).
+    AdapterLoaded(usize, u64),
     /// Something in the control loop (a tick, a decision, a retry) or an
     /// admission is due.
     Due,
@@ -130,11 +145,15 @@ struct Replica {
     generation: u64,
     /// When its current load began.
     load_started: f64,
+    /// Requests granted here that wait for their adapter to load.
+    adapter_waiting: u32,
+    /// The adapter its load in flight brings in.
+    adapter_loading: Option<AdapterRef>,
 }
 
 impl Replica {
     fn has_work(&self) -> bool {
-        self.engine.as_ref().is_some_and(EngineCore::has_work)
+        self.engine.as_ref().is_some_and(EngineCore::has_work) || self.adapter_waiting > 0
     }
 }
 
@@ -146,6 +165,8 @@ struct ModelState {
     chooser: ReplicaChooser,
     /// The `kv` router: prompts are hinted to the chooser.
     kv: bool,
+    /// Whether its replicas load adapters.
+    adapters: bool,
     timeout_ms: Millis,
     permits: u32,
     counters: (u64, u64, u64, u64),
@@ -203,6 +224,11 @@ struct Fleet<'t> {
     /// their page cache). A load still under way, or given up, has put
     /// nothing there yet.
     cached: BTreeSet<(NodeId, usize)>,
+    /// The same for adapters.
+    adapters_cached: BTreeSet<(NodeId, AdapterRef)>,
+    /// Adapter actions are being carried out (a call that would carry them
+    /// out again leaves them to that loop).
+    carrying_adapters: bool,
     touched: Vec<usize>,
     requests: Requests,
     report: report::Builder,
@@ -276,14 +302,26 @@ pub fn simulate_fleet_rows(
     let models = cfg
         .models
         .iter()
-        .map(|m| ModelState {
+        .map(|m| {
+            let chooser = ReplicaChooser::new(m.router, &kv_config(opts.trace_block_size), cfg.seed);
+            (
+                m,
+                m.router,
+                match &m.adapters {
+                    Some(a) => chooser.with_adapters(a.clone()),
+                    None => chooser,
+                },
+            )
+        })
+        .map(|(m, router, chooser)| ModelState {
             key: m.key.clone(),
             admission: Admission::new(AdmissionConfig {
                 capacity: m.capacity(),
                 ..AdmissionConfig::default()
             }),
-            chooser: ReplicaChooser::new(m.router, &kv_config(opts.trace_block_size), cfg.seed),
-            kv: m.router == RouterPolicy::Kv,
+            chooser,
+            kv: router == RouterPolicy::Kv,
+            adapters: m.adapters.is_some(),
             timeout_ms: m.timeout_s * 1000,
             permits: m.concurrency,
             counters: (0, 0, 0, 0),
@@ -309,6 +347,8 @@ pub fn simulate_fleet_rows(
         by_model: vec![Vec::new(); cfg.models.len()],
         passes: Vec::new(),
         cached: BTreeSet::new(),
+        adapters_cached: BTreeSet::new(),
+        carrying_adapters: false,
         touched: Vec::new(),
         requests: Requests::default(),
         report: report::Builder::new(cfg, opts.sample_ms),
@@ -344,6 +384,12 @@ pub(crate) fn model_of(
 /// refused when the fleet file is checked.
 pub(crate) fn no_tables(path: &str) -> Result<String, String> {
     Err(format!("`{path}`: a fleet's engines take `polynomial` or `fixed` timing, not a table file"))
+}
+
+/// What an adapter's prompt blocks are mixed with, so that they are its
+/// own.
+fn adapter_salt(a: &AdapterRef) -> u64 {
+    a.to_string().bytes().fold(0x6164_6170_7465_7273, |h, b| mix64(h, u64::from(b)))
 }
 
 /// The `kv` router's settings in a simulation: blocks are the trace's
@@ -396,6 +442,24 @@ impl Fleet<'_> {
                 };
                 return Err(err("model", why).into());
             };
+            if let Some(a) = &r.adapter {
+                let model = &self.cfg.models[m];
+                let Some(slots) = &model.adapters else {
+                    let why = format!(
+                        "model `{}` loads no adapters: give it `[models.adapters]` to serve `{}:{a}`",
+                        model.key, model.key
+                    );
+                    return Err(err("adapter", why).into());
+                };
+                let bytes = r.adapter_size.unwrap_or(slots.default_size.bytes());
+                if bytes > slots.memory.bytes() {
+                    let why = format!(
+                        "`{}:{a}` is {bytes} bytes, more than the {} of adapter memory of a replica (`memory`)",
+                        model.key, slots.memory
+                    );
+                    return Err(err("adapter_size", why).into());
+                }
+            }
             let needed = (r.input_len as usize).div_ceil(self.opts.trace_block_size.max(1) as usize);
             if !r.hash_ids.is_empty() && r.hash_ids.len() < needed {
                 let why =
@@ -494,6 +558,11 @@ impl Fleet<'_> {
                     self.loaded(now, slot);
                 }
             }
+            Kind::AdapterLoaded(slot, generation) => {
+                if self.replicas[slot].generation == generation {
+                    self.adapter_loaded(now, slot);
+                }
+            }
             Kind::Due => {
                 if now >= self.next_due {
                     self.next_due = f64::INFINITY;
@@ -578,13 +647,35 @@ impl Fleet<'_> {
 
     fn arrive(&mut self, now: f64, m: usize, row: TraceRequest) {
         self.models[m].counters.0 += 1;
+        let adapter = row.adapter.map(|name| {
+            let default = self.cfg.models[m].adapters.as_ref().map_or(ByteSize::new(0), |a| a.default_size);
+            let size = ByteSize::new(row.adapter_size.unwrap_or(default.bytes()));
+            Adapter::sized(AdapterRef::new(self.models[m].key.clone(), name), size)
+        });
+        let mut hash_ids = row.hash_ids;
+        if let Some(a) = &adapter {
+            // An engine keys its prefix cache by adapter too: the same
+            // prompt under two adapters shares no block.
+            let salt = adapter_salt(&a.id);
+            hash_ids.iter_mut().for_each(|h| *h = mix64(*h, salt));
+        }
         let id = self.requests.insert(InFlight {
             model: m,
             input_len: row.input_len,
             output_len: row.output_len,
-            hash_ids: row.hash_ids,
+            hash_ids,
+            adapter: adapter.is_some(),
+            waiting_on: None,
             timing: Timing { arrived: now, ..Timing::default() },
         });
+        if let Some(a) = &adapter {
+            // The chooser's estimate of a load is the slow tier's, as a
+            // live gateway's would be: it does not know the page cache.
+            let bytes = a.size.map_or(0, ByteSize::bytes);
+            let load_ms = self.cfg.cold_start.adapter_load_ms(bytes, false);
+            self.report.adapter_request(m);
+            self.models[m].chooser.hint_adapter(id, a, load_ms).expect("sizes checked as the row was read");
+        }
         let model = &mut self.models[m];
         if model.kv {
             let r = self.requests.get(id).expect("just inserted");
@@ -605,7 +696,7 @@ impl Fleet<'_> {
             .submit(ms(now), id, self.account.clone(), deadline, &mut model.chooser)
             .expect("ids are unique");
         match submitted {
-            Submitted::Leased(p) => self.start_request(now, m, p.request, p.replica),
+            Submitted::Leased(p) => self.grant(now, m, p.request, p.replica),
             Submitted::Queued => {
                 // As `hangar serve`: a request that has to wait tells the
                 // controller at once.
@@ -627,6 +718,7 @@ impl Fleet<'_> {
                 self.end(now, id, Outcome::Failed);
             }
         }
+        self.carry_out_adapters(now, m);
     }
 
     /// Decisions an admission took since it was last asked.
@@ -634,7 +726,7 @@ impl Fleet<'_> {
         self.admission_touched.push(m);
         while let Some(action) = self.models[m].admission.poll_action() {
             match action {
-                Admit::Dispatch(p) => self.start_request(now, m, p.request, p.replica),
+                Admit::Dispatch(p) => self.grant(now, m, p.request, p.replica),
                 Admit::Expired(r) => {
                     self.models[m].chooser.done(r);
                     self.end(now, r, Outcome::TimedOut);
@@ -645,13 +737,83 @@ impl Fleet<'_> {
                 }
             }
         }
+        self.carry_out_adapters(now, m);
+    }
+
+    /// Request `request` got a permit on `replica`: it starts there now,
+    /// or once its adapter is loaded there.
+    fn grant(&mut self, now: f64, m: usize, request: RequestId, replica: ReplicaId) {
+        let Some(r) = self.requests.get_mut(request) else { return };
+        r.timing.granted = now;
+        if r.adapter {
+            r.waiting_on = Some(replica);
+            let slot = self.slots[&replica];
+            self.replicas[slot].adapter_waiting += 1;
+            return;
+        }
+        self.start_request(now, m, request, replica);
+    }
+
+    /// The adapter steps and answers the model's chooser has for the
+    /// driver, carried out until there are none.
+    fn carry_out_adapters(&mut self, now: f64, m: usize) {
+        if !self.models[m].adapters || self.carrying_adapters {
+            return;
+        }
+        self.carrying_adapters = true;
+        while let Some(action) = self.models[m].chooser.poll_adapter() {
+            match action {
+                AdapterAction::Step { on, step: SlotStep::Load { adapter, bytes } } => {
+                    let slot = self.slots[&on];
+                    let r = &mut self.replicas[slot];
+                    let cached = self.adapters_cached.contains(&(r.node.clone(), adapter.clone()));
+                    let took = self.cfg.cold_start.adapter_load_ms(bytes, cached);
+                    r.adapter_loading = Some(adapter);
+                    let generation = r.generation;
+                    self.report.adapter_load(m);
+                    self.push(now + took, Kind::AdapterLoaded(slot, generation));
+                }
+                AdapterAction::Step { on, step: SlotStep::Unload { .. } } => {
+                    self.report.adapter_unload(m);
+                    self.models[m].chooser.adapter_step_done(on, true);
+                }
+                AdapterAction::Answer(SlotEvent::Ready(request)) => {
+                    let Some(r) = self.requests.get_mut(request) else { continue };
+                    let Some(replica) = r.waiting_on.take() else { continue };
+                    let waited = now - r.timing.granted;
+                    self.replicas[self.slots[&replica]].adapter_waiting -= 1;
+                    self.report.adapter_ready(m, waited);
+                    self.start_request(now, m, request, replica);
+                }
+                AdapterAction::Answer(SlotEvent::Failed { request, .. }) => {
+                    // Loads do not fail in a simulation; were one to, its
+                    // requests would end unserved.
+                    if let Some(replica) = self.requests.get_mut(request).and_then(|r| r.waiting_on.take()) {
+                        self.replicas[self.slots[&replica]].adapter_waiting -= 1;
+                    }
+                    self.release(now, m, request);
+                    self.end(now, request, Outcome::Failed);
+                }
+            }
+        }
+        self.carrying_adapters = false;
+    }
+
+    /// Replica `slot`'s adapter load finished.
+    fn adapter_loaded(&mut self, now: f64, slot: usize) {
+        let r = &mut self.replicas[slot];
+        let Some(adapter) = r.adapter_loading.take() else { return };
+        let (m, id) = (r.model, r.id);
+        self.adapters_cached.insert((r.node.clone(), adapter));
+        self.models[m].chooser.adapter_step_done(id, true);
+        self.carry_out_adapters(now, m);
+        self.maybe_drained(now, slot);
     }
 
     fn start_request(&mut self, now: f64, m: usize, request: RequestId, replica: ReplicaId) {
         let slot = self.slots[&replica];
         let block_size = self.cfg.models[m].engine.block_size;
         let Some(r) = self.requests.get_mut(request) else { return };
-        r.timing.granted = now;
         let prompt =
             Prompt::from_trace(r.input_len, &r.hash_ids, self.opts.trace_block_size, block_size, request.0)
                 .expect("hash_ids coverage checked");
@@ -795,6 +957,8 @@ impl Fleet<'_> {
             busy: false,
             generation: 0,
             load_started: now,
+            adapter_waiting: 0,
+            adapter_loading: None,
         };
         let slot = match self.slots.get(&d.replica_id) {
             Some(&slot) => {

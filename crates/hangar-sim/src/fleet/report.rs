@@ -33,6 +33,23 @@ pub struct ColdStarts {
     pub ms: Stats,
 }
 
+/// What a model's replicas did with LoRA adapters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AdapterCounts {
+    /// Requests that named an adapter.
+    pub requests: u64,
+    /// Those that found their adapter loaded on the replica they were
+    /// given (they waited for no load).
+    pub hits: u64,
+    /// Adapter loads carried out.
+    pub loads: u64,
+    /// Adapter unloads carried out.
+    pub unloads: u64,
+    /// Time from a request's permit to its adapter being loaded there,
+    /// ms (0 for a hit), over the requests that got that far.
+    pub wait_ms: Stats,
+}
+
 /// One model's figures (or the fleet's, in `total`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelReport {
@@ -76,6 +93,8 @@ pub struct ModelReport {
     pub reversals: u64,
     /// Times the model became unplaceable.
     pub unplaceable: u64,
+    /// Its adapters.
+    pub adapters: AdapterCounts,
 }
 
 /// The fleet at one moment and the load of the window it opens, for
@@ -149,6 +168,9 @@ struct PerModel {
     e2e: Vec<f64>,
     /// Completed within the objective.
     good: u64,
+    adapters: AdapterCounts,
+    /// Each adapter request's wait for its adapter, ms.
+    adapter_waits: Vec<f64>,
 }
 
 /// Collects as the simulation runs. Each request is booked once, as it
@@ -259,6 +281,31 @@ impl Builder {
         self.models[m].unplaceable += 1;
     }
 
+    /// A request of model `m` names an adapter.
+    pub fn adapter_request(&mut self, m: usize) {
+        self.models[m].adapters.requests += 1;
+    }
+
+    /// An adapter load began on a replica of model `m`.
+    pub fn adapter_load(&mut self, m: usize) {
+        self.models[m].adapters.loads += 1;
+    }
+
+    /// An adapter was unloaded from a replica of model `m`.
+    pub fn adapter_unload(&mut self, m: usize) {
+        self.models[m].adapters.unloads += 1;
+    }
+
+    /// A request of model `m` may run: its adapter is loaded where it was
+    /// granted, `waited` ms after the grant.
+    pub fn adapter_ready(&mut self, m: usize, waited: f64) {
+        let p = &mut self.models[m];
+        if waited <= 0.0 {
+            p.adapters.hits += 1;
+        }
+        p.adapter_waits.push(waited.max(0.0));
+    }
+
     pub fn sample(&mut self, now: f64, controller: &Controller, keys: &[ModelKey]) {
         let desired = keys.iter().map(|k| controller.scaler(k).map_or(0, |s| s.desired())).collect();
         let hot = keys
@@ -348,6 +395,7 @@ fn model_report(
         decisions: p.decisions,
         reversals,
         unplaceable: p.unplaceable,
+        adapters: AdapterCounts { wait_ms: Stats::exact(p.adapter_waits.clone()), ..p.adapters },
     }
 }
 
@@ -372,6 +420,11 @@ fn total_report(models: &[(ModelReport, PerModel)], duration_s: f64) -> ModelRep
         all.ttft.extend_from_slice(&p.ttft);
         all.e2e.extend_from_slice(&p.e2e);
         all.good += p.good;
+        all.adapters.requests += p.adapters.requests;
+        all.adapters.hits += p.adapters.hits;
+        all.adapters.loads += p.adapters.loads;
+        all.adapters.unloads += p.adapters.unloads;
+        all.adapter_waits.extend_from_slice(&p.adapter_waits);
         reversals += r.reversals;
     }
     let policy = models.first().map_or("", |(r, _)| r.policy.as_str());
@@ -382,9 +435,9 @@ impl ModelReport {
     /// The header of [`row`](Self::row)s, starting with `first`.
     pub fn header(first: &str) -> String {
         format!(
-            "{first:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>10} {:>7} {:>5} {:>5}",
+            "{first:<28} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>10} {:>7} {:>5} {:>5} {:>8}",
             "policy", "requests", "done", "429", "504", "TTFT p50", "TTFT p99", "SLO %", "goodput/s", "GPU-h",
-            "good/GPU-h", "starts", "dec", "rev"
+            "good/GPU-h", "starts", "dec", "rev", "ad loads"
         )
     }
 
@@ -392,7 +445,7 @@ impl ModelReport {
     /// figures.
     pub fn row(&self, first: &str) -> String {
         format!(
-            "{first:<22} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>9.3} {:>10.0} {:>7} {:>5} {:>5}",
+            "{first:<28} {:<10} {:>8} {:>8} {:>6} {:>6} {:>9.0} {:>9.0} {:>7.1} {:>9.2} {:>9.3} {:>10.0} {:>7} {:>5} {:>5} {:>8}",
             self.policy,
             self.requests,
             self.completed,
@@ -407,6 +460,7 @@ impl ModelReport {
             self.cold_starts.cold + self.cold_starts.warm,
             self.decisions,
             self.reversals,
+            self.adapters.loads,
         )
     }
 }
@@ -426,6 +480,19 @@ impl FleetReport {
             "GPU-seconds: loading {:.0}, idle {:.0}, busy {:.0}; WARM replica-seconds {:.0}; cold starts p50 {:.0} ms, p99 {:.0} ms",
             g.loading, g.idle, g.busy, self.total.warm_seconds, self.total.cold_starts.ms.p50, self.total.cold_starts.ms.p99
         );
+        let a = &self.total.adapters;
+        if a.requests > 0 {
+            let _ = writeln!(
+                out,
+                "adapters: {} requests, {:.1} % found theirs loaded; {} loads, {} unloads; wait for a load p50 {:.0} ms, p99 {:.0} ms",
+                a.requests,
+                a.hits as f64 * 100.0 / a.requests as f64,
+                a.loads,
+                a.unloads,
+                a.wait_ms.p50,
+                a.wait_ms.p99
+            );
+        }
         out
     }
 }

@@ -21,6 +21,11 @@ pub(crate) struct InFlight {
     pub input_len: u32,
     pub output_len: u32,
     pub hash_ids: Vec<u64>,
+    /// It runs with an adapter: granted a permit, it waits for the
+    /// adapter's `Ready` before its engine gets it.
+    pub adapter: bool,
+    /// The replica it was granted, while it waits for its adapter.
+    pub waiting_on: Option<hangar_core::ReplicaId>,
     pub timing: Timing,
 }
 
@@ -88,7 +93,15 @@ mod tests {
     use super::*;
 
     fn request() -> InFlight {
-        InFlight { model: 0, input_len: 1, output_len: 1, hash_ids: Vec::new(), timing: Timing::default() }
+        InFlight {
+            model: 0,
+            input_len: 1,
+            output_len: 1,
+            hash_ids: Vec::new(),
+            adapter: false,
+            waiting_on: None,
+            timing: Timing::default(),
+        }
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub const POLICIES: [&str; 3] = ["hangar", "replicate", "workers-ai"];
 /// The runs of a case: [`policies`] with their defaults, then (with
 /// `sweep`) each peer over its knob.
 pub fn runs(fleet: &FleetConfig, sweep: bool) -> Vec<RunSpec> {
-    compare::runs(fleet, &policies(), sweep)
+    compare::runs(fleet, &policies(), &[], sweep)
 }
 
 /// One case's outcome.

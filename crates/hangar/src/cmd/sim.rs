@@ -139,12 +139,13 @@ enum Engine {
 /// `hangar sim compare`, `sim live`, `sim suite`.
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// Run several scaling policies on the same fleet and trace, and print
-    /// one table: requests, SLO attainment, goodput, GPU-hours, goodput per
-    /// GPU-hour, cold starts, decisions and reversals per policy, and its
-    /// GPU-hours as a multiple of the trace's hindsight bound (the fewest
-    /// any schedule could use answering 99 % of requests in time; with
-    /// `--sweep`, each peer's frontier over its main knob too).
+    /// Run several scaling policies (and, with `--router`, routing
+    /// policies) on the same fleet and trace, and print one table:
+    /// requests, SLO attainment, goodput, GPU-hours, goodput per GPU-hour,
+    /// cold starts, decisions, reversals and adapter loads per run, and
+    /// its GPU-hours as a multiple of the trace's hindsight bound (the
+    /// fewest any schedule could use answering 99 % of requests in time;
+    /// with `--sweep`, each peer's frontier over its main knob too).
     Compare(CompareArgs),
     /// Replay a short trace through a fleet simulation and through a live
     /// `hangar serve` with mock engines of the same engine settings, and
@@ -169,6 +170,11 @@ struct CompareArgs {
     /// A policy every model runs, with its defaults; repeat to compare.
     #[arg(long = "policy", value_enum, required = true)]
     policies: Vec<PolicyName>,
+    /// A routing policy every model runs instead of its own `router`:
+    /// round-robin, least-outstanding, kv or adapter; repeat to compare
+    /// routers — each --policy runs under each, labelled policy/router.
+    #[arg(long = "router", conflicts_with = "sweep")]
+    routers: Vec<RouterPolicy>,
     /// Also run each peer policy given (replicate, workers-ai) over its
     /// main knob — replicate's target backlog per replica, workers-ai's
     /// utilization deadband — and report its Pareto frontier of GPU-hours
@@ -358,7 +364,7 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     };
     let bound = hindsight_bound(&trace, &cfg, &bound_opts).context("the hindsight bound")?;
     let policies: Vec<ScalingConfig> = a.policies.iter().map(|p| p.config()).collect();
-    let specs = compare::runs(&cfg, &policies, a.sweep);
+    let specs = compare::runs(&cfg, &policies, &a.routers, a.sweep);
     let opts = FleetOptions {
         speedup: a.speedup,
         trace_block_size: a.trace_block_size,
@@ -395,6 +401,22 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
         )?;
     }
     write!(out, "\n{}", comparison.summary())?;
+    if comparison.runs.iter().any(|r| r.total.adapters.requests > 0) {
+        writeln!(out, "\nadapters (every model):")?;
+        for r in &comparison.runs {
+            let a = &r.total.adapters;
+            writeln!(
+                out,
+                "  {:<28} {} requests, {:.1} % found theirs loaded; {} loads, {} unloads; wait for a load p99 {:.0} ms",
+                r.label,
+                a.requests,
+                a.hits as f64 * 100.0 / a.requests.max(1) as f64,
+                a.loads,
+                a.unloads,
+                a.wait_ms.p99,
+            )?;
+        }
+    }
     Ok(())
 }
 

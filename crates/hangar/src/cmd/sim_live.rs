@@ -84,6 +84,7 @@ pub fn run(a: &LiveArgs) -> anyhow::Result<()> {
     }
     let mut cfg = read_fleet(&a.fleet)?;
     let trace = read_trace(&a.trace)?;
+    let requests = requests(&trace, &cfg, a)?;
     // A mock engine has one load time: the simulation's page cache is made
     // no faster than its disk.
     cfg.cold_start.page_cache_gbps = cfg.cold_start.disk_gbps;
@@ -99,7 +100,6 @@ pub fn run(a: &LiveArgs) -> anyhow::Result<()> {
 
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
     let config = serve_config(&cfg, dir.path())?;
-    let requests = requests(&trace, &cfg, a)?;
     let exe = std::env::current_exe().context("cannot find the hangar binary to start the server")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let live = runtime.block_on(replay(&exe, &config, requests, sample_ms))?;
@@ -224,6 +224,16 @@ fn requests(trace: &Trace, cfg: &FleetConfig, a: &LiveArgs) -> anyhow::Result<Ve
         .enumerate()
         .map(|(i, r)| {
             let Some(model) = &r.model else { bail!("{}:{}: the row names no model", trace.source, r.line) };
+            if let Some(adapter) = &r.adapter {
+                // The live request would not carry it, and the two sides
+                // would be compared on different work.
+                bail!(
+                    "{}:{}: field `adapter`: `sim live` sends rows without their adapter (`{model}:{adapter}`), \
+                     so it would compare different work; simulate adapters with `hangar sim --fleet`",
+                    trace.source,
+                    r.line
+                );
+            }
             let Some(m) = cfg.models.iter().find(|m| m.key.as_str() == model) else {
                 bail!("{}:{}: model `{model}` is not in the fleet", trace.source, r.line)
             };

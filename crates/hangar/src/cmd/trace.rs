@@ -75,6 +75,18 @@ struct SynthArgs {
     /// The pattern's period in seconds.
     #[arg(long, default_value_t = 600.0)]
     period_s: f64,
+    /// LoRA adapters over the models (`lora-K` belongs to model K mod
+    /// --models); each session names one, by Zipf popularity within its
+    /// model, with its size. 0: rows name none.
+    #[arg(long, default_value_t = 0)]
+    adapters: u32,
+    /// Zipf exponent of adapter popularity within a model.
+    #[arg(long, default_value_t = 1.0)]
+    adapter_zipf_s: f64,
+    /// Bytes of an adapter per unit of LoRA rank (ranks 8, 16, 32, 64 are
+    /// drawn per adapter); the default makes a rank-16 adapter 84 MB.
+    #[arg(long, default_value_t = 5_240_000)]
+    adapter_rank_bytes: u64,
     /// Output file (default: standard output).
     #[arg(long, short)]
     out: Option<PathBuf>,
@@ -115,6 +127,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             PatternArg::Bursty => Pattern::Bursty,
         },
         period_s: a.period_s,
+        adapters: a.adapters,
+        adapter_zipf_s: a.adapter_zipf_s,
+        adapter_rank_bytes: a.adapter_rank_bytes,
     })?;
     match &a.out {
         Some(path) => write_jsonl(path, &rows),
