@@ -395,6 +395,15 @@ impl Router {
         }
     }
 
+    /// Whether every worker has at least `limit` prompt blocks routed to it
+    /// and not yet prefilled: Dynamo's test for holding a request in the
+    /// router's own queue rather than sending it to an engine whose prefill
+    /// backlog is already long (`hangar sim --router-queue`). A router with
+    /// no workers is saturated.
+    pub fn saturated(&self, limit: u64) -> bool {
+        self.workers.iter().flatten().all(|l| l.queued_prefill_blocks >= limit)
+    }
+
     /// Requests in flight on `w`.
     pub fn outstanding(&self, w: WorkerId) -> u32 {
         self.load(w).map_or(0, |l| l.requests)

@@ -408,3 +408,19 @@ mod adapters {
         }
     }
 }
+
+/// The pending queue's test: saturated only while *every* worker's
+/// unprefilled backlog is at the limit; prefill done frees it.
+#[test]
+fn saturated_means_every_worker_has_its_prefill_backlog() {
+    let mut r = router(RouterPolicy::LeastOutstanding, 2, 0);
+    assert!(!r.saturated(2), "idle workers");
+    let prompt = chain(0..4);
+    route(&mut r, 1, &prompt);
+    assert!(!r.saturated(2), "one worker still has none");
+    route(&mut r, 2, &prompt);
+    assert!(r.saturated(2) && !r.saturated(5));
+    r.prefill_done(RequestId(1));
+    assert!(!r.saturated(2), "a prefill done frees its worker");
+    assert!(Router::new(RouterPolicy::RoundRobin, 16, 0).saturated(1), "no worker: nothing can take it");
+}

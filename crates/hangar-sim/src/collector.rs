@@ -36,6 +36,8 @@ pub(crate) struct Collector {
     tokens: Vec<TokenTally>,
     itl: LogHistogram,
     workers: Vec<WorkerTally>,
+    /// Requests that waited in the router's pending queue.
+    router_queued: u64,
 }
 
 impl Collector {
@@ -69,7 +71,13 @@ impl Collector {
             records,
             itl: LogHistogram::default(),
             workers: vec![WorkerTally::default(); workers as usize],
+            router_queued: 0,
         }
+    }
+
+    /// Request `i` waits in the router's pending queue before it is routed.
+    pub fn router_queued(&mut self, _i: u32) {
+        self.router_queued += 1;
     }
 
     pub fn arrived(&mut self, i: u32, now: f64, worker: u32) {
@@ -190,7 +198,13 @@ impl Collector {
                 ArrivalMode::Trace { speedup } => format!("trace (speedup {speedup})"),
                 ArrivalMode::Concurrency { in_flight } => format!("concurrency {in_flight}"),
             },
-            router: cfg.router.name().to_owned(),
+            router: match cfg.router_queue {
+                Some(theta) => {
+                    format!("{} with a pending queue at {theta} × max_num_batched_tokens", cfg.router.name())
+                }
+                None => cfg.router.name().to_owned(),
+            },
+            router_queued: self.router_queued,
             engine: format!("{:?}", cfg.engine.scheduler).to_lowercase(),
             workers: cfg.workers,
             seed: cfg.seed,

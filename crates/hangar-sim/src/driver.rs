@@ -68,6 +68,13 @@ pub struct SimConfig {
     pub kv_event_delay_ms: f64,
     /// Goodput objectives.
     pub slo: Slo,
+    /// Dynamo's router-side pending queue: with `Some(θ)`, a request that
+    /// arrives while every worker has at least θ × `max_num_batched_tokens`
+    /// prompt tokens routed and not yet prefilled waits in the router, in
+    /// arrival order, and is routed — on the KV state of that moment — as
+    /// soon as a worker's backlog is below it. `None`: every request is
+    /// routed on arrival.
+    pub router_queue: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -82,6 +89,7 @@ impl Default for SimConfig {
             seed: 0,
             kv_event_delay_ms: 0.0,
             slo: Slo::default(),
+            router_queue: None,
         }
     }
 }
@@ -160,6 +168,11 @@ struct Sim<'t> {
     pending_wake: f64,
     /// Workers that may need a pass started at the current instant.
     touched: Vec<u32>,
+    /// The router's pending queue ([`SimConfig::router_queue`]): arrival
+    /// time and request, in arrival order.
+    pending: VecDeque<(f64, u32)>,
+    /// The backlog, in blocks, at which a worker counts as saturated.
+    pending_limit: u64,
 }
 
 /// Replays `trace` under `cfg`. `load` reads the engine's timing table file
@@ -197,6 +210,11 @@ pub fn simulate(
         in_flight: 0,
         pending_wake: f64::INFINITY,
         touched: Vec::new(),
+        pending: VecDeque::new(),
+        pending_limit: cfg.router_queue.map_or(0, |theta| {
+            let tokens = theta * f64::from(cfg.engine.max_num_batched_tokens);
+            (tokens / f64::from(cfg.engine.block_size.max(1))).ceil().max(1.0) as u64
+        }),
     };
     sim.seed_arrivals();
     sim.run();
@@ -221,6 +239,9 @@ fn validate(trace: &Trace, cfg: &SimConfig) -> Result<(), SimError> {
     }
     if !(cfg.kv_event_delay_ms.is_finite() && cfg.kv_event_delay_ms >= 0.0) {
         return Err(SimError::Config("--kv-event-delay-ms must be ≥ 0".into()));
+    }
+    if let Some(theta) = cfg.router_queue.filter(|t| !(t.is_finite() && *t > 0.0)) {
+        return Err(SimError::Config(format!("--router-queue must be a number above 0, got {theta}")));
     }
     cfg.engine.validate()?;
     if trace.requests.is_empty() {
@@ -369,6 +390,34 @@ impl Sim<'_> {
     }
 
     fn arrive(&mut self, now: f64, i: u32) {
+        self.in_flight += 1;
+        let waits = self.cfg.router_queue.is_some()
+            && (!self.pending.is_empty() || self.router.saturated(self.pending_limit));
+        if waits {
+            self.collector.router_queued(i);
+            self.pending.push_back((now, i));
+        } else {
+            self.dispatch(now, i);
+        }
+    }
+
+    /// Routes the requests the router holds while a worker has room for
+    /// them, oldest first.
+    fn drain_pending(&mut self, now: f64) {
+        while !self.pending.is_empty() && !self.router.saturated(self.pending_limit) {
+            let (arrival, i) = self.pending.pop_front().expect("not empty");
+            self.dispatch_at(now, arrival, i);
+        }
+    }
+
+    /// Routes request `i`, which arrived at `now`, and hands it to its
+    /// worker's engine.
+    fn dispatch(&mut self, now: f64, i: u32) {
+        self.dispatch_at(now, now, i);
+    }
+
+    /// [`Sim::dispatch`] at `now` of a request that arrived at `arrival`.
+    fn dispatch_at(&mut self, now: f64, arrival: f64, i: u32) {
         let r = &self.trace.requests[i as usize];
         let block_size = self.cfg.engine.block_size;
         let prompt =
@@ -379,8 +428,7 @@ impl Sim<'_> {
             .router
             .route(&RouteRequest { id, blocks: prompt.blocks(), prompt_tokens: r.input_len, adapter: None })
             .expect("workers exist and request ids are unique");
-        self.in_flight += 1;
-        self.collector.arrived(i, now, w.0);
+        self.collector.arrived(i, arrival, w.0);
         let worker = &mut self.workers[w.0 as usize];
         match worker.engine.add_request(EngineRequest { id, prompt, max_output_tokens: r.output_len }) {
             Ok(()) => self.touched.push(w.0),
@@ -423,6 +471,7 @@ impl Sim<'_> {
         }
         self.passes = passes;
         self.touched.push(w);
+        self.drain_pending(now);
     }
 
     /// A request left the cluster: free its router slot, release its

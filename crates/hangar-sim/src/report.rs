@@ -100,6 +100,9 @@ pub struct Report {
     pub completed: u64,
     /// Requests the engines refused (too long for their KV cache).
     pub rejected: u64,
+    /// Requests that waited in the router's pending queue
+    /// (`--router-queue`) before they were routed.
+    pub router_queued: u64,
     /// First arrival to last completion.
     pub duration_ms: f64,
     /// Completed requests per second.
@@ -143,6 +146,9 @@ impl fmt::Display for Report {
             self.rejected,
             self.duration_ms / 1000.0
         )?;
+        if self.router_queued > 0 {
+            writeln!(f, "router     {} requests waited in the router's pending queue", self.router_queued)?;
+        }
         writeln!(
             f,
             "throughput {:.2} req/s · {:.0} input tok/s · {:.0} output tok/s",

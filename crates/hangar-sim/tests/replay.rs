@@ -202,3 +202,37 @@ fn the_sglang_engine_replays_deterministically_too() {
         assert_eq!(r.emitted_tokens, t.output_len);
     }
 }
+
+/// Dynamo's router-side pending queue: under a burst every worker's
+/// prefill backlog passes the threshold, so requests wait in the router;
+/// each still completes whole, is timed from its arrival in the trace,
+/// and the replay stays reproducible. Without the option nothing waits.
+#[test]
+fn the_router_pending_queue_holds_requests_while_every_worker_is_saturated() {
+    let trace = synth_trace(300, 1, 11);
+    let cfg = SimConfig {
+        workers: 2,
+        router: RouterPolicy::Kv,
+        engine: small_engine(),
+        mode: ArrivalMode::Trace { speedup: 20.0 },
+        router_queue: Some(0.5),
+        ..SimConfig::default()
+    };
+    let queued = run(&trace, &cfg);
+    assert!(queued.report.router_queued > 0, "a 20× burst saturates two workers");
+    assert_eq!(queued.report.completed, 300);
+    let direct = run(&trace, &SimConfig { router_queue: None, ..cfg.clone() });
+    assert_eq!(direct.report.router_queued, 0);
+    for ((q, d), t) in queued.requests.iter().zip(&direct.requests).zip(&trace.requests) {
+        assert_eq!(q.emitted_tokens, t.output_len, "line {}", t.line);
+        assert_eq!(q.arrival_ms, d.arrival_ms, "timed from its arrival, not from when it was routed");
+        assert!(q.admitted_ms.unwrap() >= q.arrival_ms);
+    }
+    assert_eq!(
+        serde_json::to_string(&queued.report).unwrap(),
+        serde_json::to_string(&run(&trace, &cfg).report).unwrap()
+    );
+    let e =
+        simulate(&trace, &SimConfig { router_queue: Some(0.0), ..cfg }, |_| Err("none".into())).unwrap_err();
+    assert_eq!(e.to_string(), "--router-queue must be a number above 0, got 0");
+}

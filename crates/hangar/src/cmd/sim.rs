@@ -77,6 +77,12 @@ pub struct Args {
     /// KV events reach the router this many ms after the pass that caused them.
     #[arg(long, conflicts_with = "fleet", default_value_t = 0.0)]
     kv_event_delay_ms: f64,
+    /// Dynamo's router-side pending queue: hold a request in the router
+    /// while every worker has at least THRESHOLD × max_num_batched_tokens
+    /// prompt tokens routed and not yet prefilled, and route it once one
+    /// has less [default: off, every request routed on arrival].
+    #[arg(long, conflicts_with = "fleet", value_name = "THRESHOLD")]
+    router_queue: Option<f64>,
     /// Engine configuration file (TOML).
     #[arg(long, conflicts_with = "fleet")]
     engine_config: Option<PathBuf>,
@@ -527,5 +533,6 @@ fn sim_config(args: &Args) -> anyhow::Result<SimConfig> {
         seed: args.seed,
         kv_event_delay_ms: args.kv_event_delay_ms,
         slo: Slo { ttft_ms: args.slo_ttft_ms, itl_ms: args.slo_itl_ms },
+        router_queue: args.router_queue,
     })
 }

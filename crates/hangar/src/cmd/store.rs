@@ -320,6 +320,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A client of the daemon at `socket` and the selection `what` (an id,
+/// or a key resolved by the daemon) with `view` names.
+fn select(
+    socket: &std::path::Path,
+    what: IdOrKey,
+    view: Option<ViewSpec>,
+) -> anyhow::Result<(StoreClient, Selection)> {
+    let mut client = StoreClient::connect(socket)?;
+    let (artifact_id, key) = match what {
+        IdOrKey::Id(id) => (id, None),
+        IdOrKey::Key(k) => (client.resolve_key(&k)?, Some(k)),
+    };
+    Ok((client, Selection { artifact_id, view, key }))
+}
+
 /// `get` through the daemon: resolve, materialize (any source), confirm, write, unload.
 fn get_via_daemon(
     socket: &std::path::Path,
@@ -327,12 +342,8 @@ fn get_via_daemon(
     view: Option<ViewSpec>,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let mut client = StoreClient::connect(socket)?;
-    let (artifact_id, key) = match what {
-        IdOrKey::Id(id) => (id, None),
-        IdOrKey::Key(k) => (client.resolve_key(&k)?, Some(k)),
-    };
-    let m = client.materialize(&Selection { artifact_id, view, key }, Hold::Process)?;
+    let (mut client, selection) = select(socket, what, view)?;
+    let m = client.materialize(&selection, Hold::Process)?;
     let confirmed = client.confirm(&m, Duration::from_secs(30))?;
     let path = hangar_store::export::write_artifact(&m.index, m.data(), out)?;
     client.unload(&m)?;
@@ -357,12 +368,7 @@ fn get_into_own_memory(
     view: Option<ViewSpec>,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let mut client = StoreClient::connect(socket)?;
-    let (artifact_id, key) = match what {
-        IdOrKey::Id(id) => (id, None),
-        IdOrKey::Key(k) => (client.resolve_key(&k)?, Some(k)),
-    };
-    let sel = Selection { artifact_id, view, key };
+    let (mut client, sel) = select(socket, what, view)?;
     let (_, layout) = client.describe(&sel)?;
     let target = TargetMemory::allocate(layout.data_len).context("allocating memory for the artifact")?;
     let done = client.materialize_into(&sel, &target, 0)?;

@@ -275,6 +275,14 @@ impl ModelConfig {
         }
         self.scaling().validate().map_err(|e| e.within("scaling"))?;
         self.scaling().check_bounds(hangar_scaler::Bounds { min: self.min_replicas, max })?;
+        if self.router == hangar_router::RouterPolicy::Adapter {
+            return Err(FieldError::new(
+                "router",
+                "`adapter` routes requests by their LoRA adapter, which `hangar serve` does not load on its \
+                 replicas yet (docs/adapters.md); it runs in `hangar sim --fleet`. Choose `least-outstanding`, \
+                 `round-robin` or `kv`",
+            ));
+        }
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
         }
@@ -403,6 +411,22 @@ mod tests {
     #[test]
     fn the_demo_is_valid() {
         ServeConfig::demo().validate().unwrap();
+    }
+
+    #[test]
+    fn websocket_limits_and_the_adapter_router_name_what_is_wrong() {
+        let model = |extra: &str| config(&format!("{MOCK}{extra}\n"));
+        toml::from_str::<ServeConfig>(&model("websocket = {}")).unwrap().validate().unwrap();
+        assert_eq!(refused(&model("websocket = { path = \"ws\" }")).field, "models[0].websocket.path");
+        assert_eq!(
+            refused(&model("websocket = { max_duration_s = 0 }")).field,
+            "models[0].websocket.max_duration_s"
+        );
+        let e = refused(&model("websocket = { max_message_bytes = \"100B\" }"));
+        assert_eq!(e.field, "models[0].websocket.max_message_bytes");
+        let e = refused(&model("router = \"adapter\""));
+        assert_eq!(e.field, "models[0].router");
+        assert!(e.to_string().contains("hangar sim --fleet"), "{e}");
     }
 
     #[test]
