@@ -425,8 +425,9 @@ impl Evictor {
     }
 
     /// Walks the tree once and selects the least recently used files whose
-    /// sizes cover what `usage` is above the target, leaving the deletion
-    /// queue alone; [`Evictor::evict`] deletes the result.
+    /// sizes cover what `usage` is above the target; [`Evictor::evict`]
+    /// deletes the result. The deletion queue stays, shortened if need be
+    /// to keep both within `MAX_CANDIDATES`.
     ///
     /// The cache root is opened afresh from `/`, never through a symlink;
     /// a symlinked root or one on another filesystem than `PVC_MOUNT_PATH`
@@ -435,9 +436,10 @@ impl Evictor {
     pub fn sweep(&mut self, usage: Usage) -> Result<Sweep, EvictError> {
         let margin = (usage.capacity_bytes() as f64 * BUDGET_MARGIN) as u64;
         let budget = usage.bytes_above(self.config.target_threshold) + margin;
-        let unrelated = Mutex::new(None);
-        let swept = self.crawl().sweep(budget, &unrelated, None)?;
-        Ok(swept.expect("a sweep without a cancel flag is never cancelled"))
+        let held = Mutex::new(self.queue.take());
+        let swept = self.crawl().sweep(budget, &held, None);
+        self.queue = held.into_inner().unwrap_or_else(|e| e.into_inner());
+        Ok(swept?.expect("a sweep without a cancel flag is never cancelled"))
     }
 
     /// Fills the deletion queue now, whatever the activator would decide:
@@ -755,17 +757,15 @@ impl Evictor {
             }
         });
         // What no thread took stays queued, oldest first again (the core
-        // was in inode order); spared files are not kept, their last use
-        // moved on.
-        let untaken: Option<Vec<Candidate>> = (!batches.is_empty()).then(|| {
-            let untaken = batches.iter().zip(&processed).filter(|(_, p)| !p.load(Relaxed));
-            untaken.flat_map(|(b, _)| b.iter().copied()).collect()
-        });
+        // was in inode order), in place: no second copy of the queue. Spared
+        // files are not kept, their last use moved on.
+        let taken: Vec<(usize, bool)> =
+            batches.iter().zip(&processed).map(|(b, p)| (b.len(), p.load(Relaxed))).collect();
         drop(batches);
-        let mut left = untaken.unwrap_or_else(|| std::mem::take(&mut sweep.candidates));
-        left.sort_unstable();
-        left.shrink_to_fit();
-        sweep.candidates = left;
+        let mut taken = taken.into_iter().flat_map(|(len, done)| std::iter::repeat_n(done, len));
+        sweep.candidates.retain(|_| !taken.next().unwrap_or(false));
+        sweep.candidates.sort_unstable();
+        sweep.candidates.shrink_to_fit();
         self.stats.queued.store(sweep.candidates.len() as u64, Relaxed);
         self.queue = (!sweep.is_empty()).then_some(sweep);
         if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
