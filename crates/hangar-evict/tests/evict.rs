@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::{eventually, spec, Dial, Fixture, TreeUsage};
+use common::{eventually, read_at, spec, Dial, Fixture, TreeUsage};
 use hangar_evict::layout::Layout;
 use hangar_evict::synth::{set_times, TreeSpec};
 use hangar_evict::{EvictError, Evictor, Statvfs, Stop, Tick, UsageSource};
@@ -110,9 +110,8 @@ fn regression_file_read_after_it_was_queued_is_spared() {
     let now = SystemTime::now();
     let read_now = fx.root.join(&selected[0]);
     let read_since = fx.root.join(&selected[1]);
-    let mtime = |p: &std::path::Path| p.metadata().unwrap().modified().unwrap();
-    set_times(&read_now, now, mtime(&read_now)).unwrap();
-    set_times(&read_since, now - Duration::from_secs(2 * 86_400), mtime(&read_since)).unwrap();
+    read_at(&read_now, now);
+    read_at(&read_since, now - Duration::from_secs(2 * 86_400));
 
     ev.evict(sweep).unwrap();
     assert!(read_now.exists(), "a block read after queueing was deleted");

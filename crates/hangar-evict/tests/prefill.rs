@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::{eventually, spec, Fixture, TreeUsage};
-use hangar_evict::synth::{set_times, TreeSpec};
+use common::{eventually, read_at, spec, Fixture, TreeUsage};
+use hangar_evict::synth::TreeSpec;
 use hangar_evict::{Evictor, Stop, Tick};
 use proptest::prelude::*;
 
@@ -93,11 +93,9 @@ fn a_file_used_after_the_prefill_is_spared() {
     // After the pre-fill, the two oldest queued blocks are read: one now,
     // one two days ago — later than when the sweep saw it, so no longer
     // among the least recently used.
-    let mtime = |p: &std::path::Path| p.metadata().unwrap().modified().unwrap();
     let (read_now, read_since) = (fx.root.join(&queued[0]), fx.root.join(&queued[1]));
-    set_times(&read_now, SystemTime::now(), mtime(&read_now)).unwrap();
-    let two_days_ago = SystemTime::now() - Duration::from_secs(2 * 86_400);
-    set_times(&read_since, two_days_ago, mtime(&read_since)).unwrap();
+    read_at(&read_now, SystemTime::now());
+    read_at(&read_since, SystemTime::now() - Duration::from_secs(2 * 86_400));
 
     set_usage(&usage, 88.0);
     let Tick::Evicted(r) = ev.tick().unwrap() else { panic!("expected a deletion") };

@@ -78,6 +78,13 @@ pub fn spec(files: usize) -> TreeSpec {
     TreeSpec { files, ..TreeSpec::default() }
 }
 
+/// Marks `path` as read at `when` (its atime), leaving its mtime: what a
+/// block read by an engine looks like on a `strictatime` mount.
+pub fn read_at(path: &Path, when: SystemTime) {
+    let mtime = path.metadata().expect("stat").modified().expect("mtime");
+    hangar_evict::synth::set_times(path, when, mtime).expect("utimensat");
+}
+
 /// Usage measured from the tree itself: bytes of regular files under
 /// `root` (what the evictor can free) plus `other_bytes`, out of `capacity`.
 #[derive(Clone)]
