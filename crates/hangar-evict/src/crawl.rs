@@ -14,6 +14,12 @@
 //! crawlers block: nothing discovered is dropped. The selector publishes its
 //! cutoff so crawlers do not send files that could not enter the selection.
 //!
+//! A sweep stops early on shutdown or when its `cancel` flag is set (a
+//! pre-fill abandoned because usage crossed); the caller discards what a
+//! cancelled sweep found, since an unfinished walk does not know the oldest
+//! files. As its selection grows the selector reports its size, so that the
+//! deletion queue held beside it can give up room.
+//!
 //! A crawler thread that panics is joined, counted in
 //! [`Stats::crawler_restarts`] and replaced; the bucket it was on is picked
 //! up again by the next sweep.
@@ -23,7 +29,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Duration;
@@ -71,6 +77,30 @@ impl Shard {
             .join(layout::block_file_name(c.hash))
     }
 
+    /// Whether `path`, opened again from `root` without following a
+    /// symlink, is still the directory this shard holds open (same device
+    /// and inode): a shard renamed or replaced since the sweep is not, and
+    /// its queued files must not be deleted through the old handle, which
+    /// may now lie outside the tree.
+    pub(crate) fn still_at(&self, root: BorrowedFd<'_>, opener: &Opener) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let mut dir: Option<OwnedFd> = None;
+        for component in self.path.components() {
+            let Ok(name) = CString::new(component.as_os_str().as_bytes()) else {
+                return false;
+            };
+            let parent = dir.as_ref().map_or(root, |d| d.as_fd());
+            match opener.dir(parent, &name) {
+                Ok(fd) => dir = Some(fd),
+                Err(_) => return false,
+            }
+        }
+        let (Some(dir), Ok(held)) = (dir, rustix::fs::fstat(&self.fd)) else {
+            return false;
+        };
+        rustix::fs::fstat(&dir).is_ok_and(|now| (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino))
+    }
+
     /// Fingerprint of one block of this shard (dry-run bookkeeping).
     pub(crate) fn block_fingerprint(&self, hash: u64) -> u64 {
         (self.fingerprint ^ hash).wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -89,6 +119,18 @@ pub(crate) struct SweepInput<'a> {
     /// Blocks a dry run already reported.
     pub(crate) exclude: Option<&'a HashSet<u64>>,
     pub(crate) now_ns: i64,
+    /// Set to abandon the sweep (a pre-fill overtaken by a crossing).
+    pub(crate) cancel: Option<&'a AtomicBool>,
+    /// Told, before the selector offers a chunk, how many candidates the
+    /// selection may hold once it has.
+    pub(crate) on_selected: Option<&'a (dyn Fn(usize) + Sync)>,
+}
+
+impl SweepInput<'_> {
+    /// Whether the sweep should stop now: shutdown or cancelled.
+    pub(crate) fn stopping(&self) -> bool {
+        self.shutdown.is_triggered() || self.cancel.is_some_and(|c| c.load(Relaxed))
+    }
 }
 
 /// Walks the tree below the open cache root once and returns the shards and
@@ -116,9 +158,15 @@ fn crawl(input: &SweepInput<'_>, shards: &[Shard], mut selection: Selection) -> 
 
         let selector = scope.spawn(|| {
             for batch in cand_rx {
+                // Room is made before the chunk is offered, so whatever is
+                // held beside the selection never exceeds its share.
+                if let Some(report) = input.on_selected {
+                    report(selection.len() + batch.len());
+                }
                 for c in batch {
                     selection.offer(c);
                 }
+                input.stats.selected.store(selection.len() as u64, Relaxed);
                 if let Some(cut) = selection.cutoff() {
                     cutoff.store(cut, Relaxed);
                 }
@@ -133,7 +181,7 @@ fn crawl(input: &SweepInput<'_>, shards: &[Shard], mut selection: Selection) -> 
         let mut workers: Vec<_> = (0..threads).map(|i| spawn(i).ok()).collect();
         let running = |w: &[Option<_>]| w.iter().filter(|h| h.is_some()).count();
         let on_exit = |idx: usize, workers: &mut Vec<_>, more: bool| {
-            let respawn = more && !input.shutdown.is_triggered();
+            let respawn = more && !input.stopping();
             reap(idx, workers, input.stats, respawn.then_some(&spawn));
         };
 
@@ -143,7 +191,7 @@ fn crawl(input: &SweepInput<'_>, shards: &[Shard], mut selection: Selection) -> 
                 None => continue,
             };
             while let Some(entry) = listing.next_entry() {
-                if input.shutdown.is_triggered() || running(&workers) == 0 {
+                if input.stopping() || running(&workers) == 0 {
                     break 'feed;
                 }
                 let entry = match entry {
@@ -168,7 +216,7 @@ fn crawl(input: &SweepInput<'_>, shards: &[Shard], mut selection: Selection) -> 
                             if running(&workers) == 0 { break 'feed }
                         }
                         default(Duration::from_millis(100)) => {
-                            if input.shutdown.is_triggered() { break 'feed }
+                            if input.stopping() { break 'feed }
                         }
                     }
                 }
@@ -268,7 +316,7 @@ impl<'a> Crawler<'a> {
 
     fn run(mut self, tasks: &Receiver<Task>) {
         for task in tasks {
-            if self.ctx.input.shutdown.is_triggered() {
+            if self.ctx.input.stopping() {
                 break;
             }
             self.bucket(task);
@@ -304,7 +352,7 @@ impl<'a> Crawler<'a> {
         let mut empty = true;
         while let Some(entry) = listing.next_entry() {
             empty = false;
-            if input.shutdown.is_triggered() {
+            if input.stopping() {
                 return;
             }
             let entry = match entry {

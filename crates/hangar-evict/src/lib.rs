@@ -7,14 +7,17 @@
 //!
 //! How the parts fit:
 //! - a [`UsageSource`] (production: [`Statvfs`], computed as `df` does)
-//!   feeds the activator's [`Hysteresis`]: ON at `CLEANUP_THRESHOLD`, OFF at
-//!   `TARGET_THRESHOLD`;
-//! - when ON, a sweep lists the tree once in parallel, streaming deletable
-//!   files through a bounded channel into a [`Selection`] of the oldest
-//!   files that cover the bytes to free;
-//! - the deleter unlinks them oldest first in batches relative to open
-//!   directory handles, re-checking each file's last use just before, and
-//!   re-measuring usage between batches;
+//!   feeds the [`Activator`] (sans-IO), whose [`Hysteresis`] turns deletion
+//!   ON at `CLEANUP_THRESHOLD` and OFF at `TARGET_THRESHOLD`, and which
+//!   decides each next [`Step`];
+//! - a sweep lists the tree once in parallel, streaming deletable files
+//!   through a bounded channel into a [`Selection`] of the oldest files
+//!   covering a byte budget: the *deletion queue*. With *pre-fill* it is
+//!   filled while OFF (at start, periodically, after a deletion thinned
+//!   it), so deletion starts at the first check after a crossing;
+//! - the deleter unlinks queued files oldest first in batches relative to
+//!   open directory handles, re-checking each file's last use just before,
+//!   and re-measuring usage between batches;
 //! - [`Stats`] feeds one status line per interval and `/metrics`; removed
 //!   blocks can be published as `BlockRemoved` events.
 //!
@@ -31,6 +34,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod activator;
 pub mod bench;
 pub mod config;
 mod crawl;
@@ -47,6 +51,7 @@ mod stats;
 pub mod synth;
 mod usage;
 
+pub use activator::{Activator, ActivatorConfig, QueueInfo, Step, SweepEnd, BUDGET_MARGIN};
 pub use config::{Config, ConfigError, LogLevel, Variable, VARIABLES};
 pub use crawl::{DirHook, Shard};
 pub use daemon::run;

@@ -183,9 +183,19 @@ pub fn render_metrics(s: &Snapshot) -> String {
         "Block files seen by the current sweep",
         ConstGauge::new(s.discovered as i64),
     );
-    reg.register("queued_files", "Selected files waiting for the deleter", ConstGauge::new(s.queued as i64));
-    let counters: [(&str, &str, u64); 10] = [
+    reg.register(
+        "queued_files",
+        "Files in the deletion queue (pre-filled while OFF)",
+        ConstGauge::new(s.queued as i64),
+    );
+    let counters: [(&str, &str, u64); 12] = [
         ("sweeps", "Sweeps started", s.sweeps),
+        ("prefills", "Pre-fill sweeps completed while deletion was OFF", s.prefills),
+        (
+            "cancelled_prefills",
+            "Pre-fill sweeps abandoned because usage crossed meanwhile",
+            s.prefills_cancelled,
+        ),
         ("deleted_files", "Files deleted (reported, in a dry run)", s.deleted),
         ("freed_bytes", "Bytes freed", s.bytes_freed),
         (

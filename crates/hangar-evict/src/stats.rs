@@ -16,13 +16,20 @@ pub struct Stats {
     pub deleting: AtomicBool,
     /// Last measured usage in hundredths of a percent.
     pub usage_centi_percent: AtomicU64,
-    /// Sweeps started.
+    /// Sweeps started (pre-fills included).
     pub sweeps: AtomicU64,
+    /// Pre-fill sweeps that completed: the queue was filled while OFF.
+    pub prefills: AtomicU64,
+    /// Pre-fill sweeps abandoned because usage crossed meanwhile.
+    pub prefills_cancelled: AtomicU64,
+    /// Candidates the selection of the sweep in progress holds.
+    pub selected: AtomicU64,
     /// Block files seen by the current (or last) sweep.
     pub discovered: AtomicU64,
     /// Files skipped this sweep because they were used within the threshold.
     pub hot_skipped: AtomicU64,
-    /// Selected files not yet processed by the deleter.
+    /// Files in the deletion queue: pre-filled while OFF, not yet
+    /// processed by the deleter while ON.
     pub queued: AtomicU64,
     /// Files deleted (or, in a dry run, reported) since start.
     pub deleted: AtomicU64,
@@ -53,11 +60,17 @@ pub struct Snapshot {
     pub usage_percent: f64,
     /// Sweeps started.
     pub sweeps: u64,
+    /// Pre-fill sweeps completed.
+    pub prefills: u64,
+    /// Pre-fill sweeps cancelled by a crossing.
+    pub prefills_cancelled: u64,
+    /// Candidates held by the sweep in progress.
+    pub selected: u64,
     /// Files seen by the current sweep.
     pub discovered: u64,
     /// Files skipped as recently used this sweep.
     pub hot_skipped: u64,
-    /// Selected files waiting for the deleter.
+    /// Files in the deletion queue.
     pub queued: u64,
     /// Files deleted since start.
     pub deleted: u64,
@@ -96,6 +109,9 @@ impl Stats {
             deleting: self.deleting.load(Relaxed),
             usage_percent: self.usage_centi_percent.load(Relaxed) as f64 / 100.0,
             sweeps: self.sweeps.load(Relaxed),
+            prefills: self.prefills.load(Relaxed),
+            prefills_cancelled: self.prefills_cancelled.load(Relaxed),
+            selected: self.selected.load(Relaxed),
             discovered: self.discovered.load(Relaxed),
             hot_skipped: self.hot_skipped.load(Relaxed),
             queued: self.queued.load(Relaxed),
@@ -121,12 +137,13 @@ impl Snapshot {
         let freed = self.bytes_freed - prev.bytes_freed;
         let verb = if dry_run { "would_delete" } else { "deleted" };
         format!(
-            "usage={:.2}% deletion={} sweep={} discovered={} hot_skipped={} queued={} \
+            "usage={:.2}% deletion={} sweep={} prefills={} discovered={} hot_skipped={} queued={} \
              {verb}={} (+{deleted}, {:.0}/s) freed={} (+{}/s) spared={} vanished={} \
              dirs_removed={} tmp_removed={} errors={} crawler_restarts={}",
             self.usage_percent,
             if self.deleting { "ON" } else { "OFF" },
             self.sweeps,
+            self.prefills,
             self.discovered,
             self.hot_skipped,
             self.queued,

@@ -23,8 +23,11 @@ pub struct TreeSpec {
     pub ranks: u32,
     /// Block files in total.
     pub files: usize,
-    /// Bytes per file.
+    /// Bytes per file (the smallest, with `max_file_bytes`).
     pub file_bytes: usize,
+    /// Largest file: sizes are uniform from `file_bytes` to this; at or
+    /// below `file_bytes`, every file has `file_bytes`.
+    pub max_file_bytes: usize,
     /// Last uses are spread uniformly over this span before `now`.
     pub age_span: Duration,
     /// Fraction of files used within `hot_window` before `now`.
@@ -47,6 +50,7 @@ impl Default for TreeSpec {
             ranks: 1,
             files: 100,
             file_bytes: 4096,
+            max_file_bytes: 0,
             age_span: Duration::from_secs(3 * 86_400),
             hot_fraction: 0.0,
             hot_window: Duration::from_secs(30 * 60),
@@ -68,6 +72,8 @@ pub struct BlockFile {
     pub last_use: SystemTime,
     /// Whether it falls in the hot window.
     pub hot: bool,
+    /// Bytes written.
+    pub bytes: usize,
 }
 
 impl TreeSpec {
@@ -102,6 +108,12 @@ impl TreeSpec {
                 } else {
                     min_cold + cold_span.mul_f64(rng.random::<f64>())
                 };
+                // Drawn last and only when sizes vary, so trees of one size
+                // stay what they were for a given seed.
+                let bytes = match self.max_file_bytes > self.file_bytes {
+                    true => rng.random_range(self.file_bytes..=self.max_file_bytes),
+                    false => self.file_bytes,
+                };
                 let hex = format!("{hash:016x}");
                 let bucket_len = self.layout.bucket_len();
                 let hh = u8::from_str_radix(&hex[bucket_len..bucket_len + 2], 16).unwrap_or(0);
@@ -111,7 +123,7 @@ impl TreeSpec {
                     .join(&hex[..bucket_len])
                     .join(self.layout.leaf_name(leaf))
                     .join(layout::block_file_name(hash));
-                BlockFile { path, hash, last_use: now - age, hot }
+                BlockFile { path, hash, last_use: now - age, hot, bytes }
             })
             .collect()
     }
@@ -126,7 +138,7 @@ impl TreeSpec {
             let config = serde_json::json!({ "model_name": self.model });
             fs::write(base.join("config.json"), config.to_string())?;
         }
-        let payload = vec![0xA5u8; self.file_bytes];
+        let payload = vec![0xA5u8; self.file_bytes.max(self.max_file_bytes)];
         let threads = threads.max(1);
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
@@ -134,7 +146,7 @@ impl TreeSpec {
                     let (files, payload) = (&files, &payload);
                     s.spawn(move || -> io::Result<()> {
                         for f in files.iter().skip(t).step_by(threads) {
-                            write_block(&root.join(&f.path), payload, f.last_use)?;
+                            write_block(&root.join(&f.path), &payload[..f.bytes], f.last_use)?;
                         }
                         Ok(())
                     })

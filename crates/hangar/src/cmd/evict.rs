@@ -25,7 +25,9 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// Measure the evictor on loop-mounted ext4 images (needs root,
-    /// mkfs.ext4 and loop devices); prints figures against the targets.
+    /// mkfs.ext4 and loop devices), with and without pre-fill on copies of
+    /// one volume: time from crossing the threshold to the first deletion
+    /// and to the target, CPU, memory; prints figures against the targets.
     Bench(BenchArgs),
 }
 
