@@ -379,6 +379,8 @@ pub async fn launch_on(
                 cmd.args(["--weights", &path]);
             }
             ctx.pass_weights(&mut cmd);
+            // Its stderr too goes through the tail (a failed start shows it).
+            cmd.stderr(Stdio::piped());
             launch_announcing(cmd, &ctx.hangar_exe, ctx.mock_setup_timeout).await
         }
         EngineSpec::Openai { command, readiness_path, setup_timeout_s } => {
@@ -510,7 +512,10 @@ fn die_with_parent(cmd: &mut Command) {
 
 /// Starts a `hangar` subcommand that prints `listening on URL` as its
 /// first line (`hangar engine mock`, `hangar serve`) and waits until its
-/// `/health` answers 200; killed on any failure.
+/// `/health` answers 200; killed on any failure. What it prints on stdout
+/// after that line is followed by the engine's [`LogTail`], and so is its
+/// stderr if the caller piped it (the node does; a caller may send it to a
+/// file of its own instead, which is left as it is).
 pub async fn launch_announcing(
     cmd: Command,
     hangar_exe: &std::path::Path,
@@ -521,10 +526,9 @@ pub async fn launch_announcing(
 }
 
 /// Spawns a process whose first stdout line is `listening on URL`; what
-/// it prints next is followed by a [`LogTail`].
+/// it prints next (and its stderr, if piped) is followed by a [`LogTail`].
 async fn spawn_announcing(mut cmd: Command, program: &str) -> Result<(Child, LogTail, String), LaunchError> {
-    cmd.stdin(Stdio::null()).kill_on_drop(true);
-    LogTail::pipe(&mut cmd);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).kill_on_drop(true);
     die_with_parent(&mut cmd);
     let mut child =
         cmd.spawn().map_err(|source| LaunchError::Spawn { program: program.to_owned(), source })?;
