@@ -105,12 +105,14 @@ impl Waiting {
     /// Under fair queuing that counts, from every other account's line,
     /// the requests the rotation serves before this one's turn — one per
     /// round of the rotation, accounts ahead of it in the rotation getting
-    /// one more. O(line) for FIFO, O(accounts) for fair.
+    /// one more. The request is looked for from the back of its line, where
+    /// one that just joined stands (the processor asks as it queues each),
+    /// then O(accounts) for fair.
     pub fn position(&self, account: &AccountId, request: RequestId) -> Option<usize> {
         match self {
-            Self::Fifo(q) => q.iter().position(|(_, r)| *r == request).map(|i| i + 1),
+            Self::Fifo(q) => q.iter().rposition(|(_, r)| *r == request).map(|i| i + 1),
             Self::Fair { lines, rotation } => {
-                let rank = lines.get(account)?.iter().position(|r| *r == request)?;
+                let rank = lines.get(account)?.iter().rposition(|r| *r == request)?;
                 let mut ahead_in_rotation = true;
                 let before: usize = rotation
                     .iter()
