@@ -59,7 +59,10 @@ async fn answer(s: &Shared, text: &str, socket: &mut WebSocket) -> Result<(), St
     s.check_ready().map_err(|e| e.message)?;
     let ask: Ask =
         serde_json::from_str(text).map_err(|e| format!("a message must be {{\"prompt\": …}}: {e}"))?;
-    let max_tokens = ask.max_tokens.unwrap_or(s.default_max_tokens).max(1);
+    let max_tokens = ask.max_tokens.unwrap_or(s.default_max_tokens);
+    if max_tokens == 0 {
+        return Err("`max_tokens` must be at least 1".into());
+    }
     let mut run = s.submit(text::tokenize(&ask.prompt), max_tokens).map_err(|e| e.message)?;
     let mut n = 0;
     while let Some(progress) = run.progress.recv().await {

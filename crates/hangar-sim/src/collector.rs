@@ -75,8 +75,8 @@ impl Collector {
         }
     }
 
-    /// Request `i` waits in the router's pending queue before it is routed.
-    pub fn router_queued(&mut self, _i: u32) {
+    /// A request waits in the router's pending queue before it is routed.
+    pub fn router_queued(&mut self) {
         self.router_queued += 1;
     }
 

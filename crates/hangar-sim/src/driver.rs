@@ -394,10 +394,10 @@ impl Sim<'_> {
         let waits = self.cfg.router_queue.is_some()
             && (!self.pending.is_empty() || self.router.saturated(self.pending_limit));
         if waits {
-            self.collector.router_queued(i);
+            self.collector.router_queued();
             self.pending.push_back((now, i));
         } else {
-            self.dispatch(now, i);
+            self.dispatch(now, now, i);
         }
     }
 
@@ -406,18 +406,13 @@ impl Sim<'_> {
     fn drain_pending(&mut self, now: f64) {
         while !self.pending.is_empty() && !self.router.saturated(self.pending_limit) {
             let (arrival, i) = self.pending.pop_front().expect("not empty");
-            self.dispatch_at(now, arrival, i);
+            self.dispatch(now, arrival, i);
         }
     }
 
-    /// Routes request `i`, which arrived at `now`, and hands it to its
-    /// worker's engine.
-    fn dispatch(&mut self, now: f64, i: u32) {
-        self.dispatch_at(now, now, i);
-    }
-
-    /// [`Sim::dispatch`] at `now` of a request that arrived at `arrival`.
-    fn dispatch_at(&mut self, now: f64, arrival: f64, i: u32) {
+    /// Routes request `i`, which arrived at `arrival`, at `now`, and hands
+    /// it to its worker's engine.
+    fn dispatch(&mut self, now: f64, arrival: f64, i: u32) {
         let r = &self.trace.requests[i as usize];
         let block_size = self.cfg.engine.block_size;
         let prompt =

@@ -101,6 +101,10 @@ fn a_websocket_is_relayed_holding_its_permit_and_closed_at_its_limits() {
     // The engine's own refusal comes through as a message.
     socket.send(Message::text("not json")).unwrap();
     assert_eq!(read_json(&mut socket)["type"], "error");
+    socket.send(Message::text(json!({"prompt": "Hello", "max_tokens": 0}).to_string())).unwrap();
+    let refused_ask = read_json(&mut socket);
+    assert_eq!(refused_ask["type"], "error");
+    assert!(refused_ask["message"].as_str().unwrap().contains("max_tokens"), "{refused_ask}");
 
     // The connection holds the model's one permit while it is open: a
     // second connection waits for it until the first is closed.
