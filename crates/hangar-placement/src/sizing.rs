@@ -156,6 +156,11 @@ pub struct ModelSpec {
     /// The least memory each GPU of its node must have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_gpu_memory: Option<ByteSize>,
+    /// GPU memory each replica's engine sets aside for LoRA adapters (a
+    /// model's `[models.adapters] memory`), on top of its weights: part of
+    /// the footprint, so adapters never over-commit a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_memory: Option<ByteSize>,
 }
 
 /// The hardware a model requires of a node ([`ModelSpec::gpu_kind`],
@@ -212,9 +217,20 @@ impl ModelSpec {
         }
     }
 
-    /// The footprint in bytes, or why the spec is unusable. `model` only
-    /// names the model in the error.
+    /// The footprint in bytes — the weights, padded, and the adapter
+    /// memory — or why the spec is unusable. `model` only names the model
+    /// in the error.
     pub fn footprint(&self, model: &str) -> Result<u64, ConfigError> {
+        let weights = self.weights_footprint(model)?;
+        let adapters = self.adapter_memory.map_or(0, ByteSize::bytes);
+        weights.checked_add(adapters).ok_or_else(|| ConfigError::Model {
+            model: model.to_owned(),
+            why: "the footprint with `adapter_memory` overflows 64 bits".into(),
+        })
+    }
+
+    /// The weights' footprint, padded.
+    fn weights_footprint(&self, model: &str) -> Result<u64, ConfigError> {
         let bad = |why: String| ConfigError::Model { model: model.to_owned(), why };
         match (self.size, self.parameters) {
             (Some(_), Some(_)) => Err(bad("give either `size` or `parameters`, not both".into())),
@@ -259,6 +275,18 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(spec.footprint("m").unwrap(), 500);
+    }
+
+    #[test]
+    fn adapter_memory_adds_to_the_footprint() {
+        let spec = ModelSpec {
+            size: Some(ByteSize::new(16_000_000_000)),
+            adapter_memory: Some(ByteSize::new(4_000_000_000)),
+            ..Default::default()
+        };
+        assert_eq!(spec.footprint("m").unwrap(), 20_000_000_000);
+        let huge = ModelSpec { adapter_memory: Some(ByteSize::new(u64::MAX)), ..spec };
+        assert!(huge.footprint("m").unwrap_err().to_string().contains("adapter_memory"));
     }
 
     #[test]

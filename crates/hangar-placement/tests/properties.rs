@@ -95,13 +95,25 @@ fn config_of(w: &World) -> ClusterConfig {
             .iter()
             .enumerate()
             .map(|(i, &gb)| {
-                (
-                    model_key(i),
-                    ModelSpec { size: Some(hangar_core::ByteSize::new(gb * GB)), ..Default::default() },
-                )
+                let spec = ModelSpec {
+                    size: Some(hangar_core::ByteSize::new(gb * GB)),
+                    adapter_memory: adapter_gb(w, i).map(|a| hangar_core::ByteSize::new(a * GB)),
+                    ..Default::default()
+                };
+                (model_key(i), spec)
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+/// The GPU memory model `i`'s replicas set aside for LoRA adapters, in
+/// GB, if it loads any: none, 1 or 4 GB, drawn from the world's seed.
+fn adapter_gb(w: &World, i: usize) -> Option<u64> {
+    match (w.seed >> (2 * i)) % 3 {
+        0 => None,
+        1 => Some(1),
+        _ => Some(4),
     }
 }
 
@@ -171,11 +183,20 @@ fn apply(c: &mut Cluster, op: &Op, now: &mut u64, rng: &mut ChaCha8Rng) -> Step 
     step
 }
 
-fn check(before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), TestCaseError> {
+fn check(w: &World, before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), TestCaseError> {
     // Accounting: no GPU over-committed, free + reserved = total, caches in
     // budget, ids unique, each replica in at most one of hot / warm.
     c.check_invariants().map_err(TestCaseError::fail)?;
     let after = c.snapshot();
+    // Adapters count: every hot replica holds its weights and its model's
+    // adapter memory on its GPUs (which, by the invariants above, no GPU
+    // exceeds).
+    for d in after.deployments().values().filter(|d| d.level == hangar_placement::Level::Hot) {
+        let i: usize = d.model_key.as_str()[1..].parse().expect("models are m0, m1, …");
+        let wanted = (w.models[i] + adapter_gb(w, i).unwrap_or(0)) * GB;
+        let held: u64 = d.gpu_bytes_by_gpu.values().sum();
+        prop_assert!(held >= wanted, "{} holds {held} bytes on its GPUs, less than its weights and adapters ({wanted})", d.name());
+    }
 
     // delta(old, new) applied to old = new.
     let delta = DeploymentDelta::between(before, &after).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -253,7 +274,7 @@ fn run_with(
     for op in &w.ops {
         let before = c.snapshot();
         let step = apply(&mut c, op, &mut now, &mut rng);
-        check(&before, &c, &step)?;
+        check(w, &before, &c, &step)?;
         outcomes.extend(step.deploys);
     }
     Ok((c.snapshot(), outcomes))
@@ -314,7 +335,7 @@ proptest! {
         for op in &w.ops {
             let before = c.snapshot();
             let step = apply(&mut c, op, &mut now, &mut rng);
-            check(&before, &c, &step)?;
+            check(&w, &before, &c, &step)?;
             for node in c.nodes() {
                 for (model, _) in node.hot().iter().chain(node.warm().iter()) {
                     let m: usize = model.as_str()[1..].parse().unwrap();
@@ -404,7 +425,7 @@ proptest! {
         for op in &w.ops {
             let before = c.snapshot();
             let step = apply(&mut c, op, &mut now, &mut rng);
-            check(&before, &c, &step)?;
+            check(&w, &before, &c, &step)?;
         }
         let model = model_key(pick % w.models.len());
         let candidates = c.candidates(&model, dedicated, now);
@@ -489,7 +510,7 @@ fn a_model_that_cannot_sleep_takes_no_warm_cache_room() {
             let mut other_rng = rng.clone();
             let mut other_now = now;
             let step = apply(&mut c, op, &mut now, &mut rng);
-            check(&before, &c, &step)?;
+            check(&w, &before, &c, &step)?;
             if !known {
                 continue;
             }

@@ -222,6 +222,7 @@ impl FleetConfig {
                     size: Some(m.size),
                     gpu_kind: m.gpu_kind.clone(),
                     min_gpu_memory: m.min_gpu_memory,
+                    adapter_memory: m.adapters.as_ref().map(|a| a.memory),
                     ..ModelSpec::default()
                 };
                 (m.key.clone(), spec)

@@ -944,7 +944,9 @@ impl Fleet<'_> {
         let tier_cached = self.cached.contains(&(d.node.clone(), m));
         let cs = &self.cfg.cold_start;
         let gbps = if tier_cached { cs.page_cache_gbps } else { cs.disk_gbps };
-        let load_ms = d.size_bytes as f64 / (gbps * 1e9) * 1000.0 + cs.boot_ms as f64;
+        // The weights are what loads: the footprint's adapter memory is
+        // only set aside.
+        let load_ms = self.cfg.models[m].size.bytes() as f64 / (gbps * 1e9) * 1000.0 + cs.boot_ms as f64;
         let engine = EngineCore::new(&self.cfg.models[m].engine, no_tables).expect("validate() built one");
         let gpus = self.gpus_of(d);
         let replica = Replica {
@@ -990,10 +992,10 @@ impl Fleet<'_> {
             // Gone replicas leave `slots`; were one found, it starts anew.
             State::Gone => return self.create(now, d),
         }
-        let wake_ms = d.size_bytes as f64 / (self.cfg.cold_start.wake_gbps * 1e9) * 1000.0;
+        let m = self.replicas[slot].model;
+        let wake_ms = self.cfg.models[m].size.bytes() as f64 / (self.cfg.cold_start.wake_gbps * 1e9) * 1000.0;
         let gpus = self.gpus_of(d);
         let r = &mut self.replicas[slot];
-        let m = r.model;
         r.engine =
             Some(EngineCore::new(&self.cfg.models[m].engine, no_tables).expect("validate() built one"));
         r.state = State::Loading { tier: StartTier::Warm };
