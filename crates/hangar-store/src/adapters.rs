@@ -327,7 +327,7 @@ pub enum ImportError {
         /// The directory.
         dir: PathBuf,
         /// What the store said.
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
@@ -361,8 +361,11 @@ pub fn import_dir(store: &BlobStore, dir: &Path, adapter: &AdapterRef) -> Result
     };
     let warnings = base_warnings(config, adapter.base()).into_iter().collect();
 
-    let store_err =
-        |source: StoreError| ImportError::Store { adapter: adapter.clone(), dir: dir.to_owned(), source };
+    let store_err = |source: StoreError| ImportError::Store {
+        adapter: adapter.clone(),
+        dir: dir.to_owned(),
+        source: Box::new(source),
+    };
     let metadata = match find(SAFETENSORS_FILE) {
         Some(path) => safetensors_metadata(path).map_err(store_err)?,
         None => BTreeMap::new(),
@@ -520,17 +523,10 @@ fn base_warnings(config: &serde_json::Map<String, serde_json::Value>, base: &Mod
 
 /// The `__metadata__` of the safetensors file at `path`.
 fn safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>, StoreError> {
-    let name = path.display().to_string();
     let file = fs::File::open(path).map_err(io_err(path))?;
     let len = file.metadata().map_err(io_err(path))?.len();
-    let mut first8 = [0u8; 8];
-    if len < 8 {
-        return Err(format::FormatError::Truncated { file: name, len }.into());
-    }
-    file.read_exact_at(&mut first8, 0).map_err(io_err(path))?;
-    let mut header = vec![0u8; format::header_len(&name, &first8, len)? as usize];
-    file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
-    Ok(format::header_metadata(&name, &header)?)
+    let header = crate::blob::read_header(&file, path, len)?;
+    Ok(format::header_metadata(&path.display().to_string(), &header)?)
 }
 
 /// The bytes of the files [`write_files`] writes for the adapter of
@@ -646,7 +642,7 @@ pub enum ExportError {
         /// Its artifact.
         id: ArtifactId,
         /// What the store said.
-        source: StoreError,
+        source: Box<StoreError>,
     },
     /// Writing the directory failed.
     #[error("adapter {adapter}: exporting under {}: {source}", under.display())]
@@ -656,7 +652,7 @@ pub enum ExportError {
         /// The directory exported under.
         under: PathBuf,
         /// What failed, naming the file.
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
@@ -682,7 +678,7 @@ pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Resu
             false => ExportError::Unknown { adapter: adapter.clone(), id },
         });
     }
-    let read = |source| ExportError::Read { adapter: adapter.clone(), id, source };
+    let read = |source| ExportError::Read { adapter: adapter.clone(), id, source: Box::new(source) };
     let art = store.open_artifact(&id).map_err(read)?;
     let data = art.map_verified().map_err(read)?;
     let not_this = |what| ExportError::NotThisAdapter { adapter: adapter.clone(), id, what };
@@ -690,7 +686,11 @@ pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Resu
     if binding.adapter() != *adapter {
         return Err(not_this(format!("is bound to adapter {}", binding.adapter())));
     }
-    let write = |source| ExportError::Write { adapter: adapter.clone(), under: under.to_owned(), source };
+    let write = |source| ExportError::Write {
+        adapter: adapter.clone(),
+        under: under.to_owned(),
+        source: Box::new(source),
+    };
     fs::create_dir_all(under).map_err(|e| write(io_err(under)(e)))?;
     let staging = Staging::create(under, &id.file_name()).map_err(write)?;
     write_files(&art.index, &data, &staging.0).map_err(write)?;
@@ -764,14 +764,14 @@ pub enum RemoveError {
         /// The adapter.
         adapter: AdapterRef,
         /// What the store said.
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
 /// Removes the name `adapter`, and its artifact unless a key points at it
 /// (as removing a store key does). Exported directories are not touched.
 pub fn remove(store: &BlobStore, adapter: &AdapterRef) -> Result<Removed, RemoveError> {
-    let store_err = |source| RemoveError::Store { adapter: adapter.clone(), source };
+    let store_err = |source| RemoveError::Store { adapter: adapter.clone(), source: Box::new(source) };
     let removed = store
         .with_names_locked(|| -> Result<Option<(ArtifactId, bool)>, StoreError> {
             let mut names = read_names(store)?;

@@ -291,16 +291,8 @@ impl BlobStore {
             let len = file.metadata().map_err(io_err(path))?.len();
             match whole_name {
                 None => {
-                    let name = path.display().to_string();
-                    let mut first8 = [0u8; 8];
-                    if len < 8 {
-                        return Err(format::FormatError::Truncated { file: name, len }.into());
-                    }
-                    file.read_exact_at(&mut first8, 0).map_err(io_err(path))?;
-                    let header_len = format::header_len(&name, &first8, len)?;
-                    let mut header = vec![0u8; header_len as usize];
-                    file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
-                    tensors.extend(format::parse_header(&name, i, &header, len)?);
+                    let header = read_header(&file, path, len)?;
+                    tensors.extend(format::parse_header(&path.display().to_string(), i, &header, len)?);
                 }
                 Some(name) => tensors.push(format::whole_file(name, i, len)),
             }
@@ -548,6 +540,20 @@ impl BlobStore {
         fs::remove_dir_all(&grave).map_err(io_err(&grave))?;
         Ok(true)
     }
+}
+
+/// The JSON header of the safetensors `file` at `path`, of `len` bytes
+/// (the bytes after the length prefix, checked against the file's length).
+pub(crate) fn read_header(file: &File, path: &Path, len: u64) -> Result<Vec<u8>, StoreError> {
+    let name = path.display().to_string();
+    let mut first8 = [0u8; 8];
+    if len < 8 {
+        return Err(format::FormatError::Truncated { file: name, len }.into());
+    }
+    file.read_exact_at(&mut first8, 0).map_err(io_err(path))?;
+    let mut header = vec![0u8; format::header_len(&name, &first8, len)? as usize];
+    file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
+    Ok(header)
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, StoreError> {

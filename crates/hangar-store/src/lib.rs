@@ -4,7 +4,7 @@
 //! ([`index::CanonicalIndex`]) and identified by content
 //! ([`ArtifactId`], `hg1:<index hash>:<data root>`, see [`chunks`]). The
 //! [`BlobStore`] keeps verified artifacts on disk; imports come from
-//! safetensors files ([`format`]) or streaming [`Registration`]s.
+//! safetensors files ([`format`](mod@format)) or streaming [`Registration`]s.
 //!
 //! The per-node [`daemon`] keeps artifacts resident in sealed memfds
 //! ([`memory`]) and hands the same memory to every process that selects

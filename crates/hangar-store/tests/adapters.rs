@@ -303,7 +303,8 @@ fn an_export_never_writes_bytes_that_fail_their_hash_nor_bytes_the_disk_budget_d
     fs::write(&data, &bad).unwrap();
     let under = dir.path().join("exports");
     match adapters::export_dir(&store, &entry, &under) {
-        Err(ExportError::Read { source: StoreError::HashMismatch { chunk: 0, .. }, .. }) => {}
+        Err(ExportError::Read { source, .. })
+            if matches!(*source, StoreError::HashMismatch { chunk: 0, .. }) => {}
         other => panic!("expected a hash mismatch, got {other:?}"),
     }
     assert!(!under.exists() || fs::read_dir(&under).unwrap().next().is_none(), "nothing written");
