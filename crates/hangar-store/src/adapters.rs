@@ -40,6 +40,9 @@
 //! renames it into place, so a directory at that path is always complete,
 //! and concurrent exports of one adapter end with one directory.
 //!
+//! Every call here does blocking file I/O (an export also hashes every
+//! byte): from async code, run it on a blocking thread.
+//!
 //! ```
 //! use hangar_store::{adapters, synth, BlobStore};
 //!
@@ -662,14 +665,17 @@ pub enum ExportError {
 /// Every byte is verified against its chunk hash before anything is
 /// written. The files are written and synced in a temporary directory
 /// under `under`, then renamed into place: a directory at the returned
-/// path is always complete. If it exists already it is reused as it is
-/// (one export per adapter per node); of concurrent exports — threads or
+/// path is always complete. If it exists already (holding
+/// `adapter_config.json`, as every export does) it is reused as it is: one
+/// export per adapter per node. Of concurrent exports — threads or
 /// processes — one rename wins and the others remove theirs and answer
-/// the same path. Marks the artifact used for the disk budget.
+/// the same path. An empty directory in the way is replaced; any other is
+/// an error. Marks the artifact used for the disk budget.
 pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Result<PathBuf, ExportError> {
     let (adapter, id) = (&entry.adapter, entry.id);
     let target = under.join(id.file_name());
-    if target.is_dir() {
+    let exported = |dir: &Path| dir.join(CONFIG_FILE).is_file();
+    if exported(&target) {
         return Ok(target);
     }
     if !store.contains(&id) {
@@ -697,7 +703,7 @@ pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Resu
     match fs::rename(&staging.0, &target) {
         Ok(()) => {}
         // Another export renamed its complete directory into place first.
-        Err(e) if target.is_dir() && matches!(e.raw_os_error(), Some(libc_err) if is_exists(libc_err)) => {}
+        Err(e) if exported(&target) && e.raw_os_error().is_some_and(is_exists) => {}
         Err(e) => return Err(write(io_err(&target)(e))),
     }
     // Bookkeeping for the disk budget's least recently used order; an

@@ -95,6 +95,14 @@ fn an_imported_adapter_is_listed_found_and_exported_as_the_directory_it_was() {
     fs::write(out.join("marker"), b"kept").unwrap();
     assert_eq!(adapters::export_dir(&store, &entry, &under).unwrap(), out);
     assert!(out.join("marker").exists());
+    // An empty directory in the way is replaced; another one is an error.
+    let elsewhere = dir.path().join("elsewhere");
+    fs::create_dir_all(elsewhere.join(report.id.file_name())).unwrap();
+    let again = adapters::export_dir(&store, &entry, &elsewhere).unwrap();
+    assert_eq!(files(&again).len(), 4);
+    fs::remove_file(again.join("adapter_config.json")).unwrap();
+    let e = adapters::export_dir(&store, &entry, &elsewhere).unwrap_err();
+    assert!(matches!(e, ExportError::Write { .. }) && e.to_string().contains(again.to_str().unwrap()), "{e}");
 
     // `hangar store get` writes the same directory.
     let art = store.open_artifact(&report.id).unwrap();
