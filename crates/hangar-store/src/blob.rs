@@ -6,6 +6,7 @@
 //! <root>/artifacts/<id>/data         canonical data layout, padding zero (absent: bytes dropped)
 //! <root>/artifacts/<id>/used         empty; its mtime is when the artifact was last used
 //! <root>/keys.json                   {"name:tag": "hg1:…"}, rewritten atomically under keys.lock
+//! <root>/adapters.json               {"BASE:ADAPTER": {"id", "bytes"}}, likewise (crate::adapters)
 //! <root>/tmp/                        staging; an artifact appears by one rename of its directory
 //! ```
 //!
@@ -13,12 +14,14 @@
 //! `tmp/` and renamed) and is removed whole by renaming it back out first;
 //! the one later change is [`BlobStore::drop_data`] (the disk budget),
 //! which unlinks `data` alone. The artifact is then *known but not on
-//! disk*: its keys, index and chunk list stay, so its keys still resolve,
+//! disk*: its names, index and chunk list stay, so its keys still resolve,
 //! `ls` still lists it, and a fetch or import of the same content puts the
 //! bytes back ([`Registration::commit`]). Keys are only ever changed by
-//! imports, [`BlobStore::set_key`] and [`BlobStore::remove`], never by the
-//! disk budget. Directory names come only from parsed ids, never from user
-//! text; every byte read back is checked against its chunk hash
+//! imports, [`BlobStore::set_key`] and [`BlobStore::remove`] (adapters'
+//! names by [`crate::adapters`]' import and remove, and by
+//! [`BlobStore::remove`] of their artifact), never by the disk budget.
+//! Directory names come only from parsed ids, never from user text; every
+//! byte read back is checked against its chunk hash
 //! ([`StoredArtifact::read_chunk`]) and a mismatch is an error, never data.
 //!
 //! Data is not fsynced at commit: a blob torn by a crash fails verification
@@ -77,6 +80,41 @@ pub struct ArtifactSummary {
     /// Whether its bytes are on disk; `false` when the disk budget dropped
     /// them (the next load fetches them again from a peer or the fallback).
     pub on_disk: bool,
+    /// What it is: a LoRA adapter carries the adapter binding
+    /// ([`crate::adapters`]); anything else is `model` weights.
+    pub kind: ArtifactKind,
+    /// The adapter name pointing at it, for an adapter that has one (a
+    /// name moved to newer content leaves the older artifact without).
+    pub adapter: Option<hangar_core::AdapterRef>,
+}
+
+/// What an artifact holds, as `hangar store ls` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArtifactKind {
+    /// Model weights: safetensors tensors, or a whole file such as a GGUF.
+    Model,
+    /// A LoRA adapter directory bound to its base model
+    /// ([`crate::adapters`]).
+    Adapter,
+}
+
+impl ArtifactKind {
+    /// The kind of the artifact whose canonical index is `index`.
+    pub fn of(index: &CanonicalIndex) -> Self {
+        match crate::adapters::carries_binding(index) {
+            true => ArtifactKind::Adapter,
+            false => ArtifactKind::Model,
+        }
+    }
+
+    /// `model` or `adapter`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactKind::Model => "model",
+            ArtifactKind::Adapter => "adapter",
+        }
+    }
 }
 
 impl BlobStore {
@@ -210,37 +248,71 @@ impl BlobStore {
         keys: &[StoreKey],
         policy: &ServingPolicy,
     ) -> Result<CommitReport, StoreError> {
-        let mut opened = Vec::with_capacity(files.len());
+        let members: Vec<Member<'_>> = files
+            .iter()
+            .map(|path| match format::is_safetensors(path) {
+                true => Member::Tensors(path),
+                false => Member::Whole {
+                    path,
+                    name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+                },
+            })
+            .collect();
+        self.import_members(&members, keys, policy)
+    }
+
+    /// Imports `members` as one artifact (see [`BlobStore::import_files`],
+    /// which this generalizes to whole files under a name of the caller's
+    /// choosing and to bytes held in memory).
+    pub(crate) fn import_members(
+        &self,
+        members: &[Member<'_>],
+        keys: &[StoreKey],
+        policy: &ServingPolicy,
+    ) -> Result<CommitReport, StoreError> {
+        /// A member ready to be read from: an open file, or bytes.
+        enum Opened<'a> {
+            File(File, &'a Path),
+            Bytes(&'a [u8]),
+        }
+        let mut opened = Vec::with_capacity(members.len());
         let mut tensors = Vec::new();
-        for (i, path) in files.iter().enumerate() {
-            let name = path.display().to_string();
+        for (i, member) in members.iter().enumerate() {
+            let (path, whole_name) = match member {
+                Member::Bytes { name, data } => {
+                    tensors.push(format::whole_file(name, i, data.len() as u64));
+                    opened.push(Opened::Bytes(data));
+                    continue;
+                }
+                Member::Tensors(path) => (*path, None),
+                Member::Whole { path, name } => (*path, Some(name.as_str())),
+            };
             let file = File::open(path).map_err(io_err(path))?;
             let len = file.metadata().map_err(io_err(path))?.len();
-            if format::is_safetensors(path) {
-                let mut first8 = [0u8; 8];
-                if len < 8 {
-                    return Err(format::FormatError::Truncated { file: name, len }.into());
+            match whole_name {
+                None => {
+                    let header = read_header(&file, path, len)?;
+                    tensors.extend(format::parse_header(&path.display().to_string(), i, &header, len)?);
                 }
-                file.read_exact_at(&mut first8, 0).map_err(io_err(path))?;
-                let header_len = format::header_len(&name, &first8, len)?;
-                let mut header = vec![0u8; header_len as usize];
-                file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
-                tensors.extend(format::parse_header(&name, i, &header, len)?);
-            } else {
-                let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-                tensors.push(format::whole_file(&file_name, i, len));
+                Some(name) => tensors.push(format::whole_file(name, i, len)),
             }
             // Whole files are read front to back: ask for a larger readahead
             // window so cold files stream at the disk's speed. Advisory only.
             let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
-            opened.push(file);
+            opened.push(Opened::File(file, path));
         }
         let (index, locations) = format::merge(tensors)?;
         let mut reg = Registration::new(self, index)?;
         reg.fill_parallel(|run, dst| {
             let loc: &TensorLocation = &locations[run.tensor];
-            let path = &files[loc.file];
-            opened[loc.file].read_exact_at(dst, loc.start + run.tensor_offset).map_err(io_err(path))
+            let at = loc.start + run.tensor_offset;
+            match &opened[loc.file] {
+                Opened::File(file, path) => file.read_exact_at(dst, at).map_err(io_err(path)),
+                Opened::Bytes(bytes) => {
+                    dst.copy_from_slice(&bytes[at as usize..at as usize + dst.len()]);
+                    Ok(())
+                }
+            }
         })?;
         reg.commit_with(keys, policy)
     }
@@ -256,11 +328,11 @@ impl BlobStore {
         }
     }
 
-    /// Read-modify-writes `keys.json` under an exclusive `flock`, atomically.
-    fn update_keys<T>(
-        &self,
-        f: impl FnOnce(&mut BTreeMap<StoreKey, ArtifactId>) -> T,
-    ) -> Result<T, StoreError> {
+    /// Runs `f` holding the exclusive `flock` on the store's names — the
+    /// keys (`keys.json`) and the adapters' names (`adapters.json`) — so
+    /// that a read-modify-write of either is never interleaved with
+    /// another process's.
+    pub(crate) fn with_names_locked<T>(&self, f: impl FnOnce() -> T) -> Result<T, StoreError> {
         let lock_path = self.root.join("keys.lock");
         let lock = File::options()
             .create(true)
@@ -270,14 +342,29 @@ impl BlobStore {
             .map_err(io_err(&lock_path))?;
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| io_err(&lock_path)(e.into()))?;
-        let mut keys = self.keys()?;
-        let out = f(&mut keys);
-        let tmp = self.root.join("tmp").join(format!("keys.{}.json", std::process::id()));
-        let bytes = serde_json::to_vec_pretty(&keys).expect("keys serialize");
+        Ok(f())
+    }
+
+    /// Replaces `<root>/<file_name>` by `bytes` atomically (written under
+    /// `tmp/` and renamed). Call it holding [`Self::with_names_locked`].
+    pub(crate) fn write_atomically(&self, file_name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let tmp = self.root.join("tmp").join(format!("{file_name}.{}", std::process::id()));
         fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
-        let path = self.root.join("keys.json");
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        Ok(out)
+        let path = self.root.join(file_name);
+        fs::rename(&tmp, &path).map_err(io_err(&path))
+    }
+
+    /// Read-modify-writes `keys.json` under the names lock, atomically.
+    fn update_keys<T>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<StoreKey, ArtifactId>) -> T,
+    ) -> Result<T, StoreError> {
+        self.with_names_locked(|| {
+            let mut keys = self.keys()?;
+            let out = f(&mut keys);
+            self.write_atomically("keys.json", &serde_json::to_vec_pretty(&keys).expect("keys serialize"))?;
+            Ok(out)
+        })?
     }
 
     /// Points `key` at `id` (replacing what it pointed at).
@@ -380,6 +467,7 @@ impl BlobStore {
     /// disk, sorted by id.
     pub fn list(&self) -> Result<Vec<ArtifactSummary>, StoreError> {
         let keys = self.keys()?;
+        let names = crate::adapters::read_names(self)?;
         let mut out = Vec::new();
         for id in self.stored_ids()? {
             let (index, on_disk) = match self.contains(&id) {
@@ -396,42 +484,76 @@ impl BlobStore {
                 tensors: index.tensors.len(),
                 keys: keys.iter().filter(|(_, v)| **v == id).map(|(k, _)| k.clone()).collect(),
                 on_disk,
+                kind: ArtifactKind::of(&index),
+                adapter: names.iter().find(|(_, r)| r.id == id).map(|(a, _)| a.clone()),
             });
         }
         out.sort_by_key(|a| a.id);
         Ok(out)
     }
 
-    /// Removes a key, or an artifact and every key pointing at it. Removing
-    /// the last key of an artifact removes the artifact too (known or on
+    /// Removes a key, or an artifact and every name pointing at it (keys
+    /// and an adapter's name). Removing the last name of an artifact — no
+    /// key, no adapter name left — removes the artifact too (known or on
     /// disk). Returns the artifacts removed.
     pub fn remove(&self, what: &IdOrKey) -> Result<Vec<ArtifactId>, StoreError> {
-        let doomed = self.update_keys(|keys| -> Result<Option<ArtifactId>, StoreError> {
-            match what {
+        let doomed = self.with_names_locked(|| -> Result<Option<ArtifactId>, StoreError> {
+            let mut keys = self.keys()?;
+            let mut names = crate::adapters::read_names(self)?;
+            let before = names.len();
+            let doomed = match what {
                 IdOrKey::Id(id) => {
                     keys.retain(|_, v| v != id);
-                    Ok(Some(*id))
+                    names.retain(|_, r| r.id != *id);
+                    Some(*id)
                 }
                 IdOrKey::Key(k) => {
                     let id = keys.remove(k).ok_or_else(|| StoreError::UnknownKey(k.clone()))?;
-                    Ok((!keys.values().any(|v| *v == id)).then_some(id))
+                    let named = keys.values().any(|v| *v == id) || names.values().any(|r| r.id == id);
+                    (!named).then_some(id)
                 }
+            };
+            self.write_atomically("keys.json", &serde_json::to_vec_pretty(&keys).expect("keys serialize"))?;
+            if names.len() != before {
+                crate::adapters::write_names(self, &names)?;
             }
+            Ok(doomed)
         })??;
         let Some(id) = doomed else { return Ok(vec![]) };
-        if !self.knows(&id) {
-            return match what {
-                IdOrKey::Id(_) => Err(StoreError::UnknownArtifact(id)),
-                IdOrKey::Key(_) => Ok(vec![]),
-            };
+        match (self.discard(&id)?, what) {
+            (false, IdOrKey::Id(_)) => Err(StoreError::UnknownArtifact(id)),
+            (false, IdOrKey::Key(_)) => Ok(vec![]),
+            (true, _) => Ok(vec![id]),
         }
-        // Rename out first so that the artifact disappears atomically.
+    }
+
+    /// Removes the artifact `id`'s directory, atomically (renamed out
+    /// first); its names are the caller's business. Returns whether the
+    /// store knew it.
+    pub(crate) fn discard(&self, id: &ArtifactId) -> Result<bool, StoreError> {
+        if !self.knows(id) {
+            return Ok(false);
+        }
         let grave = self.staging_dir()?;
-        let from = self.artifact_dir(&id);
+        let from = self.artifact_dir(id);
         fs::rename(&from, grave.join("x")).map_err(io_err(&from))?;
         fs::remove_dir_all(&grave).map_err(io_err(&grave))?;
-        Ok(vec![id])
+        Ok(true)
     }
+}
+
+/// The JSON header of the safetensors `file` at `path`, of `len` bytes
+/// (the bytes after the length prefix, checked against the file's length).
+pub(crate) fn read_header(file: &File, path: &Path, len: u64) -> Result<Vec<u8>, StoreError> {
+    let name = path.display().to_string();
+    let mut first8 = [0u8; 8];
+    if len < 8 {
+        return Err(format::FormatError::Truncated { file: name, len }.into());
+    }
+    file.read_exact_at(&mut first8, 0).map_err(io_err(path))?;
+    let mut header = vec![0u8; format::header_len(&name, &first8, len)? as usize];
+    file.read_exact_at(&mut header, 8).map_err(io_err(path))?;
+    Ok(header)
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, StoreError> {
@@ -507,6 +629,27 @@ impl StoredArtifact {
         })?;
         Ok(map)
     }
+}
+
+/// One part of an import ([`BlobStore::import_members`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Member<'a> {
+    /// A safetensors file, imported tensor by tensor.
+    Tensors(&'a Path),
+    /// A file imported whole, as the tensor `file:<name>`.
+    Whole {
+        /// Where it is read from.
+        path: &'a Path,
+        /// The file name it is kept under.
+        name: String,
+    },
+    /// Bytes imported whole, as the tensor `file:<name>`.
+    Bytes {
+        /// The file name they are kept under.
+        name: &'a str,
+        /// The bytes.
+        data: &'a [u8],
+    },
 }
 
 /// One run of tensor bytes inside a chunk being filled.

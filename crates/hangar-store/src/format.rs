@@ -184,6 +184,26 @@ pub fn parse_header(
     Ok(out)
 }
 
+/// The `__metadata__` of a header (the JSON bytes after the length) of
+/// `file`: string keys to string values, empty when the header has none.
+/// The canonical index keeps tensors only; what needs the metadata (an
+/// adapter's, restored on export) keeps it itself.
+pub fn header_metadata(
+    file: &str,
+    header: &[u8],
+) -> Result<std::collections::BTreeMap<String, String>, FormatError> {
+    #[derive(serde::Deserialize)]
+    struct Only {
+        #[serde(rename = "__metadata__", default)]
+        metadata: Option<std::collections::BTreeMap<String, String>>,
+    }
+    let only: Only = serde_json::from_slice(header).map_err(|e| FormatError::MalformedHeader {
+        file: file.into(),
+        reason: format!("__metadata__: {e}"),
+    })?;
+    Ok(only.metadata.unwrap_or_default())
+}
+
 /// Merges the tensors of several files into one canonical index, returning
 /// each index entry's location (same order as `index.tensors`).
 pub fn merge(

@@ -4,7 +4,7 @@
 //! ([`index::CanonicalIndex`]) and identified by content
 //! ([`ArtifactId`], `hg1:<index hash>:<data root>`, see [`chunks`]). The
 //! [`BlobStore`] keeps verified artifacts on disk; imports come from
-//! safetensors files ([`format`]) or streaming [`Registration`]s.
+//! safetensors files ([`format`](mod@format)) or streaming [`Registration`]s.
 //!
 //! The per-node [`daemon`] keeps artifacts resident in sealed memfds
 //! ([`memory`]) and hands the same memory to every process that selects
@@ -22,6 +22,10 @@
 //! Ingestions that leave an artifact stored on a node are published once
 //! per artifact per window ([`publish`]).
 //!
+//! A LoRA adapter's directory is imported as one artifact bound to its
+//! base model and name, found by that name and exported as the directory
+//! an engine loads ([`adapters`]).
+//!
 //! ```
 //! use hangar_store::{synth, BlobStore};
 //!
@@ -34,6 +38,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod adapters;
 pub mod bench;
 pub mod blob;
 pub mod chunks;
@@ -57,7 +62,7 @@ pub mod synth;
 pub mod telemetry;
 pub mod view;
 
-pub use blob::{BlobStore, CommitReport, Registration, StoredArtifact};
+pub use blob::{ArtifactKind, ArtifactSummary, BlobStore, CommitReport, Registration, StoredArtifact};
 pub use error::StoreError;
 pub use id::{ArtifactId, IdOrKey, StoreKey};
 

@@ -140,3 +140,81 @@ pub fn serving_manifest(tensors: &[(String, OwnedTensor)]) -> serde_json::Value 
         "build_pipeline_version": "pipeline-v1",
     })
 }
+
+/// The tensor name of one LoRA factor as PEFT saves it for a Llama-style
+/// model: `base_model.model.model.layers.{layer}.self_attn.{module}.lora_{A|B}.weight`.
+pub fn lora_tensor_name(layer: usize, module: &str, factor: char) -> String {
+    format!("base_model.model.model.layers.{layer}.self_attn.{module}.lora_{factor}.weight")
+}
+
+/// The modules [`synth_adapter_dir`] adapts.
+pub const LORA_TARGET_MODULES: [&str; 2] = ["q_proj", "v_proj"];
+
+/// A `bf16` tensor of `shape` with finite values of magnitude 2^-10 to
+/// 2^-3, as trained LoRA factors hold, from `seed`.
+pub fn random_bf16(shape: &[usize], seed: u64) -> OwnedTensor {
+    let mut t = random_tensor(Dtype::BF16, shape, seed);
+    for v in t.data.chunks_exact_mut(2) {
+        let bits = u16::from_le_bytes([v[0], v[1]]);
+        // Sign and 7 mantissa bits kept; exponent 117..=124 (2^-10..2^-3).
+        let exponent = 117 + ((bits >> 7) & 7);
+        v.copy_from_slice(&((bits & 0x807f) | (exponent << 7)).to_le_bytes());
+    }
+    t
+}
+
+/// Writes a LoRA adapter directory as PEFT's `save_pretrained` does, for
+/// tests and benchmarks: `adapter_model.safetensors` with a `lora_A`
+/// (`rank × hidden`) and a `lora_B` (`hidden × rank`) `bf16` factor for
+/// `q_proj` and `v_proj` of each of `layers` layers (metadata
+/// `{"format": "pt"}`), and `adapter_config.json` (`r` = `rank`,
+/// `lora_alpha` = 2 × `rank`, those `target_modules`,
+/// `base_model_name_or_path` = `base`). The weights take
+/// `layers × 8 × rank × hidden` bytes: 16.8 MB at rank 16, hidden 4096,
+/// 32 layers. Deterministic in `seed`. Returns the files written.
+pub fn synth_adapter_dir(
+    dir: &Path,
+    base: &str,
+    rank: usize,
+    hidden: usize,
+    layers: usize,
+    seed: u64,
+) -> Result<Vec<PathBuf>, StoreError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let mut tensors = Vec::with_capacity(layers * 4);
+    for layer in 0..layers {
+        for (m, module) in LORA_TARGET_MODULES.iter().enumerate() {
+            let s = seed.wrapping_mul(1_000_003).wrapping_add((layer * 4 + m * 2) as u64);
+            tensors.push((lora_tensor_name(layer, module, 'A'), random_bf16(&[rank, hidden], s)));
+            tensors.push((lora_tensor_name(layer, module, 'B'), random_bf16(&[hidden, rank], s + 1)));
+        }
+    }
+    let weights = dir.join("adapter_model.safetensors");
+    let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
+    let views = tensors.iter().map(|(n, t)| (n.as_str(), t));
+    safetensors::serialize_to_file(views, Some(metadata), &weights).map_err(|e| StoreError::Source {
+        source_name: weights.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let config = serde_json::json!({
+        "base_model_name_or_path": base,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "init_lora_weights": true,
+        "layers_to_transform": null,
+        "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0,
+        "modules_to_save": null,
+        "peft_type": "LORA",
+        "r": rank,
+        "revision": null,
+        "target_modules": LORA_TARGET_MODULES,
+        "task_type": "CAUSAL_LM",
+        "use_rslora": false,
+    });
+    let config_path = dir.join("adapter_config.json");
+    let text = serde_json::to_string_pretty(&config).expect("a config serializes") + "\n";
+    std::fs::write(&config_path, text).map_err(io_err(&config_path))?;
+    Ok(vec![config_path, weights])
+}

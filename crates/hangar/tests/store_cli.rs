@@ -1,4 +1,4 @@
-//! `hangar store` from the command line: import, ls, stat, get, rm and bad input.
+//! `hangar store` from the command line: import, ls, stat, get, rm, adapters and bad input.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -73,6 +73,112 @@ fn bad_input_gets_clear_errors() {
     assert!(e.contains("bogus.safetensors") && e.contains("header says"), "{e}");
     let e = err(hangar(&root, &["import", dir.path().join("missing").to_str().unwrap()]));
     assert!(e.contains("missing") && e.contains("No such file"), "{e}");
+}
+
+/// Issue 30: a LoRA adapter's directory imported under `BASE:ADAPTER`,
+/// listed, marked in `ls`, written back by `get` and removed by name.
+#[test]
+fn an_adapter_is_imported_listed_written_back_and_removed_by_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let src = dir.path().join("support-v2");
+    let s = src.to_str().unwrap();
+    let wrote = ok(hangar(
+        &root,
+        &["synth-adapter", s, "--base-model", "meta-llama/Meta-Llama-3-8B", "--rank", "4", "--hidden", "64"],
+    ));
+    assert!(wrote.starts_with(&format!("wrote {s} (2 files, ")), "{wrote}");
+
+    let out = hangar(&root, &["import-adapter", s, "--adapter", "meta/llama-3-8b:acme/support-v2"]);
+    assert!(out.stderr.is_empty(), "no warning: {}", String::from_utf8_lossy(&out.stderr));
+    let first = ok(out);
+    assert!(
+        first.starts_with("imported hg1:")
+            && first.contains(" as meta/llama-3-8b:acme/support-v2 (2 files, ")
+    );
+    let id = first.split_whitespace().nth(1).unwrap().to_owned();
+    let again = ok(hangar(&root, &["import-adapter", s, "--adapter", "meta/llama-3-8b:acme/support-v2"]));
+    assert!(again.starts_with(&format!("existed {id} as ")), "{again}");
+
+    // The same name under another base: another adapter, and a warning
+    // that the config's base model does not look like it.
+    let other = hangar(&root, &["import-adapter", s, "--adapter", "synth/m0:acme/support-v2", "--json"]);
+    let warning = String::from_utf8_lossy(&other.stderr).into_owned();
+    assert!(warning.starts_with("warning: ") && warning.contains("`synth/m0`"), "{warning}");
+    let other: serde_json::Value = serde_json::from_str(&ok(other)).unwrap();
+    assert_ne!(other["id"], id.as_str());
+    assert_eq!(other["existed"], false);
+
+    let table = ok(hangar(&root, &["adapters"]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("BASE ") && lines[0].contains("ADAPTER") && lines[0].ends_with("ID"),
+        "{table}"
+    );
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(lines[1].starts_with("meta/llama-3-8b acme/support-v2 "), "{table}");
+    assert!(lines[2].starts_with("synth/m0        acme/support-v2 "), "columns aligned: {table}");
+    assert!(lines[1].ends_with(&format!(" yes  {id}")), "{table}");
+    let json = ok(hangar(&root, &["adapters", "--base", "meta/llama-3-8b", "--json"]));
+    let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{json}");
+    assert_eq!(rows[0]["adapter"], "meta/llama-3-8b:acme/support-v2");
+    assert_eq!(
+        (&rows[0]["base"], &rows[0]["name"], &rows[0]["id"]),
+        (&"meta/llama-3-8b".into(), &"acme/support-v2".into(), &id.as_str().into())
+    );
+    assert_eq!(rows[0]["on_disk"], true);
+    let files: u64 = ["adapter_config.json", "adapter_model.safetensors"]
+        .iter()
+        .map(|f| std::fs::metadata(src.join(f)).unwrap().len())
+        .sum();
+    assert_eq!(
+        rows[0]["bytes"], files,
+        "the synthetic adapter's files are written as the store exports them"
+    );
+
+    let line = ls_line(&root, &id);
+    assert!(line.ends_with(" yes adapter  meta/llama-3-8b:acme/support-v2"), "{line}");
+
+    let got = dir.path().join("got");
+    ok(hangar(&root, &["get", &id, "--out", got.to_str().unwrap()]));
+    for f in ["adapter_config.json", "adapter_model.safetensors"] {
+        assert_eq!(std::fs::read(got.join(f)).unwrap(), std::fs::read(src.join(f)).unwrap(), "{f}");
+    }
+
+    let rm = ok(hangar(&root, &["rm", "--adapter", "meta/llama-3-8b:acme/support-v2"]));
+    assert_eq!(rm.trim(), format!("removed adapter meta/llama-3-8b:acme/support-v2 and {id}"));
+    let table = ok(hangar(&root, &["adapters"]));
+    assert!(!table.contains("meta/llama-3-8b") && table.contains("synth/m0"), "{table}");
+    assert!(!ok(hangar(&root, &["ls"])).contains(&id));
+}
+
+#[test]
+fn bad_adapter_input_gets_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let src = dir.path().join("a");
+    let s = src.to_str().unwrap();
+    ok(hangar(&root, &["synth-adapter", s, "--rank", "2", "--hidden", "8", "--layers", "1"]));
+    let refused = [
+        ("meta/llama", "`meta/llama` names no adapter; write BASE:ADAPTER"),
+        ("meta/llama:", "`meta/llama:` has no adapter name after `:`"),
+        ("m:a:b", "has a second `:` at byte 3"),
+        ("m:../x", "adapter name `../x` has the segment `..`"),
+    ];
+    for (adapter, says) in refused {
+        let e = err(hangar(&root, &["import-adapter", s, "--adapter", adapter]));
+        assert!(e.contains(says) && e.contains("--adapter"), "{adapter}: {e}");
+    }
+    std::fs::remove_file(src.join("adapter_config.json")).unwrap();
+    let e = err(hangar(&root, &["import-adapter", s, "--adapter", "m:a"]));
+    assert!(e.contains(&format!("{s} has no adapter_config.json")), "{e}");
+    let e = err(hangar(&root, &["rm", "--adapter", "m:a"]));
+    assert!(e.contains("unknown adapter m:a"), "{e}");
+    let e = err(hangar(&root, &["rm", "m:v1", "--adapter", "m:a"]));
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = err(hangar(&root, &["rm"]));
+    assert!(e.contains("--adapter"), "{e}");
 }
 
 /// Kills the spawned daemon even when the test fails.
@@ -191,7 +297,7 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
     let x_id = imported.split_whitespace().nth(1).unwrap().to_owned();
     let imported = ok(hangar(&root, &["import", y[0].to_str().unwrap(), "--key", "demo/y:v1"]));
     let y_id = imported.split_whitespace().nth(1).unwrap().to_owned();
-    assert!(ls_line(&root, &x_id).contains(" yes  demo/x:v1"), "{}", ls_line(&root, &x_id));
+    assert!(ls_line(&root, &x_id).contains(" yes model    demo/x:v1"), "{}", ls_line(&root, &x_id));
     // Room for one of the two.
     let one = hangar_store::BlobStore::open(&root).unwrap().usage().unwrap()[0].1 * 3 / 2;
     let socket = dir.path().join("d.sock");
@@ -211,8 +317,8 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     };
-    wait_for("x's bytes dropped", &|| ls_line(&root, &x_id).contains(" no  demo/x:v1"));
-    assert!(ls_line(&root, &y_id).contains(" yes  demo/y:v1"));
+    wait_for("x's bytes dropped", &|| ls_line(&root, &x_id).contains(" no model    demo/x:v1"));
+    assert!(ls_line(&root, &y_id).contains(" yes model    demo/y:v1"));
 
     let e = err(hangar(&root, &["stat", "demo/x:v1"]));
     assert!(e.contains("not on disk") && e.contains(&x_id) && e.contains("--socket"), "{e}");
@@ -220,7 +326,7 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
     assert!(got.contains("from fallback") && got.contains(&x_id), "{got}");
     let reimport = ok(hangar(&root, &["import", out.join("model.safetensors").to_str().unwrap()]));
     assert!(reimport.contains(&x_id), "the bytes fetched again are x's: {reimport}");
-    wait_for("x on disk again", &|| ls_line(&root, &x_id).contains(" yes  demo/x:v1"));
+    wait_for("x on disk again", &|| ls_line(&root, &x_id).contains(" yes model    demo/x:v1"));
 }
 
 /// Issue 27: two daemons on one host without `--node` both take the host

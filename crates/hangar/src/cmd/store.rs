@@ -1,12 +1,14 @@
 //! `hangar store …`: the content-addressed model-weight store.
 //!
-//! `import`, `ls`, `stat` and `rm` work on a local store root directly;
+//! `import`, `import-adapter`, `ls`, `adapters`, `stat` and `rm` work on a
+//! local store root directly;
 //! `get` reads through the node's daemon when `--socket` (or
 //! `HANGAR_STORE_SOCKET`) is given — so it can pull from peers and
 //! fallbacks; with `--no-resident` into this command's own memory, the
 //! daemon keeping no copy — and from the local root otherwise; `serve` runs the daemon,
 //! `registry` the peer registry, `status` asks a daemon what is resident,
-//! `bench` measures the store against plain reads and copies.
+//! `bench` measures the store against plain reads and copies, and
+//! `synth-adapter` writes a synthetic LoRA adapter directory to import.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +16,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hangar_core::ByteSize;
+use hangar_core::{AdapterRef, ByteSize, ModelKey};
+use hangar_store::adapters;
 use hangar_store::client::{Hold, StoreClient, TargetMemory};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::preflight::{self, ServingPolicy};
@@ -62,13 +65,62 @@ enum Command {
         #[arg(long, requires = "strict")]
         manifest_ref: Option<String>,
     },
-    /// List known artifacts, their keys and whether their bytes are on
-    /// disk (`no`: the disk budget dropped them; the next load through the
-    /// daemon fetches them again from a peer or the fallback).
+    /// Import a LoRA adapter's directory (PEFT's: `adapter_config.json`,
+    /// `adapter_model.safetensors` or `.bin`, tokenizer files) as one
+    /// artifact registered as adapter ADAPTER of base model BASE
+    /// (idempotent: the same files under the same name → `existed`;
+    /// other files under a registered name move the name).
+    ImportAdapter {
+        /// The adapter's directory (flat; hidden entries are skipped).
+        dir: PathBuf,
+        /// The name to register it under: `BASE:ADAPTER`, the base model's
+        /// key and the adapter's name under it.
+        #[arg(long, value_name = "BASE:ADAPTER")]
+        adapter: AdapterRef,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List known artifacts, their kind (`model` or `adapter`), their
+    /// names (keys, an adapter's `BASE:ADAPTER`) and whether their bytes
+    /// are on disk (`no`: the disk budget dropped them; the next load
+    /// through the daemon fetches them again from a peer or the fallback).
     Ls {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// List registered adapters: base, name, size of their files, whether
+    /// their bytes are on disk, artifact.
+    Adapters {
+        /// Only the adapters of this base model.
+        #[arg(long)]
+        base: Option<ModelKey>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a synthetic LoRA adapter directory as PEFT saves one (bf16
+    /// `lora_A`/`lora_B` of `q_proj` and `v_proj` in every layer, and its
+    /// `adapter_config.json`), for benchmarks and tests.
+    SynthAdapter {
+        /// The directory to write (created).
+        dir: PathBuf,
+        /// The adapter's `base_model_name_or_path`.
+        #[arg(long, default_value = "synth/base")]
+        base_model: String,
+        /// LoRA rank `r`.
+        #[arg(long, default_value_t = 16)]
+        rank: usize,
+        /// Hidden size of the base model.
+        #[arg(long, default_value_t = 4096)]
+        hidden: usize,
+        /// Layers of the base model.
+        #[arg(long, default_value_t = 32)]
+        layers: usize,
+        /// Seed of the weights' bytes.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
     },
     /// Show an artifact's tensors.
     Stat {
@@ -82,7 +134,8 @@ enum Command {
         json: bool,
     },
     /// Write an artifact (or a view of it) as `DIR/model.safetensors` (a
-    /// whole-file artifact as `DIR/<its file name>`); every byte verified.
+    /// whole-file artifact as `DIR/<its file name>`, an adapter as the
+    /// files of its directory); every byte verified.
     Get {
         /// Artifact id (`hg1:…`) or key (`name:tag`).
         what: IdOrKey,
@@ -112,10 +165,16 @@ enum Command {
     },
     /// Show what a daemon holds resident.
     Status,
-    /// Remove a key (and its artifact if no other key points at it), or an artifact and all its keys.
+    /// Remove a key (and its artifact if no other name points at it), an
+    /// artifact and all its names, or with `--adapter` an adapter's name
+    /// (and its artifact unless a key points at it).
+    #[command(group(clap::ArgGroup::new("removed").required(true).args(["what", "adapter"])))]
     Rm {
         /// Artifact id or key.
-        what: IdOrKey,
+        what: Option<IdOrKey>,
+        /// An adapter's name, `BASE:ADAPTER`.
+        #[arg(long, value_name = "BASE:ADAPTER")]
+        adapter: Option<AdapterRef>,
     },
 }
 
@@ -178,25 +237,105 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 println!("{what} {} ({} tensors, {} bytes)", report.id, report.tensors, report.bytes);
             }
         }
+        Command::ImportAdapter { dir, adapter, json } => {
+            let report = adapters::import_dir(&open()?, &dir, &adapter)?;
+            for w in &report.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                let what = if report.existed { "existed" } else { "imported" };
+                println!(
+                    "{what} {} as {} ({} files, {} bytes)",
+                    report.id,
+                    report.adapter,
+                    report.files.len(),
+                    report.bytes
+                );
+                if let Some(old) = report.moved_from {
+                    println!(
+                        "moved {} from {old}, which is still stored (`hangar store rm {old}` removes it)",
+                        report.adapter
+                    );
+                }
+                if !report.skipped.is_empty() {
+                    println!("skipped hidden entries: {}", report.skipped.join(", "));
+                }
+            }
+        }
         Command::Ls { json } => {
             let list = open()?.list()?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                println!("{:<140} {:>14} {:>8} {:>7}  KEYS", "ID", "BYTES", "TENSORS", "ON_DISK");
+                println!(
+                    "{:<140} {:>14} {:>8} {:>7} {:<7}  NAMES",
+                    "ID", "BYTES", "TENSORS", "ON_DISK", "KIND"
+                );
                 for a in list {
-                    let keys: Vec<String> = a.keys.iter().map(|k| k.to_string()).collect();
-                    let on_disk = if a.on_disk { "yes" } else { "no" };
+                    let names: Vec<String> = a
+                        .keys
+                        .iter()
+                        .map(|k| k.to_string())
+                        .chain(a.adapter.map(|r| r.to_string()))
+                        .collect();
                     println!(
-                        "{:<140} {:>14} {:>8} {:>7}  {}",
+                        "{:<140} {:>14} {:>8} {:>7} {:<7}  {}",
                         a.id,
                         a.bytes,
                         a.tensors,
-                        on_disk,
-                        keys.join(",")
+                        yes_no(a.on_disk),
+                        a.kind.as_str(),
+                        names.join(",")
                     );
                 }
             }
+        }
+        Command::Adapters { base, json } => {
+            let list = adapters::list(&open()?, base.as_ref())?;
+            if json {
+                let rows: Vec<serde_json::Value> = list
+                    .iter()
+                    .map(|e| {
+                        serde_json::json!({
+                            "adapter": e.adapter,
+                            "base": e.adapter.base(),
+                            "name": e.adapter.name(),
+                            "id": e.id,
+                            "bytes": e.bytes,
+                            "on_disk": e.on_disk,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                let width = |f: &dyn Fn(&adapters::AdapterEntry) -> usize, title: &str| {
+                    list.iter().map(f).chain([title.len()]).max().unwrap_or(0)
+                };
+                let wb = width(&|e| e.adapter.base().as_str().len(), "BASE");
+                let wn = width(&|e| e.adapter.name().as_str().len(), "ADAPTER");
+                println!("{:<wb$} {:<wn$} {:>14} {:>7}  ID", "BASE", "ADAPTER", "BYTES", "ON_DISK");
+                for e in &list {
+                    println!(
+                        "{:<wb$} {:<wn$} {:>14} {:>7}  {}",
+                        e.adapter.base().as_str(),
+                        e.adapter.name().as_str(),
+                        e.bytes,
+                        yes_no(e.on_disk),
+                        e.id
+                    );
+                }
+            }
+        }
+        Command::SynthAdapter { dir, base_model, rank, hidden, layers, seed } => {
+            let files =
+                hangar_store::synth::synth_adapter_dir(&dir, &base_model, rank, hidden, layers, seed)?;
+            let mut bytes = 0;
+            for f in &files {
+                bytes += std::fs::metadata(f).with_context(|| format!("reading {}", f.display()))?.len();
+            }
+            println!("wrote {} ({} files, {bytes} bytes)", dir.display(), files.len());
         }
         Command::Stat { what, verify, json } => {
             let store = open()?;
@@ -309,15 +448,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
         }
-        Command::Rm { what } => {
+        Command::Rm { what: Some(what), .. } => {
             let removed = open()?.remove(&what)?;
             match removed.as_slice() {
                 [] => println!("removed key {what}"),
                 ids => ids.iter().for_each(|id| println!("removed {id}")),
             }
         }
+        Command::Rm { what: None, adapter } => {
+            let adapter = adapter.expect("clap requires WHAT or --adapter");
+            let removed = adapters::remove(&open()?, &adapter)?;
+            match removed.artifact_removed {
+                true => println!("removed adapter {adapter} and {}", removed.id),
+                false => println!("removed adapter {adapter}; {} stays (a key points at it)", removed.id),
+            }
+        }
     }
     Ok(())
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
 }
 
 /// A client of the daemon at `socket` and the selection `what` (an id,

@@ -1,0 +1,840 @@
+//! LoRA adapters as store artifacts, registered under their base model.
+//!
+//! A LoRA adapter, as users have it, is a PEFT directory:
+//! `adapter_config.json`, the weights in `adapter_model.safetensors` (or
+//! `adapter_model.bin` / `.pt`), sometimes tokenizer files. vLLM loads it
+//! from that directory (`POST /v1/load_lora_adapter {"lora_name",
+//! "lora_path"}`). [`import_dir`] makes the directory one artifact:
+//!
+//! - `adapter_model.safetensors` tensor by tensor, as the store imports
+//!   any safetensors file, its `__metadata__` kept in the binding (below);
+//! - every other file whole, under its name (`file:NAME`, the store's
+//!   whole-file tensors), byte for byte — `adapter_model.bin` included;
+//! - the **binding**, a reserved whole-file member [`BINDING_FILE`]
+//!   (`{"version":1,"base":…,"name":…}`, compact, fixed field order), which
+//!   says whose adapter this is.
+//!
+//! Because the binding is part of the content, the id covers it: the same
+//! directory imported under the same `BASE:ADAPTER` is the same artifact
+//! (`existed`), and under another base or name it is another artifact —
+//! the same name under two bases is two adapters, as
+//! [`AdapterRef`] says. Any node holding the artifact knows what it is.
+//!
+//! **Names.** `<root>/adapters.json` maps each [`AdapterRef`] to its
+//! artifact and its exported size, rewritten atomically under the lock
+//! the store's keys use: finding an adapter ([`find`]) or listing them
+//! ([`list`]) reads that one file and `stat`s each artifact's data, never
+//! an artifact's bytes. It is a table of names, as `keys.json` is for
+//! keys, rather than store keys: a key's name is one model key of at most
+//! 128 bytes, which `BASE` and `ADAPTER` (each up to 128) do not fit
+//! without an ambiguous encoding. Importing other content under an
+//! existing name moves the name, as a key moves ([`ImportReport::moved_from`]);
+//! the older artifact stays until removed. The disk budget never touches
+//! names; an adapter whose bytes it dropped is listed `on_disk: false`.
+//!
+//! **Export.** [`export_dir`] writes the adapter as the directory an
+//! engine loads — `adapter_config.json`, `adapter_model.safetensors` (a
+//! safetensors file of the same tensors, [`crate::export::SafetensorsLayout`]),
+//! the other files — at `under/<artifact id>/`, every byte verified
+//! against its chunk hash first. It writes into a temporary directory and
+//! renames it into place, so a directory at that path is always complete,
+//! and concurrent exports of one adapter end with one directory.
+//!
+//! Every call here does blocking file I/O (an export also hashes every
+//! byte): from async code, run it on a blocking thread.
+//!
+//! ```
+//! use hangar_store::{adapters, synth, BlobStore};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let src = dir.path().join("support-v2");
+//! synth::synth_adapter_dir(&src, "meta-llama/Meta-Llama-3-8B", 8, 64, 2, 7).unwrap();
+//! let store = BlobStore::open(dir.path().join("store")).unwrap();
+//! let name = "meta/llama-3-8b:acme/support-v2".parse().unwrap();
+//!
+//! let imported = adapters::import_dir(&store, &src, &name).unwrap();
+//! assert!(!imported.existed && imported.warnings.is_empty());
+//! let entry = adapters::find(&store, &name).unwrap().expect("registered");
+//! assert_eq!(entry.id, imported.id);
+//!
+//! let path = adapters::export_dir(&store, &entry, &dir.path().join("exports")).unwrap();
+//! assert_eq!(
+//!     std::fs::read(path.join("adapter_config.json")).unwrap(),
+//!     std::fs::read(src.join("adapter_config.json")).unwrap(),
+//! );
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use hangar_core::{Adapter, AdapterName, AdapterRef, ByteSize, ModelKey};
+use serde::{Deserialize, Serialize};
+
+use crate::blob::{BlobStore, Member};
+use crate::error::{io_err, StoreError};
+use crate::export::{is_plain_file_name, SafetensorsLayout};
+use crate::format::{self, FILE_TENSOR_PREFIX};
+use crate::id::ArtifactId;
+use crate::index::CanonicalIndex;
+use crate::preflight::ServingPolicy;
+
+/// The reserved member that binds an adapter artifact to its base model
+/// and name. A directory may not hold a file of that name.
+pub const BINDING_FILE: &str = "__hangar_adapter__.json";
+
+/// The binding's tensor in the canonical index ([`FILE_TENSOR_PREFIX`] +
+/// [`BINDING_FILE`]); an artifact carrying it is an adapter.
+pub const BINDING_TENSOR: &str = "file:__hangar_adapter__.json";
+
+/// The adapter's configuration, required in every adapter directory.
+pub const CONFIG_FILE: &str = "adapter_config.json";
+
+/// The weights file imported tensor by tensor (any other file is kept whole).
+pub const SAFETENSORS_FILE: &str = "adapter_model.safetensors";
+
+/// The weights files an engine looks for (vLLM's, in its order); a
+/// directory needs at least one.
+pub const WEIGHTS_FILES: [&str; 3] = [SAFETENSORS_FILE, "adapter_model.bin", "adapter_model.pt"];
+
+/// The names table under the store root.
+const NAMES_FILE: &str = "adapters.json";
+
+/// The binding's version; part of the hashed bytes.
+const BINDING_VERSION: u32 = 1;
+
+/// What the binding member says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Binding {
+    version: u32,
+    base: ModelKey,
+    name: AdapterName,
+    /// `adapter_model.safetensors`'s `__metadata__`, restored on export.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: BTreeMap<String, String>,
+}
+
+impl Binding {
+    fn adapter(&self) -> AdapterRef {
+        AdapterRef::new(self.base.clone(), self.name.clone())
+    }
+}
+
+/// One line of the names table: the artifact an adapter's name points at
+/// and the bytes of its files as exported (a function of the content).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NameRecord {
+    pub(crate) id: ArtifactId,
+    pub(crate) bytes: u64,
+}
+
+/// The names table, `adapters.json`.
+pub(crate) type Names = BTreeMap<AdapterRef, NameRecord>;
+
+/// Reads the names table (empty when the store has none).
+pub(crate) fn read_names(store: &BlobStore) -> Result<Names, StoreError> {
+    let path = store.root().join(NAMES_FILE);
+    match fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| StoreError::Corrupt { what: path.display().to_string(), reason: e.to_string() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Names::new()),
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
+/// Replaces the names table; call it holding the names lock.
+pub(crate) fn write_names(store: &BlobStore, names: &Names) -> Result<(), StoreError> {
+    store.write_atomically(NAMES_FILE, &serde_json::to_vec_pretty(names).expect("names serialize"))
+}
+
+/// Whether the artifact of `index` is an adapter (carries the binding).
+pub fn carries_binding(index: &CanonicalIndex) -> bool {
+    index.tensor(BINDING_TENSOR).is_some()
+}
+
+/// A registered adapter: its name, its artifact, its size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AdapterEntry {
+    /// `BASE:ADAPTER`.
+    pub adapter: AdapterRef,
+    /// The artifact its name points at.
+    pub id: ArtifactId,
+    /// The bytes of its files as [`export_dir`] writes them.
+    pub bytes: u64,
+    /// Whether the artifact's bytes are on this node's disk; `false` when
+    /// the disk budget dropped them ([`export_dir`] then fails with
+    /// [`ExportError::NotOnDisk`]).
+    pub on_disk: bool,
+}
+
+impl AdapterEntry {
+    /// The adapter with its size, as the router's adapter slots count it.
+    pub fn sized(&self) -> Adapter {
+        Adapter::sized(self.adapter.clone(), ByteSize::new(self.bytes))
+    }
+
+    fn from_record(store: &BlobStore, adapter: AdapterRef, r: NameRecord) -> Self {
+        AdapterEntry { adapter, id: r.id, bytes: r.bytes, on_disk: store.contains(&r.id) }
+    }
+}
+
+/// Why the adapters' names could not be read ([`list`], [`find`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// `adapters.json` cannot be read or is not a names table.
+    #[error("reading the adapters' names: {0}")]
+    Names(#[source] StoreError),
+}
+
+/// Every registered adapter — of `base` only, when given — sorted by base,
+/// then name. Reads the names table and `stat`s each artifact's data.
+pub fn list(store: &BlobStore, base: Option<&ModelKey>) -> Result<Vec<AdapterEntry>, LookupError> {
+    let names = read_names(store).map_err(LookupError::Names)?;
+    Ok(names
+        .into_iter()
+        .filter(|(a, _)| base.is_none_or(|b| a.base() == b))
+        .map(|(a, r)| AdapterEntry::from_record(store, a, r))
+        .collect())
+}
+
+/// The adapter registered as `adapter`, if any. Reads the names table and
+/// `stat`s the artifact's data.
+pub fn find(store: &BlobStore, adapter: &AdapterRef) -> Result<Option<AdapterEntry>, LookupError> {
+    let names = read_names(store).map_err(LookupError::Names)?;
+    Ok(names.get(adapter).map(|r| AdapterEntry::from_record(store, adapter.clone(), *r)))
+}
+
+/// What [`import_dir`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImportReport {
+    /// The name it was registered under.
+    pub adapter: AdapterRef,
+    /// Its artifact.
+    pub id: ArtifactId,
+    /// The bytes of its files as exported.
+    pub bytes: u64,
+    /// The store already held this artifact: the same files under the same name.
+    pub existed: bool,
+    /// The artifact the name pointed at before, when it pointed at another
+    /// (different files): the name moved; that artifact is still stored.
+    pub moved_from: Option<ArtifactId>,
+    /// The files imported, by name.
+    pub files: Vec<String>,
+    /// Hidden entries (names starting with `.`: `.gitattributes`, a
+    /// `.cache/` directory) left out.
+    pub skipped: Vec<String>,
+    /// What looks wrong without being refused: a `base_model_name_or_path`
+    /// unlike the base.
+    pub warnings: Vec<String>,
+}
+
+/// Why an adapter directory was not imported. Nothing was registered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ImportError {
+    /// A file-system operation failed (the directory or a file is missing,
+    /// unreadable, a symbolic link is broken).
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path operated on.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The path is not a directory.
+    #[error(
+        "{} is not a directory; an adapter is imported from its directory \
+         (adapter_config.json, adapter_model.safetensors, …)", path.display()
+    )]
+    NotADirectory {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The directory has no `adapter_config.json`.
+    #[error(
+        "{} has no {CONFIG_FILE}; an adapter directory holds {CONFIG_FILE} and \
+         adapter_model.safetensors (or adapter_model.bin), as PEFT's save_pretrained writes them",
+        dir.display()
+    )]
+    NoConfig {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `adapter_config.json` is not a JSON object.
+    #[error("{}: not a JSON object: {reason}", path.display())]
+    ConfigNotJson {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        reason: String,
+    },
+    /// No weights file.
+    #[error("{} has no weights file: none of {}", dir.display(), WEIGHTS_FILES.join(", "))]
+    NoWeights {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// A symbolic link points outside the directory.
+    #[error(
+        "{} is a symbolic link to {}, outside {}; an adapter is imported from the files its \
+         directory holds: copy them in (`cp -L`, or `huggingface-cli download --local-dir`)",
+        path.display(), target.display(), dir.display()
+    )]
+    SymlinkEscapes {
+        /// The link.
+        path: PathBuf,
+        /// Where it resolves to.
+        target: PathBuf,
+        /// The directory imported.
+        dir: PathBuf,
+    },
+    /// An entry is neither a regular file nor a directory.
+    #[error("{} is a {kind}, not a regular file", path.display())]
+    NotRegular {
+        /// The entry.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// A subdirectory: an adapter directory is flat.
+    #[error(
+        "{} is a directory; an adapter directory is flat (adapter_config.json, the weights, \
+         tokenizer files): put those in a directory of their own",
+        path.display()
+    )]
+    Nested {
+        /// The subdirectory.
+        path: PathBuf,
+    },
+    /// A file under the reserved binding name.
+    #[error("{}: the name {BINDING_FILE} is reserved for the adapter's binding to its base model", path.display())]
+    Reserved {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A file name that is not UTF-8 (names become tensor names).
+    #[error("{}: the file name is not UTF-8", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The store refused the files (a malformed `adapter_model.safetensors`,
+    /// named with what is wrong) or could not write them.
+    #[error("importing adapter {adapter} from {}: {source}", dir.display())]
+    Store {
+        /// The adapter.
+        adapter: AdapterRef,
+        /// The directory.
+        dir: PathBuf,
+        /// What the store said.
+        source: Box<StoreError>,
+    },
+}
+
+/// Imports the PEFT directory `dir` as one artifact and registers it as
+/// `adapter` (see the module documentation for the layout).
+///
+/// Idempotent: the same files under the same name are the same artifact,
+/// reported `existed`. Other files under a name already registered move
+/// the name ([`ImportReport::moved_from`]). Hidden entries are skipped;
+/// subdirectories, special files and symbolic links leading outside `dir`
+/// are refused. An `adapter_config.json` whose `base_model_name_or_path`
+/// does not look like `adapter`'s base is imported with a warning: model
+/// keys are not Hugging Face ids, so it cannot be checked strictly.
+///
+/// On error nothing is registered; the artifact may have been stored
+/// (when the names table could not be written), without a name.
+pub fn import_dir(store: &BlobStore, dir: &Path, adapter: &AdapterRef) -> Result<ImportReport, ImportError> {
+    let scanned = scan(dir)?;
+    let find = |name: &str| scanned.files.iter().find(|(n, _)| n == name).map(|(_, p)| p.as_path());
+    let config_path = find(CONFIG_FILE).ok_or_else(|| ImportError::NoConfig { dir: dir.to_owned() })?;
+    if !WEIGHTS_FILES.iter().any(|w| find(w).is_some()) {
+        return Err(ImportError::NoWeights { dir: dir.to_owned() });
+    }
+    let config_bytes =
+        fs::read(config_path).map_err(|source| ImportError::Io { path: config_path.to_owned(), source })?;
+    let not_json = |reason: String| ImportError::ConfigNotJson { path: config_path.to_owned(), reason };
+    let config: serde_json::Value =
+        serde_json::from_slice(&config_bytes).map_err(|e| not_json(e.to_string()))?;
+    let Some(config) = config.as_object() else {
+        return Err(not_json(format!("found {}", json_kind(&config))));
+    };
+    let warnings = base_warnings(config, adapter.base()).into_iter().collect();
+
+    let store_err = |source: StoreError| ImportError::Store {
+        adapter: adapter.clone(),
+        dir: dir.to_owned(),
+        source: Box::new(source),
+    };
+    let metadata = match find(SAFETENSORS_FILE) {
+        Some(path) => safetensors_metadata(path).map_err(store_err)?,
+        None => BTreeMap::new(),
+    };
+    let binding = Binding {
+        version: BINDING_VERSION,
+        base: adapter.base().clone(),
+        name: adapter.name().clone(),
+        metadata,
+    };
+    let binding_bytes = serde_json::to_vec(&binding).expect("a binding serializes");
+    let mut members: Vec<Member<'_>> = scanned
+        .files
+        .iter()
+        .map(|(name, path)| match name == SAFETENSORS_FILE {
+            true => Member::Tensors(path),
+            false => Member::Whole { path, name: name.clone() },
+        })
+        .collect();
+    members.push(Member::Bytes { name: BINDING_FILE, data: &binding_bytes });
+    let committed = store.import_members(&members, &[], &ServingPolicy::default()).map_err(store_err)?;
+    let index = store
+        .known_index(&committed.id)
+        .map_err(store_err)?
+        .ok_or(StoreError::UnknownArtifact(committed.id))
+        .map_err(store_err)?;
+    let bytes = exported_len(&index, &binding.metadata);
+
+    let record = NameRecord { id: committed.id, bytes };
+    let before = store
+        .with_names_locked(|| -> Result<Option<NameRecord>, StoreError> {
+            let mut names = read_names(store)?;
+            let before = names.insert(adapter.clone(), record);
+            if before != Some(record) {
+                write_names(store, &names)?;
+            }
+            Ok(before)
+        })
+        .and_then(|r| r)
+        .map_err(store_err)?;
+    Ok(ImportReport {
+        adapter: adapter.clone(),
+        id: committed.id,
+        bytes,
+        existed: committed.existed,
+        moved_from: before.map(|b| b.id).filter(|id| *id != committed.id),
+        files: scanned.files.into_iter().map(|(n, _)| n).collect(),
+        skipped: scanned.skipped,
+        warnings,
+    })
+}
+
+/// The entries of an adapter directory.
+struct Scanned {
+    /// `(name, path)` of each regular file (or link to one inside), by name.
+    files: Vec<(String, PathBuf)>,
+    /// Hidden entries left out.
+    skipped: Vec<String>,
+}
+
+/// Lists `dir`, refusing what an adapter directory may not hold.
+fn scan(dir: &Path) -> Result<Scanned, ImportError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| ImportError::Io { path, source }
+    };
+    if !fs::metadata(dir).map_err(io(dir))?.is_dir() {
+        return Err(ImportError::NotADirectory { path: dir.to_owned() });
+    }
+    let real_dir = fs::canonicalize(dir).map_err(io(dir))?;
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        entries.push((entry.file_name(), entry.path()));
+    }
+    entries.sort();
+    let mut scanned = Scanned { files: Vec::new(), skipped: Vec::new() };
+    for (name, path) in entries {
+        let Ok(name) = name.into_string() else { return Err(ImportError::NotUtf8 { path }) };
+        if name.starts_with('.') {
+            scanned.skipped.push(name);
+            continue;
+        }
+        let mut meta = fs::symlink_metadata(&path).map_err(io(&path))?;
+        if meta.file_type().is_symlink() {
+            let target = fs::canonicalize(&path).map_err(io(&path))?;
+            if !target.starts_with(&real_dir) {
+                return Err(ImportError::SymlinkEscapes { path, target, dir: dir.to_owned() });
+            }
+            meta = fs::metadata(&target).map_err(io(&path))?;
+        }
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            return Err(ImportError::Nested { path });
+        }
+        if !kind.is_file() {
+            let kind = match () {
+                _ if kind.is_fifo() => "named pipe",
+                _ if kind.is_socket() => "socket",
+                _ if kind.is_block_device() => "block device",
+                _ if kind.is_char_device() => "character device",
+                _ => "special file",
+            };
+            return Err(ImportError::NotRegular { path, kind });
+        }
+        if name == BINDING_FILE {
+            return Err(ImportError::Reserved { path });
+        }
+        scanned.files.push((name, path));
+    }
+    Ok(scanned)
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// The warning, if `config`'s `base_model_name_or_path` does not look like
+/// `base`: neither's last path segment, lowercased and with only letters
+/// and digits kept, contains the other's (`meta/llama-3-8b` looks like
+/// `meta-llama/Meta-Llama-3-8B`, not like `mistralai/Mistral-7B-v0.1`).
+fn base_warnings(config: &serde_json::Map<String, serde_json::Value>, base: &ModelKey) -> Option<String> {
+    let field = "base_model_name_or_path";
+    let said = match config.get(field)? {
+        serde_json::Value::Null => return None,
+        serde_json::Value::String(s) => s,
+        other => {
+            return Some(format!(
+                "{CONFIG_FILE}: {field} is {}, not a string; imported as an adapter of `{base}` anyway",
+                json_kind(other)
+            ))
+        }
+    };
+    let squash = |s: &str| -> String {
+        let last = s.trim_end_matches('/').rsplit('/').next().unwrap_or(s);
+        last.chars().filter(|c| c.is_ascii_alphanumeric()).map(|c| c.to_ascii_lowercase()).collect()
+    };
+    let (a, b) = (squash(said), squash(base.as_str()));
+    let alike = !a.is_empty() && !b.is_empty() && (a.contains(&b) || b.contains(&a));
+    (!alike).then(|| {
+        format!(
+            "{CONFIG_FILE}: {field} is `{said}`, which does not look like the base model `{base}` it is \
+             imported under; an adapter runs only on the base it was trained from (imported anyway: \
+             model keys are not Hugging Face ids, so this is not checked strictly)"
+        )
+    })
+}
+
+/// The `__metadata__` of the safetensors file at `path`.
+fn safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>, StoreError> {
+    let file = fs::File::open(path).map_err(io_err(path))?;
+    let len = file.metadata().map_err(io_err(path))?.len();
+    let header = crate::blob::read_header(&file, path, len)?;
+    Ok(format::header_metadata(&path.display().to_string(), &header)?)
+}
+
+/// The bytes of the files [`write_files`] writes for the adapter of
+/// `index`, whose safetensors metadata is `metadata`.
+fn exported_len(index: &CanonicalIndex, metadata: &BTreeMap<String, String>) -> u64 {
+    let (whole, tensors): (Vec<_>, Vec<_>) = index
+        .tensors
+        .iter()
+        .filter(|t| t.name != BINDING_TENSOR)
+        .partition(|t| t.name.starts_with(FILE_TENSOR_PREFIX));
+    let safetensors = match tensors.is_empty() {
+        true => 0,
+        false => SafetensorsLayout::new(tensors, metadata.clone()).file_len(),
+    };
+    whole.iter().map(|t| t.len).sum::<u64>() + safetensors
+}
+
+/// The binding of the adapter artifact `index` whose canonical bytes are
+/// `data`; what is wrong otherwise.
+fn read_binding(index: &CanonicalIndex, data: &[u8]) -> Result<Binding, String> {
+    let t =
+        index.tensor(BINDING_TENSOR).ok_or_else(|| format!("carries no {BINDING_FILE}: not an adapter"))?;
+    let bytes = &data[t.offset as usize..(t.offset + t.len) as usize];
+    let binding: Binding =
+        serde_json::from_slice(bytes).map_err(|e| format!("has an unreadable {BINDING_FILE}: {e}"))?;
+    if binding.version != BINDING_VERSION {
+        return Err(format!("has a {BINDING_FILE} of version {}, not {BINDING_VERSION}", binding.version));
+    }
+    Ok(binding)
+}
+
+/// Writes the files of the adapter artifact `index`, whose canonical bytes
+/// are `data` (verified by the caller), into the existing directory `dir`,
+/// each synced: every whole file under its name, the other tensors as
+/// `adapter_model.safetensors` with its metadata; not the binding.
+/// Returns the paths written, by name.
+pub fn write_files(index: &CanonicalIndex, data: &[u8], dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt { what: dir.display().to_string(), reason };
+    let binding = read_binding(index, data).map_err(|e| corrupt(format!("the artifact {e}")))?;
+    let mut written = Vec::new();
+    let mut tensors = Vec::new();
+    for t in &index.tensors {
+        let Some(name) = t.name.strip_prefix(FILE_TENSOR_PREFIX) else {
+            tensors.push(t);
+            continue;
+        };
+        if name == BINDING_FILE {
+            continue;
+        }
+        if !is_plain_file_name(name) || name == SAFETENSORS_FILE {
+            return Err(corrupt(format!(
+                "the artifact holds a file named `{name}`, which an adapter may not"
+            )));
+        }
+        let path = dir.join(name);
+        let file = fs::File::create(&path).map_err(io_err(&path))?;
+        file.write_all_at(&data[t.offset as usize..(t.offset + t.len) as usize], 0).map_err(io_err(&path))?;
+        file.sync_data().map_err(io_err(&path))?;
+        written.push(path);
+    }
+    if !tensors.is_empty() {
+        let path = dir.join(SAFETENSORS_FILE);
+        let file = SafetensorsLayout::new(tensors, binding.metadata).write_file(data, &path)?;
+        file.sync_data().map_err(io_err(&path))?;
+        written.push(path);
+    }
+    written.sort();
+    Ok(written)
+}
+
+/// Why an adapter could not be exported. Nothing was left at the target
+/// path (a temporary directory may be, after a crash: `under/.hg1-…tmp`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// The store does not know the artifact.
+    #[error("adapter {adapter}: artifact {id} is not in this store")]
+    Unknown {
+        /// The adapter.
+        adapter: AdapterRef,
+        /// Its artifact.
+        id: ArtifactId,
+    },
+    /// The disk budget dropped the artifact's bytes.
+    #[error(
+        "adapter {adapter}: the bytes of artifact {id} are not on this node's disk (the disk budget \
+         dropped them); import its directory again (`hangar store import-adapter DIR --adapter \
+         {adapter}`), or load {id} through the store daemon, which fetches it from a peer"
+    )]
+    NotOnDisk {
+        /// The adapter.
+        adapter: AdapterRef,
+        /// Its artifact.
+        id: ArtifactId,
+    },
+    /// The artifact is not this adapter (the names table was edited, or
+    /// the artifact is not an adapter at all).
+    #[error("adapter {adapter}: artifact {id} {what}")]
+    NotThisAdapter {
+        /// The adapter.
+        adapter: AdapterRef,
+        /// The artifact its name points at.
+        id: ArtifactId,
+        /// What the artifact is instead.
+        what: String,
+    },
+    /// Reading the artifact failed: corrupt, a chunk that does not match
+    /// its hash (never written out).
+    #[error("adapter {adapter}: reading artifact {id}: {source}")]
+    Read {
+        /// The adapter.
+        adapter: AdapterRef,
+        /// Its artifact.
+        id: ArtifactId,
+        /// What the store said.
+        source: Box<StoreError>,
+    },
+    /// Writing the directory failed.
+    #[error("adapter {adapter}: exporting under {}: {source}", under.display())]
+    Write {
+        /// The adapter.
+        adapter: AdapterRef,
+        /// The directory exported under.
+        under: PathBuf,
+        /// What failed, naming the file.
+        source: Box<StoreError>,
+    },
+}
+
+/// Writes `entry`'s adapter as the directory an engine loads, at
+/// `under/<artifact id>/` (the id with `:` as `-`), and returns that path.
+///
+/// Every byte is verified against its chunk hash before anything is
+/// written. The files are written and synced in a temporary directory
+/// under `under`, then renamed into place: a directory at the returned
+/// path is always complete. If it exists already (holding
+/// `adapter_config.json`, as every export does) it is reused as it is: one
+/// export per adapter per node. Of concurrent exports — threads or
+/// processes — one rename wins and the others remove theirs and answer
+/// the same path. An empty directory in the way is replaced; any other is
+/// an error. Marks the artifact used for the disk budget.
+pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Result<PathBuf, ExportError> {
+    let (adapter, id) = (&entry.adapter, entry.id);
+    let target = under.join(id.file_name());
+    let exported = |dir: &Path| dir.join(CONFIG_FILE).is_file();
+    if exported(&target) {
+        return Ok(target);
+    }
+    if !store.contains(&id) {
+        return Err(match store.knows(&id) {
+            true => ExportError::NotOnDisk { adapter: adapter.clone(), id },
+            false => ExportError::Unknown { adapter: adapter.clone(), id },
+        });
+    }
+    let read = |source| ExportError::Read { adapter: adapter.clone(), id, source: Box::new(source) };
+    let art = store.open_artifact(&id).map_err(read)?;
+    let data = art.map_verified().map_err(read)?;
+    let not_this = |what| ExportError::NotThisAdapter { adapter: adapter.clone(), id, what };
+    let binding = read_binding(&art.index, &data).map_err(not_this)?;
+    if binding.adapter() != *adapter {
+        return Err(not_this(format!("is bound to adapter {}", binding.adapter())));
+    }
+    let write = |source| ExportError::Write {
+        adapter: adapter.clone(),
+        under: under.to_owned(),
+        source: Box::new(source),
+    };
+    fs::create_dir_all(under).map_err(|e| write(io_err(under)(e)))?;
+    let staging = Staging::create(under, &id.file_name()).map_err(write)?;
+    write_files(&art.index, &data, &staging.0).map_err(write)?;
+    match fs::rename(&staging.0, &target) {
+        Ok(()) => {}
+        // Another export renamed its complete directory into place first.
+        Err(e) if exported(&target) && e.raw_os_error().is_some_and(is_exists) => {}
+        Err(e) => return Err(write(io_err(&target)(e))),
+    }
+    // Bookkeeping for the disk budget's least recently used order; an
+    // export that succeeded is not failed for it.
+    if let Err(e) = store.mark_used(&id) {
+        tracing::debug!(%id, error = %e, "could not mark an exported adapter used");
+    }
+    Ok(target)
+}
+
+/// Whether an OS error number says the rename target exists.
+fn is_exists(errno: i32) -> bool {
+    errno == rustix::io::Errno::NOTEMPTY.raw_os_error() || errno == rustix::io::Errno::EXIST.raw_os_error()
+}
+
+/// A temporary directory an export is written into, removed on drop
+/// (after the rename that publishes it, there is nothing left to remove).
+struct Staging(PathBuf);
+
+impl Staging {
+    fn create(under: &Path, name: &str) -> Result<Self, StoreError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        loop {
+            let n = SEQ.fetch_add(1, Ordering::Relaxed);
+            let dir = under.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+            match fs::create_dir(&dir) {
+                Ok(()) => return Ok(Staging(dir)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err(&dir)(e)),
+            }
+        }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What [`remove`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Removed {
+    /// The artifact the name pointed at.
+    pub id: ArtifactId,
+    /// Whether the artifact went too (no key pointed at it).
+    pub artifact_removed: bool,
+}
+
+/// Why an adapter could not be removed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoveError {
+    /// No adapter of that name.
+    #[error("unknown adapter {adapter}; `hangar store adapters` lists the adapters of this store")]
+    Unknown {
+        /// The name given.
+        adapter: AdapterRef,
+    },
+    /// Reading or writing the names, or removing the artifact, failed.
+    #[error("removing adapter {adapter}: {source}")]
+    Store {
+        /// The adapter.
+        adapter: AdapterRef,
+        /// What the store said.
+        source: Box<StoreError>,
+    },
+}
+
+/// Removes the name `adapter`, and its artifact unless a key points at it
+/// (as removing a store key does). Exported directories are not touched.
+pub fn remove(store: &BlobStore, adapter: &AdapterRef) -> Result<Removed, RemoveError> {
+    let store_err = |source| RemoveError::Store { adapter: adapter.clone(), source: Box::new(source) };
+    let removed = store
+        .with_names_locked(|| -> Result<Option<(ArtifactId, bool)>, StoreError> {
+            let mut names = read_names(store)?;
+            let Some(record) = names.remove(adapter) else { return Ok(None) };
+            write_names(store, &names)?;
+            let keyed = store.keys()?.values().any(|id| *id == record.id);
+            Ok(Some((record.id, !keyed)))
+        })
+        .and_then(|r| r)
+        .map_err(store_err)?;
+    let Some((id, doomed)) = removed else { return Err(RemoveError::Unknown { adapter: adapter.clone() }) };
+    let artifact_removed = doomed && store.discard(&id).map_err(store_err)?;
+    Ok(Removed { id, artifact_removed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binding_tensor_is_the_binding_file_as_a_whole_file() {
+        assert_eq!(BINDING_TENSOR, format!("{FILE_TENSOR_PREFIX}{BINDING_FILE}"));
+    }
+
+    #[test]
+    fn the_binding_is_compact_in_a_fixed_order() {
+        let b = Binding {
+            version: 1,
+            base: "meta/llama-3-8b".parse().unwrap(),
+            name: "acme/x".parse().unwrap(),
+            metadata: BTreeMap::new(),
+        };
+        let bytes = serde_json::to_vec(&b).unwrap();
+        assert_eq!(bytes, br#"{"version":1,"base":"meta/llama-3-8b","name":"acme/x"}"#);
+        let mut with = b.clone();
+        with.metadata.insert("format".into(), "pt".into());
+        let bytes = serde_json::to_vec(&with).unwrap();
+        assert_eq!(serde_json::from_slice::<Binding>(&bytes).unwrap(), with);
+    }
+
+    #[test]
+    fn a_base_model_path_looks_like_its_key_by_its_last_segment() {
+        let warn = |said: &str, base: &str| {
+            let config = serde_json::json!({ "base_model_name_or_path": said });
+            base_warnings(config.as_object().unwrap(), &base.parse().unwrap())
+        };
+        assert_eq!(warn("meta-llama/Meta-Llama-3-8B", "meta/llama-3-8b"), None);
+        assert_eq!(warn("meta-llama/Meta-Llama-3-8B-Instruct", "meta/llama-3-8b-instruct"), None);
+        assert_eq!(warn("/models/Qwen2.5-7B/", "qwen/qwen2.5-7b"), None);
+        assert_eq!(warn("llama-3-8b", "llama-3-8b"), None);
+        let w = warn("mistralai/Mistral-7B-v0.1", "meta/llama-3-8b").unwrap();
+        assert!(w.contains("`mistralai/Mistral-7B-v0.1`") && w.contains("`meta/llama-3-8b`"), "{w}");
+        assert!(warn("", "meta/llama-3-8b").is_some(), "an empty name looks like nothing");
+        let config = serde_json::json!({ "base_model_name_or_path": 3 });
+        let w = base_warnings(config.as_object().unwrap(), &"m".parse().unwrap()).unwrap();
+        assert!(w.contains("a number"), "{w}");
+        let none = serde_json::json!({});
+        assert_eq!(base_warnings(none.as_object().unwrap(), &"m".parse().unwrap()), None);
+    }
+}
