@@ -23,6 +23,17 @@
 //! their own). The node tells it each replica's phase
 //! ([`Processor::replica_phase`]); a fleet's agent, which holds no permits,
 //! samples its engines' own counts instead ([`Processor::sample_in_flight`]).
+//!
+//! # Adapters
+//! A request that runs with a LoRA adapter ([`Wait::adapter`]) is granted a
+//! permit like any other, on the replica the chooser picks — which is also
+//! where the chooser's adapter slots ([`hangar_router::AdapterSlots`])
+//! acquire its adapter. [`Processor::admit_with`] then waits, holding the
+//! permit, until the slots say the adapter is loaded there, and only then
+//! hands out the lease. The slots' steps (load, unload) are carried out by
+//! the [`AdapterDriver`] the runtime installs ([`Processor::set_adapter_driver`]),
+//! one at a time per replica, each in a task of its own that reports back;
+//! the processor only relays: the slots decide.
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -31,9 +42,48 @@ use std::time::{Duration, Instant};
 use hangar_core::instance::{InstanceMonitor, InstanceReport};
 use hangar_core::{AccountId, BlockHash, Millis, ReplicaId, ReplicaPhase, RequestId};
 pub use hangar_queue::Patience;
-use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, Submitted};
+use hangar_queue::{Action, Admission, AdmissionConfig, Chooser, FirstFree, Submitted};
+use hangar_router::{AdapterAction, ReplicaChooser, SlotEvent, SlotStep};
 use rustc_hash::FxHashMap;
 use tokio::sync::{oneshot, Notify};
+
+/// A chooser a processor drives: any [`Chooser`], and for adapters the
+/// router's own ([`ReplicaChooser`]), whose slots decide adapter steps.
+pub trait ProcessorChooser: Chooser + Send {
+    /// The router's chooser, when this is one: only it holds adapter slots.
+    fn adapters(&mut self) -> Option<&mut ReplicaChooser> {
+        None
+    }
+}
+
+impl ProcessorChooser for ReplicaChooser {
+    fn adapters(&mut self) -> Option<&mut ReplicaChooser> {
+        Some(self)
+    }
+}
+
+impl ProcessorChooser for FirstFree {}
+
+/// Carries out one adapter step on a replica's engine (vLLM's
+/// `/v1/load_lora_adapter` or `/v1/unload_lora_adapter`), answering why it
+/// failed if it did. Installed by the runtime, which knows engines' URLs
+/// and where adapters' files are.
+pub type AdapterDriver = Arc<
+    dyn Fn(
+            ReplicaId,
+            SlotStep,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Where a request granted with an adapter stands with it.
+enum AdapterWait {
+    /// Its lease waits for the answer.
+    Waiting { replica: ReplicaId, tx: oneshot::Sender<Result<(), AdmitError>> },
+    /// The answer came before its lease asked (an adapter already loaded).
+    Answered(Result<(), AdmitError>),
+}
 
 /// A processor's line and permits at one moment.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +138,14 @@ pub enum AdmitError {
         /// Why, as the controller said.
         reason: String,
     },
+    /// The request's adapter could not be loaded on the replica it was
+    /// granted (HTTP 502), or can never be held (larger than a replica's
+    /// adapter memory, HTTP 400: [`AdmitError::AdapterRefused`]).
+    #[error("{0}")]
+    AdapterFailed(String),
+    /// The request's adapter can never run here (HTTP 400).
+    #[error("{0}")]
+    AdapterRefused(String),
 }
 
 type Waiter = oneshot::Sender<Result<ReplicaId, AdmitError>>;
@@ -96,8 +154,13 @@ struct State {
     admission: Admission,
     /// Picks among free replicas, for immediate leases and later
     /// dispatches alike.
-    chooser: Box<dyn Chooser + Send>,
+    chooser: Box<dyn ProcessorChooser>,
     waiters: FxHashMap<RequestId, Waiter>,
+    /// Requests granted with an adapter, until their lease takes the answer.
+    adapter_waits: FxHashMap<RequestId, AdapterWait>,
+    /// Why the last adapter step on a replica failed, for the requests
+    /// its load failed.
+    step_errors: FxHashMap<ReplicaId, String>,
     next_id: u64,
     counters: Counters,
     /// The instance monitor of each replica this process runs (none for
@@ -115,6 +178,23 @@ impl State {
             }
         }
     }
+
+    /// `request` ended: its permit goes back and the chooser forgets it
+    /// (releasing its adapter), and any adapter answer for it goes too.
+    fn end(&mut self, now: Millis, request: RequestId) {
+        self.admission.release(now, request, &mut *self.chooser);
+        self.chooser.done(request);
+        self.adapter_waits.remove(&request);
+    }
+
+    /// Tells `request`'s lease how its adapter load went, or keeps the
+    /// answer until the lease asks.
+    fn answer_adapter(&mut self, request: RequestId, answer: Result<(), AdmitError>) {
+        match self.adapter_waits.remove(&request) {
+            Some(AdapterWait::Waiting { tx, .. }) => drop(tx.send(answer)),
+            _ => drop(self.adapter_waits.insert(request, AdapterWait::Answered(answer))),
+        }
+    }
 }
 
 /// Called (outside the processor's lock) when a request has to wait for a
@@ -124,6 +204,10 @@ pub type OnQueued = Box<dyn Fn() + Send + Sync>;
 struct Shared {
     state: Mutex<State>,
     on_queued: Option<OnQueued>,
+    /// Itself, for the tasks that carry out adapter steps to report back.
+    me: std::sync::Weak<Shared>,
+    /// Carries out adapter steps; none until the runtime installs it.
+    adapter_driver: std::sync::OnceLock<AdapterDriver>,
     epoch: Instant,
     /// Wakes the timer task when the earliest deadline may have changed, or
     /// when the processor is dropped so the task can end.
@@ -167,8 +251,7 @@ impl Drop for Lease {
         let granted_at = self.granted_at;
         self.shared.with(|s, now| {
             s.bump(now, self.replica, false);
-            s.admission.release(now, self.request, &mut *s.chooser);
-            s.chooser.done(self.request);
+            s.end(now, self.request);
             s.counters.completions += 1;
             s.counters.busy_ms += now.saturating_sub(granted_at);
         });
@@ -205,7 +288,51 @@ impl Shared {
                 state.chooser.done(request);
             }
         }
+        self.drain_adapters(state);
         out
+    }
+
+    /// Carries out the adapter slots' steps and answers their requests.
+    fn drain_adapters(&self, state: &mut State) {
+        loop {
+            let Some(action) = state.chooser.adapters().and_then(ReplicaChooser::poll_adapter) else {
+                return;
+            };
+            match action {
+                AdapterAction::Step { on, step } => self.run_step(on, step),
+                AdapterAction::Answer(SlotEvent::Ready(request)) => state.answer_adapter(request, Ok(())),
+                AdapterAction::Answer(SlotEvent::Failed { request, adapter }) => {
+                    let replica = state.admission.holder(request);
+                    let why = replica.and_then(|r| state.step_errors.get(&r)).map_or("", String::as_str);
+                    let on = replica.map(|r| format!(" on replica {r}")).unwrap_or_default();
+                    let message = format!("adapter `{adapter}` could not be loaded{on}: {why}");
+                    state.answer_adapter(request, Err(AdmitError::AdapterFailed(message)));
+                }
+            }
+        }
+    }
+
+    /// Spawns the task that carries out `step` on `replica` and reports
+    /// how it went. Without a driver (never, once adapters are in use) the
+    /// step fails at once.
+    fn run_step(&self, replica: ReplicaId, step: SlotStep) {
+        let me = self.me.clone();
+        let run = self.adapter_driver.get().map(|driver| driver(replica, step));
+        tokio::spawn(async move {
+            let done = match run {
+                Some(run) => run.await,
+                None => Err("this server carries out no adapter steps".to_owned()),
+            };
+            let Some(shared) = me.upgrade() else { return };
+            shared.with(|s, _| {
+                if let Err(why) = &done {
+                    s.step_errors.insert(replica, why.clone());
+                }
+                if let Some(chooser) = s.chooser.adapters() {
+                    chooser.adapter_step_done(replica, done.is_ok());
+                }
+            });
+        });
     }
 }
 
@@ -226,8 +353,7 @@ impl Drop for WaitGuard {
                 if let Some(replica) = s.admission.holder(self.request) {
                     s.bump(now, replica, false);
                 }
-                s.admission.release(now, self.request, &mut *s.chooser);
-                s.chooser.done(self.request);
+                s.end(now, self.request);
             });
         }
     }
@@ -237,7 +363,7 @@ impl Processor {
     /// A processor with no replicas yet that picks replicas with
     /// `chooser`; spawns its deadline timer on the current tokio runtime
     /// (it ends when the last clone is dropped).
-    pub fn new(config: AdmissionConfig, chooser: Box<dyn Chooser + Send>) -> Self {
+    pub fn new(config: AdmissionConfig, chooser: Box<dyn ProcessorChooser>) -> Self {
         Self::with_hook(config, chooser, None)
     }
 
@@ -246,20 +372,24 @@ impl Processor {
     /// model's line is growing).
     pub fn with_hook(
         config: AdmissionConfig,
-        chooser: Box<dyn Chooser + Send>,
+        chooser: Box<dyn ProcessorChooser>,
         on_queued: Option<OnQueued>,
     ) -> Self {
         let state = State {
             admission: Admission::new(config),
             chooser,
             waiters: FxHashMap::default(),
+            adapter_waits: FxHashMap::default(),
+            step_errors: FxHashMap::default(),
             next_id: 0,
             counters: Counters::default(),
             monitors: FxHashMap::default(),
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
             state: Mutex::new(state),
             on_queued,
+            me: me.clone(),
+            adapter_driver: std::sync::OnceLock::new(),
             epoch: Instant::now(),
             timer: Arc::new(Notify::new()),
         });
@@ -272,11 +402,30 @@ impl Processor {
         self.shared.with(|s, now| s.admission.replica_ready(now, replica, limit, &mut *s.chooser));
     }
 
+    /// Installs what carries out adapter steps on replicas' engines; until
+    /// then (and for a chooser without slots) a request with an adapter is
+    /// refused. The first driver stays.
+    pub fn set_adapter_driver(&self, driver: AdapterDriver) {
+        let _ = self.shared.adapter_driver.set(driver);
+    }
+
     /// A replica is gone; returns the requests that held permits on it.
+    /// Those waiting for their adapter to load there are told it failed.
     pub fn replica_gone(&self, replica: ReplicaId) -> Vec<RequestId> {
         self.shared.with(|s, now| {
             let lost = s.admission.replica_gone(now, replica);
             s.chooser.replica_gone(replica);
+            s.step_errors.remove(&replica);
+            let stranded: Vec<RequestId> = s
+                .adapter_waits
+                .iter()
+                .filter(|(_, w)| matches!(w, AdapterWait::Waiting { replica: r, .. } if *r == replica))
+                .map(|(&request, _)| request)
+                .collect();
+            for request in stranded {
+                let why = format!("replica {replica} left while the request's adapter was loading there");
+                s.answer_adapter(request, Err(AdmitError::AdapterFailed(why)));
+            }
             lost
         })
     }
@@ -368,18 +517,76 @@ impl Processor {
         self.admit_with(account, Wait { timeout, ..Wait::default() }).await
     }
 
-    /// [`admit`](Self::admit) of a request that waits as `wait` says.
+    /// [`admit`](Self::admit) of a request that waits as `wait` says; one
+    /// with an adapter gets its lease once the adapter is loaded on the
+    /// lease's replica (within the same timeout).
+    ///
+    /// # Cancel safety
+    /// As [`admit`](Self::admit): dropping the future while the adapter
+    /// loads gives the permit back (the load itself goes on, for the next
+    /// request that wants the adapter).
+    pub async fn admit_with(&self, account: AccountId, wait: Wait<'_>) -> Result<Lease, AdmitError> {
+        let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
+        let adapter = wait.adapter.is_some();
+        let lease = self.permit(account, wait).await?;
+        if adapter {
+            self.adapter_loaded(&lease, deadline).await?;
+        }
+        Ok(lease)
+    }
+
+    /// Waits until `lease`'s adapter is loaded on its replica, or failed,
+    /// or `deadline` passed. The caller drops the lease on an error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the answer to the lease, whose drop
+    /// forgets it.
+    async fn adapter_loaded(
+        &self,
+        lease: &Lease,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), AdmitError> {
+        let rx = self.shared.with(|s, _| match s.adapter_waits.remove(&lease.request) {
+            Some(AdapterWait::Answered(answer)) => Err(answer),
+            _ => {
+                let (tx, rx) = oneshot::channel();
+                s.adapter_waits.insert(lease.request, AdapterWait::Waiting { replica: lease.replica, tx });
+                Ok(rx)
+            }
+        });
+        let rx = match rx {
+            Ok(rx) => rx,
+            Err(answer) => return answer,
+        };
+        let answer = match deadline {
+            Some(at) => tokio::time::timeout_at(at, rx).await.map_err(|_| AdmitError::Timeout)?,
+            None => rx.await,
+        };
+        answer.unwrap_or(Err(AdmitError::Failed("the processor stopped".into())))
+    }
+
+    /// A permit for a request that waits as `wait` says.
     ///
     /// # Cancel safety
     /// As [`admit`](Self::admit).
-    pub async fn admit_with(&self, account: AccountId, wait: Wait<'_>) -> Result<Lease, AdmitError> {
-        let Wait { patience, timeout, prompt, avoid, on_position } = wait;
+    async fn permit(&self, account: AccountId, wait: Wait<'_>) -> Result<Lease, AdmitError> {
+        let Wait { patience, timeout, prompt, avoid, on_position, adapter } = wait;
         let (request, position, rx) = {
             let shared = &self.shared;
             let submitted = shared.with(|s, now| {
                 let request = RequestId(s.next_id);
                 s.next_id += 1;
                 s.counters.arrivals += 1;
+                if let Some((adapter, load_ms)) = adapter {
+                    let driven = shared.adapter_driver.get().is_some();
+                    let Some(chooser) = s.chooser.adapters().filter(|_| driven) else {
+                        let why = format!("adapter `{}`: this model's replicas load no adapters", adapter.id);
+                        return Err(AdmitError::AdapterRefused(why));
+                    };
+                    if let Err(e) = chooser.hint_adapter(request, adapter, load_ms) {
+                        return Err(AdmitError::AdapterRefused(e.to_string()));
+                    }
+                }
                 if let Some((blocks, tokens)) = prompt {
                     s.chooser.hint(request, blocks, tokens);
                 }
@@ -403,8 +610,8 @@ impl Processor {
                     }
                     _ => (None, None),
                 };
-                (request, submitted, rx, position)
-            });
+                Ok((request, submitted, rx, position))
+            })?;
             match submitted {
                 (request, Submitted::Leased(p), _, _) => {
                     let granted_at = self.shared.now();
@@ -517,6 +724,11 @@ pub struct Wait<'a> {
     /// whenever it moves (looked at every [`POSITION_EVERY`]); a request
     /// leased at once is never told.
     pub on_position: Option<&'a (dyn Fn(NonZeroU32) + Send + Sync)>,
+    /// The LoRA adapter the request runs with, and about how long loading
+    /// it takes, ms (what the `adapter` router charges a replica without
+    /// it): the lease is handed out once the adapter is loaded on its
+    /// replica.
+    pub adapter: Option<(&'a hangar_core::Adapter, f64)>,
 }
 
 /// Sleeps until the earliest deadline, then expires what is due. Holds the
