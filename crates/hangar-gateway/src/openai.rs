@@ -176,6 +176,9 @@ async fn metrics(State(server): State<Server>, headers: HeaderMap) -> Response {
 #[derive(serde::Deserialize)]
 struct Head {
     model: Option<Value>,
+    /// Workers AI's name of a LoRA adapter (OpenAI's is `BASE:ADAPTER` in
+    /// `model`).
+    lora: Option<Value>,
     /// Output tokens asked for (`max_completion_tokens` is the current
     /// name), bounded by [`hangar_core::MAX_OUTPUT_TOKENS`] as a
     /// prediction's are.
@@ -229,8 +232,12 @@ async fn forward(
         let message = "field `model` is missing or not a string";
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("model"));
     };
-    let Some(rt) = server.model(model).filter(|rt| rt.allows(&account)).cloned() else {
-        return no_such_model(model).into_response();
+    let (base, adapter) = match model_and_adapter(model, head.lora.as_ref()) {
+        Ok(named) => named,
+        Err(refused) => return refused,
+    };
+    let Some(rt) = server.model(base).filter(|rt| rt.allows(&account)).cloned() else {
+        return no_such_model(base).into_response();
     };
     // The request's event rides on its tally: ended with it, once.
     let trace =
@@ -247,10 +254,61 @@ async fn forward(
         let refused = error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, Some("model"));
         return counted(tally, ErrorCode::BadRequest, refused);
     }
+    let (adapter, body) = match adapter {
+        None => (None, body),
+        Some(name) => match rt.adapter(server.adapter_catalog(), name, &account).await {
+            Ok(adapter) => {
+                let body = for_adapter(&body, adapter.0.id.name().as_str());
+                (Some((adapter, Arc::<str>::from(model.as_str()))), body)
+            }
+            Err(refused) => {
+                let status = StatusCode::from_u16(refused.status()).unwrap_or(StatusCode::BAD_REQUEST);
+                let param = if head.lora.is_some() { "lora" } else { "model" };
+                let response = error(status, "invalid_request_error", &refused.to_string(), Some(param));
+                return counted(tally, ErrorCode::BadRequest, response);
+            }
+        },
+    };
     // Only the KV router reads the prompt.
     let prompt = rt.prompt_blocks(&body);
-    let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt };
+    let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt, adapter };
     request.run(account, tally).await
+}
+
+/// The base model a request's `model` names and its adapter, if it names
+/// one (`BASE:ADAPTER`, or Workers AI's `lora`); a 400 naming the field if
+/// either is malformed. A plain model key is taken as it is, unparsed: an
+/// unknown one is a 404 as before.
+#[allow(clippy::result_large_err)]
+fn model_and_adapter<'a>(
+    model: &'a str,
+    lora: Option<&Value>,
+) -> Result<(&'a str, Option<hangar_core::AdapterName>), Response> {
+    let lora = match lora {
+        None | Some(Value::Null) if !model.contains(':') => return Ok((model, None)),
+        None | Some(Value::Null) => None,
+        Some(Value::String(lora)) => Some(lora.as_str()),
+        Some(_) => {
+            let message = "field `lora` must be a string: the name of one of the model's LoRA adapters";
+            return Err(error(StatusCode::BAD_REQUEST, "invalid_request_error", message, Some("lora")));
+        }
+    };
+    match hangar_core::parse_model_field(model, lora) {
+        Ok((_, adapter)) => Ok((model.split_once(':').map_or(model, |(base, _)| base), adapter)),
+        Err(e) => Err(error(StatusCode::BAD_REQUEST, "invalid_request_error", &e.to_string(), Some("model"))),
+    }
+}
+
+/// The request `body` for an engine that serves adapter `name` under that
+/// name (vLLM names a LoRA loaded at run time by its `lora_name`): its
+/// `model` is the adapter's name and `lora` is gone.
+fn for_adapter(body: &Bytes, name: &str) -> Bytes {
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+        return body.clone();
+    };
+    fields.remove("lora");
+    fields.insert("model".to_owned(), Value::String(name.to_owned()));
+    Bytes::from(serde_json::to_vec(&fields).expect("a JSON object serializes"))
 }
 
 /// `response`, an answer the gateway gives itself, counted with `code`.
@@ -268,6 +326,9 @@ struct Forward<'a> {
     arrival: Instant,
     /// Block hashes and estimated tokens of the prompt, for the KV router.
     prompt: Option<(Vec<BlockHash>, u32)>,
+    /// The request's LoRA adapter and the estimate of loading it (ms), and
+    /// the model's name as the client wrote it, which answers carry.
+    adapter: Option<((hangar_core::Adapter, f64), Arc<str>)>,
 }
 
 impl Forward<'_> {
@@ -287,7 +348,8 @@ impl Forward<'_> {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let prompt = self.prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-            let wait = Wait { timeout: Some(left), prompt, avoid, ..Wait::default() };
+            let adapter = self.adapter.as_ref().map(|((adapter, load_ms), _)| (adapter, *load_ms));
+            let wait = Wait { timeout: Some(left), prompt, avoid, adapter, ..Wait::default() };
             let admitted = self.rt.processor().admit_with(account.clone(), wait);
             let lease = match admitted.await {
                 Ok(lease) => lease,
@@ -360,6 +422,11 @@ impl Forward<'_> {
         counted(tally, ErrorCode::ReplicaFailed, response)
     }
 
+    /// The model's name in answers when it is not its key: `BASE:ADAPTER`.
+    fn name(&self) -> Option<&str> {
+        self.adapter.as_ref().map(|(_, name)| &name[..])
+    }
+
     /// `replica` gave no whole answer (its permit already given back): it
     /// is checked, and if found dead its try is given back.
     async fn lost(&self, replica: ReplicaId, tries: &mut Tries) {
@@ -381,10 +448,11 @@ impl Forward<'_> {
                     trace.first_byte(now);
                     trace.whole(&whole);
                 }
-                let whole = match crate::rename::whole(&whole, rt.config().key.as_str()) {
-                    Some(renamed) => Bytes::from(renamed),
-                    None => whole,
-                };
+                let whole =
+                    match crate::rename::whole(&whole, self.name().unwrap_or(rt.config().key.as_str())) {
+                        Some(renamed) => Bytes::from(renamed),
+                        None => whole,
+                    };
                 let status = parts.status.as_u16();
                 (parts, RelayBody::whole(whole, lease, rt, tally, status, self.arrival))
             }
@@ -394,7 +462,8 @@ impl Forward<'_> {
                     trace.streaming(sse);
                 }
                 let status = parts.status.as_u16();
-                (parts, RelayBody::stream(body, deadline, sse, lease, rt, tally, status, self.arrival))
+                let body = RelayBody::stream(body, deadline, sse, lease, rt, tally, status, self.arrival);
+                (parts, body.named(self.adapter.as_ref().map(|(_, name)| name.clone())))
             }
         };
         let mut response = Response::new(Body::new(body));
@@ -529,6 +598,13 @@ pub(crate) fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Respons
             let message = format!("no replica became free within the request's timeout ({timeout_s} s)");
             (ErrorCode::Timeout, error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None))
         }
+        AdmitError::AdapterFailed(why) => {
+            (ErrorCode::ReplicaFailed, error(StatusCode::BAD_GATEWAY, "service_unavailable", why, None))
+        }
+        AdmitError::AdapterRefused(why) => (
+            ErrorCode::BadRequest,
+            error(StatusCode::BAD_REQUEST, "invalid_request_error", why, Some("model")),
+        ),
         _ => (
             ErrorCode::Unavailable,
             error(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &e.to_string(), None),

@@ -60,6 +60,9 @@ pub(crate) struct RelayBody {
     first: bool,
     end: End,
     arrival: Instant,
+    /// The name answers give the model when it is not the model's key (a
+    /// request for an adapter, `BASE:ADAPTER`).
+    name: Option<Arc<str>>,
 }
 
 impl RelayBody {
@@ -75,11 +78,13 @@ impl RelayBody {
         // An empty answer is sent already: hyper does not poll a body of
         // length 0, and it must count as completed.
         let source = Source::Whole((!body.is_empty()).then_some(body));
-        Self { source, _lease: lease, rt, tally: Some(tally), status, first: false, end: End::Open, arrival }
+        let tally = Some(tally);
+        Self { source, _lease: lease, rt, tally, status, first: false, end: End::Open, arrival, name: None }
     }
 
     /// The replica's body streamed within `deadline`; `sse` when it is an
-    /// event stream, whose events are renamed.
+    /// event stream, whose events are renamed (to `name` if given, else
+    /// the model's key).
     #[allow(clippy::too_many_arguments)]
     pub fn stream(
         upstream: Incoming,
@@ -92,7 +97,15 @@ impl RelayBody {
         arrival: Instant,
     ) -> Self {
         let source = Source::Stream { upstream, deadline, sse: sse.then(StreamRename::default) };
-        Self { source, _lease: lease, rt, tally: Some(tally), status, first: true, end: End::Open, arrival }
+        let tally = Some(tally);
+        Self { source, _lease: lease, rt, tally, status, first: true, end: End::Open, arrival, name: None }
+    }
+
+    /// Answers name the model `name` (a request's `BASE:ADAPTER`) rather
+    /// than its key.
+    pub fn named(mut self, name: Option<Arc<str>>) -> Self {
+        self.name = name;
+        self
     }
 
     fn fail(&mut self, code: ErrorCode, why: &str) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
@@ -161,7 +174,7 @@ impl Body for RelayBody {
         if this.end != End::Open {
             return Poll::Ready(None);
         }
-        let key = this.rt.config().key.as_str();
+        let key = this.name.as_deref().unwrap_or(this.rt.config().key.as_str());
         let (upstream, deadline, sse) = match &mut this.source {
             Source::Whole(body) => {
                 return match body.take() {

@@ -20,6 +20,7 @@
 //! serves, in its model's table (`replicas`), exactly while its engine is
 //! awake where placement wants it.
 
+pub mod adapters;
 mod config;
 mod control;
 mod data_dir;
@@ -147,6 +148,8 @@ pub struct ModelRuntime {
     /// The server's event sink (a clone): a request's trace reaches it
     /// through the model it already holds, no handle of its own.
     pub(crate) events: crate::events::EventSink,
+    /// What its engines' adapter loads took, for the estimate of the next.
+    pub(crate) adapter_loads: Mutex<adapters::LoadTimes>,
 }
 
 pub(crate) struct Inner {
@@ -178,6 +181,9 @@ pub(crate) struct Inner {
     pub metrics_key: Option<String>,
     /// The node's weight store, when a model has `weights`.
     pub weights: Option<Arc<WeightStore>>,
+    /// The adapters registered in the node's weight store, when a model
+    /// loads adapters.
+    pub adapters: Option<Arc<adapters::AdapterCatalog>>,
     /// Cancelled when the server stops on purpose.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
     /// A fleet's gateway: cancelled once its leader task has ended (and
@@ -297,6 +303,12 @@ impl Server {
     /// [`ModelRuntime::allows`]).
     pub fn model(&self, key: &str) -> Option<&Arc<ModelRuntime>> {
         self.inner.models.get(key)
+    }
+
+    /// The adapters registered in the node's weight store, when a model
+    /// loads adapters ([`ModelRuntime::adapter`] looks one up).
+    pub fn adapter_catalog(&self) -> Option<&Arc<adapters::AdapterCatalog>> {
+        self.inner.adapters.as_ref()
     }
 
     /// The API keys: who a request acts for, and whether it may use the
@@ -442,10 +454,19 @@ pub(crate) async fn build(
                 waiting_signal,
                 upstream: upstream::upstream(&m.connections),
                 events: events.clone(),
+                adapter_loads: Mutex::default(),
             };
             (m.key.to_string(), Arc::new(rt))
         })
-        .collect();
+        .collect::<BTreeMap<_, _>>();
+    let client = reqwest::Client::new();
+    let adapters = adapter_catalog(config)?;
+    if let Some(catalog) = &adapters {
+        for rt in models.values().filter(|rt| rt.config.adapters.is_some()) {
+            let driver = adapters::driver(Arc::downgrade(rt), catalog.clone(), client.clone());
+            rt.processor.set_adapter_driver(driver);
+        }
+    }
     let inner = Arc::new(Inner {
         models,
         api_keys,
@@ -454,12 +475,13 @@ pub(crate) async fn build(
         desired: Mutex::default(),
         hangar_exe,
         engine_host,
-        client: reqwest::Client::new(),
+        client,
         metrics,
         events,
         usage,
         metrics_key: config.metrics_key.clone(),
         weights,
+        adapters,
         gateway: std::sync::OnceLock::new(),
         stopping: tokio_util::sync::CancellationToken::new(),
         leader_stopped: std::sync::OnceLock::new(),
@@ -501,6 +523,19 @@ pub(crate) fn control_loop(
         Schedule::new(windows).expect("validated windows, each ending after it starts on the clock");
     controller.set_schedule(now, schedule);
     hangar_scaler::ControlLoop::new(controller, control::TICK.as_millis() as Millis, now)
+}
+
+/// The catalog of adapters in the node's weight store, when a model loads
+/// adapters.
+fn adapter_catalog(config: &ServeConfig) -> Result<Option<Arc<adapters::AdapterCatalog>>, ServeError> {
+    if config.models.iter().all(|m| m.adapters.is_none()) {
+        return Ok(None);
+    }
+    let root = config.store.root();
+    let store = hangar_store::BlobStore::open(&root).map_err(|e| {
+        ServeError::Config(format!("models load adapters from the weight store at {}: {e}", root.display()))
+    })?;
+    Ok(Some(Arc::new(adapters::AdapterCatalog::new(store))))
 }
 
 /// Opens the node's weight store (starting its daemon if none runs) when a

@@ -185,6 +185,18 @@ impl ModelRuntime {
     }
 
     /// How many replicas are in `state`.
+    /// Whether the model's engines cannot load LoRA adapters: its ready
+    /// replicas that this process runs were probed at start, and none can.
+    /// `false` while none is ready (nothing is known yet) and for a fleet's
+    /// remote replicas (their agents probe them).
+    pub(crate) fn lora_refused(&self) -> bool {
+        let table = self.replicas.lock().expect("replica table lock");
+        let mut probed =
+            table.values().filter(|r| r.state == ReplicaPhase::Ready).filter_map(|r| r.local.as_ref());
+        let first = probed.next();
+        first.is_some_and(|f| !f.capabilities.lora && probed.all(|r| !r.capabilities.lora))
+    }
+
     pub(crate) fn count(&self, state: ReplicaPhase) -> usize {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state == state).count()
     }

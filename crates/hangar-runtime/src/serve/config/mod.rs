@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use hangar_core::{AccountId, ByteSize, Millis, ModelKey};
 use hangar_placement::{ClusterConfig, ModelSpec, NodeConfig, ParamCount, PlacementConfig};
 use hangar_queue::{AdmissionConfig, QueueAlgorithm};
-use hangar_router::{ApproxKvConfig, ReplicaChooser, RouterPolicy};
+use hangar_router::{AdapterConfig, ApproxKvConfig, ReplicaChooser, RouterPolicy};
 use hangar_scaler::{HangarSettings, ScalingConfig};
 use serde::{Deserialize, Serialize};
 
@@ -246,6 +246,45 @@ pub struct ModelConfig {
     /// `GET /v1/ws?model=KEY` relays (docs/serve.md). Default: it does not.
     #[serde(default)]
     pub websocket: Option<WebSocketConfig>,
+    /// Whether its replicas load LoRA adapters for requests that name one
+    /// (`BASE:ADAPTER` or Workers AI's `lora`), and how many each holds:
+    /// `[models.adapters]`, the fleet file's table (`slots`, `memory`,
+    /// `default_size`, `request_ms`; docs/adapters.md). Default: it serves
+    /// none.
+    #[serde(default)]
+    pub adapters: Option<AdapterConfig>,
+    /// Which of the adapters registered under it in the weight store it
+    /// serves, and to whom: `[[models.adapter_access]]` rules, each an
+    /// adapter name or `prefix*` pattern and the accounts that may use
+    /// those (default: every account that may use the model). Without
+    /// rules it serves every adapter registered under it; with rules, only
+    /// those some rule matches.
+    #[serde(default)]
+    pub adapter_access: Vec<AdapterAccess>,
+}
+
+/// One `[[models.adapter_access]]` rule: adapters by name or pattern, and
+/// who may use them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterAccess {
+    /// An adapter name (`acme/support-v2`), or a prefix ending in `*`
+    /// (`acme/*`; `*` alone: every adapter).
+    pub adapters: String,
+    /// The accounts that may use them (default: every account that may use
+    /// the model).
+    #[serde(default)]
+    pub accounts: Option<Vec<AccountId>>,
+}
+
+impl AdapterAccess {
+    /// Whether the rule covers the adapter `name`.
+    pub fn matches(&self, name: &str) -> bool {
+        match self.adapters.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => self.adapters == name,
+        }
+    }
 }
 
 /// A model whose engine speaks WebSocket: where, and the relay's limits
@@ -344,10 +383,30 @@ impl ModelConfig {
         self.max_replicas.unwrap_or(self.min_replicas.max(1))
     }
 
-    /// The chooser implementing `router`; `seed` fixes the KV router's
-    /// tie-breaking.
-    pub fn chooser(&self, seed: u64) -> Box<dyn hangar_queue::Chooser + Send> {
-        Box::new(ReplicaChooser::new(self.router, &self.kv, seed))
+    /// The chooser implementing `router`, with the model's adapter slots;
+    /// `seed` fixes the router's tie-breaking.
+    pub fn chooser(&self, seed: u64) -> Box<dyn crate::processor::ProcessorChooser> {
+        let chooser = ReplicaChooser::new(self.router, &self.kv, seed);
+        Box::new(match &self.adapters {
+            Some(adapters) => chooser.with_adapters(adapters.clone()),
+            None => chooser,
+        })
+    }
+
+    /// Whether `account` may use the adapter `name` of this model (one it
+    /// serves, by [`adapter_access`](Self::adapter_access)): `None` when the
+    /// model does not serve it at all, else whether the account may.
+    pub fn adapter_allowed(&self, name: &str, account: &AccountId) -> Option<bool> {
+        if self.adapter_access.is_empty() {
+            return Some(true);
+        }
+        let rules = self.adapter_access.iter().filter(|r| r.matches(name));
+        let mut allowed = None;
+        for rule in rules {
+            let may = rule.accounts.as_ref().is_none_or(|a| a.contains(account));
+            allowed = Some(allowed.unwrap_or(false) || may);
+        }
+        allowed
     }
 
     /// Requests one replica serves at once: `concurrency`, but 1 for a
@@ -397,6 +456,7 @@ impl ServeConfig {
                             parameters: m.parameters,
                             gpu_kind: m.gpu_kind.clone(),
                             min_gpu_memory: m.min_gpu_memory,
+                            adapter_memory: m.adapters.as_ref().map(|a| a.memory),
                             ..ModelSpec::default()
                         },
                     )

@@ -275,14 +275,7 @@ impl ModelConfig {
         }
         self.scaling().validate().map_err(|e| e.within("scaling"))?;
         self.scaling().check_bounds(hangar_scaler::Bounds { min: self.min_replicas, max })?;
-        if self.router == hangar_router::RouterPolicy::Adapter {
-            return Err(FieldError::new(
-                "router",
-                "`adapter` routes requests by their LoRA adapter, which `hangar serve` does not load on its \
-                 replicas yet (docs/adapters.md); it runs in `hangar sim --fleet`. Choose `least-outstanding`, \
-                 `round-robin` or `kv`",
-            ));
-        }
+        self.check_adapters()?;
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
         }
@@ -332,6 +325,57 @@ const MIN_WS_MESSAGE: u64 = 1 << 10;
 const MAX_WS_MESSAGE: u64 = 64 << 20;
 
 impl ModelConfig {
+    /// Adapters need the `adapter` router's table to be there and an engine
+    /// that speaks the OpenAI API (a cog engine does not); access rules
+    /// need adapters and name them as adapter names are written.
+    fn check_adapters(&self) -> Result<(), FieldError> {
+        let Some(adapters) = &self.adapters else {
+            if self.router == hangar_router::RouterPolicy::Adapter {
+                return Err(FieldError::new(
+                    "router",
+                    "`adapter` routes requests by their LoRA adapter, and this model loads none: add \
+                     `[models.adapters]` (docs/adapters.md) or choose `least-outstanding`, `round-robin` or `kv`",
+                ));
+            }
+            if !self.adapter_access.is_empty() {
+                return Err(FieldError::new(
+                    "adapter_access",
+                    "names adapters, and this model loads none: add `[models.adapters]` (docs/adapters.md)",
+                ));
+            }
+            return Ok(());
+        };
+        adapters.validate().map_err(|e| e.within("adapters"))?;
+        if self.engine.is_cog() {
+            return Err(FieldError::new(
+                "adapters",
+                "a cog engine serves predictions of its own model and loads no LoRA adapters; serve the base \
+                 model with an OpenAI-compatible engine that does (vLLM, the mock)",
+            ));
+        }
+        for (i, rule) in self.adapter_access.iter().enumerate() {
+            let at = |field: &str| format!("adapter_access[{i}].{field}");
+            let name =
+                rule.adapters.strip_suffix('*').map_or(&rule.adapters[..], |p| p.trim_end_matches('/'));
+            if !(name.is_empty() && rule.adapters.ends_with('*')) {
+                if let Err(e) = name.parse::<hangar_core::AdapterName>() {
+                    return Err(FieldError::new(
+                        at("adapters"),
+                        format!("`{}` is not an adapter name or `prefix*` pattern: {e}", rule.adapters),
+                    ));
+                }
+            }
+            if rule.accounts.as_ref().is_some_and(Vec::is_empty) {
+                return Err(FieldError::new(
+                    at("accounts"),
+                    "is empty, so no account could use these adapters: remove the rule's `accounts` to let \
+                     every account of the model use them, or name the accounts",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// `weights` and `{weights}` go together: an `openai` command uses
     /// `{weights}` exactly when the model has weights; a mock reads them;
     /// `cog` and `external` engines load their own.
@@ -426,7 +470,26 @@ mod tests {
         assert_eq!(e.field, "models[0].websocket.max_message_bytes");
         let e = refused(&model("router = \"adapter\""));
         assert_eq!(e.field, "models[0].router");
-        assert!(e.to_string().contains("hangar sim --fleet"), "{e}");
+        assert!(e.to_string().contains("[models.adapters]"), "{e}");
+        let with = |extra: &str| model(&format!("router = \"adapter\"\nadapters = {{}}\n{extra}"));
+        toml::from_str::<ServeConfig>(&with("")).unwrap().validate().unwrap();
+        let rule = |r: &str| with(&format!("[[models.adapter_access]]\n{r}"));
+        toml::from_str::<ServeConfig>(&rule("adapters = \"acme/*\"\naccounts = [\"acme\"]"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        toml::from_str::<ServeConfig>(&rule("adapters = \"*\"")).unwrap().validate().unwrap();
+        assert_eq!(refused(&rule("adapters = \"../x\"")).field, "models[0].adapter_access[0].adapters");
+        assert_eq!(
+            refused(&rule("adapters = \"a\"\naccounts = []")).field,
+            "models[0].adapter_access[0].accounts"
+        );
+        assert_eq!(
+            refused(&with("adapters = { slots = 0 }").replace("adapters = {}\n", "")).field,
+            "models[0].adapters.slots"
+        );
+        let e = refused(&model("[[models.adapter_access]]\nadapters = \"a\""));
+        assert_eq!(e.field, "models[0].adapter_access");
     }
 
     #[test]

@@ -77,6 +77,13 @@ struct DirectionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdapterStepLabels {
+    model: String,
+    step: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     model: String,
     state: &'static str,
@@ -136,6 +143,7 @@ pub(crate) struct Metrics {
     replica_failures: Family<ModelLabel, Counter>,
     connection_retries: Family<ModelLabel, Counter>,
     capacity_failovers: Family<ModelLabel, Counter>,
+    adapter_steps: Family<AdapterStepLabels, Counter>,
     panics: Counter,
     decisions: Family<DirectionLabels, Counter>,
     unplaceable: Family<ModelLabel, Gauge>,
@@ -166,6 +174,7 @@ impl Metrics {
             replica_failures: Family::default(),
             connection_retries: Family::default(),
             capacity_failovers: Family::default(),
+            adapter_steps: Family::default(),
             panics: Counter::default(),
             decisions: Family::default(),
             unplaceable: Family::default(),
@@ -244,6 +253,11 @@ impl Metrics {
             "capacity_failovers",
             "Requests a replica refused for want of capacity (429 or 503) and that were sent to another",
             m.capacity_failovers.clone(),
+        );
+        r.register(
+            "adapter_steps",
+            "LoRA adapter loads and unloads carried out on replicas' engines, by model, step and outcome",
+            m.adapter_steps.clone(),
         );
         r.register(
             "http_panics",
@@ -325,6 +339,7 @@ impl Metrics {
             failures: self.replica_failures.get_or_create(&key).clone(),
             connection_retries: self.connection_retries.get_or_create(&key).clone(),
             capacity_failovers: self.capacity_failovers.get_or_create(&key).clone(),
+            adapter_steps: self.adapter_steps.clone(),
             up,
             down,
             unplaceable: self.unplaceable.get_or_create(&key).clone(),
@@ -451,6 +466,7 @@ pub struct ModelMetrics {
     failures: Counter,
     connection_retries: Counter,
     capacity_failovers: Counter,
+    adapter_steps: Family<AdapterStepLabels, Counter>,
     up: Counter,
     down: Counter,
     unplaceable: Gauge,
@@ -552,6 +568,16 @@ impl ModelMetrics {
     /// A request a replica refused for want of capacity went to another.
     pub fn capacity_failover(&self) {
         self.capacity_failovers.inc();
+    }
+
+    /// An adapter step (a load, else an unload) was carried out, `ok` if
+    /// the engine did it.
+    pub fn adapter_step(&self, load: bool, ok: bool) {
+        let step = if load { "load" } else { "unload" };
+        let outcome = if ok { "ok" } else { "failed" };
+        self.adapter_steps
+            .get_or_create(&AdapterStepLabels { model: self.model.clone(), step, outcome })
+            .inc();
     }
 
     /// Replicas failed so far.

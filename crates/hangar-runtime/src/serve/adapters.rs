@@ -1,0 +1,324 @@
+//! LoRA adapters on `hangar serve`'s request path (docs/adapters.md): which
+//! adapter a request may use, and the driver that loads adapters on
+//! replicas' engines as the model's adapter slots decide.
+//!
+//! Adapters are artifacts of the node's weight store, registered under
+//! their base model (`hangar store import-adapter`). The [`AdapterCatalog`]
+//! knows which are registered — read once, then again when a request names
+//! one it does not know, at most every [`REFRESH_EVERY`] — so the request
+//! path looks an adapter up in memory. A request is refused before it
+//! queues when its model loads no adapters, its engine cannot load them,
+//! the adapter is not registered under that model (the error names the
+//! models it is registered under), or the model's `adapter_access` rules
+//! do not let the account use it ([`ModelRuntime::adapter`]).
+//!
+//! The slots (`hangar-router`'s `AdapterSlots`, inside the model's
+//! chooser) decide every load and unload; the processor hands each step to
+//! [`driver`], which carries it out: it exports the adapter from the store
+//! as the directory an engine loads (once per node, kept under the store's
+//! root) and posts vLLM's `/v1/load_lora_adapter` or
+//! `/v1/unload_lora_adapter` to the replica's engine.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use hangar_core::{AccountId, Adapter, AdapterName, AdapterRef, ByteSize, ModelKey, ReplicaId};
+use hangar_router::SlotStep;
+use hangar_store::adapters::AdapterEntry;
+use hangar_store::BlobStore;
+
+use super::ModelRuntime;
+use crate::processor::AdapterDriver;
+
+/// The least time between two reads of the store's adapters on a request
+/// for one the catalog does not know: a newly registered adapter is served
+/// within about this long, and unknown names cannot make each request read
+/// the store.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// The bandwidth an adapter load is estimated at before the model's engines
+/// have loaded any (then their measured mean is used): a local disk's,
+/// as `hangar sim`'s `cold_start.disk_gbps` (2 GB/s).
+const DEFAULT_LOAD_BYTES_PER_MS: f64 = 2e6;
+
+/// The fixed part of the estimate: an engine's own work per adapter,
+/// `hangar sim`'s `cold_start.adapter_ms`.
+const DEFAULT_LOAD_FIXED_MS: f64 = 300.0;
+
+/// The adapters registered in the node's weight store.
+pub struct AdapterCatalog {
+    store: BlobStore,
+    /// Where adapters are exported as directories engines load.
+    exports: PathBuf,
+    known: Mutex<Known>,
+    /// Exported directories by adapter, once written.
+    exported: tokio::sync::Mutex<HashMap<AdapterRef, PathBuf>>,
+}
+
+#[derive(Default)]
+struct Known {
+    by_ref: HashMap<AdapterRef, AdapterEntry>,
+    /// The bases each adapter name is registered under.
+    bases: HashMap<AdapterName, Vec<ModelKey>>,
+    read_at: Option<Instant>,
+}
+
+/// Why a request's adapter is refused; `status` and the message say it to
+/// the client, naming adapter and model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdapterRefusal {
+    /// The model loads no adapters (400).
+    #[error("the model `{model}` serves no LoRA adapters (it has no `[models.adapters]`), so it cannot run adapter `{adapter}`")]
+    NotServed {
+        /// The model.
+        model: ModelKey,
+        /// The adapter asked for.
+        adapter: AdapterName,
+    },
+    /// Its engine cannot load adapters at run time (400).
+    #[error(
+        "the engine of model `{model}` cannot load LoRA adapters (it has no `/v1/load_lora_adapter`; vLLM \
+         serves it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), so it cannot run adapter `{adapter}`"
+    )]
+    NoLora {
+        /// The model.
+        model: ModelKey,
+        /// The adapter asked for.
+        adapter: AdapterName,
+    },
+    /// Registered under other models only (400).
+    #[error("adapter `{adapter}` is an adapter of {}, not of `{model}`: its weights fit those models' layers only", list(.bases))]
+    OtherBase {
+        /// The model asked for.
+        model: ModelKey,
+        /// The adapter asked for.
+        adapter: AdapterName,
+        /// The models it is registered under.
+        bases: Vec<ModelKey>,
+    },
+    /// Not registered, or not one the account may use (404: the two are
+    /// not told apart, as for models).
+    #[error("the model `{model}` has no adapter `{adapter}` that your account may use")]
+    Unknown {
+        /// The model.
+        model: ModelKey,
+        /// The adapter asked for.
+        adapter: AdapterName,
+    },
+    /// The store could not be read (503).
+    #[error("the weight store's adapters could not be read: {0}")]
+    Store(String),
+}
+
+impl AdapterRefusal {
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            AdapterRefusal::Unknown { .. } => 404,
+            AdapterRefusal::Store(_) => 503,
+            _ => 400,
+        }
+    }
+}
+
+fn list(bases: &[ModelKey]) -> String {
+    bases.iter().map(|b| format!("`{b}`")).collect::<Vec<_>>().join(", ")
+}
+
+impl AdapterCatalog {
+    /// The catalog of the store at `store`'s root, exporting adapters under
+    /// `<root>/adapter-dirs`.
+    pub fn new(store: BlobStore) -> Self {
+        let exports = store.root().join("adapter-dirs");
+        AdapterCatalog {
+            store,
+            exports,
+            known: Mutex::new(Known::default()),
+            exported: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The registered adapter `adapter`, reading the store again if it is
+    /// not known and the last read is older than [`REFRESH_EVERY`]; else
+    /// the bases its name is registered under (maybe none).
+    ///
+    /// # Cancel safety
+    /// A read of the store runs to its end on a blocking thread; dropping
+    /// the future only loses its answer.
+    pub async fn find(
+        self: &Arc<Self>,
+        adapter: &AdapterRef,
+    ) -> Result<Result<AdapterEntry, Vec<ModelKey>>, String> {
+        if let Some(found) = self.lookup(adapter, false) {
+            return Ok(found);
+        }
+        let me = self.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            hangar_store::adapters::list(&me.store, None).map(|l| (me, l))
+        });
+        let (me, entries) =
+            read.await.expect("listing adapters does not panic").map_err(|e| e.to_string())?;
+        {
+            let mut known = me.known.lock().expect("adapter catalog lock");
+            known.by_ref.clear();
+            known.bases.clear();
+            for e in entries {
+                known.bases.entry(e.adapter.name().clone()).or_default().push(e.adapter.base().clone());
+                known.by_ref.insert(e.adapter.clone(), e);
+            }
+            known.read_at = Some(Instant::now());
+        }
+        Ok(self.lookup(adapter, true).expect("answered after a read"))
+    }
+
+    /// The answer from memory; `None` when the store should be read first.
+    fn lookup(&self, adapter: &AdapterRef, read_now: bool) -> Option<Result<AdapterEntry, Vec<ModelKey>>> {
+        let known = self.known.lock().expect("adapter catalog lock");
+        if let Some(e) = known.by_ref.get(adapter) {
+            return Some(Ok(e.clone()));
+        }
+        let fresh = known.read_at.is_some_and(|at| at.elapsed() < REFRESH_EVERY);
+        (read_now || fresh).then(|| Err(known.bases.get(adapter.name()).cloned().unwrap_or_default()))
+    }
+
+    /// The directory engines load `entry` from, exported from the store the
+    /// first time it is asked for.
+    ///
+    /// # Cancel safety
+    /// The export runs to its end on a blocking thread (it writes into a
+    /// temporary directory and renames it into place, so a half export is
+    /// never seen); dropping the future only loses its answer.
+    pub async fn directory(self: &Arc<Self>, entry: &AdapterEntry) -> Result<PathBuf, String> {
+        let mut exported = self.exported.lock().await;
+        if let Some(dir) = exported.get(&entry.adapter) {
+            return Ok(dir.clone());
+        }
+        let (me, e) = (self.clone(), entry.clone());
+        let dir = tokio::task::spawn_blocking(move || {
+            hangar_store::adapters::export_dir(&me.store, &e, &me.exports).map_err(|e| e.to_string())
+        })
+        .await
+        .expect("exporting an adapter does not panic")?;
+        exported.insert(entry.adapter.clone(), dir.clone());
+        Ok(dir)
+    }
+}
+
+/// What a model's engines' adapter loads took: the driver's estimate of
+/// the next, which the `adapter` router weighs.
+#[derive(Debug, Default)]
+pub(crate) struct LoadTimes {
+    /// Loads measured, their bytes and their ms.
+    loads: u64,
+    bytes: f64,
+    ms: f64,
+}
+
+impl LoadTimes {
+    /// About how long loading `bytes` takes, ms: the fixed part plus the
+    /// bytes at the measured mean bandwidth, once a load was measured.
+    pub(crate) fn estimate(&self, bytes: u64) -> f64 {
+        if self.loads == 0 || self.bytes <= 0.0 {
+            return DEFAULT_LOAD_FIXED_MS + bytes as f64 / DEFAULT_LOAD_BYTES_PER_MS;
+        }
+        // Measured loads fold the engine's fixed work into their bandwidth:
+        // the mean time per byte, scaled.
+        self.ms / self.bytes * bytes as f64
+    }
+
+    fn measured(&mut self, bytes: u64, took: Duration) {
+        self.loads += 1;
+        self.bytes += bytes as f64;
+        self.ms += took.as_secs_f64() * 1000.0;
+    }
+}
+
+impl ModelRuntime {
+    /// The adapter `name` of this model for `account`, with its size and
+    /// the estimate of loading it (ms), or why it may not run here.
+    ///
+    /// # Cancel safety
+    /// As [`AdapterCatalog::find`].
+    pub async fn adapter(
+        &self,
+        catalog: Option<&Arc<AdapterCatalog>>,
+        name: AdapterName,
+        account: &AccountId,
+    ) -> Result<(Adapter, f64), AdapterRefusal> {
+        let model = self.config.key.clone();
+        let (Some(_), Some(catalog)) = (&self.config.adapters, catalog) else {
+            return Err(AdapterRefusal::NotServed { model, adapter: name });
+        };
+        if self.lora_refused() {
+            return Err(AdapterRefusal::NoLora { model, adapter: name });
+        }
+        let id = AdapterRef::new(model.clone(), name);
+        let entry = match catalog.find(&id).await.map_err(AdapterRefusal::Store)? {
+            Ok(entry) => entry,
+            Err(bases) if !bases.is_empty() => {
+                return Err(AdapterRefusal::OtherBase { model, adapter: id.name().clone(), bases })
+            }
+            Err(_) => return Err(AdapterRefusal::Unknown { model, adapter: id.name().clone() }),
+        };
+        if self.config.adapter_allowed(id.name().as_str(), account) != Some(true) {
+            return Err(AdapterRefusal::Unknown { model, adapter: id.name().clone() });
+        }
+        let estimate = self.adapter_loads.lock().expect("load times lock").estimate(entry.bytes);
+        Ok((Adapter::sized(id, ByteSize::new(entry.bytes)), estimate))
+    }
+}
+
+/// The driver that carries out `rt`'s adapter steps: a load exports the
+/// adapter from `catalog` (once) and posts vLLM's `/v1/load_lora_adapter`
+/// to the replica's engine with the adapter's name as its `lora_name`; an
+/// unload posts `/v1/unload_lora_adapter`. Each answer that is not a
+/// success fails the step with the engine's status and message.
+pub(crate) fn driver(
+    rt: Weak<ModelRuntime>,
+    catalog: Arc<AdapterCatalog>,
+    client: reqwest::Client,
+) -> AdapterDriver {
+    Arc::new(move |replica: ReplicaId, step: SlotStep| {
+        let (rt, catalog, client) = (rt.clone(), catalog.clone(), client.clone());
+        Box::pin(async move {
+            let rt = rt.upgrade().ok_or("the server is stopping")?;
+            let base = rt.replica_url(replica).ok_or_else(|| format!("replica {replica} is not ready"))?;
+            let started = Instant::now();
+            let (path, body, loaded) = match &step {
+                SlotStep::Load { adapter, .. } => {
+                    let entry = match catalog.find(adapter).await? {
+                        Ok(entry) => entry,
+                        Err(_) => {
+                            return Err(format!("adapter `{adapter}` is no longer in the weight store"))
+                        }
+                    };
+                    let dir = catalog.directory(&entry).await?;
+                    let body = serde_json::json!({"lora_name": adapter.name().as_str(), "lora_path": dir});
+                    ("/v1/load_lora_adapter", body, Some(entry.bytes))
+                }
+                SlotStep::Unload { adapter } => (
+                    "/v1/unload_lora_adapter",
+                    serde_json::json!({"lora_name": adapter.name().as_str()}),
+                    None,
+                ),
+            };
+            let answer = client.post(format!("{base}{path}")).json(&body).send().await;
+            let ok = answer.as_ref().is_ok_and(|r| r.status().is_success());
+            rt.metrics().adapter_step(loaded.is_some(), ok);
+            if !ok {
+                return Err(format!(
+                    "its engine answered {path} with {}",
+                    hangar_agent::capabilities::describe(answer).await
+                ));
+            }
+            if let Some(bytes) = loaded {
+                rt.adapter_loads.lock().expect("load times lock").measured(bytes, started.elapsed());
+                tracing::info!(model = %rt.config.key, %replica, adapter = %body["lora_name"], ms = started.elapsed().as_millis() as u64, "adapter loaded");
+            }
+            Ok(())
+        })
+    })
+}
