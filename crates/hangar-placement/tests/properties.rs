@@ -195,7 +195,11 @@ fn check(w: &World, before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), T
         let i: usize = d.model_key.as_str()[1..].parse().expect("models are m0, m1, …");
         let wanted = (w.models[i] + adapter_gb(w, i).unwrap_or(0)) * GB;
         let held: u64 = d.gpu_bytes_by_gpu.values().sum();
-        prop_assert!(held >= wanted, "{} holds {held} bytes on its GPUs, less than its weights and adapters ({wanted})", d.name());
+        prop_assert!(
+            held >= wanted,
+            "{} holds {held} bytes on its GPUs, less than its weights and adapters ({wanted})",
+            d.name()
+        );
     }
 
     // delta(old, new) applied to old = new.
