@@ -1,5 +1,5 @@
-//! The HTTP surface: OpenAI-compatible endpoints plus vLLM's health, sleep
-//! and metrics endpoints.
+//! The HTTP surface: OpenAI-compatible endpoints plus vLLM's health, sleep,
+//! metrics and runtime LoRA endpoints.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,8 +16,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use hangar_core::exposition::Format;
-use hangar_core::RequestId;
+use hangar_core::{mix64, RequestId};
 use hangar_engine::Prompt;
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -39,11 +40,12 @@ pub(crate) struct AppState {
     pub next_id: AtomicU64,
     pub metrics: Metrics,
     pub weights: Option<crate::WeightsRead>,
+    pub lora: crate::lora::Lora,
 }
 
 pub(crate) type Shared = Arc<AppState>;
 
-pub(crate) fn router(state: Shared, max_body_bytes: usize, sleep_api: bool) -> Router {
+pub(crate) fn router(state: Shared, max_body_bytes: usize, sleep_api: bool, lora_api: bool) -> Router {
     let routes = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -60,12 +62,28 @@ pub(crate) fn router(state: Shared, max_body_bytes: usize, sleep_api: bool) -> R
     } else {
         routes
     };
+    let routes = if lora_api {
+        routes
+            .route("/v1/load_lora_adapter", post(crate::lora::load))
+            .route("/v1/unload_lora_adapter", post(crate::lora::unload))
+    } else {
+        routes
+    };
     routes
         .fallback(|| async {
             ApiError { status: StatusCode::NOT_FOUND, ..ApiError::bad_request("no such endpoint", None) }
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
+}
+
+/// What a request's `"model"` names: the base model or a loaded LoRA
+/// adapter.
+pub(crate) struct Served {
+    /// The name, which the answer's `model` repeats (vLLM's).
+    pub name: String,
+    /// A loaded adapter's salt, mixed into the prompt's token ids.
+    pub adapter: Option<u64>,
 }
 
 /// A request in the engine: its id, prompt size and output identity, and
@@ -88,17 +106,36 @@ impl AppState {
         Ok(())
     }
 
-    fn check_model(&self, model: &str) -> Result<(), ApiError> {
+    /// The base model or the loaded adapter `model` names; 404 for
+    /// anything else, an adapter still loading or unloaded included (vLLM
+    /// serves an adapter only once loaded).
+    fn resolve(&self, model: &str) -> Result<Served, ApiError> {
         if model == self.model {
-            Ok(())
-        } else {
-            Err(ApiError::unknown_model(model))
+            return Ok(Served { name: model.into(), adapter: None });
+        }
+        match self.lora.resolve(model) {
+            Some(salt) => Ok(Served { name: model.into(), adapter: Some(salt) }),
+            None => Err(ApiError::unknown_model(model)),
         }
     }
 
-    pub(crate) fn submit(&self, tokens: Vec<u32>, max_tokens: u32) -> Result<Run, ApiError> {
+    /// Submits a prompt to the engine; on an adapter (`adapter` its salt)
+    /// the token ids are the adapter's own, so its output text and its
+    /// prefix cache blocks differ from the base model's, as a fine-tune's
+    /// do, while the prompt's length and the timing stay the same.
+    pub(crate) fn submit(
+        &self,
+        mut tokens: Vec<u32>,
+        max_tokens: u32,
+        adapter: Option<u64>,
+    ) -> Result<Run, ApiError> {
         if tokens.is_empty() {
             return Err(ApiError::bad_request("the prompt is empty", Some("prompt".into())));
+        }
+        if let Some(salt) = adapter {
+            for t in &mut tokens {
+                *t = mix64(u64::from(*t), salt) as u32;
+            }
         }
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -114,6 +151,18 @@ impl AppState {
 
 fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     b.map_err(|r| ApiError { status: r.status(), ..ApiError::bad_request(r.body_text(), None) })
+}
+
+/// A request's body parsed as `T`, once the engine can take requests: an
+/// oversized body first (413), then a loading or sleeping engine (503),
+/// then a malformed body (400).
+pub(crate) fn parse_ready<T: DeserializeOwned>(
+    s: &AppState,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let b = body(b)?;
+    s.check_ready()?;
+    openai::parse(&b)
 }
 
 fn unix_now() -> u64 {
@@ -221,10 +270,8 @@ fn stream(
 }
 
 async fn chat(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let b = body(b)?;
-    s.check_ready()?;
-    let req: ChatRequest = openai::parse(&b)?;
-    s.check_model(&req.model)?;
+    let req: ChatRequest = parse_ready(&s, b)?;
+    let served = s.resolve(&req.model)?;
     one_choice(req.n)?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request(
@@ -236,9 +283,9 @@ async fn chat(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -> Resu
     if max_tokens == 0 {
         return Err(ApiError::bad_request("`max_tokens` must be at least 1", Some("max_tokens".into())));
     }
-    let run = s.submit(text::tokenize(&req.render()), max_tokens)?;
+    let run = s.submit(text::tokenize(&req.render()), max_tokens, served.adapter)?;
     let id = format!("chatcmpl-{}", run.id.0);
-    let (model, created) = (s.model.clone(), unix_now());
+    let (model, created) = (served.name, unix_now());
     if req.stream {
         let include_usage = req.stream_options.unwrap_or_default().include_usage;
         let base = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
@@ -284,10 +331,8 @@ async fn completions(
     State(s): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let b = body(b)?;
-    s.check_ready()?;
-    let req: CompletionRequest = openai::parse(&b)?;
-    s.check_model(&req.model)?;
+    let req: CompletionRequest = parse_ready(&s, b)?;
+    let served = s.resolve(&req.model)?;
     one_choice(req.n)?;
     let mut inputs = req.prompt.into_inputs();
     if inputs.len() != 1 {
@@ -296,9 +341,9 @@ async fn completions(
             Some("prompt".into()),
         ));
     }
-    let run = s.submit(input_tokens(inputs.remove(0)), req.max_tokens.unwrap_or(16))?;
+    let run = s.submit(input_tokens(inputs.remove(0)), req.max_tokens.unwrap_or(16), served.adapter)?;
     let id = format!("cmpl-{}", run.id.0);
-    let (model, created) = (s.model.clone(), unix_now());
+    let (model, created) = (served.name, unix_now());
     let base = json!({"id": id, "object": "text_completion", "created": created, "model": model});
     if req.stream {
         let include_usage = req.stream_options.unwrap_or_default().include_usage;
@@ -329,10 +374,8 @@ async fn completions(
 }
 
 async fn embeddings(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let b = body(b)?;
-    s.check_ready()?;
-    let req: EmbeddingRequest = openai::parse(&b)?;
-    s.check_model(&req.model)?;
+    let req: EmbeddingRequest = parse_ready(&s, b)?;
+    let served = s.resolve(&req.model)?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -360,7 +403,7 @@ async fn embeddings(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -
     for input in inputs {
         let tokens = input_tokens(input);
         let vector = text::embedding(&tokens, dims);
-        runs.push((s.submit(tokens, 0)?, vector));
+        runs.push((s.submit(tokens, 0, served.adapter)?, vector));
     }
     let mut data = Vec::with_capacity(runs.len());
     let mut prompt_tokens = 0;
@@ -376,18 +419,25 @@ async fn embeddings(State(s): State<Shared>, b: Result<Bytes, BytesRejection>) -
         data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
     }
     Ok(Json(json!({
-        "object": "list", "data": data, "model": s.model,
+        "object": "list", "data": data, "model": served.name,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }))
     .into_response())
 }
 
+/// `GET /v1/models`: the base model, then every loaded adapter with its
+/// `parent` (the base) and `root` (the path it was loaded from), as vLLM
+/// lists them.
 async fn models(State(s): State<Shared>) -> Json<Value> {
-    let mut model = json!({"id": s.model, "object": "model", "created": 0, "owned_by": "hangar"});
+    let root = s.weights.as_ref().map_or(s.model.as_str(), |w| w.path.as_str());
+    let mut model = json!({"id": s.model, "object": "model", "created": 0, "owned_by": "hangar",
+                           "root": root, "parent": null});
     if let Some(w) = &s.weights {
         model["weights"] = json!(w);
     }
-    Json(json!({"object": "list", "data": [model]}))
+    let mut data = vec![model];
+    data.extend(s.lora.cards(&s.model));
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn health(State(s): State<Shared>) -> Response {

@@ -3,7 +3,8 @@
 //! A real HTTP server that behaves like an OpenAI-compatible LLM engine
 //! (vLLM's API: `/v1/chat/completions`, `/v1/completions` with and without
 //! SSE streaming, `/v1/embeddings`, `/v1/models`, `/health`, `/metrics`,
-//! and sleep mode's `/sleep`, `/wake_up`, `/is_sleeping`) without a GPU. It
+//! sleep mode's `/sleep`, `/wake_up`, `/is_sleeping`, and the runtime LoRA
+//! API's `/v1/load_lora_adapter`, `/v1/unload_lora_adapter`) without a GPU. It
 //! drives the same [`hangar_engine::EngineCore`] the simulator replays, in
 //! real time: concurrent requests are batched into passes, tokens come out
 //! when the modelled pass ends, and prefix caching, preemption and KV memory
@@ -11,19 +12,27 @@
 //! the prompt and the token's position) and usage counts are exact, so
 //! tests can assert on them.
 //!
+//! LoRA adapters are read whole from the path a load names and take a load
+//! time modelled on their size; a request naming a loaded adapter runs on
+//! the same engine core as the base model's, with output text and prefix
+//! cache of its own (the adapter table, `adapters`, is sans-IO).
+//!
 //! The server is what `hangar engine mock` runs; the platform's node agent
 //! starts it as a child process to stand in for vLLM.
 #![deny(missing_docs)]
 
+mod adapters;
 mod api;
 mod driver;
 mod error;
+mod lora;
 mod metrics;
 mod openai;
 mod text;
 mod ws;
 
 use std::future::Future;
+use std::num::NonZeroU64;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,16 +70,42 @@ pub struct MockConfig {
     /// reports: what a test checks to know the engine opened the bytes it
     /// was handed.
     pub weights: Option<WeightsRead>,
+    /// Whether it serves vLLM's runtime LoRA API (`/v1/load_lora_adapter`,
+    /// `/v1/unload_lora_adapter`), as vLLM does with
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`; without it those answer 404, so
+    /// Hangar's capability probe finds no LoRA.
+    pub lora_api: bool,
+    /// Most adapters loaded (and loading) at once; a load beyond is refused
+    /// with 400 naming the limit (vLLM's `--max-loras`).
+    pub max_loras: usize,
+    /// How fast a load reads an adapter's bytes: its load time is
+    /// `bytes / lora_load_bytes_per_s + lora_load_ms`.
+    pub lora_load_bytes_per_s: NonZeroU64,
+    /// The part of an adapter's load time that does not depend on its size
+    /// (building its layers, copying them to the GPU).
+    pub lora_load_ms: u64,
 }
 
-/// A weights file the mock engine read whole before serving.
+/// Default of [`MockConfig::lora_load_bytes_per_s`]: 2 GB/s, an NVMe
+/// drive's sequential read and the simulator's `cold_start.disk_gbps`.
+pub const DEFAULT_LORA_LOAD_BYTES_PER_S: NonZeroU64 = NonZeroU64::new(2_000_000_000).expect("non-zero");
+/// Default of [`MockConfig::lora_load_ms`]: 50 ms, what PEFT takes to set
+/// up an adapter apart from reading it (25–60 ms measured).
+pub const DEFAULT_LORA_LOAD_MS: u64 = 50;
+/// Default of [`MockConfig::max_loras`]: 8, as the adapter slots' default
+/// (`AdapterConfig::slots`).
+pub const DEFAULT_MAX_LORAS: usize = 8;
+
+/// Bytes read whole from a path before serving (a weights file) or while
+/// loading (a LoRA adapter's files).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct WeightsRead {
-    /// The path it was given.
+    /// The path it was given (a file, or a LoRA adapter's directory).
     pub path: String,
     /// Bytes read.
     pub bytes: u64,
-    /// BLAKE3 of those bytes, hex.
+    /// BLAKE3 of those bytes, hex (of a directory's files one after the
+    /// other, depth first, each directory's entries in name order).
     pub blake3: String,
 }
 
@@ -87,6 +122,10 @@ impl MockConfig {
             default_max_tokens: 16,
             max_body_bytes: 16 << 20,
             weights: None,
+            lora_api: true,
+            max_loras: DEFAULT_MAX_LORAS,
+            lora_load_bytes_per_s: DEFAULT_LORA_LOAD_BYTES_PER_S,
+            lora_load_ms: DEFAULT_LORA_LOAD_MS,
         }
     }
 }
@@ -121,6 +160,12 @@ pub async fn serve(
     let (asleep_tx, asleep) = watch::channel(false);
     let metrics = metrics::Metrics::default();
     let engine_task = tokio::spawn(driver::run(engine, rx, asleep_tx, config.wake_delay, metrics.clone()));
+    let lora = lora::Lora::new(
+        &config.model,
+        config.max_loras,
+        config.lora_load_bytes_per_s,
+        Duration::from_millis(config.lora_load_ms),
+    );
     let state = Arc::new(api::AppState {
         model: config.model,
         block_size: config.engine.block_size,
@@ -132,8 +177,9 @@ pub async fn serve(
         next_id: AtomicU64::new(0),
         metrics,
         weights: config.weights,
+        lora,
     });
-    let app = api::router(state, config.max_body_bytes, config.sleep_api);
+    let app = api::router(state, config.max_body_bytes, config.sleep_api, config.lora_api);
     // Streamed tokens are small writes: send each at once (no Nagle).
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);

@@ -27,6 +27,8 @@ struct Inner {
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
     max_batch: Gauge,
+    adapter_loads: Counter,
+    adapters_loaded: Gauge,
 }
 
 impl Default for Metrics {
@@ -36,6 +38,7 @@ impl Default for Metrics {
         let (generation_tokens, prompt_tokens) = (Counter::default(), Counter::default());
         let (running, waiting, max_batch) = (Gauge::default(), Gauge::default(), Gauge::default());
         let kv_usage = Gauge::<f64, AtomicU64>::default();
+        let (adapter_loads, adapters_loaded) = (Counter::default(), Gauge::default());
         registry.register("requests", "Requests accepted by the engine", requests.clone());
         registry.register("requests_aborted", "Requests aborted because their client left", aborted.clone());
         registry.register("passes", "Scheduler passes run", passes.clone());
@@ -49,6 +52,12 @@ impl Default for Metrics {
         registry.register("num_requests_waiting", "Requests waiting for admission", waiting.clone());
         registry.register("kv_cache_usage_perc", "Fraction of KV memory in use", kv_usage.clone());
         registry.register("max_batch_size", "Most requests scheduled in one pass so far", max_batch.clone());
+        registry.register(
+            "adapter_loads",
+            "LoRA adapter loads finished (POST /v1/load_lora_adapter)",
+            adapter_loads.clone(),
+        );
+        registry.register("loaded_adapters", "LoRA adapters loaded now", adapters_loaded.clone());
         let inner = Inner {
             registry,
             requests,
@@ -60,6 +69,8 @@ impl Default for Metrics {
             waiting,
             kv_usage,
             max_batch,
+            adapter_loads,
+            adapters_loaded,
         };
         Self { inner: Arc::new(inner) }
     }
@@ -72,6 +83,17 @@ impl Metrics {
 
     pub(crate) fn aborted(&self) {
         self.inner.aborted.inc();
+    }
+
+    /// A LoRA adapter finished loading; `loaded` are loaded now.
+    pub(crate) fn adapter_loaded(&self, loaded: usize) {
+        self.inner.adapter_loads.inc();
+        self.inner.adapters_loaded.set(loaded as i64);
+    }
+
+    /// A LoRA adapter was unloaded; `loaded` remain.
+    pub(crate) fn adapter_unloaded(&self, loaded: usize) {
+        self.inner.adapters_loaded.set(loaded as i64);
     }
 
     pub(crate) fn pass(&self, pass: &Pass, running: usize, waiting: usize, kv_usage: f64) {

@@ -63,7 +63,7 @@ async fn answer(s: &Shared, text: &str, socket: &mut WebSocket) -> Result<(), St
     if max_tokens == 0 {
         return Err("`max_tokens` must be at least 1".into());
     }
-    let mut run = s.submit(text::tokenize(&ask.prompt), max_tokens).map_err(|e| e.message)?;
+    let mut run = s.submit(text::tokenize(&ask.prompt), max_tokens, None).map_err(|e| e.message)?;
     let mut n = 0;
     while let Some(progress) = run.progress.recv().await {
         let message = match progress {

@@ -3,62 +3,11 @@
 
 use std::time::Duration;
 
+mod common;
+
 use base64::Engine as _;
-use hangar_mock_engine::{preset, serve, MockConfig};
+use common::{post, post_raw, start, start_with, Server};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-
-/// A server on a free loopback port, stopped when dropped.
-struct Server {
-    base: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-async fn start_with(f: impl FnOnce(&mut MockConfig)) -> Server {
-    let mut config = MockConfig::from_preset(&preset("fast").unwrap(), "mock-llm");
-    f(&mut config);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        serve(config, listener, |_| Err("no files".into()), async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
-    Server { base, stop: Some(stop) }
-}
-
-async fn start() -> Server {
-    start_with(|_| {}).await
-}
-
-async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}{path}", s.base)).json(&body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-async fn post_raw(s: &Server, path: &str, body: Vec<u8>) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{}{path}", s.base))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
 
 /// The `data:` payloads of an SSE response.
 async fn sse(s: &Server, path: &str, body: Value) -> Vec<String> {

@@ -157,7 +157,7 @@ fn an_engine_that_cannot_sleep_is_stopped_rather_than_kept_warm() {
         r#"{ONE_GPU_AND_WARM_CACHE}
 [[models]]
 key = "t/nosleep"
-engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --preset fast --model t/nosleep --no-sleep", readiness_path = "/health" }}
+engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --preset fast --model t/nosleep --no-sleep --no-lora-api", readiness_path = "/health" }}
 size = "60GB"
 
 [[models]]
@@ -176,7 +176,11 @@ size = "60GB"
 
     // t/b's start sends t/nosleep to the warm cache: it is stopped instead.
     assert_eq!(post(&s.url, None, &chat("t/b", 2)).0, 200);
-    assert_eq!(replicas(&s.url, None, "t/b")[0]["capabilities"]["sleep"], "vllm");
+    let b = replicas(&s.url, None, "t/b");
+    assert_eq!(
+        (&b[0]["capabilities"]["sleep"], &b[0]["capabilities"]["lora"]),
+        (&json!("vllm"), &json!(true))
+    );
     eventually("the engine that cannot sleep was stopped", || replicas(&s.url, None, "t/nosleep").is_empty());
 
     // Wanted again: a fresh engine (COLD), and t/b goes to sleep.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args as ClapArgs, Subcommand};
+use hangar_core::ByteSize;
 use hangar_engine::EngineConfig;
 use hangar_mock_engine::{MockConfig, WeightsRead};
 
@@ -67,6 +68,24 @@ struct MockArgs {
     /// `/v1/models` reports its size and BLAKE3.
     #[arg(long)]
     weights: Option<PathBuf>,
+    /// Serve no runtime LoRA API (`/v1/load_lora_adapter`,
+    /// `/v1/unload_lora_adapter` answer 404), as vLLM without
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`: the engine loads no adapters.
+    #[arg(long)]
+    no_lora_api: bool,
+    /// Most LoRA adapters loaded at once; a load beyond is refused (vLLM's
+    /// `--max-loras`).
+    #[arg(long, default_value_t = hangar_mock_engine::DEFAULT_MAX_LORAS)]
+    max_loras: usize,
+    /// How fast an adapter load reads its bytes, per second (`2GB`, an
+    /// NVMe drive's read): a load takes its size over this plus
+    /// `--lora-load-ms`.
+    #[arg(long, default_value_t = ByteSize::new(hangar_mock_engine::DEFAULT_LORA_LOAD_BYTES_PER_S.get()))]
+    lora_load_bytes_per_s: ByteSize,
+    /// Milliseconds every adapter load takes besides reading its bytes
+    /// (building its layers, copying them to the GPU).
+    #[arg(long, default_value_t = hangar_mock_engine::DEFAULT_LORA_LOAD_MS)]
+    lora_load_ms: u64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -82,6 +101,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.default_max_tokens = a.default_max_tokens;
     config.max_body_bytes = a.max_body_bytes;
     config.sleep_api = !a.no_sleep;
+    config.lora_api = !a.no_lora_api;
+    config.max_loras = a.max_loras;
+    config.lora_load_bytes_per_s = std::num::NonZeroU64::new(a.lora_load_bytes_per_s.bytes())
+        .context("--lora-load-bytes-per-s must be more than 0")?;
+    config.lora_load_ms = a.lora_load_ms;
     if let Some(path) = &a.weights {
         config.weights = Some(read_weights(path)?);
     }
