@@ -54,6 +54,7 @@ pub use load::PathStats;
 
 mod processes;
 
+pub mod adapters;
 pub mod chaos;
 pub mod cluster;
 pub mod coldstart;

@@ -5,7 +5,7 @@
 use anyhow::Context;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use hangar_bench::gateway::{self, BodyKind};
-use hangar_bench::{chaos, cluster, coldstart, predictions, queue};
+use hangar_bench::{adapters, chaos, cluster, coldstart, predictions, queue};
 
 /// Benchmarks that print figures against targets: the gateway, durable
 /// predictions, the predictions queue, a fleet's control plane, a fleet
@@ -99,6 +99,36 @@ enum Command {
     /// store's weight read against a raw sequential read of the same
     /// bytes. See docs/engines.md.
     Coldstart(ColdstartArgs),
+    /// What a LoRA adapter costs a request through the gateway.
+    ///
+    /// Registers synthetic PEFT adapters of --rank in a weight store (a
+    /// temporary directory), starts a mock engine with zero compute time
+    /// and the runtime LoRA API and `hangar serve` in front of it (child
+    /// processes, `router = "adapter"`, 8 adapter slots). Then: requests for
+    /// the base model and for an adapter already loaded, --requests each,
+    /// in alternating rounds (what the adapter adds at p50 and p99); and
+    /// --fresh adapters never asked for, each first loaded straight on the
+    /// mock (the engine's own load time), then asked for through the
+    /// gateway (what the request pays beyond that load). See
+    /// docs/adapters.md.
+    Adapters(AdaptersArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+struct AdaptersArgs {
+    /// Requests for the base model and for the loaded adapter, each.
+    #[arg(long, default_value_t = 2_000)]
+    requests: usize,
+    /// Adapters loaded on demand.
+    #[arg(long, default_value_t = 16)]
+    fresh: usize,
+    /// The adapters' LoRA rank (32 layers of q_proj and v_proj at hidden
+    /// 4096: 67 MB at rank 64).
+    #[arg(long, default_value_t = 64)]
+    rank: usize,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -312,6 +342,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(queue::run(&options))?;
+            return print(&report, a.json);
+        }
+        Command::Adapters(a) => {
+            let options =
+                adapters::Options { requests: a.requests, fresh: a.fresh, rank: a.rank, hangar_exe };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = runtime.block_on(adapters::run(&options))?;
             return print(&report, a.json);
         }
         Command::Coldstart(a) => {

@@ -1,0 +1,261 @@
+//! LoRA adapters through the gateway, with `oneshot`, in front of the mock
+//! engine's runtime LoRA API (in process, port 0), the adapters registered
+//! in a weight store in a temporary directory: a request for an adapter
+//! loads it on its replica first and runs there under the adapter's name,
+//! a full replica unloads its least recently used adapter, and every bad
+//! request is refused before it queues with a 4xx naming adapter and
+//! model.
+
+use std::path::Path;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use hangar_core::AdapterRef;
+use hangar_mock_engine::{preset, MockConfig};
+use hangar_predictions::store::Backend;
+use hangar_runtime::serve::{ServeConfig, Server};
+use hangar_store::BlobStore;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+/// A mock engine serving `t/m` (its LoRA API on or off), on port 0.
+async fn mock(lora_api: bool) -> String {
+    let mut config = MockConfig::from_preset(&preset("instant").unwrap(), "t/m");
+    config.lora_api = lora_api;
+    config.lora_load_ms = 1;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let never = std::future::pending::<()>();
+    tokio::spawn(hangar_mock_engine::serve(config, listener, |_| Err("no tables".into()), never));
+    url
+}
+
+/// Registers a small synthetic adapter `BASE:NAME` in the store at `root`.
+fn register(root: &Path, adapter: &str, seed: u64) {
+    let store = BlobStore::open(root).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let adapter: AdapterRef = adapter.parse().unwrap();
+    hangar_store::synth::synth_adapter_dir(dir.path(), adapter.base().as_str(), 2, 64, 2, seed).unwrap();
+    hangar_store::adapters::import_dir(&store, dir.path(), &adapter).unwrap();
+}
+
+/// `t/m` (adapters, two slots, `private/*` for account `beta` only, the
+/// rest for everyone) and `t/other` on mocks with the LoRA API, `t/plain`
+/// without adapters, `t/nolora` with adapters on a mock without the API.
+async fn start(dir: &Path) -> (Server, Router, String) {
+    let store = dir.join("store");
+    for (i, a) in
+        ["t/m:acme/a", "t/m:acme/b", "t/m:acme/c", "t/m:private/x", "t/other:acme/z", "t/nolora:acme/a"]
+            .iter()
+            .enumerate()
+    {
+        register(&store, a, i as u64);
+    }
+    let (with, without) = (mock(true).await, mock(false).await);
+    let text = format!(
+        r#"
+[store]
+root = "{store}"
+
+[[nodes]]
+id = "n1"
+gpus = 4
+gpu_memory = "80GB"
+virtual_gpus = true
+
+[[models]]
+key = "t/m"
+engine = {{ kind = "external", url = "{with}" }}
+size = "10GB"
+min_replicas = 1
+router = "adapter"
+adapters = {{ slots = 2, memory = "1GB" }}
+
+[[models.adapter_access]]
+adapters = "private/*"
+accounts = ["beta"]
+
+[[models.adapter_access]]
+adapters = "acme/*"
+
+[[models]]
+key = "t/other"
+engine = {{ kind = "external", url = "{with}" }}
+size = "10GB"
+min_replicas = 1
+adapters = {{}}
+
+[[models]]
+key = "t/plain"
+engine = {{ kind = "external", url = "{with}" }}
+size = "10GB"
+min_replicas = 1
+
+[[models]]
+key = "t/nolora"
+engine = {{ kind = "external", url = "{without}" }}
+size = "10GB"
+min_replicas = 1
+adapters = {{}}
+
+[[api_keys]]
+key = "k-acme"
+account = "acme"
+
+[[api_keys]]
+key = "k-beta"
+account = "beta"
+"#,
+        store = store.display()
+    );
+    let mut config = ServeConfig::from_toml(&text, "test").unwrap();
+    config.events.enabled = false;
+    let server = Server::start(config, Default::default()).await.unwrap();
+    let service = server
+        .start_predictions(&Backend::Sqlite(dir.to_path_buf()), Default::default(), "http://test")
+        .await
+        .unwrap();
+    let router = hangar_gateway::router(&server, &service, 1 << 20);
+    (server, router, with)
+}
+
+async fn call(
+    router: &Router,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+async fn chat(router: &Router, key: &str, fields: Value) -> (StatusCode, Value) {
+    let mut body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2});
+    for (k, v) in fields.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    call(router, "POST", "/v1/chat/completions", key, Some(body)).await
+}
+
+fn message(answer: &Value) -> &str {
+    answer.pointer("/error/message").and_then(Value::as_str).unwrap_or("")
+}
+
+/// The adapters the mock at `url` has loaded, by `GET /v1/models`.
+async fn loaded(url: &str) -> Vec<String> {
+    let models: Value = reqwest::get(format!("{url}/v1/models")).await.unwrap().json().await.unwrap();
+    let mut names: Vec<String> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m.get("parent").is_some_and(|p| !p.is_null()))
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn an_adapter_is_loaded_on_its_replica_and_runs_there_under_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router, mock) = start(dir.path()).await;
+    let (status, answer) = chat(&router, "k-acme", json!({"model": "t/m:acme/a"})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["model"], "t/m:acme/a", "the answer names the model as the client wrote it");
+    assert_eq!(loaded(&mock).await, ["acme/a"]);
+
+    // Workers AI's spelling names the same adapter: no second load.
+    let (status, answer) = chat(&router, "k-acme", json!({"model": "t/m", "lora": "acme/a"})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["model"], "t/m");
+    // And a request without an adapter runs on the base model.
+    let (status, answer) = chat(&router, "k-acme", json!({"model": "t/m"})).await;
+    assert_eq!((status, answer["model"].as_str()), (StatusCode::OK, Some("t/m")));
+
+    // Two slots: a third adapter unloads the least recently used one.
+    chat(&router, "k-acme", json!({"model": "t/m:acme/b"})).await;
+    chat(&router, "k-acme", json!({"model": "t/m:acme/a"})).await;
+    let (status, _) = chat(&router, "k-acme", json!({"model": "t/m:acme/c"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(loaded(&mock).await, ["acme/a", "acme/c"], "b, the least recently used, went");
+
+    let (status, metrics) = {
+        let request = Request::get("/metrics").body(Body::empty()).unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        (
+            response.status(),
+            String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap(),
+        )
+    };
+    assert_eq!(status, StatusCode::OK);
+    let count = |step: &str| {
+        let line = format!("hangar_adapter_steps_total{{model=\"t/m\",step=\"{step}\",outcome=\"ok\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&line)).map(|v| v.trim().to_owned())
+    };
+    assert_eq!((count("load").as_deref(), count("unload").as_deref()), (Some("3"), Some("1")), "{metrics}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_adapters_are_refused_before_they_queue_naming_adapter_and_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router, mock) = start(dir.path()).await;
+    let refused = |body: Value, key: &'static str| {
+        let router = router.clone();
+        async move { chat(&router, key, body).await }
+    };
+    let cases = [
+        (json!({"model": "t/m:"}), StatusCode::BAD_REQUEST, "no adapter name"),
+        (json!({"model": "t/m:a:b"}), StatusCode::BAD_REQUEST, "second `:`"),
+        (json!({"model": "t/m:../x"}), StatusCode::BAD_REQUEST, "`..`"),
+        (json!({"model": "t/m", "lora": 7}), StatusCode::BAD_REQUEST, "`lora` must be a string"),
+        (json!({"model": "t/m:acme/a", "lora": "acme/b"}), StatusCode::BAD_REQUEST, "name it once"),
+        (json!({"model": "t/m:acme/nope"}), StatusCode::NOT_FOUND, "`t/m` has no adapter `acme/nope`"),
+        (json!({"model": "t/m:acme/z"}), StatusCode::BAD_REQUEST, "adapter of `t/other`, not of `t/m`"),
+        (json!({"model": "t/plain:acme/a"}), StatusCode::BAD_REQUEST, "`t/plain` serves no LoRA adapters"),
+        (
+            json!({"model": "t/nolora:acme/a"}),
+            StatusCode::BAD_REQUEST,
+            "engine of model `t/nolora` cannot load",
+        ),
+        (json!({"model": "t/m:private/x"}), StatusCode::NOT_FOUND, "`t/m` has no adapter `private/x`"),
+        (json!({"model": "t/unknown:acme/a"}), StatusCode::NOT_FOUND, "`t/unknown` does not exist"),
+    ];
+    for (body, status, says) in cases {
+        let (got, answer) = refused(body.clone(), "k-acme").await;
+        assert_eq!(got, status, "{body}: {answer}");
+        assert!(message(&answer).contains(says), "{body}: {answer}");
+    }
+    // The account the rule names may use it.
+    let (status, answer) = chat(&router, "k-beta", json!({"model": "t/m:private/x"})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(loaded(&mock).await, ["private/x"], "nothing refused was loaded");
+    let queued = server.model("t/m").unwrap().processor().load().counters.arrivals;
+    assert_eq!(queued, 1, "only the request that ran reached the line");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_adapter_registered_while_serving_is_found_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router, _) = start(dir.path()).await;
+    let (status, _) = chat(&router, "k-acme", json!({"model": "t/m:acme/late"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    register(&dir.path().join("store"), "t/m:acme/late", 99);
+    tokio::time::sleep(hangar_runtime::serve::adapters::REFRESH_EVERY).await;
+    let (status, answer) = chat(&router, "k-acme", json!({"model": "t/m:acme/late"})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    server.shutdown().await;
+}
