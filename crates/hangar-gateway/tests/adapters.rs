@@ -259,3 +259,54 @@ async fn an_adapter_registered_while_serving_is_found_within_a_second() {
     assert_eq!(status, StatusCode::OK, "{answer}");
     server.shutdown().await;
 }
+
+/// `POST path` with `Prefer: wait` as account `acme`.
+async fn predict(router: &Router, path: &str, body: Value) -> (StatusCode, Value) {
+    let request = Request::post(path)
+        .header("authorization", "Bearer k-acme")
+        .header("content-type", "application/json")
+        .header("prefer", "wait")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn predictions_name_an_adapter_as_a_version_or_in_their_input_and_are_refused_before_they_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router, mock) = start(dir.path()).await;
+    // Replicate's spelling: the adapter as a version of its base.
+    let (status, p) =
+        predict(&router, "/v1/predictions", json!({"version": "t/m:acme/a", "input": {"prompt": "hi"}})).await;
+    assert_eq!((status, p["status"].as_str()), (StatusCode::CREATED, Some("succeeded")), "{p}");
+    assert_eq!(loaded(&mock).await, ["acme/a"], "it ran on the adapter, loaded for it");
+    // Workers AI's: `lora` in the input.
+    let body = json!({"input": {"prompt": "hi", "lora": "acme/b"}});
+    let (status, p) = predict(&router, "/v1/models/t/m/predictions", body).await;
+    assert_eq!((status, p["status"].as_str()), (StatusCode::CREATED, Some("succeeded")), "{p}");
+    assert_eq!(loaded(&mock).await, ["acme/a", "acme/b"]);
+
+    // Refused when created, naming adapter and model; nothing queued.
+    let before = server.model("t/m").unwrap().processor().load().counters.arrivals;
+    let detail = |p: &Value| p["detail"].as_str().unwrap_or("").to_owned();
+    let (status, p) =
+        predict(&router, "/v1/predictions", json!({"version": "t/m:acme/nope", "input": {"prompt": "hi"}})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{p}");
+    assert!(detail(&p).contains("`t/m` has no adapter `acme/nope`"), "{p}");
+    let body = json!({"input": {"prompt": "hi", "lora": "acme/z"}});
+    let (status, p) = predict(&router, "/v1/models/t/m/predictions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{p}");
+    assert!(detail(&p).contains("adapter of `t/other`"), "{p}");
+    let body = json!({"input": {"prompt": "hi", "lora": "acme/a"}});
+    let (status, p) = predict(&router, "/v1/models/t/plain/predictions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{p}");
+    let body = json!({"version": "t/m:acme/a", "input": {"prompt": "hi", "lora": "acme/b"}});
+    let (status, p) = predict(&router, "/v1/predictions", body).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert!(detail(&p).contains("name it once"), "{p}");
+    assert_eq!(server.model("t/m").unwrap().processor().load().counters.arrivals, before);
+    server.shutdown().await;
+}

@@ -248,26 +248,60 @@ async fn create_by_version(
         None => return Err(Problem::invalid("version", "is required")),
         Some(_) => return Err(Problem::invalid("version", "must be a string")),
     };
-    let model = resolve_version(&inner, &account, &version)?;
+    let (model, adapter) = resolve_version(&inner, &account, &version)?;
+    let mut body = body;
+    if let Some(adapter) = adapter {
+        name_adapter(&mut body, adapter)?;
+    }
     create(&inner, &headers, &account, Target::model(model), body).await
 }
 
+/// Puts the adapter a `BASE:ADAPTER` version names into the input's `lora`
+/// (where a language model's input names it); a `lora` naming another
+/// adapter is a 422.
+fn name_adapter(body: &mut Map<String, Value>, adapter: String) -> Result<(), Problem> {
+    let Some(Value::Object(input)) = body.get_mut("input") else { return Ok(()) };
+    match input.get("lora") {
+        Some(Value::String(named)) if *named != adapter => Err(Problem::invalid(
+            "input.lora",
+            &format!("names `{named}` and the version names adapter `{adapter}`; name it once"),
+        )),
+        _ => {
+            input.insert("lora".to_owned(), Value::String(adapter));
+            Ok(())
+        }
+    }
+}
+
 /// The model of `owner/name`, `owner/name:<id>` or `<id>`, among those
-/// `account` may use (the others are not found, as unknown ones).
-fn resolve_version(inner: &Inner, account: &AccountId, version: &str) -> Result<String, Problem> {
+/// `account` may use (the others are not found, as unknown ones); and the
+/// LoRA adapter of `owner/name:ADAPTER` (`BASE:ADAPTER`, an adapter named as
+/// a version of its base, as Replicate's hotswap versions are), whose
+/// existence the executor checks when the prediction is created.
+fn resolve_version(
+    inner: &Inner,
+    account: &AccountId,
+    version: &str,
+) -> Result<(String, Option<String>), Problem> {
     let unknown = || Problem::not_found(format!("version `{version}` does not exist"));
     let visible = |key: &str| inner.models.get(key).filter(|m| m.allows(account));
     match version.split_once(':') {
         Some((model, id)) => {
             let m = visible(model).ok_or_else(unknown)?;
-            (m.version == id).then(|| m.key.clone()).ok_or_else(unknown)
+            match m.version == id {
+                true => Ok((m.key.clone(), None)),
+                false if id.parse::<hangar_core::AdapterName>().is_ok() => {
+                    Ok((m.key.clone(), Some(id.to_owned())))
+                }
+                false => Err(unknown()),
+            }
         }
-        None if version.contains('/') => visible(version).map(|m| m.key.clone()).ok_or_else(unknown),
+        None if version.contains('/') => visible(version).map(|m| (m.key.clone(), None)).ok_or_else(unknown),
         None => inner
             .models
             .values()
             .find(|m| m.version == version && m.allows(account))
-            .map(|m| m.key.clone())
+            .map(|m| (m.key.clone(), None))
             .ok_or_else(unknown),
     }
 }
@@ -387,8 +421,15 @@ async fn create(
         // the trainer's to judge.
         JobKind::Prediction => {
             if model.input == InputRules::Llm {
-                LlmInput::parse(&input)
+                let parsed = LlmInput::parse(&input)
                     .map_err(|e| Problem::invalid(&format!("input.{}", e.field), &e.message))?;
+                if let Some(adapter) = &parsed.lora {
+                    inner.executor().check_adapter(&model.key, adapter, account).await.map_err(|e| {
+                        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+                        let title = if status == StatusCode::NOT_FOUND { "Not found" } else { "Bad request" };
+                        Problem::new(status, title, e.message)
+                    })?;
+                }
             }
             None
         }

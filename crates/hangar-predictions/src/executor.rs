@@ -93,6 +93,20 @@ pub enum ExecError {
 /// The boxed future an executor returns.
 pub type ExecFuture = Pin<Box<dyn Future<Output = Result<Value, ExecError>> + Send>>;
 
+/// Why a prediction's LoRA adapter is refused when it is created: the HTTP
+/// status and a message naming adapter and model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AdapterRefused {
+    /// 400, or 404 for an adapter that does not exist for the account.
+    pub status: u16,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// The boxed future of [`Executor::check_adapter`].
+pub type AdapterCheck = Pin<Box<dyn Future<Output = Result<(), AdapterRefused>> + Send>>;
+
 /// Runs jobs. Implementations must report [`ExecEvent::Started`] before
 /// any output, and should stop promptly (returning
 /// [`ExecError::Canceled`]) once `cancel` fires; the caller stops polling
@@ -112,5 +126,16 @@ pub trait Executor: Send + Sync + 'static {
     /// queue, are not told.
     fn ended(&self, record: &Record, code: Option<ErrorCode>) {
         let _ = (record, code);
+    }
+
+    /// Whether `account` may run `model` with the LoRA adapter `adapter`
+    /// (its input's `lora`, or the adapter a `BASE:ADAPTER` version
+    /// names): asked when the prediction is created, so a refused adapter
+    /// never queues. By default no model serves adapters.
+    fn check_adapter(&self, model: &str, adapter: &str, account: &AccountId) -> AdapterCheck {
+        let message =
+            format!("the model `{model}` serves no LoRA adapters, so it cannot run adapter `{adapter}`");
+        let _ = account;
+        Box::pin(async move { Err(AdapterRefused { status: 400, message }) })
     }
 }

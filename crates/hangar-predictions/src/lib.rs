@@ -26,7 +26,7 @@ pub mod webhook_policy;
 pub mod webhook_target;
 
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
-pub use executor::{ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
+pub use executor::{AdapterCheck, AdapterRefused, ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
 pub use service::{Capacity, InputRules, Model, Service, ServiceError};
 
 /// The version id of a model described by `description` (e.g. its

@@ -29,6 +29,8 @@ pub struct LlmInput {
     pub top_p: Option<f64>,
     /// Stop sequences (a string or a list).
     pub stop: Vec<String>,
+    /// The LoRA adapter of the model to run with (Workers AI's `lora`).
+    pub lora: Option<String>,
 }
 
 fn invalid(field: &str, message: &str) -> InvalidField {
@@ -40,8 +42,16 @@ impl LlmInput {
     /// does not silently change nothing).
     pub fn parse(input: &Value) -> Result<LlmInput, InvalidField> {
         let Value::Object(map) = input else { return Err(invalid("", "input must be an object")) };
-        const KNOWN: [&str; 7] =
-            ["prompt", "system_prompt", "max_tokens", "max_new_tokens", "temperature", "top_p", "stop"];
+        const KNOWN: [&str; 8] = [
+            "prompt",
+            "system_prompt",
+            "max_tokens",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "stop",
+            "lora",
+        ];
         if let Some(k) = map.keys().find(|k| !KNOWN.contains(&k.as_str())) {
             return Err(invalid(k, &format!("unknown field; this model takes {}", KNOWN.join(", "))));
         }
@@ -95,6 +105,7 @@ impl LlmInput {
             temperature: number("temperature", 0.0, 2.0)?,
             top_p: number("top_p", 0.0, 1.0)?,
             stop,
+            lora: string("lora")?,
         })
     }
 

@@ -126,6 +126,13 @@ pub(crate) struct LiveState {
     pub logs: String,
 }
 
+impl Inner {
+    /// What runs predictions (and checks their adapters).
+    pub(crate) fn executor(&self) -> &dyn Executor {
+        &*self.executor
+    }
+}
+
 pub(crate) struct Inner {
     /// The store, watched: every call's outcome tells `watched` whether
     /// it answers.

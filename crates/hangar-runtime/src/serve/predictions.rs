@@ -25,12 +25,13 @@ use std::time::{Duration, Instant};
 
 use axum::http::header;
 use futures::StreamExt;
-use hangar_core::{AccountId, BlockHash, ErrorCode, Millis, Progress, ReplicaId};
+use hangar_core::{AccountId, Adapter, AdapterName, BlockHash, ErrorCode, Millis, Progress, ReplicaId};
 use hangar_predictions::llm::LlmInput;
 use hangar_predictions::record::{JobKind, Record};
 use hangar_predictions::store::Backend;
 use hangar_predictions::{
-    ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError, Sink,
+    AdapterRefused, ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError,
+    Sink,
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -50,6 +51,17 @@ struct ServeExecutor {
 }
 
 impl Executor for ServeExecutor {
+    fn check_adapter(
+        &self,
+        model: &str,
+        adapter: &str,
+        account: &AccountId,
+    ) -> hangar_predictions::AdapterCheck {
+        let inner = self.inner.clone();
+        let (model, adapter, account) = (model.to_owned(), adapter.to_owned(), account.clone());
+        Box::pin(async move { run_adapter(&inner, &model, &adapter, &account).await.map(drop) })
+    }
+
     fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> hangar_predictions::ExecFuture {
         let inner = self.inner.clone();
         let runs = inner.events.enabled().then(|| self.runs.clone());
@@ -193,13 +205,19 @@ async fn complete(inner: &Arc<Inner>, run: &Run<'_>, sink: Sink) -> Result<Value
 async fn admit(
     rt: &Arc<ModelRuntime>,
     account: &AccountId,
-    prompt: Option<(&[BlockHash], u32)>,
-    avoid: Option<ReplicaId>,
+    asked: Asked<'_>,
     sink: &Sink,
 ) -> Result<Lease, ExecError> {
     let tell = |position: NonZeroU32| sink.log(Progress::Queued { position: position.get() }.to_string());
-    let wait =
-        Wait { patience: Patience::Patient, prompt, avoid, on_position: Some(&tell), ..Wait::default() };
+    let Asked { prompt, avoid, adapter } = asked;
+    let wait = Wait {
+        patience: Patience::Patient,
+        prompt,
+        avoid,
+        on_position: Some(&tell),
+        adapter,
+        ..Wait::default()
+    };
     loop {
         match rt.processor.admit_with(account.clone(), wait).await {
             Ok(lease) => return Ok(lease),
@@ -214,6 +232,17 @@ async fn admit(
     }
 }
 
+/// What a prediction asks of its model's processor besides a permit.
+#[derive(Default, Clone, Copy)]
+struct Asked<'a> {
+    /// Its prompt's blocks and tokens, for the `kv` router.
+    prompt: Option<(&'a [BlockHash], u32)>,
+    /// A replica that just refused it for want of capacity.
+    avoid: Option<ReplicaId>,
+    /// Its LoRA adapter and the estimate of loading it, ms.
+    adapter: Option<(&'a Adapter, f64)>,
+}
+
 /// Runs a prediction on one of the model's cog servers.
 async fn predict_on_cog(
     inner: &Arc<Inner>,
@@ -221,7 +250,7 @@ async fn predict_on_cog(
     run: &Run<'_>,
     sink: &Sink,
 ) -> Result<Value, ExecError> {
-    let lease = admit(rt, &run.job.account, None, None, sink).await?;
+    let lease = admit(rt, &run.job.account, Asked::default(), sink).await?;
     sink.started();
     let (base, node) =
         rt.replica_route(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
@@ -280,6 +309,21 @@ async fn run_on_cog(
     })
 }
 
+/// The adapter `adapter` of `model` for `account`, with its load estimate,
+/// or why a prediction may not run with it (the gateway's own refusals).
+async fn run_adapter(
+    inner: &Inner,
+    model: &str,
+    adapter: &str,
+    account: &AccountId,
+) -> Result<(Adapter, f64), AdapterRefused> {
+    let refused = |status: u16, message: String| AdapterRefused { status, message };
+    let rt =
+        inner.models.get(model).ok_or_else(|| refused(404, format!("the model `{model}` does not exist")))?;
+    let name = adapter.parse::<AdapterName>().map_err(|e| refused(400, format!("input.lora: {e}")))?;
+    rt.adapter(inner.adapters.as_ref(), name, account).await.map_err(|e| refused(e.status(), e.to_string()))
+}
+
 /// Streams a completion from one of the model's OpenAI-style engines.
 async fn complete_on_llm(
     inner: &Arc<Inner>,
@@ -289,13 +333,26 @@ async fn complete_on_llm(
 ) -> Result<Value, ExecError> {
     let job = run.job;
     let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
-    let body = serde_json::to_vec(&input.completion_body(rt.config.key.as_str())).expect("JSON serializes");
+    // Checked when it was created; looked up again, since it may have been
+    // removed from the store while the prediction waited.
+    let adapter = match &input.lora {
+        Some(name) => Some(
+            run_adapter(inner, &job.model, name, &job.account)
+                .await
+                .map_err(|e| ExecError::Failed(e.message))?,
+        ),
+        None => None,
+    };
+    // An engine serves an adapter loaded at run time under its name.
+    let served = adapter.as_ref().map_or(rt.config.key.as_str(), |(a, _)| a.id.name().as_str());
+    let body = serde_json::to_vec(&input.completion_body(served)).expect("JSON serializes");
     let prompt = rt.prompt_blocks(&body);
     let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
+    let adapter = adapter.as_ref().map(|(a, load_ms)| (a, *load_ms));
     // A replica out of capacity hands the prediction to another, once.
     let mut avoid = None;
     let (response, lease) = loop {
-        let lease = admit(rt, &job.account, prompt, avoid, sink).await?;
+        let lease = admit(rt, &job.account, Asked { prompt, avoid, adapter }, sink).await?;
         if avoid.is_none() {
             sink.started();
         }
