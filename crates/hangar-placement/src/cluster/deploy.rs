@@ -1300,6 +1300,13 @@ mod tests {
             let expected = fewest_hot(nodes.clone(), |&ni| ni, &hot_on);
             prop_assert_eq!(fewest_hot_nodes(nodes, &hot_on), expected);
         }
+    }
+
+    proptest! {
+        // A best set outside the tier met before a node whose hotswap
+        // replicas alone make room is a few cases in a thousand: enough
+        // cases that the scan's look past its byte bound is always tried.
+        #![proptest_config(ProptestConfig::with_cases(4096))]
 
         /// The best-first scan with bounds finds what scanning every node
         /// without bounds finds: among the free nodes if there are any, else
