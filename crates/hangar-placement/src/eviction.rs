@@ -328,7 +328,10 @@ mod tests {
         ];
         let costs = [160, 50, 50];
         let (chosen, evicted, cost) = min_clear(&gpus, &costs, 2, None).unwrap();
-        assert_eq!((chosen, evicted, cost), (vec![0, 1], vec![0], EvictionCost { non_hotswap: false, bytes: 160, count: 1 }));
+        assert_eq!(
+            (chosen, evicted, cost),
+            (vec![0, 1], vec![0], EvictionCost { non_hotswap: false, bytes: 160, count: 1 })
+        );
         let (chosen, evicted, _) = min_clear(&gpus, &costs, 1, None).unwrap();
         assert_eq!((chosen, evicted), (vec![2], vec![1, 2]));
         assert_eq!(min_clear(&gpus, &costs, 4, None), None);

@@ -232,7 +232,11 @@ fn check(w: &World, before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), T
         let i: usize = d.model_key.as_str()[1..].parse().expect("models are m0, m1, …");
         let wanted = (w.models[i] + adapter_gb(w, i).unwrap_or(0)) * GB;
         let held: u64 = d.gpu_bytes_by_gpu.values().sum();
-        prop_assert!(held >= wanted, "{} holds {held} bytes on its GPUs, less than its weights and adapters ({wanted})", d.name());
+        prop_assert!(
+            held >= wanted,
+            "{} holds {held} bytes on its GPUs, less than its weights and adapters ({wanted})",
+            d.name()
+        );
     }
 
     // delta(old, new) applied to old = new.
@@ -328,7 +332,8 @@ fn check_tier(
         for e in &out.evictions {
             let EvictionCause::Pressure { model_key: asker, .. } = &e.cause else { continue };
             let victim = old.deployments().get(&e.replica_id);
-            let victim = victim.ok_or_else(|| TestCaseError::fail(format!("{} evicted but was not there", e.replica_id)))?;
+            let victim = victim
+                .ok_or_else(|| TestCaseError::fail(format!("{} evicted but was not there", e.replica_id)))?;
             let dedicated = out.models.iter().any(|m| &m.model_key == asker && m.dedicated);
             let age = now.saturating_sub(victim.deployed_at_ms);
             let allowed = match (in_tier(asker), in_tier(&victim.model_key)) {
@@ -364,7 +369,12 @@ fn check_tier(
         let mut then = before.clone();
         let replay = then.deploy(&prefix, now, &mut rng_before.clone());
         let again = replay.models.iter().find(|m| m.model_key == failed.model_key);
-        prop_assert_eq!(again, Some(failed), "replaying the batch up to {} did not fail alike", failed.model_key);
+        prop_assert_eq!(
+            again,
+            Some(failed),
+            "replaying the batch up to {} did not fail alike",
+            failed.model_key
+        );
         let kept: BTreeSet<&hangar_core::ModelKey> = prefix.iter().map(|r| &r.model_key).collect();
         let size = then.model_size(&failed.model_key).expect("in the catalogue");
         let requires = then.requirement(&failed.model_key);
@@ -758,7 +768,8 @@ fn the_hotswap_tier_decides_something_on_busy_fleets() {
         }
         Ok(yielded)
     });
-    let (swap_for_swap, swaps, examined) = (swap_for_swap.into_inner(), swaps.into_inner(), examined.into_inner());
+    let (swap_for_swap, swaps, examined) =
+        (swap_for_swap.into_inner(), swaps.into_inner(), examined.into_inner());
     eprintln!("young hotswap replicas yielded: {yielded}, swaps for swaps: {swap_for_swap}, swaps: {swaps}, failed deploys weighed: {examined}");
     // Over 512 worlds each count runs in the tens to about a hundred
     // (26 to 130 over several runs); the floors are a quarter of the least.

@@ -1231,7 +1231,8 @@ mod tests {
             assert_eq!(out.models[0].replicas[0].node.as_ref().map(NodeId::as_str), Some("n1"));
         }
         let candidates = c.candidates(&key("held"), false, 2 * HOUR);
-        let costs: Vec<_> = candidates.iter().map(|c| (c.eviction_cost.non_hotswap, c.eviction_cost.bytes / GB)).collect();
+        let costs: Vec<_> =
+            candidates.iter().map(|c| (c.eviction_cost.non_hotswap, c.eviction_cost.bytes / GB)).collect();
         assert_eq!(costs, [(true, 30), (false, 60)]);
     }
 
@@ -1253,7 +1254,10 @@ mod tests {
         let before = c.snapshot();
         let (after, out) = one_of(&c, "swap", false, HOUR + 1);
         let r = &out.models[0].replicas[0];
-        assert_eq!((r.level, r.replica_id, r.swap), (CandidateLevel::CachedAndFree, Some(ReplicaId::from_u128(1)), true));
+        assert_eq!(
+            (r.level, r.replica_id, r.swap),
+            (CandidateLevel::CachedAndFree, Some(ReplicaId::from_u128(1)), true)
+        );
         assert_eq!(out.swaps(), 1);
         let delta = crate::DeploymentDelta::between(&before, &after.snapshot()).unwrap();
         let actions: Vec<_> = delta.steps().map(|s| (s.action, s.deployment.replica_id)).collect();
