@@ -33,8 +33,21 @@ pub struct PlacementConfig {
     /// it is free. Default 0.3.
     pub min_available_gpu_fraction: f64,
     /// A non-dedicated request may not evict a deployment younger than this
-    /// (milliseconds). Default one hour. Dedicated requests may.
+    /// (milliseconds). Default one hour. Dedicated requests may. It guards
+    /// the models that hold their own replicas from one another; a hotswap
+    /// model's replica ([`ModelSpec::hotswap`]) has no such guard against
+    /// them: it yields at once.
     pub min_deployment_age_ms: Millis,
+    /// A non-dedicated request for a hotswap model's replica may not evict
+    /// another hotswap model's replica younger than this (milliseconds).
+    /// Default one minute. Short, because a swap is cheap (the evicted
+    /// replica goes WARM and wakes in seconds): an hour-long guard would
+    /// starve a second hotswap model with waiting requests the way
+    /// `min_deployment_age_ms` does. Not zero, because two hotswap models
+    /// wanting the one GPU would then take it from each other on every
+    /// placement, each paying a wake per request; a minute lets a swapped-in
+    /// model serve its queue first.
+    pub hotswap_min_age_ms: Millis,
 }
 
 impl Default for PlacementConfig {
@@ -44,6 +57,7 @@ impl Default for PlacementConfig {
             fraction_largest_possible: 0.8,
             min_available_gpu_fraction: 0.3,
             min_deployment_age_ms: 3_600_000,
+            hotswap_min_age_ms: 60_000,
         }
     }
 }

@@ -31,9 +31,25 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What an eviction set costs, compared bytes first, then count.
+/// What an eviction set costs, compared (by the derived order, field by
+/// field) whether it takes a non-hotswap replica first, then bytes, then
+/// count.
+///
+/// The leading flag is how the hotswap tier stands behind the models that
+/// hold their own replicas: a set of hotswap replicas alone beats any set
+/// that takes a non-hotswap one, whatever their bytes. It is a flag, not a
+/// count of such victims: in a fleet without hotswap models every set that
+/// evicts anything has it set, so the order among them is bytes then count
+/// exactly as before the tier existed, where a leading count would have put
+/// the fewest evictions before the fewest bytes. The searches below ignore
+/// it (they run over one tier's candidates at a time); the placement code
+/// searches the hotswap victims alone first and sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash, Serialize, Deserialize)]
 pub struct EvictionCost {
+    /// Whether the set evicts a replica of a model outside the hotswap tier
+    /// (false for the empty set and for sets of hotswap replicas alone).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub non_hotswap: bool,
     /// GPU bytes the evicted deployments held.
     pub bytes: u64,
     /// How many deployments are evicted.
@@ -42,7 +58,7 @@ pub struct EvictionCost {
 
 impl EvictionCost {
     fn plus(self, bytes: u64, count: u32) -> Self {
-        Self { bytes: self.bytes + bytes, count: self.count + count }
+        Self { bytes: self.bytes + bytes, count: self.count + count, ..self }
     }
 }
 
@@ -261,14 +277,14 @@ mod tests {
         // The reference's greedy smallest-first would evict 10 + 25.
         let (set, cost) = min_cover(&items(&[10, 25, 30]), 30, None).unwrap();
         assert_eq!(set, vec![2]);
-        assert_eq!(cost, EvictionCost { bytes: 30, count: 1 });
+        assert_eq!(cost, EvictionCost { non_hotswap: false, bytes: 30, count: 1 });
     }
 
     #[test]
     fn least_bytes_wins_then_fewest_evictions() {
         // 20 + 20 = 40 frees exactly; 45 alone wastes more bytes.
         let (set, cost) = min_cover(&items(&[20, 20, 45]), 40, None).unwrap();
-        assert_eq!((set, cost), (vec![0, 1], EvictionCost { bytes: 40, count: 2 }));
+        assert_eq!((set, cost), (vec![0, 1], EvictionCost { non_hotswap: false, bytes: 40, count: 2 }));
         // 10 + 30 and 40 both cost 40: one eviction beats two.
         let (set, _) = min_cover(&items(&[10, 30, 40]), 35, None).unwrap();
         assert_eq!(set, vec![2]);
@@ -286,10 +302,10 @@ mod tests {
     #[test]
     fn impossible_and_over_limit_give_none() {
         assert_eq!(min_cover(&items(&[10, 10]), 25, None), None);
-        let limit = Some(EvictionCost { bytes: 29, count: 9 });
+        let limit = Some(EvictionCost { non_hotswap: false, bytes: 29, count: 9 });
         assert_eq!(min_cover(&items(&[30]), 30, limit), None);
         // A tie with the limit is kept, so other nodes' equal sets can be drawn.
-        let limit = Some(EvictionCost { bytes: 30, count: 1 });
+        let limit = Some(EvictionCost { non_hotswap: false, bytes: 30, count: 1 });
         assert!(min_cover(&items(&[30]), 30, limit).is_some());
         assert_eq!(min_cover(&items(&[5]), 0, None), Some((vec![], EvictionCost::default())));
     }
@@ -312,7 +328,10 @@ mod tests {
         ];
         let costs = [160, 50, 50];
         let (chosen, evicted, cost) = min_clear(&gpus, &costs, 2, None).unwrap();
-        assert_eq!((chosen, evicted, cost), (vec![0, 1], vec![0], EvictionCost { bytes: 160, count: 1 }));
+        assert_eq!(
+            (chosen, evicted, cost),
+            (vec![0, 1], vec![0], EvictionCost { non_hotswap: false, bytes: 160, count: 1 })
+        );
         let (chosen, evicted, _) = min_clear(&gpus, &costs, 1, None).unwrap();
         assert_eq!((chosen, evicted), (vec![2], vec![1, 2]));
         assert_eq!(min_clear(&gpus, &costs, 4, None), None);
@@ -324,7 +343,7 @@ mod tests {
                 let chosen = (0..items.len()).filter(|i| mask & (1 << i) != 0);
                 let (b, c, n) =
                     chosen.fold((0, 0, 0), |(b, c, n), i| (b + items[i].benefit, c + items[i].cost, n + 1));
-                (b >= need).then_some(EvictionCost { bytes: c, count: n })
+                (b >= need).then_some(EvictionCost { non_hotswap: false, bytes: c, count: n })
             })
             .min()
     }
@@ -342,7 +361,7 @@ mod tests {
                 let b: u64 = set.iter().map(|&i| items[i].benefit).sum();
                 let c: u64 = set.iter().map(|&i| items[i].cost).sum();
                 prop_assert!(b >= need);
-                prop_assert_eq!(EvictionCost { bytes: c, count: set.len() as u32 }, cost);
+                prop_assert_eq!(EvictionCost { non_hotswap: false, bytes: c, count: set.len() as u32 }, cost);
             }
         }
 
@@ -365,7 +384,7 @@ mod tests {
                         .flat_map(|i| gpus[i].tenants.clone()).collect();
                     ev.sort_unstable();
                     ev.dedup();
-                    EvictionCost { bytes: ev.iter().map(|&t| costs[t]).sum(), count: ev.len() as u32 }
+                    EvictionCost { non_hotswap: false, bytes: ev.iter().map(|&t| costs[t]).sum(), count: ev.len() as u32 }
                 })
                 .min();
             prop_assert_eq!(min_clear(&gpus, &costs, k, None).map(|r| r.2), brute);

@@ -22,6 +22,13 @@
 //!   cheaper eviction set).
 //! * [`Cluster::set_sleeps`] says whether a model's engine can sleep; one
 //!   that cannot is demoted straight to COLD, taking no warm-cache room.
+//! * The *hotswap tier* ([`ModelSpec::hotswap`]): its replicas share the
+//!   GPUs the other models leave. Any other model's replica evicts one at
+//!   any age; a hotswap replica evicts only other hotswap replicas, at
+//!   least [`PlacementConfig::hotswap_min_age_ms`] old; a set of hotswap
+//!   victims alone is preferred ([`EvictionCost::non_hotswap`]); their warm
+//!   copies are the last a cache drops, and a hotswap replica woken from one
+//!   is reported as a swap ([`ReplicaOutcome::swap`]).
 //! * [`Cluster::add_node`] / [`Cluster::remove_node`] change the fleet while
 //!   it runs: a node agent joins, or is lost with every replica it held.
 //! * [`Cluster::apply_schedule`] turns a [`Schedule`] of dedicated windows

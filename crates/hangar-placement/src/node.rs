@@ -242,11 +242,23 @@ impl Node {
         Some(dep)
     }
 
-    /// Warm entries that would be dropped, smallest first, so that `size`
-    /// more bytes fit in the cache; `None` if even dropping every droppable
-    /// entry would not make room (then nothing is dropped and the newcomer
-    /// goes cold). Dedicated entries are never dropped.
-    pub(crate) fn cache_room_for(&self, size: u64) -> Option<Vec<(ModelKey, ReplicaId)>> {
+    /// Warm entries that would be dropped so that `size` more bytes fit in
+    /// the cache: those of models outside the hotswap tier (`hotswap` says
+    /// which are in it) first, then the hotswap ones, each smallest first;
+    /// `None` if even dropping every droppable entry would not make room
+    /// (then nothing is dropped and the newcomer goes cold). Dedicated
+    /// entries are never dropped.
+    ///
+    /// Hotswap copies go last because the tier lives on them: a hotswap
+    /// model holds no GPUs of its own, so each time demand swaps it back in
+    /// it is either woken from this cache in seconds or loaded cold in
+    /// minutes, while a model that holds its own replicas is evicted rarely
+    /// and comes back rarely.
+    pub(crate) fn cache_room_for(
+        &self,
+        size: u64,
+        hotswap: impl Fn(&ModelKey) -> bool,
+    ) -> Option<Vec<(ModelKey, ReplicaId)>> {
         if size > self.cache_budget {
             return None;
         }
@@ -256,7 +268,7 @@ impl Node {
         }
         let mut shortfall = size - free;
         let mut entries: Vec<&Deployment> = self.warm_deployments().filter(|d| !d.dedicated).collect();
-        entries.sort_by_key(|d| (d.size_bytes, d.replica_id));
+        entries.sort_by_key(|d| (hotswap(&d.model_key), d.size_bytes, d.replica_id));
         let mut drop = Vec::new();
         for d in entries {
             drop.push((d.model_key.clone(), d.replica_id));

@@ -62,6 +62,12 @@ pub enum Unplaceable {
     /// (for non-dedicated requests), replicas of the same model, or replicas
     /// the same call placed or counted as deployed.
     NoRoom,
+    /// [`Unplaceable::NoRoom`] for a hotswap model: nodes are big enough,
+    /// but the room is held by what the tier may not evict — replicas of
+    /// models outside it (the tier stands behind them), hotswap replicas
+    /// younger than `hotswap_min_age_ms` (for non-dedicated requests), and
+    /// the rest `NoRoom` lists.
+    NoSwapRoom,
 }
 
 impl fmt::Display for Unplaceable {
@@ -79,6 +85,10 @@ impl fmt::Display for Unplaceable {
             Unplaceable::NoRoom => {
                 f.write_str("no room, and what holds it may not be evicted (dedicated or too young)")
             }
+            Unplaceable::NoSwapRoom => f.write_str(
+                "no room the hotswap tier may take: the rest is held by models outside the tier, \
+                 dedicated replicas or hotswap replicas too young to swap out",
+            ),
         }
     }
 }
@@ -103,6 +113,13 @@ pub struct ReplicaOutcome {
     /// Why it could not be placed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<Unplaceable>,
+    /// The start is a *swap*: a hotswap model's replica
+    /// ([`ModelSpec::hotswap`](crate::ModelSpec::hotswap)) woken from the
+    /// node's warm cache (`CachedAndFree` / `CachedAndFull`: a `from_cache`
+    /// step, seconds), not loaded cold. A driver counts them apart from
+    /// cold starts ([`DeployOutcome::swaps`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub swap: bool,
 }
 
 /// The result for one requested model.
@@ -195,4 +212,13 @@ pub struct DeployOutcome {
     /// Whether the cluster state changed (a placement, an eviction or a
     /// dedicated flag); if not, there is no delta to apply.
     pub changed: bool,
+}
+
+impl DeployOutcome {
+    /// How many of the replicas placed are swaps
+    /// ([`ReplicaOutcome::swap`]): hotswap replicas woken from a warm
+    /// cache rather than loaded.
+    pub fn swaps(&self) -> usize {
+        self.models.iter().flat_map(|m| &m.replicas).filter(|r| r.swap).count()
+    }
 }

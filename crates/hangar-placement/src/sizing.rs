@@ -161,6 +161,18 @@ pub struct ModelSpec {
     /// the footprint, so adapters never over-commit a GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter_memory: Option<ByteSize>,
+    /// The model is in the *hotswap tier* (default false): it holds no
+    /// GPUs of its own but shares the room the other models leave, swapped
+    /// in and out by demand behind them. Any other model's replica may
+    /// evict one of its replicas whatever its age; its own replicas evict
+    /// only other hotswap replicas, and only those at least
+    /// [`PlacementConfig::hotswap_min_age_ms`] old; evicted, its replicas
+    /// are the last a warm cache drops, so swapping one back in is a wake
+    /// from CPU memory, not a load (docs/placement.md, "The hotswap tier").
+    ///
+    /// [`PlacementConfig::hotswap_min_age_ms`]: crate::PlacementConfig::hotswap_min_age_ms
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hotswap: bool,
 }
 
 /// The hardware a model requires of a node ([`ModelSpec::gpu_kind`],

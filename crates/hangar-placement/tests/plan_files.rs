@@ -236,3 +236,81 @@ fn a_scenario_says_where_weights_are_resident_and_the_plan_goes_there() {
     assert_eq!(e.path.to_string(), "residency.nodes.c", "{e}");
     assert!(e.to_string().contains("line"), "{e}");
 }
+
+/// The hotswap tier from a scenario file, as `hangar plan` reads one: a
+/// model outside the tier takes a GPU from a hotswap replica deployed a
+/// second ago (without the tier it would wait out the hour), and a hotswap
+/// model swaps in from the warm cache in place of another hotswap replica
+/// past `hotswap_min_age_ms`, which the report notes as a swap.
+#[test]
+fn a_scenario_plans_the_hotswap_tier() {
+    const HOTSWAP: &str = r#"
+        seed = 1
+        now_ms = 10_000_000
+
+        [placement]
+        hotswap_min_age_ms = 60_000
+
+        [[nodes]]
+        id = "a"
+        gpus = 2
+        gpu_memory = "80GB"
+        cpu_cache = "100GB"
+
+        [models."acme/chat"]
+        size = "30GB"               # a whole GPU
+        [models."lora/a"]
+        size = "10GB"               # a 30 GB share
+        hotswap = true
+        [models."lora/b"]
+        size = "30GB"
+        hotswap = true
+        [models."lora/c"]
+        size = "30GB"
+        hotswap = true
+
+        [[deployments]]             # a second old: evicted all the same
+        model = "lora/a"
+        node = "a"
+        gpus = [0]
+        deployed_at_ms = 9_999_000
+        [[deployments]]             # two minutes old: a hotswap model may take it
+        model = "lora/c"
+        node = "a"
+        gpus = [1]
+        deployed_at_ms = 9_880_000
+        [[deployments]]
+        model = "lora/b"
+        node = "a"
+        level = "warm"
+
+        [[requests]]
+        model = "acme/chat"
+        [[requests]]
+        model = "lora/b"
+    "#;
+    let report = plan(HOTSWAP, Format::Toml).unwrap();
+    let placed: Vec<(String, CandidateLevel, bool)> = report
+        .deploy
+        .models
+        .iter()
+        .flat_map(|m| m.replicas.iter().map(move |r| (m.model_key.to_string(), r.level, r.swap)))
+        .collect();
+    assert_eq!(
+        placed,
+        [
+            ("acme/chat".into(), CandidateLevel::Full, false),
+            ("lora/b".into(), CandidateLevel::CachedAndFull, true)
+        ]
+    );
+    assert_eq!(report.deploy.swaps(), 1);
+    let evicted: Vec<(String, Level)> =
+        report.all_evictions().map(|e| (e.model_key.to_string(), e.to)).collect();
+    assert_eq!(evicted, [("lora/a".into(), Level::Warm), ("lora/c".into(), Level::Warm)]);
+    let table = report.render_table();
+    assert!(table.lines().any(|l| l.contains("lora/b") && l.contains("swap")), "{table}");
+    // A scenario written back out keeps the tier.
+    let scenario = Scenario::parse(HOTSWAP, Format::Toml).unwrap();
+    let json = serde_json::to_string(&scenario).unwrap();
+    assert!(json.contains(r#""hotswap":true"#) && json.contains(r#""hotswap_min_age_ms":60000"#), "{json}");
+}

@@ -9,7 +9,7 @@ use common::*;
 use hangar_core::ReplicaId;
 use hangar_placement::{
     CandidateLevel, Cluster, ClusterConfig, DeployOutcome, DeploymentDelta, Eviction, EvictionCause, Level,
-    ModelSpec, NodeConfig, ReplicaRequest, Schedule, Snapshot, Window,
+    ModelSpec, NodeConfig, PlacementConfig, ReplicaRequest, Schedule, Shape, Snapshot, Window,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -98,13 +98,31 @@ fn config_of(w: &World) -> ClusterConfig {
                 let spec = ModelSpec {
                     size: Some(hangar_core::ByteSize::new(gb * GB)),
                     adapter_memory: adapter_gb(w, i).map(|a| hangar_core::ByteSize::new(a * GB)),
+                    hotswap: hotswap(w, i),
                     ..Default::default()
                 };
                 (model_key(i), spec)
             })
             .collect(),
-        ..Default::default()
+        placement: PlacementConfig { hotswap_min_age_ms: hotswap_min_age_ms(w), ..Default::default() },
     }
+}
+
+/// Whether model `i` is in the hotswap tier: one model in three, drawn
+/// from the world's seed (bits the adapter memory does not use).
+fn hotswap(w: &World, i: usize) -> bool {
+    (w.seed >> (32 + 2 * i)) % 3 == 0
+}
+
+/// The world's `hotswap_min_age_ms`, drawn from its seed: none, the
+/// default, or exactly the age of a replica one single-hour `Advance` old
+/// (an advance moves the clock by whole hours and 1 ms), or two.
+fn hotswap_min_age_ms(w: &World) -> u64 {
+    [0, 60_000, HOUR + 1, 2 * HOUR + 2][(w.seed >> 60) as usize % 4]
+}
+
+fn model_index(m: &hangar_core::ModelKey) -> usize {
+    m.as_str()[1..].parse().expect("models are m0, m1, …")
 }
 
 /// The GPU memory model `i`'s replicas set aside for LoRA adapters, in
@@ -137,10 +155,14 @@ struct Step {
     /// Models whose dedicated replicas may lose protection in this step
     /// (they left the schedule).
     released: BTreeSet<hangar_core::ModelKey>,
+    /// How many nodes [`check_tier`]'s (b) examined that held a hotswap
+    /// replica the failed deploy could have taken (so the check weighed
+    /// something).
+    tier_examined: usize,
 }
 
 fn apply(c: &mut Cluster, op: &Op, now: &mut u64, rng: &mut ChaCha8Rng) -> Step {
-    let mut step = Step { evictions: vec![], deploys: vec![], released: BTreeSet::new() };
+    let mut step = Step { evictions: vec![], deploys: vec![], released: BTreeSet::new(), tier_examined: 0 };
     match op {
         Op::Deploy(reqs) => {
             let reqs: Vec<ReplicaRequest> = reqs
@@ -181,6 +203,21 @@ fn apply(c: &mut Cluster, op: &Op, now: &mut u64, rng: &mut ChaCha8Rng) -> Step 
         Op::Advance(hours) => *now += hours * HOUR + 1,
     }
     step
+}
+
+/// Applies `op` to `c` and holds the result to every property ([`check`]).
+fn step_checked(
+    w: &World,
+    c: &mut Cluster,
+    op: &Op,
+    now: &mut u64,
+    rng: &mut ChaCha8Rng,
+) -> Result<Step, TestCaseError> {
+    let (before, rng_before, at) = (c.clone(), rng.clone(), *now);
+    let mut step = apply(c, op, now, rng);
+    check(w, &before.snapshot(), c, &step)?;
+    step.tier_examined = check_tier(w, &before, &rng_before, at, op, c, &step)?;
+    Ok(step)
 }
 
 fn check(w: &World, before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), TestCaseError> {
@@ -260,6 +297,125 @@ fn check(w: &World, before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), T
     Ok(())
 }
 
+/// The hotswap tier's rules, after `op` took `before` (with `rng_before`,
+/// at `now`) to `after`:
+///
+/// * (a) no hotswap ask evicted a replica outside the tier; every pressure
+///   eviction follows the tier's table: a hotswap ask evicts a hotswap
+///   replica at least `hotswap_min_age_ms` old unless the ask is
+///   dedicated, an ask outside the tier evicts a replica outside it at
+///   least `min_deployment_age_ms` old unless dedicated, and evicts a
+///   hotswap one at any age;
+/// * (b) a non-dedicated deploy of a model outside the tier never leaves a
+///   replica unplaced when evicting every hotswap replica it may evict
+///   (every one not dedicated and not kept by the same call) on some node
+///   that admits the model would have made room. The state the replica
+///   failed in is rebuilt by deploying, from `before` and `rng_before`,
+///   the batch's models up to that one in `deploy`'s order (largest first,
+///   then key): the same draws, so the same outcome, which is checked too.
+///
+/// Dedicated replicas are never evicted by pressure ([`check`]). Returns
+/// how many nodes (b) examined that held a hotswap replica it could take.
+fn check_tier(
+    w: &World,
+    before: &Cluster,
+    rng_before: &ChaCha8Rng,
+    now: u64,
+    op: &Op,
+    after: &Cluster,
+    step: &Step,
+) -> Result<usize, TestCaseError> {
+    let old = before.snapshot();
+    let config = after.config();
+    let in_tier = |m: &hangar_core::ModelKey| hotswap(w, model_index(m));
+    for out in &step.deploys {
+        for e in &out.evictions {
+            let EvictionCause::Pressure { model_key: asker, .. } = &e.cause else { continue };
+            let victim = old.deployments().get(&e.replica_id);
+            let victim = victim
+                .ok_or_else(|| TestCaseError::fail(format!("{} evicted but was not there", e.replica_id)))?;
+            let dedicated = out.models.iter().any(|m| &m.model_key == asker && m.dedicated);
+            let age = now.saturating_sub(victim.deployed_at_ms);
+            let allowed = match (in_tier(asker), in_tier(&victim.model_key)) {
+                (true, false) => false,
+                (false, true) => true,
+                (true, true) => dedicated || age >= config.hotswap_min_age_ms,
+                (false, false) => dedicated || age >= config.min_deployment_age_ms,
+            };
+            prop_assert!(
+                allowed,
+                "{asker} (hotswap {}, dedicated {dedicated}) evicted {} (hotswap {}, {age} ms old)",
+                in_tier(asker),
+                victim.name(),
+                in_tier(&victim.model_key)
+            );
+        }
+    }
+
+    let Op::Deploy(reqs) = op else { return Ok(0) };
+    let mut examined = 0;
+    let requests: Vec<ReplicaRequest> = reqs
+        .iter()
+        .map(|&(m, replicas, dedicated)| ReplicaRequest { model_key: model_key(m), replicas, dedicated })
+        .collect();
+    let order = |m: &hangar_core::ModelKey| (std::cmp::Reverse(before.model_size(m)), m.clone());
+    for failed in step.deploys.iter().flat_map(|d| &d.models) {
+        let unplaced = failed.replicas.iter().any(|r| r.level == CandidateLevel::CantAccommodate);
+        if !unplaced || failed.dedicated || in_tier(&failed.model_key) {
+            continue;
+        }
+        let prefix: Vec<ReplicaRequest> =
+            requests.iter().filter(|r| order(&r.model_key) <= order(&failed.model_key)).cloned().collect();
+        let mut then = before.clone();
+        let replay = then.deploy(&prefix, now, &mut rng_before.clone());
+        let again = replay.models.iter().find(|m| m.model_key == failed.model_key);
+        prop_assert_eq!(
+            again,
+            Some(failed),
+            "replaying the batch up to {} did not fail alike",
+            failed.model_key
+        );
+        let kept: BTreeSet<&hangar_core::ModelKey> = prefix.iter().map(|r| &r.model_key).collect();
+        let size = then.model_size(&failed.model_key).expect("in the catalogue");
+        let requires = then.requirement(&failed.model_key);
+        for node in then.nodes() {
+            if requires.is_some_and(|r| !r.admits(node.gpu_kind(), node.gpu_memory())) {
+                continue;
+            }
+            let Some(shape) = Shape::for_model(then.config(), size, node.gpu_memory()) else { continue };
+            // The node's GPUs with every hotswap replica it may evict gone.
+            let mut free: Vec<u64> = node.gpus().iter().map(|g| g.free_bytes).collect();
+            let mut tenants: Vec<u32> = node.gpus().iter().map(|g| g.tenants).collect();
+            let swappable: Vec<_> = node
+                .hot()
+                .iter()
+                .filter(|(m, _)| in_tier(m) && !kept.contains(m))
+                .flat_map(|(_, replicas)| replicas.values())
+                .filter(|d| !d.dedicated)
+                .collect();
+            examined += usize::from(!swappable.is_empty());
+            for d in swappable {
+                for (&g, &bytes) in &d.gpu_bytes_by_gpu {
+                    free[g as usize] += bytes;
+                    tenants[g as usize] -= 1;
+                }
+            }
+            let room = match shape {
+                Shape::Share { need_free, .. } => free.iter().any(|&f| f >= need_free),
+                Shape::Whole { gpus } => tenants.iter().filter(|&&t| t == 0).count() >= gpus as usize,
+            };
+            prop_assert!(
+                !room,
+                "{} left a replica unplaced ({:?}) where evicting the hotswap replicas on {} alone made room",
+                failed.model_key,
+                failed.replicas.iter().find_map(|r| r.reason.as_ref()),
+                node.id()
+            );
+        }
+    }
+    Ok(examined)
+}
+
 fn run(w: &World) -> Result<Snapshot, TestCaseError> {
     run_with(w, |_| {}).map(|(snapshot, _)| snapshot)
 }
@@ -276,9 +432,7 @@ fn run_with(
     let mut now = 0;
     let mut outcomes = Vec::new();
     for op in &w.ops {
-        let before = c.snapshot();
-        let step = apply(&mut c, op, &mut now, &mut rng);
-        check(w, &before, &c, &step)?;
+        let step = step_checked(w, &mut c, op, &mut now, &mut rng)?;
         outcomes.extend(step.deploys);
     }
     Ok((c.snapshot(), outcomes))
@@ -337,9 +491,7 @@ proptest! {
             c.requirement(&model_key(m)).is_none_or(|r| r.admits(node.gpu_kind(), node.gpu_memory()))
         };
         for op in &w.ops {
-            let before = c.snapshot();
-            let step = apply(&mut c, op, &mut now, &mut rng);
-            check(&w, &before, &c, &step)?;
+            let step = step_checked(&w, &mut c, op, &mut now, &mut rng)?;
             for node in c.nodes() {
                 for (model, _) in node.hot().iter().chain(node.warm().iter()) {
                     let m: usize = model.as_str()[1..].parse().unwrap();
@@ -427,9 +579,7 @@ proptest! {
         let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
         let mut now = 0;
         for op in &w.ops {
-            let before = c.snapshot();
-            let step = apply(&mut c, op, &mut now, &mut rng);
-            check(&w, &before, &c, &step)?;
+            step_checked(&w, &mut c, op, &mut now, &mut rng)?;
         }
         let model = model_key(pick % w.models.len());
         let candidates = c.candidates(&model, dedicated, now);
@@ -513,8 +663,7 @@ fn a_model_that_cannot_sleep_takes_no_warm_cache_room() {
             let mut all_sleep = c.clone();
             let mut other_rng = rng.clone();
             let mut other_now = now;
-            let step = apply(&mut c, op, &mut now, &mut rng);
-            check(&w, &before, &c, &step)?;
+            let step = step_checked(&w, &mut c, op, &mut now, &mut rng)?;
             if !known {
                 continue;
             }
@@ -572,4 +721,60 @@ fn a_model_that_cannot_sleep_takes_no_warm_cache_room() {
         Ok(meaningful)
     });
     assert!(meaningful >= 100, "only {meaningful} steps where the rule changed anything");
+}
+
+/// The tier's rules are checked after every operation of every test above
+/// ([`check_tier`]); this counts, on busy fleets, the steps where they
+/// decided something, so those checks are known to weigh real cases: a
+/// hotswap replica younger than `min_deployment_age_ms` evicted for a model
+/// outside the tier (the tier yielding at once), a hotswap replica evicted
+/// for another hotswap model, a swap (a hotswap replica woken from a warm
+/// cache), and a failed deploy weighed against a node holding hotswap
+/// replicas it could have taken.
+#[test]
+fn the_hotswap_tier_decides_something_on_busy_fleets() {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let (swap_for_swap, swaps, examined) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+    let yielded = run_counting(512, busy_world(), |w| {
+        let mut yielded = 0;
+        let mut c = build(&w);
+        let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+        let mut now = 0;
+        for op in &w.ops {
+            let before = c.snapshot();
+            let step = step_checked(&w, &mut c, op, &mut now, &mut rng)?;
+            examined.fetch_add(step.tier_examined, Relaxed);
+            for out in &step.deploys {
+                swaps.fetch_add(out.swaps(), Relaxed);
+                for e in &out.evictions {
+                    let EvictionCause::Pressure { model_key: asker, .. } = &e.cause else { continue };
+                    let victim = &before.deployments()[&e.replica_id];
+                    match (hotswap(&w, model_index(asker)), hotswap(&w, model_index(&e.model_key))) {
+                        (false, true) => yielded += usize::from(now - victim.deployed_at_ms < HOUR),
+                        (true, true) => _ = swap_for_swap.fetch_add(1, Relaxed),
+                        _ => {}
+                    }
+                }
+                for r in out.models.iter().flat_map(|m| &m.replicas) {
+                    let swap = r.swap;
+                    let expected = r.replica_id.is_some_and(|id| {
+                        matches!(r.level, CandidateLevel::CachedAndFree | CandidateLevel::CachedAndFull)
+                            && before.deployments().get(&id).is_some_and(|d| d.level == Level::Warm)
+                            && hotswap(&w, model_index(&before.deployments()[&id].model_key))
+                    });
+                    prop_assert_eq!(swap, expected, "swap flag of {:?} at {}", r.replica_id, r.level);
+                }
+            }
+        }
+        Ok(yielded)
+    });
+    let (swap_for_swap, swaps, examined) =
+        (swap_for_swap.into_inner(), swaps.into_inner(), examined.into_inner());
+    eprintln!("young hotswap replicas yielded: {yielded}, swaps for swaps: {swap_for_swap}, swaps: {swaps}, failed deploys weighed: {examined}");
+    // Over 512 worlds each count runs in the tens to about a hundred
+    // (26 to 130 over several runs); the floors are a quarter of the least.
+    assert!(yielded >= 20, "only {yielded} young hotswap replicas yielded to a model outside the tier");
+    assert!(swap_for_swap >= 12, "only {swap_for_swap} hotswap replicas evicted for another");
+    assert!(swaps >= 20, "only {swaps} swaps");
+    assert!(examined >= 6, "only {examined} nodes with hotswap replicas weighed for a failed deploy");
 }

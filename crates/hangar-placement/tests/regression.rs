@@ -100,7 +100,10 @@ fn one_larger_eviction_beats_two_smaller_greedy_ones() {
     // Greedy would evict s15 + s18 (33 GB, two replicas).
     assert_eq!(out.evictions.len(), 1);
     assert_eq!(out.evictions[0].replica_id, rid(3));
-    assert_eq!(out.models[0].replicas[0].eviction_cost, EvictionCost { bytes: 30 * GB, count: 1 });
+    assert_eq!(
+        out.models[0].replicas[0].eviction_cost,
+        EvictionCost { non_hotswap: true, bytes: 30 * GB, count: 1 }
+    );
     c.check_invariants().unwrap();
 }
 

@@ -84,7 +84,7 @@ fn spread_comes_before_the_eviction_cost() {
         let out = c.deploy(&[req("m", 2)], 2 * HOUR, &mut ChaCha8Rng::seed_from_u64(seed));
         let r = &out.models[0].replicas[1];
         assert_eq!((r.node.clone(), r.level), (Some(nid("b")), CandidateLevel::Full), "seed {seed}");
-        assert_eq!(r.eviction_cost, EvictionCost { bytes: 80 * GB, count: 1 });
+        assert_eq!(r.eviction_cost, EvictionCost { non_hotswap: true, bytes: 80 * GB, count: 1 });
         c.check_invariants().unwrap();
     }
 }

@@ -12,10 +12,11 @@ impl Cluster {
     /// Demotes hot replica `replica` on node `ni`: its GPU bytes return to
     /// the GPUs, and it goes warm on the same node if its model's engine can
     /// sleep ([`Cluster::set_sleeps`]) and the cache can hold it (dropping
-    /// warm entries smallest first, but only if that covers the whole
-    /// shortfall), else cold — a model that cannot sleep without looking
-    /// at the cache, so no WARM entry is dropped for a replica that would
-    /// be stopped anyway. Appends what happened to `out`.
+    /// warm entries — non-hotswap ones first, then hotswap ones, each
+    /// smallest first — but only if that covers the whole shortfall), else
+    /// cold — a model that cannot sleep without looking at the cache, so no
+    /// WARM entry is dropped for a replica that would be stopped anyway.
+    /// Appends what happened to `out`.
     pub(super) fn demote(
         &mut self,
         ni: usize,
@@ -30,7 +31,12 @@ impl Cluster {
         dep.gpu_bytes_by_gpu.clear();
         dep.gpu_fraction = None;
         let node_id = node.id().clone();
-        let room = if self.sleepless.contains(model) { None } else { node.cache_room_for(dep.size_bytes) };
+        let tier = &self.hotswap;
+        let room = if self.sleepless.contains(model) {
+            None
+        } else {
+            node.cache_room_for(dep.size_bytes, |m| tier.contains(m))
+        };
         let Some(drops) = room else {
             self.untrack(model, replica);
             out.push(Eviction {

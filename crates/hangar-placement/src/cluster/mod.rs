@@ -79,6 +79,8 @@ pub struct Cluster {
     /// Models whose engine cannot sleep ([`Cluster::set_sleeps`]): demoted
     /// straight to COLD, never WARM.
     sleepless: BTreeSet<ModelKey>,
+    /// Models in the hotswap tier ([`ModelSpec::hotswap`](crate::ModelSpec::hotswap)).
+    hotswap: BTreeSet<ModelKey>,
     nodes: Vec<Node>,
     node_index: BTreeMap<NodeId, usize>,
     replicas: BTreeMap<ReplicaId, Loc>,
@@ -132,12 +134,14 @@ impl Cluster {
             .map(|(k, spec)| (k.clone(), spec.requirement()))
             .filter(|(_, r)| !r.is_none())
             .collect();
+        let hotswap = config.models.iter().filter(|(_, spec)| spec.hotswap).map(|(k, _)| k.clone()).collect();
         Ok(Self {
             config: config.placement,
             models,
             artifacts: BTreeMap::new(),
             requirements,
             sleepless: BTreeSet::new(),
+            hotswap,
             nodes,
             node_index,
             replicas: BTreeMap::new(),
@@ -209,6 +213,15 @@ impl Cluster {
     /// catalogue).
     pub fn sleeps(&self, model: &ModelKey) -> bool {
         !self.sleepless.contains(model)
+    }
+
+    /// Whether `model` is in the hotswap tier ([`ModelSpec::hotswap`]):
+    /// what a driver asks of a `from_cache` step or an eviction to count
+    /// swaps (false for a model not in the catalogue).
+    ///
+    /// [`ModelSpec::hotswap`]: crate::ModelSpec::hotswap
+    pub fn hotswap(&self, model: &ModelKey) -> bool {
+        self.hotswap.contains(model)
     }
 
     /// A hot or warm replica's record.

@@ -104,10 +104,12 @@ impl PlanReport {
                         } else {
                             format!("{} ({})", r.eviction_cost.count, ByteSize::new(r.eviction_cost.bytes))
                         },
-                        match (&r.reason, m.dedicated) {
-                            (Some(reason), _) => reason.to_string(),
-                            (None, true) => "dedicated".into(),
-                            (None, false) => String::new(),
+                        match (&r.reason, m.dedicated, r.swap) {
+                            (Some(reason), _, _) => reason.to_string(),
+                            (None, true, true) => "dedicated, swap".into(),
+                            (None, true, false) => "dedicated".into(),
+                            (None, false, true) => "swap".into(),
+                            (None, false, false) => String::new(),
                         },
                     ]);
                 }
