@@ -17,6 +17,9 @@
 //! if the caller leaves.
 //! - `PUT /admin/models/{key}/queue` `{"algorithm": "fair", "capacity": N}`:
 //!   switch the line without losing anyone waiting.
+//! - `PUT /admin/models/{key}/hotswap` `{"swappable": false}` (or `true`):
+//!   close a model of the hotswap tier to swapping in — held at 0
+//!   replicas, synchronous requests answered 503 — or open it again.
 //!
 //! With API keys configured, only keys marked `admin = true` may call it
 //! (403 for others, 401 without a valid key). The commands take the key
@@ -107,6 +110,7 @@ async fn status(State(server): State<Server>, headers: HeaderMap) -> Result<Resp
             "concurrency": c.permits(),
             "timeout_s": rt.timeout().as_secs(),
             "scaling": scaling,
+            "hotswap": rt.swappable().map(|swappable| json!({"swappable": swappable})),
             "queue": {"algorithm": load.config.algorithm, "capacity": load.config.capacity, "waiting": load.waiting},
             "permits": {"total": load.permits, "used": load.in_use},
             "replicas": rt.status(&deployments),
@@ -177,6 +181,12 @@ struct QueueBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct HotswapBody {
+    swappable: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct EvictBody {
     model: Option<String>,
     replica: Option<String>,
@@ -195,9 +205,10 @@ async fn model_action(
     match (path.rsplit_once('/'), method) {
         (Some((key, "scaling")), Method::POST) => scaling(&server, model(&server, key)?, &body).await,
         (Some((key, "queue")), Method::PUT) => Ok(set_queue(model(&server, key)?, &body)?),
+        (Some((key, "hotswap")), Method::PUT) => set_hotswap(&server, model(&server, key)?, &body).await,
         _ => Err(ApiError::not_found(format!(
-            "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/scaling \
-             or PUT /admin/models/{{key}}/queue"
+            "no admin action at `/admin/models/{path}`: use POST /admin/models/{{key}}/scaling, \
+             PUT /admin/models/{{key}}/queue or PUT /admin/models/{{key}}/hotswap"
         ))),
     }
 }
@@ -224,6 +235,22 @@ async fn scaling(server: &Server, rt: &ModelRuntime, body: &Bytes) -> Result<Res
         e => control_error(e),
     })?;
     Ok(Json(json!({"model": key, "desired_replicas": rt.desired_replicas()})).into_response())
+}
+
+/// Opens or closes a hotswap model to swapping in, answered once the
+/// controller has the model's scaler pinned at 0 or deciding again.
+async fn set_hotswap(server: &Server, rt: &Arc<ModelRuntime>, body: &Bytes) -> Result<Response, ApiError> {
+    let HotswapBody { swappable } = parse(body)?;
+    let key = &rt.config().key;
+    if !rt.config().hotswap {
+        return Err(ApiError::bad_request(format!(
+            "the model `{key}` is not in the hotswap tier (`hotswap = true` in its configuration): it holds \
+             replicas of its own, which its scaling commands govern"
+        )));
+    }
+    server.set_swappable(rt, swappable).await.map_err(control_error)?;
+    Ok(Json(json!({"model": key, "swappable": swappable, "desired_replicas": rt.desired_replicas()}))
+        .into_response())
 }
 
 fn set_queue(rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {

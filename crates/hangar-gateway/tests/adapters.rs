@@ -280,7 +280,8 @@ async fn predictions_name_an_adapter_as_a_version_or_in_their_input_and_are_refu
     let (server, router, mock) = start(dir.path()).await;
     // Replicate's spelling: the adapter as a version of its base.
     let (status, p) =
-        predict(&router, "/v1/predictions", json!({"version": "t/m:acme/a", "input": {"prompt": "hi"}})).await;
+        predict(&router, "/v1/predictions", json!({"version": "t/m:acme/a", "input": {"prompt": "hi"}}))
+            .await;
     assert_eq!((status, p["status"].as_str()), (StatusCode::CREATED, Some("succeeded")), "{p}");
     assert_eq!(loaded(&mock).await, ["acme/a"], "it ran on the adapter, loaded for it");
     // Workers AI's: `lora` in the input.
@@ -293,7 +294,8 @@ async fn predictions_name_an_adapter_as_a_version_or_in_their_input_and_are_refu
     let before = server.model("t/m").unwrap().processor().load().counters.arrivals;
     let detail = |p: &Value| p["detail"].as_str().unwrap_or("").to_owned();
     let (status, p) =
-        predict(&router, "/v1/predictions", json!({"version": "t/m:acme/nope", "input": {"prompt": "hi"}})).await;
+        predict(&router, "/v1/predictions", json!({"version": "t/m:acme/nope", "input": {"prompt": "hi"}}))
+            .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{p}");
     assert!(detail(&p).contains("`t/m` has no adapter `acme/nope`"), "{p}");
     let body = json!({"input": {"prompt": "hi", "lora": "acme/z"}});

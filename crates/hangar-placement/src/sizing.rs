@@ -221,6 +221,22 @@ impl std::fmt::Display for Requirement {
 }
 
 impl ModelSpec {
+    /// A hotswap model holds no replicas of its own: refuses a
+    /// `min_replicas` above 0 for one (the error names `min_replicas`), the
+    /// one rule `hangar serve` and the fleet file share.
+    pub fn check_tier(&self, min_replicas: u32) -> Result<(), hangar_core::FieldError> {
+        if self.hotswap && min_replicas > 0 {
+            return Err(hangar_core::FieldError::new(
+                "min_replicas",
+                format!(
+                    "is {min_replicas}, and a `hotswap` model holds no replicas of its own: it is swapped in \
+                     by demand (set min_replicas = 0, or drop `hotswap` to keep replicas up)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The hardware it requires of a node.
     pub fn requirement(&self) -> Requirement {
         Requirement {

@@ -457,7 +457,10 @@ pub(crate) fn note(inner: &Inner, action: Action) {
             tracing::info!(%model, "placeable again");
             rt.unplaceable.store(false, Ordering::Relaxed);
             rt.metrics.unplaceable(false);
-            rt.processor.set_unavailable(None);
+            // A hotswap model an operator closed stays closed.
+            if rt.swappable() != Some(false) {
+                rt.processor.set_unavailable(None);
+            }
         }
     }
 }

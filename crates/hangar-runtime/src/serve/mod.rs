@@ -150,6 +150,8 @@ pub struct ModelRuntime {
     pub(crate) events: crate::events::EventSink,
     /// What its engines' adapter loads took, for the estimate of the next.
     pub(crate) adapter_loads: Mutex<adapters::LoadTimes>,
+    /// A hotswap model an operator closed to swapping in.
+    pub(crate) swap_closed: AtomicBool,
 }
 
 pub(crate) struct Inner {
@@ -305,6 +307,33 @@ impl Server {
         self.inner.models.get(key)
     }
 
+    /// Opens (`true`) or closes the hotswap model `rt` to swapping in:
+    /// closed, its scaler is pinned at 0 replicas and fail-fast requests
+    /// are answered 503 at once (predictions wait); opened, its scaler
+    /// decides again. Errors as the scaling command's (not the leader, the
+    /// controller stopped); the model must be in the tier.
+    ///
+    /// # Cancel safety
+    /// Carried out whole in a task of its own: a caller that leaves
+    /// changes nothing of what happens.
+    pub async fn set_swappable(&self, rt: &Arc<ModelRuntime>, swappable: bool) -> Result<(), ControlError> {
+        debug_assert!(rt.config.hotswap, "only a hotswap model is opened or closed");
+        let (server, rt) = (self.clone(), rt.clone());
+        let apply = tokio::spawn(async move {
+            let command = if swappable { ScalingCommand::Unfreeze } else { ScalingCommand::Pin(0) };
+            server.control().scaling(&rt.config.key, command).await?;
+            rt.swap_closed.store(!swappable, Ordering::Relaxed);
+            let reason = format!(
+                "the hotswap model `{}` is closed to swapping in by an operator (PUT /admin/models/{}/hotswap)",
+                rt.config.key, rt.config.key
+            );
+            rt.processor.set_unavailable((!swappable).then_some(reason));
+            tracing::info!(model = %rt.config.key, swappable, "hotswap gate set");
+            Ok(())
+        });
+        apply.await.expect("setting the hotswap gate does not panic")
+    }
+
     /// The adapters registered in the node's weight store, when a model
     /// loads adapters ([`ModelRuntime::adapter`] looks one up).
     pub fn adapter_catalog(&self) -> Option<&Arc<adapters::AdapterCatalog>> {
@@ -455,6 +484,7 @@ pub(crate) async fn build(
                 upstream: upstream::upstream(&m.connections),
                 events: events.clone(),
                 adapter_loads: Mutex::default(),
+                swap_closed: AtomicBool::new(false),
             };
             (m.key.to_string(), Arc::new(rt))
         })
@@ -628,6 +658,12 @@ impl ModelRuntime {
         if out_of_capacity(status) {
             self.processor.refused(replica);
         }
+    }
+
+    /// Whether it may be swapped in now: `None` for a model outside the
+    /// hotswap tier.
+    pub fn swappable(&self) -> Option<bool> {
+        self.config.hotswap.then(|| !self.swap_closed.load(Ordering::Relaxed))
     }
 
     /// Whether `account` may use this model.

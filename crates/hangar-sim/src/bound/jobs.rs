@@ -217,6 +217,7 @@ mod tests {
             scaling: None,
             router: Default::default(),
             adapters: None,
+            hotswap: false,
         };
         Floors::new(&model).unwrap()
     }

@@ -121,6 +121,10 @@ pub struct FleetModel {
     /// adapter of this model is refused.
     #[serde(default)]
     pub adapters: Option<AdapterConfig>,
+    /// In the hotswap tier, as `hangar serve`'s `hotswap` (placement swaps
+    /// it in by demand behind the models that hold their own replicas).
+    #[serde(default)]
+    pub hotswap: bool,
 }
 
 /// A replica's start: loading its weights from the tier they are on, then
@@ -223,6 +227,7 @@ impl FleetConfig {
                     gpu_kind: m.gpu_kind.clone(),
                     min_gpu_memory: m.min_gpu_memory,
                     adapter_memory: m.adapters.as_ref().map(|a| a.memory),
+                    hotswap: m.hotswap,
                     ..ModelSpec::default()
                 };
                 (m.key.clone(), spec)
@@ -295,6 +300,8 @@ impl FleetConfig {
             if let Some(a) = &m.adapters {
                 a.validate().map_err(|e| e.within(&format!("{at}.adapters")))?;
             }
+            let tier = ModelSpec { hotswap: m.hotswap, ..ModelSpec::default() };
+            tier.check_tier(m.min_replicas).map_err(|e| e.within(&at))?;
             hangar_engine::EngineCore::new(&m.engine, super::no_tables)
                 .map_err(|e| FieldError::new(format!("{at}.engine"), e.to_string()))?;
         }

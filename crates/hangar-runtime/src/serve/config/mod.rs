@@ -261,6 +261,18 @@ pub struct ModelConfig {
     /// those some rule matches.
     #[serde(default)]
     pub adapter_access: Vec<AdapterAccess>,
+    /// In the *hotswap tier* (seed 000's gate on which models may be
+    /// swapped in on demand): it holds no replicas of its own
+    /// (`min_replicas = 0`); placement swaps its replicas in by demand
+    /// behind the models that do — they take its GPUs whatever its age,
+    /// it never takes theirs, and it takes another hotswap model's only
+    /// once that one is `placement.hotswap_min_age_ms` old — and a copy
+    /// swapped out goes to the warm cache first, so the next swap in is a
+    /// WARM wake. While an operator closes it (`PUT
+    /// /admin/models/{key}/hotswap {"swappable": false}`), it is held at 0
+    /// replicas and synchronous requests get 503 (docs/placement.md).
+    #[serde(default)]
+    pub hotswap: bool,
 }
 
 /// One `[[models.adapter_access]]` rule: adapters by name or pattern, and
@@ -457,6 +469,7 @@ impl ServeConfig {
                             gpu_kind: m.gpu_kind.clone(),
                             min_gpu_memory: m.min_gpu_memory,
                             adapter_memory: m.adapters.as_ref().map(|a| a.memory),
+                            hotswap: m.hotswap,
                             ..ModelSpec::default()
                         },
                     )

@@ -276,6 +276,8 @@ impl ModelConfig {
         self.scaling().validate().map_err(|e| e.within("scaling"))?;
         self.scaling().check_bounds(hangar_scaler::Bounds { min: self.min_replicas, max })?;
         self.check_adapters()?;
+        let tier = hangar_placement::ModelSpec { hotswap: self.hotswap, ..Default::default() };
+        tier.check_tier(self.min_replicas)?;
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
         }
@@ -490,6 +492,17 @@ mod tests {
         );
         let e = refused(&model("[[models.adapter_access]]\nadapters = \"a\""));
         assert_eq!(e.field, "models[0].adapter_access");
+    }
+
+    #[test]
+    fn a_hotswap_model_holds_no_replicas_of_its_own() {
+        let model = |extra: &str| config(&format!("{MOCK}{extra}\n"));
+        let ok: ServeConfig = toml::from_str(&model("hotswap = true")).unwrap();
+        ok.validate().unwrap();
+        assert!(ok.cluster().models.values().all(|m| m.hotswap), "placement hears of the tier");
+        let e = refused(&model("hotswap = true\nmin_replicas = 1"));
+        assert_eq!(e.field, "models[0].min_replicas");
+        assert!(e.to_string().contains("swapped in by demand"), "{e}");
     }
 
     #[test]
