@@ -7,7 +7,7 @@
 //! mock --preset instant`, a child process: its loads take the adapter's
 //! bytes at 2 GB/s plus 50 ms, reading every byte), and `hangar serve` in
 //! front of it (another child process, the model's engine `external` at
-//! that mock, `router = "adapter"`, 8 adapter slots). Two figures, each a
+//! that mock, `router = "adapter"`, 4 adapter slots). Two figures, each a
 //! side-by-side in one run:
 //!
 //! 1. **A loaded adapter**: requests for the base model and for an adapter
@@ -113,7 +113,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let (store, adapter_bytes) = register(store_dir.path(), &names, options.rank).await?;
     let engine = launch_instant_engine(&options.hangar_exe).await?;
     let extra = format!(
-        "router = \"adapter\"\nadapters = {{ slots = 8 }}\n\n[store]\nroot = \"{}\"\n",
+        "router = \"adapter\"\nadapters = {{ slots = {SLOTS} }}\n\n[store]\nroot = \"{}\"\n",
         store_dir.path().display()
     );
     let server = start_serve(&options.hangar_exe, &engine.base_url, 8, &extra, "hangar serve").await?;
@@ -147,7 +147,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let base_stats = PathStats::from(base_samples);
     let loaded = PathStats::from(hot_samples);
     if let Some(e) = base_stats.first_error.as_ref().or(loaded.first_error.as_ref()) {
-        return Err(BenchError::Options(format!("a request failed: {e}")));
+        return Err(BenchError::Failed(format!("a request failed: {e}")));
     }
 
     let http = reqwest::Client::new();
@@ -181,22 +181,26 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
 /// Rounds the first figure's two paths take turns in.
 const ROUNDS: usize = 5;
 
+/// Adapter slots of the gateway's replica: half the mock engine's 8, so
+/// the bench's own direct load always finds room on the engine.
+const SLOTS: u32 = 4;
+
 /// A store at `root` with a synthetic adapter of `rank` registered under
 /// the bench's model for each of `names`; and each adapter's bytes.
 async fn register(root: &Path, names: &[String], rank: usize) -> Result<(BlobStore, u64), BenchError> {
     let (root, names) = (root.to_owned(), names.to_vec());
     tokio::task::spawn_blocking(move || {
         let store =
-            BlobStore::open(&root).map_err(|e| BenchError::Options(format!("the bench's store: {e}")))?;
+            BlobStore::open(&root).map_err(|e| BenchError::Failed(format!("the bench's store: {e}")))?;
         let sources = tempfile::tempdir()?;
         let mut bytes = 0;
         for (i, name) in names.iter().enumerate() {
             let dir = sources.path().join(format!("a{i}"));
             hangar_store::synth::synth_adapter_dir(&dir, MODEL, rank, HIDDEN, LAYERS, i as u64)
-                .map_err(|e| BenchError::Options(format!("writing a synthetic adapter: {e}")))?;
+                .map_err(|e| BenchError::Failed(format!("writing a synthetic adapter: {e}")))?;
             let adapter: AdapterRef = format!("{MODEL}:{name}").parse().expect("a valid adapter name");
             let report = hangar_store::adapters::import_dir(&store, &dir, &adapter)
-                .map_err(|e| BenchError::Options(format!("registering {adapter}: {e}")))?;
+                .map_err(|e| BenchError::Failed(format!("registering {adapter}: {e}")))?;
             bytes = report.bytes;
         }
         Ok((store, bytes))
@@ -217,10 +221,10 @@ async fn direct_load(
 ) -> Result<f64, BenchError> {
     let adapter: AdapterRef = format!("{MODEL}:{name}").parse().expect("a valid adapter name");
     let entry = hangar_store::adapters::find(store, &adapter)
-        .map_err(|e| BenchError::Options(e.to_string()))?
-        .ok_or_else(|| BenchError::Options(format!("{adapter} is not registered")))?;
+        .map_err(|e| BenchError::Failed(e.to_string()))?
+        .ok_or_else(|| BenchError::Failed(format!("{adapter} is not registered")))?;
     let dir = hangar_store::adapters::export_dir(store, &entry, under)
-        .map_err(|e| BenchError::Options(format!("exporting {adapter}: {e}")))?;
+        .map_err(|e| BenchError::Failed(format!("exporting {adapter}: {e}")))?;
     let direct = format!("direct/{name}");
     let started = Instant::now();
     let load = serde_json::json!({"lora_name": direct, "lora_path": dir});
@@ -237,8 +241,8 @@ async fn direct_load(
 fn expect_ok(answer: Result<reqwest::Response, reqwest::Error>, what: &str) -> Result<(), BenchError> {
     match answer {
         Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(BenchError::Options(format!("{what} answered {}", r.status()))),
-        Err(e) => Err(BenchError::Options(format!("{what} failed: {e}"))),
+        Ok(r) => Err(BenchError::Failed(format!("{what} answered {}", r.status()))),
+        Err(e) => Err(BenchError::Failed(format!("{what} failed: {e}"))),
     }
 }
 
@@ -246,7 +250,7 @@ impl Samples {
     /// The samples, or the first error of any request as `what` failing.
     fn ok_or_first_error(self, what: &str) -> Result<Samples, BenchError> {
         match &self.first_error {
-            Some(e) => Err(BenchError::Options(format!("{what} failed: {e}"))),
+            Some(e) => Err(BenchError::Failed(format!("{what} failed: {e}"))),
             None => Ok(self),
         }
     }

@@ -31,4 +31,8 @@ pub enum BenchError {
     /// Writing the gateway's configuration failed.
     #[error("cannot write the gateway configuration: {0}")]
     Io(#[from] std::io::Error),
+    /// A step the figures depend on failed (a fixture, a measurement the
+    /// bench makes itself, a request that must succeed).
+    #[error("the bench could not run: {0}")]
+    Failed(String),
 }

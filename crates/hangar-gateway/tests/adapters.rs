@@ -231,6 +231,7 @@ async fn bad_adapters_are_refused_before_they_queue_naming_adapter_and_model() {
             "engine of model `t/nolora` cannot load",
         ),
         (json!({"model": "t/m:private/x"}), StatusCode::NOT_FOUND, "`t/m` has no adapter `private/x`"),
+        (json!({"model": "t/m:other/q"}), StatusCode::NOT_FOUND, "`t/m` has no adapter `other/q`"),
         (json!({"model": "t/unknown:acme/a"}), StatusCode::NOT_FOUND, "`t/unknown` does not exist"),
     ];
     for (body, status, says) in cases {
@@ -310,5 +311,30 @@ async fn predictions_name_an_adapter_as_a_version_or_in_their_input_and_are_refu
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
     assert!(detail(&p).contains("name it once"), "{p}");
     assert_eq!(server.model("t/m").unwrap().processor().load().counters.arrivals, before);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_adapters_a_model_serves_are_exported_ahead_of_need_and_no_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _router, _) = start(dir.path()).await;
+    let exports = dir.path().join("store").join("adapter-dirs");
+    let exported = || {
+        std::fs::read_dir(&exports)
+            .map(|d| {
+                d.filter_map(Result::ok).filter(|e| e.path().join("adapter_config.json").exists()).count()
+            })
+            .unwrap_or(0)
+    };
+    for _ in 0..500 {
+        if exported() >= 6 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Six served (t/m's `acme/*` and `private/*`, t/other's and t/nolora's
+    // every adapter); t/m's `other/q` matches none of its rules.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(exported(), 6);
     server.shutdown().await;
 }

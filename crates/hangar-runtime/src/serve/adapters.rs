@@ -21,13 +21,14 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use hangar_core::{AccountId, Adapter, AdapterName, AdapterRef, ByteSize, ModelKey, ReplicaId};
 use hangar_router::SlotStep;
 use hangar_store::adapters::AdapterEntry;
-use hangar_store::BlobStore;
+use hangar_store::{ArtifactId, BlobStore};
 
 use super::ModelRuntime;
 use crate::processor::AdapterDriver;
@@ -52,9 +53,14 @@ pub struct AdapterCatalog {
     store: BlobStore,
     /// Where adapters are exported as directories engines load.
     exports: PathBuf,
+    /// Which registered adapters some model of this server serves.
+    serves: Box<dyn Fn(&AdapterRef) -> bool + Send + Sync>,
     known: Mutex<Known>,
-    /// Exported directories by adapter, once written.
-    exported: tokio::sync::Mutex<HashMap<AdapterRef, PathBuf>>,
+    /// Exported directories by artifact (a name moved to new bytes is a
+    /// new export), once written.
+    exported: tokio::sync::Mutex<HashMap<ArtifactId, PathBuf>>,
+    /// The background exporter runs.
+    exporting: AtomicBool,
 }
 
 #[derive(Default)]
@@ -130,14 +136,17 @@ fn list(bases: &[ModelKey]) -> String {
 
 impl AdapterCatalog {
     /// The catalog of the store at `store`'s root, exporting adapters under
-    /// `<root>/adapter-dirs`.
-    pub fn new(store: BlobStore) -> Self {
+    /// `<root>/adapter-dirs`; `serves` says which registered adapters some
+    /// model of this server serves (those are exported ahead of need).
+    pub fn new(store: BlobStore, serves: impl Fn(&AdapterRef) -> bool + Send + Sync + 'static) -> Self {
         let exports = store.root().join("adapter-dirs");
         AdapterCatalog {
             store,
             exports,
+            serves: Box::new(serves),
             known: Mutex::new(Known::default()),
             exported: tokio::sync::Mutex::new(HashMap::new()),
+            exporting: AtomicBool::new(false),
         }
     }
 
@@ -155,14 +164,22 @@ impl AdapterCatalog {
         if let Some(found) = self.lookup(adapter, false) {
             return Ok(found);
         }
+        self.read().await?;
+        Ok(self.lookup(adapter, true).expect("answered after a read"))
+    }
+
+    /// Reads the store's adapters into memory, then exports those a model
+    /// serves that are not exported yet, in the background (one at a
+    /// time), so a request for one pays only its engine's load.
+    ///
+    /// # Cancel safety
+    /// As [`find`](Self::find); the exports go on whatever the caller does.
+    pub async fn read(self: &Arc<Self>) -> Result<(), String> {
         let me = self.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            hangar_store::adapters::list(&me.store, None).map(|l| (me, l))
-        });
-        let (me, entries) =
-            read.await.expect("listing adapters does not panic").map_err(|e| e.to_string())?;
+        let read = tokio::task::spawn_blocking(move || hangar_store::adapters::list(&me.store, None));
+        let entries = read.await.expect("listing adapters does not panic").map_err(|e| e.to_string())?;
         {
-            let mut known = me.known.lock().expect("adapter catalog lock");
+            let mut known = self.known.lock().expect("adapter catalog lock");
             known.by_ref.clear();
             known.bases.clear();
             for e in entries {
@@ -171,7 +188,39 @@ impl AdapterCatalog {
             }
             known.read_at = Some(Instant::now());
         }
-        Ok(self.lookup(adapter, true).expect("answered after a read"))
+        self.export_served();
+        Ok(())
+    }
+
+    /// Starts the background exporter unless it runs: it exports every
+    /// served adapter not exported yet, looking again after each, and ends
+    /// when none is left (an export that fails is tried again on demand).
+    fn export_served(self: &Arc<Self>) {
+        if self.exporting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut failed = std::collections::HashSet::new();
+            loop {
+                let next = {
+                    let exported = me.exported.lock().await;
+                    let known = me.known.lock().expect("adapter catalog lock");
+                    known
+                        .by_ref
+                        .values()
+                        .filter(|e| e.on_disk && !exported.contains_key(&e.id) && !failed.contains(&e.id))
+                        .find(|e| (me.serves)(&e.adapter))
+                        .cloned()
+                };
+                let Some(entry) = next else { break };
+                if let Err(why) = me.directory(&entry).await {
+                    tracing::warn!(adapter = %entry.adapter, "exporting the adapter ahead of need failed: {why}");
+                    failed.insert(entry.id);
+                }
+            }
+            me.exporting.store(false, Ordering::Release);
+        });
     }
 
     /// The answer from memory; `None` when the store should be read first.
@@ -185,7 +234,7 @@ impl AdapterCatalog {
     }
 
     /// The directory engines load `entry` from, exported from the store the
-    /// first time it is asked for.
+    /// first time it is asked for (by a request, or ahead of need).
     ///
     /// # Cancel safety
     /// The export runs to its end on a blocking thread (it writes into a
@@ -193,7 +242,7 @@ impl AdapterCatalog {
     /// never seen); dropping the future only loses its answer.
     pub async fn directory(self: &Arc<Self>, entry: &AdapterEntry) -> Result<PathBuf, String> {
         let mut exported = self.exported.lock().await;
-        if let Some(dir) = exported.get(&entry.adapter) {
+        if let Some(dir) = exported.get(&entry.id) {
             return Ok(dir.clone());
         }
         let (me, e) = (self.clone(), entry.clone());
@@ -202,7 +251,7 @@ impl AdapterCatalog {
         })
         .await
         .expect("exporting an adapter does not panic")?;
-        exported.insert(entry.adapter.clone(), dir.clone());
+        exported.insert(entry.id, dir.clone());
         Ok(dir)
     }
 }

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use hangar_core::{AccountId, ApiKeys, BlockHash, Millis, ModelKey, Principal, ReplicaId};
+use hangar_core::{AccountId, AdapterRef, ApiKeys, BlockHash, Millis, ModelKey, Principal, ReplicaId};
 use hangar_placement::{Cluster, Schedule};
 use hangar_router::{text_blocks, RouterPolicy};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
@@ -565,7 +565,20 @@ fn adapter_catalog(config: &ServeConfig) -> Result<Option<Arc<adapters::AdapterC
     let store = hangar_store::BlobStore::open(&root).map_err(|e| {
         ServeError::Config(format!("models load adapters from the weight store at {}: {e}", root.display()))
     })?;
-    Ok(Some(Arc::new(adapters::AdapterCatalog::new(store))))
+    let models: BTreeMap<ModelKey, ModelConfig> =
+        config.models.iter().filter(|m| m.adapters.is_some()).map(|m| (m.key.clone(), m.clone())).collect();
+    // What some rule of its base model lets someone use: exported ahead of
+    // need.
+    let serves =
+        move |a: &AdapterRef| models.get(a.base()).is_some_and(|m| m.serves_adapter(a.name().as_str()));
+    let catalog = Arc::new(adapters::AdapterCatalog::new(store, serves));
+    let first = catalog.clone();
+    tokio::spawn(async move {
+        if let Err(e) = first.read().await {
+            tracing::warn!("reading the weight store's adapters: {e}");
+        }
+    });
+    Ok(Some(catalog))
 }
 
 /// Opens the node's weight store (starting its daemon if none runs) when a

@@ -104,7 +104,7 @@ enum Command {
     /// Registers synthetic PEFT adapters of --rank in a weight store (a
     /// temporary directory), starts a mock engine with zero compute time
     /// and the runtime LoRA API and `hangar serve` in front of it (child
-    /// processes, `router = "adapter"`, 8 adapter slots). Then: requests for
+    /// processes, `router = "adapter"`, 4 adapter slots). Then: requests for
     /// the base model and for an adapter already loaded, --requests each,
     /// in alternating rounds (what the adapter adds at p50 and p99); and
     /// --fresh adapters never asked for, each first loaded straight on the

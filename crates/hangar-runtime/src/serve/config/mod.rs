@@ -405,6 +405,12 @@ impl ModelConfig {
         })
     }
 
+    /// Whether its `adapter_access` rules serve the adapter `name` to
+    /// anyone (every adapter when it has none).
+    pub fn serves_adapter(&self, name: &str) -> bool {
+        self.adapter_access.is_empty() || self.adapter_access.iter().any(|r| r.matches(name))
+    }
+
     /// Whether `account` may use the adapter `name` of this model (one it
     /// serves, by [`adapter_access`](Self::adapter_access)): `None` when the
     /// model does not serve it at all, else whether the account may.
