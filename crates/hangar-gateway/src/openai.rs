@@ -301,13 +301,17 @@ fn model_and_adapter<'a>(
 
 /// The request `body` for an engine that serves adapter `name` under that
 /// name (vLLM names a LoRA loaded at run time by its `lora_name`): its
-/// `model` is the adapter's name and `lora` is gone.
+/// `model` is the adapter's name and `lora` is gone. Only the top level is
+/// parsed: every other field's value is copied as the raw text it was, so
+/// a long prompt costs a copy, not a parse into values and back.
 fn for_adapter(body: &Bytes, name: &str) -> Bytes {
-    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
+    use serde_json::value::RawValue;
+    let Ok(mut fields) = serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(body) else {
         return body.clone();
     };
+    let model = serde_json::value::to_raw_value(name).expect("a string serializes");
     fields.remove("lora");
-    fields.insert("model".to_owned(), Value::String(name.to_owned()));
+    fields.insert("model".to_owned(), &model);
     Bytes::from(serde_json::to_vec(&fields).expect("a JSON object serializes"))
 }
 
@@ -615,6 +619,20 @@ pub(crate) fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_adapters_body_names_it_as_its_model_and_keeps_every_other_field_as_it_was() {
+        let body = Bytes::from_static(
+            br#"{"model":"t/m:acme/a","lora":"acme/a","messages":[{"role":"user","content":"h\u00e9 \"x\""}],"max_tokens":2}"#,
+        );
+        let out: Value = serde_json::from_slice(&for_adapter(&body, "acme/a")).unwrap();
+        let mut want: Value = serde_json::from_slice(&body).unwrap();
+        want["model"] = json!("acme/a");
+        want.as_object_mut().unwrap().remove("lora");
+        assert_eq!(out, want);
+        // Not an object: passed on as it is (the engine answers it).
+        assert_eq!(for_adapter(&Bytes::from_static(b"[1]"), "a"), Bytes::from_static(b"[1]"));
+    }
 
     #[test]
     fn a_request_tries_twice_and_once_more_per_replica_found_dead_within_the_bound() {

@@ -58,7 +58,7 @@ pub struct AdapterCatalog {
     known: Mutex<Known>,
     /// Exported directories by artifact (a name moved to new bytes is a
     /// new export), once written.
-    exported: tokio::sync::Mutex<HashMap<ArtifactId, PathBuf>>,
+    exported: Mutex<HashMap<ArtifactId, Arc<tokio::sync::OnceCell<PathBuf>>>>,
     /// The background exporter runs.
     exporting: AtomicBool,
 }
@@ -145,7 +145,7 @@ impl AdapterCatalog {
             exports,
             serves: Box::new(serves),
             known: Mutex::new(Known::default()),
-            exported: tokio::sync::Mutex::new(HashMap::new()),
+            exported: Mutex::new(HashMap::new()),
             exporting: AtomicBool::new(false),
         }
     }
@@ -204,12 +204,13 @@ impl AdapterCatalog {
             let mut failed = std::collections::HashSet::new();
             loop {
                 let next = {
-                    let exported = me.exported.lock().await;
+                    let exported = me.exported.lock().expect("adapter exports lock");
                     let known = me.known.lock().expect("adapter catalog lock");
+                    let done = |e: &AdapterEntry| exported.get(&e.id).is_some_and(|c| c.initialized());
                     known
                         .by_ref
                         .values()
-                        .filter(|e| e.on_disk && !exported.contains_key(&e.id) && !failed.contains(&e.id))
+                        .filter(|e| e.on_disk && !done(e) && !failed.contains(&e.id))
                         .find(|e| (me.serves)(&e.adapter))
                         .cloned()
                 };
@@ -241,18 +242,20 @@ impl AdapterCatalog {
     /// temporary directory and renames it into place, so a half export is
     /// never seen); dropping the future only loses its answer.
     pub async fn directory(self: &Arc<Self>, entry: &AdapterEntry) -> Result<PathBuf, String> {
-        let mut exported = self.exported.lock().await;
-        if let Some(dir) = exported.get(&entry.id) {
-            return Ok(dir.clone());
-        }
-        let (me, e) = (self.clone(), entry.clone());
-        let dir = tokio::task::spawn_blocking(move || {
-            hangar_store::adapters::export_dir(&me.store, &e, &me.exports).map_err(|e| e.to_string())
-        })
-        .await
-        .expect("exporting an adapter does not panic")?;
-        exported.insert(entry.id, dir.clone());
-        Ok(dir)
+        // One cell per artifact: an export waits for another only when it
+        // is the same one, never behind unrelated exports.
+        let cell = self.exported.lock().expect("adapter exports lock").entry(entry.id).or_default().clone();
+        let dir = cell
+            .get_or_try_init(|| async {
+                let (me, e) = (self.clone(), entry.clone());
+                tokio::task::spawn_blocking(move || {
+                    hangar_store::adapters::export_dir(&me.store, &e, &me.exports).map_err(|e| e.to_string())
+                })
+                .await
+                .expect("exporting an adapter does not panic")
+            })
+            .await?;
+        Ok(dir.clone())
     }
 }
 
