@@ -11,7 +11,7 @@
 //! side-by-side in one run:
 //!
 //! 1. **A loaded adapter**: requests for the base model and for an adapter
-//!    already loaded on its replica, one client, alternating in rounds so a
+//!    already loaded on its replica, one client, one of each in turn so a
 //!    change in the machine's load hits both alike. The target: the adapter
 //!    adds no measurable latency (its p50 and p99 against the base's).
 //! 2. **An adapter that needs a load**: for each of `fresh` adapters never
@@ -144,12 +144,20 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     load::closed_loop(&base, &mut client, 20).await;
     load::closed_loop(&hot, &mut client, 20).await.ok_or_first_error("the loaded adapter's warm-up")?;
 
+    // One request of each in turn, on one connection: whatever the machine
+    // does meanwhile hits both alike.
     let (mut base_samples, mut hot_samples) = (Samples::empty(), Samples::empty());
-    let per_round = options.requests.div_ceil(ROUNDS);
-    for _ in 0..ROUNDS {
-        base_samples.append(load::closed_loop(&base, &mut client, per_round).await);
-        hot_samples.append(load::closed_loop(&hot, &mut client, per_round).await);
+    let started_pairs = Instant::now();
+    let connection = &mut client[0];
+    for _ in 0..options.requests {
+        for (target, samples) in [(&base, &mut base_samples), (&hot, &mut hot_samples)] {
+            let sent = Instant::now();
+            let outcome = connection.exchange(target).await;
+            samples.record(sent.elapsed(), outcome);
+        }
     }
+    base_samples.elapsed = started_pairs.elapsed();
+    hot_samples.elapsed = base_samples.elapsed;
     let base_stats = PathStats::from(base_samples);
     let loaded = PathStats::from(hot_samples);
     if let Some(e) = base_stats.first_error.as_ref().or(loaded.first_error.as_ref()) {
@@ -187,9 +195,6 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         fresh,
     })
 }
-
-/// Rounds the first figure's two paths take turns in.
-const ROUNDS: usize = 5;
 
 /// Adapter slots of the gateway's replica: half the mock engine's 8, so
 /// the bench's own direct load always finds room on the engine.

@@ -68,7 +68,7 @@ impl Samples {
         }
     }
 
-    fn record(&mut self, latency: Duration, outcome: Result<(), String>) {
+    pub(crate) fn record(&mut self, latency: Duration, outcome: Result<(), String>) {
         self.latency_ns.saturating_record(latency.as_nanos().max(1) as u64);
         match outcome {
             Ok(()) => self.ok += 1,
@@ -123,7 +123,7 @@ impl Client {
 
     /// Sends one request and reads the whole answer; `Err` describes a
     /// non-2xx status or a failed exchange.
-    async fn exchange(&mut self, target: &Target) -> Result<(), String> {
+    pub(crate) async fn exchange(&mut self, target: &Target) -> Result<(), String> {
         self.sender.ready().await.map_err(|e| format!("connection lost: {e}"))?;
         let mut request = Request::builder()
             .method(Method::POST)

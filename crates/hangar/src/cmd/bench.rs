@@ -106,7 +106,7 @@ enum Command {
     /// and the runtime LoRA API and `hangar serve` in front of it (child
     /// processes, `router = "adapter"`, 4 adapter slots). Then: requests for
     /// the base model and for an adapter already loaded, --requests each,
-    /// in alternating rounds (what the adapter adds at p50 and p99); and
+    /// one of each in turn (what the adapter adds at p50 and p99); and
     /// --fresh adapters never asked for, each first loaded straight on the
     /// mock (the engine's own load time), then asked for through the
     /// gateway (what the request pays beyond that load). See
