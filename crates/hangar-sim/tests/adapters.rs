@@ -157,3 +157,31 @@ fn rows_whose_adapter_cannot_run_name_their_line() {
     let e = FleetConfig::parse(&text, "fleet.toml").unwrap_err();
     assert!(e.contains("models[0].adapters.slots") && e.contains("at least 1"), "{e}");
 }
+
+#[test]
+fn hotswap_models_sharing_one_gpu_swap_in_and_out_through_the_warm_cache() {
+    // One 80 GB GPU, two 60 GB hotswap models asked for in turns two
+    // minutes apart (past `hotswap_min_age_ms`): each takes the GPU from
+    // the other, whose copy goes to the warm cache; the second time `m/a`
+    // is asked for it is swapped back in, a WARM wake.
+    let text = "[cold_start]\nboot_ms = 0\ndisk_gbps = 10.0\n[[nodes]]\nid = \"gpu\"\ngpus = 1\ngpu_memory = \"80GB\"\ncpu_cache = \"200GB\"\n\
+                [[models]]\nkey = \"m/a\"\nsize = \"60GB\"\nhotswap = true\n\
+                [[models]]\nkey = \"m/b\"\nsize = \"60GB\"\nhotswap = true\n";
+    let cfg = FleetConfig::parse(text, "fleet.toml").unwrap();
+    let row = |t: u64, model: &str| {
+        format!("{{\"timestamp\": {t}, \"input_length\": 100, \"output_length\": 4, \"model\": \"{model}\"}}\n")
+    };
+    let rows = row(0, "m/a") + &row(120_000, "m/b") + &row(240_000, "m/a");
+    let trace = trace::read(&rows, "turns.jsonl").unwrap();
+    let r = run(&trace, &cfg);
+    assert_eq!(r.total.completed, 3);
+    let a = r.models.iter().find(|m| m.model == "m/a").unwrap();
+    assert_eq!((a.cold_starts.cold, a.cold_starts.warm, a.cold_starts.swaps), (1, 1, 1), "{:?}", a.cold_starts);
+    assert_eq!(r.total.cold_starts.swaps, 1);
+
+    // The same models outside the tier: their wakes are not swaps.
+    let plain = FleetConfig::parse(&text.replace("hotswap = true\n", ""), "fleet.toml").unwrap();
+    let r = run(&trace, &plain);
+    assert!(r.total.cold_starts.warm > 0, "{:?}", r.total.cold_starts);
+    assert_eq!(r.total.cold_starts.swaps, 0);
+}

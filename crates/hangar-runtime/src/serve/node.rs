@@ -143,7 +143,7 @@ impl Sink for NodeSink {
                     (false, None) => tracing::info!(replica = %name, took_ms, "replica ready"),
                 }
                 let tier = if woke { StartTier::Warm } else { StartTier::Cold };
-                rt.metrics.replica_started(tier, Duration::from_millis(took_ms));
+                rt.metrics.replica_started(tier, rt.config.hotswap, Duration::from_millis(took_ms));
                 Command::Ready { model, tier, took: Duration::from_millis(took_ms), sleeps }
             }
             Fact::Failed { replica, why, start_failed, .. } => {

@@ -1029,7 +1029,7 @@ impl Fleet<'_> {
             // cache; a start beside it before this moment read the disk.
             self.cached.insert((r.node.clone(), m));
         }
-        self.report.cold_start(m, tier, took);
+        self.report.cold_start(m, tier, self.cfg.models[m].hotswap, took);
         self.account_replica(now, slot);
         let key = self.models[m].key.clone();
         // Simulated engines sleep (they model vLLM's sleep mode).

@@ -29,6 +29,9 @@ pub struct ColdStarts {
     pub cold: u64,
     /// WARM wakes.
     pub warm: u64,
+    /// Of the WARM wakes, those of a hotswap model: *swaps* (its copy
+    /// swapped out to the warm cache, swapped back in).
+    pub swaps: u64,
     /// Start time of both, ms.
     pub ms: Stats,
 }
@@ -155,6 +158,7 @@ struct PerModel {
     starts: Vec<f64>,
     cold: u64,
     warm: u64,
+    swaps: u64,
     decisions: u64,
     unplaceable: u64,
     /// Requests ended, by how.
@@ -264,12 +268,15 @@ impl Builder {
         self.slots[slot] = (bucket, gpus, now);
     }
 
-    pub fn cold_start(&mut self, m: usize, tier: StartTier, took_ms: f64) {
+    /// A replica of model `m` came up from `tier` after `took_ms`; a WARM
+    /// wake of a `hotswap` model is a swap.
+    pub fn cold_start(&mut self, m: usize, tier: StartTier, hotswap: bool, took_ms: f64) {
         let p = &mut self.models[m];
         match tier {
             StartTier::Cold => p.cold += 1,
             StartTier::Warm => p.warm += 1,
         }
+        p.swaps += u64::from(hotswap && tier == StartTier::Warm);
         p.starts.push(took_ms);
     }
 
@@ -391,7 +398,12 @@ fn model_report(
         gpu_seconds: gpu,
         warm_seconds: p.warm_s,
         goodput_per_gpu_hour: if gpu.total > 0.0 { good / (gpu.total / 3600.0) } else { 0.0 },
-        cold_starts: ColdStarts { cold: p.cold, warm: p.warm, ms: Stats::exact(p.starts.clone()) },
+        cold_starts: ColdStarts {
+            cold: p.cold,
+            warm: p.warm,
+            swaps: p.swaps,
+            ms: Stats::exact(p.starts.clone()),
+        },
         decisions: p.decisions,
         reversals,
         unplaceable: p.unplaceable,
@@ -411,6 +423,7 @@ fn total_report(models: &[(ModelReport, PerModel)], duration_s: f64) -> ModelRep
         all.starts.extend_from_slice(&p.starts);
         all.cold += p.cold;
         all.warm += p.warm;
+        all.swaps += p.swaps;
         all.decisions += p.decisions;
         all.unplaceable += p.unplaceable;
         all.requests += p.requests;

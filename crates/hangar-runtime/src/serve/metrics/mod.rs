@@ -204,7 +204,7 @@ impl Metrics {
             registry.register(
                 "replica_start_seconds",
                 "Time from a replica's start (or wake) to its engine serving, by tier (cold: a new engine; \
-                 warm: a sleeping one woken)",
+                 warm: a sleeping one woken; swap: a hotswap model's sleeping copy swapped back in)",
                 m.starts.clone(),
             );
             registry.register(
@@ -551,8 +551,13 @@ impl ModelMetrics {
 
     /// A replica became ready, `took` after it was placed (a cold start)
     /// or woken (a warm one).
-    pub(crate) fn replica_started(&self, tier: StartTier, took: Duration) {
-        let labels = TierLabels { model: self.model.clone(), tier: tier_label(tier) };
+    /// A WARM wake of a `hotswap` model is counted as a `swap`.
+    pub(crate) fn replica_started(&self, tier: StartTier, hotswap: bool, took: Duration) {
+        let tier = match (tier, hotswap) {
+            (StartTier::Warm, true) => "swap",
+            (tier, _) => tier_label(tier),
+        };
+        let labels = TierLabels { model: self.model.clone(), tier };
         self.starts.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
@@ -779,8 +784,8 @@ mod tests {
     fn starts_are_histograms_by_tier_and_the_node_registry_has_only_the_nodes_figures() {
         let m = Metrics::new();
         let a = m.model(&key("t/a"));
-        a.replica_started(StartTier::Cold, Duration::from_secs(3));
-        a.replica_started(StartTier::Warm, Duration::from_millis(200));
+        a.replica_started(StartTier::Cold, false, Duration::from_secs(3));
+        a.replica_started(StartTier::Warm, false, Duration::from_millis(200));
         a.ended(RequestKind::Sync, 200, None);
         let node = encoded(&m.node_registry);
         assert!(
