@@ -7,6 +7,9 @@
 //! - `admin`: the admin API, what runs where and the operator's levers;
 //! - `usage`: `GET /v1/usage`, the inference events added up per model,
 //!   account, day or hour, an account seeing only its own;
+//! - `queued`: Workers AI's async mode on the OpenAI routes
+//!   (`options.queueRequest`, answered by polling with
+//!   `inputs.request_id`), on the predictions' durable queue;
 //! - `ui`: the live status page, `/ui` (admin key), drawn from
 //!   `GET /admin/status`;
 //! - `guard`: the layer on every route (request ids; a panicking handler
@@ -18,6 +21,7 @@
 mod admin;
 mod guard;
 mod openai;
+mod queued;
 mod relay;
 mod rename;
 mod ui;
@@ -43,6 +47,8 @@ pub fn router(server: &Server, predictions: &Service, max_body_bytes: usize) -> 
         .merge(usage::router(server.clone()))
         .merge(ws::router(server.clone()))
         .merge(predictions.router())
+        // The OpenAI routes queue requests in Workers AI's async mode.
+        .layer(axum::Extension(predictions.clone()))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(from_fn_with_state(server.panic_counter(), guard::guard))
 }

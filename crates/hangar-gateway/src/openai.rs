@@ -17,9 +17,10 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use hangar_core::exposition::Format;
 use hangar_core::{AccountId, AuthError, BlockHash, ErrorCode, Principal, ReplicaId, RequestKind};
+use hangar_predictions::Service;
 use hangar_runtime::events::RequestTrace;
 use hangar_runtime::processor::{AdmitError, Lease, Wait};
 use hangar_runtime::serve::{replica_name, ModelRuntime, SendError, Server, Tally};
@@ -184,6 +185,10 @@ struct Head {
     /// prediction's are.
     max_tokens: Option<Value>,
     max_completion_tokens: Option<Value>,
+    /// Workers AI's async mode ([`crate::queued`]): `options.queueRequest`,
+    /// and a follow-up's `inputs.request_id`.
+    options: Option<Value>,
+    inputs: Option<Value>,
 }
 
 impl Head {
@@ -208,6 +213,7 @@ impl Head {
 /// counted once, as what happened to it ([`Tally`]).
 async fn forward(
     State(server): State<Server>,
+    Extension(queue): Extension<Service>,
     uri: Uri,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -269,6 +275,13 @@ async fn forward(
             }
         },
     };
+    // Workers AI's async mode: queued, or a follow-up about one.
+    if let Some(asked) =
+        crate::queued::Asked::read(rt.config().use_async_queue, head.options.as_ref(), head.inputs.as_ref())
+    {
+        let to = crate::queued::To { service: &queue, rt: &rt, path: uri.path(), account: &account, model };
+        return asked.answer(to, &body, adapter.as_ref(), tally).await;
+    }
     // Only the KV router reads the prompt.
     let prompt = rt.prompt_blocks(&body);
     let request = Forward { server: &server, rt: &rt, path: uri.path(), body, arrival, prompt, adapter };

@@ -72,6 +72,7 @@ size = "10GB"
 min_replicas = 1
 router = "adapter"
 adapters = {{ slots = 2, memory = "1GB" }}
+use_async_queue = true
 
 [[models.adapter_access]]
 adapters = "private/*"
@@ -336,5 +337,37 @@ async fn the_adapters_a_model_serves_are_exported_ahead_of_need_and_no_others() 
     // every adapter); t/m's `other/q` matches none of its rules.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert_eq!(exported(), 6);
+    server.shutdown().await;
+}
+
+/// A request queued in Workers AI's async mode with an adapter runs with
+/// it, loaded on its replica, and its answer names the model as the
+/// client wrote it; an adapter the account may not use is refused before
+/// anything is queued.
+#[tokio::test]
+async fn a_queued_request_runs_with_its_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, router, mock) = start(dir.path()).await;
+    let queued = json!({"model": "t/m:acme/b", "options": {"queueRequest": true}});
+    let (mut status, mut answer) = chat(&router, "k-acme", queued).await;
+    for _ in 0..500 {
+        if status != StatusCode::ACCEPTED {
+            break;
+        }
+        // Not ended within the wait: asked after until it has.
+        let id = answer["request_id"].as_str().unwrap().to_owned();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let follow_up = json!({"model": "t/m:acme/b", "inputs": {"request_id": id}});
+        (status, answer) = call(&router, "POST", "/v1/chat/completions", "k-acme", Some(follow_up)).await;
+    }
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["model"], "t/m:acme/b", "{answer}");
+    assert_eq!(loaded(&mock).await, ["acme/b"], "it ran on the adapter, loaded for it");
+
+    let before = server.model("t/m").unwrap().processor().load().counters.arrivals;
+    let refused = json!({"model": "t/m:private/x", "options": {"queueRequest": true}});
+    let (status, answer) = chat(&router, "k-acme", refused).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(server.model("t/m").unwrap().processor().load().counters.arrivals, before, "nothing queued");
     server.shutdown().await;
 }

@@ -418,8 +418,9 @@ async fn create(
     };
     let destination = match target.kind {
         // A language model's input is checked here; a training's input is
-        // the trainer's to judge.
-        JobKind::Prediction => {
+        // the trainer's to judge. (Queued requests come in through the
+        // OpenAI routes, `Service::queue_request`, never here.)
+        JobKind::Prediction | JobKind::Request => {
             if model.input == InputRules::Llm {
                 let parsed = LlmInput::parse(&input)
                     .map_err(|e| Problem::invalid(&format!("input.{}", e.field), &e.message))?;
@@ -545,7 +546,11 @@ async fn create(
 
 /// Waits until `id` is terminal or `limit` passes; its state then
 /// (`None` if it does not exist).
-async fn wait_for_end(inner: &Arc<Inner>, id: &str, limit: Duration) -> Result<Option<Record>, StoreError> {
+pub(crate) async fn wait_for_end(
+    inner: &Arc<Inner>,
+    id: &str,
+    limit: Duration,
+) -> Result<Option<Record>, StoreError> {
     let live = inner.live(id);
     let mut changes = live.changed.subscribe();
     let until = tokio::time::Instant::now() + limit;
@@ -562,11 +567,14 @@ async fn wait_for_end(inner: &Arc<Inner>, id: &str, limit: Duration) -> Result<O
     }
 }
 
-/// The record `id` of `kind` (any kind if `None`) if `account` owns it
-/// (404 otherwise: other accounts' predictions are not revealed).
+/// The record `id` of `kind` (a prediction or training if `None`) if
+/// `account` owns it (404 otherwise: other accounts' predictions are not
+/// revealed). A queued request of the OpenAI API is not the predictions
+/// API's to show.
 fn owned(inner: &Inner, id: &str, account: &AccountId, kind: Option<JobKind>) -> Result<Record, Problem> {
+    let shown = |r: &Record| kind.map_or(r.kind != JobKind::Request, |k| k == r.kind);
     match inner.current(id).map_err(Problem::store)? {
-        Some(r) if r.account == account.as_str() && kind.is_none_or(|k| k == r.kind) => Ok(r),
+        Some(r) if r.account == account.as_str() && shown(&r) => Ok(r),
         _ => Err(Problem::not_found(format!(
             "{} `{id}` does not exist",
             kind.unwrap_or(JobKind::Prediction).as_str()

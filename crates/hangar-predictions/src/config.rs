@@ -29,6 +29,8 @@ pub const MAX_RETRY_CAP_MS: u64 = 3_600_000;
 pub const MAX_ATTEMPTS: std::ops::RangeInclusive<u32> = 1..=50;
 /// The longest `webhook_secret_grace_s`: 7 days.
 pub const MAX_SECRET_GRACE_S: u64 = 7 * 86_400;
+/// The longest `queue_request_wait_ms`: 60 s, the longest `Prefer: wait`.
+pub const MAX_QUEUE_REQUEST_WAIT_MS: u64 = 60_000;
 
 /// Server-wide predictions settings. Every field has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +81,13 @@ pub struct PredictionsConfig {
     /// Named deployments (`POST /v1/deployments/{owner}/{name}/predictions`).
     #[serde(default)]
     pub deployments: Vec<Deployment>,
+    /// How long a request queued in Workers AI's async mode
+    /// (`options.queueRequest`) is waited for before the client is told
+    /// `202` and its `request_id`: one that ends sooner is answered `200`
+    /// with its answer at once (docs/serve.md). 0 to 60,000 ms; default
+    /// 1000.
+    #[serde(default = "default_queue_request_wait")]
+    pub queue_request_wait_ms: u64,
 }
 
 /// A deployment: a name bound to a model, with its own settings.
@@ -234,6 +243,16 @@ impl PredictionsConfig {
                 ),
             ));
         }
+        if self.queue_request_wait_ms > MAX_QUEUE_REQUEST_WAIT_MS {
+            return Err(err(
+                "queue_request_wait_ms",
+                format!(
+                    "{} ms is over the limit of {MAX_QUEUE_REQUEST_WAIT_MS} ms (60 s): a client told to \
+                     wait longer should poll instead",
+                    self.queue_request_wait_ms
+                ),
+            ));
+        }
         AllowList::parse(&self.webhook_allow).map_err(|e| e.within("webhook_allow"))?;
         self.webhook_ca()?;
         let mut names = std::collections::HashSet::new();
@@ -299,6 +318,9 @@ fn default_retry_attempts() -> u32 {
 }
 fn default_secret_grace() -> u64 {
     86_400
+}
+fn default_queue_request_wait() -> u64 {
+    1000
 }
 fn default_lifetime() -> u64 {
     DEFAULT_MAX_RUN_LIFETIME / 1000
@@ -394,10 +416,15 @@ mod tests {
             (json!({"retention_s": 365 * 86_400 + 1}), "retention_s"),
             (json!({"async_slots": 0}), "async_slots"),
             (json!({"async_slots": 1025}), "async_slots"),
+            (json!({"queue_request_wait_ms": 60_001}), "queue_request_wait_ms"),
         ] {
             assert_eq!(config(c.clone()).validate().unwrap_err().field, field, "{c}");
         }
         assert_eq!(config(json!({"retention_s": 0})).validate(), Ok(()));
+        assert_eq!(PredictionsConfig::default().queue_request_wait_ms, 1000);
+        for wait in [0, 60_000] {
+            assert_eq!(config(json!({"queue_request_wait_ms": wait})).validate(), Ok(()), "{wait} ms");
+        }
         let max = ModelSettings {
             max_run_lifetime_s: MAX_RUN_S,
             predict_timeout_s: MAX_RUN_S,

@@ -26,7 +26,8 @@ pub struct Job {
     pub model: String,
     /// The account it runs for (admission fairness, access).
     pub account: AccountId,
-    /// The validated input.
+    /// The validated input (a queued request's: its
+    /// [`QueuedRequest`](crate::request::QueuedRequest)).
     pub input: Value,
     /// When it was created (ms since the Unix epoch): its arrival, which
     /// its waiting and first output are measured from.
@@ -88,6 +89,17 @@ pub enum ExecError {
     /// start; lost a second time, it fails with this message.
     #[error("{0}")]
     Lost(String),
+    /// The engine answered a queued request ([`JobKind::Request`]) with an
+    /// error status: the job fails, and its follow-up gives the client the
+    /// engine's `status` and `body` as a synchronous request would have had
+    /// them (kept as its [`Answer`](crate::request::Answer)).
+    #[error("the engine answered {status}: {body}")]
+    Answered {
+        /// The engine's HTTP status (4xx or 5xx).
+        status: u16,
+        /// Its answer: the JSON it sent, or its text as a JSON string.
+        body: Value,
+    },
 }
 
 /// The boxed future an executor returns.
@@ -112,6 +124,11 @@ pub type AdapterCheck = Pin<Box<dyn Future<Output = Result<(), AdapterRefused>> 
 /// [`ExecError::Canceled`]) once `cancel` fires; the caller stops polling
 /// the future at that point anyway, so dropping it must release every
 /// resource it holds (permits, connections).
+///
+/// A queued request ([`JobKind::Request`]) sends its stored body to the
+/// engine path it names and returns the engine's answer as an
+/// [`Answer`](crate::request::Answer) ([`Answer::to_value`](crate::request::Answer::to_value));
+/// an engine's error status is [`ExecError::Answered`].
 pub trait Executor: Send + Sync + 'static {
     /// Runs `job`, reporting through `sink`; the final output on success.
     fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> ExecFuture;

@@ -10,6 +10,10 @@
 //! sans-IO policies that take `now` ([`lifecycle`], [`webhook_policy`],
 //! [`webhook_target`], [`reachability`]); [`Service`] drives them with
 //! real time and serves the HTTP API ([`Service::router`]).
+//!
+//! The same queue holds the synchronous API's requests that Workers AI's
+//! async mode queues ([`request`]: `options.queueRequest`, answered by
+//! polling with `inputs.request_id`).
 #![deny(missing_docs)]
 
 mod api;
@@ -19,6 +23,7 @@ pub mod lifecycle;
 pub mod llm;
 pub mod reachability;
 pub mod record;
+pub mod request;
 mod service;
 pub mod signing;
 pub mod store;

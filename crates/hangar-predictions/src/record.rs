@@ -6,7 +6,8 @@ use serde_json::{json, Value};
 use crate::lifecycle::Status;
 use crate::webhook_policy::Filter;
 
-/// What kind of job a record is: each kind has its own queues.
+/// What kind of job a record is. Predictions and queued requests share
+/// their model's queue; trainings have their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JobKind {
     /// A prediction (the default).
@@ -14,6 +15,12 @@ pub enum JobKind {
     /// A training: own queue, 24 h default timeout, one at a time per model,
     /// carries a `destination`.
     Training,
+    /// A request of the synchronous OpenAI API queued in Workers AI's
+    /// async mode (`options.queueRequest`, [`crate::request`]): its input
+    /// is a [`QueuedRequest`](crate::request::QueuedRequest), its output
+    /// the engine's answer ([`Answer`](crate::request::Answer)). It is
+    /// not a prediction to the predictions API (not listed, not found).
+    Request,
 }
 
 impl JobKind {
@@ -22,17 +29,25 @@ impl JobKind {
         match self {
             JobKind::Prediction => "prediction",
             JobKind::Training => "training",
+            JobKind::Request => "request",
         }
     }
 
     /// The kind called `s`.
     pub fn parse(s: &str) -> Option<JobKind> {
-        [JobKind::Prediction, JobKind::Training].into_iter().find(|k| k.as_str() == s)
+        [JobKind::Prediction, JobKind::Training, JobKind::Request].into_iter().find(|k| k.as_str() == s)
     }
 
     /// The queue of this kind for `model` (Replicate: `input:prediction:…`).
+    /// A queued request waits in its model's prediction queue: one
+    /// `async_slots` bound on what the async class puts in the model's
+    /// line, one rotation between accounts, whichever API they came in by.
     pub fn queue(self, model: &str) -> String {
-        format!("input:{}:{model}", self.as_str())
+        let queue = match self {
+            JobKind::Prediction | JobKind::Request => "prediction",
+            JobKind::Training => "training",
+        };
+        format!("input:{queue}:{model}")
     }
 }
 

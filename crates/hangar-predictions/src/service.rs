@@ -518,6 +518,13 @@ impl Inner {
                         Ok(_) => Ending::new(Status::Failed, ErrorCode::Internal, "the executor returned without starting"),
                         Err(ExecError::Canceled) => Ending::new(Status::Canceled, ErrorCode::Canceled, "canceled"),
                         Err(ExecError::Failed(e)) => Ending::new(Status::Failed, ErrorCode::EngineError, e),
+                        Err(e @ ExecError::Answered { .. }) => {
+                            let message = e.to_string();
+                            if let ExecError::Answered { status, body } = e {
+                                r.output = Some(crate::request::Answer { status, body: Some(body) }.to_value());
+                            }
+                            Ending::new(Status::Failed, ErrorCode::EngineError, message)
+                        }
                         Err(ExecError::Lost(e)) => {
                             if self.run_again(&r, &e).await? {
                                 return Ok(());
@@ -717,7 +724,10 @@ impl Inner {
         }
     }
 
-    /// Ends `r` with `ending` at now.
+    /// Ends `r` with `ending` at now. A queued request that ends without
+    /// an answer of its engine (a deadline, a lost run, a model that could
+    /// not start) keeps the status its follow-up answers with: that of
+    /// its error code, as a synchronous request ending so is answered.
     fn end(&self, r: &mut Record, ending: Ending) -> Result<bool, StoreError> {
         r.status = ending.status;
         r.completed_at = Some(now());
@@ -729,6 +739,9 @@ impl Inner {
                     r.output = Some(Value::Array(s.output.clone()));
                 }
                 r.logs = s.logs.clone();
+            }
+            if let (JobKind::Request, None, Some(code)) = (r.kind, &r.output, ending.code) {
+                r.output = Some(crate::request::Answer { status: code.http_status(), body: None }.to_value());
             }
         }
         self.finish(r, ending.code)

@@ -169,14 +169,21 @@ fn hotswap_models_sharing_one_gpu_swap_in_and_out_through_the_warm_cache() {
                 [[models]]\nkey = \"m/b\"\nsize = \"60GB\"\nhotswap = true\n";
     let cfg = FleetConfig::parse(text, "fleet.toml").unwrap();
     let row = |t: u64, model: &str| {
-        format!("{{\"timestamp\": {t}, \"input_length\": 100, \"output_length\": 4, \"model\": \"{model}\"}}\n")
+        format!(
+            "{{\"timestamp\": {t}, \"input_length\": 100, \"output_length\": 4, \"model\": \"{model}\"}}\n"
+        )
     };
     let rows = row(0, "m/a") + &row(120_000, "m/b") + &row(240_000, "m/a");
     let trace = trace::read(&rows, "turns.jsonl").unwrap();
     let r = run(&trace, &cfg);
     assert_eq!(r.total.completed, 3);
     let a = r.models.iter().find(|m| m.model == "m/a").unwrap();
-    assert_eq!((a.cold_starts.cold, a.cold_starts.warm, a.cold_starts.swaps), (1, 1, 1), "{:?}", a.cold_starts);
+    assert_eq!(
+        (a.cold_starts.cold, a.cold_starts.warm, a.cold_starts.swaps),
+        (1, 1, 1),
+        "{:?}",
+        a.cold_starts
+    );
     assert_eq!(r.total.cold_starts.swaps, 1);
 
     // The same models outside the tier: their wakes are not swaps.

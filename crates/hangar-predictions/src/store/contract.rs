@@ -139,6 +139,24 @@ pub(crate) fn a_rotated_secret_stays_valid_for_the_grace_period_only(q: &dyn Pre
 
 /// One `#[test]` per contract function, each on a store from `$open`
 /// (an expression giving a guard and the store, or `None` to skip).
+/// A queued request waits in its model's prediction queue, in turn with
+/// the model's predictions; it is read back as a request, and a listing
+/// of predictions does not show it.
+pub(crate) fn a_queued_request_waits_with_the_predictions_and_is_not_listed(q: &dyn PredictionQueue) {
+    q.enqueue(&record("p0", "a/x", 0)).unwrap();
+    let mut request = record("r1", "a/x", 1);
+    request.kind = JobKind::Request;
+    q.enqueue(&request).unwrap();
+    let queue = JobKind::Request.queue("a/x");
+    assert_eq!(queue, JobKind::Prediction.queue("a/x"), "one queue");
+    assert_eq!(q.claim(&queue, "w", 10, 100).unwrap().unwrap().id, "p0");
+    let claimed = q.claim(&queue, "w", 10, 100).unwrap().unwrap();
+    assert_eq!((claimed.id.as_str(), claimed.kind), ("r1", JobKind::Request));
+    assert_eq!(q.get("r1").unwrap().unwrap().kind, JobKind::Request);
+    let listed = q.list(Some("acme"), JobKind::Prediction, Cursor::Start, 10).unwrap();
+    assert_eq!(listed.results.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["p0"]);
+}
+
 macro_rules! contract_tests {
     ($open:expr) => {
         contract_tests!(@each $open;
@@ -148,7 +166,8 @@ macro_rules! contract_tests {
             cordon_query_prune_and_retention,
             deliveries_are_retried_until_delivered,
             a_rotated_secret_stays_valid_for_the_grace_period_only,
-            requeued_records_are_claimed_again);
+            requeued_records_are_claimed_again,
+            a_queued_request_waits_with_the_predictions_and_is_not_listed);
     };
     (@each $open:expr; $($name:ident),*) => {
         $(

@@ -25,6 +25,7 @@ pub use event::{estimate_tokens, InferenceEvent};
 pub(crate) use prediction::request_kind;
 pub use prediction::{images, input_tokens, output_tokens, prediction_event, RunFacts, Runs};
 pub use sink::{EventSink, EventsConfig, SinkStats, Target, WriterHandle, TICK};
+pub use trace::estimate_answer;
 pub use trace::{find_usage, RequestTrace, Usage, COPY_UP_TO, MESSAGE_BYTES, STREAM_TAIL_BYTES};
 pub use usage::{
     parse_time, read_files, read_stream, rfc3339, Group, GroupBy, QueryError, Totals, UsageError, UsageQuery,

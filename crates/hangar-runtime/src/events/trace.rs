@@ -519,7 +519,7 @@ impl ReplicaNames {
 
 /// Words × 4/3 of a JSON answer's texts (`choices[].message.content` or
 /// `choices[].text`).
-fn estimate_answer(answer: &[u8]) -> u64 {
+pub fn estimate_answer(answer: &[u8]) -> u64 {
     let parsed: Option<Value> = serde_json::from_slice(answer).ok();
     let Some(choices) = parsed.as_ref().and_then(|v| v.get("choices")).and_then(Value::as_array) else {
         return 0;

@@ -1,8 +1,10 @@
 //! Async predictions in `hangar serve`: the [`Executor`] that runs a
 //! prediction through its model's processor and engine — a streamed
 //! completion on OpenAI-style engines, cog's protocol ([`hangar_agent::cog`]) on
-//! `cog` engines, a training on a train-mode cog server of its own — and
-//! the start of the predictions service beside the gateway.
+//! `cog` engines, a training on a train-mode cog server of its own, a
+//! request of the OpenAI routes queued in Workers AI's async mode (its
+//! stored body sent to its path, the answer read whole) — and the start of
+//! the predictions service beside the gateway.
 //!
 //! # Sync and async classes
 //! A prediction enters the same per-model admission as a synchronous
@@ -28,16 +30,20 @@ use futures::StreamExt;
 use hangar_core::{AccountId, Adapter, AdapterName, BlockHash, ErrorCode, Millis, Progress, ReplicaId};
 use hangar_predictions::llm::LlmInput;
 use hangar_predictions::record::{JobKind, Record};
+use hangar_predictions::request::{Answer, QueuedRequest};
 use hangar_predictions::store::Backend;
 use hangar_predictions::{
     AdapterRefused, ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError,
     Sink,
 };
+use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{replica_name, Inner, ModelRuntime, Server};
-use crate::events::{prediction_event, request_kind, Runs};
+use crate::events::{
+    estimate_answer, estimate_tokens, prediction_event, request_kind, InferenceEvent, Runs, Usage,
+};
 use crate::processor::{AdmitError, Lease, Patience, Wait};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
 use hangar_agent::engine::{launch_cog, LaunchContext};
@@ -79,7 +85,9 @@ impl Executor for ServeExecutor {
             // so it has not ended).
             match &result {
                 Ok(_) => sink.log(Progress::Completed.to_string()),
-                Err(ExecError::Failed(why)) => sink.log(format!("{}: {why}", Progress::Error { code: None })),
+                Err(why @ (ExecError::Failed(_) | ExecError::Answered { .. })) => {
+                    sink.log(format!("{}: {why}", Progress::Error { code: None }))
+                }
                 Err(_) => {}
             }
             result
@@ -90,10 +98,17 @@ impl Executor for ServeExecutor {
     /// status (the one a synchronous request ending the same way gets),
     /// its error code, its wait from creation to start and its duration
     /// from creation to end; and hands its inference event to the sink.
+    ///
+    /// A queued request of the OpenAI API is counted once, here, as a
+    /// `prediction` — it waits as one, in the durable queue and patiently
+    /// in the line — under the status its client gets (the engine's), with
+    /// its tokens read as a synchronous request's are.
     fn ended(&self, record: &Record, code: Option<ErrorCode>) {
         let Some(rt) = self.inner.models.get(&record.model) else { return };
         let kind = request_kind(record.kind);
-        rt.metrics.ended(kind, code.map_or(200, ErrorCode::http_status), code);
+        let answer = (record.kind == JobKind::Request).then(|| Answer::kept(record)).flatten();
+        let status = answer.as_ref().map_or(code.map_or(200, ErrorCode::http_status), |a| a.status);
+        rt.metrics.ended(kind, status, code);
         let ms = |from: Millis, to: Millis| Duration::from_millis(to.saturating_sub(from));
         if let Some(started) = record.started_at {
             rt.metrics.queue_wait(kind, ms(record.created_at, started));
@@ -104,13 +119,44 @@ impl Executor for ServeExecutor {
         if self.inner.events.enabled() {
             let facts = self.runs.take(&record.id);
             match prediction_event(rt, record, code, facts) {
-                Some(event) => self.inner.events.prediction(event),
+                Some(mut event) => {
+                    if record.kind == JobKind::Request {
+                        event.status = status;
+                        request_tokens(rt, record, answer.as_ref(), &mut event);
+                    }
+                    self.inner.events.prediction(event)
+                }
                 None => {
                     tracing::warn!(prediction = %record.id, "no inference event: its stored account `{}` is invalid", record.account)
                 }
             }
         }
     }
+}
+
+/// The tokens of a queued request's event, as a synchronous request's
+/// are counted: the engine's `usage` when the model trusts it, else —
+/// once it was sent to an engine — words × 4/3 of the prompt and of the
+/// answer's text; then its price.
+fn request_tokens(rt: &ModelRuntime, record: &Record, answer: Option<&Answer>, event: &mut InferenceEvent) {
+    let billing = &rt.config.billing;
+    let body = answer.and_then(|a| a.body.as_ref()).filter(|_| event.code.is_none());
+    let usage = body.and_then(|b| b.get("usage")).and_then(|u| Usage::deserialize(u).ok());
+    match usage.filter(|_| billing.trust_usage) {
+        Some(u) => {
+            (event.input_tokens, event.output_tokens, event.tokens_estimated) =
+                (u.prompt_tokens, u.completion_tokens, false)
+        }
+        None if record.started_at.is_none() => (event.input_tokens, event.output_tokens) = (0, 0),
+        None => {
+            let prompt = QueuedRequest::from_input(&record.input).map(|r| Value::Object(r.body));
+            event.input_tokens = prompt.map_or(0, |p| estimate_tokens(&super::prompt_words(&p)));
+            event.output_tokens =
+                body.map_or(0, |b| estimate_answer(&serde_json::to_vec(b).expect("JSON serializes")));
+            event.tokens_estimated = true;
+        }
+    }
+    event.price(billing);
 }
 
 /// One run of a job, and where its facts go (none: events are off).
@@ -155,6 +201,13 @@ impl<'a> Outputs<'a> {
     }
 
     fn output(&mut self, item: Value) {
+        self.first();
+        self.sink.output(item);
+    }
+
+    /// The job's first output came now (later calls do nothing): its logs
+    /// say it runs, and its time to first token is taken.
+    fn first(&mut self) {
         if std::mem::take(&mut self.first) {
             self.sink.log(Progress::Running.to_string());
             let (job, now) = (self.run.job, super::wall_ms());
@@ -164,7 +217,6 @@ impl<'a> Outputs<'a> {
                 runs.first_output(&job.id, now);
             }
         }
-        self.sink.output(item);
     }
 }
 
@@ -186,6 +238,12 @@ async fn complete(inner: &Arc<Inner>, run: &Run<'_>, sink: Sink) -> Result<Value
         (true, JobKind::Prediction) => predict_on_cog(inner, &rt, run, &sink).await,
         (true, JobKind::Training) => train_on_cog(inner, &rt, run, &sink).await,
         (false, JobKind::Prediction) => complete_on_llm(inner, &rt, run, &sink).await,
+        (false, JobKind::Request) => answer_request(inner, &rt, run, &sink).await,
+        // Refused at load (`use_async_queue` on a cog engine).
+        (true, JobKind::Request) => Err(ExecError::Failed(format!(
+            "the model `{}` runs on a cog engine, which serves predictions, not the OpenAI API",
+            job.model
+        ))),
         (false, JobKind::Training) => Err(ExecError::Failed(format!(
             "the model `{}` runs on an engine that serves completions and cannot train; trainings need a \
              `cog` engine whose cog.yaml names a `train` function",
@@ -324,35 +382,30 @@ async fn run_adapter(
     rt.adapter(inner.adapters.as_ref(), name, account).await.map_err(|e| refused(e.status(), e.to_string()))
 }
 
-/// Streams a completion from one of the model's OpenAI-style engines.
-async fn complete_on_llm(
+/// Sends `body` to `path` on one of the model's replicas, admitted as a
+/// patient request ([`admit`]; the job starts with its first permit): the
+/// answer's head, and the lease, held until the caller has read the
+/// answer. A replica out of capacity (429, 503) hands the job to another,
+/// once, as a synchronous request's would be; one that does not answer is
+/// probed (out of routing at once if it is dead) and the run is lost.
+///
+/// # Cancel safety
+/// Dropping the future leaves the line or gives the permit back, and
+/// drops the engine connection.
+async fn send(
     inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
     run: &Run<'_>,
     sink: &Sink,
-) -> Result<Value, ExecError> {
-    let job = run.job;
-    let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
-    // Checked when it was created; looked up again, since it may have been
-    // removed from the store while the prediction waited.
-    let adapter = match &input.lora {
-        Some(name) => Some(
-            run_adapter(inner, &job.model, name, &job.account)
-                .await
-                .map_err(|e| ExecError::Failed(e.message))?,
-        ),
-        None => None,
-    };
-    // An engine serves an adapter loaded at run time under its name.
-    let served = adapter.as_ref().map_or(rt.config.key.as_str(), |(a, _)| a.id.name().as_str());
-    let body = serde_json::to_vec(&input.completion_body(served)).expect("JSON serializes");
+    path: &str,
+    body: Vec<u8>,
+    adapter: Option<(&Adapter, f64)>,
+) -> Result<(reqwest::Response, Lease), ExecError> {
     let prompt = rt.prompt_blocks(&body);
     let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
-    let adapter = adapter.as_ref().map(|(a, load_ms)| (a, *load_ms));
-    // A replica out of capacity hands the prediction to another, once.
     let mut avoid = None;
-    let (response, lease) = loop {
-        let lease = admit(rt, &job.account, Asked { prompt, avoid, adapter }, sink).await?;
+    loop {
+        let lease = admit(rt, &run.job.account, Asked { prompt, avoid, adapter }, sink).await?;
         if avoid.is_none() {
             sink.started();
         }
@@ -362,7 +415,7 @@ async fn complete_on_llm(
         run.admitted(rt, &lease, node, sink);
         let sent = inner
             .client
-            .post(format!("{base}/v1/completions"))
+            .post(format!("{base}{path}"))
             .header(header::CONTENT_TYPE, "application/json")
             .body(body.clone())
             .send()
@@ -382,8 +435,77 @@ async fn complete_on_llm(
             avoid = Some(lease.replica);
             continue;
         }
-        break (response, lease);
+        return Ok((response, lease));
+    }
+}
+
+/// Runs a request of the OpenAI API queued in Workers AI's async mode
+/// ([`hangar_predictions::request`]): its stored body to its path on one of
+/// the model's replicas, the answer read whole — the job's output, or
+/// [`ExecError::Answered`] with the engine's error status and answer.
+///
+/// # Cancel safety
+/// As [`send`]'s: the permit and the engine connection are given back.
+async fn answer_request(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    run: &Run<'_>,
+    sink: &Sink,
+) -> Result<Value, ExecError> {
+    let job = run.job;
+    let request = QueuedRequest::from_input(&job.input).map_err(ExecError::Failed)?;
+    let adapter = job_adapter(inner, job, request.adapter.as_deref()).await?;
+    let body = serde_json::to_vec(&request.body).expect("JSON serializes");
+    let adapter = adapter.as_ref().map(|(a, load_ms)| (a, *load_ms));
+    let (response, lease) = send(inner, rt, run, sink, &request.path, body, adapter).await?;
+    let status = response.status();
+    let whole = match response.bytes().await {
+        Ok(whole) => whole,
+        Err(e) => {
+            inner.probe(rt, lease.replica).await;
+            return Err(ExecError::Lost(format!("the replica running it went away mid-answer: {e}")));
+        }
     };
+    drop(lease);
+    // Its one output, the whole answer, has come.
+    Outputs::new(sink, rt, run).first();
+    let body = serde_json::from_slice(&whole)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&whole).into_owned()));
+    match status.is_success() {
+        true => Ok(Answer { status: status.as_u16(), body: Some(body) }.to_value()),
+        false => Err(ExecError::Answered { status: status.as_u16(), body }),
+    }
+}
+
+/// The LoRA adapter `name` of `job`, if it names one, with its load
+/// estimate: checked when the job was created, and looked up again when it
+/// runs, since it may have been removed from the store while the job
+/// waited.
+async fn job_adapter(
+    inner: &Inner,
+    job: &Job,
+    name: Option<&str>,
+) -> Result<Option<(Adapter, f64)>, ExecError> {
+    let Some(name) = name else { return Ok(None) };
+    let found = run_adapter(inner, &job.model, name, &job.account).await;
+    found.map(Some).map_err(|e| ExecError::Failed(e.message))
+}
+
+/// Streams a completion from one of the model's OpenAI-style engines.
+async fn complete_on_llm(
+    inner: &Arc<Inner>,
+    rt: &Arc<ModelRuntime>,
+    run: &Run<'_>,
+    sink: &Sink,
+) -> Result<Value, ExecError> {
+    let job = run.job;
+    let input = LlmInput::parse(&job.input).map_err(|e| ExecError::Failed(e.to_string()))?;
+    let adapter = job_adapter(inner, job, input.lora.as_deref()).await?;
+    // An engine serves an adapter loaded at run time under its name.
+    let served = adapter.as_ref().map_or(rt.config.key.as_str(), |(a, _)| a.id.name().as_str());
+    let body = serde_json::to_vec(&input.completion_body(served)).expect("JSON serializes");
+    let adapter = adapter.as_ref().map(|(a, load_ms)| (a, *load_ms));
+    let (response, lease) = send(inner, rt, run, sink, "/v1/completions", body, adapter).await?;
     if !response.status().is_success() {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();

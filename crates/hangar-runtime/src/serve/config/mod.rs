@@ -273,6 +273,17 @@ pub struct ModelConfig {
     /// replicas and synchronous requests get 503 (docs/placement.md).
     #[serde(default)]
     pub hotswap: bool,
+    /// Whether a request to its OpenAI routes may ask to be queued —
+    /// Workers AI's async mode (seed 001, "Async Queue"): with this set, a
+    /// body with `"options": {"queueRequest": true}` becomes a durable job
+    /// in the model's prediction queue, answered `200` if it ends within
+    /// `predictions.queue_request_wait_ms`, else `202` with a `request_id`
+    /// to poll with (`"inputs": {"request_id": ID}`; docs/serve.md).
+    /// Without it such a request is served synchronously, as every other.
+    /// Default false. Left out of the serialized configuration while
+    /// false, so a model's prediction version does not change for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub use_async_queue: bool,
 }
 
 /// One `[[models.adapter_access]]` rule: adapters by name or pattern, and

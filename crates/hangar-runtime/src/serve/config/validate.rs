@@ -276,6 +276,13 @@ impl ModelConfig {
         self.scaling().validate().map_err(|e| e.within("scaling"))?;
         self.scaling().check_bounds(hangar_scaler::Bounds { min: self.min_replicas, max })?;
         self.check_adapters()?;
+        if self.use_async_queue && self.engine.is_cog() {
+            return Err(FieldError::new(
+                "use_async_queue",
+                "a cog engine serves predictions, not the OpenAI routes whose requests this queues; \
+                 use the predictions API (POST /v1/models/{key}/predictions), which queues them already",
+            ));
+        }
         let tier = hangar_placement::ModelSpec { hotswap: self.hotswap, ..Default::default() };
         tier.check_tier(self.min_replicas)?;
         if self.kv.block_chars == 0 {
@@ -492,6 +499,24 @@ mod tests {
         );
         let e = refused(&model("[[models.adapter_access]]\nadapters = \"a\""));
         assert_eq!(e.field, "models[0].adapter_access");
+    }
+
+    #[test]
+    fn the_async_queue_is_off_by_default_and_refused_on_cog_engines() {
+        let model = |extra: &str| config(&format!("{MOCK}{extra}\n"));
+        let off: ServeConfig = toml::from_str(&model("")).unwrap();
+        assert!(!off.models[0].use_async_queue);
+        let on: ServeConfig = toml::from_str(&model("use_async_queue = true")).unwrap();
+        on.validate().unwrap();
+        assert!(on.models[0].use_async_queue);
+        let version = |c: &ServeConfig| serde_json::to_string(&c.models[0]).unwrap();
+        assert!(!version(&off).contains("use_async_queue"), "off, the version is unchanged");
+        let cog = config(
+            "[[models]]\nkey = \"m\"\nengine = { kind = \"cog\", dir = \"x\" }\nsize = \"1GB\"\nuse_async_queue = true\n",
+        );
+        let e = refused(&cog);
+        assert_eq!(e.field, "models[0].use_async_queue");
+        assert!(e.to_string().contains("predictions"), "{e}");
     }
 
     #[test]

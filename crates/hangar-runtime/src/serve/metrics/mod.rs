@@ -682,6 +682,14 @@ impl Tally {
     pub fn metrics(&self) -> &Arc<ModelMetrics> {
         &self.metrics
     }
+
+    /// The request is not counted as one: Workers AI's async mode made it
+    /// a durable job, counted (with its event) when the job ends, or it
+    /// only asked after such a job. Its trace is dropped unsent.
+    pub fn handed_over(mut self) {
+        self.counted = true;
+        self.trace = None;
+    }
 }
 
 impl Drop for Tally {
