@@ -47,7 +47,7 @@ enum Command {
     Usage(cmd::usage::Args),
     /// Benchmarks that print figures against targets: the gateway, durable
     /// predictions, the predictions queue, a fleet's control plane, a fleet
-    /// under faults, the weight store and cold starts.
+    /// under faults, the weight store, cold starts and LoRA adapters.
     Bench(cmd::bench::Args),
 }
 

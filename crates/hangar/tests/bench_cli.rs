@@ -29,6 +29,7 @@ fn bench_help_names_every_bench_it_lists() {
         ("chaos", "a fleet under faults"),
         ("store", "the weight store"),
         ("coldstart", "cold starts"),
+        ("adapters", "LoRA adapters"),
     ];
     let listed: Vec<&str> = help
         .split("Commands:")

@@ -259,8 +259,23 @@ fn check_with_promtool(promtool: &std::path::Path, what: &str, base: &str) -> St
 
 /// A server with a model, an async prediction, a bad request and a
 /// synchronous one behind it: every family has samples.
+/// The predictions configuration with a model that loads LoRA adapters
+/// (from a store in `store`): a server whose every family has series.
+fn busy_server_in(store: &std::path::Path) -> common::Serve {
+    let config = format!(
+        "{PREDICTIONS_CONFIG}\n[store]\nroot = \"{}\"\n\n[[models]]\nkey = \"t/lora\"\n\
+         engine = {{ kind = \"mock\", preset = \"instant\" }}\nsize = \"1GB\"\nadapters = {{}}\n",
+        store.display()
+    );
+    busy(serve(&config))
+}
+
 fn busy_server() -> common::Serve {
-    let s = serve(PREDICTIONS_CONFIG);
+    busy(serve(PREDICTIONS_CONFIG))
+}
+
+/// `s` after a chat request, a refused one and a prediction.
+fn busy(s: common::Serve) -> common::Serve {
     assert_eq!(common::post(&s.url, None, &chat("t/fast", 2)).0, 200);
     assert_eq!(common::post(&s.url, None, &chat("t/fast", 0)).0, 400);
     let (status, p) = post_json(
@@ -406,7 +421,8 @@ fn the_grafana_dashboard_queries_only_series_the_server_has() {
     }
     assert!(exprs.len() >= 15, "the dashboard has its panels: {exprs:?}");
 
-    let s = busy_server();
+    let store = tempfile::tempdir().unwrap();
+    let s = busy_server_in(store.path());
     // The instance monitor's per-replica figures come once a replica's
     // first 15 s window has closed.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -495,6 +495,7 @@ pub(crate) async fn build(
         for rt in models.values().filter(|rt| rt.config.adapters.is_some()) {
             let driver = adapters::driver(Arc::downgrade(rt), catalog.clone(), client.clone());
             rt.processor.set_adapter_driver(driver);
+            rt.metrics.show_adapter_steps();
         }
     }
     let inner = Arc::new(Inner {

@@ -9,7 +9,7 @@ use hangar_bench::{adapters, chaos, cluster, coldstart, predictions, queue};
 
 /// Benchmarks that print figures against targets: the gateway, durable
 /// predictions, the predictions queue, a fleet's control plane, a fleet
-/// under faults, the weight store and cold starts.
+/// under faults, the weight store, cold starts and LoRA adapters.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     #[command(subcommand)]

@@ -575,6 +575,21 @@ impl ModelMetrics {
         self.capacity_failovers.inc();
     }
 
+    /// The model loads adapters: its step counters are shown from the
+    /// start, at 0, so a dashboard and an alert find them before the first
+    /// load.
+    pub(crate) fn show_adapter_steps(&self) {
+        for step in ["load", "unload"] {
+            for outcome in ["ok", "failed"] {
+                self.adapter_steps.get_or_create(&AdapterStepLabels {
+                    model: self.model.clone(),
+                    step,
+                    outcome,
+                });
+            }
+        }
+    }
+
     /// An adapter step (a load, else an unload) was carried out, `ok` if
     /// the engine did it.
     pub fn adapter_step(&self, load: bool, ok: bool) {
