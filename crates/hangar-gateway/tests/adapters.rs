@@ -6,30 +6,25 @@
 //! request is refused before it queues with a 4xx naming adapter and
 //! model.
 
+mod common;
+
 use std::path::Path;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use hangar_core::AdapterRef;
-use hangar_mock_engine::{preset, MockConfig};
 use hangar_predictions::store::Backend;
 use hangar_runtime::serve::{ServeConfig, Server};
 use hangar_store::BlobStore;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// A mock engine serving `t/m` (its LoRA API on or off), on port 0.
 async fn mock(lora_api: bool) -> String {
-    let mut config = MockConfig::from_preset(&preset("instant").unwrap(), "t/m");
-    config.lora_api = lora_api;
-    config.lora_load_ms = 1;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let never = std::future::pending::<()>();
-    tokio::spawn(hangar_mock_engine::serve(config, listener, |_| Err("no tables".into()), never));
-    url
+    common::mock_engine("t/m", |c| {
+        c.lora_api = lora_api;
+        c.lora_load_ms = 1;
+    })
+    .await
 }
 
 /// Registers a small synthetic adapter `BASE:NAME` in the store at `root`.
@@ -113,13 +108,9 @@ account = "beta"
     );
     let mut config = ServeConfig::from_toml(&text, "test").unwrap();
     config.events.enabled = false;
-    let server = Server::start(config, Default::default()).await.unwrap();
-    let service = server
-        .start_predictions(&Backend::Sqlite(dir.to_path_buf()), Default::default(), "http://test")
-        .await
-        .unwrap();
-    let router = hangar_gateway::router(&server, &service, 1 << 20);
-    (server, router, with)
+    let backend = Backend::Sqlite(dir.to_path_buf());
+    let served = common::serve(config, &backend, Default::default()).await;
+    (served.server, served.router, with)
 }
 
 async fn call(
@@ -129,17 +120,7 @@ async fn call(
     key: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    common::call(router, method, path, Some(key), &[], body.as_ref()).await
 }
 
 async fn chat(router: &Router, key: &str, fields: Value) -> (StatusCode, Value) {
@@ -193,12 +174,10 @@ async fn an_adapter_is_loaded_on_its_replica_and_runs_there_under_its_name() {
     assert_eq!(loaded(&mock).await, ["acme/a", "acme/c"], "b, the least recently used, went");
 
     let (status, metrics) = {
-        let request = Request::get("/metrics").body(Body::empty()).unwrap();
-        let response = router.clone().oneshot(request).await.unwrap();
-        (
-            response.status(),
-            String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap(),
-        )
+        let request = axum::http::Request::get("/metrics").body(axum::body::Body::empty()).unwrap();
+        let response = tower::ServiceExt::oneshot(router.clone(), request).await.unwrap();
+        let bytes = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+        (StatusCode::OK, String::from_utf8(bytes.to_vec()).unwrap())
     };
     assert_eq!(status, StatusCode::OK);
     let count = |step: &str| {
@@ -264,16 +243,7 @@ async fn an_adapter_registered_while_serving_is_found_within_a_second() {
 
 /// `POST path` with `Prefer: wait` as account `acme`.
 async fn predict(router: &Router, path: &str, body: Value) -> (StatusCode, Value) {
-    let request = Request::post(path)
-        .header("authorization", "Bearer k-acme")
-        .header("content-type", "application/json")
-        .header("prefer", "wait")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    common::call(router, "POST", path, Some("k-acme"), &[("prefer", "wait")], Some(&body)).await
 }
 
 #[tokio::test]

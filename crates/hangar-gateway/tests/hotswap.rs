@@ -5,31 +5,20 @@
 //! `min_deployment_age_ms` protects a replica for; and the operator's gate
 //! closes a hotswap model to swapping in and opens it again.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
-use hangar_mock_engine::{preset, MockConfig};
 use hangar_predictions::store::Backend;
 use hangar_runtime::serve::{ServeConfig, Server};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// A mock engine serving `model`, on port 0.
 async fn mock(model: &str) -> String {
-    let config = MockConfig::from_preset(&preset("instant").unwrap(), model);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(hangar_mock_engine::serve(
-        config,
-        listener,
-        |_| Err("no tables".into()),
-        std::future::pending(),
-    ));
-    url
+    common::mock_engine(model, |_| {}).await
 }
 
 /// One node with one 80 GB GPU, so two 60 GB models cannot both run:
@@ -66,26 +55,12 @@ admin = true
     let mut config = ServeConfig::from_toml(&text, "test").unwrap();
     config.events.enabled = false;
     config.timeout_floor_s = 5;
-    let server = Server::start(config, Default::default()).await.unwrap();
-    let service = server
-        .start_predictions(&Backend::Sqlite(dir.to_path_buf()), Default::default(), "http://test")
-        .await
-        .unwrap();
-    (server.clone(), hangar_gateway::router(&server, &service, 1 << 20))
+    let served = common::serve(config, &Backend::Sqlite(dir.to_path_buf()), Default::default()).await;
+    (served.server, served.router)
 }
 
 async fn call(router: &Router, method: &str, path: &str, body: Value) -> (StatusCode, Value) {
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("authorization", "Bearer k-ops")
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    common::call(router, method, path, Some("k-ops"), &[], Some(&body)).await
 }
 
 async fn chat(router: &Router, model: &str) -> (StatusCode, Value) {

@@ -3,6 +3,9 @@
 //! `oneshot`, in front of a fake engine on port 0 that holds the requests
 //! it is told to until the test lets them go.
 
+mod common;
+
+use common::Served;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,10 +17,9 @@ use axum::http::{Request, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hangar_predictions::store::Backend;
-use hangar_predictions::{PredictionsConfig, Service};
+use hangar_predictions::PredictionsConfig;
 use hangar_runtime::events::InferenceEvent;
 use hangar_runtime::serve::{ServeConfig, Server};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Mutex, Semaphore};
 use tower::ServiceExt;
@@ -111,12 +113,6 @@ async fn engine() -> Engine {
 /// (`use_async_queue`), `t/again` (the same, its predictions idempotent)
 /// and `t/sync` (without); keys `k-acme` (account `acme`) and `k-beta`
 /// (`beta`). A queued request is waited for `wait_ms` before 202.
-struct Served {
-    server: Server,
-    service: Service,
-    router: Router,
-}
-
 async fn serve(dir: &Path, backend: Backend, engine: &Engine, wait_ms: u64) -> Served {
     let url = &engine.url;
     let text = format!(
@@ -158,31 +154,15 @@ account = "beta"
     );
     let mut config = ServeConfig::from_toml(&text, "test").unwrap();
     config.events.path = Some(dir.join("events.jsonl"));
-    let server = Server::start(config, Default::default()).await.unwrap();
     let predictions = PredictionsConfig { queue_request_wait_ms: wait_ms, ..Default::default() };
-    let service = server.start_predictions(&backend, predictions, "http://test").await.unwrap();
-    let router = hangar_gateway::router(&server, &service, 1 << 20);
-    Served { server, service, router }
-}
-
-impl Served {
-    async fn stop(self) {
-        self.service.stop();
-        self.server.shutdown().await;
-    }
+    common::serve(config, &backend, predictions).await
 }
 
 /// POSTs `body` to `path` as `key`: the status and the JSON answer.
 async fn post_as(router: &Router, key: &str, path: &str, body: Value) -> (StatusCode, Value) {
-    let request = Request::post(path)
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("not JSON: {bytes:?}")))
+    let (status, answer) = common::call(router, "POST", path, Some(key), &[], Some(&body)).await;
+    assert!(!answer.is_null(), "{path} answered {status} without JSON");
+    (status, answer)
 }
 
 /// A chat request for `model` saying `prompt`, queued.

@@ -581,7 +581,7 @@ impl ModelMetrics {
     pub(crate) fn show_adapter_steps(&self) {
         for step in ["load", "unload"] {
             for outcome in ["ok", "failed"] {
-                self.adapter_steps.get_or_create(&AdapterStepLabels {
+                let _ = self.adapter_steps.get_or_create(&AdapterStepLabels {
                     model: self.model.clone(),
                     step,
                     outcome,
