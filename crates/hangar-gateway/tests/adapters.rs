@@ -238,6 +238,27 @@ async fn an_adapter_registered_while_serving_is_found_within_a_second() {
     tokio::time::sleep(hangar_runtime::serve::adapters::REFRESH_EVERY).await;
     let (status, answer) = chat(&router, "k-acme", json!({"model": "t/m:acme/late"})).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
+
+    // One removed from the store: the next read refuses it and removes
+    // its exported copy.
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let gone: AdapterRef = "t/m:acme/c".parse().unwrap();
+    let id = hangar_store::adapters::find(&store, &gone).unwrap().unwrap().id;
+    let copy = dir.path().join("store").join("adapter-dirs").join(id.file_name());
+    for _ in 0..500 {
+        if copy.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(copy.exists(), "exported ahead of need");
+    hangar_store::adapters::remove(&store, &gone).unwrap();
+    // A request for an unknown adapter has the store read.
+    tokio::time::sleep(hangar_runtime::serve::adapters::REFRESH_EVERY).await;
+    chat(&router, "k-acme", json!({"model": "t/m:acme/unknown"})).await;
+    let (status, _) = chat(&router, "k-acme", json!({"model": "t/m:acme/c"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(!copy.exists(), "its copy went with it");
     server.shutdown().await;
 }
 

@@ -774,6 +774,36 @@ pub enum RemoveError {
     },
 }
 
+/// Removes the directories under `under` that [`export_dir`] wrote for
+/// artifacts not in `keep` (adapters no longer registered, or names moved
+/// to new bytes), and answers which. An export in progress (a hidden
+/// staging directory) and anything not a directory are left alone. An
+/// engine that loaded an adapter from a removed directory keeps it: it
+/// read the files when it loaded them.
+pub fn prune_exports<'a>(
+    under: &Path,
+    keep: impl IntoIterator<Item = &'a ArtifactId>,
+) -> Result<Vec<PathBuf>, StoreError> {
+    let keep: std::collections::HashSet<String> = keep.into_iter().map(ArtifactId::file_name).collect();
+    let entries = match fs::read_dir(under) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(under)(e)),
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err(under))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().map_err(io_err(&entry.path()))?.is_dir();
+        if !is_dir || name.starts_with('.') || keep.contains(&name) {
+            continue;
+        }
+        fs::remove_dir_all(entry.path()).map_err(io_err(&entry.path()))?;
+        removed.push(entry.path());
+    }
+    Ok(removed)
+}
+
 /// Removes the name `adapter`, and its artifact unless a key points at it
 /// (as removing a store key does). Exported directories are not touched.
 pub fn remove(store: &BlobStore, adapter: &AdapterRef) -> Result<Removed, RemoveError> {

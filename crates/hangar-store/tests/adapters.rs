@@ -359,3 +359,32 @@ fn removing_a_name_removes_its_artifact_unless_a_key_holds_it() {
     assert_eq!(store.remove(&IdOrKey::Id(ry.id)).unwrap(), [ry.id]);
     assert!(adapters::list(&store, None).unwrap().is_empty() && store.keys().unwrap().is_empty());
 }
+
+#[test]
+fn exports_of_adapters_no_longer_registered_are_pruned_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(dir.path().join("store")).unwrap();
+    let under = dir.path().join("exports");
+    let (a, b) = (name("m:acme/a"), name("m:acme/b"));
+    adapters::import_dir(&store, &peft_dir(&dir.path().join("a"), 1), &a).unwrap();
+    adapters::import_dir(&store, &peft_dir(&dir.path().join("b"), 2), &b).unwrap();
+    let entry = |x: &AdapterRef| adapters::find(&store, x).unwrap().unwrap();
+    let (dir_a, dir_b) = (
+        adapters::export_dir(&store, &entry(&a), &under).unwrap(),
+        adapters::export_dir(&store, &entry(&b), &under).unwrap(),
+    );
+    // An export in progress and a stray file stay whatever happens.
+    fs::create_dir_all(under.join(".staging-1")).unwrap();
+    fs::write(under.join("notes.txt"), b"x").unwrap();
+
+    let registered = |store: &BlobStore| {
+        adapters::list(store, None).unwrap().into_iter().map(|e| e.id).collect::<Vec<_>>()
+    };
+    assert!(adapters::prune_exports(&under, &registered(&store)).unwrap().is_empty(), "both registered");
+    adapters::remove(&store, &b).unwrap();
+    assert_eq!(adapters::prune_exports(&under, &registered(&store)).unwrap(), std::slice::from_ref(&dir_b));
+    assert!(dir_a.join("adapter_config.json").is_file() && !dir_b.exists());
+    assert!(under.join(".staging-1").is_dir() && under.join("notes.txt").is_file());
+    // A directory that does not exist has nothing to prune.
+    assert!(adapters::prune_exports(&dir.path().join("none"), &[]).unwrap().is_empty());
+}

@@ -5,8 +5,9 @@
 //! Adapters are artifacts of the node's weight store, registered under
 //! their base model (`hangar store import-adapter`). The [`AdapterCatalog`]
 //! knows which are registered — read once, then again when a request names
-//! one it does not know, at most every [`REFRESH_EVERY`] — so the request
-//! path looks an adapter up in memory. A request is refused before it
+//! one it does not know (at most every [`REFRESH_EVERY`]) or, behind a
+//! request it answered from memory, once what it knows is older than
+//! [`STALE_AFTER`] — so the request path looks an adapter up in memory. A request is refused before it
 //! queues when its model loads no adapters, its engine cannot load them,
 //! the adapter is not registered under that model (the error names the
 //! models it is registered under), or the model's `adapter_access` rules
@@ -39,6 +40,12 @@ use crate::processor::AdapterDriver;
 /// the store.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
+/// How old what the catalog knows may grow before a request that finds
+/// its adapter in memory has the store read again behind it: an adapter
+/// removed from the store stops being served within about this long
+/// under traffic (a request for an unknown one reads at once).
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
 /// The bandwidth an adapter load is estimated at before the model's engines
 /// have loaded any (then their measured mean is used): a local disk's,
 /// as `hangar sim`'s `cold_start.disk_gbps` (2 GB/s).
@@ -61,6 +68,8 @@ pub struct AdapterCatalog {
     exported: Mutex<HashMap<ArtifactId, Arc<tokio::sync::OnceCell<PathBuf>>>>,
     /// The background exporter runs.
     exporting: AtomicBool,
+    /// A read behind a request runs.
+    reading: AtomicBool,
 }
 
 #[derive(Default)]
@@ -147,6 +156,7 @@ impl AdapterCatalog {
             known: Mutex::new(Known::default()),
             exported: Mutex::new(HashMap::new()),
             exporting: AtomicBool::new(false),
+            reading: AtomicBool::new(false),
         }
     }
 
@@ -162,22 +172,49 @@ impl AdapterCatalog {
         adapter: &AdapterRef,
     ) -> Result<Result<AdapterEntry, Vec<ModelKey>>, String> {
         if let Some(found) = self.lookup(adapter, false) {
+            if self.stale() && !self.reading.swap(true, Ordering::AcqRel) {
+                // Answered from memory at once; the store is read behind it,
+                // so an adapter removed there is forgotten soon.
+                let me = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = me.read().await {
+                        tracing::warn!("reading the weight store's adapters: {e}");
+                    }
+                    me.reading.store(false, Ordering::Release);
+                });
+            }
             return Ok(found);
         }
         self.read().await?;
         Ok(self.lookup(adapter, true).expect("answered after a read"))
     }
 
-    /// Reads the store's adapters into memory, then exports those a model
-    /// serves that are not exported yet, in the background (one at a
-    /// time), so a request for one pays only its engine's load.
+    /// Reads the store's adapters into memory (removing the exported copies
+    /// of those no longer registered), then exports those a model serves
+    /// that are not exported yet, in the background (one at a time), so a
+    /// request for one pays only its engine's load.
     ///
     /// # Cancel safety
     /// As [`find`](Self::find); the exports go on whatever the caller does.
     pub async fn read(self: &Arc<Self>) -> Result<(), String> {
         let me = self.clone();
-        let read = tokio::task::spawn_blocking(move || hangar_store::adapters::list(&me.store, None));
-        let entries = read.await.expect("listing adapters does not panic").map_err(|e| e.to_string())?;
+        let read = tokio::task::spawn_blocking(move || {
+            let entries = hangar_store::adapters::list(&me.store, None).map_err(|e| e.to_string())?;
+            // Copies of adapters no longer registered go (an engine that
+            // loaded one keeps it); pruning is housekeeping, never fatal.
+            match hangar_store::adapters::prune_exports(&me.exports, entries.iter().map(|e| &e.id)) {
+                Ok(removed) if !removed.is_empty() => {
+                    tracing::info!(
+                        removed = removed.len(),
+                        "removed exports of adapters no longer registered"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("pruning adapter exports: {e}"),
+            }
+            Ok::<_, String>(entries)
+        });
+        let entries = read.await.expect("listing adapters does not panic")?;
         {
             let mut known = self.known.lock().expect("adapter catalog lock");
             known.by_ref.clear();
@@ -222,6 +259,12 @@ impl AdapterCatalog {
             }
             me.exporting.store(false, Ordering::Release);
         });
+    }
+
+    /// Whether what is known was read longer than [`STALE_AFTER`] ago.
+    fn stale(&self) -> bool {
+        let known = self.known.lock().expect("adapter catalog lock");
+        known.read_at.is_none_or(|at| at.elapsed() > STALE_AFTER)
     }
 
     /// The answer from memory; `None` when the store should be read first.
