@@ -757,10 +757,19 @@ fn the_hotswap_tier_decides_something_on_busy_fleets() {
                 }
                 for r in out.models.iter().flat_map(|m| &m.replicas) {
                     let swap = r.swap;
+                    // WARM before the step, or sent to the warm cache by an
+                    // earlier ask of the same batch and woken by a later one.
+                    let warm = |id: &ReplicaId| {
+                        before.deployments().get(id).is_some_and(|d| d.level == Level::Warm)
+                            || out.evictions.iter().any(|e| e.replica_id == *id)
+                    };
                     let expected = r.replica_id.is_some_and(|id| {
                         matches!(r.level, CandidateLevel::CachedAndFree | CandidateLevel::CachedAndFull)
-                            && before.deployments().get(&id).is_some_and(|d| d.level == Level::Warm)
-                            && hotswap(&w, model_index(&before.deployments()[&id].model_key))
+                            && warm(&id)
+                            && before
+                                .deployments()
+                                .get(&id)
+                                .is_some_and(|d| hotswap(&w, model_index(&d.model_key)))
                     });
                     prop_assert_eq!(swap, expected, "swap flag of {:?} at {}", r.replica_id, r.level);
                 }
