@@ -32,6 +32,8 @@ use crate::store::{Cursor, StoreError};
 use crate::webhook_policy::{Event, Filter};
 use crate::webhook_target;
 
+mod deployments;
+
 /// Predictions per page of `GET /v1/predictions`.
 pub const PAGE_SIZE: usize = 100;
 
@@ -190,8 +192,7 @@ impl Service {
             .route("/v1/models/{owner}/{name}/predictions", post(create_by_model))
             .route("/v1/models/{owner}/{name}/versions", get(versions))
             .route("/v1/models/{owner}/{name}/versions/{id}", get(version))
-            .route("/v1/deployments", get(deployments).post(create_deployment))
-            .route("/v1/deployments/{owner}/{name}", get(deployment))
+            .merge(deployments::routes())
             .route("/v1/hardware", get(hardware))
             .route("/v1/deployments/{owner}/{name}/predictions", post(create_by_deployment))
             .route("/v1/webhooks/default/secret", get(secret))
@@ -321,21 +322,6 @@ fn visible_model<'a>(
     }
 }
 
-/// The deployment `owner/name` (its model and settings) if `account` may
-/// use its model; otherwise the 404 of a deployment that does not exist.
-fn visible_deployment<'a>(
-    inner: &'a Inner,
-    account: &AccountId,
-    owner: &str,
-    name: &str,
-) -> Result<(String, &'a (String, crate::ModelSettings)), Problem> {
-    let key = format!("{owner}/{name}");
-    match inner.deployments.get(&key) {
-        Some(d) if inner.models.get(&d.0).is_some_and(|m| m.allows(account)) => Ok((key, d)),
-        _ => Err(Problem::not_found(format!("deployment `{key}` does not exist"))),
-    }
-}
-
 async fn create_by_model(
     State(inner): State<Arc<Inner>>,
     Path((owner, name)): Path<(String, String)>,
@@ -355,10 +341,10 @@ async fn create_by_deployment(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let (key, (model, _)) = visible_deployment(&inner, &account, &owner, &name)?;
-    let model = model.clone();
+    let found = deployments::visible(&inner, &account, &owner, &name)?;
     let body = parse_body(body)?;
-    let target = Target { model, deployment: Some(key), kind: JobKind::Prediction };
+    let (model, deployment) = (found.model().to_owned(), Some(found.name().to_owned()));
+    let target = Target { model, deployment, kind: JobKind::Prediction };
     create(&inner, &headers, &account, target, body).await
 }
 
@@ -857,71 +843,6 @@ async fn version(
         return Err(Problem::not_found(format!("version `{id}` of `{key}` does not exist")));
     }
     Ok(Json(version_json(&inner, &key)).into_response())
-}
-
-async fn deployment(
-    State(inner): State<Arc<Inner>>,
-    Path((owner, name)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> ApiResult {
-    let account = account(&inner, &headers)?;
-    let (key, deployment) = visible_deployment(&inner, &account, &owner, &name)?;
-    Ok(Json(deployment_json(&inner, &key, deployment)).into_response())
-}
-
-/// A deployment as Replicate's client reads it. Its one release is the
-/// config this server loaded (number 1, created when the service started):
-/// the model's hardware and replica bounds, and the deployment's limits.
-fn deployment_json(inner: &Inner, key: &str, (model, settings): &(String, crate::ModelSettings)) -> Value {
-    let (owner, name) = key.split_once('/').unwrap_or(("", key));
-    let m = &inner.models[model];
-    json!({
-        "owner": owner,
-        "name": name,
-        "current_release": {
-            "number": 1,
-            "model": model,
-            "version": m.version,
-            "created_at": rfc3339(inner.started_ms),
-            "created_by": null,
-            "configuration": {
-                "hardware": m.capacity.hardware,
-                "min_instances": m.capacity.min_instances,
-                "max_instances": m.capacity.max_instances,
-                "max_run_lifetime_s": settings.max_run_lifetime_s,
-                "predict_timeout_s": settings.predict_timeout_s,
-                "idempotent": settings.idempotent,
-            },
-        },
-    })
-}
-
-/// `GET /v1/deployments`: the deployments whose model the caller may use
-/// (one page holds them all).
-async fn deployments(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
-    let account = account(&inner, &headers)?;
-    let results: Vec<Value> = inner
-        .deployments
-        .iter()
-        .filter(|(_, (model, _))| inner.models.get(model).is_some_and(|m| m.allows(&account)))
-        .map(|(key, d)| deployment_json(&inner, key, d))
-        .collect();
-    Ok(Json(json!({"results": results, "next": null, "previous": null})).into_response())
-}
-
-/// `POST /v1/deployments`: refused with 405 and where deployments come
-/// from — Hangar's are declared in the config (`[[predictions.deployments]]`,
-/// a name bound to a model the config serves), so creating one is a
-/// change of the config, not of a running server.
-async fn create_deployment(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
-    account(&inner, &headers)?;
-    Err(Problem::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "Deployments are configured, not created",
-        "deployments are declared in the server's config ([[predictions.deployments]] with a `name` and \
-         the `model` it runs, docs/predictions.md) and cannot be created through the API; \
-         GET /v1/deployments lists them",
-    ))
 }
 
 /// `GET /v1/hardware`: the hardware the caller's models run on, each SKU

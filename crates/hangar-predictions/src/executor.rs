@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::deployments::InstanceBounds;
 use crate::record::{JobKind, Record};
 
 /// One job to run.
@@ -119,6 +120,10 @@ pub struct AdapterRefused {
 /// The boxed future of [`Executor::check_adapter`].
 pub type AdapterCheck = Pin<Box<dyn Future<Output = Result<(), AdapterRefused>> + Send>>;
 
+/// The boxed future of [`Executor::apply_bounds`]: why the bounds were
+/// not applied here, if they were not.
+pub type BoundsFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
 /// Runs jobs. Implementations must report [`ExecEvent::Started`] before
 /// any output, and should stop promptly (returning
 /// [`ExecError::Canceled`]) once `cancel` fires; the caller stops polling
@@ -154,5 +159,27 @@ pub trait Executor: Send + Sync + 'static {
             format!("the model `{model}` serves no LoRA adapters, so it cannot run adapter `{adapter}`");
         let _ = account;
         Box::pin(async move { Err(AdapterRefused { status: 400, message }) })
+    }
+
+    /// Why `model` cannot run between `bounds` (a deployment's
+    /// `min_instances` / `max_instances`), if it cannot: asked when a
+    /// deployment is created or updated, so refused bounds are never
+    /// stored. By default, bounds any model runs within
+    /// ([`InstanceBounds::check`]).
+    fn check_bounds(&self, model: &str, bounds: InstanceBounds) -> Result<(), String> {
+        let _ = model;
+        bounds.check()
+    }
+
+    /// Runs `model` between `bounds` from now on (`None`: its own, from
+    /// the config). The service calls it with what the stored deployments
+    /// say when one changes and again every few seconds (level-triggered:
+    /// a restarted or newly leading controller catches up), so it must be
+    /// cheap when nothing changes. An error — no controller runs here, on
+    /// a fleet's gateway that does not lead — is only logged. By default
+    /// nothing scales, so there is nothing to apply.
+    fn apply_bounds(&self, model: &str, bounds: Option<InstanceBounds>) -> BoundsFuture {
+        let _ = (model, bounds);
+        Box::pin(async { Ok(()) })
     }
 }

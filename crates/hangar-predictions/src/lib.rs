@@ -18,6 +18,7 @@
 
 mod api;
 mod config;
+pub mod deployments;
 mod executor;
 pub mod lifecycle;
 pub mod llm;
@@ -31,7 +32,10 @@ pub mod webhook_policy;
 pub mod webhook_target;
 
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
-pub use executor::{AdapterCheck, AdapterRefused, ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
+pub use deployments::InstanceBounds;
+pub use executor::{
+    AdapterCheck, AdapterRefused, BoundsFuture, ExecError, ExecEvent, ExecFuture, Executor, Job, Sink,
+};
 pub use service::{Capacity, InputRules, Model, Service, ServiceError};
 
 /// The version id of a model described by `description` (e.g. its

@@ -144,7 +144,10 @@ pub(crate) struct Inner {
     /// When this service started (Unix ms): the release every model and
     /// deployment shows is the config loaded then.
     pub started_ms: u64,
+    /// Deployments declared in the config: name → model and settings.
     pub deployments: BTreeMap<String, (String, ModelSettings)>,
+    /// Deployments made through the API, as last read from the store.
+    pub book: crate::deployments::Book,
     pub api_keys: ApiKeys,
     pub config: PredictionsConfig,
     pub base_url: String,
@@ -220,6 +223,7 @@ impl Service {
             models,
             started_ms: now(),
             deployments,
+            book: Default::default(),
             api_keys,
             config,
             base_url,
@@ -273,6 +277,7 @@ impl Service {
         tokio::spawn(self.inner.clone().sweep_loop());
         tokio::spawn(self.inner.clone().prune_loop());
         tokio::spawn(self.inner.clone().delivery_loop());
+        tokio::spawn(self.inner.clone().deployments_loop());
         if self.inner.store.shared() {
             tokio::spawn(self.inner.clone().watch_loop());
         }
@@ -839,6 +844,32 @@ impl Inner {
                 _ = tokio::time::sleep(Duration::from_millis(lease / 3)) => {}
                 // The store answers again: renew now, before anyone may sweep.
                 _ = self.watched.returned() => {}
+                _ = self.stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Reads the API's deployments from the store and applies their
+    /// bounds now, in a task of its own: a caller that stops waiting
+    /// leaves it to finish.
+    pub(crate) async fn reconcile_deployments(self: &Arc<Self>) -> Result<(), StoreError> {
+        let inner = self.clone();
+        let pass = tokio::spawn(async move {
+            crate::deployments::reconcile(&*inner.store, &inner.book, &*inner.executor).await
+        });
+        pass.await.expect("a reconcile pass does not panic")
+    }
+
+    /// Applies the API's deployments' bounds at start and every
+    /// [`RECONCILE_EVERY`](crate::deployments::RECONCILE_EVERY)
+    /// (level-triggered: see [`crate::deployments`]).
+    async fn deployments_loop(self: Arc<Self>) {
+        loop {
+            if let Err(e) = self.reconcile_deployments().await {
+                log_store_error("deployments", &e);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(crate::deployments::RECONCILE_EVERY) => {}
                 _ = self.stop.cancelled() => return,
             }
         }

@@ -14,8 +14,8 @@ use hangar_core::{ApiKeys, Principal};
 use hangar_predictions::store::Backend;
 use hangar_predictions::webhook_target::{self, AllowList, Lookup};
 use hangar_predictions::{
-    signing, ExecFuture, Executor, InputRules, Job, Model, ModelSettings, PredictionsConfig, Service,
-    ServiceError, Sink,
+    signing, ExecFuture, Executor, InputRules, InstanceBounds, Job, Model, ModelSettings, PredictionsConfig,
+    Service, ServiceError, Sink,
 };
 use hangar_redis::tls::{CaFile, TestCa};
 use serde_json::{json, Value};
@@ -75,17 +75,21 @@ impl Drop for Running {
 
 fn start(config: serde_json::Value, models: Vec<Model>, keys: ApiKeys) -> Running {
     let dir = tempfile::tempdir().unwrap();
-    let config: PredictionsConfig = serde_json::from_value(config).unwrap();
-    let service = Service::start(
-        &Backend::Sqlite(dir.path().into()),
-        config,
-        models,
-        keys,
-        Arc::new(Echo),
-        "http://127.0.0.1:9",
-    )
-    .unwrap();
+    let service = start_in(dir.path(), config, models, keys, Arc::new(Echo));
     Running { service, _dir: dir }
+}
+
+/// A service on the store in `dir`, running jobs with `executor`.
+fn start_in(
+    dir: &std::path::Path,
+    config: serde_json::Value,
+    models: Vec<Model>,
+    keys: ApiKeys,
+    executor: Arc<dyn Executor>,
+) -> Service {
+    let config: PredictionsConfig = serde_json::from_value(config).unwrap();
+    Service::start(&Backend::Sqlite(dir.into()), config, models, keys, executor, "http://127.0.0.1:9")
+        .unwrap()
 }
 
 /// A service with `t/open`, `t/private` (only `acme` may use it) and a
@@ -306,8 +310,7 @@ async fn a_private_model_answers_other_accounts_exactly_as_a_missing_one() {
 
 /// What Replicate's client lists — models, deployments, hardware — holds
 /// only what the account may use, with each deployment's hardware and
-/// bounds; `GET /v1/models` is OpenAI's list too. A deployment cannot be
-/// created through the API: 405 saying where deployments come from.
+/// bounds; `GET /v1/models` is OpenAI's list too.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_lists_show_only_what_the_account_may_use() {
     let s = with_private_model();
@@ -338,11 +341,6 @@ async fn the_lists_show_only_what_the_account_may_use() {
     assert_eq!(skus, ["gpu", "gpu-a100-80gb"]);
     let other = call(&router, "GET", "/v1/hardware", Some(OTHER), None).await;
     assert_eq!(other.body, json!([{"sku": "gpu", "name": "GPU (any node)"}]));
-
-    let body = r#"{"name": "x", "model": "t/open", "version": "v", "hardware": "gpu", "min_instances": 0, "max_instances": 1}"#;
-    let create = call(&router, "POST", "/v1/deployments", Some(ACME), Some(body)).await;
-    assert_eq!(create.status, StatusCode::METHOD_NOT_ALLOWED, "{create:?}");
-    assert!(create.body["detail"].as_str().unwrap().contains("[[predictions.deployments]]"), "{create:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -806,4 +804,169 @@ async fn start_refuses_an_invalid_configuration() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("max_run_lifetime_s"), "{e}");
+}
+
+/// Answers as [`Echo`] and keeps every model's bounds as the service
+/// applies them; a model whose policy keeps exactly its minimum (`fixed`,
+/// named `t/fixed`) refuses a minimum of 0.
+#[derive(Default)]
+struct Bounded {
+    applied: Mutex<std::collections::BTreeMap<String, Option<InstanceBounds>>>,
+}
+
+impl Executor for Bounded {
+    fn execute(&self, job: Job, sink: Sink, cancel: CancellationToken) -> ExecFuture {
+        Echo.execute(job, sink, cancel)
+    }
+
+    fn check_bounds(&self, model: &str, bounds: InstanceBounds) -> Result<(), String> {
+        match model == "t/fixed" && bounds.min_instances == 0 {
+            true => Err("min_replicas: is 0, and the `fixed` policy keeps exactly min_replicas".into()),
+            false => bounds.check(),
+        }
+    }
+
+    fn apply_bounds(&self, model: &str, bounds: Option<InstanceBounds>) -> hangar_predictions::BoundsFuture {
+        self.applied.lock().unwrap().insert(model.to_owned(), bounds);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Deployments through the API, as Replicate's client makes them: created
+/// under the caller's account (201), its model's bounds applied at once;
+/// seen, run and changed by that account alone; each update a new release
+/// from the one read; deleted (204) giving the model its own bounds back;
+/// kept by the store across a restart, whose service applies them again
+/// without being told. Every refusal names its field or the conflict.
+#[tokio::test(flavor = "multi_thread")]
+async fn deployments_are_made_changed_and_removed_by_their_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = || vec![model("t/open", None), model("t/fixed", None), model("t/private", Some(&["acme"]))];
+    let config = json!({"deployments": [{"name": "acme/open-prod", "model": "t/open"}]});
+    let exec = Arc::new(Bounded::default());
+    let service = start_in(dir.path(), config.clone(), models(), keys(), exec.clone());
+    let router = service.router();
+    let version = hangar_predictions::version_id("t/open");
+    let body = |name: &str, model: &str, min: i64, max: i64| {
+        let version = hangar_predictions::version_id(model);
+        json!({"name": name, "model": model, "version": version, "hardware": "gpu",
+               "min_instances": min, "max_instances": max})
+        .to_string()
+    };
+    let bounds = |min, max| Some(InstanceBounds { min_instances: min, max_instances: max });
+
+    let made =
+        call(&router, "POST", "/v1/deployments", Some(ACME), Some(&body("prod", "t/open", 1, 3))).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{made:?}");
+    assert_eq!((made.body["owner"].as_str(), made.body["name"].as_str()), (Some("acme"), Some("prod")));
+    let release = &made.body["current_release"];
+    assert_eq!((release["number"].as_u64(), release["version"].as_str()), (Some(1), Some(version.as_str())));
+    assert_eq!(release["configuration"]["min_instances"], 1);
+    assert_eq!(release["created_by"]["username"], "acme");
+    assert_eq!(exec.applied.lock().unwrap()["t/open"], bounds(1, 3), "applied at once");
+
+    // Its owner sees it in the list, after the declared one (whose release
+    // shows the model's bounds as they now stand); another account never.
+    let list = call(&router, "GET", "/v1/deployments", Some(ACME), None).await;
+    let names: Vec<&str> =
+        list.body["results"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["open-prod", "prod"]);
+    assert_eq!(list.body["results"][0]["current_release"]["configuration"]["min_instances"], 1);
+    let list = call(&router, "GET", "/v1/deployments", Some(OTHER), None).await;
+    assert_eq!(list.body["results"].as_array().unwrap().len(), 1, "{list:?}");
+    for (method, uri, body) in [
+        ("GET", "/v1/deployments/acme/prod", None),
+        ("PATCH", "/v1/deployments/acme/prod", Some(r#"{"min_instances": 0}"#)),
+        ("DELETE", "/v1/deployments/acme/prod", None),
+        ("POST", "/v1/deployments/acme/prod/predictions", Some(r#"{"input": {"prompt": "x"}}"#)),
+    ] {
+        let a = call(&router, method, uri, Some(OTHER), body).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{method} {uri} by another account: {a:?}");
+    }
+    let run = call(
+        &router,
+        "POST",
+        "/v1/deployments/acme/prod/predictions",
+        Some(ACME),
+        Some(r#"{"input": {"prompt": "x"}}"#),
+    )
+    .await;
+    assert_eq!(run.status, StatusCode::CREATED, "{run:?}");
+    assert_eq!(run.body["model"], "t/open");
+
+    // Refusals, each naming what is wrong.
+    let refused = [
+        (r#"{"name": "a/b", "model": "t/open"}"#.to_owned(), StatusCode::UNPROCESSABLE_ENTITY, "name"),
+        (r#"{"name": "x"}"#.to_owned(), StatusCode::UNPROCESSABLE_ENTITY, "model"),
+        (body("x", "t/open", 2, 1), StatusCode::UNPROCESSABLE_ENTITY, "min_instances"),
+        (body("x", "t/open", 0, 0), StatusCode::UNPROCESSABLE_ENTITY, "max_instances"),
+        (body("x", "t/open", -1, 1), StatusCode::UNPROCESSABLE_ENTITY, "min_instances"),
+        (body("x", "t/fixed", 0, 1), StatusCode::UNPROCESSABLE_ENTITY, "min_instances"),
+        (
+            body("x", "t/open", 0, 1).replace("\"gpu\"", "\"gpu-h100\""),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "hardware",
+        ),
+        (body("x", "t/open", 0, 1).replace(&version, "v0"), StatusCode::UNPROCESSABLE_ENTITY, "version"),
+        (
+            body("x", "t/open", 0, 1).replace("\"hardware\"", "\"hardwear\""),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "hardwear",
+        ),
+        (body("x", "t/nope", 0, 1), StatusCode::NOT_FOUND, "t/nope"),
+        (body("x", "t/private", 0, 1), StatusCode::NOT_FOUND, "t/private"),
+        (body("prod", "t/fixed", 1, 1), StatusCode::CONFLICT, "acme/prod"),
+        (body("other", "t/open", 0, 1), StatusCode::CONFLICT, "acme/prod"),
+        (body("open-prod", "t/fixed", 1, 1), StatusCode::CONFLICT, "config"),
+        ("{oops".to_owned(), StatusCode::BAD_REQUEST, "JSON"),
+    ];
+    for (body, status, named) in refused {
+        let key = if named == "t/private" { OTHER } else { ACME };
+        let a = call(&router, "POST", "/v1/deployments", Some(key), Some(&body)).await;
+        assert_eq!(a.status, status, "{body}: {a:?}");
+        assert!(a.body["detail"].as_str().unwrap().contains(named), "{body}: {a:?}");
+    }
+    let declared =
+        call(&router, "PATCH", "/v1/deployments/acme/open-prod", Some(ACME), Some(r#"{"min_instances": 2}"#))
+            .await;
+    assert_eq!(declared.status, StatusCode::CONFLICT, "{declared:?}");
+    assert!(declared.body["detail"].as_str().unwrap().contains("[[predictions.deployments]]"));
+
+    // An update is a new release; a field left out keeps its value.
+    let updated =
+        call(&router, "PATCH", "/v1/deployments/acme/prod", Some(ACME), Some(r#"{"max_instances": 2}"#))
+            .await;
+    assert_eq!(updated.status, StatusCode::OK, "{updated:?}");
+    let configuration = &updated.body["current_release"]["configuration"];
+    assert_eq!(
+        (configuration["min_instances"].as_u64(), configuration["max_instances"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(updated.body["current_release"]["number"], 2);
+    assert_eq!(exec.applied.lock().unwrap()["t/open"], bounds(1, 2));
+    let bad =
+        call(&router, "PATCH", "/v1/deployments/acme/prod", Some(ACME), Some(r#"{"min_instances": 3}"#))
+            .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}");
+    drop(router);
+    service.stop();
+
+    // A restart on the same store: the deployment is there and its bounds
+    // are applied again by the service itself.
+    let exec = Arc::new(Bounded::default());
+    let service = start_in(dir.path(), config, models(), keys(), exec.clone());
+    let router = service.router();
+    let got = call(&router, "GET", "/v1/deployments/acme/prod", Some(ACME), None).await;
+    assert_eq!(got.body["current_release"]["number"], 2, "{got:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while exec.applied.lock().unwrap().get("t/open") != Some(&bounds(1, 2)) {
+        assert!(Instant::now() < deadline, "the restarted service applies the stored bounds");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gone = call(&router, "DELETE", "/v1/deployments/acme/prod", Some(ACME), None).await;
+    assert_eq!(gone.status, StatusCode::NO_CONTENT, "{gone:?}");
+    assert_eq!(exec.applied.lock().unwrap()["t/open"], None, "its own bounds again");
+    let again = call(&router, "GET", "/v1/deployments/acme/prod", Some(ACME), None).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
+    service.stop();
 }

@@ -149,6 +149,9 @@ pub enum CommandError {
         /// The replica asked for.
         replica: ReplicaId,
     },
+    /// Bounds no model can run within.
+    #[error("invalid replica bounds: {0}")]
+    InvalidBounds(String),
     /// A pinned count beyond the model's bounds.
     #[error("{replicas} replicas is outside the model's bounds ({min} to {max})")]
     OutOfBounds {
@@ -568,6 +571,16 @@ impl Controller {
             return Err(CommandError::OutOfBounds { replicas, min, max });
         }
         let decided = c.scaler.pin(now, replicas);
+        self.after_command(now, model, decided);
+        Ok(())
+    }
+
+    /// Runs `model` between `bounds` from now on (a deployment's
+    /// `min_instances` / `max_instances`); the same bounds again change
+    /// nothing.
+    pub fn set_bounds(&mut self, now: Millis, model: &ModelKey, bounds: Bounds) -> Result<(), CommandError> {
+        bounds.check().map_err(CommandError::InvalidBounds)?;
+        let decided = self.control(model)?.scaler.set_bounds(now, bounds);
         self.after_command(now, model, decided);
         Ok(())
     }

@@ -20,6 +20,21 @@ pub struct Bounds {
     pub max: u32,
 }
 
+impl Bounds {
+    /// Whether a model can run within them: at least one replica at most,
+    /// and no more at least than at most. (What a policy adds — `fixed`
+    /// needs `min` ≥ 1 — is [`ScalingConfig::check_bounds`].)
+    pub fn check(self) -> Result<(), String> {
+        match self {
+            Bounds { max: 0, .. } => Err("the most replicas (max) must be at least 1".into()),
+            Bounds { min, max } if min > max => {
+                Err(format!("the fewest replicas ({min}) must not exceed the most ({max})"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// An operator's kill switch on one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "mode", content = "replicas", rename_all = "snake_case")]
@@ -293,6 +308,31 @@ impl Scaler {
         let replicas = replicas.clamp(self.bounds.min, self.bounds.max);
         self.override_ = Some(Override::Pinned(replicas));
         self.next_at = now;
+        self.handle_timeout(now)
+    }
+
+    /// Runs the model between new `bounds` from `now` (a deployment's
+    /// `min_instances` / `max_instances`, changed while it serves): an
+    /// override's count is clamped into them and a decision is due at
+    /// once. The same bounds again change nothing, so a driver may repeat
+    /// what it wants (level-triggered). `bounds` must be valid
+    /// ([`Bounds::check`]).
+    pub fn set_bounds(&mut self, now: Millis, bounds: Bounds) -> Option<Decision> {
+        debug_assert!(bounds.check().is_ok(), "{bounds:?} was checked");
+        if bounds == self.bounds {
+            return None;
+        }
+        self.bounds = bounds;
+        self.override_ = self.override_.map(|o| match o {
+            Override::Frozen(n) => Override::Frozen(n.clamp(bounds.min, bounds.max)),
+            Override::Pinned(n) => Override::Pinned(n.clamp(bounds.min, bounds.max)),
+        });
+        self.floor = self.floor.min(bounds.max);
+        self.next_at = now;
+        if self.history.is_empty() {
+            // Nothing observed yet: decide on an idle model.
+            self.history.push_back((now, Observation::default()));
+        }
         self.handle_timeout(now)
     }
 

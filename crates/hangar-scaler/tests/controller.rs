@@ -184,6 +184,35 @@ fn scaling_down_evicts_the_least_busy_and_pins_hold() {
     c.release(t, &key("m")).unwrap();
 }
 
+/// New bounds (a deployment's `min_instances` / `max_instances`) take
+/// effect at once: a raised minimum places replicas of an idle model, a
+/// lowered maximum takes the surplus away and clamps a pin, the same
+/// bounds twice decide nothing, and bounds no model runs within are
+/// refused without a change.
+#[test]
+fn new_bounds_move_the_model_at_once_and_repeating_them_changes_nothing() {
+    let mut c = Controller::new(cluster(4, &[("m", "10GB")]), 1, vec![spec("m", hangar(600), 0, 4)], 0);
+    let hot = |c: &Controller| c.cluster().replicas_of(&key("m"), Level::Hot).len();
+    c.observe(1_000, &key("m"), load(0, 0), &[]);
+    c.handle_timeout(1_000);
+    assert_eq!(hot(&c), 0);
+    c.set_bounds(2_000, &key("m"), Bounds { min: 2, max: 4 }).unwrap();
+    assert_eq!(hot(&c), 2, "a raised minimum is placed at once");
+    drain(&mut c);
+    c.set_bounds(2_500, &key("m"), Bounds { min: 2, max: 4 }).unwrap();
+    assert!(drain(&mut c).is_empty(), "the same bounds again decide nothing");
+    c.pin(3_000, &key("m"), 4).unwrap();
+    assert_eq!(hot(&c), 4);
+    c.set_bounds(4_000, &key("m"), Bounds { min: 1, max: 3 }).unwrap();
+    assert_eq!(hot(&c), 3, "a lowered maximum clamps the pin");
+    assert_eq!(c.scaler(&key("m")).unwrap().override_(), Some(hangar_scaler::Override::Pinned(3)));
+    for bad in [Bounds { min: 0, max: 0 }, Bounds { min: 3, max: 2 }] {
+        assert!(c.set_bounds(5_000, &key("m"), bad).is_err(), "{bad:?}");
+        assert_eq!(c.scaler(&key("m")).unwrap().bounds(), Bounds { min: 1, max: 3 });
+    }
+    assert!(c.set_bounds(5_000, &key("nope"), Bounds { min: 0, max: 1 }).is_err());
+}
+
 /// Two 60 GB models on one 80 GB GPU: placing one evicts the other, which
 /// then wants nothing until its own demand asks — no ping-pong.
 #[test]

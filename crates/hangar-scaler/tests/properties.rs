@@ -1,6 +1,6 @@
 //! Property tests for every policy: the rules the issue names.
 //!
-//! - never outside [min, max];
+//! - never outside [min, max], also when they change while it serves;
 //! - no reversal (up then down, or down then up) under constant load;
 //! - from zero within one decision of a waiting request;
 //! - more load never yields fewer replicas.
@@ -140,6 +140,31 @@ proptest! {
         for load in loads {
             let d = m.step(load);
             prop_assert!((bounds.min..=bounds.max).contains(&d), "{} wants {d} outside {bounds:?}", config.name());
+        }
+    }
+
+    /// Bounds changed while the model serves (a deployment's updates), at
+    /// random moments under random load, with or without an operator's
+    /// pin: from each change on, every count is within the new bounds.
+    #[test]
+    fn never_outside_bounds_that_change(
+        config in policy(), first in bounds(), permits in 1u32..16, pin in prop::option::of(0u32..16),
+        steps in prop::collection::vec((0u32..200, prop::option::weighted(0.05, bounds())), 1..240),
+    ) {
+        let mut m = Model::new(&config, first, permits, 3_000);
+        if let Some(n) = pin {
+            m.scaler.pin(0, n);
+        }
+        let mut current = first;
+        for (load, change) in steps {
+            if let Some(b) = change {
+                m.scaler.set_bounds(m.now, b);
+                current = b;
+                let d = m.scaler.desired();
+                prop_assert!((b.min..=b.max).contains(&d), "{} wants {d} at once outside {b:?}", config.name());
+            }
+            let d = m.step(load);
+            prop_assert!((current.min..=current.max).contains(&d), "{} wants {d} outside {current:?}", config.name());
         }
     }
 

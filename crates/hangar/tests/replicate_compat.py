@@ -44,13 +44,41 @@ check((release.configuration.min_instances, release.configuration.max_instances)
 check(not release.created_at.startswith("1970"), f"deployments.get: created_at {release.created_at}")
 check([d.name for d in replicate.deployments.list().results] == ["fast-prod"], "deployments.list")
 check([h.sku for h in replicate.hardware.list()] == ["gpu"], "hardware.list")
+
+# Deployments made, run, changed and deleted through the client: each sets
+# its model's replica bounds (t/slow's own are 1 to 1).
+slow_version = replicate.models.get(SLOW).latest_version.id
+made = replicate.deployments.create(
+    name="slow-live", model=SLOW, version=slow_version, hardware="gpu", min_instances=1, max_instances=2
+)
+release = made.current_release
+check(made.owner == "compat" and made.name == "slow-live", f"deployments.create: {made.owner}/{made.name}")
+check(release.number == 1 and release.created_by.username == "compat", "deployments.create: release 1 by compat")
+check((release.configuration.min_instances, release.configuration.max_instances) == (1, 2), "deployments.create: bounds")
+check(
+    [d.name for d in replicate.deployments.list().results] == ["fast-prod", "slow-live"],
+    "deployments.list shows the made one",
+)
+changed = replicate.deployments.update(deployment_owner="compat", deployment_name="slow-live", max_instances=1)
+check(changed.current_release.number == 2, "deployments.update: release 2")
+check(changed.current_release.configuration.max_instances == 1, "deployments.update: max_instances")
+p = replicate.deployments.get("compat/slow-live").predictions.create(input={"prompt": "x", "max_tokens": 2})
+p.wait()
+check(p.status == "succeeded" and len(p.output) == 2, f"a prediction through the made deployment: {p.status}")
 try:
     replicate.deployments.create(
-        name="new", model=FAST, version=version.id, hardware="gpu", min_instances=0, max_instances=1
+        name="again", model=SLOW, version=slow_version, hardware="gpu", min_instances=0, max_instances=1
     )
-    check(False, "deployments.create is refused")
+    check(False, "a second deployment of a model is refused")
 except ReplicateError as e:
-    check(e.status == 405 and "predictions.deployments" in str(e.detail), f"deployments.create refused: {e}")
+    check(e.status == 409 and "compat/slow-live" in str(e.detail), f"second deployment refused: {e}")
+try:
+    replicate.deployments.update(deployment_owner="acme", deployment_name="fast-prod", min_instances=2)
+    check(False, "a declared deployment is not changed through the API")
+except ReplicateError as e:
+    check(e.status == 409 and "predictions.deployments" in str(e.detail), f"declared one refused: {e}")
+check(replicate.deployments.delete("compat", "slow-live"), "deployments.delete")
+check([d.name for d in replicate.deployments.list().results] == ["fast-prod"], "deleted")
 
 # predictions.create / get / wait / list.
 p = replicate.predictions.create(version=version.id, input={"prompt": "x", "max_tokens": 4})

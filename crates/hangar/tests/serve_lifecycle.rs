@@ -16,6 +16,8 @@ fn admin(url: &str, key: Option<&str>, method: &str, path: &str, body: Option<Va
     let mut r = match method {
         "GET" => client.get(format!("{url}{path}")),
         "PUT" => client.put(format!("{url}{path}")),
+        "PATCH" => client.patch(format!("{url}{path}")),
+        "DELETE" => client.delete(format!("{url}{path}")),
         _ => client.post(format!("{url}{path}")),
     };
     if let Some(k) = key {
@@ -344,6 +346,46 @@ queue = {{ algorithm = "fifo", capacity = 10 }}
         t.join().unwrap();
     }
     assert_eq!(*order.lock().unwrap(), ["a1", "b1", "a2", "a3"], "accounts take turns");
+}
+
+/// A deployment made through Replicate's API (`POST /v1/deployments`)
+/// runs its model between its bounds: a minimum of 2 starts two replicas
+/// of an idle model, an update lowers them, and a delete gives the model
+/// its own bounds (0 to 2) back, which the controller shows.
+#[test]
+fn a_deployment_made_through_the_api_runs_its_model_between_its_bounds() {
+    let s = serve(&format!(
+        r#"{KEYS}
+[[models]]
+key = "t/dep"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "10GB"
+max_replicas = 2
+
+[predictions]
+"#
+    ));
+    let root = Some("sk-root");
+    let hot = |url: &str| {
+        replicas(url, root, "t/dep").iter().filter(|r| r["level"] == "HOT" && r["state"] == "ready").count()
+    };
+    let bounds = |url: &str| model_status(url, root, "t/dep")["scaling"]["bounds"].clone();
+    assert_eq!(bounds(&s.url), json!({"min": 0, "max": 2}));
+    let (_, model) = admin(&s.url, Some("sk-a"), "GET", "/v1/models/t/dep", None);
+    let version = model["latest_version"]["id"].as_str().unwrap().to_owned();
+    let body = json!({"name": "live", "model": "t/dep", "version": version, "hardware": "gpu",
+                      "min_instances": 2, "max_instances": 2});
+    let (status, made) = admin(&s.url, Some("sk-a"), "POST", "/v1/deployments", Some(body));
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(bounds(&s.url), json!({"min": 2, "max": 2}), "applied before the answer");
+    eventually("two replicas are up for the deployment's minimum", || hot(&s.url) == 2);
+
+    let path = "/v1/deployments/a/live";
+    let (status, updated) = admin(&s.url, Some("sk-a"), "PATCH", path, Some(json!({"min_instances": 1})));
+    assert_eq!(status, 200, "{updated}");
+    assert_eq!(bounds(&s.url), json!({"min": 1, "max": 2}));
+    assert_eq!(admin(&s.url, Some("sk-a"), "DELETE", path, None).0, 204);
+    assert_eq!(bounds(&s.url), json!({"min": 0, "max": 2}), "the model's own bounds again");
 }
 
 #[test]

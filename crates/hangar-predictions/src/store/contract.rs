@@ -157,6 +157,38 @@ pub(crate) fn a_queued_request_waits_with_the_predictions_and_is_not_listed(q: &
     assert_eq!(listed.results.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["p0"]);
 }
 
+/// A deployment is created once, updated only from the release it was
+/// read at (a racing update loses), a repeated write reports success, and
+/// a deleted one is gone.
+pub(crate) fn deployments_are_compare_and_set_by_release(q: &dyn PredictionQueue) {
+    use crate::deployments::{DeploymentRecord, InstanceBounds};
+    let first = DeploymentRecord {
+        name: "acme/prod".into(),
+        model: "a/x".into(),
+        version: "v1".into(),
+        hardware: "gpu".into(),
+        bounds: InstanceBounds { min_instances: 0, max_instances: 2 },
+        release: 1,
+        created_at: 10,
+        released_at: 10,
+    };
+    assert!(q.put_deployment(&first, None).unwrap());
+    assert!(q.put_deployment(&first, None).unwrap(), "the same write again (a lost reply) succeeds");
+    let mut other = first.clone();
+    other.model = "a/y".into();
+    assert!(!q.put_deployment(&other, None).unwrap(), "the name is taken");
+    let mut second = first.clone();
+    (second.release, second.bounds.min_instances, second.released_at) = (2, 1, 20);
+    assert!(q.put_deployment(&second, Some(1)).unwrap());
+    let mut racing = first.clone();
+    (racing.release, racing.bounds.max_instances) = (2, 5);
+    assert!(!q.put_deployment(&racing, Some(1)).unwrap(), "an update from a stale release loses");
+    assert_eq!(q.deployments().unwrap(), [second]);
+    assert!(q.delete_deployment("acme/prod").unwrap());
+    assert!(!q.delete_deployment("acme/prod").unwrap());
+    assert!(q.deployments().unwrap().is_empty());
+}
+
 macro_rules! contract_tests {
     ($open:expr) => {
         contract_tests!(@each $open;
@@ -167,7 +199,8 @@ macro_rules! contract_tests {
             deliveries_are_retried_until_delivered,
             a_rotated_secret_stays_valid_for_the_grace_period_only,
             requeued_records_are_claimed_again,
-            a_queued_request_waits_with_the_predictions_and_is_not_listed);
+            a_queued_request_waits_with_the_predictions_and_is_not_listed,
+            deployments_are_compare_and_set_by_release);
     };
     (@each $open:expr; $($name:ident),*) => {
         $(

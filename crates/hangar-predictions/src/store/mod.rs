@@ -34,6 +34,7 @@ use hangar_core::Millis;
 pub use self::redis::{RedisQueue, Shards};
 pub use self::sqlite::SqliteQueue;
 pub(crate) use self::watched::Watched;
+use crate::deployments::DeploymentRecord;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::Event;
 
@@ -382,6 +383,23 @@ pub trait PredictionQueue: Send + Sync {
         grace_ms: Millis,
         create: &dyn Fn() -> String,
     ) -> Result<Rotation, StoreError>;
+
+    /// Writes `deployment` if the stored one of its name is at release
+    /// `expected` (`None`: if there is none): a compare-and-set, so two
+    /// updates racing from two gateways cannot both win. Returns whether
+    /// it was written; repeating a write that was made (its reply lost)
+    /// reports `true`.
+    fn put_deployment(
+        &self,
+        deployment: &DeploymentRecord,
+        expected: Option<u32>,
+    ) -> Result<bool, StoreError>;
+
+    /// Removes the deployment `name`; whether there was one.
+    fn delete_deployment(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// Every stored deployment, by name.
+    fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError>;
 }
 
 /// What [`PredictionQueue::enqueue_async`] returns.

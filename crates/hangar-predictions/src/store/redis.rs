@@ -36,6 +36,7 @@ use hangar_redis::{Redis, PREFIX};
 use sha2::{Digest, Sha256};
 
 use super::{blocking, Cursor, Delivery, Page, PredictionQueue, Recovery, Rotation, StoreError};
+use crate::deployments::DeploymentRecord;
 use crate::lifecycle::Status;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::{Event, Filter};
@@ -104,6 +105,7 @@ struct Scripts {
     due_deliveries: Script,
     remove_data: Script,
     rotate_secret: Script,
+    put_deployment: Script,
 }
 
 /// Lua helpers the scripts share (prepended to those that use them).
@@ -399,6 +401,22 @@ if cur then return 1 end
 return 0
 "#;
 
+/// ARGV: P, name, the release expected stored ('' for none), the JSON to
+/// store. Returns 1 if it was written — or already was (a retry after a
+/// lost reply) — and 0 if the stored release is not the one expected.
+const PUT_DEPLOYMENT: &str = r#"
+local key = P .. ':deployments'
+local cur = redis.call('HGET', key, ARGV[2])
+if cur == ARGV[4] then return 1 end
+if ARGV[3] == '' then
+  if cur then return 0 end
+elseif not cur or tostring(cjson.decode(cur).release) ~= ARGV[3] then
+  return 0
+end
+redis.call('HSET', key, ARGV[2], ARGV[4])
+return 1
+"#;
+
 impl RedisQueue {
     /// The store on `redis`. `lease_ms` is how long a claim lives without
     /// a heartbeat (the sweep's idle time).
@@ -421,6 +439,7 @@ impl RedisQueue {
                 due_deliveries: with(DUE_DELIVERIES),
                 remove_data: with(REMOVE_DATA),
                 rotate_secret: with(ROTATE_SECRET),
+                put_deployment: with(PUT_DEPLOYMENT),
             },
         };
         Ok(queue)
@@ -908,6 +927,45 @@ impl PredictionQueue for RedisQueue {
                 .invoke(c)
         })?;
         Ok(Rotation { key: fresh, previous_valid_until: (retired == 1).then_some(until) })
+    }
+
+    fn put_deployment(
+        &self,
+        deployment: &DeploymentRecord,
+        expected: Option<u32>,
+    ) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(deployment).expect("a deployment serializes");
+        let expected = expected.map_or_else(String::new, |r| r.to_string());
+        let written: i64 = self.with(|c| {
+            self.scripts
+                .put_deployment
+                .prepare_invoke()
+                .arg(PREFIX)
+                .arg(&deployment.name)
+                .arg(&expected)
+                .arg(&body)
+                .invoke(c)
+        })?;
+        Ok(written == 1)
+    }
+
+    fn delete_deployment(&self, name: &str) -> Result<bool, StoreError> {
+        let removed: i64 =
+            self.with(|c| redis::cmd("HDEL").arg(Self::key("deployments")).arg(name).query(c))?;
+        Ok(removed == 1)
+    }
+
+    fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        let all: Vec<(String, String)> =
+            self.with(|c| redis::cmd("HGETALL").arg(Self::key("deployments")).query(c))?;
+        let mut records = all
+            .into_iter()
+            .map(|(name, body)| {
+                serde_json::from_str(&body).map_err(|e| StoreError::Corrupt { id: name, what: e.to_string() })
+            })
+            .collect::<Result<Vec<DeploymentRecord>, _>>()?;
+        records.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(records)
     }
 }
 

@@ -7,6 +7,7 @@ use hangar_core::Millis;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{blocking, Cursor, Delivery, Page, PredictionQueue, Recovery, Rotation, StoreError};
+use crate::deployments::DeploymentRecord;
 use crate::lifecycle::Status;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::{Event, Filter};
@@ -111,6 +112,11 @@ CREATE TABLE IF NOT EXISTS webhook_secrets (
 );
 CREATE INDEX IF NOT EXISTS webhook_secrets_account ON webhook_secrets(account, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS webhook_secrets_current ON webhook_secrets(account) WHERE expires_at IS NULL;
+CREATE TABLE IF NOT EXISTS deployments (
+    name TEXT PRIMARY KEY,
+    release INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
 ";
 
 // Schema history. Every statement of `SCHEMA` is `IF NOT EXISTS`, so
@@ -127,6 +133,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS webhook_secrets_current ON webhook_secrets(acc
 //   holds, per queue, each account with waiting work and its place in the
 //   rotation claims follow ([`migrate_fair_queue`] adds the column to an
 //   older file and fills both from `predictions`).
+// - v4 (issue 29): `deployments`, those made through the API, each its
+//   JSON ([`DeploymentRecord`]) under its name with its release number.
 
 const COLUMNS: &str =
     "seq, id, kind, model, version, deployment, account, input, output, logs, error, status, \
@@ -842,6 +850,53 @@ impl PredictionQueue for SqliteQueue {
                 .execute(params![account, fresh, now as i64])?;
             Ok(Rotation { key: fresh, previous_valid_until: (retired > 0).then_some(until) })
         })
+    }
+
+    fn put_deployment(
+        &self,
+        deployment: &DeploymentRecord,
+        expected: Option<u32>,
+    ) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(deployment).expect("a deployment serializes");
+        let (name, release) = (deployment.name.clone(), deployment.release);
+        self.write(move |conn| {
+            let stored: Option<(u32, String)> = conn
+                .prepare_cached("SELECT release, body FROM deployments WHERE name = ?1")?
+                .query_row([&name], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            match (stored, expected) {
+                (Some((_, stored)), _) if stored == body => Ok(true),
+                (None, None) => {
+                    conn.prepare_cached("INSERT INTO deployments (name, release, body) VALUES (?1, ?2, ?3)")?
+                        .execute(params![name, release, body])?;
+                    Ok(true)
+                }
+                (Some((at, _)), Some(expected)) if at == expected => {
+                    conn.prepare_cached("UPDATE deployments SET release = ?2, body = ?3 WHERE name = ?1")?
+                        .execute(params![name, release, body])?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    fn delete_deployment(&self, name: &str) -> Result<bool, StoreError> {
+        let name = name.to_owned();
+        self.write(move |conn| {
+            Ok(conn.prepare_cached("DELETE FROM deployments WHERE name = ?1")?.execute([name])? > 0)
+        })
+    }
+
+    fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT name, body FROM deployments ORDER BY name")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        rows.map(|row| {
+            let (name, body) = row?;
+            serde_json::from_str(&body).map_err(|e| StoreError::Corrupt { id: name, what: e.to_string() })
+        })
+        .collect()
     }
 }
 

@@ -9,6 +9,7 @@ use hangar_core::Millis;
 use tokio::sync::Notify;
 
 use super::{Cursor, Delivery, EnqueueFuture, Page, PredictionQueue, Recovery, Rotation, StoreError};
+use crate::deployments::DeploymentRecord;
 use crate::reachability::Reachability;
 use crate::record::{JobKind, Record};
 
@@ -217,5 +218,21 @@ impl PredictionQueue for Watched {
         create: &dyn Fn() -> String,
     ) -> Result<Rotation, StoreError> {
         self.note(self.store.rotate_webhook_secret(account, now, grace_ms, create))
+    }
+
+    fn put_deployment(
+        &self,
+        deployment: &DeploymentRecord,
+        expected: Option<u32>,
+    ) -> Result<bool, StoreError> {
+        self.note(self.store.put_deployment(deployment, expected))
+    }
+
+    fn delete_deployment(&self, name: &str) -> Result<bool, StoreError> {
+        self.note(self.store.delete_deployment(name))
+    }
+
+    fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        self.note(self.store.deployments())
     }
 }

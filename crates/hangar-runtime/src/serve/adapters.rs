@@ -171,8 +171,8 @@ impl AdapterCatalog {
         self: &Arc<Self>,
         adapter: &AdapterRef,
     ) -> Result<Result<AdapterEntry, Vec<ModelKey>>, String> {
-        if let Some(found) = self.lookup(adapter, false) {
-            if self.stale() && !self.reading.swap(true, Ordering::AcqRel) {
+        if let (Some(found), stale) = self.lookup(adapter, false) {
+            if stale && !self.reading.swap(true, Ordering::AcqRel) {
                 // Answered from memory at once; the store is read behind it,
                 // so an adapter removed there is forgotten soon.
                 let me = self.clone();
@@ -186,7 +186,7 @@ impl AdapterCatalog {
             return Ok(found);
         }
         self.read().await?;
-        Ok(self.lookup(adapter, true).expect("answered after a read"))
+        Ok(self.lookup(adapter, true).0.expect("answered after a read"))
     }
 
     /// Reads the store's adapters into memory (removing the exported copies
@@ -261,20 +261,25 @@ impl AdapterCatalog {
         });
     }
 
-    /// Whether what is known was read longer than [`STALE_AFTER`] ago.
-    fn stale(&self) -> bool {
+    /// The answer from memory (`None` when the store should be read
+    /// first), and whether what is known was read longer than
+    /// [`STALE_AFTER`] ago: one look under the lock, on the path of every
+    /// adapter request.
+    fn lookup(
+        &self,
+        adapter: &AdapterRef,
+        read_now: bool,
+    ) -> (Option<Result<AdapterEntry, Vec<ModelKey>>>, bool) {
         let known = self.known.lock().expect("adapter catalog lock");
-        known.read_at.is_none_or(|at| at.elapsed() > STALE_AFTER)
-    }
-
-    /// The answer from memory; `None` when the store should be read first.
-    fn lookup(&self, adapter: &AdapterRef, read_now: bool) -> Option<Result<AdapterEntry, Vec<ModelKey>>> {
-        let known = self.known.lock().expect("adapter catalog lock");
+        let age = known.read_at.map(|at| at.elapsed());
+        let stale = age.is_none_or(|age| age > STALE_AFTER);
         if let Some(e) = known.by_ref.get(adapter) {
-            return Some(Ok(e.clone()));
+            return (Some(Ok(e.clone())), stale);
         }
-        let fresh = known.read_at.is_some_and(|at| at.elapsed() < REFRESH_EVERY);
-        (read_now || fresh).then(|| Err(known.bases.get(adapter.name()).cloned().unwrap_or_default()))
+        let fresh = age.is_some_and(|age| age < REFRESH_EVERY);
+        let found =
+            (read_now || fresh).then(|| Err(known.bases.get(adapter.name()).cloned().unwrap_or_default()));
+        (found, stale)
     }
 
     /// The directory engines load `entry` from, exported from the store the

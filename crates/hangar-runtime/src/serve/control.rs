@@ -69,6 +69,9 @@ pub enum ScalingCommand {
     Unfreeze,
     /// Hold the model at this many replicas (within its bounds).
     Pin(u32),
+    /// Run the model between these bounds from now on (a deployment's
+    /// `min_instances` / `max_instances`).
+    Bounds(hangar_scaler::Bounds),
 }
 
 /// Per model: its key, its scaling state as JSON, and its hot and warm
@@ -325,6 +328,14 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
         Command::Stopped { model, replica } => {
             control.controller_mut().handle_stopped(now, &model, replica);
         }
+        Command::Scaling { model, command: ScalingCommand::Bounds(b), reply }
+            if control.controller().scaler(&model).is_some_and(|s| s.bounds() == b) =>
+        {
+            // The bounds it runs within already: deployments repeat theirs
+            // every few seconds (level-triggered), and an unneeded
+            // observation would only crowd the policy's history.
+            let _ = reply.send(Ok(()));
+        }
         Command::Scaling { model, command, reply } => {
             observe_now(fleet.as_ref(), control, now, &model);
             let controller = control.controller_mut();
@@ -332,6 +343,7 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
                 ScalingCommand::Freeze => controller.freeze(now, &model),
                 ScalingCommand::Unfreeze => controller.release(now, &model),
                 ScalingCommand::Pin(n) => controller.pin(now, &model, n),
+                ScalingCommand::Bounds(b) => controller.set_bounds(now, &model, b),
             };
             let _ = reply.send(result);
         }

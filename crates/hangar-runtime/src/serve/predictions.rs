@@ -33,8 +33,8 @@ use hangar_predictions::record::{JobKind, Record};
 use hangar_predictions::request::{Answer, QueuedRequest};
 use hangar_predictions::store::Backend;
 use hangar_predictions::{
-    AdapterRefused, ExecError, Executor, InputRules, Job, Model, PredictionsConfig, Service, ServiceError,
-    Sink,
+    AdapterRefused, ExecError, Executor, InputRules, InstanceBounds, Job, Model, PredictionsConfig, Service,
+    ServiceError, Sink,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -57,6 +57,28 @@ struct ServeExecutor {
 }
 
 impl Executor for ServeExecutor {
+    fn check_bounds(&self, model: &str, bounds: InstanceBounds) -> Result<(), String> {
+        bounds.check()?;
+        let rt = self.inner.models.get(model).ok_or_else(|| format!("the model `{model}` is not served"))?;
+        rt.config.check_bounds(scaler_bounds(bounds)).map_err(|e| e.to_string())
+    }
+
+    /// Sends the bounds to the controller (its own from the config for
+    /// `None`); a controller given the bounds it has changes nothing.
+    fn apply_bounds(&self, model: &str, bounds: Option<InstanceBounds>) -> hangar_predictions::BoundsFuture {
+        let inner = self.inner.clone();
+        let model = model.to_owned();
+        Box::pin(async move {
+            let rt = inner.models.get(&model).ok_or_else(|| format!("the model `{model}` is not served"))?;
+            let bounds = bounds.map_or(
+                hangar_scaler::Bounds { min: rt.config.min_replicas, max: rt.config.max_replicas() },
+                scaler_bounds,
+            );
+            let command = super::ScalingCommand::Bounds(bounds);
+            inner.control.scaling(&rt.config.key, command).await.map_err(|e| e.to_string())
+        })
+    }
+
     fn check_adapter(
         &self,
         model: &str,
@@ -132,6 +154,11 @@ impl Executor for ServeExecutor {
             }
         }
     }
+}
+
+/// A deployment's bounds as the scaler holds them.
+fn scaler_bounds(b: InstanceBounds) -> hangar_scaler::Bounds {
+    hangar_scaler::Bounds { min: b.min_instances, max: b.max_instances }
 }
 
 /// The tokens of a queued request's event, as a synchronous request's

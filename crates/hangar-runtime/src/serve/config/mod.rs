@@ -426,16 +426,10 @@ impl ModelConfig {
     /// serves, by [`adapter_access`](Self::adapter_access)): `None` when the
     /// model does not serve it at all, else whether the account may.
     pub fn adapter_allowed(&self, name: &str, account: &AccountId) -> Option<bool> {
-        if self.adapter_access.is_empty() {
-            return Some(true);
-        }
-        let rules = self.adapter_access.iter().filter(|r| r.matches(name));
-        let mut allowed = None;
-        for rule in rules {
-            let may = rule.accounts.as_ref().is_none_or(|a| a.contains(account));
-            allowed = Some(allowed.unwrap_or(false) || may);
-        }
-        allowed
+        let lets_in =
+            |r: &AdapterAccess| r.matches(name) && r.accounts.as_ref().is_none_or(|a| a.contains(account));
+        self.serves_adapter(name)
+            .then(|| self.adapter_access.is_empty() || self.adapter_access.iter().any(lets_in))
     }
 
     /// Requests one replica serves at once: `concurrency`, but 1 for a

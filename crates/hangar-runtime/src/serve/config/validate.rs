@@ -256,6 +256,16 @@ impl ServeConfig {
 }
 
 impl ModelConfig {
+    /// Whether the model can run between `bounds` by its scaling policy
+    /// (`fixed` needs at least one) and its tier (a `hotswap` model holds
+    /// none of its own): its config's bounds, and those a deployment made
+    /// through the API gives it.
+    pub fn check_bounds(&self, bounds: hangar_scaler::Bounds) -> Result<(), FieldError> {
+        self.scaling().check_bounds(bounds)?;
+        let tier = hangar_placement::ModelSpec { hotswap: self.hotswap, ..Default::default() };
+        tier.check_tier(bounds.min)
+    }
+
     /// The model's own ranges; paths are relative to its `[[models]]` entry.
     fn validate(&self) -> Result<(), FieldError> {
         if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
@@ -284,7 +294,7 @@ impl ModelConfig {
             }
         }
         self.scaling().validate().map_err(|e| e.within("scaling"))?;
-        self.scaling().check_bounds(hangar_scaler::Bounds { min: self.min_replicas, max })?;
+        self.check_bounds(hangar_scaler::Bounds { min: self.min_replicas, max })?;
         self.check_adapters()?;
         if self.use_async_queue && self.engine.is_cog() {
             return Err(FieldError::new(
@@ -293,8 +303,6 @@ impl ModelConfig {
                  use the predictions API (POST /v1/models/{key}/predictions), which queues them already",
             ));
         }
-        let tier = hangar_placement::ModelSpec { hotswap: self.hotswap, ..Default::default() };
-        tier.check_tier(self.min_replicas)?;
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
         }
