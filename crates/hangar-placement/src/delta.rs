@@ -9,47 +9,126 @@ use serde::{Deserialize, Serialize};
 use crate::deployment::{Deployment, Level, NodeId};
 use crate::error::DeltaError;
 
-/// Every hot and warm deployment of a cluster, keyed by replica id.
+/// Every hot and warm deployment of a cluster, node by node.
 ///
-/// The map is shared: cloning a snapshot, or taking one of a cluster that
-/// has not changed since the last ([`Cluster::snapshot`](crate::Cluster::snapshot)),
-/// costs nothing, and two snapshots sharing it have no delta — so a
-/// controller that snapshots around every attempt to place pays for the
-/// fleet's size only when the attempt changed something.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
-    deployments: Arc<BTreeMap<ReplicaId, Deployment>>,
+/// Each node's deployments are shared: cloning a snapshot costs nothing,
+/// a snapshot of a cluster shares every node that did not change since
+/// the last one ([`Cluster::snapshot`](crate::Cluster::snapshot)), and
+/// [`DeploymentDelta::between`] looks only at the nodes whose deployments
+/// differ — so a controller that snapshots around every attempt to place
+/// pays for what the attempt changed, not for the fleet's size.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot(Arc<Parts>);
+
+/// One node's deployments in a [`Snapshot`], shared.
+pub(crate) type Part = Arc<BTreeMap<ReplicaId, Deployment>>;
+
+/// What a [`Snapshot`] holds.
+#[derive(Debug, Default)]
+struct Parts {
+    /// The nodes, in order (shared between snapshots while no node joins
+    /// or leaves).
+    nodes: Arc<Vec<NodeId>>,
+    /// Each node's deployments, in the same order.
+    parts: Vec<Part>,
+    /// Every deployment in one map, built when first asked for.
+    flat: std::sync::OnceLock<BTreeMap<ReplicaId, Deployment>>,
+}
+
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.same_as(other) || self.deployments() == other.deployments()
+    }
 }
 
 impl Serialize for Snapshot {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.deployments.serialize(serializer)
+        self.deployments().serialize(serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for Snapshot {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Ok(Self { deployments: Arc::new(BTreeMap::deserialize(deserializer)?) })
+        let all = BTreeMap::<ReplicaId, Deployment>::deserialize(deserializer)?;
+        Ok(Self::from_deployments(all.into_values()))
     }
 }
 
 impl Snapshot {
     /// Collects deployments (later ones replace earlier ones with the same id).
     pub fn from_deployments(deps: impl IntoIterator<Item = Deployment>) -> Self {
-        Self { deployments: Arc::new(deps.into_iter().map(|d| (d.replica_id, d)).collect()) }
+        let all: BTreeMap<ReplicaId, Deployment> = deps.into_iter().map(|d| (d.replica_id, d)).collect();
+        let mut by_node: BTreeMap<NodeId, BTreeMap<ReplicaId, Deployment>> = BTreeMap::new();
+        for d in all.values() {
+            by_node.entry(d.node.clone()).or_default().insert(d.replica_id, d.clone());
+        }
+        let (nodes, parts) = by_node.into_iter().map(|(id, part)| (id, Arc::new(part))).unzip();
+        Self::from_parts(Arc::new(nodes), parts)
+    }
+
+    /// A snapshot of `nodes` whose deployments are `parts`, in the same
+    /// order (each node's replicas on that node).
+    pub(crate) fn from_parts(nodes: Arc<Vec<NodeId>>, parts: Vec<Part>) -> Self {
+        debug_assert_eq!(nodes.len(), parts.len(), "one part per node");
+        Snapshot(Arc::new(Parts { nodes, parts, flat: Default::default() }))
+    }
+
+    /// The nodes and their deployments, shared, for a snapshot taken later
+    /// to reuse the unchanged ones.
+    pub(crate) fn parts(&self) -> (&Arc<Vec<NodeId>>, &[Part]) {
+        (&self.0.nodes, &self.0.parts)
     }
 
     /// Whether `other` is this very snapshot (a clone of it, or taken of
     /// an unchanged cluster): then the two are equal without a look.
     pub fn same_as(&self, other: &Snapshot) -> bool {
-        Arc::ptr_eq(&self.deployments, &other.deployments)
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// The deployments, by replica id.
+    /// The deployments, by replica id (gathered from the nodes' on first
+    /// ask).
     pub fn deployments(&self) -> &BTreeMap<ReplicaId, Deployment> {
-        &self.deployments
+        self.0.flat.get_or_init(|| {
+            self.0.parts.iter().flat_map(|p| p.iter()).map(|(id, d)| (*id, d.clone())).collect()
+        })
+    }
+
+    /// The deployments of the nodes whose deployments `self` and `other`
+    /// do not share (each side's), by replica id: all that can differ
+    /// between the two. A replica that moved between nodes changed both.
+    fn unshared<'a>(&'a self, other: &'a Snapshot) -> Unshared<'a> {
+        let (mut mine, mut theirs) = (BTreeMap::new(), BTreeMap::new());
+        let (a, b) = (&self.0, &other.0);
+        if Arc::ptr_eq(&a.nodes, &b.nodes) || a.nodes == b.nodes {
+            for (x, y) in a.parts.iter().zip(&b.parts).filter(|(x, y)| !Arc::ptr_eq(x, y)) {
+                mine.extend(x.iter());
+                theirs.extend(y.iter());
+            }
+        } else {
+            // Nodes joined or left: match the parts by node.
+            let by_node =
+                |p: &'a Parts| -> BTreeMap<&'a NodeId, &'a Part> { p.nodes.iter().zip(&p.parts).collect() };
+            let (ours, others) = (by_node(a), by_node(b));
+            let differs =
+                |part: &Arc<_>, there: Option<&&Arc<_>>| there.is_none_or(|t| !Arc::ptr_eq(part, t));
+            for (node, part) in &ours {
+                if differs(part, others.get(node)) {
+                    mine.extend(part.iter());
+                }
+            }
+            for (node, part) in &others {
+                if differs(part, ours.get(node)) {
+                    theirs.extend(part.iter());
+                }
+            }
+        }
+        (mine, theirs)
     }
 }
+
+/// What [`Snapshot::unshared`] finds: each side's deployments on the
+/// nodes that differ.
+type Unshared<'a> = (BTreeMap<&'a ReplicaId, &'a Deployment>, BTreeMap<&'a ReplicaId, &'a Deployment>);
 
 /// What one step asks of the node agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -133,10 +212,10 @@ impl DeploymentDelta {
         if old.same_as(new) {
             return Ok(delta);
         }
-        let ids: std::collections::BTreeSet<&ReplicaId> =
-            old.deployments.keys().chain(new.deployments.keys()).collect();
+        let (olds, news) = old.unshared(new);
+        let ids: std::collections::BTreeSet<&ReplicaId> = olds.keys().chain(news.keys()).copied().collect();
         for id in ids {
-            let (o, n) = (old.deployments.get(id), new.deployments.get(id));
+            let (o, n) = (olds.get(id).copied(), news.get(id).copied());
             match (o, n) {
                 (None, None) => {}
                 (Some(o), None) => delta.delete.push(o.clone()),
@@ -199,11 +278,19 @@ impl DeploymentDelta {
     /// expects. `between(a, b)?.apply(&mut a)` leaves `a == b`. On error
     /// `state` holds the steps applied so far.
     pub fn apply(&self, state: &mut Snapshot) -> Result<(), DeltaError> {
+        let mut all = state.deployments().clone();
+        let applied = self.apply_to(&mut all);
+        *state = Snapshot::from_deployments(all.into_values());
+        applied
+    }
+
+    /// [`apply`](Self::apply) on the deployments by replica id.
+    fn apply_to(&self, state: &mut BTreeMap<ReplicaId, Deployment>) -> Result<(), DeltaError> {
         for step in self.steps() {
             let d = step.deployment;
             let mismatch =
                 |why: String| DeltaError::Mismatch { step: step.action.name(), replica: d.replica_id, why };
-            let current = state.deployments.get(&d.replica_id);
+            let current = state.get(&d.replica_id);
             match step.action {
                 Action::Create => {
                     if current.is_some() {
@@ -218,7 +305,7 @@ impl DeploymentDelta {
                             place(current)
                         )));
                     }
-                    Arc::make_mut(&mut state.deployments).remove(&d.replica_id);
+                    state.remove(&d.replica_id);
                     continue;
                 }
                 Action::ToCache | Action::FromCache | Action::Update => {
@@ -236,7 +323,7 @@ impl DeploymentDelta {
                     }
                 }
             }
-            Arc::make_mut(&mut state.deployments).insert(d.replica_id, d.clone());
+            state.insert(d.replica_id, d.clone());
         }
         Ok(())
     }

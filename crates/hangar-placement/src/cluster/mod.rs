@@ -4,12 +4,13 @@ mod deploy;
 mod evict;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 
 use crate::candidate::Shape;
 use crate::config::{BadNode, ClusterConfig, NodeConfig, PlacementConfig};
-use crate::delta::Snapshot;
+use crate::delta::{Part, Snapshot};
 use crate::deployment::{Deployment, Level, NodeId};
 use crate::error::{AddNodeError, ConfigError, ResidencyError, RestoreError, SleepsError};
 use crate::node::Node;
@@ -85,18 +86,27 @@ pub struct Cluster {
     node_index: BTreeMap<NodeId, usize>,
     replicas: BTreeMap<ReplicaId, Loc>,
     by_model: BTreeMap<ModelKey, BTreeSet<ReplicaId>>,
-    /// The last snapshot, with each node's change count and id then.
+    /// Bumped when a node joins or leaves: the nodes a snapshot lists are
+    /// still the cluster's while it is unchanged.
+    membership: u64,
+    /// The last snapshot, with each node's change count then.
     last_snapshot: SnapshotCache,
 }
 
-/// The last [`Cluster::snapshot`] and the nodes it was taken of: handed
-/// out again while no node changed since. A clone of the cluster starts
-/// without one.
+/// The last [`Cluster::snapshot`]: handed out again while no node changed
+/// since, and each node's part of it reused while that node did not
+/// change. A clone of the cluster starts without one.
 #[derive(Debug, Default)]
 struct SnapshotCache(std::sync::Mutex<Option<Taken>>);
 
-/// A snapshot and, per node in order, its id and change count then.
-type Taken = (Vec<(NodeId, u64)>, Snapshot);
+/// A snapshot, the membership it was taken at and, per node in order, its
+/// change count then.
+#[derive(Debug)]
+struct Taken {
+    snapshot: Snapshot,
+    membership: u64,
+    changes: Vec<u64>,
+}
 
 impl Clone for SnapshotCache {
     fn clone(&self) -> Self {
@@ -146,6 +156,7 @@ impl Cluster {
             node_index,
             replicas: BTreeMap::new(),
             by_model: BTreeMap::new(),
+            membership: 0,
             last_snapshot: SnapshotCache::default(),
         })
     }
@@ -259,24 +270,47 @@ impl Cluster {
     ///
     /// Taken again of a cluster no node of which changed, it is the same
     /// snapshot, shared ([`Snapshot::same_as`]): O(nodes) to check, instead
-    /// of a copy of every deployment.
+    /// of a copy of every deployment; otherwise only the nodes that changed
+    /// are copied, the others shared with the last snapshot.
     pub fn snapshot(&self) -> Snapshot {
         let mut cache = self.last_snapshot.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((nodes, snapshot)) = cache.as_ref() {
-            let unchanged = nodes.len() == self.nodes.len()
-                && nodes
-                    .iter()
-                    .zip(&self.nodes)
-                    .all(|((id, changes), n)| id == n.id() && *changes == n.changes());
-            if unchanged {
-                return snapshot.clone();
-            }
+        let changes: Vec<u64> = self.nodes.iter().map(Node::changes).collect();
+        let last = cache.as_ref().filter(|t| t.membership == self.membership);
+        if let Some(t) = last.filter(|t| t.changes == changes) {
+            return t.snapshot.clone();
         }
-        let snapshot = Snapshot::from_deployments(
-            self.nodes.iter().flat_map(|n| n.hot_deployments().chain(n.warm_deployments())).cloned(),
-        );
-        *cache = Some((self.nodes.iter().map(|n| (n.id().clone(), n.changes())).collect(), snapshot.clone()));
+        let (nodes, parts) = match last {
+            Some(t) => {
+                let (nodes, before) = t.snapshot.parts();
+                let parts = self
+                    .nodes
+                    .iter()
+                    .zip(before.iter().zip(&t.changes))
+                    .map(|(n, (part, &then))| match n.changes() == then {
+                        true => part.clone(),
+                        false => Self::part(n),
+                    })
+                    .collect();
+                (nodes.clone(), parts)
+            }
+            None => (
+                Arc::new(self.nodes.iter().map(|n| n.id().clone()).collect()),
+                self.nodes.iter().map(Self::part).collect(),
+            ),
+        };
+        let snapshot = Snapshot::from_parts(nodes, parts);
+        *cache = Some(Taken { snapshot: snapshot.clone(), membership: self.membership, changes });
         snapshot
+    }
+
+    /// One node's part of a snapshot: its hot and warm deployments.
+    fn part(node: &Node) -> Part {
+        Arc::new(
+            node.hot_deployments()
+                .chain(node.warm_deployments())
+                .map(|d| (d.replica_id, d.clone()))
+                .collect(),
+        )
     }
 
     // ---- set-up ----
@@ -353,6 +387,7 @@ impl Cluster {
         })?;
         self.node_index.insert(node.id, self.nodes.len());
         self.nodes.push(built);
+        self.membership += 1;
         Ok(())
     }
 
@@ -368,6 +403,7 @@ impl Cluster {
         // `remove`, not `swap_remove`: the other nodes keep their order, so
         // the rng's tie-breaks among them draw as they did before.
         let node = self.nodes.remove(ni);
+        self.membership += 1;
         let gone: Vec<Deployment> = node.into_deployments().collect();
         for d in &gone {
             self.untrack(&d.model_key, &d.replica_id);
