@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use hangar_core::AdapterRef;
 use hangar_store::adapters::{self, AdapterEntry, ExportError, ImportError, RemoveError};
+use hangar_store::directory::ScanError;
 use hangar_store::synth::synth_adapter_dir;
 use hangar_store::{ArtifactKind, BlobStore, IdOrKey, StoreError};
 use safetensors::SafeTensors;
@@ -223,9 +224,9 @@ fn every_directory_an_engine_could_not_load_is_refused_naming_the_path() {
     }
     let missing = dir.path().join("missing");
     let e = adapters::import_dir(&store, &missing, &a).unwrap_err();
-    assert!(matches!(&e, ImportError::Io { path, .. } if *path == missing), "{e}");
+    assert!(matches!(&e, ImportError::Scan(ScanError::Io { path, .. }) if *path == missing), "{e}");
     let e = adapters::import_dir(&store, &outside, &a).unwrap_err();
-    assert!(matches!(e, ImportError::NotADirectory { .. }), "{e}");
+    assert!(matches!(e, ImportError::Scan(ScanError::NotADirectory { .. })), "{e}");
 
     assert!(adapters::list(&store, None).unwrap().is_empty(), "nothing registered");
     assert!(store.list().unwrap().is_empty(), "nothing stored");
