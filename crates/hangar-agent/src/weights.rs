@@ -13,9 +13,23 @@
 //! of the artifact on the node maps: a second replica costs no read and no
 //! memory for its weights.
 //!
-//! Only whole-file artifacts (a GGUF, imported as it was) can be handed over
-//! as a file: the store's canonical layout of safetensors tensors is not a
-//! safetensors file, and engines would need a store-aware loader for it.
+//! A **model directory** (a directory artifact of a Hugging Face model,
+//! `hangar store import DIR`, [`hangar_store::directory`]) is handed over as
+//! a directory: its files are written back byte for byte, each checked
+//! against its hash, into `<store root>/model-dirs/<artifact id>/`, made
+//! read-only, and `{weights}` is that path — what vLLM's `--model`,
+//! SGLang's `--model-path` and TGI's `--model-id` take. It is materialized
+//! once per node: every replica of every model with those weights uses the
+//! same directory, held by a count of the replicas using it and removed
+//! when the last is released. Across processes sharing the store root (a
+//! `hangar serve` and a `hangar agent` on one machine), each holder keeps a
+//! shared `flock` on `model-dirs/<artifact id>.lock`; the last one out
+//! removes the directory only when it can take that lock exclusively, and
+//! the kernel drops the locks of a process that dies.
+//!
+//! Other artifacts of safetensors tensors cannot be handed over: the
+//! store's canonical layout of tensors is not a safetensors file, and
+//! engines would need a store-aware loader for it.
 //!
 //! `hangar serve` uses the daemon that serves the store's root, and starts
 //! one in its own process when none answers on the socket. Each replica
@@ -24,7 +38,7 @@
 //! exits; the engine's own mapping keeps the memory alive as long as it
 //! runs, whatever the daemon does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -36,7 +50,7 @@ use hangar_core::{ByteSize, ModelKey, ReplicaId};
 use hangar_store::client::{ClientError, Hold, Materialized, StoreClient};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
-use hangar_store::{ArtifactId, BlobStore, StoreKey};
+use hangar_store::{directory, ArtifactId, BlobStore, StoreKey};
 use serde::{Deserialize, Serialize};
 
 /// Where a model's weights come from.
@@ -171,17 +185,32 @@ pub enum WeightsError {
         /// What failed.
         why: String,
     },
-    /// The artifact is not one whole file, so it cannot be handed to an
-    /// engine as a path.
+    /// The artifact is neither one whole file nor a model directory, so
+    /// it cannot be handed to an engine as a path.
     #[error(
-        "model {model}: weights {weights} hold safetensors tensors, not one whole file: an engine \
-         is handed a file (import a GGUF or other single file)"
+        "model {model}: weights {weights} {what}: an engine is handed a file or a directory (import \
+         a GGUF or other single file, or a model directory: `hangar store import DIR`)"
     )]
     NotAFile {
         /// The model.
         model: String,
         /// The weights as configured.
         weights: String,
+        /// What they are instead.
+        what: String,
+    },
+    /// Writing a model directory's files failed (disk full, permissions,
+    /// a file that did not hash to its record).
+    #[error("model {model}: weights {weights}: writing the model directory under {under}: {why}")]
+    Directory {
+        /// The model.
+        model: String,
+        /// The weights as configured.
+        weights: String,
+        /// Where model directories are written.
+        under: String,
+        /// What failed.
+        why: String,
     },
     /// Materializing failed (a source failed, verification, budget).
     #[error("model {model}: weights {weights}: {why}")]
@@ -195,24 +224,77 @@ pub enum WeightsError {
     },
 }
 
-/// A replica's weights, materialized: the memory stays mapped and its
-/// descriptor open while this lives.
+/// A replica's weights, materialized: a whole file's memory stays mapped
+/// and its descriptor open while this lives; a model directory stays on
+/// disk until [`WeightStore::release`] of its last replica.
 #[derive(Debug)]
 pub struct LoadedWeights {
-    memory: Materialized,
+    held: Held,
     /// What was loaded and how.
     pub report: WeightsReport,
 }
 
+/// What a replica's weights are held as.
+#[derive(Debug)]
+enum Held {
+    /// A whole file's shared memory.
+    Memory(Materialized),
+    /// A model directory's path, counted in [`WeightStore`]'s table.
+    Directory(PathBuf),
+}
+
 pub use hangar_core::WeightsReport;
 
-impl LoadedWeights {
-    /// The descriptor the engine inherits; it opens it as
-    /// `/proc/self/fd/N` (see `LaunchContext::weights`).
-    pub fn fd(&self) -> RawFd {
-        self.memory.fd().as_raw_fd()
+/// How an engine is handed its weights (the `{weights}` of its command).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandedWeights {
+    /// A descriptor of a whole file's shared memory, which the engine
+    /// inherits at the same number and opens as `/proc/self/fd/N`.
+    Fd(RawFd),
+    /// A model directory, read-only, shared by the node's replicas.
+    Directory(PathBuf),
+}
+
+impl HandedWeights {
+    /// The path `{weights}` stands for.
+    pub fn path(&self) -> String {
+        match self {
+            HandedWeights::Fd(fd) => format!("/proc/self/fd/{fd}"),
+            HandedWeights::Directory(dir) => dir.display().to_string(),
+        }
     }
 }
+
+impl LoadedWeights {
+    /// How the engine is handed these weights (see `LaunchContext::weights`).
+    pub fn handed(&self) -> HandedWeights {
+        match &self.held {
+            Held::Memory(memory) => HandedWeights::Fd(memory.fd().as_raw_fd()),
+            Held::Directory(dir) => HandedWeights::Directory(dir.clone()),
+        }
+    }
+}
+
+/// Where a node's model directories are written, under the store's root.
+pub const MODEL_DIRS: &str = "model-dirs";
+
+/// One model directory this process materialized, and the replicas using it.
+#[derive(Debug)]
+struct HeldDir {
+    path: PathBuf,
+    /// The artifact's bytes, for the start reports of the replicas after
+    /// the first.
+    bytes: u64,
+    /// `model-dirs/<id>.lock`, locked shared while this process holds
+    /// the directory.
+    lock: std::fs::File,
+    replicas: HashSet<ReplicaId>,
+}
+
+/// The model directory of one artifact in this process: `None` while no
+/// replica holds it. Its mutex is held while the directory is written, so
+/// a second replica waits for the first one's directory.
+type DirSlot = Arc<Mutex<Option<HeldDir>>>;
 
 /// The node's weight store as `hangar serve` uses it.
 pub struct WeightStore {
@@ -221,6 +303,8 @@ pub struct WeightStore {
     _daemon: Option<DaemonHandle>,
     /// File weights already imported: `(path, length, mtime)` → artifact.
     imported: Mutex<HashMap<(PathBuf, u64, SystemTime), ArtifactId>>,
+    /// The model directories this process materialized, by artifact.
+    dirs: Mutex<HashMap<ArtifactId, DirSlot>>,
 }
 
 impl fmt::Debug for WeightStore {
@@ -261,7 +345,13 @@ impl WeightStore {
                 Some(daemon)
             }
         };
-        let store = WeightStore { settings, _daemon: daemon, imported: Mutex::new(HashMap::new()) };
+        let store = WeightStore {
+            settings,
+            _daemon: daemon,
+            imported: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+        };
+        store.sweep_model_dirs();
         for (model, source) in models {
             store.check(model, source)?;
         }
@@ -350,6 +440,17 @@ impl WeightStore {
                 Selection { artifact_id: self.import(model, path)?, view: None, key: None }
             }
         };
+        // A model directory a replica of this process holds already.
+        if let Some((path, bytes)) = self.hold_dir(&selection.artifact_id, replica) {
+            let report = WeightsReport {
+                artifact: selection.artifact_id.to_string(),
+                source: Source::Resident.as_str().to_owned(),
+                bytes,
+                took_ms: started.elapsed().as_millis() as u64,
+                load_ms: 0,
+            };
+            return Ok(LoadedWeights { held: Held::Directory(path), report });
+        }
         let memory = client
             .materialize_as(&selection, replica, Hold::Process)
             .map_err(|e| self.load_error(model, source, e))?;
@@ -357,10 +458,20 @@ impl WeightStore {
             let _ = client.unload_replica(replica);
             e
         };
-        if memory.index.whole_file().is_none() {
-            let e = WeightsError::NotAFile { model: model.to_string(), weights: source.to_string() };
-            return Err(release(&mut client, e));
-        }
+        let is_dir = match memory.index.whole_file() {
+            Some(_) => false,
+            None => match directory::model_dir_check(&memory.index, memory.data()) {
+                Ok(()) => true,
+                Err(what) => {
+                    let e = WeightsError::NotAFile {
+                        model: model.to_string(),
+                        weights: source.to_string(),
+                        what: what.replacen("is not a model directory", "are not a model directory", 1),
+                    };
+                    return Err(release(&mut client, e));
+                }
+            },
+        };
         let confirmed = loop {
             match client.confirm(&memory, LOAD_LIMIT) {
                 Ok(c) => break c,
@@ -371,14 +482,116 @@ impl WeightStore {
                 }
             }
         };
-        let report = WeightsReport {
+        let mut report = WeightsReport {
             artifact: memory.id.to_string(),
             source: source_name(confirmed.source, memory.reused).to_owned(),
             bytes: memory.index.data_len,
-            took_ms: started.elapsed().as_millis() as u64,
+            took_ms: 0,
             load_ms: if memory.reused { 0 } else { confirmed.duration_ms },
         };
-        Ok(LoadedWeights { memory, report })
+        let held = match is_dir {
+            false => Held::Memory(memory),
+            true => {
+                let written = self.materialize_dir(&memory, replica);
+                // The directory holds the bytes now: the daemon's copy is
+                // its cache's business, no longer this replica's.
+                let _ = client.unload_replica(replica);
+                Held::Directory(written.map_err(|why| WeightsError::Directory {
+                    model: model.to_string(),
+                    weights: source.to_string(),
+                    under: self.model_dirs().display().to_string(),
+                    why,
+                })?)
+            }
+        };
+        report.took_ms = started.elapsed().as_millis() as u64;
+        Ok(LoadedWeights { held, report })
+    }
+
+    /// Where this node's model directories are.
+    fn model_dirs(&self) -> PathBuf {
+        self.settings.root().join(MODEL_DIRS)
+    }
+
+    /// The model directory of `id` if this process holds it, counting
+    /// `replica` among its holders.
+    /// Answers its path and the artifact's bytes.
+    fn hold_dir(&self, id: &ArtifactId, replica: ReplicaId) -> Option<(PathBuf, u64)> {
+        let slot = self.dirs.lock().expect("model directories lock").get(id)?.clone();
+        let mut slot = slot.lock().expect("model directory lock");
+        let held = slot.as_mut()?;
+        held.replicas.insert(replica);
+        Some((held.path.clone(), held.bytes))
+    }
+
+    /// Writes the model directory whose verified bytes are `memory` (once
+    /// per node: one another replica or process wrote is used as it is),
+    /// counting `replica` among its holders.
+    fn materialize_dir(&self, memory: &Materialized, replica: ReplicaId) -> Result<PathBuf, String> {
+        let slot = self.dirs.lock().expect("model directories lock").entry(memory.id).or_default().clone();
+        let mut slot = slot.lock().expect("model directory lock");
+        if let Some(held) = slot.as_mut() {
+            held.replicas.insert(replica);
+            return Ok(held.path.clone());
+        }
+        let under = self.model_dirs();
+        std::fs::create_dir_all(&under).map_err(|e| format!("{}: {e}", under.display()))?;
+        let lock_path = under.join(format!("{}.lock", memory.id.file_name()));
+        let lock = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+        // Waits while another process removes the directory (it holds the
+        // lock exclusively then), so what is found next is whole or absent.
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockShared)
+            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+        let path = directory::publish(&under, &memory.id, directory::MODEL_CONFIG_FILE, |dir| {
+            directory::write_files(&memory.index, memory.data(), dir)?;
+            directory::make_read_only(dir)
+        })
+        .map_err(|e| e.to_string())?;
+        tracing::info!(artifact = %memory.id, path = %path.display(), "model directory materialized");
+        let bytes = memory.index.data_len;
+        *slot = Some(HeldDir { path: path.clone(), bytes, lock, replicas: HashSet::from([replica]) });
+        Ok(path)
+    }
+
+    /// Lets `replica` go of the model directories it holds; a directory
+    /// whose last holder it was is removed, unless another process holds
+    /// it too.
+    fn release_dirs(&self, replica: ReplicaId) {
+        let slots: Vec<DirSlot> =
+            self.dirs.lock().expect("model directories lock").values().cloned().collect();
+        for slot in slots {
+            let mut slot = slot.lock().expect("model directory lock");
+            let Some(held) = slot.as_mut() else { continue };
+            if !held.replicas.remove(&replica) || !held.replicas.is_empty() {
+                continue;
+            }
+            let held = slot.take().expect("just seen");
+            remove_unless_held(&held.path, &held.lock);
+        }
+    }
+
+    /// Removes the model directories no process holds (left by a process
+    /// that died): at start, so the disk they take comes back.
+    fn sweep_model_dirs(&self) {
+        let under = self.model_dirs();
+        let Ok(entries) = std::fs::read_dir(&under) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let lock_path = under.join(format!("{name}.lock"));
+            let Ok(lock) = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path)
+            else {
+                continue;
+            };
+            remove_unless_held(&entry.path(), &lock);
+        }
     }
 
     /// Imports a weights file into the store, once per file version.
@@ -404,15 +617,36 @@ impl WeightStore {
     }
 
     /// Drops `replica`'s reference to its weights (the memory stays with
-    /// the store, resident for the next replica, until its budget needs it).
+    /// the store, resident for the next replica, until its budget needs
+    /// it; a model directory whose last replica this was is removed).
+    ///
+    /// # Cancel safety
+    /// The work runs on a blocking thread that finishes even if this
+    /// future is dropped.
     pub async fn release(self: &Arc<Self>, replica: ReplicaId) {
-        let socket = self.settings.socket();
+        let this = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            if let Ok(mut client) = StoreClient::connect(&socket) {
+            this.release_dirs(replica);
+            if let Ok(mut client) = StoreClient::connect(this.settings.socket()) {
                 let _ = client.unload_replica(replica);
             }
         })
         .await;
+    }
+}
+
+/// Removes the model directory `path` if no process holds its `lock`
+/// (taken exclusively, without waiting, for the removal; closing the file
+/// afterwards lets it go).
+fn remove_unless_held(path: &Path, lock: &std::fs::File) {
+    use rustix::fs::FlockOperation::NonBlockingLockExclusive;
+    if rustix::fs::flock(lock, NonBlockingLockExclusive).is_err() {
+        // Another process's replicas use it; the last of them removes it.
+        return;
+    }
+    match directory::remove(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "model directory removed: no replica uses it"),
+        Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not remove a model directory"),
     }
 }
 
