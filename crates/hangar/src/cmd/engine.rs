@@ -1,7 +1,7 @@
 //! `hangar engine`: run an engine process.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
