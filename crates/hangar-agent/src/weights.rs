@@ -59,8 +59,9 @@ use serde::{Deserialize, Serialize};
 pub enum WeightsSource {
     /// `store:KEY`: an artifact of the weight store.
     Store(StoreKey),
-    /// A file, imported into the store on first use (relative paths are
-    /// resolved against the configuration file's directory).
+    /// A file or a model directory, imported into the store on first use
+    /// (relative paths are resolved against the configuration file's
+    /// directory).
     File(PathBuf),
 }
 
@@ -594,7 +595,9 @@ impl WeightStore {
         }
     }
 
-    /// Imports a weights file into the store, once per file version.
+    /// Imports a weights file — or a model directory — into the store,
+    /// once per version: a file's length and modification time, a
+    /// directory's total length and latest modification time of its files.
     fn import(&self, model: &ModelKey, path: &Path) -> Result<ArtifactId, WeightsError> {
         let file_error = |why: String| WeightsError::File {
             model: model.to_string(),
@@ -602,7 +605,20 @@ impl WeightStore {
             why,
         };
         let meta = std::fs::metadata(path).map_err(|e| file_error(e.to_string()))?;
-        let version = (path.to_owned(), meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+        let version = match meta.is_dir() {
+            false => (path.to_owned(), meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)),
+            true => {
+                let scanned = directory::scan(path).map_err(|e| file_error(e.to_string()))?;
+                let (mut len, mut latest) = (0, SystemTime::UNIX_EPOCH);
+                for (_, file) in &scanned.files {
+                    let meta = std::fs::metadata(file)
+                        .map_err(|e| file_error(format!("{}: {e}", file.display())))?;
+                    len += meta.len();
+                    latest = latest.max(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+                }
+                (path.to_owned(), len, latest)
+            }
+        };
         let blobs = BlobStore::open(self.settings.root()).map_err(|e| file_error(e.to_string()))?;
         if let Some(id) = self.imported.lock().expect("import table lock").get(&version) {
             // Still stored (the disk budget may have removed it since)?
@@ -610,10 +626,18 @@ impl WeightStore {
                 return Ok(*id);
             }
         }
-        let report = blobs.import_files(&[path.to_owned()], &[]).map_err(|e| file_error(e.to_string()))?;
-        tracing::info!(model = %model, path = %path.display(), artifact = %report.id, existed = report.existed, "weights file imported into the store");
-        self.imported.lock().expect("import table lock").insert(version, report.id);
-        Ok(report.id)
+        let (id, existed) = match meta.is_dir() {
+            false => blobs
+                .import_files(&[path.to_owned()], &[])
+                .map(|r| (r.id, r.existed))
+                .map_err(|e| file_error(e.to_string()))?,
+            true => directory::import_model_dir(&blobs, path, &[])
+                .map(|r| (r.id, r.existed))
+                .map_err(|e| file_error(e.to_string()))?,
+        };
+        tracing::info!(model = %model, path = %path.display(), artifact = %id, existed, "weights file imported into the store");
+        self.imported.lock().expect("import table lock").insert(version, id);
+        Ok(id)
     }
 
     /// Drops `replica`'s reference to its weights (the memory stays with

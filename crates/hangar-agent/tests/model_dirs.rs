@@ -103,3 +103,26 @@ async fn weights_neither_a_file_nor_a_model_directory_are_refused_by_name() {
     assert!(e.contains("model t/dir") && e.contains("store:tensors:v1"), "{e}");
     assert!(e.contains("are not a model directory") && e.contains("hangar store import DIR"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_directory_given_by_its_path_is_imported_on_first_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, model, by_key, src) = node(dir.path());
+    let by_path = WeightsSource::File(src.clone());
+    let (r1, r2) = (fresh_replica(), fresh_replica());
+    let a = store.load(&model, &by_path, r1).await.unwrap();
+    let b = store.load(&model, &by_key, r2).await.unwrap();
+    assert_eq!(a.report.artifact, b.report.artifact, "the same files are the same artifact");
+    assert_eq!(dir_of(a.handed()), dir_of(b.handed()));
+    store.release(r1).await;
+    store.release(r2).await;
+
+    // Another version of a file is imported again.
+    std::fs::write(src.join("tokenizer_config.json"), b"{\"model_max_length\": 4096}").unwrap();
+    let r3 = fresh_replica();
+    let c = store.load(&model, &by_path, r3).await.unwrap();
+    assert_ne!(c.report.artifact, a.report.artifact, "a changed file is a new version");
+    let path = dir_of(c.handed());
+    assert_eq!(std::fs::read(path.join("tokenizer_config.json")).unwrap(), b"{\"model_max_length\": 4096}");
+    store.release(r3).await;
+}
