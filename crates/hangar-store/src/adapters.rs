@@ -590,6 +590,54 @@ mod tests {
         assert_eq!(BINDING_TENSOR, format!("{FILE_TENSOR_PREFIX}{BINDING_FILE}"));
     }
 
+    /// An adapter imported before adapters were directory artifacts (no
+    /// manifest; the safetensors metadata kept in its binding) is still
+    /// written back: its config byte for byte, its weights as the same
+    /// tensors and metadata.
+    #[test]
+    fn an_adapter_imported_before_the_directory_manifest_is_still_written_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        crate::synth::synth_adapter_dir(&src, "b", 4, 32, 2, 1).unwrap();
+        let store = BlobStore::open(dir.path().join("store")).unwrap();
+        let binding = Binding {
+            version: BINDING_VERSION,
+            base: "b".parse().unwrap(),
+            name: "x".parse().unwrap(),
+            metadata: BTreeMap::from([("format".to_owned(), "pt".to_owned())]),
+        };
+        let binding = serde_json::to_vec(&binding).unwrap();
+        let (config, weights) = (src.join(CONFIG_FILE), src.join(SAFETENSORS_FILE));
+        let members = [
+            Member::Whole { path: &config, name: CONFIG_FILE.to_owned() },
+            Member::Tensors(&weights),
+            Member::Bytes { name: BINDING_FILE, data: &binding },
+        ];
+        let id = store.import_members(&members, &[], &ServingPolicy::default()).unwrap().id;
+        let art = store.open_artifact(&id).unwrap();
+        assert!(!directory::carries_manifest(&art.index));
+        let out = dir.path().join("out");
+        fs::create_dir(&out).unwrap();
+        write_files(&art.index, &art.map_verified().unwrap(), &out).unwrap();
+        assert_eq!(fs::read(out.join(CONFIG_FILE)).unwrap(), fs::read(&config).unwrap());
+        let (a, b) = (fs::read(out.join(SAFETENSORS_FILE)).unwrap(), fs::read(&weights).unwrap());
+        let (a, b) = (
+            safetensors::SafeTensors::deserialize(&a).unwrap(),
+            safetensors::SafeTensors::deserialize(&b).unwrap(),
+        );
+        let mut names = a.names();
+        names.sort();
+        let mut want = b.names();
+        want.sort();
+        assert_eq!(names, want);
+        for n in names {
+            assert_eq!(a.tensor(n).unwrap().data(), b.tensor(n).unwrap().data(), "{n}");
+        }
+        let meta =
+            |bytes: &[u8]| safetensors::SafeTensors::read_metadata(bytes).unwrap().1.metadata().clone();
+        assert_eq!(meta(&fs::read(out.join(SAFETENSORS_FILE)).unwrap()), meta(&fs::read(&weights).unwrap()));
+    }
+
     #[test]
     fn the_binding_is_compact_in_a_fixed_order() {
         let b = Binding {

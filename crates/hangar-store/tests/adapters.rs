@@ -82,7 +82,7 @@ fn an_imported_adapter_is_listed_found_and_exported_as_the_directory_it_was() {
     assert_eq!(out, under.join(report.id.file_name()));
     let (got, want) = (files(&out), files(&src));
     assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "the same file names");
-    for f in ["adapter_config.json", "tokenizer.json", "README.md"] {
+    for f in ["adapter_config.json", "tokenizer.json", "README.md", "adapter_model.safetensors"] {
         assert_eq!(got[f], want[f], "{f} byte for byte");
     }
     let weights = "adapter_model.safetensors";
