@@ -4,15 +4,13 @@
 //! `adapter_config.json`, the weights in `adapter_model.safetensors` (or
 //! `adapter_model.bin` / `.pt`), sometimes tokenizer files. vLLM loads it
 //! from that directory (`POST /v1/load_lora_adapter {"lora_name",
-//! "lora_path"}`). [`import_dir`] makes the directory one artifact:
-//!
-//! - `adapter_model.safetensors` tensor by tensor, as the store imports
-//!   any safetensors file, its `__metadata__` kept in the binding (below);
-//! - every other file whole, under its name (`file:NAME`, the store's
-//!   whole-file tensors), byte for byte — `adapter_model.bin` included;
-//! - the **binding**, a reserved whole-file member [`BINDING_FILE`]
-//!   (`{"version":1,"base":…,"name":…}`, compact, fixed field order), which
-//!   says whose adapter this is.
+//! "lora_path"}`). [`import_dir`] makes the directory one directory
+//! artifact ([`crate::directory`]: `adapter_model.safetensors` tensor by
+//! tensor, every other file whole under its name — `adapter_model.bin`
+//! included —, the directory manifest recording each file's hash) with
+//! one more reserved whole-file member, the **binding** [`BINDING_FILE`]
+//! (`{"version":1,"base":…,"name":…}`, compact, fixed field order), which
+//! says whose adapter this is.
 //!
 //! Because the binding is part of the content, the id covers it: the same
 //! directory imported under the same `BASE:ADAPTER` is the same artifact
@@ -33,12 +31,12 @@
 //! names; an adapter whose bytes it dropped is listed `on_disk: false`.
 //!
 //! **Export.** [`export_dir`] writes the adapter as the directory an
-//! engine loads — `adapter_config.json`, `adapter_model.safetensors` (a
-//! safetensors file of the same tensors, [`crate::export::SafetensorsLayout`]),
-//! the other files — at `under/<artifact id>/`, every byte verified
-//! against its chunk hash first. It writes into a temporary directory and
-//! renames it into place, so a directory at that path is always complete,
-//! and concurrent exports of one adapter end with one directory.
+//! engine loads at `under/<artifact id>/`, every file byte for byte as it
+//! was imported, every byte verified against its chunk hash first and
+//! every file against its hash as it is written ([`directory::export_with`]:
+//! a temporary directory renamed into place, so a directory at that path
+//! is always complete, and concurrent exports of one adapter end with one
+//! directory).
 //!
 //! Every call here does blocking file I/O (an export also hashes every
 //! byte): from async code, run it on a blocking thread.
@@ -497,7 +495,8 @@ pub enum ExportError {
 /// `under/<artifact id>/` (the id with `:` as `-`), and returns that path.
 ///
 /// Every byte is verified against its chunk hash before anything is
-/// written. The files are written and synced in a temporary directory
+/// written, and every file against its hash as it is written (see
+/// [`write_files`]). The files are written and synced in a temporary directory
 /// under `under`, then renamed into place: a directory at the returned
 /// path is always complete. If it exists already (holding
 /// `adapter_config.json`, as every export does) it is reused as it is: one

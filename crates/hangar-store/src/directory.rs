@@ -725,8 +725,11 @@ pub fn make_read_only(dir: &Path) -> Result<(), StoreError> {
 /// renamed to a hidden name first, so it is never seen half removed; gone
 /// already is not an error.
 pub fn remove(dir: &Path) -> Result<(), StoreError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
     let Some((parent, name)) = dir.parent().zip(dir.file_name()) else { return Ok(()) };
-    let grave = parent.join(format!(".{}.{}.gone", name.to_string_lossy(), std::process::id()));
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let grave = parent.join(format!(".{}.{}.{n}.gone", name.to_string_lossy(), std::process::id()));
     match fs::rename(dir, &grave) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
