@@ -15,9 +15,11 @@
 //!
 //! A **model directory** (a directory artifact of a Hugging Face model,
 //! `hangar store import DIR`, [`hangar_store::directory`]) is handed over as
-//! a directory: its files are written back byte for byte, each checked
-//! against its hash, into `<store root>/model-dirs/<artifact id>/`, made
-//! read-only, and `{weights}` is that path — what vLLM's `--model`,
+//! a directory: the daemon streams its verified bytes into this process's
+//! memory (`MaterializeIntoTarget`, keeping no copy of its own: the
+//! directory is the node's one copy), and its files are written back byte
+//! for byte, each checked against its hash, into
+//! `<store root>/model-dirs/<artifact id>/`, made read-only, and `{weights}` is that path — what vLLM's `--model`,
 //! SGLang's `--model-path` and TGI's `--model-id` take. It is materialized
 //! once per node: every replica of every model with those weights uses the
 //! same directory, held by a count of the replicas using it and removed
@@ -47,7 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use hangar_core::{ByteSize, ModelKey, ReplicaId};
-use hangar_store::client::{ClientError, Hold, Materialized, StoreClient};
+use hangar_store::client::{ClientError, Hold, Materialized, StoreClient, TargetMemory};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
 use hangar_store::{directory, ArtifactId, BlobStore, StoreKey};
@@ -276,6 +278,20 @@ impl LoadedWeights {
     }
 }
 
+/// Why a model directory could not be made: its bytes could not be
+/// loaded, or its files not written.
+#[derive(Debug)]
+enum DirFailure {
+    Load(String),
+    Write(hangar_store::StoreError),
+}
+
+impl From<hangar_store::StoreError> for DirFailure {
+    fn from(e: hangar_store::StoreError) -> Self {
+        DirFailure::Write(e)
+    }
+}
+
 /// Where a node's model directories are written, under the store's root.
 pub const MODEL_DIRS: &str = "model-dirs";
 
@@ -452,61 +468,93 @@ impl WeightStore {
             };
             return Ok(LoadedWeights { held: Held::Directory(path), report });
         }
-        let memory = client
-            .materialize_as(&selection, replica, Hold::Process)
-            .map_err(|e| self.load_error(model, source, e))?;
-        let release = |client: &mut StoreClient, e: WeightsError| {
-            let _ = client.unload_replica(replica);
-            e
-        };
-        let is_dir = match memory.index.whole_file() {
-            Some(_) => false,
-            None => match directory::model_dir_check(&memory.index, memory.data()) {
-                Ok(()) => true,
-                Err(what) => {
-                    let e = WeightsError::NotAFile {
-                        model: model.to_string(),
-                        weights: source.to_string(),
-                        what: what.replacen("is not a model directory", "are not a model directory", 1),
-                    };
-                    return Err(release(&mut client, e));
-                }
+        let (_, index) = client.describe(&selection).map_err(|e| match e {
+            ClientError::UnknownKey(_) => match &selection.key {
+                Some(key) => self.unknown(model, key),
+                None => self.load_error(model, source, e),
             },
+            e => self.load_error(model, source, e),
+        })?;
+        if index.whole_file().is_some() {
+            return self.load_file(&mut client, model, source, &selection, replica, started);
+        }
+        directory::model_dir_check(&index, &[]).map_err(|what| WeightsError::NotAFile {
+            model: model.to_string(),
+            weights: source.to_string(),
+            what: what.replacen("is not a model directory", "are not a model directory", 1),
+        })?;
+        let mut loaded = None;
+        let path = self
+            .materialize_dir(&selection.artifact_id, index.data_len, replica, |dir| {
+                // Into this process's memory, the daemon keeping no copy:
+                // the directory is the node's one copy of these bytes.
+                let target =
+                    TargetMemory::allocate(index.data_len).map_err(|e| DirFailure::Load(e.to_string()))?;
+                let into = client
+                    .materialize_into(&selection, &target, 0)
+                    .map_err(|e| DirFailure::Load(e.to_string()))?;
+                directory::write_files(&into.index, &target.bytes()[..into.bytes as usize], dir)?;
+                directory::make_read_only(dir)?;
+                loaded = Some(into);
+                Ok(())
+            })
+            .map_err(|e| match e {
+                DirFailure::Load(why) => self.load_error(model, source, why),
+                DirFailure::Write(e) => WeightsError::Directory {
+                    model: model.to_string(),
+                    weights: source.to_string(),
+                    under: self.model_dirs().display().to_string(),
+                    why: e.to_string(),
+                },
+            })?;
+        // Written by this load, or found whole on the node's disk (another
+        // process's replicas, or an earlier run, wrote it).
+        let (source_name, load_ms) = match &loaded {
+            Some(into) => (into.source.as_str(), into.duration_ms),
+            None => (Source::Resident.as_str(), 0),
         };
+        let report = WeightsReport {
+            artifact: selection.artifact_id.to_string(),
+            source: source_name.to_owned(),
+            bytes: index.data_len,
+            took_ms: started.elapsed().as_millis() as u64,
+            load_ms,
+        };
+        Ok(LoadedWeights { held: Held::Directory(path), report })
+    }
+
+    /// Materializes a whole file into the daemon's shared memory for
+    /// `replica` and waits until every byte is loaded and verified.
+    fn load_file(
+        &self,
+        client: &mut StoreClient,
+        model: &ModelKey,
+        source: &WeightsSource,
+        selection: &Selection,
+        replica: ReplicaId,
+        started: Instant,
+    ) -> Result<LoadedWeights, WeightsError> {
+        let memory = client
+            .materialize_as(selection, replica, Hold::Process)
+            .map_err(|e| self.load_error(model, source, e))?;
         let confirmed = loop {
             match client.confirm(&memory, LOAD_LIMIT) {
                 Ok(c) => break c,
                 Err(ClientError::Timeout(_)) if started.elapsed() < LOAD_LIMIT => continue,
                 Err(e) => {
-                    let e = self.load_error(model, source, e);
-                    return Err(release(&mut client, e));
+                    let _ = client.unload_replica(replica);
+                    return Err(self.load_error(model, source, e));
                 }
             }
         };
-        let mut report = WeightsReport {
+        let report = WeightsReport {
             artifact: memory.id.to_string(),
             source: source_name(confirmed.source, memory.reused).to_owned(),
             bytes: memory.index.data_len,
-            took_ms: 0,
+            took_ms: started.elapsed().as_millis() as u64,
             load_ms: if memory.reused { 0 } else { confirmed.duration_ms },
         };
-        let held = match is_dir {
-            false => Held::Memory(memory),
-            true => {
-                let written = self.materialize_dir(&memory, replica);
-                // The directory holds the bytes now: the daemon's copy is
-                // its cache's business, no longer this replica's.
-                let _ = client.unload_replica(replica);
-                Held::Directory(written.map_err(|why| WeightsError::Directory {
-                    model: model.to_string(),
-                    weights: source.to_string(),
-                    under: self.model_dirs().display().to_string(),
-                    why,
-                })?)
-            }
-        };
-        report.took_ms = started.elapsed().as_millis() as u64;
-        Ok(LoadedWeights { held, report })
+        Ok(LoadedWeights { held: Held::Memory(memory), report })
     }
 
     /// Where this node's model directories are.
@@ -525,36 +573,42 @@ impl WeightStore {
         Some((held.path.clone(), held.bytes))
     }
 
-    /// Writes the model directory whose verified bytes are `memory` (once
-    /// per node: one another replica or process wrote is used as it is),
-    /// counting `replica` among its holders.
-    fn materialize_dir(&self, memory: &Materialized, replica: ReplicaId) -> Result<PathBuf, String> {
-        let slot = self.dirs.lock().expect("model directories lock").entry(memory.id).or_default().clone();
+    /// Makes the model directory of artifact `id` (of `bytes` bytes) by
+    /// `fill`ing it, once per node — one another replica or process wrote
+    /// is used as it is, and `fill` does not run — counting `replica`
+    /// among its holders.
+    fn materialize_dir(
+        &self,
+        id: &ArtifactId,
+        bytes: u64,
+        replica: ReplicaId,
+        fill: impl FnOnce(&Path) -> Result<(), DirFailure>,
+    ) -> Result<PathBuf, DirFailure> {
+        let slot = self.dirs.lock().expect("model directories lock").entry(*id).or_default().clone();
         let mut slot = slot.lock().expect("model directory lock");
         if let Some(held) = slot.as_mut() {
             held.replicas.insert(replica);
             return Ok(held.path.clone());
         }
         let under = self.model_dirs();
-        std::fs::create_dir_all(&under).map_err(|e| format!("{}: {e}", under.display()))?;
-        let lock_path = under.join(format!("{}.lock", memory.id.file_name()));
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |e: std::io::Error| DirFailure::Write(hangar_store::StoreError::Io { path, source: e })
+        };
+        std::fs::create_dir_all(&under).map_err(io(&under))?;
+        let lock_path = under.join(format!("{}.lock", id.file_name()));
         let lock = std::fs::File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+            .map_err(io(&lock_path))?;
         // Waits while another process removes the directory (it holds the
         // lock exclusively then), so what is found next is whole or absent.
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockShared)
-            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
-        let path = directory::publish(&under, &memory.id, directory::MODEL_CONFIG_FILE, |dir| {
-            directory::write_files(&memory.index, memory.data(), dir)?;
-            directory::make_read_only(dir)
-        })
-        .map_err(|e| e.to_string())?;
-        tracing::info!(artifact = %memory.id, path = %path.display(), "model directory materialized");
-        let bytes = memory.index.data_len;
+            .map_err(|e| io(&lock_path)(e.into()))?;
+        let path = directory::publish(&under, id, directory::MODEL_CONFIG_FILE, fill)?;
+        tracing::info!(artifact = %id, path = %path.display(), "model directory materialized");
         *slot = Some(HeldDir { path: path.clone(), bytes, lock, replicas: HashSet::from([replica]) });
         Ok(path)
     }

@@ -688,12 +688,12 @@ pub fn export_with(
 /// others remove theirs and answer the same path. An empty directory in
 /// the way is replaced; any other is an error. On error the temporary
 /// directory is removed.
-pub fn publish(
+pub fn publish<E: From<StoreError>>(
     under: &Path,
     id: &ArtifactId,
     marker: &str,
-    fill: impl FnOnce(&Path) -> Result<(), StoreError>,
-) -> Result<PathBuf, StoreError> {
+    fill: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<PathBuf, E> {
     let target = under.join(id.file_name());
     let done = |dir: &Path| dir.join(marker).is_file();
     if done(&target) {
@@ -706,7 +706,7 @@ pub fn publish(
         Ok(()) => Ok(target),
         // Another publisher renamed its complete directory into place first.
         Err(e) if done(&target) && e.raw_os_error().is_some_and(is_exists) => Ok(target),
-        Err(e) => Err(io_err(&target)(e)),
+        Err(e) => Err(io_err(&target)(e).into()),
     }
 }
 
