@@ -43,7 +43,6 @@
 //! takes the whole tree, and a Ctrl-C at the terminal reaches only
 //! `hangar`, which stops it.
 
-use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -55,6 +54,7 @@ use tokio::process::{Child, Command};
 
 use crate::cog::{self, CogMode, HealthStatus};
 use crate::log_tail::LogTail;
+use crate::weights::HandedWeights;
 
 /// What runs a model's replicas.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,22 +160,23 @@ pub struct LaunchContext {
     pub hangar_exe: PathBuf,
     /// Setup timeout for `mock` engines (others carry their own).
     pub mock_setup_timeout: Duration,
-    /// The replica's weights, an open descriptor of their shared memory
-    /// ([`crate::weights`]): the engine inherits it at the same number and
-    /// is given `/proc/self/fd/N` as `{weights}` (a mock: `--weights`). It
-    /// must stay open until the launch returns.
-    pub weights: Option<RawFd>,
+    /// The replica's weights ([`crate::weights`]), given as `{weights}`
+    /// (a mock: `--weights`): an open descriptor of a whole file's shared
+    /// memory, which the engine inherits at the same number and opens as
+    /// `/proc/self/fd/N` (it must stay open until the launch returns), or
+    /// a model directory's path.
+    pub weights: Option<HandedWeights>,
 }
 
 impl LaunchContext {
     /// The path `{weights}` stands for.
     fn weights_path(&self) -> Option<String> {
-        self.weights.map(|fd| format!("/proc/self/fd/{fd}"))
+        self.weights.as_ref().map(HandedWeights::path)
     }
 
-    /// Lets the engine inherit the weights descriptor.
+    /// Lets the engine inherit the weights descriptor, if it is one.
     fn pass_weights(&self, cmd: &mut Command) {
-        if let Some(fd) = self.weights {
+        if let Some(HandedWeights::Fd(fd)) = self.weights {
             // SAFETY: the closure runs in the forked child before exec and
             // makes one async-signal-safe system call (fcntl).
             unsafe { cmd.pre_exec(move || crate::weights::inherit_in_child(fd)) };

@@ -13,9 +13,25 @@
 //! of the artifact on the node maps: a second replica costs no read and no
 //! memory for its weights.
 //!
-//! Only whole-file artifacts (a GGUF, imported as it was) can be handed over
-//! as a file: the store's canonical layout of safetensors tensors is not a
-//! safetensors file, and engines would need a store-aware loader for it.
+//! A **model directory** (a directory artifact of a Hugging Face model,
+//! `hangar store import DIR`, [`hangar_store::directory`]) is handed over as
+//! a directory: the daemon streams its verified bytes into this process's
+//! memory (`MaterializeIntoTarget`, keeping no copy of its own: the
+//! directory is the node's one copy), and its files are written back byte
+//! for byte, each checked against its hash, into
+//! `<store root>/model-dirs/<artifact id>/`, made read-only, and `{weights}` is that path — what vLLM's `--model`,
+//! SGLang's `--model-path` and TGI's `--model-id` take. It is materialized
+//! once per node: every replica of every model with those weights uses the
+//! same directory, held by a count of the replicas using it and removed
+//! when the last is released. Across processes sharing the store root (a
+//! `hangar serve` and a `hangar agent` on one machine), each holder keeps a
+//! shared `flock` on `model-dirs/<artifact id>.lock`; the last one out
+//! removes the directory only when it can take that lock exclusively, and
+//! the kernel drops the locks of a process that dies.
+//!
+//! Other artifacts of safetensors tensors cannot be handed over: the
+//! store's canonical layout of tensors is not a safetensors file, and
+//! engines would need a store-aware loader for it.
 //!
 //! `hangar serve` uses the daemon that serves the store's root, and starts
 //! one in its own process when none answers on the socket. Each replica
@@ -24,7 +40,7 @@
 //! exits; the engine's own mapping keeps the memory alive as long as it
 //! runs, whatever the daemon does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -33,10 +49,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use hangar_core::{ByteSize, ModelKey, ReplicaId};
-use hangar_store::client::{ClientError, Hold, Materialized, StoreClient};
+use hangar_store::client::{ClientError, Hold, Materialized, StoreClient, TargetMemory};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::protocol::{Selection, Source};
-use hangar_store::{ArtifactId, BlobStore, StoreKey};
+use hangar_store::{directory, ArtifactId, BlobStore, StoreKey};
 use serde::{Deserialize, Serialize};
 
 /// Where a model's weights come from.
@@ -45,8 +61,9 @@ use serde::{Deserialize, Serialize};
 pub enum WeightsSource {
     /// `store:KEY`: an artifact of the weight store.
     Store(StoreKey),
-    /// A file, imported into the store on first use (relative paths are
-    /// resolved against the configuration file's directory).
+    /// A file or a model directory, imported into the store on first use
+    /// (relative paths are resolved against the configuration file's
+    /// directory).
     File(PathBuf),
 }
 
@@ -171,17 +188,32 @@ pub enum WeightsError {
         /// What failed.
         why: String,
     },
-    /// The artifact is not one whole file, so it cannot be handed to an
-    /// engine as a path.
+    /// The artifact is neither one whole file nor a model directory, so
+    /// it cannot be handed to an engine as a path.
     #[error(
-        "model {model}: weights {weights} hold safetensors tensors, not one whole file: an engine \
-         is handed a file (import a GGUF or other single file)"
+        "model {model}: weights {weights} {what}: an engine is handed a file or a directory (import \
+         a GGUF or other single file, or a model directory: `hangar store import DIR`)"
     )]
     NotAFile {
         /// The model.
         model: String,
         /// The weights as configured.
         weights: String,
+        /// What they are instead.
+        what: String,
+    },
+    /// Writing a model directory's files failed (disk full, permissions,
+    /// a file that did not hash to its record).
+    #[error("model {model}: weights {weights}: writing the model directory under {under}: {why}")]
+    Directory {
+        /// The model.
+        model: String,
+        /// The weights as configured.
+        weights: String,
+        /// Where model directories are written.
+        under: String,
+        /// What failed.
+        why: String,
     },
     /// Materializing failed (a source failed, verification, budget).
     #[error("model {model}: weights {weights}: {why}")]
@@ -195,24 +227,91 @@ pub enum WeightsError {
     },
 }
 
-/// A replica's weights, materialized: the memory stays mapped and its
-/// descriptor open while this lives.
+/// A replica's weights, materialized: a whole file's memory stays mapped
+/// and its descriptor open while this lives; a model directory stays on
+/// disk until [`WeightStore::release`] of its last replica.
 #[derive(Debug)]
 pub struct LoadedWeights {
-    memory: Materialized,
+    held: Held,
     /// What was loaded and how.
     pub report: WeightsReport,
 }
 
+/// What a replica's weights are held as.
+#[derive(Debug)]
+enum Held {
+    /// A whole file's shared memory.
+    Memory(Materialized),
+    /// A model directory's path, counted in [`WeightStore`]'s table.
+    Directory(PathBuf),
+}
+
 pub use hangar_core::WeightsReport;
 
-impl LoadedWeights {
-    /// The descriptor the engine inherits; it opens it as
-    /// `/proc/self/fd/N` (see `LaunchContext::weights`).
-    pub fn fd(&self) -> RawFd {
-        self.memory.fd().as_raw_fd()
+/// How an engine is handed its weights (the `{weights}` of its command).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandedWeights {
+    /// A descriptor of a whole file's shared memory, which the engine
+    /// inherits at the same number and opens as `/proc/self/fd/N`.
+    Fd(RawFd),
+    /// A model directory, read-only, shared by the node's replicas.
+    Directory(PathBuf),
+}
+
+impl HandedWeights {
+    /// The path `{weights}` stands for.
+    pub fn path(&self) -> String {
+        match self {
+            HandedWeights::Fd(fd) => format!("/proc/self/fd/{fd}"),
+            HandedWeights::Directory(dir) => dir.display().to_string(),
+        }
     }
 }
+
+impl LoadedWeights {
+    /// How the engine is handed these weights (see `LaunchContext::weights`).
+    pub fn handed(&self) -> HandedWeights {
+        match &self.held {
+            Held::Memory(memory) => HandedWeights::Fd(memory.fd().as_raw_fd()),
+            Held::Directory(dir) => HandedWeights::Directory(dir.clone()),
+        }
+    }
+}
+
+/// Why a model directory could not be made: its bytes could not be
+/// loaded, or its files not written.
+#[derive(Debug)]
+enum DirFailure {
+    Load(String),
+    Write(hangar_store::StoreError),
+}
+
+impl From<hangar_store::StoreError> for DirFailure {
+    fn from(e: hangar_store::StoreError) -> Self {
+        DirFailure::Write(e)
+    }
+}
+
+/// Where a node's model directories are written, under the store's root.
+pub const MODEL_DIRS: &str = "model-dirs";
+
+/// One model directory this process materialized, and the replicas using it.
+#[derive(Debug)]
+struct HeldDir {
+    path: PathBuf,
+    /// The artifact's bytes, for the start reports of the replicas after
+    /// the first.
+    bytes: u64,
+    /// `model-dirs/<id>.lock`, locked shared while this process holds
+    /// the directory.
+    lock: std::fs::File,
+    replicas: HashSet<ReplicaId>,
+}
+
+/// The model directory of one artifact in this process: `None` while no
+/// replica holds it. Its mutex is held while the directory is written, so
+/// a second replica waits for the first one's directory.
+type DirSlot = Arc<Mutex<Option<HeldDir>>>;
 
 /// The node's weight store as `hangar serve` uses it.
 pub struct WeightStore {
@@ -221,6 +320,8 @@ pub struct WeightStore {
     _daemon: Option<DaemonHandle>,
     /// File weights already imported: `(path, length, mtime)` → artifact.
     imported: Mutex<HashMap<(PathBuf, u64, SystemTime), ArtifactId>>,
+    /// The model directories this process materialized, by artifact.
+    dirs: Mutex<HashMap<ArtifactId, DirSlot>>,
 }
 
 impl fmt::Debug for WeightStore {
@@ -261,7 +362,13 @@ impl WeightStore {
                 Some(daemon)
             }
         };
-        let store = WeightStore { settings, _daemon: daemon, imported: Mutex::new(HashMap::new()) };
+        let store = WeightStore {
+            settings,
+            _daemon: daemon,
+            imported: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+        };
+        store.sweep_model_dirs();
         for (model, source) in models {
             store.check(model, source)?;
         }
@@ -350,24 +457,93 @@ impl WeightStore {
                 Selection { artifact_id: self.import(model, path)?, view: None, key: None }
             }
         };
-        let memory = client
-            .materialize_as(&selection, replica, Hold::Process)
-            .map_err(|e| self.load_error(model, source, e))?;
-        let release = |client: &mut StoreClient, e: WeightsError| {
-            let _ = client.unload_replica(replica);
-            e
-        };
-        if memory.index.whole_file().is_none() {
-            let e = WeightsError::NotAFile { model: model.to_string(), weights: source.to_string() };
-            return Err(release(&mut client, e));
+        // A model directory a replica of this process holds already.
+        if let Some((path, bytes)) = self.hold_dir(&selection.artifact_id, replica) {
+            let report = WeightsReport {
+                artifact: selection.artifact_id.to_string(),
+                source: Source::Resident.as_str().to_owned(),
+                bytes,
+                took_ms: started.elapsed().as_millis() as u64,
+                load_ms: 0,
+            };
+            return Ok(LoadedWeights { held: Held::Directory(path), report });
         }
+        let (_, index) = client.describe(&selection).map_err(|e| match e {
+            ClientError::UnknownKey(_) => match &selection.key {
+                Some(key) => self.unknown(model, key),
+                None => self.load_error(model, source, e),
+            },
+            e => self.load_error(model, source, e),
+        })?;
+        if index.whole_file().is_some() {
+            return self.load_file(&mut client, model, source, &selection, replica, started);
+        }
+        directory::model_dir_check(&index, &[]).map_err(|what| WeightsError::NotAFile {
+            model: model.to_string(),
+            weights: source.to_string(),
+            what: what.replacen("is not a model directory", "are not a model directory", 1),
+        })?;
+        let mut loaded = None;
+        let path = self
+            .materialize_dir(&selection.artifact_id, index.data_len, replica, |dir| {
+                // Into this process's memory, the daemon keeping no copy:
+                // the directory is the node's one copy of these bytes.
+                let target =
+                    TargetMemory::allocate(index.data_len).map_err(|e| DirFailure::Load(e.to_string()))?;
+                let into = client
+                    .materialize_into(&selection, &target, 0)
+                    .map_err(|e| DirFailure::Load(e.to_string()))?;
+                directory::write_files(&into.index, &target.bytes()[..into.bytes as usize], dir)?;
+                directory::make_read_only(dir)?;
+                loaded = Some(into);
+                Ok(())
+            })
+            .map_err(|e| match e {
+                DirFailure::Load(why) => self.load_error(model, source, why),
+                DirFailure::Write(e) => WeightsError::Directory {
+                    model: model.to_string(),
+                    weights: source.to_string(),
+                    under: self.model_dirs().display().to_string(),
+                    why: e.to_string(),
+                },
+            })?;
+        // Written by this load, or found whole on the node's disk (another
+        // process's replicas, or an earlier run, wrote it).
+        let (source_name, load_ms) = match &loaded {
+            Some(into) => (into.source.as_str(), into.duration_ms),
+            None => (Source::Resident.as_str(), 0),
+        };
+        let report = WeightsReport {
+            artifact: selection.artifact_id.to_string(),
+            source: source_name.to_owned(),
+            bytes: index.data_len,
+            took_ms: started.elapsed().as_millis() as u64,
+            load_ms,
+        };
+        Ok(LoadedWeights { held: Held::Directory(path), report })
+    }
+
+    /// Materializes a whole file into the daemon's shared memory for
+    /// `replica` and waits until every byte is loaded and verified.
+    fn load_file(
+        &self,
+        client: &mut StoreClient,
+        model: &ModelKey,
+        source: &WeightsSource,
+        selection: &Selection,
+        replica: ReplicaId,
+        started: Instant,
+    ) -> Result<LoadedWeights, WeightsError> {
+        let memory = client
+            .materialize_as(selection, replica, Hold::Process)
+            .map_err(|e| self.load_error(model, source, e))?;
         let confirmed = loop {
             match client.confirm(&memory, LOAD_LIMIT) {
                 Ok(c) => break c,
                 Err(ClientError::Timeout(_)) if started.elapsed() < LOAD_LIMIT => continue,
                 Err(e) => {
-                    let e = self.load_error(model, source, e);
-                    return Err(release(&mut client, e));
+                    let _ = client.unload_replica(replica);
+                    return Err(self.load_error(model, source, e));
                 }
             }
         };
@@ -378,10 +554,104 @@ impl WeightStore {
             took_ms: started.elapsed().as_millis() as u64,
             load_ms: if memory.reused { 0 } else { confirmed.duration_ms },
         };
-        Ok(LoadedWeights { memory, report })
+        Ok(LoadedWeights { held: Held::Memory(memory), report })
     }
 
-    /// Imports a weights file into the store, once per file version.
+    /// Where this node's model directories are.
+    fn model_dirs(&self) -> PathBuf {
+        self.settings.root().join(MODEL_DIRS)
+    }
+
+    /// The model directory of `id` if this process holds it, counting
+    /// `replica` among its holders.
+    /// Answers its path and the artifact's bytes.
+    fn hold_dir(&self, id: &ArtifactId, replica: ReplicaId) -> Option<(PathBuf, u64)> {
+        let slot = self.dirs.lock().expect("model directories lock").get(id)?.clone();
+        let mut slot = slot.lock().expect("model directory lock");
+        let held = slot.as_mut()?;
+        held.replicas.insert(replica);
+        Some((held.path.clone(), held.bytes))
+    }
+
+    /// Makes the model directory of artifact `id` (of `bytes` bytes) by
+    /// `fill`ing it, once per node — one another replica or process wrote
+    /// is used as it is, and `fill` does not run — counting `replica`
+    /// among its holders.
+    fn materialize_dir(
+        &self,
+        id: &ArtifactId,
+        bytes: u64,
+        replica: ReplicaId,
+        fill: impl FnOnce(&Path) -> Result<(), DirFailure>,
+    ) -> Result<PathBuf, DirFailure> {
+        let slot = self.dirs.lock().expect("model directories lock").entry(*id).or_default().clone();
+        let mut slot = slot.lock().expect("model directory lock");
+        if let Some(held) = slot.as_mut() {
+            held.replicas.insert(replica);
+            return Ok(held.path.clone());
+        }
+        let under = self.model_dirs();
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |e: std::io::Error| DirFailure::Write(hangar_store::StoreError::Io { path, source: e })
+        };
+        std::fs::create_dir_all(&under).map_err(io(&under))?;
+        let lock_path = under.join(format!("{}.lock", id.file_name()));
+        let lock = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
+        // Waits while another process removes the directory (it holds the
+        // lock exclusively then), so what is found next is whole or absent.
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockShared)
+            .map_err(|e| io(&lock_path)(e.into()))?;
+        let path = directory::publish(&under, id, directory::MODEL_CONFIG_FILE, fill)?;
+        tracing::info!(artifact = %id, path = %path.display(), "model directory materialized");
+        *slot = Some(HeldDir { path: path.clone(), bytes, lock, replicas: HashSet::from([replica]) });
+        Ok(path)
+    }
+
+    /// Lets `replica` go of the model directories it holds; a directory
+    /// whose last holder it was is removed, unless another process holds
+    /// it too.
+    fn release_dirs(&self, replica: ReplicaId) {
+        let slots: Vec<DirSlot> =
+            self.dirs.lock().expect("model directories lock").values().cloned().collect();
+        for slot in slots {
+            let mut slot = slot.lock().expect("model directory lock");
+            let Some(held) = slot.as_mut() else { continue };
+            if !held.replicas.remove(&replica) || !held.replicas.is_empty() {
+                continue;
+            }
+            let held = slot.take().expect("just seen");
+            remove_unless_held(&held.path, &held.lock);
+        }
+    }
+
+    /// Removes the model directories no process holds (left by a process
+    /// that died): at start, so the disk they take comes back.
+    fn sweep_model_dirs(&self) {
+        let under = self.model_dirs();
+        let Ok(entries) = std::fs::read_dir(&under) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let lock_path = under.join(format!("{name}.lock"));
+            let Ok(lock) = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path)
+            else {
+                continue;
+            };
+            remove_unless_held(&entry.path(), &lock);
+        }
+    }
+
+    /// Imports a weights file — or a model directory — into the store,
+    /// once per version: a file's length and modification time, a
+    /// directory's total length and latest modification time of its files.
     fn import(&self, model: &ModelKey, path: &Path) -> Result<ArtifactId, WeightsError> {
         let file_error = |why: String| WeightsError::File {
             model: model.to_string(),
@@ -389,7 +659,20 @@ impl WeightStore {
             why,
         };
         let meta = std::fs::metadata(path).map_err(|e| file_error(e.to_string()))?;
-        let version = (path.to_owned(), meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+        let version = match meta.is_dir() {
+            false => (path.to_owned(), meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)),
+            true => {
+                let scanned = directory::scan(path).map_err(|e| file_error(e.to_string()))?;
+                let (mut len, mut latest) = (0, SystemTime::UNIX_EPOCH);
+                for (_, file) in &scanned.files {
+                    let meta = std::fs::metadata(file)
+                        .map_err(|e| file_error(format!("{}: {e}", file.display())))?;
+                    len += meta.len();
+                    latest = latest.max(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+                }
+                (path.to_owned(), len, latest)
+            }
+        };
         let blobs = BlobStore::open(self.settings.root()).map_err(|e| file_error(e.to_string()))?;
         if let Some(id) = self.imported.lock().expect("import table lock").get(&version) {
             // Still stored (the disk budget may have removed it since)?
@@ -397,22 +680,51 @@ impl WeightStore {
                 return Ok(*id);
             }
         }
-        let report = blobs.import_files(&[path.to_owned()], &[]).map_err(|e| file_error(e.to_string()))?;
-        tracing::info!(model = %model, path = %path.display(), artifact = %report.id, existed = report.existed, "weights file imported into the store");
-        self.imported.lock().expect("import table lock").insert(version, report.id);
-        Ok(report.id)
+        let (id, existed) = match meta.is_dir() {
+            false => blobs
+                .import_files(&[path.to_owned()], &[])
+                .map(|r| (r.id, r.existed))
+                .map_err(|e| file_error(e.to_string()))?,
+            true => directory::import_model_dir(&blobs, path, &[])
+                .map(|r| (r.id, r.existed))
+                .map_err(|e| file_error(e.to_string()))?,
+        };
+        tracing::info!(model = %model, path = %path.display(), artifact = %id, existed, "weights file imported into the store");
+        self.imported.lock().expect("import table lock").insert(version, id);
+        Ok(id)
     }
 
     /// Drops `replica`'s reference to its weights (the memory stays with
-    /// the store, resident for the next replica, until its budget needs it).
+    /// the store, resident for the next replica, until its budget needs
+    /// it; a model directory whose last replica this was is removed).
+    ///
+    /// # Cancel safety
+    /// The work runs on a blocking thread that finishes even if this
+    /// future is dropped.
     pub async fn release(self: &Arc<Self>, replica: ReplicaId) {
-        let socket = self.settings.socket();
+        let this = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            if let Ok(mut client) = StoreClient::connect(&socket) {
+            this.release_dirs(replica);
+            if let Ok(mut client) = StoreClient::connect(this.settings.socket()) {
                 let _ = client.unload_replica(replica);
             }
         })
         .await;
+    }
+}
+
+/// Removes the model directory `path` if no process holds its `lock`
+/// (taken exclusively, without waiting, for the removal; closing the file
+/// afterwards lets it go).
+fn remove_unless_held(path: &Path, lock: &std::fs::File) {
+    use rustix::fs::FlockOperation::NonBlockingLockExclusive;
+    if rustix::fs::flock(lock, NonBlockingLockExclusive).is_err() {
+        // Another process's replicas use it; the last of them removes it.
+        return;
+    }
+    match directory::remove(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "model directory removed: no replica uses it"),
+        Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not remove a model directory"),
     }
 }
 

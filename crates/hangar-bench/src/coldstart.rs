@@ -320,7 +320,7 @@ async fn launch_engine(
         gpu_fraction: 1.0,
         hangar_exe: o.hangar_exe.clone(),
         mock_setup_timeout: o.setup_timeout,
-        weights: weights.map(LoadedWeights::fd),
+        weights: weights.map(LoadedWeights::handed),
     };
     Ok(launch(&spec, &ctx).await?)
 }

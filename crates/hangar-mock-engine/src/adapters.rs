@@ -207,7 +207,7 @@ mod tests {
     use super::*;
 
     fn read(name: &str) -> WeightsRead {
-        WeightsRead { path: format!("/adapters/{name}"), bytes: 1, blake3: "00".into() }
+        WeightsRead::whole(format!("/adapters/{name}"), 1, blake3::hash(b"0"))
     }
 
     #[test]

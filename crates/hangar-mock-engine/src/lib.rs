@@ -12,6 +12,11 @@
 //! the prompt and the token's position) and usage counts are exact, so
 //! tests can assert on them.
 //!
+//! Weights given at start (`--weights`) are read whole before it serves: a
+//! file, or a Hugging Face model directory whose `config.json` and
+//! safetensors headers are checked as vLLM's loader checks them
+//! ([`weights`]).
+//!
 //! LoRA adapters are read whole from the path a load names and take a load
 //! time modelled on their size; a request naming a loaded adapter runs on
 //! the same engine core as the base model's, with output text and prefix
@@ -29,6 +34,7 @@ mod lora;
 mod metrics;
 mod openai;
 mod text;
+pub mod weights;
 mod ws;
 
 use std::future::Future;
@@ -44,6 +50,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use error::ApiError;
 pub use hangar_engine::preset::{preset, presets, Preset};
+pub use weights::WeightsRead;
 
 /// How to run a mock engine.
 #[derive(Debug, Clone)]
@@ -66,9 +73,9 @@ pub struct MockConfig {
     /// `/is_sleeping`); without it those answer 404, as llama.cpp's
     /// server does, so the engine can only be stopped, not put to sleep.
     pub sleep_api: bool,
-    /// The weights file it read at start (`--weights`), which `/v1/models`
-    /// reports: what a test checks to know the engine opened the bytes it
-    /// was handed.
+    /// The weights it read at start (`--weights`: a file, or a model
+    /// directory, [`weights::read`]), which `/v1/models` reports: what a
+    /// test checks to know the engine opened the bytes it was handed.
     pub weights: Option<WeightsRead>,
     /// Whether it serves vLLM's runtime LoRA API (`/v1/load_lora_adapter`,
     /// `/v1/unload_lora_adapter`), as vLLM does with
@@ -95,19 +102,6 @@ pub const DEFAULT_LORA_LOAD_MS: u64 = 50;
 /// Default of [`MockConfig::max_loras`]: 8, as the adapter slots' default
 /// (`AdapterConfig::slots`).
 pub const DEFAULT_MAX_LORAS: usize = 8;
-
-/// Bytes read whole from a path before serving (a weights file) or while
-/// loading (a LoRA adapter's files).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct WeightsRead {
-    /// The path it was given (a file, or a LoRA adapter's directory).
-    pub path: String,
-    /// Bytes read.
-    pub bytes: u64,
-    /// BLAKE3 of those bytes, hex (of a directory's files one after the
-    /// other, depth first, each directory's entries in name order).
-    pub blake3: String,
-}
 
 impl MockConfig {
     /// A configuration from a preset, with defaults for the rest.

@@ -182,8 +182,7 @@ pub(crate) async fn load(
         })?;
     let took = load_time(read.bytes, s.lora.bytes_per_s, s.lora.fixed);
     tokio::time::sleep_until(began + took).await;
-    let weights =
-        WeightsRead { path: path.into(), bytes: read.bytes, blake3: read.hash.to_hex().to_string() };
+    let weights = WeightsRead::whole(path, read.bytes, read.hash);
     let salt = u64::from_le_bytes(read.hash.as_bytes()[..8].try_into().expect("a BLAKE3 hash has 32 bytes"));
     {
         let mut table = s.lora.table();

@@ -4,15 +4,13 @@
 //! `adapter_config.json`, the weights in `adapter_model.safetensors` (or
 //! `adapter_model.bin` / `.pt`), sometimes tokenizer files. vLLM loads it
 //! from that directory (`POST /v1/load_lora_adapter {"lora_name",
-//! "lora_path"}`). [`import_dir`] makes the directory one artifact:
-//!
-//! - `adapter_model.safetensors` tensor by tensor, as the store imports
-//!   any safetensors file, its `__metadata__` kept in the binding (below);
-//! - every other file whole, under its name (`file:NAME`, the store's
-//!   whole-file tensors), byte for byte — `adapter_model.bin` included;
-//! - the **binding**, a reserved whole-file member [`BINDING_FILE`]
-//!   (`{"version":1,"base":…,"name":…}`, compact, fixed field order), which
-//!   says whose adapter this is.
+//! "lora_path"}`). [`import_dir`] makes the directory one directory
+//! artifact ([`crate::directory`]: `adapter_model.safetensors` tensor by
+//! tensor, every other file whole under its name — `adapter_model.bin`
+//! included —, the directory manifest recording each file's hash) with
+//! one more reserved whole-file member, the **binding** [`BINDING_FILE`]
+//! (`{"version":1,"base":…,"name":…}`, compact, fixed field order), which
+//! says whose adapter this is.
 //!
 //! Because the binding is part of the content, the id covers it: the same
 //! directory imported under the same `BASE:ADAPTER` is the same artifact
@@ -33,12 +31,12 @@
 //! names; an adapter whose bytes it dropped is listed `on_disk: false`.
 //!
 //! **Export.** [`export_dir`] writes the adapter as the directory an
-//! engine loads — `adapter_config.json`, `adapter_model.safetensors` (a
-//! safetensors file of the same tensors, [`crate::export::SafetensorsLayout`]),
-//! the other files — at `under/<artifact id>/`, every byte verified
-//! against its chunk hash first. It writes into a temporary directory and
-//! renames it into place, so a directory at that path is always complete,
-//! and concurrent exports of one adapter end with one directory.
+//! engine loads at `under/<artifact id>/`, every file byte for byte as it
+//! was imported, every byte verified against its chunk hash first and
+//! every file against its hash as it is written ([`directory::export_with`]:
+//! a temporary directory renamed into place, so a directory at that path
+//! is always complete, and concurrent exports of one adapter end with one
+//! directory).
 //!
 //! Every call here does blocking file I/O (an export also hashes every
 //! byte): from async code, run it on a blocking thread.
@@ -67,16 +65,16 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use hangar_core::{Adapter, AdapterName, AdapterRef, ByteSize, ModelKey};
 use serde::{Deserialize, Serialize};
 
 use crate::blob::{BlobStore, Member};
+use crate::directory::{self, json_kind, ConfigError, ScanError};
 use crate::error::{io_err, StoreError};
 use crate::export::{is_plain_file_name, SafetensorsLayout};
-use crate::format::{self, FILE_TENSOR_PREFIX};
+use crate::format::FILE_TENSOR_PREFIX;
 use crate::id::ArtifactId;
 use crate::index::CanonicalIndex;
 use crate::preflight::ServingPolicy;
@@ -235,24 +233,10 @@ pub struct ImportReport {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ImportError {
-    /// A file-system operation failed (the directory or a file is missing,
-    /// unreadable, a symbolic link is broken).
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The path operated on.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The path is not a directory.
-    #[error(
-        "{} is not a directory; an adapter is imported from its directory \
-         (adapter_config.json, adapter_model.safetensors, …)", path.display()
-    )]
-    NotADirectory {
-        /// The path given.
-        path: PathBuf,
-    },
+    /// The directory holds what may not be imported (a subdirectory, a
+    /// special file, a link leading out, a reserved name), or is missing.
+    #[error(transparent)]
+    Scan(#[from] ScanError),
     /// The directory has no `adapter_config.json`.
     #[error(
         "{} has no {CONFIG_FILE}; an adapter directory holds {CONFIG_FILE} and \
@@ -276,50 +260,6 @@ pub enum ImportError {
     NoWeights {
         /// The directory.
         dir: PathBuf,
-    },
-    /// A symbolic link points outside the directory.
-    #[error(
-        "{} is a symbolic link to {}, outside {}; an adapter is imported from the files its \
-         directory holds: copy them in (`cp -L`, or `huggingface-cli download --local-dir`)",
-        path.display(), target.display(), dir.display()
-    )]
-    SymlinkEscapes {
-        /// The link.
-        path: PathBuf,
-        /// Where it resolves to.
-        target: PathBuf,
-        /// The directory imported.
-        dir: PathBuf,
-    },
-    /// An entry is neither a regular file nor a directory.
-    #[error("{} is a {kind}, not a regular file", path.display())]
-    NotRegular {
-        /// The entry.
-        path: PathBuf,
-        /// What it is.
-        kind: &'static str,
-    },
-    /// A subdirectory: an adapter directory is flat.
-    #[error(
-        "{} is a directory; an adapter directory is flat (adapter_config.json, the weights, \
-         tokenizer files): put those in a directory of their own",
-        path.display()
-    )]
-    Nested {
-        /// The subdirectory.
-        path: PathBuf,
-    },
-    /// A file under the reserved binding name.
-    #[error("{}: the name {BINDING_FILE} is reserved for the adapter's binding to its base model", path.display())]
-    Reserved {
-        /// The file.
-        path: PathBuf,
-    },
-    /// A file name that is not UTF-8 (names become tensor names).
-    #[error("{}: the file name is not UTF-8", path.display())]
-    NotUtf8 {
-        /// The file.
-        path: PathBuf,
     },
     /// The store refused the files (a malformed `adapter_model.safetensors`,
     /// named with what is wrong) or could not write them.
@@ -348,54 +288,35 @@ pub enum ImportError {
 /// On error nothing is registered; the artifact may have been stored
 /// (when the names table could not be written), without a name.
 pub fn import_dir(store: &BlobStore, dir: &Path, adapter: &AdapterRef) -> Result<ImportReport, ImportError> {
-    let scanned = scan(dir)?;
-    let find = |name: &str| scanned.files.iter().find(|(n, _)| n == name).map(|(_, p)| p.as_path());
-    let config_path = find(CONFIG_FILE).ok_or_else(|| ImportError::NoConfig { dir: dir.to_owned() })?;
-    if !WEIGHTS_FILES.iter().any(|w| find(w).is_some()) {
+    let scanned = directory::scan(dir)?;
+    let config_path =
+        scanned.find(CONFIG_FILE).ok_or_else(|| ImportError::NoConfig { dir: dir.to_owned() })?;
+    if !WEIGHTS_FILES.iter().any(|w| scanned.find(w).is_some()) {
         return Err(ImportError::NoWeights { dir: dir.to_owned() });
     }
-    let config_bytes =
-        fs::read(config_path).map_err(|source| ImportError::Io { path: config_path.to_owned(), source })?;
-    let not_json = |reason: String| ImportError::ConfigNotJson { path: config_path.to_owned(), reason };
-    let config: serde_json::Value =
-        serde_json::from_slice(&config_bytes).map_err(|e| not_json(e.to_string()))?;
-    let Some(config) = config.as_object() else {
-        return Err(not_json(format!("found {}", json_kind(&config))));
-    };
-    let warnings = base_warnings(config, adapter.base()).into_iter().collect();
+    let config = directory::json_object(config_path).map_err(|e| match e {
+        ConfigError::Io { path, source } => ImportError::Scan(ScanError::Io { path, source }),
+        ConfigError::NotJson { path, reason } => ImportError::ConfigNotJson { path, reason },
+    })?;
+    let warnings = base_warnings(&config, adapter.base()).into_iter().collect();
 
     let store_err = |source: StoreError| ImportError::Store {
         adapter: adapter.clone(),
         dir: dir.to_owned(),
         source: Box::new(source),
     };
-    let metadata = match find(SAFETENSORS_FILE) {
-        Some(path) => safetensors_metadata(path).map_err(store_err)?,
-        None => BTreeMap::new(),
-    };
+    let prepared = directory::Prepared::new(&scanned).map_err(store_err)?;
     let binding = Binding {
         version: BINDING_VERSION,
         base: adapter.base().clone(),
         name: adapter.name().clone(),
-        metadata,
+        metadata: BTreeMap::new(),
     };
     let binding_bytes = serde_json::to_vec(&binding).expect("a binding serializes");
-    let mut members: Vec<Member<'_>> = scanned
-        .files
-        .iter()
-        .map(|(name, path)| match name == SAFETENSORS_FILE {
-            true => Member::Tensors(path),
-            false => Member::Whole { path, name: name.clone() },
-        })
-        .collect();
+    let mut members = prepared.members();
     members.push(Member::Bytes { name: BINDING_FILE, data: &binding_bytes });
     let committed = store.import_members(&members, &[], &ServingPolicy::default()).map_err(store_err)?;
-    let index = store
-        .known_index(&committed.id)
-        .map_err(store_err)?
-        .ok_or(StoreError::UnknownArtifact(committed.id))
-        .map_err(store_err)?;
-    let bytes = exported_len(&index, &binding.metadata);
+    let bytes = prepared.bytes;
 
     let record = NameRecord { id: committed.id, bytes };
     let before = store
@@ -419,78 +340,6 @@ pub fn import_dir(store: &BlobStore, dir: &Path, adapter: &AdapterRef) -> Result
         skipped: scanned.skipped,
         warnings,
     })
-}
-
-/// The entries of an adapter directory.
-struct Scanned {
-    /// `(name, path)` of each regular file (or link to one inside), by name.
-    files: Vec<(String, PathBuf)>,
-    /// Hidden entries left out.
-    skipped: Vec<String>,
-}
-
-/// Lists `dir`, refusing what an adapter directory may not hold.
-fn scan(dir: &Path) -> Result<Scanned, ImportError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| ImportError::Io { path, source }
-    };
-    if !fs::metadata(dir).map_err(io(dir))?.is_dir() {
-        return Err(ImportError::NotADirectory { path: dir.to_owned() });
-    }
-    let real_dir = fs::canonicalize(dir).map_err(io(dir))?;
-    let mut entries = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io(dir))? {
-        let entry = entry.map_err(io(dir))?;
-        entries.push((entry.file_name(), entry.path()));
-    }
-    entries.sort();
-    let mut scanned = Scanned { files: Vec::new(), skipped: Vec::new() };
-    for (name, path) in entries {
-        let Ok(name) = name.into_string() else { return Err(ImportError::NotUtf8 { path }) };
-        if name.starts_with('.') {
-            scanned.skipped.push(name);
-            continue;
-        }
-        let mut meta = fs::symlink_metadata(&path).map_err(io(&path))?;
-        if meta.file_type().is_symlink() {
-            let target = fs::canonicalize(&path).map_err(io(&path))?;
-            if !target.starts_with(&real_dir) {
-                return Err(ImportError::SymlinkEscapes { path, target, dir: dir.to_owned() });
-            }
-            meta = fs::metadata(&target).map_err(io(&path))?;
-        }
-        let kind = meta.file_type();
-        if kind.is_dir() {
-            return Err(ImportError::Nested { path });
-        }
-        if !kind.is_file() {
-            let kind = match () {
-                _ if kind.is_fifo() => "named pipe",
-                _ if kind.is_socket() => "socket",
-                _ if kind.is_block_device() => "block device",
-                _ if kind.is_char_device() => "character device",
-                _ => "special file",
-            };
-            return Err(ImportError::NotRegular { path, kind });
-        }
-        if name == BINDING_FILE {
-            return Err(ImportError::Reserved { path });
-        }
-        scanned.files.push((name, path));
-    }
-    Ok(scanned)
-}
-
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 /// The warning, if `config`'s `base_model_name_or_path` does not look like
@@ -524,29 +373,6 @@ fn base_warnings(config: &serde_json::Map<String, serde_json::Value>, base: &Mod
     })
 }
 
-/// The `__metadata__` of the safetensors file at `path`.
-fn safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>, StoreError> {
-    let file = fs::File::open(path).map_err(io_err(path))?;
-    let len = file.metadata().map_err(io_err(path))?.len();
-    let header = crate::blob::read_header(&file, path, len)?;
-    Ok(format::header_metadata(&path.display().to_string(), &header)?)
-}
-
-/// The bytes of the files [`write_files`] writes for the adapter of
-/// `index`, whose safetensors metadata is `metadata`.
-fn exported_len(index: &CanonicalIndex, metadata: &BTreeMap<String, String>) -> u64 {
-    let (whole, tensors): (Vec<_>, Vec<_>) = index
-        .tensors
-        .iter()
-        .filter(|t| t.name != BINDING_TENSOR)
-        .partition(|t| t.name.starts_with(FILE_TENSOR_PREFIX));
-    let safetensors = match tensors.is_empty() {
-        true => 0,
-        false => SafetensorsLayout::new(tensors, metadata.clone()).file_len(),
-    };
-    whole.iter().map(|t| t.len).sum::<u64>() + safetensors
-}
-
 /// The binding of the adapter artifact `index` whose canonical bytes are
 /// `data`; what is wrong otherwise.
 fn read_binding(index: &CanonicalIndex, data: &[u8]) -> Result<Binding, String> {
@@ -563,12 +389,18 @@ fn read_binding(index: &CanonicalIndex, data: &[u8]) -> Result<Binding, String> 
 
 /// Writes the files of the adapter artifact `index`, whose canonical bytes
 /// are `data` (verified by the caller), into the existing directory `dir`,
-/// each synced: every whole file under its name, the other tensors as
-/// `adapter_model.safetensors` with its metadata; not the binding.
-/// Returns the paths written, by name.
+/// each synced, not the binding: as the directory artifact it is
+/// ([`directory::write_files`], every file as it was imported). An adapter
+/// imported before adapters were directory artifacts (its artifact has no
+/// manifest) is written as it was then: every whole file under its name,
+/// the other tensors as `adapter_model.safetensors` with the metadata its
+/// binding kept. Returns the paths written, by name.
 pub fn write_files(index: &CanonicalIndex, data: &[u8], dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt { what: dir.display().to_string(), reason };
     let binding = read_binding(index, data).map_err(|e| corrupt(format!("the artifact {e}")))?;
+    if directory::carries_manifest(index) {
+        return directory::write_files(index, data, dir);
+    }
     let mut written = Vec::new();
     let mut tensors = Vec::new();
     for t in &index.tensors {
@@ -663,7 +495,8 @@ pub enum ExportError {
 /// `under/<artifact id>/` (the id with `:` as `-`), and returns that path.
 ///
 /// Every byte is verified against its chunk hash before anything is
-/// written. The files are written and synced in a temporary directory
+/// written, and every file against its hash as it is written (see
+/// [`write_files`]). The files are written and synced in a temporary directory
 /// under `under`, then renamed into place: a directory at the returned
 /// path is always complete. If it exists already (holding
 /// `adapter_config.json`, as every export does) it is reused as it is: one
@@ -673,77 +506,31 @@ pub enum ExportError {
 /// an error. Marks the artifact used for the disk budget.
 pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Result<PathBuf, ExportError> {
     let (adapter, id) = (&entry.adapter, entry.id);
-    let target = under.join(id.file_name());
-    let exported = |dir: &Path| dir.join(CONFIG_FILE).is_file();
-    if exported(&target) {
-        return Ok(target);
-    }
-    if !store.contains(&id) {
-        return Err(match store.knows(&id) {
-            true => ExportError::NotOnDisk { adapter: adapter.clone(), id },
-            false => ExportError::Unknown { adapter: adapter.clone(), id },
-        });
-    }
-    let read = |source| ExportError::Read { adapter: adapter.clone(), id, source: Box::new(source) };
-    let art = store.open_artifact(&id).map_err(read)?;
-    let data = art.map_verified().map_err(read)?;
-    let not_this = |what| ExportError::NotThisAdapter { adapter: adapter.clone(), id, what };
-    let binding = read_binding(&art.index, &data).map_err(not_this)?;
-    if binding.adapter() != *adapter {
-        return Err(not_this(format!("is bound to adapter {}", binding.adapter())));
-    }
-    let write = |source| ExportError::Write {
-        adapter: adapter.clone(),
-        under: under.to_owned(),
-        source: Box::new(source),
-    };
-    fs::create_dir_all(under).map_err(|e| write(io_err(under)(e)))?;
-    let staging = Staging::create(under, &id.file_name()).map_err(write)?;
-    write_files(&art.index, &data, &staging.0).map_err(write)?;
-    match fs::rename(&staging.0, &target) {
-        Ok(()) => {}
-        // Another export renamed its complete directory into place first.
-        Err(e) if exported(&target) && e.raw_os_error().is_some_and(is_exists) => {}
-        Err(e) => return Err(write(io_err(&target)(e))),
-    }
-    // Bookkeeping for the disk budget's least recently used order; an
-    // export that succeeded is not failed for it.
-    if let Err(e) = store.mark_used(&id) {
-        tracing::debug!(%id, error = %e, "could not mark an exported adapter used");
-    }
-    Ok(target)
-}
-
-/// Whether an OS error number says the rename target exists.
-fn is_exists(errno: i32) -> bool {
-    errno == rustix::io::Errno::NOTEMPTY.raw_os_error() || errno == rustix::io::Errno::EXIST.raw_os_error()
-}
-
-/// A temporary directory an export is written into, removed on drop
-/// (after the rename that publishes it, there is nothing left to remove).
-struct Staging(PathBuf);
-
-impl Staging {
-    fn create(under: &Path, name: &str) -> Result<Self, StoreError> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        loop {
-            let n = SEQ.fetch_add(1, Ordering::Relaxed);
-            let dir = under.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
-            match fs::create_dir(&dir) {
-                Ok(()) => return Ok(Staging(dir)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(io_err(&dir)(e)),
-            }
+    let check = |index: &CanonicalIndex, data: &[u8]| {
+        let binding = read_binding(index, data)?;
+        match binding.adapter() == *adapter {
+            true => Ok(()),
+            false => Err(format!("is bound to adapter {}", binding.adapter())),
         }
-    }
+    };
+    directory::export_with(store, &id, under, CONFIG_FILE, check, write_files).map_err(|e| match e {
+        directory::ExportError::Unknown { id } => ExportError::Unknown { adapter: adapter.clone(), id },
+        directory::ExportError::NotOnDisk { id } => ExportError::NotOnDisk { adapter: adapter.clone(), id },
+        directory::ExportError::NotThis { id, what } => {
+            ExportError::NotThisAdapter { adapter: adapter.clone(), id, what }
+        }
+        directory::ExportError::Read { id, source } => {
+            ExportError::Read { adapter: adapter.clone(), id, source }
+        }
+        directory::ExportError::Write { under, source } => {
+            ExportError::Write { adapter: adapter.clone(), under, source }
+        }
+    })
 }
 
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+/// Removes the adapter exports no longer registered (the directory
+/// artifacts' [`directory::prune_exports`]).
+pub use crate::directory::prune_exports;
 
 /// What [`remove`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -774,36 +561,6 @@ pub enum RemoveError {
     },
 }
 
-/// Removes the directories under `under` that [`export_dir`] wrote for
-/// artifacts not in `keep` (adapters no longer registered, or names moved
-/// to new bytes), and answers which. An export in progress (a hidden
-/// staging directory) and anything not a directory are left alone. An
-/// engine that loaded an adapter from a removed directory keeps it: it
-/// read the files when it loaded them.
-pub fn prune_exports<'a>(
-    under: &Path,
-    keep: impl IntoIterator<Item = &'a ArtifactId>,
-) -> Result<Vec<PathBuf>, StoreError> {
-    let keep: std::collections::HashSet<String> = keep.into_iter().map(ArtifactId::file_name).collect();
-    let entries = match fs::read_dir(under) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(under)(e)),
-    };
-    let mut removed = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(io_err(under))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let is_dir = entry.file_type().map_err(io_err(&entry.path()))?.is_dir();
-        if !is_dir || name.starts_with('.') || keep.contains(&name) {
-            continue;
-        }
-        fs::remove_dir_all(entry.path()).map_err(io_err(&entry.path()))?;
-        removed.push(entry.path());
-    }
-    Ok(removed)
-}
-
 /// Removes the name `adapter`, and its artifact unless a key points at it
 /// (as removing a store key does). Exported directories are not touched.
 pub fn remove(store: &BlobStore, adapter: &AdapterRef) -> Result<Removed, RemoveError> {
@@ -830,6 +587,54 @@ mod tests {
     #[test]
     fn the_binding_tensor_is_the_binding_file_as_a_whole_file() {
         assert_eq!(BINDING_TENSOR, format!("{FILE_TENSOR_PREFIX}{BINDING_FILE}"));
+    }
+
+    /// An adapter imported before adapters were directory artifacts (no
+    /// manifest; the safetensors metadata kept in its binding) is still
+    /// written back: its config byte for byte, its weights as the same
+    /// tensors and metadata.
+    #[test]
+    fn an_adapter_imported_before_the_directory_manifest_is_still_written_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        crate::synth::synth_adapter_dir(&src, "b", 4, 32, 2, 1).unwrap();
+        let store = BlobStore::open(dir.path().join("store")).unwrap();
+        let binding = Binding {
+            version: BINDING_VERSION,
+            base: "b".parse().unwrap(),
+            name: "x".parse().unwrap(),
+            metadata: BTreeMap::from([("format".to_owned(), "pt".to_owned())]),
+        };
+        let binding = serde_json::to_vec(&binding).unwrap();
+        let (config, weights) = (src.join(CONFIG_FILE), src.join(SAFETENSORS_FILE));
+        let members = [
+            Member::Whole { path: &config, name: CONFIG_FILE.to_owned() },
+            Member::Tensors(&weights),
+            Member::Bytes { name: BINDING_FILE, data: &binding },
+        ];
+        let id = store.import_members(&members, &[], &ServingPolicy::default()).unwrap().id;
+        let art = store.open_artifact(&id).unwrap();
+        assert!(!directory::carries_manifest(&art.index));
+        let out = dir.path().join("out");
+        fs::create_dir(&out).unwrap();
+        write_files(&art.index, &art.map_verified().unwrap(), &out).unwrap();
+        assert_eq!(fs::read(out.join(CONFIG_FILE)).unwrap(), fs::read(&config).unwrap());
+        let (a, b) = (fs::read(out.join(SAFETENSORS_FILE)).unwrap(), fs::read(&weights).unwrap());
+        let (a, b) = (
+            safetensors::SafeTensors::deserialize(&a).unwrap(),
+            safetensors::SafeTensors::deserialize(&b).unwrap(),
+        );
+        let mut names = a.names();
+        names.sort();
+        let mut want = b.names();
+        want.sort();
+        assert_eq!(names, want);
+        for n in names {
+            assert_eq!(a.tensor(n).unwrap().data(), b.tensor(n).unwrap().data(), "{n}");
+        }
+        let meta =
+            |bytes: &[u8]| safetensors::SafeTensors::read_metadata(bytes).unwrap().1.metadata().clone();
+        assert_eq!(meta(&fs::read(out.join(SAFETENSORS_FILE)).unwrap()), meta(&fs::read(&weights).unwrap()));
     }
 
     #[test]

@@ -81,7 +81,8 @@ pub struct ArtifactSummary {
     /// them (the next load fetches them again from a peer or the fallback).
     pub on_disk: bool,
     /// What it is: a LoRA adapter carries the adapter binding
-    /// ([`crate::adapters`]); anything else is `model` weights.
+    /// ([`crate::adapters`]), a model directory the directory manifest
+    /// ([`crate::directory`]); anything else is `model` weights.
     pub kind: ArtifactKind,
     /// The adapter name pointing at it, for an adapter that has one (a
     /// name moved to newer content leaves the older artifact without).
@@ -90,29 +91,35 @@ pub struct ArtifactSummary {
 
 /// What an artifact holds, as `hangar store ls` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum ArtifactKind {
     /// Model weights: safetensors tensors, or a whole file such as a GGUF.
     Model,
     /// A LoRA adapter directory bound to its base model
     /// ([`crate::adapters`]).
     Adapter,
+    /// A model directory (`config.json`, tokenizer files, safetensors
+    /// shards) kept as one directory artifact ([`crate::directory`]),
+    /// handed to an engine as the directory it was.
+    ModelDir,
 }
 
 impl ArtifactKind {
     /// The kind of the artifact whose canonical index is `index`.
     pub fn of(index: &CanonicalIndex) -> Self {
-        match crate::adapters::carries_binding(index) {
-            true => ArtifactKind::Adapter,
-            false => ArtifactKind::Model,
+        match (crate::adapters::carries_binding(index), crate::directory::carries_manifest(index)) {
+            (true, _) => ArtifactKind::Adapter,
+            (false, true) => ArtifactKind::ModelDir,
+            (false, false) => ArtifactKind::Model,
         }
     }
 
-    /// `model` or `adapter`.
+    /// `model`, `adapter` or `model-dir`.
     pub fn as_str(self) -> &'static str {
         match self {
             ArtifactKind::Model => "model",
             ArtifactKind::Adapter => "adapter",
+            ArtifactKind::ModelDir => "model-dir",
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Writing an artifact back out (`hangar store get`): a whole-file artifact
-//! as the file it was imported from, an adapter as the directory it was
-//! imported from ([`crate::adapters`]), any other as a safetensors file.
+//! as the file it was imported from, a directory artifact (a model
+//! directory, an adapter) as the directory it was imported from
+//! ([`crate::directory`], [`crate::adapters`]), any other as a safetensors
+//! file.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -14,7 +16,8 @@ use crate::index::{CanonicalIndex, IndexEntry};
 
 /// Writes the artifact `index` whose canonical bytes are `data` into `dir`:
 /// a whole file ([`CanonicalIndex::whole_file`]) under its own name, an
-/// adapter as its directory's files ([`crate::adapters::write_files`],
+/// adapter or a model directory as its directory's files
+/// ([`crate::adapters::write_files`], [`crate::directory::write_files`],
 /// answering `dir`), any other artifact as `model.safetensors`
 /// ([`write_safetensors`]). A file name that is not a plain name (a path,
 /// `..`) is written as safetensors, never outside `dir`.
@@ -22,6 +25,11 @@ pub fn write_artifact(index: &CanonicalIndex, data: &[u8], dir: &Path) -> Result
     if crate::adapters::carries_binding(index) {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         crate::adapters::write_files(index, data, dir)?;
+        return Ok(dir.to_owned());
+    }
+    if crate::directory::carries_manifest(index) {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        crate::directory::write_files(index, data, dir)?;
         return Ok(dir.to_owned());
     }
     let Some(name) = index.whole_file().filter(|n| is_plain_file_name(n)) else {

@@ -97,6 +97,17 @@ pub enum FormatError {
         /// What is wrong.
         reason: String,
     },
+    /// The tensors' data does not tile the data section exactly: bytes
+    /// no tensor holds, or tensors whose bytes overlap. The safetensors
+    /// format forbids both; a file with either could not be written back
+    /// byte for byte from its tensors.
+    #[error("{file}: {reason}")]
+    NotContiguous {
+        /// File name.
+        file: String,
+        /// Where the hole or the overlap is.
+        reason: String,
+    },
     /// Tensors across files do not form a valid artifact (e.g. a duplicate name).
     #[error("{0}")]
     Index(#[from] IndexError),
@@ -184,6 +195,46 @@ pub fn parse_header(
     Ok(out)
 }
 
+/// Checks that the tensors of one safetensors file (as [`parse_header`]
+/// gives them), whose header is `header_len` bytes and the file
+/// `file_len`, hold every byte of its data section exactly once: the
+/// safetensors format's rule that the data has no holes, which makes the
+/// file its header followed by its tensors' bytes in offset order.
+pub fn check_contiguous(
+    file: &str,
+    header_len: u64,
+    file_len: u64,
+    tensors: &[(TensorSpec, TensorLocation)],
+) -> Result<(), FormatError> {
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .map(|(spec, loc)| {
+            let len = tensor_bytes(spec.dtype, &spec.shape).expect("parse_header checked the size");
+            (loc.start, loc.start + len, spec.name.as_str())
+        })
+        .collect();
+    spans.sort_unstable();
+    let not = |reason: String| FormatError::NotContiguous { file: file.into(), reason };
+    let mut at = 8 + header_len;
+    let mut before = None;
+    for (start, end, name) in spans {
+        if start > at {
+            return Err(not(format!("bytes {at}..{start} before tensor `{name}` belong to no tensor")));
+        }
+        if start < at {
+            let other = before.unwrap_or("the header");
+            return Err(not(format!(
+                "tensor `{name}` at byte {start} overlaps `{other}`, which ends at {at}"
+            )));
+        }
+        (at, before) = (end, Some(name));
+    }
+    if at != file_len {
+        return Err(not(format!("bytes {at}..{file_len} after the last tensor belong to no tensor")));
+    }
+    Ok(())
+}
+
 /// The `__metadata__` of a header (the JSON bytes after the length) of
 /// `file`: string keys to string values, empty when the header has none.
 /// The canonical index keeps tensors only; what needs the metadata (an
@@ -253,5 +304,26 @@ mod tests {
         assert!(matches!(parse(wrong, 1000), Err(FormatError::BadTensor { .. })));
         assert!(matches!(parse("[1,2]", 1000), Err(FormatError::MalformedHeader { .. })));
         assert!(matches!(parse("{\"a\":", 1000), Err(FormatError::MalformedHeader { .. })));
+    }
+
+    #[test]
+    fn tensors_must_tile_the_data_section() {
+        let check = |h: &str, data: u64| {
+            let len = 8 + h.len() as u64 + data;
+            let t = parse_header("w.safetensors", 0, h.as_bytes(), len).unwrap();
+            check_contiguous("w.safetensors", h.len() as u64, len, &t)
+        };
+        let two = r#"{"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+        check(two, 8).unwrap();
+        let empty = r#"{"z":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+        check(empty, 4).unwrap();
+        let e = check(two, 12).unwrap_err().to_string();
+        assert!(e.contains("w.safetensors") && e.contains("after the last tensor"), "{e}");
+        let hole = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#;
+        let e = check(hole, 6).unwrap_err().to_string();
+        assert!(e.contains("before tensor `a`"), "{e}");
+        let overlap = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#;
+        let e = check(overlap, 6).unwrap_err().to_string();
+        assert!(e.contains("`b`") && e.contains("overlaps `a`"), "{e}");
     }
 }

@@ -22,9 +22,11 @@
 //! Ingestions that leave an artifact stored on a node are published once
 //! per artifact per window ([`publish`]).
 //!
-//! A LoRA adapter's directory is imported as one artifact bound to its
-//! base model and name, found by that name and exported as the directory
-//! an engine loads ([`adapters`]).
+//! A directory an engine loads — a Hugging Face model directory, a LoRA
+//! adapter's — is imported as one *directory artifact* whose files are
+//! written back byte for byte, each checked against its hash
+//! ([`directory`]); a LoRA adapter's is bound to its base model and name
+//! and found by that name ([`adapters`]).
 //!
 //! ```
 //! use hangar_store::{synth, BlobStore};
@@ -44,6 +46,7 @@ pub mod blob;
 pub mod chunks;
 pub mod client;
 pub mod daemon;
+pub mod directory;
 pub mod disk_budget;
 pub mod error;
 pub mod export;

@@ -218,3 +218,113 @@ pub fn synth_adapter_dir(
     std::fs::write(&config_path, text).map_err(io_err(&config_path))?;
     Ok(vec![config_path, weights])
 }
+
+/// Writes a Hugging Face model directory of a small Llama-style model, as
+/// `huggingface-cli download --local-dir` leaves one, for tests and
+/// benchmarks: `config.json` (`hidden_size` = `hidden`,
+/// `num_hidden_layers` = `layers`), `generation_config.json`,
+/// `tokenizer.json`, `tokenizer_config.json`, and the `bf16` weights —
+/// embeddings, each layer's attention and MLP projections and norms, the
+/// final norm and the LM head over a 256-token vocabulary — in `shards`
+/// files `model-0000N-of-0000M.safetensors` (layers dealt in order, the
+/// embeddings in the first, the head in the last; `{"format": "pt"}`
+/// metadata, as transformers writes it) with their
+/// `model.safetensors.index.json`. Deterministic in `seed`. Returns the
+/// files written, by name.
+pub fn synth_model_dir(
+    dir: &Path,
+    hidden: usize,
+    layers: usize,
+    shards: usize,
+    seed: u64,
+) -> Result<Vec<PathBuf>, StoreError> {
+    const VOCAB: usize = 256;
+    let shards = shards.max(1);
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let mut parts: Vec<Vec<(String, OwnedTensor)>> = vec![Vec::new(); shards];
+    let mut n = 0u64;
+    let mut tensor = |shape: &[usize]| {
+        n += 1;
+        random_bf16(shape, seed.wrapping_mul(1_000_003).wrapping_add(n))
+    };
+    parts[0].push(("model.embed_tokens.weight".into(), tensor(&[VOCAB, hidden])));
+    for layer in 0..layers {
+        let part = &mut parts[layer * shards / layers.max(1)];
+        let p = |name: &str| format!("model.layers.{layer}.{name}");
+        for m in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            part.push((p(&format!("self_attn.{m}.weight")), tensor(&[hidden, hidden])));
+        }
+        for (m, shape) in [("gate_proj", [2 * hidden, hidden]), ("up_proj", [2 * hidden, hidden])] {
+            part.push((p(&format!("mlp.{m}.weight")), tensor(&shape)));
+        }
+        part.push((p("mlp.down_proj.weight"), tensor(&[hidden, 2 * hidden])));
+        part.push((p("input_layernorm.weight"), tensor(&[hidden])));
+        part.push((p("post_attention_layernorm.weight"), tensor(&[hidden])));
+    }
+    parts[shards - 1].push(("model.norm.weight".into(), tensor(&[hidden])));
+    parts[shards - 1].push(("lm_head.weight".into(), tensor(&[VOCAB, hidden])));
+
+    let write = |name: &str, text: String| -> Result<PathBuf, StoreError> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(io_err(&path))?;
+        Ok(path)
+    };
+    let json = |v: serde_json::Value| serde_json::to_string_pretty(&v).expect("JSON serializes") + "\n";
+    let mut written = Vec::new();
+    let mut weight_map = serde_json::Map::new();
+    let mut total = 0usize;
+    for (i, part) in parts.iter().enumerate() {
+        let name = format!("model-{:05}-of-{shards:05}.safetensors", i + 1);
+        let path = dir.join(&name);
+        let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
+        let views = part.iter().map(|(n, t)| (n.as_str(), t));
+        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(|e| StoreError::Source {
+            source_name: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        for (tensor, t) in part {
+            weight_map.insert(tensor.clone(), name.clone().into());
+            total += t.data.len();
+        }
+        written.push(path);
+    }
+    written.push(write(
+        "model.safetensors.index.json",
+        json(serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map })),
+    )?);
+    written.push(write(
+        "config.json",
+        json(serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": hidden,
+            "intermediate_size": 2 * hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": (hidden / 64).max(1),
+            "num_key_value_heads": (hidden / 64).max(1),
+            "vocab_size": VOCAB,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5,
+            "torch_dtype": "bfloat16",
+            "tie_word_embeddings": false,
+        })),
+    )?);
+    written.push(write(
+        "generation_config.json",
+        json(serde_json::json!({ "bos_token_id": 1, "eos_token_id": 2, "max_new_tokens": 256 })),
+    )?);
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..VOCAB).map(|i| (format!("<{i:02x}>"), i.into())).collect();
+    written.push(write(
+        "tokenizer.json",
+        json(
+            serde_json::json!({ "version": "1.0", "model": { "type": "BPE", "vocab": vocab, "merges": [] } }),
+        ),
+    )?);
+    written.push(write(
+        "tokenizer_config.json",
+        json(serde_json::json!({ "bos_token": "<01>", "eos_token": "<02>", "model_max_length": 2048 })),
+    )?);
+    written.sort();
+    Ok(written)
+}

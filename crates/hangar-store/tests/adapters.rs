@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use hangar_core::AdapterRef;
 use hangar_store::adapters::{self, AdapterEntry, ExportError, ImportError, RemoveError};
+use hangar_store::directory::ScanError;
 use hangar_store::synth::synth_adapter_dir;
 use hangar_store::{ArtifactKind, BlobStore, IdOrKey, StoreError};
 use safetensors::SafeTensors;
@@ -81,7 +82,7 @@ fn an_imported_adapter_is_listed_found_and_exported_as_the_directory_it_was() {
     assert_eq!(out, under.join(report.id.file_name()));
     let (got, want) = (files(&out), files(&src));
     assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "the same file names");
-    for f in ["adapter_config.json", "tokenizer.json", "README.md"] {
+    for f in ["adapter_config.json", "tokenizer.json", "README.md", "adapter_model.safetensors"] {
         assert_eq!(got[f], want[f], "{f} byte for byte");
     }
     let weights = "adapter_model.safetensors";
@@ -223,9 +224,9 @@ fn every_directory_an_engine_could_not_load_is_refused_naming_the_path() {
     }
     let missing = dir.path().join("missing");
     let e = adapters::import_dir(&store, &missing, &a).unwrap_err();
-    assert!(matches!(&e, ImportError::Io { path, .. } if *path == missing), "{e}");
+    assert!(matches!(&e, ImportError::Scan(ScanError::Io { path, .. }) if *path == missing), "{e}");
     let e = adapters::import_dir(&store, &outside, &a).unwrap_err();
-    assert!(matches!(e, ImportError::NotADirectory { .. }), "{e}");
+    assert!(matches!(e, ImportError::Scan(ScanError::NotADirectory { .. })), "{e}");
 
     assert!(adapters::list(&store, None).unwrap().is_empty(), "nothing registered");
     assert!(store.list().unwrap().is_empty(), "nothing stored");

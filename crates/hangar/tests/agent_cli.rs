@@ -122,3 +122,68 @@ fn without_gpus_the_agent_counts_the_machines_and_names_the_flag_when_there_are_
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("redis://:***@127.0.0.1:1/0") && !err.contains(":pw@"), "{err}");
 }
+
+/// A fleet node's agent hands its engine a model directory from the
+/// store as `hangar serve` does (the same `hangar-agent` weights code):
+/// the directory written under the node's store root, every file read by
+/// the engine as it was imported, and the request answered through the
+/// gateway.
+#[test]
+fn a_fleet_agent_hands_its_engine_a_model_directory_from_the_store() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (src, store) = (dir.path().join("tiny-llama"), dir.path().join("store"));
+    let hangar = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_hangar")).args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    hangar(&["store", "synth-model-dir", src.to_str().unwrap(), "--hidden", "64", "--layers", "2"]);
+    hangar(&[
+        "store",
+        "--root",
+        store.to_str().unwrap(),
+        "import",
+        src.to_str().unwrap(),
+        "--key",
+        "tiny/llama:v1",
+    ]);
+    let config = format!(
+        "redis = \"{}\"\n[store]\nroot = \"{}\"\n\n[[models]]\nkey = \"t/d\"\n\
+         engine = {{ kind = \"mock\", preset = \"fast\" }}\nsize = \"10GB\"\nmin_replicas = 1\n\
+         weights = \"store:tiny/llama:v1\"\n",
+        redis.url(),
+        store.display()
+    );
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    let gateway = common::serve_in(tempfile::tempdir().unwrap(), &config);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["agent", "--config", path.to_str().unwrap(), "--redis", &redis.url(), "--name", "n0"])
+        .args(["--gpus", "1", "--gpu-memory", "80GB", "--virtual-gpus", "--drain-s", "0"])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _agent = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+
+    wait_ready(&gateway.url, &[("t/d", 1)], None);
+    let agent: Value =
+        reqwest::blocking::get(format!("http://127.0.0.1:{port}/status")).unwrap().json().unwrap();
+    let url = agent["report"]["replicas"][0]["url"].as_str().unwrap_or_else(|| panic!("{agent}"));
+    let models: Value = reqwest::blocking::get(format!("{url}/v1/models")).unwrap().json().unwrap();
+    let read = &models["data"][0]["weights"];
+    assert!(read["path"].as_str().unwrap().starts_with(store.join("model-dirs").to_str().unwrap()), "{read}");
+    for f in read["files"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        let want = blake3::hash(&std::fs::read(src.join(name)).unwrap()).to_hex().to_string();
+        assert_eq!(f["blake3"], want.as_str(), "{name} read as imported");
+    }
+    assert_eq!(read["files"].as_array().unwrap().len(), 7, "{read}");
+    let (code, answer) = common::post(&gateway.url, None, &common::chat("t/d", 3));
+    assert_eq!(code, 200, "{answer} {}", status(&gateway.url));
+}

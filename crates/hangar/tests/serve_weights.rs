@@ -179,3 +179,110 @@ weights = "store:gone:v1"
     let log = s.log();
     assert!(log.contains("did not start: model t/gone: weights `store:gone:v1`"), "{log}");
 }
+
+/// The files of a directory, name → BLAKE3 hex, as the mock engine
+/// reports what it read.
+fn hashes(dir: &Path) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| {
+            let hash = blake3::hash(&std::fs::read(e.path()).unwrap()).to_hex().to_string();
+            (e.file_name().into_string().unwrap(), hash)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_model_directory_from_the_store_is_one_read_only_directory_every_replica_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src/tiny-llama");
+    let store = dir.path().join("store");
+    let root = store.to_str().unwrap();
+    let o = hangar(&["store", "synth-model-dir", src.to_str().unwrap(), "--hidden", "64", "--layers", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = hangar(&["store", "--root", root, "import", src.to_str().unwrap(), "--key", "tiny/llama:v1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("model directory: 7 files"), "{said}");
+    let o = hangar(&["store", "--root", root, "ls"]);
+    let ls = String::from_utf8_lossy(&o.stdout);
+    assert!(ls.lines().any(|l| l.contains("model-dir") && l.contains("tiny/llama:v1")), "{ls}");
+
+    let s = serve_in(
+        dir,
+        &with_store(
+            r#"
+[[models]]
+key = "t/llama"
+engine = { kind = "mock", preset = "instant" }
+size = "10GB"
+min_replicas = 2
+weights = "store:tiny/llama:v1"
+"#,
+        ),
+    );
+    let replicas = common::ready_replicas(&s.url, 2);
+    let want = hashes(&src);
+    let mut paths = Vec::new();
+    let mut sources = Vec::new();
+    for r in &replicas {
+        let read = engine_weights(r);
+        let got: Vec<(String, String)> = read["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["name"].as_str().unwrap().to_owned(), f["blake3"].as_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(got, want, "the engine read every file as it was imported: {read}");
+        assert_eq!(read["model_type"], "llama", "{read}");
+        let shard = read["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "model-00001-of-00002.safetensors");
+        assert!(shard.unwrap()["tensors"].as_u64().unwrap() > 0, "{read}");
+        paths.push(read["path"].as_str().unwrap().to_owned());
+        sources.push(r["start"]["weights"]["source"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(paths[0], paths[1], "one directory for both replicas");
+    let path = Path::new(&paths[0]);
+    assert!(path.starts_with(store.join("model-dirs")), "{}", path.display());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(path).unwrap().permissions().mode() & 0o777, 0o555, "read-only");
+    sources.sort();
+    assert_eq!(sources, ["local", "resident"], "{replicas:?}");
+    let (status, body) = post(&s.url, None, &chat("t/llama", 2));
+    assert_eq!(status, 200, "{body}");
+    assert!(s.log().contains("model directory materialized"), "{}", s.log());
+}
+
+#[test]
+fn a_mock_engine_handed_a_malformed_shard_fails_its_start_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m");
+    let o = hangar(&["store", "synth-model-dir", src.to_str().unwrap(), "--hidden", "64", "--layers", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let shard = src.join("model-00002-of-00002.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 10]).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .args(["engine", "mock", "--port", "0", "--weights", src.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A guard against a start that does not fail, not a speed target.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "the start fails");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(shard.to_str().unwrap()) && err.contains("not a valid safetensors file"), "{err}");
+    assert!(o.stdout.is_empty(), "it never listened: {}", String::from_utf8_lossy(&o.stdout));
+}

@@ -138,7 +138,7 @@ fn an_adapter_is_imported_listed_written_back_and_removed_by_its_name() {
     );
 
     let line = ls_line(&root, &id);
-    assert!(line.ends_with(" yes adapter  meta/llama-3-8b:acme/support-v2"), "{line}");
+    assert!(line.ends_with(" yes adapter    meta/llama-3-8b:acme/support-v2"), "{line}");
 
     let got = dir.path().join("got");
     ok(hangar(&root, &["get", &id, "--out", got.to_str().unwrap()]));
@@ -297,7 +297,7 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
     let x_id = imported.split_whitespace().nth(1).unwrap().to_owned();
     let imported = ok(hangar(&root, &["import", y[0].to_str().unwrap(), "--key", "demo/y:v1"]));
     let y_id = imported.split_whitespace().nth(1).unwrap().to_owned();
-    assert!(ls_line(&root, &x_id).contains(" yes model    demo/x:v1"), "{}", ls_line(&root, &x_id));
+    assert!(ls_line(&root, &x_id).contains(" yes model      demo/x:v1"), "{}", ls_line(&root, &x_id));
     // Room for one of the two.
     let one = hangar_store::BlobStore::open(&root).unwrap().usage().unwrap()[0].1 * 3 / 2;
     let socket = dir.path().join("d.sock");
@@ -317,8 +317,8 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     };
-    wait_for("x's bytes dropped", &|| ls_line(&root, &x_id).contains(" no model    demo/x:v1"));
-    assert!(ls_line(&root, &y_id).contains(" yes model    demo/y:v1"));
+    wait_for("x's bytes dropped", &|| ls_line(&root, &x_id).contains(" no model      demo/x:v1"));
+    assert!(ls_line(&root, &y_id).contains(" yes model      demo/y:v1"));
 
     let e = err(hangar(&root, &["stat", "demo/x:v1"]));
     assert!(e.contains("not on disk") && e.contains(&x_id) && e.contains("--socket"), "{e}");
@@ -326,7 +326,7 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
     assert!(got.contains("from fallback") && got.contains(&x_id), "{got}");
     let reimport = ok(hangar(&root, &["import", out.join("model.safetensors").to_str().unwrap()]));
     assert!(reimport.contains(&x_id), "the bytes fetched again are x's: {reimport}");
-    wait_for("x on disk again", &|| ls_line(&root, &x_id).contains(" yes model    demo/x:v1"));
+    wait_for("x on disk again", &|| ls_line(&root, &x_id).contains(" yes model      demo/x:v1"));
 }
 
 /// Issue 27: two daemons on one host without `--node` both take the host
@@ -444,4 +444,40 @@ fn import_strict_and_the_serving_preflight_from_the_command_line() {
     assert!(e.contains("rule `schema_version`") && e.contains("schema_version is 2, must be 1"), "{e}");
     let e = err(hangar(&root, &["import", p, "--manifest-ref", "x"]));
     assert!(e.contains("--strict"), "{e}");
+}
+
+#[test]
+fn a_model_directory_is_imported_listed_written_back_and_a_bad_one_refused_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let src = dir.path().join("tiny-llama");
+    ok(hangar(&root, &["synth-model-dir", src.to_str().unwrap(), "--hidden", "64", "--layers", "2"]));
+    let imported = ok(hangar(&root, &["import", src.to_str().unwrap(), "--key", "tiny/llama:v1"]));
+    assert!(
+        imported.starts_with("imported hg1:") && imported.contains("model directory: 7 files"),
+        "{imported}"
+    );
+    let id = imported.split_whitespace().nth(1).unwrap().to_owned();
+    let again = ok(hangar(&root, &["import", src.to_str().unwrap()]));
+    assert!(again.starts_with(&format!("existed {id}")), "{again}");
+    assert!(ls_line(&root, &id).ends_with(" yes model-dir  tiny/llama:v1"), "{}", ls_line(&root, &id));
+
+    let out = dir.path().join("out");
+    ok(hangar(&root, &["get", "tiny/llama:v1", "--out", out.to_str().unwrap()]));
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        let back = std::fs::read(out.join(entry.file_name())).unwrap();
+        assert!(back == std::fs::read(entry.path()).unwrap(), "{:?} byte for byte", entry.file_name());
+    }
+
+    let shard = src.join("model-00001-of-00002.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 1]).unwrap();
+    let e = err(hangar(&root, &["import", src.to_str().unwrap(), "--key", "tiny/llama:v2"]));
+    assert!(e.contains(shard.to_str().unwrap()) && e.contains("truncated?"), "{e}");
+    let e = err(hangar(&root, &["import", src.to_str().unwrap(), "--strict"]));
+    assert!(e.contains("--strict applies to files"), "{e}");
+    std::fs::remove_file(src.join("config.json")).unwrap();
+    let e = err(hangar(&root, &["import", src.to_str().unwrap()]));
+    assert!(e.contains(&format!("{} has no config.json", src.display())), "{e}");
 }

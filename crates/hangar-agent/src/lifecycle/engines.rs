@@ -93,7 +93,7 @@ impl NodeEngines {
             gpu_fraction: slot.fraction.unwrap_or(1.0),
             hangar_exe: self.hangar_exe.clone(),
             mock_setup_timeout: MOCK_SETUP_TIMEOUT,
-            weights: weights.as_ref().map(LoadedWeights::fd),
+            weights: weights.as_ref().map(LoadedWeights::handed),
         };
         let spawned = Instant::now();
         let engine = launch_on(spec, &ctx, &self.engine_host).await.map_err(|e| e.to_string())?;

@@ -1,14 +1,14 @@
 //! `hangar engine`: run an engine process.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args as ClapArgs, Subcommand};
 use hangar_core::ByteSize;
 use hangar_engine::EngineConfig;
-use hangar_mock_engine::{MockConfig, WeightsRead};
+use hangar_mock_engine::MockConfig;
 
 use super::read_text;
 
@@ -63,9 +63,11 @@ struct MockArgs {
     /// 404), as llama.cpp's server: the engine can only be stopped.
     #[arg(long)]
     no_sleep: bool,
-    /// A weights file to read whole before serving, as a real engine
-    /// loads its weights (`hangar serve` passes `{weights}` here);
-    /// `/v1/models` reports its size and BLAKE3.
+    /// Weights to read whole before serving, as a real engine loads its
+    /// weights (`hangar serve` passes `{weights}` here): a file, or a model
+    /// directory (`config.json` and every safetensors header checked, a
+    /// malformed one failing the start by name); `/v1/models` reports
+    /// their size and BLAKE3, a directory's file by file.
     #[arg(long)]
     weights: Option<PathBuf>,
     /// Serve no runtime LoRA API (`/v1/load_lora_adapter`,
@@ -107,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("--lora-load-bytes-per-s must be more than 0")?;
     config.lora_load_ms = a.lora_load_ms;
     if let Some(path) = &a.weights {
-        config.weights = Some(read_weights(path)?);
+        config.weights = Some(hangar_mock_engine::weights::read(path)?);
     }
     let base = a.engine_config.as_ref().and_then(|p| p.parent().map(PathBuf::from));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -136,20 +138,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-/// Reads a weights file whole, hashing it as it goes.
-fn read_weights(path: &Path) -> anyhow::Result<WeightsRead> {
-    let mut file = std::fs::File::open(path)
-        .with_context(|| format!("cannot open the weights file {}", path.display()))?;
-    let mut hasher = blake3::Hasher::new();
-    let bytes = std::io::copy(&mut file, &mut hasher)
-        .with_context(|| format!("cannot read the weights file {}", path.display()))?;
-    Ok(WeightsRead {
-        path: path.display().to_string(),
-        bytes,
-        blake3: hasher.finalize().to_hex().to_string(),
-    })
-}
-
 pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

@@ -8,7 +8,8 @@
 //! daemon keeping no copy — and from the local root otherwise; `serve` runs the daemon,
 //! `registry` the peer registry, `status` asks a daemon what is resident,
 //! `bench` measures the store against plain reads and copies, and
-//! `synth-adapter` writes a synthetic LoRA adapter directory to import.
+//! `synth-adapter` and `synth-model-dir` write a synthetic LoRA adapter
+//! directory and a synthetic model directory to import.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,13 +18,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use hangar_core::{AdapterRef, ByteSize, ModelKey};
-use hangar_store::adapters;
 use hangar_store::client::{Hold, StoreClient, TargetMemory};
 use hangar_store::daemon::{DaemonConfig, DaemonHandle};
 use hangar_store::preflight::{self, ServingPolicy};
 use hangar_store::protocol::Selection;
 use hangar_store::registry::RegistryHandle;
 use hangar_store::view::{ViewPlan, ViewSpec};
+use hangar_store::{adapters, directory};
 use hangar_store::{BlobStore, IdOrKey, StoreKey};
 
 /// Arguments of `hangar store`.
@@ -44,9 +45,13 @@ pub struct Args {
 enum Command {
     /// Import files as one artifact (idempotent: same content → same id,
     /// `existed`): `*.safetensors` tensor by tensor, any other file (a GGUF)
-    /// whole, as the file an engine opens.
+    /// whole, as the file an engine opens. One directory is a model
+    /// directory (`config.json`, tokenizer files, `*.safetensors` shards,
+    /// as `huggingface-cli download --local-dir` writes it), kept as one
+    /// directory artifact and handed to an engine as the directory it was.
     Import {
-        /// Safetensors files, or whole files; together they form one artifact.
+        /// Safetensors files, or whole files; together they form one
+        /// artifact. Or one model directory.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Keys (`name:tag`) to point at the artifact; may repeat.
@@ -81,7 +86,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List known artifacts, their kind (`model` or `adapter`), their
+    /// List known artifacts, their kind (`model`, `model-dir` or `adapter`), their
     /// names (keys, an adapter's `BASE:ADAPTER`) and whether their bytes
     /// are on disk (`no`: the disk budget dropped them; the next load
     /// through the daemon fetches them again from a peer or the fallback).
@@ -122,6 +127,25 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Write a synthetic Hugging Face model directory (a small Llama-style
+    /// model: `config.json`, tokenizer files, `bf16` weights in safetensors
+    /// shards and their index), for benchmarks and tests.
+    SynthModelDir {
+        /// The directory to write (created).
+        dir: PathBuf,
+        /// Hidden size.
+        #[arg(long, default_value_t = 256)]
+        hidden: usize,
+        /// Layers.
+        #[arg(long, default_value_t = 4)]
+        layers: usize,
+        /// Safetensors shards the weights are split into.
+        #[arg(long, default_value_t = 2)]
+        shards: usize,
+        /// Seed of the weights' bytes.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Show an artifact's tensors.
     Stat {
         /// Artifact id (`hg1:…`) or key (`name:tag`).
@@ -134,8 +158,8 @@ enum Command {
         json: bool,
     },
     /// Write an artifact (or a view of it) as `DIR/model.safetensors` (a
-    /// whole-file artifact as `DIR/<its file name>`, an adapter as the
-    /// files of its directory); every byte verified.
+    /// whole-file artifact as `DIR/<its file name>`, an adapter or a model
+    /// directory as the files of its directory); every byte verified.
     Get {
         /// Artifact id (`hg1:…`) or key (`name:tag`).
         what: IdOrKey,
@@ -227,6 +251,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let open =
         || BlobStore::open(&args.root).with_context(|| format!("opening store {}", args.root.display()));
     match args.command {
+        Command::Import { files, keys, json, strict, manifest_ref } if matches!(files.as_slice(), [one] if one.is_dir()) =>
+        {
+            anyhow::ensure!(
+                !strict && manifest_ref.is_none(),
+                "--strict applies to files, not to a model directory"
+            );
+            let report = directory::import_model_dir(&open()?, &files[0], &keys)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                let what = if report.existed { "existed" } else { "imported" };
+                println!(
+                    "{what} {} (model directory: {} files, {} tensors, {} bytes)",
+                    report.id,
+                    report.files.len(),
+                    report.tensors,
+                    report.bytes
+                );
+                if !report.skipped.is_empty() {
+                    println!("skipped hidden entries: {}", report.skipped.join(", "));
+                }
+            }
+        }
         Command::Import { files, keys, json, strict, manifest_ref } => {
             let policy = ServingPolicy { strict, manifest_ref };
             let report = open()?.import_files_with(&files, &keys, &policy)?;
@@ -270,7 +317,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
                 println!(
-                    "{:<140} {:>14} {:>8} {:>7} {:<7}  NAMES",
+                    "{:<140} {:>14} {:>8} {:>7} {:<9}  NAMES",
                     "ID", "BYTES", "TENSORS", "ON_DISK", "KIND"
                 );
                 for a in list {
@@ -281,7 +328,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         .chain(a.adapter.map(|r| r.to_string()))
                         .collect();
                     println!(
-                        "{:<140} {:>14} {:>8} {:>7} {:<7}  {}",
+                        "{:<140} {:>14} {:>8} {:>7} {:<9}  {}",
                         a.id,
                         a.bytes,
                         a.tensors,
@@ -331,6 +378,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Command::SynthAdapter { dir, base_model, rank, hidden, layers, seed } => {
             let files =
                 hangar_store::synth::synth_adapter_dir(&dir, &base_model, rank, hidden, layers, seed)?;
+            let mut bytes = 0;
+            for f in &files {
+                bytes += std::fs::metadata(f).with_context(|| format!("reading {}", f.display()))?.len();
+            }
+            println!("wrote {} ({} files, {bytes} bytes)", dir.display(), files.len());
+        }
+        Command::SynthModelDir { dir, hidden, layers, shards, seed } => {
+            let files = hangar_store::synth::synth_model_dir(&dir, hidden, layers, shards, seed)?;
             let mut bytes = 0;
             for f in &files {
                 bytes += std::fs::metadata(f).with_context(|| format!("reading {}", f.display()))?.len();
