@@ -14,6 +14,10 @@
 //! The same queue holds the synchronous API's requests that Workers AI's
 //! async mode queues ([`request`]: `options.queueRequest`, answered by
 //! polling with `inputs.request_id`).
+//!
+//! [`procedures`] run user-provided Python pipelines as predictions on the
+//! shared procedures runtime, their sources fetched through the webhook
+//! destination guard and cached.
 #![deny(missing_docs)]
 
 mod api;
@@ -21,6 +25,7 @@ mod config;
 mod executor;
 pub mod lifecycle;
 pub mod llm;
+pub mod procedures;
 pub mod reachability;
 pub mod record;
 pub mod request;
@@ -31,7 +36,9 @@ pub mod webhook_policy;
 pub mod webhook_target;
 
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
-pub use executor::{AdapterCheck, AdapterRefused, ExecError, ExecEvent, ExecFuture, Executor, Job, Sink};
+pub use executor::{
+    AdapterCheck, AdapterRefused, ExecError, ExecEvent, ExecFuture, Executor, Job, ProcedureRun, Sink,
+};
 pub use service::{Capacity, InputRules, Model, Service, ServiceError};
 
 /// The version id of a model described by `description` (e.g. its

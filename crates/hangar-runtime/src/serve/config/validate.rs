@@ -127,6 +127,24 @@ impl ServeConfig {
                 ));
             }
         }
+        if let Some(runtime) = &self.predictions.procedures.runtime {
+            let field = "predictions.procedures.runtime";
+            match self.models.iter().find(|m| m.key.as_str() == runtime) {
+                None => {
+                    return Err(FieldError::new(field, format!("`{runtime}` is not a served model")));
+                }
+                Some(m) if !matches!(m.engine, EngineSpec::Procedures { .. }) => {
+                    return Err(FieldError::new(
+                        field,
+                        format!(
+                            "`{runtime}` runs on an engine that is not the procedures runtime; give it \
+                             `engine = {{ kind = \"procedures\" }}`"
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
         for (i, w) in self.schedule.iter().enumerate() {
             let at = format!("schedule[{i}]");
             let Some(m) = self.models.iter().find(|m| m.key == w.model) else {
@@ -410,10 +428,13 @@ impl ModelConfig {
                 "weights",
                 format!("`{w}` is never handed to the engine: put {{weights}} in its command where it takes the model file"),
             )),
-            (Some(_), EngineSpec::Cog { .. } | EngineSpec::External { .. }) => Err(FieldError::new(
-                "weights",
-                "only `openai` and `mock` engines take weights; `cog` and `external` engines load their own",
-            )),
+            (Some(_), EngineSpec::Cog { .. } | EngineSpec::External { .. } | EngineSpec::Procedures { .. }) => {
+                Err(FieldError::new(
+                    "weights",
+                    "only `openai` and `mock` engines take weights; `cog`, `procedures` and `external` engines \
+                     load their own",
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -452,7 +473,9 @@ fn check_engine(engine: &EngineSpec) -> Result<(), FieldError> {
             }
             seconds("setup_timeout_s", *setup_timeout_s, 1)
         }
-        EngineSpec::Cog { setup_timeout_s, .. } => seconds("setup_timeout_s", *setup_timeout_s, 1),
+        EngineSpec::Cog { setup_timeout_s, .. } | EngineSpec::Procedures { setup_timeout_s, .. } => {
+            seconds("setup_timeout_s", *setup_timeout_s, 1)
+        }
     }
 }
 
