@@ -207,6 +207,9 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
     assert_eq!(done["output"]["prediction_tokens"], 3, "{done}");
     let logs = done["logs"].as_str().unwrap();
     assert!(logs.contains("pipeline for 'hello there'") && logs.contains("chat answered"), "{logs}");
+    // Listed with alice's predictions.
+    let (_, listed) = get_as(&format!("{}/v1/predictions", s.url), Some("sk-alice"));
+    assert!(listed["results"].as_array().unwrap().iter().any(|p| p["id"] == run["id"]), "{listed}");
     // Bob cannot read alice's run.
     let (status, _) = get_as(run["urls"]["get"].as_str().unwrap(), Some("sk-bob"));
     assert_eq!(status, 404);
