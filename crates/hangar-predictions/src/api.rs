@@ -513,15 +513,8 @@ pub(crate) async fn create(
     let created_at = now();
     let deadlines =
         Deadlines::new(&settings.limits(target.kind == JobKind::Training), created_at, cancel_after);
-    let mut record = Record::starting(
-        new_id(),
-        &key,
-        &version,
-        account.as_str(),
-        input,
-        created_at,
-        deadlines,
-    );
+    let mut record =
+        Record::starting(new_id(), &key, &version, account.as_str(), input, created_at, deadlines);
     record.kind = target.kind;
     record.destination = destination;
     record.deployment = target.deployment;

@@ -50,7 +50,8 @@ impl JobKind {
     /// The kind called `s`.
     pub fn parse(s: &str) -> Option<JobKind> {
         [JobKind::Prediction, JobKind::Training, JobKind::Request, JobKind::Procedure]
-            .into_iter().find(|k| k.as_str() == s)
+            .into_iter()
+            .find(|k| k.as_str() == s)
     }
 
     /// The queue of this kind for `model` (Replicate: `input:prediction:…`).

@@ -234,9 +234,13 @@ impl Service {
                 std::fs::create_dir_all(&dir).map_err(|e| io(&e))?;
                 let registry = crate::procedures::Registry::open(&dir, config.procedures.ephemeral_ttl_s)
                     .map_err(|e| io(&e))?;
-                let sources =
-                    crate::procedures::Sources::open(&dir, config.procedures.limits(), http.clone(), allow.clone())
-                        .map_err(|e| io(&e))?;
+                let sources = crate::procedures::Sources::open(
+                    &dir,
+                    config.procedures.limits(),
+                    http.clone(),
+                    allow.clone(),
+                )
+                .map_err(|e| io(&e))?;
                 Some(Arc::new(ProcedureState { registry, sources, runtime: runtime.clone() }))
             }
         };
@@ -606,9 +610,11 @@ impl Inner {
                 .procedures
                 .clone()
                 .ok_or_else(|| ExecError::Failed("procedures are not enabled on this server".into()))?;
-            let p = state.registry.runnable(&job.model, now()).map_err(|e| ExecError::Failed(e.to_string()))?;
+            let p =
+                state.registry.runnable(&job.model, now()).map_err(|e| ExecError::Failed(e.to_string()))?;
             sink.log(format!("procedure {}: source {}", p.key(), p.version()));
-            let src = state.sources.prepare(&p.source_url).await.map_err(|e| ExecError::Failed(e.to_string()))?;
+            let src =
+                state.sources.prepare(&p.source_url).await.map_err(|e| ExecError::Failed(e.to_string()))?;
             // The caller's credentials: a key of its account (on an open
             // server any token is accepted; the account's name stands in).
             let token = match self.api_keys.key_for(&job.account) {
@@ -621,8 +627,9 @@ impl Inner {
                     )))
                 }
             };
-            let url = url::Url::from_directory_path(&src)
-                .map_err(|()| ExecError::Failed(format!("the source path {} is not absolute", src.display())))?;
+            let url = url::Url::from_directory_path(&src).map_err(|()| {
+                ExecError::Failed(format!("the source path {} is not absolute", src.display()))
+            })?;
             job.procedure = Some(crate::executor::ProcedureRun {
                 runtime: state.runtime.clone(),
                 context: serde_json::json!({

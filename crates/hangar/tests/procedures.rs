@@ -44,7 +44,8 @@ def predict(prompt, tokens=3):
 const FAILS: &str = "def predict():\n    print('about to fail')\n    raise ValueError('no way')\n";
 
 /// A procedure that runs until canceled, yielding as it goes.
-const SLOW: &str = "import time\n\ndef predict():\n    for i in range(600):\n        yield i\n        time.sleep(0.1)\n";
+const SLOW: &str =
+    "import time\n\ndef predict():\n    for i in range(600):\n        yield i\n        time.sleep(0.1)\n";
 
 fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut b = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
@@ -95,7 +96,9 @@ impl Origin {
                         let _ = stream.write_all(body);
                     }
                     None => {
-                        let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                        let _ = stream.write_all(
+                            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        );
                     }
                 }
             }
@@ -172,14 +175,22 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
     let origin = Origin::start(vec![
         ("/pipe.tar.gz", tar_gz(&[("predict.py", PIPE.as_bytes())])),
         ("/fails.tar.gz", tar_gz(&[("./predict.py", FAILS.as_bytes())])),
-        ("/slow.tar.gz", tar_gz(&[("cog.yaml", b"predict: \"slow.py:predict\"\n"), ("slow.py", SLOW.as_bytes())])),
+        (
+            "/slow.tar.gz",
+            tar_gz(&[("cog.yaml", b"predict: \"slow.py:predict\"\n"), ("slow.py", SLOW.as_bytes())]),
+        ),
         ("/escape.tar.gz", tar_gz(&[("../evil.py", b"x")])),
         ("/zip.tar.gz", b"PK\x03\x04 not a tar.gz".to_vec()),
     ]);
     let s = common::serve(&config());
     let procedures = format!("{}/v1/procedures", s.url);
     let create = |name: &str, path: &str| {
-        post_as(&procedures, "sk-alice", &json!({"name": name, "source_url": format!("{}{path}", origin.url)}), &[])
+        post_as(
+            &procedures,
+            "sk-alice",
+            &json!({"name": name, "source_url": format!("{}{path}", origin.url)}),
+            &[],
+        )
     };
 
     // Created: its source fetched and checked before the answer.
@@ -228,7 +239,8 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
 
     // A procedure that raises: the run fails with its error and logs.
     assert_eq!(create("fails", "/fails.tar.gz").0, 201);
-    let (_, f) = post_as(&format!("{procedures}/alice/fails/predictions"), "sk-alice", &json!({"input": {}}), &[]);
+    let (_, f) =
+        post_as(&format!("{procedures}/alice/fails/predictions"), "sk-alice", &json!({"input": {}}), &[]);
     let f = poll_as(f["urls"]["get"].as_str().unwrap(), "sk-alice");
     assert_eq!(f["status"], "failed", "{f}");
     assert!(f["error"].as_str().unwrap().contains("ValueError: no way"), "{f}");
@@ -236,7 +248,8 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
 
     // Cancel while it runs (its entry point named by cog.yaml).
     assert_eq!(create("slow", "/slow.tar.gz").0, 201);
-    let (_, r) = post_as(&format!("{procedures}/alice/slow/predictions"), "sk-alice", &json!({"input": {}}), &[]);
+    let (_, r) =
+        post_as(&format!("{procedures}/alice/slow/predictions"), "sk-alice", &json!({"input": {}}), &[]);
     let url = r["urls"]["get"].as_str().unwrap().to_owned();
     let t = Instant::now();
     while get_as(&url, Some("sk-alice")).1["output"].as_array().is_none_or(Vec::is_empty) {
@@ -266,7 +279,8 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
 
     // Listed for its owner only; deleted, it no longer runs.
     let (_, mine) = get_as(&procedures, Some("sk-alice"));
-    let names: Vec<&str> = mine["results"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        mine["results"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["fails", "pipe", "slow"], "{mine}");
     assert_eq!(get_as(&procedures, Some("sk-bob")).1["results"], json!([]));
     let r = client().delete(format!("{procedures}/alice/pipe")).bearer_auth("sk-alice").send().unwrap();

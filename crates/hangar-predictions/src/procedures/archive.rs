@@ -194,7 +194,8 @@ pub fn extract(bytes: &[u8], dest: &Path, limits: &Limits) -> Result<(), Archive
     }
     if !bytes.starts_with(&[0x1f, 0x8b]) {
         let head: String = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
-        let shown = if bytes.is_empty() { ": it is empty".to_owned() } else { format!("; it starts with {head}") };
+        let shown =
+            if bytes.is_empty() { ": it is empty".to_owned() } else { format!("; it starts with {head}") };
         return Err(ArchiveError::NotGzip(shown));
     }
     let capped =
@@ -262,12 +263,17 @@ pub fn extract(bytes: &[u8], dest: &Path, limits: &Limits) -> Result<(), Archive
                     .ok_or_else(|| ArchiveError::Malformed(format!("link `{shown}` has no target")))?
                     .into_owned();
                 if !link_stays_inside(&rel, &target) {
-                    return Err(ArchiveError::LinkEscapes { path: shown, target: target.display().to_string() });
+                    return Err(ArchiveError::LinkEscapes {
+                        path: shown,
+                        target: target.display().to_string(),
+                    });
                 }
                 std::os::unix::fs::symlink(&target, &at).map_err(io)?;
                 links.push((at, shown, target));
             }
-            k if k.is_hard_link() => return Err(ArchiveError::Unsupported { path: shown, kind: "hard link" }),
+            k if k.is_hard_link() => {
+                return Err(ArchiveError::Unsupported { path: shown, kind: "hard link" })
+            }
             k if k.is_character_special() => {
                 return Err(ArchiveError::Unsupported { path: shown, kind: "character device" })
             }
@@ -336,7 +342,7 @@ pub(crate) mod tests {
             h.set_size(data.len() as u64);
             h.set_mode(0o4755);
             h.set_cksum();
-            b.append(&h, *data).unwrap();
+            b.append(&h, data).unwrap();
         }
         b.into_inner().unwrap().finish().unwrap()
     }
@@ -377,7 +383,9 @@ pub(crate) mod tests {
     #[test]
     fn links_out_of_the_directory_are_refused() {
         let e = refused(&[Entry::Symlink("out", "/etc/passwd")]);
-        assert!(matches!(&e, ArchiveError::LinkEscapes { path, target } if path == "out" && target == "/etc/passwd"));
+        assert!(
+            matches!(&e, ArchiveError::LinkEscapes { path, target } if path == "out" && target == "/etc/passwd")
+        );
         let e = refused(&[Entry::Symlink("a/out", "../../x")]);
         assert!(e.to_string().contains("outside the source directory"), "{e}");
         // Each link alone stays inside; together they climb out.
@@ -436,8 +444,12 @@ pub(crate) mod tests {
         let e = extract(&tar_gz(&[Entry::File("a", &[1; 10])]), dir.path(), &small).unwrap_err();
         assert!(matches!(e, ArchiveError::CompressedTooLarge { limit: 100 }), "{e}");
         let few = Limits { max_entries: 2, ..LIMITS };
-        let e = extract(&tar_gz(&[Entry::File("a", b""), Entry::File("b", b""), Entry::File("c", b"")]), dir.path(), &few)
-            .unwrap_err();
+        let e = extract(
+            &tar_gz(&[Entry::File("a", b""), Entry::File("b", b""), Entry::File("c", b"")]),
+            dir.path(),
+            &few,
+        )
+        .unwrap_err();
         assert!(matches!(e, ArchiveError::TooManyEntries { limit: 2 }), "{e}");
     }
 }

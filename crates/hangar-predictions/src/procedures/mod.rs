@@ -100,7 +100,8 @@ impl ProceduresConfig {
         if self.ephemeral_ttl_s == 0 {
             return Err(FieldError::new("ephemeral_ttl_s", "must be at least 1 s"));
         }
-        for (field, v) in [("max_archive_bytes", self.max_archive_bytes), ("max_extracted_bytes", self.max_extracted_bytes)]
+        for (field, v) in
+            [("max_archive_bytes", self.max_archive_bytes), ("max_extracted_bytes", self.max_extracted_bytes)]
         {
             if v == 0 {
                 return Err(FieldError::new(field, "must be at least 1 byte"));
@@ -221,7 +222,8 @@ impl Registry {
     }
 
     fn save(&self, all: &BTreeMap<String, Procedure>) -> Result<(), RegistryError> {
-        let io = |source| RegistryError::Io { path: self.path.display().to_string(), what: "written", source };
+        let io =
+            |source| RegistryError::Io { path: self.path.display().to_string(), what: "written", source };
         let list: Vec<&Procedure> = all.values().collect();
         let tmp = self.path.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(&list).expect("procedures serialize")).map_err(io)?;
@@ -323,7 +325,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Registry::open(dir.path(), 60).unwrap();
         r.create(procedure("alice", false, 5)).unwrap();
-        assert!(matches!(r.create(procedure("alice", true, 6)), Err(RegistryError::Exists(k)) if k == "alice/pipe"));
+        assert!(
+            matches!(r.create(procedure("alice", true, 6)), Err(RegistryError::Exists(k)) if k == "alice/pipe")
+        );
         let again = Registry::open(dir.path(), 60).unwrap();
         assert_eq!(again.get("alice/pipe"), Some(procedure("alice", false, 5)));
         assert_eq!(again.of("alice").len(), 1);

@@ -65,7 +65,9 @@ pub(crate) fn to_run(
     let p = match state.registry.runnable(key, now()) {
         Ok(p) if p.owner == account.as_str() => p,
         Ok(_) | Err(LookupError::NotFound(_)) => return Err(not_found(key)),
-        Err(e @ LookupError::Expired { .. }) => return Err(Problem::new(StatusCode::GONE, "Gone", e.to_string())),
+        Err(e @ LookupError::Expired { .. }) => {
+            return Err(Problem::new(StatusCode::GONE, "Gone", e.to_string()))
+        }
     };
     let settings = inner.models.get(&state.runtime).map(|m| m.settings).unwrap_or_default();
     Ok((p.key(), p.version(), settings, false))
@@ -241,7 +243,9 @@ pub(crate) async fn create(
 fn source_problem(e: SourceError) -> Problem {
     match e {
         SourceError::Refused { .. } => Problem::bad_field("source_url", &e.to_string()),
-        e if e.is_the_sources() => Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "Unprocessable source", e.to_string()),
+        e if e.is_the_sources() => {
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "Unprocessable source", e.to_string())
+        }
         e => {
             tracing::error!("procedures: {e}");
             Problem::new(

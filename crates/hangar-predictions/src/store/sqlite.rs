@@ -551,7 +551,8 @@ impl PredictionQueue for SqliteQueue {
              ORDER BY seq {order} LIMIT ?3"
         );
         let mut stmt = conn.prepare_cached(&sql)?;
-        let results = collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind, also], read_row)?)?;
+        let results =
+            collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind, also], read_row)?)?;
         Page::from_rows(cursor, results, limit, |newer, seq| {
             let cmp = if newer { ">" } else { "<" };
             let sql = format!(
