@@ -47,6 +47,35 @@ const FAILS: &str = "def predict():\n    print('about to fail')\n    raise Value
 const SLOW: &str =
     "import time\n\ndef predict():\n    for i in range(600):\n        yield i\n        time.sleep(0.1)\n";
 
+/// A procedure written with the official clients (`replicate`, `openai`),
+/// which read `REPLICATE_*` and `OPENAI_*` from the environment the
+/// runtime sets.
+const SHOUT: &str = r#"
+import openai, replicate
+
+def predict(prompt: str):
+    print("asking t/llm")
+    words = list(replicate.run("t/llm", input={"prompt": prompt, "max_tokens": 4}))
+    chat = openai.OpenAI().chat.completions.create(
+        model="t/llm", messages=[{"role": "user", "content": prompt}], max_tokens=2)
+    return {"words": len(words), "chat_tokens": chat.usage.completion_tokens, "shout": prompt.upper()}
+"#;
+
+/// What the official `replicate` client does with a procedure, as a user
+/// would: `replicate.run` and `predictions.create` + `wait` with a webhook.
+const CLIENT: &str = r#"
+import os, sys, replicate
+out = replicate.run("alice/shout", input={"prompt": "hi there"})
+if out != {"words": 4, "chat_tokens": 2, "shout": "HI THERE"}:
+    sys.exit(f"replicate.run: {out}")
+p = replicate.predictions.create(model="alice/shout", input={"prompt": "again"},
+                                 webhook=os.environ["HOOK"], webhook_events_filter=["completed"])
+p.wait()
+if p.status != "succeeded" or p.output["shout"] != "AGAIN" or "asking t/llm" not in p.logs:
+    sys.exit(f"predictions.create: {p.status} {p.output} {p.logs!r}")
+print(p.id)
+"#;
+
 fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut b = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
     for (path, data) in files {
@@ -112,7 +141,12 @@ impl Origin {
 }
 
 fn config() -> String {
-    common::one_gpu(
+    config_with("python3")
+}
+
+/// The configuration, the runtime run by `python`.
+fn config_with(python: &str) -> String {
+    common::one_gpu(&format!(
         r#"
 [[models]]
 key = "t/llm"
@@ -123,7 +157,7 @@ access = ["alice"]
 
 [[models]]
 key = "hangar/procedures"
-engine = { kind = "procedures", python = "python3" }
+engine = {{ kind = "procedures", python = "{python}" }}
 size = "1GB"
 
 [[api_keys]]
@@ -139,8 +173,8 @@ webhook_allow = ["127.0.0.1/32"]
 
 [predictions.procedures]
 runtime = "hangar/procedures"
-"#,
-    )
+"#
+    ))
 }
 
 /// Posts JSON as `key`: the status and the JSON answer.
@@ -277,6 +311,12 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
     assert_eq!(status, 400, "{e}");
     assert!(e["detail"].as_str().unwrap().starts_with("source_url:"), "{e}");
 
+    // Counted in `/metrics` under the runtime, whose replicas ran them:
+    // two succeeded, one failed, one canceled.
+    let metrics = client().get(format!("{}/metrics", s.url)).send().unwrap().text().unwrap();
+    let line = "hangar_requests_total{model=\"hangar/procedures\",kind=\"prediction\",status=\"200\"} 2";
+    assert!(metrics.contains(line), "{metrics}");
+
     // Listed for its owner only; deleted, it no longer runs.
     let (_, mine) = get_as(&procedures, Some("sk-alice"));
     let names: Vec<&str> =
@@ -287,4 +327,36 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
     assert_eq!(r.status().as_u16(), 204);
     let (status, _) = post_as(&by_model, "sk-alice", &json!({"input": {"prompt": "x"}}), &[]);
     assert_eq!(status, 404);
+}
+
+#[test]
+fn the_official_replicate_client_runs_a_procedure_written_with_the_official_clients() {
+    // The venv with the pinned `replicate` and `openai` (it fails, naming
+    // what is missing, without python3).
+    let python = common::python();
+    let origin = Origin::start(vec![("/shout.tar.gz", tar_gz(&[("predict.py", SHOUT.as_bytes())]))]);
+    let s = common::serve(&config_with(python.to_str().unwrap()));
+    let (status, p) = post_as(
+        &format!("{}/v1/procedures", s.url),
+        "sk-alice",
+        &json!({"name": "shout", "source_url": format!("{}/shout.tar.gz", origin.url), "ephemeral": true}),
+        &[],
+    );
+    assert_eq!(status, 201, "{p}");
+    assert!(p["expires_at"].is_string() && p["expired"] == false, "{p}");
+    let hooks = common::predictions::receiver(0);
+    let o = std::process::Command::new(&python)
+        .args(["-c", CLIENT])
+        .env("REPLICATE_BASE_URL", &s.url)
+        .env("REPLICATE_API_TOKEN", "sk-alice")
+        .env("HOOK", &hooks.url)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "the client failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
+    // The run's signed `completed` webhook, as a prediction's.
+    let id = stdout.trim().to_owned();
+    let ended = hooks.one_terminal_each(std::slice::from_ref(&id));
+    assert_eq!(ended[&id], "succeeded");
+    assert_eq!(origin.hits("/shout.tar.gz"), 1, "fetched once for the creation and both runs");
 }

@@ -103,8 +103,19 @@ impl Executor for ServeExecutor {
     /// `prediction` — it waits as one, in the durable queue and patiently
     /// in the line — under the status its client gets (the engine's), with
     /// its tokens read as a synchronous request's are.
+    ///
+    /// A procedure's run is counted under the procedures runtime's model
+    /// (its replicas ran it); its event names the procedure.
     fn ended(&self, record: &Record, code: Option<ErrorCode>) {
-        let Some(rt) = self.inner.models.get(&record.model) else { return };
+        let rt = match record.kind {
+            JobKind::Procedure => self
+                .inner
+                .models
+                .values()
+                .find(|m| matches!(m.config.engine, hangar_agent::engine::EngineSpec::Procedures { .. })),
+            _ => self.inner.models.get(&record.model),
+        };
+        let Some(rt) = rt else { return };
         let kind = request_kind(record.kind);
         let answer = (record.kind == JobKind::Request).then(|| Answer::kept(record)).flatten();
         let status = answer.as_ref().map_or(code.map_or(200, ErrorCode::http_status), |a| a.status);

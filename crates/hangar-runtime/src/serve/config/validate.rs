@@ -715,6 +715,23 @@ mod tests {
     }
 
     #[test]
+    fn the_procedures_runtime_must_be_a_served_model_of_the_procedures_engine() {
+        let runtime = |key: &str| format!("[predictions.procedures]\nruntime = \"{key}\"\n");
+        let procedures =
+            "[[models]]\nkey = \"hangar/procedures\"\nengine = { kind = \"procedures\" }\nsize = \"1GB\"\n";
+        let ok = config(&format!("{MOCK}{procedures}{}", runtime("hangar/procedures")));
+        toml::from_str::<ServeConfig>(&ok).unwrap().validate().unwrap();
+        let e = refused(&config(&format!("{MOCK}{procedures}{}", runtime("nope/x"))));
+        assert_eq!(e.field, "predictions.procedures.runtime");
+        assert!(e.to_string().contains("`nope/x` is not a served model"), "{e}");
+        let mock_key = toml::from_str::<ServeConfig>(&config(MOCK)).unwrap().models[0].key.to_string();
+        let e = refused(&config(&format!("{MOCK}{}", runtime(&mock_key))));
+        assert!(e.to_string().contains("kind = \"procedures\""), "{e}");
+        let weights = "[[models]]\nkey = \"p/w\"\nengine = { kind = \"procedures\" }\nsize = \"1GB\"\nweights = \"/x.gguf\"\n";
+        assert_eq!(refused(&config(weights)).field, "models[0].weights");
+    }
+
+    #[test]
     fn an_unknown_mock_preset_is_refused_at_load_naming_the_known_ones() {
         let model = |preset: &str| {
             format!("[[models]]\nkey = \"m{preset}\"\nengine = {{ kind = \"mock\", preset = \"{preset}\" }}\nsize = \"1GB\"\n")
