@@ -150,7 +150,7 @@ fn config_with(python: &str) -> String {
         r#"
 [[models]]
 key = "t/llm"
-engine = { kind = "mock", preset = "fast" }
+engine = {{ kind = "mock", preset = "fast" }}
 size = "10GB"
 min_replicas = 1
 access = ["alice"]
