@@ -5,7 +5,8 @@
 //!   "logs", …}}` with `S` one of `STARTING`, `READY`, `BUSY`,
 //!   `SETUP_FAILED`, `DEFUNCT` (and `UNHEALTHY` when a user health check
 //!   fails).
-//! - `PUT /predictions/{id}` (`/trainings/{id}` in train mode) with
+//! - `PUT /predictions/{id}` (`/trainings/{id}` in train mode, and
+//!   `/procedures/{id}` with a `context` on the procedures runtime) with
 //!   `Prefer: respond-async` and a body `{"id", "input", "webhook",
 //!   "webhook_events_filter"}` answers 202 and runs the prediction; 409
 //!   when the server is already running one (it runs one at a time), 422
@@ -52,6 +53,9 @@ pub enum CogMode {
     Predict,
     /// `train` in `cog.yaml`: `/trainings`.
     Train,
+    /// A procedure on the procedures runtime ([`crate::procedures`]):
+    /// `/procedures`, with a `context` naming its source.
+    Procedure,
 }
 
 impl CogMode {
@@ -60,6 +64,7 @@ impl CogMode {
         match self {
             Self::Predict => "predict",
             Self::Train => "train",
+            Self::Procedure => "procedure",
         }
     }
 
@@ -68,6 +73,7 @@ impl CogMode {
         match self {
             Self::Predict => "predictions",
             Self::Train => "trainings",
+            Self::Procedure => "procedures",
         }
     }
 }
@@ -237,6 +243,9 @@ pub struct CogJob<'a> {
     pub id: &'a str,
     /// The model's input.
     pub input: &'a Value,
+    /// The job's `context` (a procedure's: its source and the caller's
+    /// credentials), sent as is; none for predictions and trainings.
+    pub context: Option<&'a Value>,
 }
 
 /// Runs `job` on its cog server and returns its output; each new output
@@ -257,13 +266,16 @@ pub async fn run(
         webhook_receiver(tx).await.map_err(|e| CogError::Failed(format!("no webhook port: {e}")))?;
     let mut cancel = CancelOnDrop { client: client.clone(), url: None, receiver: Some(receiver) };
     let url = format!("{}/{}/{}", job.base_url, job.mode.collection(), job.id);
-    let body = json!({
+    let mut body = json!({
         "id": job.id,
         "input": job.input,
         "webhook": cancel.receiver.as_ref().expect("set above").url,
         "webhook_events_filter": ["start", "output", "logs", "completed"],
-    })
-    .to_string();
+    });
+    if let Some(context) = job.context {
+        body["context"] = context.clone();
+    }
+    let body = body.to_string();
     // From here a drop cancels: the PUT may reach the server after all.
     cancel.url = Some(format!("{url}/cancel"));
     loop {

@@ -15,6 +15,10 @@
 //!   in the model's directory (the one holding `cog.yaml`) with `PORT` set
 //!   to a free port; it speaks cog's protocol ([`crate::cog`]), not
 //!   OpenAI's, and serves one prediction at a time.
+//! - `procedures`: the procedures runtime ([`crate::procedures`]), the
+//!   embedded Python server run as `python3 -c RUNTIME --host HOST` with
+//!   `PORT` set and no GPU visible; driven as a cog server, one procedure
+//!   at a time.
 //!
 //! HOST, the engine host, is the address an engine binds to and the one
 //! its base URL names, so it must be an address whoever sends the engine
@@ -109,6 +113,18 @@ pub enum EngineSpec {
         #[serde(default = "default_setup_timeout")]
         setup_timeout_s: u64,
     },
+    /// The procedures runtime ([`crate::procedures`]): the embedded Python
+    /// server that runs procedures, spoken to as a cog server.
+    Procedures {
+        /// The Python interpreter (3.8 or later) that runs it and the
+        /// procedures; the packages procedures import must be installed
+        /// for it.
+        #[serde(default = "default_python")]
+        python: PathBuf,
+        /// Seconds it may take to answer its health check.
+        #[serde(default = "default_setup_timeout")]
+        setup_timeout_s: u64,
+    },
 }
 
 impl EngineSpec {
@@ -120,7 +136,7 @@ impl EngineSpec {
 
     /// Whether replicas speak cog's protocol rather than OpenAI's.
     pub fn is_cog(&self) -> bool {
-        matches!(self, Self::Cog { .. })
+        matches!(self, Self::Cog { .. } | Self::Procedures { .. })
     }
 }
 
@@ -367,6 +383,7 @@ pub async fn launch_on(
             logs: LogTail::default(),
         }),
         EngineSpec::Cog { .. } => launch_cog(spec, ctx, host, CogMode::Predict).await,
+        EngineSpec::Procedures { .. } => launch_cog(spec, ctx, host, CogMode::Procedure).await,
         EngineSpec::Mock { preset, startup_delay_ms, wake_delay_ms, engine_config } => {
             let mut cmd = Command::new(&ctx.hangar_exe);
             cmd.args(["engine", "mock", "--host", host, "--port", "0"])
@@ -422,19 +439,30 @@ pub async fn launch_cog(
     host: &str,
     mode: CogMode,
 ) -> Result<RunningEngine, LaunchError> {
-    let EngineSpec::Cog { dir, python, setup_timeout_s } = spec else {
-        return Err(LaunchError::NotCog);
-    };
     let host = bare_host(host);
     let port = free_port(host)?;
     let gpus = ctx.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let mut cmd = Command::new(python);
-    // The server waits for an explicit shutdown (SIGINT) rather than
-    // exiting when setup fails, so the failure and its logs can be read.
-    cmd.args(["-m", "cog.server.http", "--host", host, "--await-explicit-shutdown", "true"])
-        .args(["--x-mode", mode.arg()])
-        .current_dir(dir)
-        .env("PORT", port.to_string())
+    let (python, setup_timeout_s, mut cmd) = match spec {
+        EngineSpec::Cog { dir, python, setup_timeout_s } => {
+            let mut cmd = Command::new(python);
+            // The server waits for an explicit shutdown (SIGINT) rather than
+            // exiting when setup fails, so the failure and its logs can be read.
+            cmd.args(["-m", "cog.server.http", "--host", host, "--await-explicit-shutdown", "true"])
+                .args(["--x-mode", mode.arg()])
+                .current_dir(dir);
+            (python, setup_timeout_s, cmd)
+        }
+        EngineSpec::Procedures { python, setup_timeout_s } => {
+            let mut cmd = Command::new(python);
+            // Procedures run on the CPU: the runtime is shown no GPU
+            // whatever share placement gave its replica.
+            cmd.args(["-c", crate::procedures::RUNTIME, "--host", host]);
+            (python, setup_timeout_s, cmd)
+        }
+        _ => return Err(LaunchError::NotCog),
+    };
+    let gpus = if matches!(spec, EngineSpec::Procedures { .. }) { String::new() } else { gpus };
+    cmd.env("PORT", port.to_string())
         .env("CUDA_VISIBLE_DEVICES", &gpus)
         .stdin(Stdio::null())
         // Its own process group: the SIGKILL of last resort takes its

@@ -15,6 +15,7 @@ pub mod devices;
 pub mod engine;
 pub mod lifecycle;
 pub mod log_tail;
+pub mod procedures;
 pub mod weights;
 
 /// The fleet's clock: milliseconds since the Unix epoch — when a start

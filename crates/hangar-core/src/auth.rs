@@ -69,6 +69,20 @@ impl ApiKeys {
         self.key(key.trim())
     }
 
+    /// A key that acts for `account`, for work the server does on the
+    /// account's behalf (a procedure calling the server's APIs as its
+    /// caller): one without admin rights if the account has any, the
+    /// first in byte order among equals, so every gateway of a fleet picks
+    /// the same. `None` on an open server, or when no key names the
+    /// account.
+    pub fn key_for(&self, account: &AccountId) -> Option<&str> {
+        self.keys
+            .iter()
+            .filter(|(_, p)| p.account == *account)
+            .min_by_key(|(k, p)| (p.admin, k.as_str()))
+            .map(|(k, _)| k.as_str())
+    }
+
     /// Who the bare `key` acts for (a key that came other than in an
     /// `Authorization` header: the status page's cookie).
     pub fn key(&self, key: &str) -> Result<Principal, AuthError> {
@@ -115,5 +129,20 @@ mod tests {
         assert_eq!(keys.authenticate(Some(b"Bearer sk-nope")), Err(AuthError::Invalid));
         assert!(keys.key("sk-ops").unwrap().admin);
         assert_eq!(keys.key("sk-ops "), Err(AuthError::Invalid), "a bare key is taken as it is");
+    }
+
+    #[test]
+    fn the_key_a_procedure_gets_is_its_accounts_least_privileged() {
+        let p = |a: &str, admin| Principal { account: a.parse().unwrap(), admin };
+        let keys = ApiKeys::new([
+            ("sk-b".to_owned(), p("acme", false)),
+            ("sk-a".to_owned(), p("acme", true)),
+            ("sk-c".to_owned(), p("acme", false)),
+            ("sk-ops".to_owned(), p("ops", true)),
+        ]);
+        assert_eq!(keys.key_for(&"acme".parse().unwrap()), Some("sk-b"));
+        assert_eq!(keys.key_for(&"ops".parse().unwrap()), Some("sk-ops"));
+        assert_eq!(keys.key_for(&"nobody".parse().unwrap()), None);
+        assert_eq!(ApiKeys::default().key_for(&anonymous()), None);
     }
 }

@@ -26,6 +26,7 @@ use serde_json::{json, Map, Value};
 
 use crate::lifecycle::{parse_cancel_after, Deadlines, Status};
 use crate::llm::{openapi_schema, LlmInput};
+use crate::procedures::routes as procedures;
 use crate::record::{rfc3339, JobKind, Record, StatusView};
 use crate::service::{now, Inner, InputRules, Service};
 use crate::store::{Cursor, StoreError};
@@ -49,7 +50,7 @@ pub(crate) fn new_id() -> String {
 const STORE_RETRY_AFTER_S: u32 = 2;
 
 /// An RFC 7807 problem.
-struct Problem {
+pub(crate) struct Problem {
     status: StatusCode,
     title: &'static str,
     detail: String,
@@ -59,12 +60,12 @@ struct Problem {
 }
 
 impl Problem {
-    fn new(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Self {
         Problem { status, title, detail: detail.into(), invalid: None, retry_after: None }
     }
 
     /// A 422 naming `field`.
-    fn invalid(field: &str, message: &str) -> Self {
+    pub(crate) fn invalid(field: &str, message: &str) -> Self {
         Problem {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             title: "Input validation failed",
@@ -79,7 +80,7 @@ impl Problem {
     }
 
     /// A 400 naming `field` (a value refused outright, not input to fix).
-    fn bad_field(field: &str, message: &str) -> Self {
+    pub(crate) fn bad_field(field: &str, message: &str) -> Self {
         Problem {
             status: StatusCode::BAD_REQUEST,
             title: "Bad request",
@@ -102,7 +103,7 @@ impl Problem {
         Problem::new(status, title, r.body_text())
     }
 
-    fn not_found(detail: impl Into<String>) -> Self {
+    pub(crate) fn not_found(detail: impl Into<String>) -> Self {
         Problem::new(StatusCode::NOT_FOUND, "Not found", detail)
     }
 
@@ -166,7 +167,7 @@ impl IntoResponse for Problem {
     }
 }
 
-type ApiResult = Result<Response, Problem>;
+pub(crate) type ApiResult = Result<Response, Problem>;
 
 impl Service {
     /// The API's routes (to merge into the server's router).
@@ -197,13 +198,16 @@ impl Service {
             .route("/v1/deployments/{owner}/{name}/predictions", post(create_by_deployment))
             .route("/v1/webhooks/default/secret", get(secret))
             .route("/v1/webhooks/default/secret/rotate", post(rotate_secret))
+            .route("/v1/procedures", get(procedures::list).post(procedures::create))
+            .route("/v1/procedures/{owner}/{name}", get(procedures::get).delete(procedures::delete))
+            .route("/v1/procedures/{owner}/{name}/predictions", post(procedures::run))
             .with_state(self.inner.clone())
     }
 }
 
 /// The account of a request, by the server's one set of key rules
 /// ([`hangar_core::auth`]).
-fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Problem> {
+pub(crate) fn account(inner: &Inner, headers: &HeaderMap) -> Result<AccountId, Problem> {
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     match inner.api_keys.authenticate(authorization) {
         Ok(principal) => Ok(principal.account),
@@ -215,11 +219,12 @@ fn view(headers: &HeaderMap) -> StatusView {
     StatusView::for_user_agent(headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()))
 }
 
-/// Where a create request goes.
-struct Target {
-    model: String,
-    deployment: Option<String>,
-    kind: JobKind,
+/// Where a create request goes: a model (through a deployment or not), or
+/// a procedure (`kind` [`JobKind::Procedure`], `model` its `owner/name`).
+pub(crate) struct Target {
+    pub(crate) model: String,
+    pub(crate) deployment: Option<String>,
+    pub(crate) kind: JobKind,
 }
 
 impl Target {
@@ -228,7 +233,7 @@ impl Target {
     }
 }
 
-fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, Problem> {
+pub(crate) fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, Problem> {
     let body = body.map_err(Problem::body_rejected)?;
     match serde_json::from_slice::<Value>(&body) {
         Ok(Value::Object(m)) => Ok(m),
@@ -329,9 +334,13 @@ async fn create_by_model(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let account = account(&inner, &headers)?;
-    let key = visible_model(&inner, &account, &owner, &name)?.key.clone();
+    let target = match visible_model(&inner, &account, &owner, &name) {
+        Ok(m) => Target::model(m.key.clone()),
+        // `replicate.run("owner/name")` of a procedure comes here.
+        Err(problem) => crate::procedures::routes::target(&inner, &account, &owner, &name).ok_or(problem)?,
+    };
     let body = parse_body(body)?;
-    create(&inner, &headers, &account, Target::model(key), body).await
+    create(&inner, &headers, &account, target, body).await
 }
 
 async fn create_by_deployment(
@@ -387,16 +396,22 @@ fn prefer_wait(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
 }
 
 /// Creates a prediction of `target`, which the callers resolved among
-/// the models `account` may use.
-async fn create(
+/// the models (or procedures) `account` may use.
+pub(crate) async fn create(
     inner: &Arc<Inner>,
     headers: &HeaderMap,
     account: &AccountId,
     target: Target,
     body: Map<String, Value>,
 ) -> ApiResult {
-    let model = &inner.models[&target.model];
-    debug_assert!(model.allows(account), "callers resolve only visible models");
+    let (key, version, model_settings, llm) = match target.kind {
+        JobKind::Procedure => crate::procedures::routes::to_run(inner, account, &target.model)?,
+        _ => {
+            let model = &inner.models[&target.model];
+            debug_assert!(model.allows(account), "callers resolve only visible models");
+            (model.key.clone(), model.version.clone(), model.settings, model.input == InputRules::Llm)
+        }
+    };
     let input = match body.get("input") {
         Some(v @ Value::Object(_)) => v.clone(),
         None => return Err(Problem::invalid("input", "is required")),
@@ -406,12 +421,14 @@ async fn create(
         // A language model's input is checked here; a training's input is
         // the trainer's to judge. (Queued requests come in through the
         // OpenAI routes, `Service::queue_request`, never here.)
+        // A procedure's input is its code's to judge.
+        JobKind::Procedure => None,
         JobKind::Prediction | JobKind::Request => {
-            if model.input == InputRules::Llm {
+            if llm {
                 let parsed = LlmInput::parse(&input)
                     .map_err(|e| Problem::invalid(&format!("input.{}", e.field), &e.message))?;
                 if let Some(adapter) = &parsed.lora {
-                    inner.executor().check_adapter(&model.key, adapter, account).await.map_err(|e| {
+                    inner.executor().check_adapter(&key, adapter, account).await.map_err(|e| {
                         let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
                         let title = if status == StatusCode::NOT_FOUND { "Not found" } else { "Bad request" };
                         Problem::new(status, title, e.message)
@@ -478,19 +495,12 @@ async fn create(
     };
     let wait = prefer_wait(headers)?;
     let settings =
-        target.deployment.as_ref().and_then(|d| inner.deployments.get(d)).map_or(model.settings, |(_, s)| *s);
+        target.deployment.as_ref().and_then(|d| inner.deployments.get(d)).map_or(model_settings, |(_, s)| *s);
     let created_at = now();
     let deadlines =
         Deadlines::new(&settings.limits(target.kind == JobKind::Training), created_at, cancel_after);
-    let mut record = Record::starting(
-        new_id(),
-        &model.key,
-        &model.version,
-        account.as_str(),
-        input,
-        created_at,
-        deadlines,
-    );
+    let mut record =
+        Record::starting(new_id(), &key, &version, account.as_str(), input, created_at, deadlines);
     record.kind = target.kind;
     record.destination = destination;
     record.deployment = target.deployment;
@@ -558,7 +568,7 @@ pub(crate) async fn wait_for_end(
 /// revealed). A queued request of the OpenAI API is not the predictions
 /// API's to show.
 fn owned(inner: &Inner, id: &str, account: &AccountId, kind: Option<JobKind>) -> Result<Record, Problem> {
-    let shown = |r: &Record| kind.map_or(r.kind != JobKind::Request, |k| k == r.kind);
+    let shown = |r: &Record| kind.map_or(r.kind != JobKind::Request, |k| k == r.kind.shown_as());
     match inner.current(id).map_err(Problem::store)? {
         Some(r) if r.account == account.as_str() && shown(&r) => Ok(r),
         _ => Err(Problem::not_found(format!(

@@ -88,6 +88,10 @@ pub struct PredictionsConfig {
     /// 1000.
     #[serde(default = "default_queue_request_wait")]
     pub queue_request_wait_ms: u64,
+    /// `[predictions.procedures]`: procedures, run on the runtime model it
+    /// names (docs/predictions.md). Default: off.
+    #[serde(default)]
+    pub procedures: crate::procedures::ProceduresConfig,
 }
 
 /// A deployment: a name bound to a model, with its own settings.
@@ -254,6 +258,7 @@ impl PredictionsConfig {
             ));
         }
         AllowList::parse(&self.webhook_allow).map_err(|e| e.within("webhook_allow"))?;
+        self.procedures.validate().map_err(|e| e.within("procedures"))?;
         self.webhook_ca()?;
         let mut names = std::collections::HashSet::new();
         for (i, d) in self.deployments.iter().enumerate() {

@@ -33,6 +33,21 @@ pub struct Job {
     /// When it was created (ms since the Unix epoch): its arrival, which
     /// its waiting and first output are measured from.
     pub created_at: Millis,
+    /// A procedure's run ([`JobKind::Procedure`]): where it runs and with
+    /// what context; `None` for every other kind.
+    pub procedure: Option<ProcedureRun>,
+}
+
+/// How a procedure's run is carried out: on a replica of the procedures
+/// runtime, `PUT /procedures/{id}` with `context`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcedureRun {
+    /// The runtime model's key (`[predictions.procedures] runtime`).
+    pub runtime: String,
+    /// The context sent with it: `procedure_source_url` (`file://` of the
+    /// extracted source), `replicate_api_token` (a key of the caller's
+    /// account), `replicate_api_base_url` (the server's base URL).
+    pub context: Value,
 }
 
 /// Progress reported by an executor.

@@ -14,6 +14,10 @@
 //! The same queue holds the synchronous API's requests that Workers AI's
 //! async mode queues ([`request`]: `options.queueRequest`, answered by
 //! polling with `inputs.request_id`).
+//!
+//! [`procedures`] run user-provided Python pipelines as predictions on the
+//! shared procedures runtime, their sources fetched through the webhook
+//! destination guard and cached.
 #![deny(missing_docs)]
 
 mod api;
@@ -22,6 +26,7 @@ pub mod deployments;
 mod executor;
 pub mod lifecycle;
 pub mod llm;
+pub mod procedures;
 pub mod reachability;
 pub mod record;
 pub mod request;
@@ -34,7 +39,8 @@ pub mod webhook_target;
 pub use config::{Deployment, ModelSettings, PredictionsConfig};
 pub use deployments::InstanceBounds;
 pub use executor::{
-    AdapterCheck, AdapterRefused, BoundsFuture, ExecError, ExecEvent, ExecFuture, Executor, Job, Sink,
+    AdapterCheck, AdapterRefused, BoundsFuture, ExecError, ExecEvent, ExecFuture, Executor, Job,
+    ProcedureRun, Sink,
 };
 pub use service::{Capacity, InputRules, Model, Service, ServiceError};
 

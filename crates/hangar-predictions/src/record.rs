@@ -21,6 +21,11 @@ pub enum JobKind {
     /// the engine's answer ([`Answer`](crate::request::Answer)). It is
     /// not a prediction to the predictions API (not listed, not found).
     Request,
+    /// A run of a procedure ([`crate::procedures`]): its `model` is the
+    /// procedure's `owner/name`; it waits in the one shared queue
+    /// `input:procedure` and runs on the procedures runtime. The API shows
+    /// it as a prediction ([`JobKind::shown_as`]), as Replicate's does.
+    Procedure,
 }
 
 impl JobKind {
@@ -30,22 +35,36 @@ impl JobKind {
             JobKind::Prediction => "prediction",
             JobKind::Training => "training",
             JobKind::Request => "request",
+            JobKind::Procedure => "procedure",
+        }
+    }
+
+    /// The kind the API shows it as: a procedure's run is a prediction.
+    pub fn shown_as(self) -> JobKind {
+        match self {
+            JobKind::Procedure => JobKind::Prediction,
+            k => k,
         }
     }
 
     /// The kind called `s`.
     pub fn parse(s: &str) -> Option<JobKind> {
-        [JobKind::Prediction, JobKind::Training, JobKind::Request].into_iter().find(|k| k.as_str() == s)
+        [JobKind::Prediction, JobKind::Training, JobKind::Request, JobKind::Procedure]
+            .into_iter()
+            .find(|k| k.as_str() == s)
     }
 
     /// The queue of this kind for `model` (Replicate: `input:prediction:…`).
     /// A queued request waits in its model's prediction queue: one
     /// `async_slots` bound on what the async class puts in the model's
     /// line, one rotation between accounts, whichever API they came in by.
+    /// Every procedure's run waits in one queue, `input:procedure`,
+    /// whatever its `model`: the runtime's replicas serve them all.
     pub fn queue(self, model: &str) -> String {
         let queue = match self {
             JobKind::Prediction | JobKind::Request => "prediction",
             JobKind::Training => "training",
+            JobKind::Procedure => return "input:procedure".to_owned(),
         };
         format!("input:{queue}:{model}")
     }

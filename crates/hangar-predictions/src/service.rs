@@ -133,6 +133,14 @@ impl Inner {
     }
 }
 
+/// What runs procedures: the registry, the source cache and the runtime
+/// model's key.
+pub(crate) struct ProcedureState {
+    pub registry: crate::procedures::Registry,
+    pub sources: crate::procedures::Sources,
+    pub runtime: String,
+}
+
 pub(crate) struct Inner {
     /// The store, watched: every call's outcome tells `watched` whether
     /// it answers.
@@ -154,6 +162,8 @@ pub(crate) struct Inner {
     /// What webhooks may reach beyond public addresses.
     pub allow: Arc<AllowList>,
     executor: Arc<dyn Executor>,
+    /// Procedures, when a runtime is configured.
+    pub procedures: Option<Arc<ProcedureState>>,
     owner: String,
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// Predictions this gateway put back once after losing their run.
@@ -212,9 +222,35 @@ impl Service {
         }
         let base_url = config.public_url.clone().unwrap_or_else(|| base_url.to_owned());
         let base_url = base_url.trim_end_matches('/').to_owned();
+        let procedures = match &config.procedures.runtime {
+            None => None,
+            Some(runtime) => {
+                if !models.contains_key(runtime) {
+                    return Err(ServiceError::Config(format!(
+                        "procedures.runtime names `{runtime}`, which is not a model of this server"
+                    )));
+                }
+                let dir = config.procedures.dir.clone().ok_or_else(|| {
+                    ServiceError::Config("procedures need a data directory for their sources".into())
+                })?;
+                let io = |e: &dyn std::fmt::Display| ServiceError::Config(format!("procedures: {e}"));
+                std::fs::create_dir_all(&dir).map_err(|e| io(&e))?;
+                let registry = crate::procedures::Registry::open(&dir, config.procedures.ephemeral_ttl_s)
+                    .map_err(|e| io(&e))?;
+                let sources = crate::procedures::Sources::open(
+                    &dir,
+                    config.procedures.limits(),
+                    http.clone(),
+                    allow.clone(),
+                )
+                .map_err(|e| io(&e))?;
+                Some(Arc::new(ProcedureState { registry, sources, runtime: runtime.clone() }))
+            }
+        };
         let wake = models
             .keys()
             .flat_map(|m| [JobKind::Prediction.queue(m), JobKind::Training.queue(m)])
+            .chain(procedures.as_ref().map(|_| JobKind::Procedure.queue("")))
             .map(|q| (q, Arc::new(Notify::new())))
             .collect();
         let inner = Arc::new(Inner {
@@ -230,6 +266,7 @@ impl Service {
             http,
             allow,
             executor,
+            procedures,
             owner: format!("node-{}", crate::api::new_id()),
             live: Mutex::new(HashMap::new()),
             lost_once: Mutex::default(),
@@ -287,6 +324,9 @@ impl Service {
 impl Inner {
     /// The settings that apply to `r`.
     pub fn settings(&self, r: &Record) -> ModelSettings {
+        if let (JobKind::Procedure, Some(p)) = (r.kind, &self.procedures) {
+            return self.models.get(&p.runtime).map(|m| m.settings).unwrap_or_default();
+        }
         if let Some((_, s)) = r.deployment.as_ref().and_then(|d| self.deployments.get(d)) {
             return *s;
         }
@@ -476,9 +516,13 @@ impl Inner {
             account,
             input: r.input.clone(),
             created_at: r.created_at,
+            procedure: None,
         };
         let exec_cancel = live.cancel.child_token();
-        let mut exec = self.executor.execute(job, sink, exec_cancel.clone());
+        let mut exec = match r.kind {
+            JobKind::Procedure => self.clone().execute_procedure(job, sink, exec_cancel.clone()),
+            _ => self.executor.execute(job, sink, exec_cancel.clone()),
+        };
         let mut throttle = Throttle::new(r.webhook_events);
         let mut deadline = deadlines.before_start();
         let mut started = false;
@@ -549,6 +593,58 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Runs a procedure's job: its source made ready (fetched, checked and
+    /// extracted, or found in the cache), then the executor runs it on the
+    /// procedures runtime with the context naming the source and the
+    /// caller's credentials. A procedure deleted or expired since the run
+    /// was created, or a source refused, fails the run with that error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the executor's run (see [`Executor`]) and
+    /// leaves the source cache whole.
+    fn execute_procedure(
+        self: Arc<Self>,
+        mut job: Job,
+        sink: Sink,
+        cancel: CancellationToken,
+    ) -> crate::executor::ExecFuture {
+        Box::pin(async move {
+            let state = self
+                .procedures
+                .clone()
+                .ok_or_else(|| ExecError::Failed("procedures are not enabled on this server".into()))?;
+            let p =
+                state.registry.runnable(&job.model, now()).map_err(|e| ExecError::Failed(e.to_string()))?;
+            sink.log(format!("procedure {}: source {}", p.key(), p.version()));
+            let src =
+                state.sources.prepare(&p.source_url).await.map_err(|e| ExecError::Failed(e.to_string()))?;
+            // The caller's credentials: a key of its account (on an open
+            // server any token is accepted; the account's name stands in).
+            let token = match self.api_keys.key_for(&job.account) {
+                Some(k) => k.to_owned(),
+                None if self.api_keys.is_open() => job.account.as_str().to_owned(),
+                None => {
+                    return Err(ExecError::Failed(format!(
+                        "no API key acts for the account `{}` any more, so the procedure cannot call the API as it",
+                        job.account
+                    )))
+                }
+            };
+            let url = url::Url::from_directory_path(&src).map_err(|()| {
+                ExecError::Failed(format!("the source path {} is not absolute", src.display()))
+            })?;
+            job.procedure = Some(crate::executor::ProcedureRun {
+                runtime: state.runtime.clone(),
+                context: serde_json::json!({
+                    "procedure_source_url": url.as_str(),
+                    "replicate_api_token": token,
+                    "replicate_api_base_url": self.base_url,
+                }),
+            });
+            self.executor.execute(job, sink, cancel).await
+        })
     }
 
     /// A run lost with what ran it: the prediction goes back to its queue

@@ -581,7 +581,9 @@ impl PredictionQueue for RedisQueue {
         inv.arg(PREFIX)
             .arg(&r.id)
             .arg(r.kind.queue(&r.model))
-            .arg(r.kind.as_str())
+            // The listing it is in: a procedure's run is listed with the
+            // predictions (its own `kind` is among the fields).
+            .arg(r.kind.shown_as().as_str())
             .arg(&r.account)
             .arg(expiry.map(|t| t.to_string()).unwrap_or_default())
             .arg(r.created_at)

@@ -542,6 +542,8 @@ impl PredictionQueue for SqliteQueue {
         limit: usize,
     ) -> Result<Page, StoreError> {
         let conn = self.conn();
+        // A procedure's run is listed with the predictions.
+        let also = if kind == JobKind::Prediction { JobKind::Procedure } else { kind }.as_str();
         let kind = kind.as_str();
         let (cmp, order) = match cursor {
             Cursor::Start => ("seq < ?2", "DESC"),
@@ -553,17 +555,18 @@ impl PredictionQueue for SqliteQueue {
             Cursor::Before(s) | Cursor::After(s) => s,
         };
         let sql = format!(
-            "SELECT {COLUMNS} FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind = ?4 AND {cmp} \
+            "SELECT {COLUMNS} FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind IN (?4, ?5) AND {cmp} \
              ORDER BY seq {order} LIMIT ?3"
         );
         let mut stmt = conn.prepare_cached(&sql)?;
-        let results = collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind], read_row)?)?;
+        let results =
+            collect(stmt.query_map(params![account, pivot, limit as i64 + 1, kind, also], read_row)?)?;
         Page::from_rows(cursor, results, limit, |newer, seq| {
             let cmp = if newer { ">" } else { "<" };
             let sql = format!(
-                "SELECT EXISTS (SELECT 1 FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind = ?3 AND seq {cmp} ?2)"
+                "SELECT EXISTS (SELECT 1 FROM predictions WHERE (?1 IS NULL OR account = ?1) AND kind IN (?3, ?4) AND seq {cmp} ?2)"
             );
-            Ok(conn.prepare_cached(&sql)?.query_row(params![account, seq, kind], |r| r.get(0))?)
+            Ok(conn.prepare_cached(&sql)?.query_row(params![account, seq, kind, also], |r| r.get(0))?)
         })
     }
 

@@ -146,7 +146,7 @@ impl Runs {
 /// The kind of request a job is counted as.
 pub(crate) fn request_kind(kind: JobKind) -> RequestKind {
     match kind {
-        JobKind::Prediction | JobKind::Request => RequestKind::Prediction,
+        JobKind::Prediction | JobKind::Request | JobKind::Procedure => RequestKind::Prediction,
         JobKind::Training => RequestKind::Training,
     }
 }

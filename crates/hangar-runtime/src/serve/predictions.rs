@@ -125,8 +125,19 @@ impl Executor for ServeExecutor {
     /// `prediction` — it waits as one, in the durable queue and patiently
     /// in the line — under the status its client gets (the engine's), with
     /// its tokens read as a synchronous request's are.
+    ///
+    /// A procedure's run is counted under the procedures runtime's model
+    /// (its replicas ran it); its event names the procedure.
     fn ended(&self, record: &Record, code: Option<ErrorCode>) {
-        let Some(rt) = self.inner.models.get(&record.model) else { return };
+        let rt = match record.kind {
+            JobKind::Procedure => self
+                .inner
+                .models
+                .values()
+                .find(|m| matches!(m.config.engine, hangar_agent::engine::EngineSpec::Procedures { .. })),
+            _ => self.inner.models.get(&record.model),
+        };
+        let Some(rt) = rt else { return };
         let kind = request_kind(record.kind);
         let answer = (record.kind == JobKind::Request).then(|| Answer::kept(record)).flatten();
         let status = answer.as_ref().map_or(code.map_or(200, ErrorCode::http_status), |a| a.status);
@@ -256,13 +267,19 @@ impl<'a> Outputs<'a> {
 /// the prediction on its cog server.
 async fn complete(inner: &Arc<Inner>, run: &Run<'_>, sink: Sink) -> Result<Value, ExecError> {
     let job = run.job;
+    // A procedure runs on the procedures runtime's replicas.
+    let key = job.procedure.as_ref().map_or(&job.model, |p| &p.runtime);
     let rt = inner
         .models
-        .get(&job.model)
+        .get(key)
         .cloned()
-        .ok_or_else(|| ExecError::Failed(format!("the model `{}` is not served", job.model)))?;
+        .ok_or_else(|| ExecError::Failed(format!("the model `{key}` is not served")))?;
     match (rt.config.engine.is_cog(), job.kind) {
-        (true, JobKind::Prediction) => predict_on_cog(inner, &rt, run, &sink).await,
+        (true, JobKind::Prediction) => predict_on_cog(inner, &rt, run, &sink, CogMode::Predict).await,
+        (true, JobKind::Procedure) => predict_on_cog(inner, &rt, run, &sink, CogMode::Procedure).await,
+        (false, JobKind::Procedure) => Err(ExecError::Failed(format!(
+            "the procedures runtime `{key}` must be a model whose engine is of kind `procedures`"
+        ))),
         (true, JobKind::Training) => train_on_cog(inner, &rt, run, &sink).await,
         (false, JobKind::Prediction) => complete_on_llm(inner, &rt, run, &sink).await,
         (false, JobKind::Request) => answer_request(inner, &rt, run, &sink).await,
@@ -328,19 +345,21 @@ struct Asked<'a> {
     adapter: Option<(&'a Adapter, f64)>,
 }
 
-/// Runs a prediction on one of the model's cog servers.
+/// Runs a prediction (or, `mode` [`CogMode::Procedure`], a procedure) on
+/// one of the model's cog servers.
 async fn predict_on_cog(
     inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
     run: &Run<'_>,
     sink: &Sink,
+    mode: CogMode,
 ) -> Result<Value, ExecError> {
     let lease = admit(rt, &run.job.account, Asked::default(), sink).await?;
     sink.started();
     let (base, node) =
         rt.replica_route(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
     run.admitted(rt, &lease, node, sink);
-    let result = run_on_cog(&inner.client, &base, CogMode::Predict, rt, run, sink).await;
+    let result = run_on_cog(&inner.client, &base, mode, rt, run, sink).await;
     drop(lease);
     result
 }
@@ -382,7 +401,8 @@ async fn run_on_cog(
     sink: &Sink,
 ) -> Result<Value, ExecError> {
     let job = run.job;
-    let cog_job = CogJob { base_url: base, mode, id: &job.id, input: &job.input };
+    let context = job.procedure.as_ref().map(|p| &p.context);
+    let cog_job = CogJob { base_url: base, mode, id: &job.id, input: &job.input, context };
     let mut outputs = Outputs::new(sink, rt, run);
     let progress = |items: Vec<Value>, lines: Vec<String>| {
         items.into_iter().for_each(|i| outputs.output(i));

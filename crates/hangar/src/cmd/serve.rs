@@ -67,6 +67,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(base) = base {
         resolve_engine_paths(&mut config, base)?;
     }
+    // Procedures keep their registry and source cache in the data
+    // directory, whatever the predictions store.
+    if config.predictions.procedures.runtime.is_some() {
+        config.predictions.procedures.dir = Some(data_dir(&config, base)?.join("procedures"));
+    }
     // Before anything starts: the predictions store. In SQLite, a second
     // server on the directory would take the first one's running
     // predictions for abandoned, so the directory is locked; on Redis,
@@ -185,6 +190,7 @@ pub(crate) fn resolve_engine_paths(config: &mut ServeConfig, base: &Path) -> any
                     resolve(python)?;
                 }
             }
+            EngineSpec::Procedures { python, .. } if python.components().count() > 1 => resolve(python)?,
             EngineSpec::Mock { engine_config: Some(path), .. } => {
                 resolve(path)?;
                 std::fs::metadata(&*path).with_context(|| {

@@ -127,6 +127,24 @@ impl ServeConfig {
                 ));
             }
         }
+        if let Some(runtime) = &self.predictions.procedures.runtime {
+            let field = "predictions.procedures.runtime";
+            match self.models.iter().find(|m| m.key.as_str() == runtime) {
+                None => {
+                    return Err(FieldError::new(field, format!("`{runtime}` is not a served model")));
+                }
+                Some(m) if !matches!(m.engine, EngineSpec::Procedures { .. }) => {
+                    return Err(FieldError::new(
+                        field,
+                        format!(
+                            "`{runtime}` runs on an engine that is not the procedures runtime; give it \
+                             `engine = {{ kind = \"procedures\" }}`"
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
         for (i, w) in self.schedule.iter().enumerate() {
             let at = format!("schedule[{i}]");
             let Some(m) = self.models.iter().find(|m| m.key == w.model) else {
@@ -418,10 +436,13 @@ impl ModelConfig {
                 "weights",
                 format!("`{w}` is never handed to the engine: put {{weights}} in its command where it takes the model file"),
             )),
-            (Some(_), EngineSpec::Cog { .. } | EngineSpec::External { .. }) => Err(FieldError::new(
-                "weights",
-                "only `openai` and `mock` engines take weights; `cog` and `external` engines load their own",
-            )),
+            (Some(_), EngineSpec::Cog { .. } | EngineSpec::External { .. } | EngineSpec::Procedures { .. }) => {
+                Err(FieldError::new(
+                    "weights",
+                    "only `openai` and `mock` engines take weights; `cog`, `procedures` and `external` engines \
+                     load their own",
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -460,7 +481,9 @@ fn check_engine(engine: &EngineSpec) -> Result<(), FieldError> {
             }
             seconds("setup_timeout_s", *setup_timeout_s, 1)
         }
-        EngineSpec::Cog { setup_timeout_s, .. } => seconds("setup_timeout_s", *setup_timeout_s, 1),
+        EngineSpec::Cog { setup_timeout_s, .. } | EngineSpec::Procedures { setup_timeout_s, .. } => {
+            seconds("setup_timeout_s", *setup_timeout_s, 1)
+        }
     }
 }
 
@@ -697,6 +720,23 @@ mod tests {
             refused(&config(&format!("{MOCK}{deployment}"))).field,
             "predictions.deployments[0].model"
         );
+    }
+
+    #[test]
+    fn the_procedures_runtime_must_be_a_served_model_of_the_procedures_engine() {
+        let runtime = |key: &str| format!("[predictions.procedures]\nruntime = \"{key}\"\n");
+        let procedures =
+            "[[models]]\nkey = \"hangar/procedures\"\nengine = { kind = \"procedures\" }\nsize = \"1GB\"\n";
+        let ok = config(&format!("{MOCK}{procedures}{}", runtime("hangar/procedures")));
+        toml::from_str::<ServeConfig>(&ok).unwrap().validate().unwrap();
+        let e = refused(&config(&format!("{MOCK}{procedures}{}", runtime("nope/x"))));
+        assert_eq!(e.field, "predictions.procedures.runtime");
+        assert!(e.to_string().contains("`nope/x` is not a served model"), "{e}");
+        let mock_key = toml::from_str::<ServeConfig>(&config(MOCK)).unwrap().models[0].key.to_string();
+        let e = refused(&config(&format!("{MOCK}{}", runtime(&mock_key))));
+        assert!(e.to_string().contains("kind = \"procedures\""), "{e}");
+        let weights = "[[models]]\nkey = \"p/w\"\nengine = { kind = \"procedures\" }\nsize = \"1GB\"\nweights = \"/x.gguf\"\n";
+        assert_eq!(refused(&config(weights)).field, "models[0].weights");
     }
 
     #[test]
