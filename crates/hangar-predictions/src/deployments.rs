@@ -115,24 +115,37 @@ impl Book {
     /// of those running it.
     pub(crate) fn of_model(&self, model: &str) -> Option<DeploymentRecord> {
         let records = self.records.read().unwrap_or_else(|e| e.into_inner());
-        records.values().filter(|r| r.model == model).min_by_key(|r| (r.created_at, r.name.clone())).cloned()
+        records.values().filter(|r| r.model == model).min_by_key(|r| deciding(r)).cloned()
     }
 
     /// Each model's bounds as the deployments want them: `Some` for a
-    /// model with a deployment, `None` (its own bounds) for one whose
-    /// deployment went since its bounds were set here.
+    /// model with a deployment (its [`of_model`](Self::of_model)'s), `None`
+    /// (its own bounds) for one whose deployment went since its bounds
+    /// were set here. One pass over the records.
     fn wanted(&self) -> BTreeMap<String, Option<InstanceBounds>> {
         let mut wanted: BTreeMap<String, Option<InstanceBounds>> = BTreeMap::new();
         for model in self.overridden.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             wanted.insert(model.clone(), None);
         }
-        let models: BTreeSet<String> = self.all().into_iter().map(|r| r.model).collect();
-        for model in models {
-            let bounds = self.of_model(&model).map(|r| r.bounds);
-            wanted.insert(model, bounds);
+        let mut deciders: BTreeMap<&str, &DeploymentRecord> = BTreeMap::new();
+        let records = self.records.read().unwrap_or_else(|e| e.into_inner());
+        for r in records.values() {
+            let decider = deciders.entry(&r.model).or_insert(r);
+            if deciding(r) < deciding(decider) {
+                *decider = r;
+            }
+        }
+        for (model, r) in deciders {
+            wanted.insert(model.to_owned(), Some(r.bounds));
         }
         wanted
     }
+}
+
+/// The order in which a model's deployments decide its bounds: the
+/// earliest created first, the name breaking ties.
+fn deciding(r: &DeploymentRecord) -> (Millis, &str) {
+    (r.created_at, &r.name)
 }
 
 /// Reads the stored deployments into `book` and applies every model's

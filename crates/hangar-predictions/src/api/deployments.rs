@@ -252,13 +252,18 @@ fn conflict(detail: String) -> Problem {
     Problem::new(StatusCode::CONFLICT, "Conflict", detail)
 }
 
-/// Applies the stored deployments' bounds now and answers with `found`.
-/// The store already holds the change, so a client that leaves meanwhile
-/// loses nothing: the next reconcile pass applies it.
-async fn applied(inner: &Arc<Inner>, status: StatusCode, found: Found) -> ApiResult {
+/// Applies the stored deployments' bounds now, after a change. The store
+/// already holds the change, so a client that leaves meanwhile loses
+/// nothing: the next reconcile pass applies it.
+async fn apply_now(inner: &Arc<Inner>) {
     if let Err(e) = inner.reconcile_deployments().await {
         tracing::debug!("deployments: applying bounds after a change: {e}");
     }
+}
+
+/// [`apply_now`], then the answer with `found`.
+async fn applied(inner: &Arc<Inner>, status: StatusCode, found: Found) -> ApiResult {
+    apply_now(inner).await;
     Ok((status, Json(to_json(inner, &found))).into_response())
 }
 
@@ -370,8 +375,6 @@ async fn delete(
     let account = account(&inner, &headers)?;
     let current = own(&inner, &account, &owner, &name)?;
     inner.store.delete_deployment(&current.name).map_err(Problem::store)?;
-    if let Err(e) = inner.reconcile_deployments().await {
-        tracing::debug!("deployments: applying bounds after a delete: {e}");
-    }
+    apply_now(&inner).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

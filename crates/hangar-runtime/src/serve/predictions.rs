@@ -58,7 +58,6 @@ struct ServeExecutor {
 
 impl Executor for ServeExecutor {
     fn check_bounds(&self, model: &str, bounds: InstanceBounds) -> Result<(), String> {
-        bounds.check()?;
         let rt = self.inner.models.get(model).ok_or_else(|| format!("the model `{model}` is not served"))?;
         rt.config.check_bounds(scaler_bounds(bounds)).map_err(|e| e.to_string())
     }
