@@ -36,7 +36,7 @@ use hangar_redis::{LocalRedis, Redis};
 use hangar_runtime::serve::wall_ms;
 use serde::Serialize;
 
-use crate::processes::{spawn_announcing, Process};
+use crate::processes::{process_cpu, spawn_announcing, Process};
 use crate::BenchError;
 
 /// How to run it.
@@ -120,15 +120,6 @@ fn thread_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// CPU time process `pid` has used (utime + stime from /proc).
-fn process_cpu(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after.split(' ').collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10)) // USER_HZ is 100 on Linux.
-}
-
 fn record(i: usize) -> NodeRecord {
     NodeRecord {
         name: format!("sim-{i:04}"),
@@ -201,7 +192,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
         .collect();
     // Every agent has reported once before the view is measured.
     std::thread::sleep(report_every * 2);
-    let redis_before = server.pid().and_then(process_cpu);
+    let redis_before = server.pid().and_then(|pid| process_cpu(pid, ""));
     let (start, cpu_start) = (Instant::now(), thread_cpu());
     let mut refreshes = Vec::new();
     while start.elapsed() < Duration::from_secs(options.seconds) {
@@ -217,7 +208,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
         std::thread::sleep(Duration::from_millis(250).saturating_sub(t.elapsed()));
     }
     let (wall, cpu) = (start.elapsed(), thread_cpu() - cpu_start);
-    let redis_after = server.pid().and_then(process_cpu);
+    let redis_after = server.pid().and_then(|pid| process_cpu(pid, ""));
     stop.store(true, Ordering::Relaxed);
     let (mut beats, mut reports) = (0, 0);
     for a in agents {
@@ -234,7 +225,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
         reports_per_s: reports as f64 / wall.as_secs_f64(),
         leader_cpu_pct: pct(cpu),
         refresh_ms: [pick(0.5), pick(0.99)],
-        redis_cpu_pct: redis_before.zip(redis_after).map(|(b, a)| pct(a.saturating_sub(b))),
+        redis_cpu_pct: redis_before.zip(redis_after).map(|(b, a)| pct((a - b).total)),
     })
 }
 

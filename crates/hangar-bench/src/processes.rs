@@ -129,3 +129,45 @@ pub(crate) async fn spawn_announcing(
         _ => Err(BenchError::Options(format!("`hangar {}` did not start: {line:?}", args.join(" ")))),
     }
 }
+
+/// CPU time a process has used so far, read from `/proc`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ProcessCpu {
+    /// All its live threads together.
+    pub total: Duration,
+    /// Its live threads of one name (e.g. `hangar-events`).
+    pub named: Duration,
+}
+
+impl std::ops::Sub for ProcessCpu {
+    type Output = ProcessCpu;
+
+    fn sub(self, before: ProcessCpu) -> ProcessCpu {
+        ProcessCpu {
+            total: self.total.saturating_sub(before.total),
+            named: self.named.saturating_sub(before.named),
+        }
+    }
+}
+
+/// The CPU time of process `pid`'s threads, and of those named `name`,
+/// from each thread's `schedstat` (nanoseconds on the CPU, where `stat`
+/// counts 10 ms ticks: too coarse for a phase of a second). Threads that
+/// have exited are not counted, so a difference is only meaningful for a
+/// process whose threads live on (a tokio runtime's workers, a writer
+/// thread). `None` once the process is gone or without `/proc`.
+pub(crate) fn process_cpu(pid: u32, name: &str) -> Option<ProcessCpu> {
+    let mut cpu = ProcessCpu::default();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let path = task.path();
+        // A thread may end between the listing and the read: skip it.
+        let Ok(sched) = std::fs::read_to_string(path.join("schedstat")) else { continue };
+        let Some(ns) = sched.split(' ').next().and_then(|n| n.parse::<u64>().ok()) else { continue };
+        let ran = Duration::from_nanos(ns);
+        cpu.total += ran;
+        if std::fs::read_to_string(path.join("comm")).is_ok_and(|comm| comm.trim_end() == name) {
+            cpu.named += ran;
+        }
+    }
+    Some(cpu)
+}

@@ -48,9 +48,15 @@ fn bench_help_names_every_bench_it_lists() {
     assert!(!help.contains("overhead)"), "{help}");
 }
 
+/// With `--compare-events` a second gateway, without events, takes turns
+/// with the first, and with `--baseline` a third (here of the same
+/// binary): all serve everything, and only those with events have an
+/// events writer to spend CPU.
 #[test]
-fn bench_gateway_serves_every_request_on_both_paths() {
-    let o = run(&["bench", "gateway", "--requests", "200", "--concurrency", "4", "--json"]);
+fn bench_gateway_serves_every_request_on_every_path() {
+    let exe = env!("CARGO_BIN_EXE_hangar");
+    let args = ["--requests", "200", "--concurrency", "4", "--compare-events", "--baseline", exe, "--json"];
+    let o = run(&[&["bench", "gateway"][..], &args].concat());
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     let report: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -74,7 +80,16 @@ fn bench_gateway_serves_every_request_on_both_paths() {
             assert!(report[phase]["added"][field].is_f64(), "{phase}: {}", report[phase]);
         }
         assert!(report[phase]["throughput_share"].as_f64().is_some_and(|x| x > 0.0));
+        for other in ["without_events", "baseline"] {
+            let other = &report[other][phase];
+            assert_eq!(other["gateway"]["ok"], 200, "{other}");
+            assert_eq!(other["direct"], report[phase]["direct"], "one direct path for every gateway");
+        }
     }
+    for cpu in [&report["cpu"], &report["without_events"]["cpu"], &report["baseline"]["cpu"]] {
+        assert!(cpu["us_per_request"].as_f64().is_some_and(|us| us > 0.0), "{cpu}");
+    }
+    assert_eq!(report["without_events"]["cpu"]["events_writer_us_per_request"], 0.0, "{report}");
 }
 
 #[test]
@@ -82,9 +97,13 @@ fn bench_gateway_completion_bodies_and_the_table() {
     let o = run(&["bench", "gateway", "--requests", "50", "--concurrency", "2", "--body", "completion"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
-    for needle in
-        ["50 completion requests", "closed loop, 2 keep-alive clients", "open loop, 1000 req/s", "added"]
-    {
+    for needle in [
+        "50 completion requests",
+        "closed loop, 2 keep-alive clients",
+        "gateway CPU = ",
+        "open loop, 1000 req/s",
+        "added",
+    ] {
         assert!(table.contains(needle), "{needle:?} missing from\n{table}");
     }
 }
@@ -97,6 +116,9 @@ fn bench_gateway_rejects_bad_options_by_name() {
     let o = run(&["bench", "gateway", "--rate", "0"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--rate"));
+    let o = run(&["bench", "gateway", "--baseline", "/nonexistent/hangar"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--baseline /nonexistent/hangar: no such file"));
     let o = run(&["bench", "gateway", "--body", "image"]);
     assert_eq!(o.status.code(), Some(2), "clap names the allowed values");
 }

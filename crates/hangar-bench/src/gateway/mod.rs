@@ -33,16 +33,16 @@
 mod report;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper::body::Bytes;
 
 use crate::load::{self, Client, PathStats, Samples, Target};
-use crate::processes::{address, launch_instant_engine, start_serve, Server, MODEL};
+use crate::processes::{address, launch_instant_engine, process_cpu, start_serve, ProcessCpu, Server, MODEL};
 use crate::BenchError;
 
-pub use report::{Added, Phase, Report};
+pub use report::{Added, Cpu, Gateway, Phase, Report};
 
 /// What the benchmark requests look like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -87,6 +87,12 @@ pub struct Options {
     pub body: BodyKind,
     /// The `hangar` binary, to start the mock engine and the gateway.
     pub hangar_exe: PathBuf,
+    /// Also run a second gateway with `[events] enabled = false`, taking
+    /// turns with the first: what inference events cost, in one run.
+    pub compare_events: bool,
+    /// Also run the gateway of this other `hangar` binary (an earlier
+    /// build), taking turns: a change's cost side by side, in one run.
+    pub baseline: Option<PathBuf>,
 }
 
 impl Options {
@@ -100,6 +106,9 @@ impl Options {
         if !(self.rate.is_finite() && self.rate > 0.0) {
             return Err(BenchError::Options(format!("--rate must be a positive number, not {}", self.rate)));
         }
+        if let Some(exe) = self.baseline.as_ref().filter(|exe| !exe.is_file()) {
+            return Err(BenchError::Options(format!("--baseline {}: no such file", exe.display())));
+        }
         Ok(())
     }
 
@@ -109,71 +118,166 @@ impl Options {
     }
 }
 
-/// Starts the mock engine and the gateway, runs both phases on both paths
-/// and stops the processes again (also on failure: they are killed when
-/// dropped).
+/// Starts the mock engine and the gateway (and the gateways it is to be
+/// compared with), runs both phases on every path and stops the processes
+/// again (also on failure: they are killed when dropped).
 ///
 /// # Cancel safety
-/// Dropping the future kills both child processes.
+/// Dropping the future kills the child processes.
 pub async fn run(options: &Options) -> Result<Report, BenchError> {
     options.validate()?;
     let engine = launch_instant_engine(&options.hangar_exe).await?;
-    let gateway = start_gateway(options, &engine.base_url).await?;
-    let report = measure(options, &engine.base_url, &gateway.process.base_url).await;
-    gateway.process.stop(Duration::from_secs(5)).await;
+    let mut gateways =
+        vec![(Role::Gateway, start_gateway(options, &options.hangar_exe, &engine.base_url, "").await?)];
+    if options.compare_events {
+        let extra = "[events]\nenabled = false\n";
+        gateways.push((
+            Role::WithoutEvents,
+            start_gateway(options, &options.hangar_exe, &engine.base_url, extra).await?,
+        ));
+    }
+    if let Some(exe) = &options.baseline {
+        gateways.push((Role::Baseline, start_gateway(options, exe, &engine.base_url, "").await?));
+    }
+    let report = measure(options, &engine.base_url, &gateways).await;
+    for (_, server) in gateways {
+        server.process.stop(Duration::from_secs(5)).await;
+    }
     engine.stop(Duration::from_secs(5)).await;
     report
 }
 
-/// `hangar serve` with one model whose engine is the mock at `engine_url`.
-async fn start_gateway(options: &Options, engine_url: &str) -> Result<Server, BenchError> {
+/// `hangar serve` of the binary `exe` with one model whose engine is the
+/// mock at `engine_url`, plus the TOML `extra`.
+async fn start_gateway(
+    options: &Options,
+    exe: &Path,
+    engine_url: &str,
+    extra: &str,
+) -> Result<Server, BenchError> {
     // Permits beyond the client count: admission never makes a request wait.
     let permits = (options.concurrency * 2).max(1024);
-    start_serve(&options.hangar_exe, engine_url, permits, "", "gateway").await
+    start_serve(exe, engine_url, permits, extra, "gateway").await
 }
 
-async fn measure(options: &Options, engine_url: &str, gateway_url: &str) -> Result<Report, BenchError> {
-    let mut paths = Vec::new();
-    for url in [engine_url, gateway_url] {
+/// What a path is for, in the report's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Role {
+    /// Straight to the engine.
+    Direct,
+    /// Through the gateway of this build.
+    Gateway,
+    /// Through this build's gateway with `[events] enabled = false`.
+    WithoutEvents,
+    /// Through the gateway of `--baseline`.
+    Baseline,
+}
+
+/// One way the requests go: its clients, and the gateway process whose
+/// CPU the closed loop reads (none for the engine itself).
+struct Route {
+    role: Role,
+    target: Target,
+    clients: Vec<Client>,
+    gateway_pid: Option<u32>,
+    closed: Samples,
+    open: Samples,
+    /// The gateway's CPU over its closed-loop rounds.
+    cpu: ProcessCpu,
+}
+
+impl Route {
+    async fn connect(
+        options: &Options,
+        role: Role,
+        url: &str,
+        gateway_pid: Option<u32>,
+    ) -> Result<Self, BenchError> {
         let target = options.body.target(address(url)?);
         let mut clients = Vec::with_capacity(options.concurrency);
         for _ in 0..options.concurrency {
             clients.push(Client::connect(&target).await?);
         }
         load::closed_loop(&target, &mut clients, options.warmup()).await;
-        paths.push((target, clients));
+        let (closed, open, cpu) = (Samples::empty(), Samples::empty(), ProcessCpu::default());
+        Ok(Route { role, target, clients, gateway_pid, closed, open, cpu })
+    }
+
+    /// `n` requests back to back, the gateway's CPU read around them.
+    async fn closed_round(&mut self, n: usize) {
+        let read = |pid: Option<u32>| pid.and_then(|pid| process_cpu(pid, EVENTS_THREAD));
+        let before = read(self.gateway_pid);
+        self.closed.append(load::closed_loop(&self.target, &mut self.clients, n).await);
+        if let (Some(before), Some(after)) = (before, read(self.gateway_pid)) {
+            let spent = after - before;
+            self.cpu.total += spent.total;
+            self.cpu.named += spent.named;
+        }
+    }
+}
+
+/// The gateway's thread that writes inference events.
+const EVENTS_THREAD: &str = "hangar-events";
+
+async fn measure(
+    options: &Options,
+    engine_url: &str,
+    servers: &[(Role, Server)],
+) -> Result<Report, BenchError> {
+    let mut routes = vec![Route::connect(options, Role::Direct, engine_url, None).await?];
+    for (role, server) in servers {
+        routes.push(Route::connect(options, *role, &server.process.base_url, server.process.pid()).await?);
     }
     // The paths take turns, a share of the requests at a time, so a change
-    // in the machine's background load hits both alike.
-    let mut closed = [Samples::empty(), Samples::empty()];
-    let mut open = [Samples::empty(), Samples::empty()];
+    // in the machine's background load hits all alike; the gateways go in
+    // a different order each round, so none always follows the same one.
     for round in 0..ROUNDS {
         let n = options.requests / ROUNDS + usize::from(round < options.requests % ROUNDS);
         if n == 0 {
             continue;
         }
-        for (i, (target, clients)) in paths.iter_mut().enumerate() {
-            closed[i].append(load::closed_loop(target, clients, n).await);
+        for route in &mut routes {
+            route.closed_round(n).await;
         }
-        for (i, (target, clients)) in paths.iter_mut().enumerate() {
-            open[i].append(load::open_loop(target, clients, n, options.rate).await);
+        for route in &mut routes {
+            route.open.append(load::open_loop(&route.target, &mut route.clients, n, options.rate).await);
+        }
+        routes[1..].rotate_left(1);
+    }
+    routes.sort_by_key(|r| r.role);
+    let mut routes = routes.into_iter().map(|r| {
+        let cpu = Cpu::new(r.cpu, r.closed.ok + r.closed.errors);
+        (r.role, PathStats::from(r.closed), PathStats::from(r.open), cpu)
+    });
+    let (_, direct_closed, direct_open, _) = routes.next().expect("the direct path");
+    let mut gateways = routes.map(|(role, closed, open, cpu)| {
+        let gateway = Gateway {
+            closed_loop: Phase::new(direct_closed.clone(), closed),
+            open_loop: Phase::new(direct_open.clone(), open),
+            cpu,
+        };
+        (role, gateway)
+    });
+    let (_, this) = gateways.next().expect("the gateway's path");
+    let (mut without_events, mut baseline) = (None, None);
+    for (role, gateway) in gateways {
+        match role {
+            Role::WithoutEvents => without_events = Some(gateway),
+            _ => baseline = Some(gateway),
         }
     }
-    let closed: Vec<PathStats> = closed.into_iter().map(PathStats::from).collect();
-    let open: Vec<PathStats> = open.into_iter().map(PathStats::from).collect();
-    let [direct, gateway] = <[PathStats; 2]>::try_from(closed).expect("two paths");
-    let closed = Phase::new(direct, gateway);
-    let [direct, gateway] = <[PathStats; 2]>::try_from(open).expect("two paths");
-    let open = Phase::new(direct, gateway);
     Ok(Report {
         requests: options.requests,
         concurrency: options.concurrency,
         rate: options.rate,
         body: options.body,
         engine_url: engine_url.to_owned(),
-        gateway_url: gateway_url.to_owned(),
-        closed_loop: closed,
-        open_loop: open,
+        gateway_url: servers[0].1.process.base_url.clone(),
+        closed_loop: this.closed_loop,
+        open_loop: this.open_loop,
+        cpu: this.cpu,
+        without_events,
+        baseline,
     })
 }
 

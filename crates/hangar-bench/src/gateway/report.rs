@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::BodyKind;
 use crate::load::PathStats;
+use crate::processes::ProcessCpu;
 
 /// The targets the figures are held against (issue 5's "Benchmark").
 const TARGET_ADDED_P99_MS: f64 = 0.5;
@@ -30,6 +31,44 @@ pub struct Report {
     pub closed_loop: Phase,
     /// Latency at `rate` requests per second.
     pub open_loop: Phase,
+    /// The gateway's CPU in the closed loop.
+    pub cpu: Cpu,
+    /// The same gateway without inference events, when asked for
+    /// (`--compare-events`): its paths took turns with the others.
+    pub without_events: Option<Gateway>,
+    /// The gateway of another build, when asked for (`--baseline`): its
+    /// paths took turns with the others.
+    pub baseline: Option<Gateway>,
+}
+
+/// One gateway's figures: both phases against the direct path, and its CPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gateway {
+    /// Maximum throughput.
+    pub closed_loop: Phase,
+    /// Latency under load.
+    pub open_loop: Phase,
+    /// Its CPU in the closed loop.
+    pub cpu: Cpu,
+}
+
+/// What a gateway process spent on the CPU in the closed loop, per
+/// request: steadier than a throughput share, which also moves with the
+/// load generator's and the engine's share of the same cores.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cpu {
+    /// All its threads, microseconds per request.
+    pub us_per_request: f64,
+    /// Of which its inference-event writer thread.
+    pub events_writer_us_per_request: f64,
+}
+
+impl Cpu {
+    /// `spent` over `requests`.
+    pub(super) fn new(spent: ProcessCpu, requests: u64) -> Self {
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / requests.max(1) as f64;
+        Cpu { us_per_request: per(spent.total), events_writer_us_per_request: per(spent.named) }
+    }
 }
 
 /// One phase on both paths.
@@ -128,6 +167,11 @@ impl fmt::Display for Report {
             TARGET_THROUGHPUT_SHARE * 100.0,
             verdict(share >= TARGET_THROUGHPUT_SHARE)
         )?;
+        writeln!(
+            f,
+            "  gateway CPU = {:.1} µs per request, of which the events writer {:.1} µs",
+            self.cpu.us_per_request, self.cpu.events_writer_us_per_request
+        )?;
         writeln!(f, "\nopen loop, {} req/s (latency under load)", self.rate)?;
         self.open_loop.rows(f)?;
         let added = self.open_loop.added.p99_ms;
@@ -135,6 +179,51 @@ impl fmt::Display for Report {
             f,
             "  p99 added latency = {added:.3} ms (target <= {TARGET_ADDED_P99_MS} ms at 1000 req/s: {})",
             verdict(added <= TARGET_ADDED_P99_MS)
+        )?;
+        if let Some(bare) = &self.without_events {
+            let title = "the same gateway without inference events ([events] enabled = false)";
+            self.side_by_side(f, title, "without events", bare)?;
+        }
+        if let Some(baseline) = &self.baseline {
+            self.side_by_side(f, "the baseline's gateway (--baseline)", "the baseline", baseline)?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// This gateway next to `other`, whose paths took turns with its own.
+    fn side_by_side(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        title: &str,
+        name: &str,
+        other: &Gateway,
+    ) -> fmt::Result {
+        writeln!(f, "\n{title}, taking turns with this one")?;
+        other.closed_loop.rows(f)?;
+        let (this, that) = (self.closed_loop.throughput_share, other.closed_loop.throughput_share);
+        writeln!(
+            f,
+            "  closed loop: {:.1} % of direct here, {:.1} % {name} ({:+.1} points)",
+            this * 100.0,
+            that * 100.0,
+            (this - that) * 100.0
+        )?;
+        let (this, that) = (self.cpu.us_per_request, other.cpu.us_per_request);
+        writeln!(
+            f,
+            "  gateway CPU: {this:.1} µs per request here, {that:.1} µs {name} ({:+.1} µs, {:+.1} %)",
+            this - that,
+            (this / that - 1.0) * 100.0
+        )?;
+        writeln!(
+            f,
+            "  open loop added p50 / p99: {:.3} / {:.3} ms here, {:.3} / {:.3} ms {name}",
+            self.open_loop.added.p50_ms,
+            self.open_loop.added.p99_ms,
+            other.open_loop.added.p50_ms,
+            other.open_loop.added.p99_ms
         )
     }
 }

@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -55,6 +55,8 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
+const USAGE_KEY: &[u8] = b"\"usage\"";
+
 /// Finds and reads the last `usage` object in `text`, if `text` holds a
 /// whole one (`"usage": null` reads as none).
 ///
@@ -64,7 +66,10 @@ pub struct Usage {
 /// `prompt_tokens` and `completion_tokens` (absent: 0), nested objects
 /// and strings stepped over.
 pub fn find_usage(text: &[u8]) -> Option<Usage> {
-    let at = memmem::rfind(text, b"\"usage\"")? + b"\"usage\"".len();
+    // The searcher is built once: building it is most of a search's cost
+    // on an answer of a few hundred bytes.
+    static USAGE: LazyLock<memmem::FinderRev<'static>> = LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY));
+    let at = USAGE.rfind(text)? + USAGE_KEY.len();
     let colon = at + spaces(&text[at..]);
     if text.get(colon) != Some(&b':') {
         return None;

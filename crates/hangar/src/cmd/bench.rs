@@ -265,6 +265,16 @@ struct GatewayArgs {
     /// Request kind.
     #[arg(long, value_enum, default_value_t = Body::Chat)]
     body: Body,
+    /// Also run the gateway without inference events (`[events] enabled =
+    /// false`), taking turns with the one with them: their cost in
+    /// throughput and CPU per request, measured side by side.
+    #[arg(long)]
+    compare_events: bool,
+    /// Also run the gateway of this other `hangar` binary (an earlier
+    /// build), taking turns with this one's: a change's cost side by side
+    /// in one run, steadier than two runs compared.
+    #[arg(long, value_name = "HANGAR")]
+    baseline: Option<std::path::PathBuf>,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -385,6 +395,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Body::Completion => BodyKind::Completion,
         },
         hangar_exe,
+        compare_events: a.compare_events,
+        baseline: a.baseline,
     };
     // One thread: the load generator should take as little of the machine
     // as it can from the processes it measures, and the same from both paths.
