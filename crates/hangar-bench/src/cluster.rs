@@ -192,7 +192,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
         .collect();
     // Every agent has reported once before the view is measured.
     std::thread::sleep(report_every * 2);
-    let redis_before = server.pid().and_then(|pid| process_cpu(pid, ""));
+    let redis_before = server.pid().and_then(|pid| process_cpu(pid, None));
     let (start, cpu_start) = (Instant::now(), thread_cpu());
     let mut refreshes = Vec::new();
     while start.elapsed() < Duration::from_secs(options.seconds) {
@@ -208,7 +208,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
         std::thread::sleep(Duration::from_millis(250).saturating_sub(t.elapsed()));
     }
     let (wall, cpu) = (start.elapsed(), thread_cpu() - cpu_start);
-    let redis_after = server.pid().and_then(|pid| process_cpu(pid, ""));
+    let redis_after = server.pid().and_then(|pid| process_cpu(pid, None));
     stop.store(true, Ordering::Relaxed);
     let (mut beats, mut reports) = (0, 0);
     for a in agents {

@@ -135,8 +135,15 @@ pub(crate) async fn spawn_announcing(
 pub(crate) struct ProcessCpu {
     /// All its live threads together.
     pub total: Duration,
-    /// Its live threads of one name (e.g. `hangar-events`).
+    /// Its live threads of the name asked for (e.g. `hangar-events`).
     pub named: Duration,
+}
+
+impl std::ops::AddAssign for ProcessCpu {
+    fn add_assign(&mut self, more: ProcessCpu) {
+        self.total += more.total;
+        self.named += more.named;
+    }
 }
 
 impl std::ops::Sub for ProcessCpu {
@@ -150,13 +157,14 @@ impl std::ops::Sub for ProcessCpu {
     }
 }
 
-/// The CPU time of process `pid`'s threads, and of those named `name`,
+/// The CPU time of process `pid`'s threads, and of those named `name`
+/// (none asked for: `named` stays zero and no thread's name is read),
 /// from each thread's `schedstat` (nanoseconds on the CPU, where `stat`
 /// counts 10 ms ticks: too coarse for a phase of a second). Threads that
 /// have exited are not counted, so a difference is only meaningful for a
 /// process whose threads live on (a tokio runtime's workers, a writer
 /// thread). `None` once the process is gone or without `/proc`.
-pub(crate) fn process_cpu(pid: u32, name: &str) -> Option<ProcessCpu> {
+pub(crate) fn process_cpu(pid: u32, name: Option<&str>) -> Option<ProcessCpu> {
     let mut cpu = ProcessCpu::default();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
         let path = task.path();
@@ -165,7 +173,9 @@ pub(crate) fn process_cpu(pid: u32, name: &str) -> Option<ProcessCpu> {
         let Some(ns) = sched.split(' ').next().and_then(|n| n.parse::<u64>().ok()) else { continue };
         let ran = Duration::from_nanos(ns);
         cpu.total += ran;
-        if std::fs::read_to_string(path.join("comm")).is_ok_and(|comm| comm.trim_end() == name) {
+        let named =
+            |name| std::fs::read_to_string(path.join("comm")).is_ok_and(|comm| comm.trim_end() == name);
+        if name.is_some_and(named) {
             cpu.named += ran;
         }
     }

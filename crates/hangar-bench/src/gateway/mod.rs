@@ -205,13 +205,11 @@ impl Route {
 
     /// `n` requests back to back, the gateway's CPU read around them.
     async fn closed_round(&mut self, n: usize) {
-        let read = |pid: Option<u32>| pid.and_then(|pid| process_cpu(pid, EVENTS_THREAD));
+        let read = |pid: Option<u32>| pid.and_then(|pid| process_cpu(pid, Some(EVENTS_THREAD)));
         let before = read(self.gateway_pid);
         self.closed.append(load::closed_loop(&self.target, &mut self.clients, n).await);
         if let (Some(before), Some(after)) = (before, read(self.gateway_pid)) {
-            let spent = after - before;
-            self.cpu.total += spent.total;
-            self.cpu.named += spent.named;
+            self.cpu += after - before;
         }
     }
 }
@@ -263,7 +261,8 @@ async fn measure(
     for (role, gateway) in gateways {
         match role {
             Role::WithoutEvents => without_events = Some(gateway),
-            _ => baseline = Some(gateway),
+            Role::Baseline => baseline = Some(gateway),
+            Role::Direct | Role::Gateway => unreachable!("sorted first, taken above"),
         }
     }
     Ok(Report {
