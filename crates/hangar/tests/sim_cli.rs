@@ -176,7 +176,10 @@ fn a_fleet_simulates_a_multi_model_trace_and_compares_policies() {
         let row = table.lines().find(|l| l.split_whitespace().nth(1) == Some(policy));
         assert!(row.is_some_and(|r| r.starts_with(policy)), "{policy} missing:\n{table}");
     }
-    assert!(table.contains("× bound") && table.contains("hindsight bound: "), "{table}");
+    assert!(
+        table.contains("× bound") && table.contains("busy ×") && table.contains("hindsight bound: "),
+        "{table}"
+    );
 
     // A row naming a model the fleet does not serve: its line, or skipped.
     let other = dir.path().join("other.jsonl");
@@ -449,6 +452,12 @@ fn a_sweep_draws_each_peers_pareto_frontier_and_judges_hangar_against_it() {
             assert!(used >= bound["gpu_hours"].as_f64().unwrap(), "{label} below the bound");
             assert!(r["times_bound"].as_f64().unwrap() >= 1.0, "{label}");
         }
+        // The time replicas ran requests is part of the whole, and some.
+        let busy = r["busy_times_bound"].as_f64().unwrap();
+        assert!(busy > 0.0 && busy <= r["times_bound"].as_f64().unwrap(), "{label}: busy {busy}");
+        let g = &r["total"]["gpu_seconds"];
+        let want = g["busy"].as_f64().unwrap() / 3600.0 / bound["gpu_hours"].as_f64().unwrap();
+        assert!((busy - want).abs() < 1e-9, "{label}: busy × bound {busy}, busy GPU-h over the bound {want}");
     }
     for frontier in report["frontiers"].as_array().unwrap() {
         let family = frontier["family"].as_str().unwrap();

@@ -167,14 +167,14 @@ impl SuiteReport {
             );
             let _ = writeln!(
                 out,
-                "| run | SLO | TTFT p99 ms | GPU-h | goodput / GPU-h | starts | decisions | reversals | × bound | × bound at its SLO |"
+                "| run | SLO | TTFT p99 ms | GPU-h | goodput / GPU-h | starts | decisions | reversals | × bound | busy × bound | × bound at its SLO |"
             );
-            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
             for r in &cmp.runs {
                 let t = &r.total;
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {:.0} | {:.3} | {:.0} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {:.0} | {:.3} | {:.0} | {} | {} | {} | {} | {} | {} |",
                     r.label,
                     pct(t.slo_attainment),
                     t.ttft_ms.p99,
@@ -184,6 +184,7 @@ impl SuiteReport {
                     t.decisions,
                     t.reversals,
                     times(r.times_bound),
+                    times(r.busy_times_bound),
                     times(r.times_bound_at_its_slo),
                 );
             }

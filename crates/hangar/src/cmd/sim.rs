@@ -395,14 +395,15 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{title}")?;
-    writeln!(out, "{} {:>8} {:>10}", ModelReport::header("run"), "× bound", "× at SLO")?;
+    writeln!(out, "{} {:>8} {:>8} {:>10}", ModelReport::header("run"), "× bound", "busy ×", "× at SLO")?;
     for r in &comparison.runs {
         let times = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.2}"));
         writeln!(
             out,
-            "{} {:>8} {:>10}",
+            "{} {:>8} {:>8} {:>10}",
             r.total.row(&r.label),
             times(r.times_bound),
+            times(r.busy_times_bound),
             times(r.times_bound_at_its_slo)
         )?;
     }
