@@ -27,6 +27,8 @@
 //! — times `adapter_rank_bytes`. The adapters are drawn from a generator
 //! of their own, so the rest of the trace is the one without them.
 
+use std::collections::BTreeMap;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -233,42 +235,108 @@ pub fn trace(cfg: &SynthConfig, source_name: &str) -> Result<crate::trace::Trace
 
 /// Generates the rows, ordered by timestamp (stable for equal ones).
 pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
+    Ok(rows(cfg)?.collect())
+}
+
+/// The rows of [`generate`], one at a time in the same order: a trace of
+/// any length in the memory of the turns still to come of the sessions
+/// under way (an hour at 20,000 requests/s took 15 GB as one `Vec`).
+pub fn rows(cfg: &SynthConfig) -> Result<Rows, SynthError> {
     cfg.validate()?;
-    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let bs = cfg.trace_block_size;
     let sys_blocks = cfg.system_prompt_tokens / bs;
-    let sys_len = sys_blocks * bs;
-    // Ids 0.. name system prompt blocks; fresh ids for everything else.
-    let mut next_id = u64::from(cfg.system_prompts) * u64::from(sys_blocks);
-    let zipf = zipf_cdf(cfg.system_prompts, cfg.zipf_s);
-    let multi_turn = cfg.max_turns > 1;
-    let mut rows = Vec::with_capacity(cfg.requests as usize);
-    let model_zipf = zipf_cdf(cfg.models.max(1), cfg.model_zipf_s);
-    let mut adapters = Adapters::new(cfg);
-    let mut clock_ms = 0.0;
-    let mut session = 0u32;
-    while rows.len() < cfg.requests as usize {
-        clock_ms = next_arrival(&mut rng, cfg, clock_ms);
+    Ok(Rows {
+        cfg: cfg.clone(),
+        rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+        sys_blocks,
+        // Ids 0.. name system prompt blocks; fresh ids for everything else.
+        next_id: u64::from(cfg.system_prompts) * u64::from(sys_blocks),
+        zipf: zipf_cdf(cfg.system_prompts, cfg.zipf_s),
+        model_zipf: zipf_cdf(cfg.models.max(1), cfg.model_zipf_s),
+        adapters: Adapters::new(cfg),
+        clock_ms: 0.0,
+        session: 0,
+        made: 0,
+        pending: BTreeMap::new(),
+    })
+}
+
+/// The generator behind [`rows`]: sessions are drawn in order of their
+/// start, each with all its turns; a turn waits in `pending` until no
+/// session yet to be drawn can come before it.
+pub struct Rows {
+    cfg: SynthConfig,
+    rng: ChaCha8Rng,
+    sys_blocks: u32,
+    next_id: u64,
+    zipf: Vec<f64>,
+    model_zipf: Vec<f64>,
+    adapters: Adapters,
+    /// The start of the last session drawn: every later one starts at or
+    /// after it.
+    clock_ms: f64,
+    session: u32,
+    /// Rows drawn so far.
+    made: u64,
+    /// Rows drawn but not yet given out, by (timestamp, order drawn): the
+    /// order a stable sort by timestamp gives.
+    pending: BTreeMap<(u64, u64), SynthRow>,
+}
+
+impl Iterator for Rows {
+    type Item = SynthRow;
+
+    fn next(&mut self) -> Option<SynthRow> {
+        loop {
+            let all_drawn = self.made == u64::from(self.cfg.requests);
+            // A session drawn later starts at or after `clock_ms`, so its
+            // rows' timestamps are at least this one; equal ones come after
+            // the rows drawn before them.
+            let settled = self.clock_ms.round() as u64;
+            if let Some(entry) = self.pending.first_entry() {
+                if all_drawn || entry.key().0 <= settled {
+                    return Some(entry.remove());
+                }
+            }
+            if all_drawn {
+                return None;
+            }
+            self.draw_session();
+        }
+    }
+}
+
+impl Rows {
+    /// Draws the next session: its start and every turn of it, each into
+    /// `pending`.
+    fn draw_session(&mut self) {
+        let cfg = &self.cfg;
+        let rng = &mut self.rng;
+        let bs = cfg.trace_block_size;
+        let sys_blocks = self.sys_blocks;
+        let sys_len = sys_blocks * bs;
+        let multi_turn = cfg.max_turns > 1;
+        self.clock_ms = next_arrival(rng, cfg, self.clock_ms);
         let u: f64 = rng.random();
-        let sys = zipf.partition_point(|&c| c < u).min(zipf.len() - 1) as u64;
+        let sys = self.zipf.partition_point(|&c| c < u).min(self.zipf.len() - 1) as u64;
         let mut model_index = 0;
         let model = (cfg.models > 0).then(|| {
             let u: f64 = rng.random();
-            model_index = model_zipf.partition_point(|&c| c < u).min(model_zipf.len() - 1);
+            model_index = self.model_zipf.partition_point(|&c| c < u).min(self.model_zipf.len() - 1);
             format!("synth/m{model_index}")
         });
-        let adapter = adapters.pick(model_index);
+        let adapter = self.adapters.pick(model_index);
         let turns = rng.random_range(1..=cfg.max_turns);
         let mut history = sys_len;
         let mut content_ids: Vec<u64> = Vec::new();
         let mut prev_len = sys_len;
-        let mut at = clock_ms;
+        let mut at = self.clock_ms;
         for turn in 0..turns {
-            if rows.len() == cfg.requests as usize {
+            if self.made == u64::from(cfg.requests) {
                 break;
             }
-            let user = lognormal(&mut rng, cfg.user_tokens_mean, cfg.length_sigma);
-            let output = lognormal(&mut rng, cfg.output_tokens_mean, cfg.length_sigma);
+            let user = lognormal(rng, cfg.user_tokens_mean, cfg.length_sigma);
+            let output = lognormal(rng, cfg.output_tokens_mean, cfg.length_sigma);
             let len = history + user;
             if len > cfg.max_prompt_tokens {
                 break;
@@ -278,8 +346,8 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
             content_ids.truncate(((prev_len - sys_len) / bs) as usize);
             let needed = (len.div_ceil(bs) - sys_blocks) as usize;
             while content_ids.len() < needed {
-                content_ids.push(next_id);
-                next_id += 1;
+                content_ids.push(self.next_id);
+                self.next_id += 1;
             }
             let mut hash_ids: Vec<u64> =
                 (0..u64::from(sys_blocks)).map(|b| sys * u64::from(sys_blocks) + b).collect();
@@ -287,28 +355,28 @@ pub fn generate(cfg: &SynthConfig) -> Result<Vec<SynthRow>, SynthError> {
             let delay = if turn == 0 {
                 None
             } else {
-                let d = exponential(&mut rng, cfg.turn_delay_ms).round();
+                let d = exponential(rng, cfg.turn_delay_ms).round();
                 at += d;
                 Some(d as u64)
             };
-            rows.push(SynthRow {
+            let row = SynthRow {
                 timestamp: at.round() as u64,
                 input_length: len,
                 output_length: output,
                 hash_ids,
-                session_id: multi_turn.then(|| format!("s{session}")),
+                session_id: multi_turn.then(|| format!("s{}", self.session)),
                 delay,
                 model: model.clone(),
                 adapter: adapter.map(|k| format!("lora-{k}")),
-                adapter_size: adapter.map(|k| adapters.sizes[k]),
-            });
+                adapter_size: adapter.map(|k| self.adapters.sizes[k]),
+            };
+            self.pending.insert((row.timestamp, self.made), row);
+            self.made += 1;
             prev_len = len;
             history = len + output;
         }
-        session += 1;
+        self.session += 1;
     }
-    rows.sort_by_key(|r| r.timestamp);
-    Ok(rows)
 }
 
 /// The adapters of a trace: each one's size, and each model's by
@@ -417,6 +485,48 @@ mod tests {
         let cfg = SynthConfig { requests: 200, ..SynthConfig::default() };
         assert_eq!(generate(&cfg).unwrap(), generate(&cfg).unwrap());
         assert_ne!(generate(&cfg).unwrap(), generate(&SynthConfig { seed: 1, ..cfg }).unwrap());
+    }
+
+    #[test]
+    fn rows_come_out_in_time_order_as_they_are_drawn() {
+        // Long think times: a session's later turns come after many later
+        // sessions' first ones, so rows must wait their turn.
+        for seed in 0..4 {
+            let cfg = SynthConfig {
+                requests: 20_000,
+                rate: 20.0,
+                max_turns: 6,
+                turn_delay_ms: 30_000.0,
+                seed,
+                ..SynthConfig::default()
+            };
+            let mut drawn = rows(&cfg).unwrap();
+            let mut out = Vec::new();
+            let mut most_waiting = 0;
+            while let Some(row) = drawn.next() {
+                most_waiting = most_waiting.max(drawn.pending.len());
+                out.push(row);
+            }
+            assert_eq!(out.len(), 20_000);
+            assert!(out.windows(2).all(|w| w[0].timestamp <= w[1].timestamp), "seed {seed}: out of order");
+            // Each session's turns in their order, none lost.
+            let mut turns: std::collections::HashMap<&str, Vec<u32>> = Default::default();
+            for r in &out {
+                turns.entry(r.session_id.as_deref().unwrap()).or_default().push(r.input_length);
+            }
+            assert!(turns.values().all(|t| t.windows(2).all(|w| w[0] < w[1])), "seed {seed}");
+            // What waits is the turns under way (about rate × think time ×
+            // turns to come: some 1,700 here), not the trace.
+            assert!(
+                most_waiting > 100 && most_waiting < 4_000,
+                "seed {seed}: {most_waiting} rows waited at once"
+            );
+        }
+        let single = SynthConfig { requests: 5_000, max_turns: 1, ..SynthConfig::default() };
+        let mut drawn = rows(&single).unwrap();
+        while drawn.next().is_some() {
+            assert!(drawn.pending.len() <= 1, "a single-turn trace waits for nothing");
+        }
     }
 
     #[test]

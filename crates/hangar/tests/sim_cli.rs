@@ -195,6 +195,51 @@ fn a_fleet_simulates_a_multi_model_trace_and_compares_policies() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// `hangar trace synth` without `-o` writes to stdout as it draws, and a
+/// fleet simulation reads the pipe as it would the file: the same report.
+#[test]
+fn a_synthetic_trace_piped_into_a_fleet_simulation_is_the_file_replayed() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let gen = ["--models", "2", "--max-turns", "3", "--turn-delay-ms", "4000"];
+    let trace = synth(dir.path(), &gen);
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(&fleet, FLEET).unwrap();
+    let (from_file, from_pipe) = (dir.path().join("file.json"), dir.path().join("pipe.json"));
+    let o =
+        hangar(&["sim", "--fleet", fleet.to_str().unwrap(), &trace, "--json", from_file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let bin = env!("CARGO_BIN_EXE_hangar");
+    let mut drawn = Command::new(bin)
+        .args([&["trace", "synth", "--requests", "120", "--seed", "3", "--rate", "20"][..], &gen].concat())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = Command::new(bin)
+        .args([
+            "sim",
+            "--fleet",
+            fleet.to_str().unwrap(),
+            "/dev/stdin",
+            "--json",
+            from_pipe.to_str().unwrap(),
+        ])
+        .stdin(drawn.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    assert!(drawn.wait().unwrap().success());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report = |p: &Path| {
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("trace");
+        v
+    };
+    let piped = report(&from_pipe);
+    assert_eq!(piped["total"]["requests"], 120);
+    assert_eq!(piped, report(&from_file));
+}
+
 /// With --fleet the fleet file describes the cluster: a flag of the plain
 /// replay's own cluster is refused, naming it, instead of being ignored;
 /// --skip-unknown means nothing without --fleet.

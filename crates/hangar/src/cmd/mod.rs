@@ -63,14 +63,22 @@ pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> anyhow::Result
 }
 
 /// Writes one JSON value per line.
-pub fn write_jsonl<T: serde::Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+pub fn write_jsonl(path: &Path, rows: impl IntoIterator<Item = impl serde::Serialize>) -> anyhow::Result<()> {
     let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut out = BufWriter::new(file);
+    jsonl_to(file, rows).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Writes `rows` to `out` as JSON lines, buffered.
+pub fn jsonl_to(
+    out: impl Write,
+    rows: impl IntoIterator<Item = impl serde::Serialize>,
+) -> anyhow::Result<()> {
+    let mut out = BufWriter::new(out);
     for r in rows {
-        serde_json::to_writer(&mut out, r)?;
+        serde_json::to_writer(&mut out, &r)?;
         out.write_all(b"\n")?;
     }
-    out.flush().with_context(|| format!("cannot write {}", path.display()))
+    Ok(out.flush()?)
 }
 
 /// This process's peak resident set size in MiB (Linux `VmHWM`).

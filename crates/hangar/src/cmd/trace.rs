@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use hangar_sim::synth::{self, Pattern, SynthConfig};
 
-use super::write_jsonl;
+use super::{jsonl_to, write_jsonl};
 
 /// Generate and inspect request traces.
 #[derive(Debug, ClapArgs)]
@@ -105,7 +105,7 @@ enum PatternArg {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let Command::Synth(a) = args.command;
-    let rows = synth::generate(&SynthConfig {
+    let rows = synth::rows(&SynthConfig {
         requests: a.requests,
         rate: a.rate,
         system_prompts: a.system_prompts,
@@ -131,17 +131,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         adapter_zipf_s: a.adapter_zipf_s,
         adapter_rank_bytes: a.adapter_rank_bytes,
     })?;
+    // Written as drawn: an hour of 72 million rows never sits in memory.
     match &a.out {
-        Some(path) => write_jsonl(path, &rows),
-        None => {
-            use std::io::Write;
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            for r in &rows {
-                serde_json::to_writer(&mut out, r)?;
-                out.write_all(b"\n")?;
-            }
-            out.flush()?;
-            Ok(())
-        }
+        Some(path) => write_jsonl(path, rows),
+        None => jsonl_to(std::io::stdout().lock(), rows),
     }
 }
