@@ -84,6 +84,8 @@ struct Seq {
     /// Chained hashes of the prompt's full blocks (for KV events).
     blocks: Vec<BlockHash>,
     admitted_before: bool,
+    /// The end of the pass that emitted its last token.
+    last_token_ms: Option<f64>,
 }
 
 impl Seq {
@@ -131,6 +133,9 @@ pub struct SglangScheduler {
     batch: Vec<(u32, u32)>,
     /// `lpm` scratch: (deprioritized, cached pages, slot).
     scored: Vec<(bool, u32, u32)>,
+    /// Per pass: slots of running requests that emitted a token, to stamp
+    /// with the pass's end once it is timed.
+    emitted: Vec<u32>,
 }
 
 /// What a prefill batch still has room for while it is being formed.
@@ -171,6 +176,7 @@ impl SglangScheduler {
             chunked: None,
             batch: Vec::new(),
             scored: Vec::new(),
+            emitted: Vec::new(),
         }
     }
 
@@ -196,6 +202,7 @@ impl SglangScheduler {
             tail_key: mix64(req.id.0, 0x7367_6c61_6e67_6f75),
             blocks: req.prompt.into_blocks(),
             admitted_before: false,
+            last_token_ms: None,
         };
         let slot = self.requests.insert(req.id, seq);
         self.waiting.push_back(slot);
@@ -388,6 +395,7 @@ impl SglangScheduler {
     /// Step 3: runs a prefill batch.
     fn run_prefill(&mut self, batch: &[(u32, u32)], out: &mut Pass) {
         let mut shape = PrefillShape::default();
+        self.emitted.clear();
         for &(slot, chunk) in batch {
             shape.batch += 1;
             shape.new_tokens += chunk;
@@ -399,19 +407,34 @@ impl SglangScheduler {
                 continue;
             }
             if s.generated < s.output_len {
-                out.tokens.push(TokenEmission { request: s.id, index: s.generated });
+                out.tokens.push(TokenEmission {
+                    request: s.id,
+                    index: s.generated,
+                    previous_ms: s.last_token_ms,
+                });
                 s.generated += 1;
             }
             if s.generated == s.output_len {
                 self.finish(slot, out);
             } else {
                 self.running.push(slot);
+                self.emitted.push(slot);
             }
         }
         out.scheduled_seqs = batch.len() as u32;
         out.prefill_tokens = shape.new_tokens;
         if shape.new_tokens > 0 {
             out.end_ms = out.start_ms + self.timing.prefill_ms(shape) / self.speedup_ratio;
+        }
+        self.stamp_emitted(out.end_ms);
+    }
+
+    /// The requests still running that emitted a token this pass had it at
+    /// `end_ms`, the pass's end.
+    fn stamp_emitted(&mut self, end_ms: f64) {
+        for i in 0..self.emitted.len() {
+            let slot = self.emitted[i];
+            self.seq_mut(slot).last_token_ms = Some(end_ms);
         }
     }
 
@@ -456,6 +479,7 @@ impl SglangScheduler {
         }
         self.private_pages += need;
         let mut shape = DecodeShape { capacity_tokens: self.capacity_tokens, ..DecodeShape::default() };
+        self.emitted.clear();
         let mut i = 0;
         while i < self.running.len() {
             let slot = self.running[i];
@@ -464,18 +488,24 @@ impl SglangScheduler {
             shape.batch += 1;
             shape.context_tokens += u64::from(s.num_tokens());
             s.computed += 1;
-            out.tokens.push(TokenEmission { request: s.id, index: s.generated });
+            out.tokens.push(TokenEmission {
+                request: s.id,
+                index: s.generated,
+                previous_ms: s.last_token_ms,
+            });
             s.generated += 1;
             if s.generated == s.output_len {
                 self.running.remove(i);
                 self.finish(slot, out);
             } else {
+                self.emitted.push(slot);
                 i += 1;
             }
         }
         out.scheduled_seqs = shape.batch;
         out.decode_seqs = shape.batch;
         out.end_ms = out.start_ms + self.timing.decode_ms(shape) / self.speedup_ratio;
+        self.stamp_emitted(out.end_ms);
     }
 
     /// The running request SGLang retracts first: fewest generated tokens,

@@ -44,12 +44,20 @@ struct Log {
     events: Vec<KvEvent>,
     prefill_chunks: Vec<u32>,
     first_admissions: Vec<RequestId>,
+    /// The end of the pass of each request's latest token.
+    last_token: HashMap<RequestId, f64>,
 }
 
 impl Log {
     fn record(&mut self, pass: &Pass) {
         for t in &pass.tokens {
             self.tokens.entry(t.request).or_default().push(t.index);
+            let previous = self.last_token.insert(t.request, pass.end_ms);
+            assert_eq!(
+                t.previous_ms, previous,
+                "{:?}'s token {}: its previous one's pass end",
+                t.request, t.index
+            );
         }
         self.completed.extend(&pass.completed);
         self.preempted.extend(&pass.preempted);

@@ -48,6 +48,8 @@ struct Seq {
     /// Identity of this request's generated tokens.
     salt: u64,
     admitted_before: bool,
+    /// The end of the pass that emitted its last token.
+    last_token_ms: Option<f64>,
 }
 
 impl Seq {
@@ -78,6 +80,9 @@ pub struct VllmScheduler {
     hits: Vec<BlockId>,
     /// Per pass: slots of requests that completed.
     completed: Vec<u32>,
+    /// Per pass: slots of requests that emitted a token, to stamp with the
+    /// pass's end once it is timed.
+    emitted: Vec<u32>,
 }
 
 impl VllmScheduler {
@@ -99,6 +104,7 @@ impl VllmScheduler {
             scheduled: Vec::new(),
             hits: Vec::new(),
             completed: Vec::new(),
+            emitted: Vec::new(),
         }
     }
 
@@ -126,6 +132,7 @@ impl VllmScheduler {
             registered: 0,
             salt: mix64(req.id.0, 0x6f75_7470_7574),
             admitted_before: false,
+            last_token_ms: None,
         };
         let slot = self.requests.insert(req.id, seq);
         self.waiting.push_back(slot);
@@ -312,6 +319,8 @@ impl VllmScheduler {
         let (mut prefill, mut decode) = (PrefillShape::default(), DecodeShape::default());
         let mut completed_slots = std::mem::take(&mut self.completed);
         completed_slots.clear();
+        let mut emitted = std::mem::take(&mut self.emitted);
+        emitted.clear();
         for &(slot, new) in scheduled {
             let s = self.requests.get_mut(slot);
             let steady_decode = new == 1 && s.generated > 0 && s.num_computed + 1 == s.num_tokens();
@@ -328,8 +337,13 @@ impl VllmScheduler {
             }
             if s.num_computed == s.num_tokens() {
                 if s.generated < s.output_len {
-                    out.tokens.push(TokenEmission { request: s.id, index: s.generated });
+                    out.tokens.push(TokenEmission {
+                        request: s.id,
+                        index: s.generated,
+                        previous_ms: s.last_token_ms,
+                    });
                     s.generated += 1;
+                    emitted.push(slot);
                 }
                 if s.generated == s.output_len {
                     completed_slots.push(slot);
@@ -348,6 +362,10 @@ impl VllmScheduler {
             ms += self.timing.decode_ms(decode);
         }
         out.end_ms = out.start_ms + ms / self.speedup_ratio;
+        for &slot in &emitted {
+            self.requests.get_mut(slot).last_token_ms = Some(out.end_ms);
+        }
+        self.emitted = emitted;
         if !completed_slots.is_empty() {
             self.running.retain(|s| !completed_slots.contains(s));
             for &slot in &completed_slots {

@@ -31,6 +31,7 @@ fn req(id: u64, tokens: &[u32], out: u32) -> EngineRequest {
 /// invariants after every pass.
 fn drain(s: &mut VllmScheduler, pass: &mut Pass, now: &mut f64) -> Vec<(RequestId, u32)> {
     let mut seen = Vec::new();
+    let mut last_token = std::collections::HashMap::new();
     for _ in 0..100_000 {
         if s.num_running() + s.num_waiting() == 0 {
             return seen;
@@ -38,6 +39,18 @@ fn drain(s: &mut VllmScheduler, pass: &mut Pass, now: &mut f64) -> Vec<(RequestI
         s.step(*now, pass);
         s.check_invariants();
         assert!(!pass.is_idle(), "engine has work but the pass did nothing");
+        for t in &pass.tokens {
+            // Each token says when its request's previous one came, through
+            // preemptions too (a caller may have stepped before `drain`).
+            match last_token.insert(t.request, pass.end_ms) {
+                Some(previous) => {
+                    assert_eq!(t.previous_ms, Some(previous), "{:?}'s token {}", t.request, t.index)
+                }
+                None => {
+                    assert_eq!(t.previous_ms.is_none(), t.index == 0, "{:?}'s token {}", t.request, t.index)
+                }
+            }
+        }
         seen.extend(pass.tokens.iter().map(|t| (t.request, t.index)));
         *now = pass.end_ms;
     }

@@ -174,14 +174,13 @@ struct ModelState {
     ttft: TtftWindow,
 }
 
-/// Per request: when it arrived, its first token, its last, its replica.
+/// Per request: when it arrived, was granted a permit, had its first token
+/// and ended, and how.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Timing {
     pub arrived: f64,
     pub first_token: Option<f64>,
     pub done: Option<f64>,
-    pub tokens: u32,
-    pub last_token: f64,
     pub outcome: Outcome,
     pub granted: f64,
 }
@@ -859,14 +858,15 @@ impl Fleet<'_> {
         let pass = std::mem::take(&mut self.passes[slot]);
         let m = self.replicas[slot].model;
         for t in &pass.tokens {
-            let Some(r) = self.requests.get_mut(t.request) else { continue };
-            let timing = &mut r.timing;
-            if t.index == 0 {
-                timing.first_token = Some(now);
-                self.models[m].ttft.record(ms(now), ms(now - timing.arrived));
+            // A later token's gap comes with it: the request's record (a
+            // cache miss on a large fleet) is read once, for its first.
+            if let Some(previous) = t.previous_ms {
+                self.report.token_gap(m, now - previous);
+                continue;
             }
-            timing.tokens += 1;
-            self.report.token_gap(m, timing, now);
+            let Some(r) = self.requests.get_mut(t.request) else { continue };
+            r.timing.first_token = Some(now);
+            self.models[m].ttft.record(ms(now), ms(now - r.timing.arrived));
         }
         for id in &pass.completed {
             self.release(now, m, *id);

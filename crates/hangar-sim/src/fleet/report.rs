@@ -206,12 +206,9 @@ impl Builder {
         }
     }
 
-    /// A token of request `t` of model `m` at `now`.
-    pub fn token_gap(&mut self, m: usize, t: &mut Timing, now: f64) {
-        if t.tokens > 1 {
-            self.models[m].itl.add(now - t.last_token);
-        }
-        t.last_token = now;
+    /// A token of model `m` came `gap` ms after its request's previous one.
+    pub fn token_gap(&mut self, m: usize, gap: f64) {
+        self.models[m].itl.add(gap);
     }
 
     /// Request `t` of model `m` ended (its `outcome` and `done` set).
