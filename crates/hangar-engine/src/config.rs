@@ -70,6 +70,10 @@ impl Default for SglangConfig {
     }
 }
 
+/// The most KV blocks an engine models: a block's references and its place
+/// in the free queue share 30 bits of its 12-byte record.
+pub const MAX_GPU_BLOCKS: u32 = 1 << 28;
+
 /// One mock engine's configuration. Field names follow vLLM's engine
 /// arguments; defaults are vLLM's (and Dynamo mocker's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,6 +145,9 @@ impl EngineConfig {
         }
         if self.num_gpu_blocks == 0 {
             return invalid("num_gpu_blocks", "must be at least 1");
+        }
+        if self.num_gpu_blocks > MAX_GPU_BLOCKS {
+            return invalid("num_gpu_blocks", "must be at most 268435456 (2^28)");
         }
         if self.max_num_seqs == 0 {
             return invalid("max_num_seqs", "must be at least 1");
@@ -240,5 +247,11 @@ mod tests {
             c.validate().unwrap_err().to_string(),
             "engine config field `speedup_ratio`: must be a finite number above 0"
         );
+        let c = EngineConfig { num_gpu_blocks: MAX_GPU_BLOCKS + 1, ..Default::default() };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "engine config field `num_gpu_blocks`: must be at most 268435456 (2^28)"
+        );
+        EngineConfig { num_gpu_blocks: MAX_GPU_BLOCKS, ..Default::default() }.validate().unwrap();
     }
 }

@@ -41,7 +41,7 @@ mod sglang;
 pub mod timing;
 mod vllm;
 
-pub use config::{ConfigError, EngineConfig, SchedulerKind, SglangConfig, SglangPolicy};
+pub use config::{ConfigError, EngineConfig, SchedulerKind, SglangConfig, SglangPolicy, MAX_GPU_BLOCKS};
 pub use pass::{Admission, Pass, TokenEmission};
 pub use preset::{presets, Preset};
 pub use prompt::{Prompt, PromptError, TokenRun};
