@@ -49,15 +49,10 @@ use std::collections::VecDeque;
 use hangar_core::{BlockHash, KvEvent};
 
 use crate::pass::KvLog;
+use crate::MAX_GPU_BLOCKS;
 
 /// Index of a block in the pool.
 pub(crate) type BlockId = u32;
-
-/// The most blocks a pool holds ([`EngineConfig::validate`] refuses more):
-/// references and queue positions then fit in 30 bits with room to spare.
-///
-/// [`EngineConfig::validate`]: crate::EngineConfig::validate
-const MAX_BLOCKS: u32 = crate::MAX_GPU_BLOCKS;
 
 /// One block's bookkeeping: 12 bytes (packed to four-byte alignment, so a
 /// pool's records are three quarters of what an aligned hash would make
@@ -155,9 +150,11 @@ pub(crate) struct BlockPool {
 }
 
 impl BlockPool {
-    /// A pool of `num_blocks` blocks, at most [`MAX_BLOCKS`].
+    /// A pool of `num_blocks` blocks, at most [`MAX_GPU_BLOCKS`] (which
+    /// `EngineConfig::validate` refuses): references and queue positions
+    /// then fit in 30 bits with room to spare.
     pub fn new(num_blocks: u32) -> Self {
-        assert!(num_blocks <= MAX_BLOCKS, "{num_blocks} blocks: a pool holds at most {MAX_BLOCKS}");
+        assert!(num_blocks <= MAX_GPU_BLOCKS, "{num_blocks} blocks: a pool holds at most {MAX_GPU_BLOCKS}");
         Self {
             blocks: Vec::new(),
             num_blocks,
@@ -392,7 +389,7 @@ impl BlockIndex {
     /// The slot value of block `b` under `hash`: the hash's tag above the
     /// id, plus one.
     fn entry(&self, hash: BlockHash, b: BlockId) -> u32 {
-        // `id_bits` is at most 29 (MAX_BLOCKS), so the tag has three bits
+        // `id_bits` is at most 29 (MAX_GPU_BLOCKS), so the tag has three bits
         // or more.
         let tag = (Self::mixed(hash) as u32) >> self.id_bits;
         ((tag << self.id_bits) | b) + 1

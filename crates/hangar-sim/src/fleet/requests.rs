@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 
 use hangar_core::RequestId;
+use slab::Slab;
 
 use super::Timing;
 
@@ -40,9 +41,9 @@ pub(crate) struct Requests {
     /// Where each request from `base` on has its record in `slab`;
     /// [`ENDED`]: nowhere, it ended.
     window: VecDeque<u32>,
-    /// The records; `None`: a slot free for the next, listed in `free`.
-    slab: Vec<Option<InFlight>>,
-    free: Vec<u32>,
+    /// The records of the requests in flight; an ended one's slot is
+    /// taken again by the next.
+    slab: Slab<InFlight>,
 }
 
 /// A window entry of a request that ended.
@@ -51,43 +52,33 @@ const ENDED: u32 = u32::MAX;
 impl Requests {
     /// Adds the next request; its id follows the last one's.
     pub fn insert(&mut self, request: InFlight) -> RequestId {
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.slab[slot as usize] = Some(request);
-                slot
-            }
-            None => {
-                self.slab.push(Some(request));
-                u32::try_from(self.slab.len() - 1).expect("fewer than 2^32 requests in flight")
-            }
-        };
-        self.window.push_back(slot);
+        let slot = self.slab.insert(request);
+        self.window.push_back(u32::try_from(slot).expect("fewer than 2^32 requests in flight"));
         RequestId(self.base + self.window.len() as u64 - 1)
     }
 
-    /// The slot of request `id`, unless it ended.
-    fn slot(&self, id: RequestId) -> Option<usize> {
+    /// Where request `id` is in the window, and its slot unless it ended.
+    fn find(&self, id: RequestId) -> Option<(usize, usize)> {
         let k = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
         let slot = *self.window.get(k)?;
-        (slot != ENDED).then_some(slot as usize)
+        (slot != ENDED).then_some((k, slot as usize))
     }
 
     /// The request `id`, unless it ended.
     pub fn get(&self, id: RequestId) -> Option<&InFlight> {
-        self.slab[self.slot(id)?].as_ref()
+        self.slab.get(self.find(id)?.1)
     }
 
     pub fn get_mut(&mut self, id: RequestId) -> Option<&mut InFlight> {
-        let slot = self.slot(id)?;
-        self.slab[slot].as_mut()
+        let (_, slot) = self.find(id)?;
+        self.slab.get_mut(slot)
     }
 
     /// Takes request `id` out as it ends; `None` if it already had.
     pub fn remove(&mut self, id: RequestId) -> Option<InFlight> {
-        let slot = self.slot(id)?;
-        let request = self.slab[slot].take()?;
-        self.free.push(slot as u32);
-        self.window[(id.0 - self.base) as usize] = ENDED;
+        let (k, slot) = self.find(id)?;
+        let request = self.slab.try_remove(slot)?;
+        self.window[k] = ENDED;
         while self.window.front() == Some(&ENDED) {
             self.window.pop_front();
             self.base += 1;
@@ -97,7 +88,7 @@ impl Requests {
 
     /// Requests in flight.
     pub fn open(&self) -> usize {
-        self.slab.len() - self.free.len()
+        self.slab.len()
     }
 
     /// The ids of the requests in flight, oldest first.
@@ -143,7 +134,7 @@ mod tests {
         assert_eq!(live.open_ids(), vec![ids[2], ids[3]]);
         assert_eq!(live.insert(request()), RequestId(4));
         assert!(live.get(RequestId(99)).is_none());
-        assert_eq!(live.slab.len(), 4, "an ended request's slot is taken again");
+        assert!(live.window.back().is_some_and(|&slot| slot < 2), "an ended request's slot is taken again");
         assert_eq!(live.get(RequestId(4)).map(|r| r.input_len), Some(1));
     }
 }
