@@ -10,6 +10,12 @@
 //!   with its agent).
 //! - `hangar:load:GATEWAY`: a gateway's [`GatewayLoad`], living
 //!   [`REPORT_TTL`], indexed by `hangar:gateways`.
+//! - `hangar:unavailable`: the models no replica can serve now, each with
+//!   the reason sync requests are told (a JSON object), written whole by
+//!   the leader as `desired` is; every other gateway answers as it does.
+//! - `hangar:hotswap-closed`: the hotswap models an operator closed to
+//!   swapping in (a set), the operator's intent: it outlives leaders, and
+//!   each new leader pins those models at zero again.
 
 use std::time::Duration;
 
@@ -22,21 +28,27 @@ use crate::{Redis, RedisError, PREFIX};
 /// How long a report outlives the last write of its writer.
 pub const REPORT_TTL: Duration = Duration::from_secs(3);
 
-/// ARGV: prefix, me, epoch, node, json. 1 written, 0 not the leader.
-const WRITE_DESIRED: &str = r#"
+/// Sets `PREFIX:KEY` only while `me` leads in `epoch`. ARGV: prefix, me,
+/// epoch, key (below the prefix), json. 1 written, 0 not the leader.
+const WRITE_AS_LEADER: &str = r#"
 local lease = ARGV[1] .. ':leader'
 if redis.call('GET', lease) ~= ARGV[2] or redis.call('GET', lease .. ':epoch') ~= ARGV[3] then
   return 0
 end
-redis.call('SET', ARGV[1] .. ':desired:' .. ARGV[4], ARGV[5])
+redis.call('SET', ARGV[1] .. ':' .. ARGV[4], ARGV[5])
 return 1
 "#;
+
+/// The models no replica can serve now, each with the reason sync
+/// requests are told: what the leader decided, which every gateway
+/// answers with.
+pub type Unavailable = std::collections::BTreeMap<String, String>;
 
 /// The fleet's shared state on one Redis.
 #[derive(Clone)]
 pub struct FleetState {
     redis: Redis,
-    write_desired: std::sync::Arc<Script>,
+    write_as_leader: std::sync::Arc<Script>,
     named: std::sync::Arc<Named>,
 }
 
@@ -77,7 +89,7 @@ impl FleetState {
     pub fn new(redis: Redis) -> FleetState {
         FleetState {
             redis,
-            write_desired: std::sync::Arc::new(Script::new(WRITE_DESIRED)),
+            write_as_leader: std::sync::Arc::new(Script::new(WRITE_AS_LEADER)),
             named: Default::default(),
         }
     }
@@ -86,10 +98,48 @@ impl FleetState {
     /// `false` (nothing written) if `me` no longer leads in that epoch.
     pub fn write_desired(&self, me: &str, node: &str, state: &DesiredState) -> Result<bool, RedisError> {
         let json = serde_json::to_string(state).expect("a desired state serializes");
-        let written: i64 = self.redis.run(|c| {
-            self.write_desired.arg(PREFIX).arg(me).arg(state.epoch).arg(node).arg(&json).invoke(c)
-        })?;
+        self.write_as_leader(me, state.epoch, &format!("desired:{node}"), &json)
+    }
+
+    /// Writes which models are unavailable, as leader `me` in `epoch`;
+    /// `false` (nothing written) if `me` no longer leads in that epoch.
+    pub fn write_unavailable(&self, me: &str, epoch: u64, models: &Unavailable) -> Result<bool, RedisError> {
+        let json = serde_json::to_string(models).expect("a map of strings serializes");
+        self.write_as_leader(me, epoch, "unavailable", &json)
+    }
+
+    fn write_as_leader(&self, me: &str, epoch: u64, key: &str, json: &str) -> Result<bool, RedisError> {
+        let written: i64 = self
+            .redis
+            .run(|c| self.write_as_leader.arg(PREFIX).arg(me).arg(epoch).arg(key).arg(json).invoke(c))?;
         Ok(written == 1)
+    }
+
+    /// Records that an operator closed (`true`) or opened the hotswap
+    /// model `model` to swapping in.
+    pub fn close_hotswap(&self, model: &str, closed: bool) -> Result<(), RedisError> {
+        let set = format!("{PREFIX}:hotswap-closed");
+        let verb = if closed { "SADD" } else { "SREM" };
+        self.redis.run(|c| redis::cmd(verb).arg(&set).arg(model).query::<()>(c))
+    }
+
+    /// The hotswap models an operator closed to swapping in.
+    pub fn closed_hotswap(&self) -> Result<std::collections::BTreeSet<String>, RedisError> {
+        self.redis.run(|c| redis::cmd("SMEMBERS").arg(format!("{PREFIX}:hotswap-closed")).query(c))
+    }
+
+    /// What every gateway answers for: the models the leader last wrote
+    /// as unavailable (none if it wrote nothing, or something unreadable,
+    /// which is named in the log once) and the closed hotswap models, in
+    /// one round trip.
+    pub fn gates(&self) -> Result<(Unavailable, std::collections::BTreeSet<String>), RedisError> {
+        let key = format!("{PREFIX}:unavailable");
+        let mut pipe = redis::pipe();
+        // MGET reads a key of another type as nil rather than failing.
+        pipe.cmd("MGET").arg(&key).cmd("SMEMBERS").arg(format!("{PREFIX}:hotswap-closed"));
+        let (json, closed): (Vec<Option<String>>, _) = self.redis.run(|c| pipe.query(c))?;
+        let unavailable = self.parse(&key, json.into_iter().next().flatten()).unwrap_or_default();
+        Ok((unavailable, closed))
     }
 
     /// Reads JSON `json` of `key`, an unreadable one as absent (named in
@@ -195,5 +245,29 @@ mod tests {
         assert!(!fleet.write_desired("gw-a", "n1", &stale).unwrap(), "not its epoch");
         fleet.forget("n1").unwrap();
         assert_eq!(fleet.desired("n1").unwrap(), None);
+    }
+
+    #[test]
+    fn only_the_leader_writes_which_models_are_unavailable_and_the_gates_outlive_it() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let fleet = FleetState::new(redis.clone());
+        assert_eq!(fleet.gates().unwrap(), Default::default(), "nothing written yet");
+        let lease = LeaderLease::new(redis.clone(), "gw-a", Duration::from_secs(5));
+        let Leadership::Leader { epoch, .. } = lease.tick().unwrap() else { panic!("leads") };
+        let down: Unavailable = [("t/big".to_owned(), "no replica of `t/big` can run now".to_owned())].into();
+        assert!(fleet.write_unavailable("gw-a", epoch, &down).unwrap());
+        assert!(!fleet.write_unavailable("gw-b", epoch, &Unavailable::new()).unwrap(), "not the leader");
+        assert!(!fleet.write_unavailable("gw-a", epoch + 1, &Unavailable::new()).unwrap(), "not its epoch");
+        fleet.close_hotswap("t/swap", true).unwrap();
+        fleet.close_hotswap("t/other", true).unwrap();
+        fleet.close_hotswap("t/other", false).unwrap();
+        let closed: std::collections::BTreeSet<String> = ["t/swap".to_owned()].into();
+        assert_eq!(fleet.gates().unwrap(), (down, closed.clone()));
+        // A key written by hand that is not a JSON object reads as none.
+        redis
+            .run(|c| redis::cmd("SET").arg(format!("{PREFIX}:unavailable")).arg("[1]").query::<()>(c))
+            .unwrap();
+        assert_eq!(fleet.gates().unwrap(), (Unavailable::new(), closed));
     }
 }

@@ -453,6 +453,12 @@ impl Processor {
         self.shared.with(|s, now| s.admission.set_unavailable(now, reason));
     }
 
+    /// Why the model cannot run now, if the controller said so (and no
+    /// replica became ready since).
+    pub fn unavailable(&self) -> Option<String> {
+        self.shared.with(|s, _| s.admission.unavailable().map(str::to_owned))
+    }
+
     /// The line and the permits as they stand.
     pub fn load(&self) -> Load {
         self.shared.with(|s, _| Load {

@@ -459,3 +459,100 @@ timeout_s = 600
     let ends = hooks.one_terminal_each(&ids);
     assert_eq!((ends[&ids[0]].as_str(), ends[&ids[1]].as_str()), ("aborted", "succeeded"));
 }
+
+/// `PUT /admin/models/{model}/hotswap` on `gateway`: its status.
+fn set_swappable(gateway: &str, model: &str, swappable: bool) -> u16 {
+    client()
+        .put(format!("{gateway}/admin/models/{model}/hotswap"))
+        .json(&json!({"swappable": swappable}))
+        .send()
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+/// Polls `gateway` with a sync chat for `model` until `check` accepts its
+/// answer (failing after 20 s), and returns that answer.
+fn chat_until(gateway: &str, model: &str, check: impl Fn(&(u16, Option<String>, String)) -> bool) -> String {
+    let t = Instant::now();
+    loop {
+        let answer = chat_answer(gateway, model);
+        if check(&answer) {
+            return answer.2;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{gateway} still answers {answer:?} for {model}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every gateway answers for a model as the leader does. Two gateways
+/// and one node of one 16 GB GPU: `t/big` (60 GB) has no room, `t/swap`
+/// is a hotswap model. A sync request for `t/big` through the gateway
+/// that does not lead is answered 503 with the leader's reason (not after
+/// its 600 s timeout). The operator's hotswap gate, closed through the
+/// leader (the other refuses the command), closes `t/swap` on both; it
+/// outlives the leader — killed with SIGKILL, the other gateway leads and
+/// keeps the model closed — until opened through the new leader.
+#[test]
+fn every_gateway_answers_as_the_leader_and_the_hotswap_gate_outlives_it() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let models = r#"
+[[models]]
+key = "t/big"
+engine = { kind = "mock", preset = "fast" }
+size = "60GB"
+min_replicas = 0
+timeout_s = 600
+
+[[models]]
+key = "t/swap"
+engine = { kind = "mock", preset = "fast" }
+size = "10GB"
+min_replicas = 0
+hotswap = true
+"#;
+    let config = fleet_config_of(&redis, models);
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    let mut gateways: Vec<Serve> = (0..2).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
+    let _node = agent_with_memory(dir.path(), &path, &redis.url(), "small", 1, "16GB");
+    let t = Instant::now();
+    let lead = loop {
+        if let Some(lead) = leader(&gateways) {
+            break lead;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "no gateway leads");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let follower = gateways[1 - lead].url.clone();
+    assert_eq!(chat_answer(&follower, "t/swap").0, 200, "served while open");
+
+    let (code, retry_after, message) = chat_answer(&follower, "t/big");
+    assert_eq!((code, retry_after.as_deref()), (503, Some("5")), "{message}");
+    assert!(message.starts_with("no replica of `t/big` can run now: "), "{message}");
+
+    assert_eq!(set_swappable(&follower, "t/swap", false), 409, "the command goes to the leader");
+    assert_eq!(set_swappable(&gateways[lead].url, "t/swap", false), 200);
+    let gate = "the hotswap model `t/swap` is closed to swapping in by an operator";
+    let closed = |a: &(u16, Option<String>, String)| a.0 == 503 && a.2.starts_with(gate);
+    chat_until(&follower, "t/swap", closed);
+    let swap = |gateway: &str| {
+        let models = status(gateway)["models"].as_array().unwrap().clone();
+        models.into_iter().find(|m| m["model"] == "t/swap").unwrap()["hotswap"].clone()
+    };
+    assert_eq!(swap(&follower), json!({"swappable": false}));
+
+    drop(gateways.remove(lead).kill9());
+    let t = Instant::now();
+    while leader(&gateways).is_none() {
+        assert!(t.elapsed() < Duration::from_secs(15), "no new leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The new leader closed it again from Redis: still refused, and no
+    // replica is started for the requests.
+    assert!(closed(&chat_answer(&follower, "t/swap")));
+    assert_eq!(swap(&follower), json!({"swappable": false}));
+    assert_eq!(set_swappable(&follower, "t/swap", true), 200);
+    chat_until(&follower, "t/swap", |a| a.0 == 200);
+    assert_eq!(swap(&follower), json!({"swappable": true}));
+}

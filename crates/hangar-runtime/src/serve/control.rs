@@ -103,6 +103,10 @@ pub enum ControlError {
     /// The controller's task is gone (the server is stopping).
     #[error("the controller is stopping")]
     Stopped,
+    /// The fleet's Redis did not take the command's record, so nothing
+    /// was changed.
+    #[error("cannot record the command in the fleet's Redis, nothing changed: {0}")]
+    Unrecorded(String),
 }
 
 impl ControlHandle {

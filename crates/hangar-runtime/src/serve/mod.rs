@@ -193,6 +193,9 @@ pub(crate) struct Inner {
     pub(crate) leader_stopped: std::sync::OnceLock<tokio_util::sync::CancellationToken>,
     /// This gateway's id in a fleet (none on a single machine).
     pub gateway: std::sync::OnceLock<String>,
+    /// The fleet's shared state, on a fleet's gateway: where an
+    /// operator's hotswap gate is recorded.
+    pub(crate) fleet: std::sync::OnceLock<hangar_redis::fleet::FleetState>,
     /// Replicas this server saw fail, and when: a fleet's gateway does
     /// not route to one again on its node's word for
     /// [`fleet::QUARANTINE`] (the node's report may still name it while
@@ -252,6 +255,7 @@ impl Server {
         inner.gateway.set(me.clone()).expect("a new server");
         let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
         let state = hangar_redis::fleet::FleetState::new(redis.clone());
+        inner.fleet.set(state.clone()).expect("a new server");
         let lease = Arc::new(hangar_redis::lease::LeaderLease::new(
             redis,
             me.clone(),
@@ -313,6 +317,10 @@ impl Server {
     /// decides again. Errors as the scaling command's (not the leader, the
     /// controller stopped); the model must be in the tier.
     ///
+    /// On a fleet the gate is recorded in Redis first (nothing changes if
+    /// it cannot be): every gateway then answers as this one, and a later
+    /// leader closes the model again.
+    ///
     /// # Cancel safety
     /// Carried out whole in a task of its own: a caller that leaves
     /// changes nothing of what happens.
@@ -320,14 +328,19 @@ impl Server {
         debug_assert!(rt.config.hotswap, "only a hotswap model is opened or closed");
         let (server, rt) = (self.clone(), rt.clone());
         let apply = tokio::spawn(async move {
+            if let Some(fleet) = server.inner.fleet.get().cloned() {
+                if !server.control().is_active() {
+                    return Err(ControlError::NotLeader);
+                }
+                let key = rt.config.key.to_string();
+                tokio::task::spawn_blocking(move || fleet.close_hotswap(&key, !swappable))
+                    .await
+                    .expect("no panic")
+                    .map_err(|e| ControlError::Unrecorded(e.to_string()))?;
+            }
             let command = if swappable { ScalingCommand::Unfreeze } else { ScalingCommand::Pin(0) };
             server.control().scaling(&rt.config.key, command).await?;
-            rt.swap_closed.store(!swappable, Ordering::Relaxed);
-            let reason = format!(
-                "the hotswap model `{}` is closed to swapping in by an operator (PUT /admin/models/{}/hotswap)",
-                rt.config.key, rt.config.key
-            );
-            rt.processor.set_unavailable((!swappable).then_some(reason));
+            rt.close_to_swapping(!swappable);
             tracing::info!(model = %rt.config.key, swappable, "hotswap gate set");
             Ok(())
         });
@@ -514,6 +527,7 @@ pub(crate) async fn build(
         weights,
         adapters,
         gateway: std::sync::OnceLock::new(),
+        fleet: std::sync::OnceLock::new(),
         stopping: tokio_util::sync::CancellationToken::new(),
         leader_stopped: std::sync::OnceLock::new(),
         failed: Mutex::default(),
@@ -678,6 +692,18 @@ impl ModelRuntime {
     /// hotswap tier.
     pub fn swappable(&self) -> Option<bool> {
         self.config.hotswap.then(|| !self.swap_closed.load(Ordering::Relaxed))
+    }
+
+    /// Closes (`true`) or opens this hotswap model to swapping in, as far
+    /// as its requests go: closed, fail-fast ones are answered 503 naming
+    /// the gate. (Its scaler is pinned by the controller.)
+    pub(crate) fn close_to_swapping(&self, closed: bool) {
+        self.swap_closed.store(closed, Ordering::Relaxed);
+        let key = &self.config.key;
+        let reason = format!(
+            "the hotswap model `{key}` is closed to swapping in by an operator (PUT /admin/models/{key}/hotswap)"
+        );
+        self.processor.set_unavailable(closed.then_some(reason));
     }
 
     /// Whether `account` may use this model.

@@ -28,6 +28,12 @@
 //!
 //! The tenure's members are the nodes it places on; the view keeps them
 //! level with the live nodes ([`Tenure::join`], [`Tenure::lose`]).
+//!
+//! Only the controller knows which models can run nowhere now, so the
+//! leader writes the models its processors hold unavailable, with their
+//! reasons, for the other gateways ([`Tenure::publish_unavailable`]); a
+//! new tenure drops what its gateway took from the last leader and closes
+//! again the hotswap models an operator closed, which Redis keeps.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -37,14 +43,14 @@ use hangar_core::{
     DesiredState, GatewayLoad, Millis, ModelKey, NodeRecord, NodeReport, ReplicaId, ReplicaPhase,
 };
 use hangar_placement::{Cluster, ClusterConfig, Deployment, Level, NodeId, Restore};
-use hangar_redis::fleet::FleetState;
+use hangar_redis::fleet::{FleetState, Unavailable};
 use hangar_redis::lease::{LeaderLease, Leadership as Lease};
 use hangar_redis::registry::Registry;
 use hangar_scaler::{Action, Observation};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::super::control::{self, Command, Fleet};
+use super::super::control::{self, Command, Fleet, ScalingCommand};
 use super::super::desired::{desired, DesiredBook};
 use super::super::{control_loop, Inner, ServeConfig};
 use super::node_config;
@@ -85,6 +91,9 @@ pub(crate) struct Tenure {
     loads: Mutex<Vec<GatewayLoad>>,
     /// Cancelled when the lease is lost.
     lost: CancellationToken,
+    /// The unavailable models last written for the other gateways, and
+    /// when.
+    published: Mutex<Option<(Unavailable, Instant)>>,
 }
 
 impl Tenure {
@@ -160,6 +169,32 @@ impl Tenure {
         drop(runs);
         let writer = self.writer.clone();
         tokio::task::spawn_blocking(move || writer.flush());
+    }
+
+    /// Writes which models this leader's processors hold unavailable (and
+    /// why) for the other gateways, when that changed or every
+    /// [`REWRITE_EVERY`]. Blocking (Redis); a write that fails is tried at
+    /// the next call, one refused (the lease passed) ends the tenure.
+    pub(crate) fn publish_unavailable(&self) {
+        let now: Unavailable = self
+            .inner
+            .models
+            .iter()
+            .filter_map(|(key, rt)| Some((key.clone(), rt.processor.unavailable()?)))
+            .collect();
+        let mut published = self.published.lock().expect("published lock");
+        if published.as_ref().is_some_and(|(last, at)| *last == now && at.elapsed() < REWRITE_EVERY) {
+            return;
+        }
+        let w = &self.writer;
+        match w.fleet.write_unavailable(&w.me, w.epoch, &now) {
+            Ok(true) => *published = Some((now, Instant::now())),
+            Ok(false) => {
+                tracing::warn!(epoch = w.epoch, "the lease has passed to another gateway: no longer leading");
+                self.lost.cancel();
+            }
+            Err(e) => tracing::debug!("cannot write the unavailable models now: {e}"),
+        }
     }
 
     /// Stops watching whether replica `id` is taken up; whether it was
@@ -383,6 +418,7 @@ pub(crate) async fn run(
                 // Facts sent while following are about a fleet the new
                 // controller reads afresh.
                 while commands.try_recv().is_ok() {}
+                restore_gates(&inner, &tenure.2);
                 leadership.set(Some(tenure.0.clone()));
                 inner.control.set_active(true);
                 tracing::info!(epoch, "leading the fleet");
@@ -416,6 +452,36 @@ pub(crate) async fn run(
         tokio::select! {
             () = tokio::time::sleep(lease.period()) => {}
             () = stop.cancelled() => {}
+        }
+    }
+}
+
+/// A tenure's start, before its controller runs: what this gateway
+/// answered as a follower (the last leader's word on which models cannot
+/// run) is dropped, for the new controller decides afresh, and the hotswap
+/// models an operator closed (`closed`, from Redis) are closed again —
+/// answered 503 and pinned at zero.
+fn restore_gates(inner: &Arc<Inner>, closed: &BTreeSet<String>) {
+    for (key, rt) in &inner.models {
+        if !rt.config.hotswap {
+            rt.processor.set_unavailable(None);
+            continue;
+        }
+        let close = closed.contains(key);
+        rt.close_to_swapping(close);
+        if close {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let model = rt.config.key.clone();
+            inner.control.send(Command::Scaling {
+                model: model.clone(),
+                command: ScalingCommand::Pin(0),
+                reply,
+            });
+            tokio::spawn(async move {
+                if let Ok(Err(e)) = answer.await {
+                    tracing::warn!(%model, "cannot hold the closed hotswap model at 0: {e}");
+                }
+            });
         }
     }
 }
@@ -468,9 +534,9 @@ async fn begin(
     fleet: &FleetState,
     lease: &LeaderLease,
     epoch: u64,
-) -> Result<(Arc<Tenure>, hangar_scaler::ControlLoop), String> {
+) -> Result<(Arc<Tenure>, hangar_scaler::ControlLoop, BTreeSet<String>), String> {
     let (registry, reader) = (registry.clone(), fleet.clone());
-    let (nodes, states, reports) = tokio::task::spawn_blocking(move || {
+    let (nodes, states, reports, closed) = tokio::task::spawn_blocking(move || {
         let nodes: Vec<NodeRecord> = registry
             .registered()
             .map_err(|e| e.to_string())?
@@ -485,7 +551,8 @@ async fn begin(
             .map(|n| Ok(reader.desired(n).map_err(|e| e.to_string())?.unwrap_or_default()))
             .collect::<Result<Vec<_>, String>>()?;
         let reports = reader.reports(&names).map_err(|e| e.to_string())?;
-        Ok::<_, String>((nodes, states, reports))
+        let closed = reader.closed_hotswap().map_err(|e| e.to_string())?;
+        Ok::<_, String>((nodes, states, reports, closed))
     })
     .await
     .expect("no panic")?;
@@ -567,7 +634,8 @@ async fn begin(
         writer: writer.clone(),
         loads: Mutex::default(),
         lost,
+        published: Mutex::default(),
     });
     tokio::task::spawn_blocking(move || writer.flush()).await.expect("no panic");
-    Ok((tenure, control))
+    Ok((tenure, control, closed))
 }

@@ -12,6 +12,10 @@
 //! (Redis restarted, the report's TTL passed) keeps the routes of its last
 //! report until the node is declared dead.
 //!
+//! A follower answers for each model as the leader does: it takes the
+//! leader's word on which models are unavailable (503 with the leader's
+//! reason) and which hotswap models an operator closed.
+//!
 //! On the leader the view also keeps the controller's picture level with
 //! what it reads: the tenure's members are made the live nodes (a node
 //! joined, another run under a known name, a node dead or gone), and each
@@ -26,7 +30,7 @@ use std::time::{Duration, Instant};
 use hangar_core::{
     GatewayLoad, Millis, ModelKey, ModelLoad, NodeRecord, NodeReport, ReplicaId, ReplicaPhase,
 };
-use hangar_redis::fleet::FleetState;
+use hangar_redis::fleet::{FleetState, Unavailable};
 use hangar_redis::liveness::{Change, Liveness, Seen as Registered};
 use hangar_redis::registry::Registry;
 use hangar_scaler::StartTier;
@@ -67,6 +71,9 @@ struct Memory {
     seen: HashMap<ReplicaId, (Seen, bool)>,
     /// Registry keys already named as unreadable.
     named: HashSet<String>,
+    /// A follower: the unavailable models last taken from the leader
+    /// (`None`: none taken yet, or this gateway led since).
+    mirrored: Option<Unavailable>,
 }
 
 /// The view and what it saw last.
@@ -96,6 +103,7 @@ impl View {
             reports: BTreeMap::new(),
             seen: HashMap::new(),
             named: HashSet::new(),
+            mirrored: None,
         };
         Arc::new(View {
             inner: Arc::downgrade(inner),
@@ -175,6 +183,12 @@ impl View {
         route(&inner, &routed);
         if let Some(tenure) = self.leadership.current() {
             self.keep_level(&inner, &tenure, &nodes, &memory.reports, &seen, &silent, &memory.seen);
+            tenure.publish_unavailable();
+            memory.mirrored = None;
+        } else {
+            let (unavailable, closed) = self.fleet.gates().map_err(|e| e.to_string())?;
+            follow_gates(&inner, memory.mirrored.as_ref(), &unavailable, &closed);
+            memory.mirrored = Some(unavailable);
         }
         let ever: HashMap<ReplicaId, bool> = memory.seen.iter().map(|(id, (_, ever))| (*id, *ever)).collect();
         memory.seen = seen
@@ -323,6 +337,29 @@ impl View {
         }
         for id in seen.keys().filter(|id| seen[id].phase != ReplicaPhase::Pending) {
             tenure.give_up(*id); // Taken up.
+        }
+    }
+}
+
+/// A follower answers for each model as the leader does: a model the
+/// leader holds unavailable turns fail-fast requests away here too, with
+/// the leader's reason, and a hotswap model shows the operator's gate.
+/// Only what changed since the last word taken (`mirrored`) is applied:
+/// a replica that became ready here since ends the model's unavailability
+/// at once, as on the leader, and is not overruled by a stale word.
+fn follow_gates(
+    inner: &Inner,
+    mirrored: Option<&Unavailable>,
+    unavailable: &Unavailable,
+    closed: &std::collections::BTreeSet<String>,
+) {
+    for (key, rt) in &inner.models {
+        let reason = unavailable.get(key);
+        if mirrored.map(|m| m.get(key)) != Some(reason) {
+            rt.processor.set_unavailable(reason.cloned());
+        }
+        if rt.config.hotswap {
+            rt.swap_closed.store(closed.contains(key), std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
