@@ -215,7 +215,7 @@ async fn model_action(
 
 /// A scaling command, answered once the controller has applied it (the
 /// engines follow in the background).
-async fn scaling(server: &Server, rt: &ModelRuntime, body: &Bytes) -> Result<Response, ApiError> {
+async fn scaling(server: &Server, rt: &Arc<ModelRuntime>, body: &Bytes) -> Result<Response, ApiError> {
     let command = match parse::<ScalingBody>(body)? {
         ScalingBody { action: ScalingAction::Pin, replicas: Some(n) } => ScalingCommand::Pin(n),
         ScalingBody { action: ScalingAction::Pin, replicas: None } => {
@@ -228,7 +228,7 @@ async fn scaling(server: &Server, rt: &ModelRuntime, body: &Bytes) -> Result<Res
         ScalingBody { action: ScalingAction::Unfreeze, .. } => ScalingCommand::Unfreeze,
     };
     let key = &rt.config().key;
-    server.control().scaling(key, command).await.map_err(|e| match e {
+    server.scale(rt, command).await.map_err(|e| match e {
         ControlError::Command(e @ CommandError::OutOfBounds { .. }) => {
             ApiError::bad_request(e.to_string()).param("replicas")
         }

@@ -16,6 +16,9 @@
 //! - `hangar:hotswap-closed`: the hotswap models an operator closed to
 //!   swapping in (a set), the operator's intent: it outlives leaders, and
 //!   each new leader pins those models at zero again.
+//! - `hangar:scaling-overrides`: each model an operator froze or pinned
+//!   (a hash, model → JSON [`ScalingOverride`]), also the operator's
+//!   intent, which each new leader applies again.
 
 use std::time::Duration;
 
@@ -38,6 +41,17 @@ end
 redis.call('SET', ARGV[1] .. ':' .. ARGV[4], ARGV[5])
 return 1
 "#;
+
+/// An operator's override of one model's scaler, as recorded for the
+/// leaders to come: `"freeze"` (keep the count it has) or `{"pin": N}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScalingOverride {
+    /// Frozen at the count it has.
+    Freeze,
+    /// Held at this many replicas.
+    Pin(u32),
+}
 
 /// The models no replica can serve now, each with the reason sync
 /// requests are told: what the leader decided, which every gateway
@@ -126,6 +140,34 @@ impl FleetState {
     /// The hotswap models an operator closed to swapping in.
     pub fn closed_hotswap(&self) -> Result<std::collections::BTreeSet<String>, RedisError> {
         self.redis.run(|c| redis::cmd("SMEMBERS").arg(format!("{PREFIX}:hotswap-closed")).query(c))
+    }
+
+    /// Records `model`'s scaling override (`None`: the operator released
+    /// it).
+    pub fn set_override(&self, model: &str, o: Option<ScalingOverride>) -> Result<(), RedisError> {
+        let hash = format!("{PREFIX}:scaling-overrides");
+        match o {
+            Some(o) => {
+                let json = serde_json::to_string(&o).expect("an override serializes");
+                self.redis.run(|c| redis::cmd("HSET").arg(&hash).arg(model).arg(&json).query::<()>(c))
+            }
+            None => self.redis.run(|c| redis::cmd("HDEL").arg(&hash).arg(model).query::<()>(c)),
+        }
+    }
+
+    /// Every model's recorded scaling override (one that cannot be read
+    /// is named in the log once and left out).
+    pub fn overrides(&self) -> Result<std::collections::BTreeMap<String, ScalingOverride>, RedisError> {
+        let hash = format!("{PREFIX}:scaling-overrides");
+        let all: std::collections::BTreeMap<String, String> =
+            self.redis.run(|c| redis::cmd("HGETALL").arg(&hash).query(c))?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(model, json)| {
+                let o = self.parse(&format!("{hash} {model}"), Some(json))?;
+                Some((model, o))
+            })
+            .collect())
     }
 
     /// What every gateway answers for: the models the leader last wrote
@@ -248,7 +290,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_leader_writes_which_models_are_unavailable_and_the_gates_outlive_it() {
+    fn only_the_leader_writes_which_models_are_unavailable_and_the_operators_word_outlives_it() {
         let Some(server) = LocalRedis::for_test() else { return };
         let redis = Redis::connect(&server.url()).unwrap();
         let fleet = FleetState::new(redis.clone());
@@ -264,6 +306,22 @@ mod tests {
         fleet.close_hotswap("t/other", false).unwrap();
         let closed: std::collections::BTreeSet<String> = ["t/swap".to_owned()].into();
         assert_eq!(fleet.gates().unwrap(), (down, closed.clone()));
+        fleet.set_override("t/a", Some(ScalingOverride::Pin(3))).unwrap();
+        fleet.set_override("t/b", Some(ScalingOverride::Freeze)).unwrap();
+        fleet.set_override("t/c", Some(ScalingOverride::Freeze)).unwrap();
+        fleet.set_override("t/c", None).unwrap();
+        redis
+            .run(|c| {
+                redis::cmd("HSET")
+                    .arg(format!("{PREFIX}:scaling-overrides"))
+                    .arg("t/d")
+                    .arg("{")
+                    .query::<()>(c)
+            })
+            .unwrap();
+        let overrides: std::collections::BTreeMap<String, ScalingOverride> =
+            [("t/a".to_owned(), ScalingOverride::Pin(3)), ("t/b".to_owned(), ScalingOverride::Freeze)].into();
+        assert_eq!(fleet.overrides().unwrap(), overrides, "the unreadable one left out");
         // A key written by hand that is not a JSON object reads as none.
         redis
             .run(|c| redis::cmd("SET").arg(format!("{PREFIX}:unavailable")).arg("[1]").query::<()>(c))

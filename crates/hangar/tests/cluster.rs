@@ -484,16 +484,25 @@ fn chat_until(gateway: &str, model: &str, check: impl Fn(&(u16, Option<String>, 
     }
 }
 
-/// Every gateway answers for a model as the leader does. Two gateways
-/// and one node of one 16 GB GPU: `t/big` (60 GB) has no room, `t/swap`
-/// is a hotswap model. A sync request for `t/big` through the gateway
-/// that does not lead is answered 503 with the leader's reason (not after
-/// its 600 s timeout). The operator's hotswap gate, closed through the
-/// leader (the other refuses the command), closes `t/swap` on both; it
-/// outlives the leader — killed with SIGKILL, the other gateway leads and
-/// keeps the model closed — until opened through the new leader.
+/// `POST /admin/models/{model}/scaling` on `gateway`: its status.
+fn scale(gateway: &str, model: &str, body: Value) -> u16 {
+    let url = format!("{gateway}/admin/models/{model}/scaling");
+    client().post(url).json(&body).send().map(|r| r.status().as_u16()).unwrap_or(0)
+}
+
+/// Every gateway answers for a model as the leader does, and what an
+/// operator asked outlives the leader. Two gateways and one node of two
+/// 16 GB GPUs: `t/big` (60 GB) has no room, `t/swap` is a hotswap model,
+/// `t/small` an ordinary one. A sync request for `t/big` through the
+/// gateway that does not lead is answered 503 with the leader's reason
+/// (not after its 600 s timeout). The operator's hotswap gate, closed
+/// through the leader (the other refuses the command), closes `t/swap` on
+/// both; `t/small` is pinned at 1 (a pin out of its bounds is refused and
+/// changes nothing). The leader is killed with SIGKILL: the other gateway
+/// leads, keeps `t/swap` closed and `t/small` pinned, and opens `t/swap`
+/// when told to.
 #[test]
-fn every_gateway_answers_as_the_leader_and_the_hotswap_gate_outlives_it() {
+fn every_gateway_answers_as_the_leader_and_the_operators_word_outlives_it() {
     let Some(redis) = LocalRedis::for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
     let models = r#"
@@ -510,12 +519,19 @@ engine = { kind = "mock", preset = "fast" }
 size = "10GB"
 min_replicas = 0
 hotswap = true
+
+[[models]]
+key = "t/small"
+engine = { kind = "mock", preset = "fast" }
+size = "4GB"
+min_replicas = 0
+max_replicas = 2
 "#;
     let config = fleet_config_of(&redis, models);
     let path = dir.path().join("fleet.toml");
     std::fs::write(&path, &config).unwrap();
     let mut gateways: Vec<Serve> = (0..2).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
-    let _node = agent_with_memory(dir.path(), &path, &redis.url(), "small", 1, "16GB");
+    let _node = agent_with_memory(dir.path(), &path, &redis.url(), "small", 2, "16GB");
     let t = Instant::now();
     let lead = loop {
         if let Some(lead) = leader(&gateways) {
@@ -541,6 +557,15 @@ hotswap = true
         models.into_iter().find(|m| m["model"] == "t/swap").unwrap()["hotswap"].clone()
     };
     assert_eq!(swap(&follower), json!({"swappable": false}));
+    let leader_url = gateways[lead].url.clone();
+    assert_eq!(scale(&leader_url, "t/small", json!({"action": "pin", "replicas": 1})), 200);
+    assert_eq!(scale(&leader_url, "t/small", json!({"action": "pin", "replicas": 5})), 400, "above its max");
+    assert_eq!(
+        scale(&follower, "t/small", json!({"action": "freeze"})),
+        409,
+        "the command goes to the leader"
+    );
+    wait_ready(&follower, &[("t/small", 1)], None);
 
     drop(gateways.remove(lead).kill9());
     let t = Instant::now();
@@ -552,7 +577,21 @@ hotswap = true
     // replica is started for the requests.
     assert!(closed(&chat_answer(&follower, "t/swap")));
     assert_eq!(swap(&follower), json!({"swappable": false}));
+    let scaling = |model: &str| {
+        let models = status(&follower)["models"].as_array().unwrap().clone();
+        models.into_iter().find(|m| m["model"] == model).unwrap()["scaling"]["override"].clone()
+    };
+    let t = Instant::now();
+    while scaling("t/swap") != json!({"mode": "pinned", "replicas": 0}) {
+        assert!(t.elapsed() < Duration::from_secs(10), "t/swap never pinned again: {}", scaling("t/swap"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(scaling("t/small"), json!({"mode": "pinned", "replicas": 1}), "pinned again, as recorded");
+    assert_eq!(wait_ready(&follower, &[("t/small", 1)], None).len(), 1);
     assert_eq!(set_swappable(&follower, "t/swap", true), 200);
     chat_until(&follower, "t/swap", |a| a.0 == 200);
     assert_eq!(swap(&follower), json!({"swappable": true}));
+    assert_eq!(scaling("t/swap"), Value::Null, "opening released the scaler");
+    assert_eq!(scale(&follower, "t/small", json!({"action": "unfreeze"})), 200);
+    assert_eq!(scaling("t/small"), Value::Null);
 }

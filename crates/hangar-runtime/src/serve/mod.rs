@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use hangar_core::{AccountId, AdapterRef, ApiKeys, BlockHash, Millis, ModelKey, Principal, ReplicaId};
 use hangar_placement::{Cluster, Schedule};
+use hangar_redis::fleet::{FleetState, ScalingOverride};
 use hangar_router::{text_blocks, RouterPolicy};
 use hangar_scaler::{Bounds, Controller, ModelSpec};
 use hyper::body::Incoming;
@@ -195,7 +196,7 @@ pub(crate) struct Inner {
     pub gateway: std::sync::OnceLock<String>,
     /// The fleet's shared state, on a fleet's gateway: where an
     /// operator's hotswap gate is recorded.
-    pub(crate) fleet: std::sync::OnceLock<hangar_redis::fleet::FleetState>,
+    pub(crate) fleet: std::sync::OnceLock<FleetState>,
     /// Replicas this server saw fail, and when: a fleet's gateway does
     /// not route to one again on its node's word for
     /// [`fleet::QUARANTINE`] (the node's report may still name it while
@@ -311,6 +312,46 @@ impl Server {
         self.inner.models.get(key)
     }
 
+    /// An operator's scaling command for `rt` (`POST
+    /// /admin/models/{key}/scaling`): freeze, unfreeze or pin. On a fleet
+    /// the override is recorded in Redis first, so each later leader
+    /// applies it again; one the controller refuses (a pin out of bounds)
+    /// puts the record back as it was.
+    ///
+    /// # Cancel safety
+    /// Carried out whole in a task of its own: a caller that leaves
+    /// changes nothing of what happens.
+    pub async fn scale(&self, rt: &Arc<ModelRuntime>, command: ScalingCommand) -> Result<(), ControlError> {
+        let (server, key) = (self.clone(), rt.config.key.clone());
+        let apply = tokio::spawn(async move {
+            let record = match command {
+                ScalingCommand::Freeze => Some(ScalingOverride::Freeze),
+                ScalingCommand::Pin(n) => Some(ScalingOverride::Pin(n)),
+                ScalingCommand::Unfreeze => None,
+                // A deployment's bounds: its own record, repeated.
+                ScalingCommand::Bounds(_) => return server.control().scaling(&key, command).await,
+            };
+            let model = key.to_string();
+            // `Some(what was recorded)` on a fleet.
+            let before = server.record_in_fleet(move |fleet| {
+                let before = fleet.overrides()?.remove(&model);
+                fleet.set_override(&model, record)?;
+                Ok(Some(before))
+            });
+            let before = before.await?;
+            let applied = server.control().scaling(&key, command).await;
+            if let (Err(_), Some(before)) = (&applied, before) {
+                let model = key.to_string();
+                if let Err(e) = server.record_in_fleet(move |fleet| fleet.set_override(&model, before)).await
+                {
+                    tracing::warn!(%key, "a refused scaling command stays recorded: {e}");
+                }
+            }
+            applied
+        });
+        apply.await.expect("a scaling command does not panic")
+    }
+
     /// Opens (`true`) or closes the hotswap model `rt` to swapping in:
     /// closed, its scaler is pinned at 0 replicas and fail-fast requests
     /// are answered 503 at once (predictions wait); opened, its scaler
@@ -319,7 +360,8 @@ impl Server {
     ///
     /// On a fleet the gate is recorded in Redis first (nothing changes if
     /// it cannot be): every gateway then answers as this one, and a later
-    /// leader closes the model again.
+    /// leader closes the model again. Opening it releases any override of
+    /// its scaler, so the override's record goes too.
     ///
     /// # Cancel safety
     /// Carried out whole in a task of its own: a caller that leaves
@@ -328,16 +370,16 @@ impl Server {
         debug_assert!(rt.config.hotswap, "only a hotswap model is opened or closed");
         let (server, rt) = (self.clone(), rt.clone());
         let apply = tokio::spawn(async move {
-            if let Some(fleet) = server.inner.fleet.get().cloned() {
-                if !server.control().is_active() {
-                    return Err(ControlError::NotLeader);
-                }
-                let key = rt.config.key.to_string();
-                tokio::task::spawn_blocking(move || fleet.close_hotswap(&key, !swappable))
-                    .await
-                    .expect("no panic")
-                    .map_err(|e| ControlError::Unrecorded(e.to_string()))?;
-            }
+            let key = rt.config.key.to_string();
+            server
+                .record_in_fleet(move |fleet| {
+                    fleet.close_hotswap(&key, !swappable)?;
+                    if swappable {
+                        fleet.set_override(&key, None)?;
+                    }
+                    Ok(())
+                })
+                .await?;
             let command = if swappable { ScalingCommand::Unfreeze } else { ScalingCommand::Pin(0) };
             server.control().scaling(&rt.config.key, command).await?;
             rt.close_to_swapping(!swappable);
@@ -345,6 +387,23 @@ impl Server {
             Ok(())
         });
         apply.await.expect("setting the hotswap gate does not panic")
+    }
+
+    /// On a fleet's gateway, writes an operator's command to Redis with
+    /// `write` — refused unless this gateway leads, and nothing written
+    /// then; elsewhere `T::default()` and nothing to write.
+    async fn record_in_fleet<T: Default + Send + 'static>(
+        &self,
+        write: impl FnOnce(&FleetState) -> Result<T, hangar_redis::RedisError> + Send + 'static,
+    ) -> Result<T, ControlError> {
+        let Some(fleet) = self.inner.fleet.get().cloned() else { return Ok(T::default()) };
+        if !self.control().is_active() {
+            return Err(ControlError::NotLeader);
+        }
+        tokio::task::spawn_blocking(move || write(&fleet))
+            .await
+            .expect("no panic")
+            .map_err(|e| ControlError::Unrecorded(e.to_string()))
     }
 
     /// The adapters registered in the node's weight store, when a model

@@ -32,8 +32,9 @@
 //! Only the controller knows which models can run nowhere now, so the
 //! leader writes the models its processors hold unavailable, with their
 //! reasons, for the other gateways ([`Tenure::publish_unavailable`]); a
-//! new tenure drops what its gateway took from the last leader and closes
-//! again the hotswap models an operator closed, which Redis keeps.
+//! new tenure drops what its gateway took from the last leader and applies
+//! again what an operator asked, which Redis keeps ([`OperatorWord`]): the
+//! scaling overrides, and the hotswap models closed to swapping in.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -43,7 +44,7 @@ use hangar_core::{
     DesiredState, GatewayLoad, Millis, ModelKey, NodeRecord, NodeReport, ReplicaId, ReplicaPhase,
 };
 use hangar_placement::{Cluster, ClusterConfig, Deployment, Level, NodeId, Restore};
-use hangar_redis::fleet::{FleetState, Unavailable};
+use hangar_redis::fleet::{FleetState, ScalingOverride, Unavailable};
 use hangar_redis::lease::{LeaderLease, Leadership as Lease};
 use hangar_redis::registry::Registry;
 use hangar_scaler::{Action, Observation};
@@ -418,7 +419,7 @@ pub(crate) async fn run(
                 // Facts sent while following are about a fleet the new
                 // controller reads afresh.
                 while commands.try_recv().is_ok() {}
-                restore_gates(&inner, &tenure.2);
+                tenure.2.restore(&inner);
                 leadership.set(Some(tenure.0.clone()));
                 inner.control.set_active(true);
                 tracing::info!(epoch, "leading the fleet");
@@ -456,32 +457,49 @@ pub(crate) async fn run(
     }
 }
 
-/// A tenure's start, before its controller runs: what this gateway
-/// answered as a follower (the last leader's word on which models cannot
-/// run) is dropped, for the new controller decides afresh, and the hotswap
-/// models an operator closed (`closed`, from Redis) are closed again —
-/// answered 503 and pinned at zero.
-fn restore_gates(inner: &Arc<Inner>, closed: &BTreeSet<String>) {
-    for (key, rt) in &inner.models {
-        if !rt.config.hotswap {
-            rt.processor.set_unavailable(None);
-            continue;
-        }
-        let close = closed.contains(key);
-        rt.close_to_swapping(close);
-        if close {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            let model = rt.config.key.clone();
-            inner.control.send(Command::Scaling {
-                model: model.clone(),
-                command: ScalingCommand::Pin(0),
-                reply,
-            });
-            tokio::spawn(async move {
-                if let Ok(Err(e)) = answer.await {
-                    tracing::warn!(%model, "cannot hold the closed hotswap model at 0: {e}");
-                }
-            });
+/// What an operator asked of the fleet, kept in Redis for every leader:
+/// the hotswap models closed to swapping in, and the scaling overrides.
+pub(crate) struct OperatorWord {
+    closed: BTreeSet<String>,
+    overrides: BTreeMap<String, ScalingOverride>,
+}
+
+impl OperatorWord {
+    /// Read from Redis. Blocking.
+    fn read(fleet: &FleetState) -> Result<OperatorWord, String> {
+        let closed = fleet.closed_hotswap().map_err(|e| e.to_string())?;
+        let overrides = fleet.overrides().map_err(|e| e.to_string())?;
+        Ok(OperatorWord { closed, overrides })
+    }
+
+    /// A tenure's start, before its controller runs: what this gateway
+    /// answered as a follower (the last leader's word on which models
+    /// cannot run) is dropped, for the new controller decides afresh; each
+    /// scaling override is applied again, then the hotswap models an
+    /// operator closed are closed again — answered 503 and pinned at zero.
+    fn restore(&self, inner: &Arc<Inner>) {
+        for (key, rt) in &inner.models {
+            let command = match self.overrides.get(key) {
+                Some(ScalingOverride::Freeze) => Some(ScalingCommand::Freeze),
+                Some(&ScalingOverride::Pin(n)) => Some(ScalingCommand::Pin(n)),
+                None => None,
+            };
+            let close = rt.config.hotswap && self.closed.contains(key);
+            if rt.config.hotswap {
+                rt.close_to_swapping(close);
+            } else {
+                rt.processor.set_unavailable(None);
+            }
+            for command in command.into_iter().chain(close.then_some(ScalingCommand::Pin(0))) {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let model = rt.config.key.clone();
+                inner.control.send(Command::Scaling { model: model.clone(), command, reply });
+                tokio::spawn(async move {
+                    if let Ok(Err(e)) = answer.await {
+                        tracing::warn!(%model, ?command, "cannot apply the operator's recorded command again: {e}");
+                    }
+                });
+            }
         }
     }
 }
@@ -534,9 +552,9 @@ async fn begin(
     fleet: &FleetState,
     lease: &LeaderLease,
     epoch: u64,
-) -> Result<(Arc<Tenure>, hangar_scaler::ControlLoop, BTreeSet<String>), String> {
+) -> Result<(Arc<Tenure>, hangar_scaler::ControlLoop, OperatorWord), String> {
     let (registry, reader) = (registry.clone(), fleet.clone());
-    let (nodes, states, reports, closed) = tokio::task::spawn_blocking(move || {
+    let (nodes, states, reports, word) = tokio::task::spawn_blocking(move || {
         let nodes: Vec<NodeRecord> = registry
             .registered()
             .map_err(|e| e.to_string())?
@@ -551,8 +569,8 @@ async fn begin(
             .map(|n| Ok(reader.desired(n).map_err(|e| e.to_string())?.unwrap_or_default()))
             .collect::<Result<Vec<_>, String>>()?;
         let reports = reader.reports(&names).map_err(|e| e.to_string())?;
-        let closed = reader.closed_hotswap().map_err(|e| e.to_string())?;
-        Ok::<_, String>((nodes, states, reports, closed))
+        let word = OperatorWord::read(&reader)?;
+        Ok::<_, String>((nodes, states, reports, word))
     })
     .await
     .expect("no panic")?;
@@ -637,5 +655,5 @@ async fn begin(
         published: Mutex::default(),
     });
     tokio::task::spawn_blocking(move || writer.flush()).await.expect("no panic");
-    Ok((tenure, control, closed))
+    Ok((tenure, control, word))
 }
