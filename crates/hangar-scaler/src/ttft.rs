@@ -31,10 +31,16 @@ pub struct TtftWindow {
 /// selection over the samples themselves (thousands) cost a simulated fleet
 /// a third of its time, mostly in the caches it flushed; keeping them in an
 /// ordered map cost the live gateway about a microsecond on each request.
+///
+/// The counts per millisecond are kept per block of [`BLOCK_MS`], each
+/// allocated when a sample first lands in it: a model's TTFTs fill a few
+/// blocks, and a gateway serving hundreds of models holds a few KiB for
+/// each rather than the 128 KiB of every millisecond up to [`FINE_MS`].
 #[derive(Debug, Clone, Default)]
 struct Counts {
-    /// Samples per millisecond below [`FINE_MS`] (allocated at the first).
-    fine: Vec<u16>,
+    /// Samples per millisecond below [`FINE_MS`], by block (the table
+    /// allocated at the first sample, a block at its first).
+    fine: Vec<Option<Box<[u16; BLOCK_MS]>>>,
     /// Samples per [`BLOCK_MS`] below [`FINE_MS`].
     blocks: Vec<u16>,
     /// The samples of [`FINE_MS`] or more, unordered: requests waiting that
@@ -53,11 +59,12 @@ impl Counts {
             return self.longer.push(ms);
         }
         if self.fine.is_empty() {
-            self.fine = vec![0; FINE_MS];
+            self.fine = vec![None; FINE_MS / BLOCK_MS];
             self.blocks = vec![0; FINE_MS / BLOCK_MS];
         }
-        self.fine[ms as usize] += 1;
-        self.blocks[ms as usize / BLOCK_MS] += 1;
+        let (block, at) = (ms as usize / BLOCK_MS, ms as usize % BLOCK_MS);
+        self.fine[block].get_or_insert_with(|| Box::new([0; BLOCK_MS]))[at] += 1;
+        self.blocks[block] += 1;
     }
 
     /// Forgets one sample of `ms`, which was added.
@@ -67,8 +74,9 @@ impl Counts {
             self.longer.swap_remove(at);
             return;
         }
-        self.fine[ms as usize] -= 1;
-        self.blocks[ms as usize / BLOCK_MS] -= 1;
+        let (block, at) = (ms as usize / BLOCK_MS, ms as usize % BLOCK_MS);
+        self.fine[block].as_mut().expect("a sample added to its block")[at] -= 1;
+        self.blocks[block] -= 1;
     }
 
     /// The sample with `above` others above it in order (0: the largest),
@@ -85,10 +93,11 @@ impl Counts {
                 above -= count;
                 continue;
             }
-            for ms in (b * BLOCK_MS..(b + 1) * BLOCK_MS).rev() {
-                let count = usize::from(self.fine[ms]);
+            let fine = self.fine[b].as_ref().expect("a block with samples has its counts");
+            for (at, &count) in fine.iter().enumerate().rev() {
+                let count = usize::from(count);
                 if count > above {
-                    return ms as Millis;
+                    return (b * BLOCK_MS + at) as Millis;
                 }
                 above -= count;
             }
@@ -244,6 +253,17 @@ mod tests {
         assert_eq!(w.p99_between(6_000, 10_000), None, "a sample at `from` is the last interval's");
         assert_eq!(w.p99_between(10_000, 15_000), None);
         assert_eq!(w.p99(10_000), Some(100), "the minute's p99 counts every interval's samples");
+    }
+
+    #[test]
+    fn only_the_blocks_a_models_ttfts_fall_in_hold_counts() {
+        let mut w = TtftWindow::new();
+        for i in 0..TtftWindow::CAPACITY as Millis {
+            w.record(i, 40 + i % 1_000);
+        }
+        let held = w.counts.fine.iter().filter(|b| b.is_some()).count();
+        assert_eq!(held, 5, "40..1,040 ms: blocks 0 to 4 of {} ms each", BLOCK_MS);
+        assert_eq!(w.p99(4_096), Some(1_029));
     }
 
     #[test]
