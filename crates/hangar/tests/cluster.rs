@@ -78,6 +78,19 @@ fn leader(gateways: &[Serve]) -> Option<usize> {
     gateways.iter().position(|g| status(&g.url)["fleet"]["leading"] == true)
 }
 
+/// Waits until one of `gateways` leads (failing after 15 s, naming
+/// `when`), and returns it.
+fn wait_leader(gateways: &[Serve], when: &str) -> usize {
+    let t = Instant::now();
+    loop {
+        if let Some(lead) = leader(gateways) {
+            return lead;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "no gateway leads {when}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn chat(gateway: &str, model: &str) -> u16 {
     client()
         .post(format!("{gateway}/v1/chat/completions"))
@@ -257,11 +270,7 @@ fn the_fleet_rides_out_a_redis_restart() {
     for (id, status) in hooks.one_terminal_each(&ids) {
         assert_eq!(status, "succeeded", "{id}");
     }
-    let t = Instant::now();
-    while leader(&f.gateways).is_none() {
-        assert!(t.elapsed() < Duration::from_secs(15), "no gateway leads after the restarts");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_leader(&f.gateways, "after the restarts");
     for g in &f.gateways {
         wait_ready(&g.url, &[("t/a", 2), ("t/b", 1)], None);
     }
@@ -422,11 +431,7 @@ timeout_s = 600
     std::fs::write(&path, &config).unwrap();
     let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
     let _small = agent_with_memory(dir.path(), &path, &redis.url(), "small", 1, "16GB");
-    let t = Instant::now();
-    while leader(std::slice::from_ref(&gateway)).is_none() {
-        assert!(t.elapsed() < Duration::from_secs(15), "the gateway never leads");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_leader(std::slice::from_ref(&gateway), "at the start");
     let hooks = receiver(0);
     let body = |hooks: &Receiver| json!({"input": {"prompt": "x", "max_tokens": 4}, "webhook": hooks.url, "webhook_events_filter": ["completed"]});
     let predict = format!("{}/v1/models/t/big/predictions", gateway.url);
@@ -532,14 +537,7 @@ max_replicas = 2
     std::fs::write(&path, &config).unwrap();
     let mut gateways: Vec<Serve> = (0..2).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
     let _node = agent_with_memory(dir.path(), &path, &redis.url(), "small", 2, "16GB");
-    let t = Instant::now();
-    let lead = loop {
-        if let Some(lead) = leader(&gateways) {
-            break lead;
-        }
-        assert!(t.elapsed() < Duration::from_secs(15), "no gateway leads");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let lead = wait_leader(&gateways, "at the start");
     let follower = gateways[1 - lead].url.clone();
     assert_eq!(chat_answer(&follower, "t/swap").0, 200, "served while open");
 
@@ -568,11 +566,7 @@ max_replicas = 2
     wait_ready(&follower, &[("t/small", 1)], None);
 
     drop(gateways.remove(lead).kill9());
-    let t = Instant::now();
-    while leader(&gateways).is_none() {
-        assert!(t.elapsed() < Duration::from_secs(15), "no new leader");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_leader(&gateways, "after the leader's kill");
     // The new leader closed it again from Redis: still refused, and no
     // replica is started for the requests.
     assert!(closed(&chat_answer(&follower, "t/swap")));
