@@ -139,7 +139,39 @@ impl FleetState {
 
     /// The hotswap models an operator closed to swapping in.
     pub fn closed_hotswap(&self) -> Result<std::collections::BTreeSet<String>, RedisError> {
-        self.redis.run(|c| redis::cmd("SMEMBERS").arg(format!("{PREFIX}:hotswap-closed")).query(c))
+        self.members(&format!("{PREFIX}:hotswap-closed"), None)
+    }
+
+    /// The type of `key` (`none` when there is none); `kind` when the
+    /// caller read it already.
+    fn kind(&self, key: &str, kind: Option<String>) -> Result<String, RedisError> {
+        match kind {
+            Some(kind) => Ok(kind),
+            None => self.redis.run(|c| redis::cmd("TYPE").arg(key).query(c)),
+        }
+    }
+
+    /// Whether `key` is of type `want` (or absent: `false`); a key of
+    /// another type, written by hand, is named in the log once and read as
+    /// absent rather than failing every read of the fleet's state.
+    fn is(&self, key: &str, want: &str, kind: Option<String>) -> Result<bool, RedisError> {
+        let kind = self.kind(key, kind)?;
+        if kind != want && kind != "none" {
+            self.named.warn(key, &format!("a {kind}, not a {want}"));
+        }
+        Ok(kind == want)
+    }
+
+    /// The members of the set `key` (`kind`: its type, if read already).
+    fn members(
+        &self,
+        key: &str,
+        kind: Option<String>,
+    ) -> Result<std::collections::BTreeSet<String>, RedisError> {
+        if !self.is(key, "set", kind)? {
+            return Ok(Default::default());
+        }
+        self.redis.run(|c| redis::cmd("SMEMBERS").arg(key).query(c))
     }
 
     /// Records `model`'s scaling override (`None`: the operator released
@@ -159,6 +191,9 @@ impl FleetState {
     /// is named in the log once and left out).
     pub fn overrides(&self) -> Result<std::collections::BTreeMap<String, ScalingOverride>, RedisError> {
         let hash = format!("{PREFIX}:scaling-overrides");
+        if !self.is(&hash, "hash", None)? {
+            return Ok(Default::default());
+        }
         let all: std::collections::BTreeMap<String, String> =
             self.redis.run(|c| redis::cmd("HGETALL").arg(&hash).query(c))?;
         Ok(all
@@ -172,16 +207,16 @@ impl FleetState {
 
     /// What every gateway answers for: the models the leader last wrote
     /// as unavailable (none if it wrote nothing, or something unreadable,
-    /// which is named in the log once) and the closed hotswap models, in
-    /// one round trip.
+    /// which is named in the log once) and the closed hotswap models — in
+    /// one round trip while none is closed.
     pub fn gates(&self) -> Result<(Unavailable, std::collections::BTreeSet<String>), RedisError> {
-        let key = format!("{PREFIX}:unavailable");
+        let (key, set) = (format!("{PREFIX}:unavailable"), format!("{PREFIX}:hotswap-closed"));
         let mut pipe = redis::pipe();
         // MGET reads a key of another type as nil rather than failing.
-        pipe.cmd("MGET").arg(&key).cmd("SMEMBERS").arg(format!("{PREFIX}:hotswap-closed"));
-        let (json, closed): (Vec<Option<String>>, _) = self.redis.run(|c| pipe.query(c))?;
+        pipe.cmd("MGET").arg(&key).cmd("TYPE").arg(&set);
+        let (json, kind): (Vec<Option<String>>, String) = self.redis.run(|c| pipe.query(c))?;
         let unavailable = self.parse(&key, json.into_iter().next().flatten()).unwrap_or_default();
-        Ok((unavailable, closed))
+        Ok((unavailable, self.members(&set, Some(kind))?))
     }
 
     /// Reads JSON `json` of `key`, an unreadable one as absent (named in
@@ -305,7 +340,7 @@ mod tests {
         fleet.close_hotswap("t/other", true).unwrap();
         fleet.close_hotswap("t/other", false).unwrap();
         let closed: std::collections::BTreeSet<String> = ["t/swap".to_owned()].into();
-        assert_eq!(fleet.gates().unwrap(), (down, closed.clone()));
+        assert_eq!(fleet.gates().unwrap(), (down.clone(), closed.clone()));
         fleet.set_override("t/a", Some(ScalingOverride::Pin(3))).unwrap();
         fleet.set_override("t/b", Some(ScalingOverride::Freeze)).unwrap();
         fleet.set_override("t/c", Some(ScalingOverride::Freeze)).unwrap();
@@ -322,6 +357,16 @@ mod tests {
         let overrides: std::collections::BTreeMap<String, ScalingOverride> =
             [("t/a".to_owned(), ScalingOverride::Pin(3)), ("t/b".to_owned(), ScalingOverride::Freeze)].into();
         assert_eq!(fleet.overrides().unwrap(), overrides, "the unreadable one left out");
+        // Keys of another type, written by hand, read as none.
+        for key in ["hotswap-closed", "scaling-overrides"] {
+            redis.run(|c| redis::cmd("SET").arg(format!("{PREFIX}:{key}")).arg("x").query::<()>(c)).unwrap();
+        }
+        assert_eq!(fleet.overrides().unwrap(), Default::default());
+        assert_eq!(fleet.closed_hotswap().unwrap(), Default::default());
+        assert_eq!(fleet.gates().unwrap(), (down.clone(), Default::default()));
+        fleet.close_hotswap("t/swap", true).unwrap_err();
+        redis.run(|c| redis::cmd("DEL").arg(format!("{PREFIX}:hotswap-closed")).query::<()>(c)).unwrap();
+        fleet.close_hotswap("t/swap", true).unwrap();
         // A key written by hand that is not a JSON object reads as none.
         redis
             .run(|c| redis::cmd("SET").arg(format!("{PREFIX}:unavailable")).arg("[1]").query::<()>(c))
