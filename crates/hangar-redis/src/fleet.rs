@@ -142,20 +142,15 @@ impl FleetState {
         self.members(&format!("{PREFIX}:hotswap-closed"), None)
     }
 
-    /// The type of `key` (`none` when there is none); `kind` when the
-    /// caller read it already.
-    fn kind(&self, key: &str, kind: Option<String>) -> Result<String, RedisError> {
-        match kind {
-            Some(kind) => Ok(kind),
-            None => self.redis.run(|c| redis::cmd("TYPE").arg(key).query(c)),
-        }
-    }
-
-    /// Whether `key` is of type `want` (or absent: `false`); a key of
-    /// another type, written by hand, is named in the log once and read as
-    /// absent rather than failing every read of the fleet's state.
+    /// Whether `key` is of type `want` (or absent: `false`), its type read
+    /// unless the caller has it (`kind`); a key of another type, written
+    /// by hand, is named in the log once and read as absent rather than
+    /// failing every read of the fleet's state.
     fn is(&self, key: &str, want: &str, kind: Option<String>) -> Result<bool, RedisError> {
-        let kind = self.kind(key, kind)?;
+        let kind = match kind {
+            Some(kind) => kind,
+            None => self.redis.run(|c| redis::cmd("TYPE").arg(key).query(c))?,
+        };
         if kind != want && kind != "none" {
             self.named.warn(key, &format!("a {kind}, not a {want}"));
         }

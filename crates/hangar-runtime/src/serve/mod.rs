@@ -195,7 +195,7 @@ pub(crate) struct Inner {
     /// This gateway's id in a fleet (none on a single machine).
     pub gateway: std::sync::OnceLock<String>,
     /// The fleet's shared state, on a fleet's gateway: where an
-    /// operator's hotswap gate is recorded.
+    /// operator's commands (scaling overrides, hotswap gates) are recorded.
     pub(crate) fleet: std::sync::OnceLock<FleetState>,
     /// Replicas this server saw fail, and when: a fleet's gateway does
     /// not route to one again on its node's word for

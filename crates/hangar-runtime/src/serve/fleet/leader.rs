@@ -190,10 +190,7 @@ impl Tenure {
         let w = &self.writer;
         match w.fleet.write_unavailable(&w.me, w.epoch, &now) {
             Ok(true) => *published = Some((now, Instant::now())),
-            Ok(false) => {
-                tracing::warn!(epoch = w.epoch, "the lease has passed to another gateway: no longer leading");
-                self.lost.cancel();
-            }
+            Ok(false) => w.lease_passed(),
             Err(e) => tracing::debug!("cannot write the unavailable models now: {e}"),
         }
     }
@@ -285,14 +282,7 @@ impl Writer {
             state.agent = agent;
             match self.fleet.write_desired(&self.me, &node, &state) {
                 Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(
-                        epoch = self.epoch,
-                        "the lease has passed to another gateway: no longer leading"
-                    );
-                    self.lost.cancel();
-                    return;
-                }
+                Ok(false) => return self.lease_passed(),
                 Err(e) => {
                     tracing::debug!(%node, "cannot write the desired state now: {e}");
                     failed.insert(node);
@@ -300,6 +290,13 @@ impl Writer {
             }
         }
         self.mark(failed);
+    }
+
+    /// A write was refused: another gateway holds the lease, so this
+    /// tenure ends.
+    fn lease_passed(&self) {
+        tracing::warn!(epoch = self.epoch, "the lease has passed to another gateway: no longer leading");
+        self.lost.cancel();
     }
 
     /// Retries failed writes every [`RETRY_EVERY`] and rewrites every
