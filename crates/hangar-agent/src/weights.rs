@@ -694,6 +694,35 @@ impl WeightStore {
         Ok(id)
     }
 
+    /// The artifacts this node holds resident, sorted: those the store
+    /// daemon has loaded and verified into memory (held by a replica or
+    /// kept for the next one until its budget needs the room), and the
+    /// model directories this process has materialized. A replica of a
+    /// model loading one of them starts without reading its weights from
+    /// disk or a peer, which is what placement's preference for resident
+    /// nodes is worth. Blocking (a round trip to the daemon); an error when
+    /// the daemon does not answer, which says nothing about what it holds.
+    pub fn resident(&self) -> Result<Vec<String>, ClientError> {
+        let (_, _, residents) = StoreClient::connect(self.settings.socket())?.status()?;
+        let dirs: Vec<ArtifactId> = {
+            let dirs = self.dirs.lock().expect("model directory table lock");
+            dirs.iter()
+                .filter(|(_, slot)| slot.try_lock().is_ok_and(|held| held.is_some()))
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        let mut ids: Vec<String> = residents
+            .into_iter()
+            .filter(|r| r.ready)
+            .map(|r| r.id)
+            .chain(dirs)
+            .map(|id| id.to_string())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+
     /// Drops `replica`'s reference to its weights (the memory stays with
     /// the store, resident for the next replica, until its budget needs
     /// it; a model directory whose last replica this was is removed).

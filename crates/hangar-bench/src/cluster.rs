@@ -129,7 +129,6 @@ fn record(i: usize) -> NodeRecord {
         virtual_gpus: true,
         gpu_kind: Some("h100-80gb".into()),
         cpu_memory: hangar_core::ByteSize::new(1_000_000_000_000),
-        artifacts: Vec::new(),
         url: format!("http://10.0.{}.{}:9400", i / 250, i % 250),
         draining: false,
     }
@@ -148,7 +147,7 @@ fn report(r: &NodeRecord, i: usize) -> NodeReport {
         start: None,
         instance: None,
     };
-    NodeReport { agent: r.agent.clone(), replicas: vec![replica(0), replica(1)] }
+    NodeReport { agent: r.agent.clone(), replicas: vec![replica(0), replica(1)], artifacts: Vec::new() }
 }
 
 /// Part 1.

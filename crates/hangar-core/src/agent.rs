@@ -33,10 +33,6 @@ pub struct NodeRecord {
     pub gpu_kind: Option<String>,
     /// Host memory for the warm cache.
     pub cpu_memory: ByteSize,
-    /// Store artifacts (`hg1:` ids) the node holds, so placement can
-    /// prefer a node that need not fetch a model's weights.
-    #[serde(default)]
-    pub artifacts: Vec<String>,
     /// The agent's HTTP address (`http://10.0.0.7:9400`).
     pub url: String,
     /// Leaving (SIGTERM): place nothing new here; its replicas move.
@@ -349,6 +345,14 @@ pub struct NodeReport {
     pub agent: String,
     /// The replicas.
     pub replicas: Vec<ReplicaReport>,
+    /// The weight-store artifacts (`hg1:` ids) the node holds resident —
+    /// in its store daemon's memory, or materialized as a model directory
+    /// — sorted: a replica of a model loading one of them starts there
+    /// without reading its weights from disk or a peer, so placement
+    /// prefers the node among equal candidates. Absent (an agent from
+    /// before this field, or one without a weight store): none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<String>,
 }
 
 /// What one gateway sees of each model's demand, published for the

@@ -380,7 +380,6 @@ mod tests {
             virtual_gpus: false,
             gpu_kind: Some("a100-80gb".into()),
             cpu_memory: "512GB".parse().unwrap(),
-            artifacts: vec!["hg1:abc".into()],
             url: format!("http://{name}:9400"),
             draining: false,
         }

@@ -50,6 +50,13 @@
 //! ones are placed again on the remaining nodes in the same call, its
 //! WARM ones are gone (COLD).
 //!
+//! # Weight residency
+//! Which weight artifact each model loads and which artifacts each node
+//! holds resident are facts of the nodes ([`Controller::set_model_artifact`],
+//! [`Controller::set_resident`]); the controller hands them to placement,
+//! which breaks ties between equally good nodes in favour of one that need
+//! not read the model's weights again.
+//!
 //! # Dedicated windows
 //! A [`Schedule`] (seed 000's dedicated deployments) is applied at each
 //! window's start and end, on time: placement keeps the window's replicas
@@ -62,8 +69,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use hangar_placement::{
-    AddNodeError, Cluster, Deployment, DeploymentDelta, Level, NodeConfig, NodeId, ReplicaRequest, Restore,
-    Schedule, Snapshot,
+    AddNodeError, Cluster, Deployment, DeploymentDelta, Level, NodeConfig, NodeId, ReplicaRequest,
+    ResidencyError, Restore, Schedule, Snapshot,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -552,6 +559,25 @@ impl Controller {
             c.in_flight.remove(&replica);
             c.warm_since.remove(&replica);
         }
+    }
+
+    /// The weight artifact `model`'s replicas load (as a started replica
+    /// reported it), or none: among equally good nodes placement prefers
+    /// one holding it resident ([`Cluster::set_model_artifact`]). Refused,
+    /// with nothing changed, for a model placement does not know.
+    pub fn set_model_artifact(
+        &mut self,
+        model: &ModelKey,
+        artifact: Option<String>,
+    ) -> Result<(), ResidencyError> {
+        self.cluster.set_model_artifact(model, artifact)
+    }
+
+    /// The weight artifacts `node` holds resident, as its agent last
+    /// reported them ([`Cluster::set_resident`]). Refused, with nothing
+    /// changed, for a node not in the cluster (a report from one lost).
+    pub fn set_resident(&mut self, node: &NodeId, artifacts: BTreeSet<String>) -> Result<(), ResidencyError> {
+        self.cluster.set_resident(node, artifacts)
     }
 
     // ---- commands ----------------------------------------------------

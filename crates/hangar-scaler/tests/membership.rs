@@ -467,3 +467,26 @@ proptest! {
         }
     }
 }
+
+/// A lost node's replica is placed again on the node holding its model's
+/// weights resident, whatever the seed: told by the controller's driver
+/// (a fleet's leader, from the agents' reports), placement breaks the tie
+/// between the two free nodes left. Residency named for a node or model
+/// the controller does not know is refused and changes nothing.
+#[test]
+fn a_lost_replica_comes_back_where_its_weights_are_resident() {
+    for seed in 0..40 {
+        let nodes = vec![node("a", 1, "gpu", 0), node("b", 1, "gpu", 0), node("c", 1, "gpu", 0)];
+        let mut c = Controller::new(cluster(nodes, &[("m", 30, None)]), seed, vec![fixed("m", 1)], 0);
+        drain(&mut c);
+        let lost = hot(&c, "m")[0].node.clone();
+        let holder = ["a", "b", "c"].into_iter().map(nid).find(|n| *n != lost).unwrap();
+        c.set_model_artifact(&key("m"), Some("hg1:w".into())).unwrap();
+        c.set_resident(&holder, BTreeSet::from(["hg1:w".to_owned()])).unwrap();
+        assert!(c.set_resident(&nid("ghost"), BTreeSet::new()).is_err());
+        assert!(c.set_model_artifact(&key("nope"), Some("hg1:x".into())).is_err());
+        c.handle_node_lost(1_000, &lost).unwrap();
+        drain(&mut c);
+        assert_eq!(hot(&c, "m")[0].node, holder, "seed {seed}: not placed where the weights are");
+    }
+}

@@ -589,3 +589,79 @@ max_replicas = 2
     assert_eq!(scale(&follower, "t/small", json!({"action": "unfreeze"})), 200);
     assert_eq!(scaling("t/small"), Value::Null);
 }
+
+/// The weight artifacts `gateway` shows node `node` holding resident.
+fn resident(gateway: &str, node: &str) -> Vec<String> {
+    let nodes = status(gateway)["nodes"].as_array().unwrap().clone();
+    let node = nodes.into_iter().find(|n| n["name"] == node).unwrap();
+    serde_json::from_value(node["resident"].clone()).unwrap()
+}
+
+/// Placement prefers the node whose weight store holds a model's weights
+/// resident. Two nodes, each agent with a weight store of its own (its
+/// own root), and a model whose weights are a file: pinned at 1, its
+/// replica loads the weights on one node, whose agent reports them
+/// resident (shown in `/admin/status`). Pinned at 0 and at 1 again five
+/// times, the replica comes back on that node every time: the two nodes
+/// are otherwise equal (both free, neither runs the model, no warm
+/// cache), so without residency each round is the rng's draw (with the
+/// leader's controller not told, round 1 lands on the other node). The
+/// other node never reads the weights.
+#[test]
+fn a_model_comes_back_on_the_node_that_holds_its_weights() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("model.gguf");
+    std::fs::write(&weights, (0..1_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+    let models = format!(
+        r#"
+[store]
+root = "store"
+
+[[models]]
+key = "t/w"
+engine = {{ kind = "mock", preset = "instant" }}
+size = "10GB"
+min_replicas = 0
+max_replicas = 1
+weights = "{}"
+"#,
+        weights.display()
+    );
+    let config = fleet_config_of(&redis, &models);
+    let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
+    // Each agent's file in a directory of its own: `root = "store"` is
+    // then a store of its own.
+    let _agents: Vec<Agent> = ["n0", "n1"]
+        .iter()
+        .map(|name| {
+            let own = dir.path().join(name);
+            std::fs::create_dir(&own).unwrap();
+            std::fs::write(own.join("fleet.toml"), &config).unwrap();
+            agent(&own, &own.join("fleet.toml"), &redis.url(), name, 1)
+        })
+        .collect();
+    wait_leader(std::slice::from_ref(&gateway), "at the start");
+    let g = gateway.url.as_str();
+    let pin = |n: u32| assert_eq!(scale(g, "t/w", json!({"action": "pin", "replicas": n})), 200);
+    pin(1);
+    let first = wait_ready(g, &[("t/w", 1)], None)[0].1.clone();
+    let models = status(g)["models"].as_array().unwrap().clone();
+    let replica = models.iter().find(|m| m["model"] == "t/w").unwrap()["replicas"][0].clone();
+    let artifact = replica["start"]["weights"]["artifact"].as_str().unwrap().to_owned();
+    let t = Instant::now();
+    while !resident(g, &first).contains(&artifact) {
+        assert!(t.elapsed() < Duration::from_secs(10), "{first} never reported {artifact} resident");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let other = if first == "n0" { "n1" } else { "n0" };
+    for round in 0..5 {
+        pin(0);
+        wait_ready(g, &[("t/w", 0)], None);
+        pin(1);
+        let (_, node) = wait_ready(g, &[("t/w", 1)], None).remove(0);
+        assert_eq!(node, first, "round {round}: placed on {node}, where the weights are not resident");
+    }
+    assert_eq!(resident(g, &first), [artifact]);
+    assert!(resident(g, other).is_empty(), "{other} read weights it never ran");
+}

@@ -18,6 +18,7 @@
 //! tells the task (at most one message per model in flight) — and an admin
 //! call whose client leaves still has its command carried out whole.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -57,6 +58,12 @@ pub(crate) enum Command {
     NodeJoined(NodeConfig, Vec<Restore>),
     /// A node agent's registration lapsed: its replicas are gone.
     NodeLost(NodeId),
+    /// The weight artifacts a node holds resident changed (fleet mode, the
+    /// leader).
+    Resident(NodeId, BTreeSet<String>),
+    /// A started replica of the model loaded this weight artifact (fleet
+    /// mode, the leader).
+    ModelArtifact(ModelKey, String),
 }
 
 /// An operator's scaling command for one model
@@ -371,6 +378,15 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
         Command::NodeLost(node) => {
             if let Some(lost) = control.controller_mut().handle_node_lost(now, &node) {
                 tracing::warn!(node = %node, replicas = lost.len(), "node lost: its replicas are placed elsewhere");
+            }
+        }
+        Command::Resident(node, artifacts) => {
+            // A node lost since its report was read: nothing to prefer.
+            let _ = control.controller_mut().set_resident(&node, artifacts);
+        }
+        Command::ModelArtifact(model, artifact) => {
+            if let Err(e) = control.controller_mut().set_model_artifact(&model, Some(artifact)) {
+                tracing::debug!(%model, "weight artifact not recorded: {e}");
             }
         }
     }

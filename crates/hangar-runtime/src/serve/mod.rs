@@ -108,11 +108,15 @@ pub struct NodeStatus {
     pub url: Option<String>,
     /// Leaving the fleet: nothing new is placed on it.
     pub draining: bool,
+    /// The weight artifacts it holds resident, by its agent's last report
+    /// (a fleet's node; empty on a single machine, where every node shares
+    /// one store).
+    pub resident: Vec<String>,
 }
 
 impl NodeStatus {
-    /// A fleet's node, as its agent registered it.
-    pub(crate) fn registered(r: &hangar_core::NodeRecord) -> Self {
+    /// A fleet's node, as its agent registered it and last reported.
+    pub(crate) fn registered(r: &hangar_core::NodeRecord, report: Option<&hangar_core::NodeReport>) -> Self {
         NodeStatus {
             name: r.name.clone(),
             gpus: r.gpus,
@@ -120,6 +124,7 @@ impl NodeStatus {
             gpu_kind: r.gpu_kind.clone(),
             url: Some(r.url.clone()),
             draining: r.draining,
+            resident: report.map(|r| r.artifacts.clone()).unwrap_or_default(),
         }
     }
 }
@@ -232,6 +237,7 @@ impl Server {
                 gpu_kind: Some(n.gpu_kind().to_owned()),
                 url: None,
                 draining: false,
+                resident: Vec::new(),
             })
             .collect();
         node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);

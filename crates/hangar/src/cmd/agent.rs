@@ -117,7 +117,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             virtual_gpus: args.virtual_gpus,
             gpu_kind: args.gpu_kind,
             cpu_memory: args.cpu_cache,
-            artifacts: Vec::new(),
             url: advertised(addr, &args.engine_host),
             draining: false,
         };

@@ -13,7 +13,10 @@
 //! replica it has, with its phase, engine URL and GPUs, its last start
 //! report and what its instance monitor says (`hangar:reported:NODE`),
 //! which is how the leader hears of a replica that serves, failed or went
-//! cold, and every gateway what each replica is doing. The gateways hold
+//! cold, and every gateway what each replica is doing. The report also
+//! lists the weight artifacts the node's store holds resident (asked of
+//! its daemon every second), so the leader's placement prefers this node
+//! for a model whose weights it would not have to read again. The gateways hold
 //! the permits, so the agent's instance monitors are fed by sampling each
 //! awake engine's own count of the requests it runs or holds (its
 //! gauges) as often. The replicas' health checks run here.
@@ -44,6 +47,9 @@ use super::super::{build, node, ServeConfig, ServeError};
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// How often the replicas are reported.
 const REPORT_EVERY: Duration = Duration::from_millis(250);
+/// How often the store daemon is asked what it holds resident: a load
+/// takes seconds, and residency only breaks placement's ties.
+const RESIDENCY_EVERY: Duration = Duration::from_secs(1);
 
 /// A running node agent.
 pub struct Agent {
@@ -58,6 +64,9 @@ pub struct Agent {
     driver: DriverHandle,
     /// The desired state of another run last seen (logged once).
     foreign: std::sync::Mutex<Option<String>>,
+    /// The weight-store artifacts the node holds resident, as its store
+    /// daemon last said (reported with the replicas).
+    resident: std::sync::Mutex<Vec<String>>,
     /// Stops the loops.
     stop: CancellationToken,
     /// Cancelled when another agent took the node's name.
@@ -116,6 +125,7 @@ impl Agent {
             fleet: FleetState::new(redis),
             driver,
             foreign: std::sync::Mutex::default(),
+            resident: std::sync::Mutex::default(),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
         });
@@ -123,6 +133,9 @@ impl Agent {
         tokio::spawn(every(Arc::downgrade(&agent), HEARTBEAT_EVERY, Agent::heartbeat));
         tokio::spawn(every(Arc::downgrade(&agent), FOLLOW_EVERY, Agent::follow));
         tokio::spawn(every(Arc::downgrade(&agent), REPORT_EVERY, Agent::report_now));
+        if agent.inner.weights.is_some() {
+            tokio::spawn(every(Arc::downgrade(&agent), RESIDENCY_EVERY, Agent::check_residency));
+        }
         tokio::spawn(sample_engines(Arc::downgrade(&agent)));
         Ok(agent)
     }
@@ -150,7 +163,8 @@ impl Agent {
                     .and_then(|rt| rt.processor.instance(r.view.replica)),
             })
             .collect();
-        NodeReport { agent: self.record.agent.clone(), replicas }
+        let artifacts = self.resident.lock().expect("resident lock").clone();
+        NodeReport { agent: self.record.agent.clone(), replicas, artifacts }
     }
 
     /// `GET /health`; `GET /status`: the node's record, its report, and
@@ -233,6 +247,17 @@ impl Agent {
                 self.stop.cancel();
             }
             Err(e) => tracing::warn!(node = %self.node, "heartbeat failed: {e}"),
+        }
+    }
+
+    /// Asks the node's weight store what it holds resident, for the
+    /// reports. A daemon that does not answer changes nothing: what it
+    /// held is still the best guess.
+    fn check_residency(self: Arc<Self>) {
+        let Some(weights) = &self.inner.weights else { return };
+        match weights.resident() {
+            Ok(now) => *self.resident.lock().expect("resident lock") = now,
+            Err(e) => tracing::debug!(node = %self.node, "cannot ask the weight store what it holds: {e}"),
         }
     }
 

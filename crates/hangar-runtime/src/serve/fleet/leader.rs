@@ -95,6 +95,18 @@ pub(crate) struct Tenure {
     /// The unavailable models last written for the other gateways, and
     /// when.
     published: Mutex<Option<(Unavailable, Instant)>>,
+    /// What the controller was last told of the nodes' weights.
+    told: Mutex<ToldWeights>,
+}
+
+/// The weight facts a tenure last sent its controller, so each is sent
+/// when it changes rather than at every refresh of the view.
+#[derive(Default)]
+struct ToldWeights {
+    /// Member → the artifacts it holds resident.
+    resident: BTreeMap<String, Vec<String>>,
+    /// Model → the artifact its replicas load.
+    artifacts: BTreeMap<ModelKey, String>,
 }
 
 impl Tenure {
@@ -129,6 +141,7 @@ impl Tenure {
         };
         self.runs.lock().expect("runs lock").insert(record.name.clone(), record.agent.clone());
         self.desired.lock().expect("desired lock").set(&record.name, DesiredState::default());
+        self.told.lock().expect("told lock").resident.remove(&record.name);
         let running = report.map(|r| running(&node.id, r)).unwrap_or_default();
         self.inner.control.send(Command::NodeJoined(node, running));
     }
@@ -138,10 +151,35 @@ impl Tenure {
     pub(crate) fn lose(&self, node: &str) {
         self.runs.lock().expect("runs lock").remove(node);
         self.desired.lock().expect("desired lock").remove(node);
+        self.told.lock().expect("told lock").resident.remove(node);
         self.writer.forget(node);
         if let Ok(id) = node.parse() {
             self.inner.control.send(Command::NodeLost(id));
         }
+    }
+
+    /// Member `node` holds `artifacts` resident, by its last report: the
+    /// controller is told when that changed.
+    pub(crate) fn resident(&self, node: &str, artifacts: &[String]) {
+        let mut told = self.told.lock().expect("told lock");
+        if told.resident.get(node).is_some_and(|t| t == artifacts) {
+            return;
+        }
+        let Ok(id) = node.parse() else { return };
+        told.resident.insert(node.to_owned(), artifacts.to_vec());
+        self.inner.control.send(Command::Resident(id, artifacts.iter().cloned().collect()));
+    }
+
+    /// A started replica of `model` loaded `artifact`: the controller is
+    /// told when that changed (a first start, or a key moved to new
+    /// weights).
+    pub(crate) fn model_artifact(&self, model: &ModelKey, artifact: &str) {
+        let mut told = self.told.lock().expect("told lock");
+        if told.artifacts.get(model).is_some_and(|t| t == artifact) {
+            return;
+        }
+        told.artifacts.insert(model.clone(), artifact.to_owned());
+        self.inner.control.send(Command::ModelArtifact(model.clone(), artifact.to_owned()));
     }
 
     /// Folds a delta into the nodes' desired states and writes the nodes
@@ -650,6 +688,7 @@ async fn begin(
         loads: Mutex::default(),
         lost,
         published: Mutex::default(),
+        told: Mutex::default(),
     });
     tokio::task::spawn_blocking(move || writer.flush()).await.expect("no panic");
     Ok((tenure, control, word))

@@ -20,8 +20,10 @@
 //! what it reads: the tenure's members are made the live nodes (a node
 //! joined, another run under a known name, a node dead or gone), and each
 //! node's report becomes the controller's facts — a replica that serves
-//! (COLD, or WARM when it woke), one that failed, one that went cold, and
-//! one placed long ago that its node never took up.
+//! (COLD, or WARM when it woke), one that failed, one that went cold, one
+//! placed long ago that its node never took up, and the weight artifacts
+//! each node holds resident and each model loads (placement's
+//! tie-breaker).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -172,8 +174,6 @@ impl View {
                 seen.insert(r.replica, s);
             }
         }
-        *inner.nodes.lock().expect("nodes lock") =
-            nodes.values().map(super::super::NodeStatus::registered).collect();
         let mut routed = seen.clone();
         {
             let mut failed = inner.failed.lock().expect("failed table");
@@ -190,6 +190,12 @@ impl View {
             follow_gates(&inner, memory.mirrored.as_ref(), &unavailable, &closed);
             memory.mirrored = Some(unavailable);
         }
+        // After the leader's controller was told what they hold: what
+        // `/admin/status` shows of a node, the controller knows.
+        *inner.nodes.lock().expect("nodes lock") = nodes
+            .values()
+            .map(|r| super::super::NodeStatus::registered(r, memory.reports.get(&r.name)))
+            .collect();
         let ever: HashMap<ReplicaId, bool> = memory.seen.iter().map(|(id, (_, ever))| (*id, *ever)).collect();
         memory.seen = seen
             .into_iter()
@@ -322,6 +328,23 @@ impl View {
                 ReplicaPhase::Cold if warm => inner.control.send(Command::Stopped { model, replica: *id }),
                 _ => {}
             }
+        }
+        // What the nodes hold of the models' weights, for placement's ties:
+        // each model's artifact from its latest start (a key moved to new
+        // weights reads as the new artifact once a replica loaded it).
+        for (name, report) in reports.iter().filter(|(n, _)| nodes.contains_key(*n)) {
+            tenure.resident(name, &report.artifacts);
+        }
+        let mut latest: HashMap<&ModelKey, (u64, &str)> = HashMap::new();
+        for s in seen.values() {
+            let Some(start) = &s.reported.start else { continue };
+            let Some(weights) = &start.weights else { continue };
+            let this = (start.completed_at_ms, weights.artifact.as_str());
+            let last = latest.entry(&s.model).or_insert(this);
+            *last = this.max(*last);
+        }
+        for (model, (_, artifact)) in latest {
+            tenure.model_artifact(model, artifact);
         }
         // Placed long ago and not taken up: its agent never got it (a write
         // lost with Redis, no room left on its GPUs); placement must not
