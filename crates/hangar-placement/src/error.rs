@@ -230,3 +230,14 @@ pub struct ScheduleError {
     /// What is wrong.
     pub why: String,
 }
+
+/// A node named for draining is not in the cluster
+/// ([`Cluster::set_draining`](crate::Cluster::set_draining)). The cluster is
+/// unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DrainError {
+    /// The node is not in the cluster.
+    #[error("unknown node `{0}`")]
+    UnknownNode(NodeId),
+}

@@ -20,6 +20,10 @@
 //!   resident; among otherwise equal candidates `deploy` prefers a node
 //!   that holds the model's artifact (it never beats a better level or a
 //!   cheaper eviction set).
+//! * [`Cluster::set_draining`] takes a node out of the candidates: nothing
+//!   new lands there, what is demoted there goes COLD, and its HOT replicas
+//!   stop counting towards their models' replicas, so `deploy` places
+//!   replacements elsewhere before the caller stops them.
 //! * [`Cluster::set_sleeps`] says whether a model's engine can sleep; one
 //!   that cannot is demoted straight to COLD, taking no warm-cache room.
 //! * The *hotswap tier* ([`ModelSpec::hotswap`]): its replicas share the
@@ -89,8 +93,8 @@ pub use config::{ClusterConfig, NodeConfig, PlacementConfig, MAX_GPUS_PER_NODE, 
 pub use delta::{Action, DeploymentDelta, Snapshot, Step};
 pub use deployment::{Deployment, Level, NodeId, NodeIdError};
 pub use error::{
-    AddNodeError, ConfigError, DeltaError, EvictError, ResidencyError, RestoreError, ScheduleError,
-    SleepsError,
+    AddNodeError, ConfigError, DeltaError, DrainError, EvictError, ResidencyError, RestoreError,
+    ScheduleError, SleepsError,
 };
 pub use eviction::EvictionCost;
 pub use node::{Gpu, Node, ReplicaMap};

@@ -52,6 +52,10 @@ pub struct Node {
     /// page cache), as last reported by the caller: a tie-breaker only, so
     /// it lives apart from the accounting above and no invariant covers it.
     resident: BTreeSet<String>,
+    /// Draining ([`Cluster::set_draining`](crate::Cluster::set_draining)):
+    /// nothing new is placed here, and what is demoted here goes COLD.
+    /// Input, like residency: no invariant covers it.
+    draining: bool,
     /// Bumped by every change to `hot` or `warm`: a cluster's snapshot
     /// taken at the same counts of every node is still the cluster's.
     changes: u64,
@@ -83,6 +87,7 @@ impl Node {
             gpu_free: [0; MAX_GPUS],
             min_reservation: [0; MAX_GPUS],
             resident: BTreeSet::new(),
+            draining: false,
             changes: 0,
         };
         node.refresh_summary();
@@ -140,6 +145,17 @@ impl Node {
 
     pub(crate) fn set_resident(&mut self, artifacts: BTreeSet<String>) {
         self.resident = artifacts;
+    }
+
+    /// Whether the node is draining, as last set by
+    /// [`Cluster::set_draining`](crate::Cluster::set_draining) (false until
+    /// then).
+    pub fn draining(&self) -> bool {
+        self.draining
+    }
+
+    pub(crate) fn set_draining(&mut self, draining: bool) {
+        self.draining = draining;
     }
 
     pub(crate) fn max_free(&self) -> u64 {

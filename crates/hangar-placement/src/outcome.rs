@@ -68,6 +68,9 @@ pub enum Unplaceable {
     /// younger than `hotswap_min_age_ms` (for non-dedicated requests), and
     /// the rest `NoRoom` lists.
     NoSwapRoom,
+    /// Every node that could run it, with room or not, is draining
+    /// ([`Cluster::set_draining`](crate::Cluster::set_draining)).
+    Draining,
 }
 
 impl fmt::Display for Unplaceable {
@@ -89,6 +92,7 @@ impl fmt::Display for Unplaceable {
                 "no room the hotswap tier may take: the rest is held by models outside the tier, \
                  dedicated replicas or hotswap replicas too young to swap out",
             ),
+            Unplaceable::Draining => f.write_str("every node that could run it is draining"),
         }
     }
 }

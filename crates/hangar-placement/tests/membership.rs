@@ -363,3 +363,54 @@ fn a_model_needing_hardware_only_a_joining_node_has_is_placed_there() {
     assert_eq!(out.models[0].replicas[0].node, Some(nid("h1")));
     c.check_invariants().unwrap();
 }
+
+/// A draining node takes nothing new, and its replicas stop counting:
+/// `deploy` places the model's count on the other nodes while the leaving
+/// replica stays HOT until the caller stops it, which sends it COLD (not
+/// into the draining node's warm cache). With every node that could run a
+/// model draining, it is unplaceable for that reason.
+#[test]
+fn a_draining_node_takes_nothing_new_and_its_replicas_are_replaced_elsewhere() {
+    let nodes =
+        vec![node_config(&node_id(0), 1, 80, "gpu", 100), node_config(&node_id(1), 1, 80, "gpu", 100)];
+    let models = BTreeMap::from([(
+        model_key(0),
+        ModelSpec { size: Some(ByteSize::new(30 * GB)), ..Default::default() },
+    )]);
+    let mut c = Cluster::new(ClusterConfig { nodes, models, ..ClusterConfig::default() }).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let one = |c: &mut Cluster, rng: &mut ChaCha8Rng| {
+        let request = ReplicaRequest { model_key: model_key(0), replicas: 1, dedicated: false };
+        c.deploy(&[request], 0, rng)
+    };
+    one(&mut c, &mut rng);
+    let first = c.replicas_of(&model_key(0), Level::Hot)[0].clone();
+    let other = if first.node == node_id(0) { node_id(1) } else { node_id(0) };
+    c.set_draining(&first.node, true).unwrap();
+    assert!(c.any_draining());
+    assert_eq!(c.count_staying(&model_key(0)), 0);
+
+    let out = one(&mut c, &mut rng);
+    let placed = &out.models[0].replicas;
+    assert_eq!(placed.len(), 1, "{placed:?}");
+    assert_eq!(placed[0].node.as_ref(), Some(&other), "the replacement goes to the other node");
+    assert_eq!(c.count_of(&model_key(0), Level::Hot), 2, "the leaving replica stays until stopped");
+    assert_eq!(c.count_staying(&model_key(0)), 1);
+    assert!(c
+        .candidates(&model_key(0), false, 0)
+        .iter()
+        .all(|cand| cand.node != first.node || cand.level == CandidateLevel::CantAccommodate));
+
+    let evicted = c.evict_replica(&model_key(0), &first.replica_id).unwrap();
+    assert_eq!(evicted[0].to, Level::Cold, "a draining node's cache takes nothing: {evicted:?}");
+    assert!(c.node(&first.node).unwrap().warm().is_empty());
+
+    c.set_draining(&other, true).unwrap();
+    let request = ReplicaRequest { model_key: model_key(0), replicas: 2, dedicated: false };
+    let out = c.deploy(&[request], 0, &mut rng);
+    let reason = out.models[0].replicas[1].reason.clone().unwrap();
+    assert_eq!(reason.to_string(), "every node that could run it is draining");
+    c.set_draining(&first.node, false).unwrap();
+    assert!(c.set_draining(&node_id(7), true).is_err(), "an unknown node is refused");
+    c.check_invariants().unwrap();
+}

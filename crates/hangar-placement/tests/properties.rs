@@ -22,6 +22,8 @@ enum Op {
     EvictModel(usize),
     Schedule(Vec<(usize, u32, u64, u64)>),
     Advance(u64),
+    /// A node (by index, modulo the nodes) draining or not any more.
+    Drain(usize, bool),
 }
 
 #[derive(Debug, Clone)]
@@ -34,12 +36,18 @@ struct World {
 
 /// Any cluster, including none at all and nodes without GPUs.
 fn world() -> impl Strategy<Value = World> {
-    world_of(0..5, 0..5, vec![16, 24, 40, 80], 1..200)
+    world_of(0..5, 0..5, vec![16, 24, 40, 80], 1..200, true)
 }
 
 /// Clusters where most models fit somewhere, so placements often evict.
 fn busy_world() -> impl Strategy<Value = World> {
-    world_of(1..5, 1..5, vec![40, 80], 1..100)
+    world_of(1..5, 1..5, vec![40, 80], 1..100, true)
+}
+
+/// [`busy_world`] without draining nodes, for a property that compares
+/// demotions to the warm cache (a draining node sends every one COLD).
+fn busy_world_never_draining() -> impl Strategy<Value = World> {
+    world_of(1..5, 1..5, vec![40, 80], 1..100, false)
 }
 
 fn world_of(
@@ -47,13 +55,14 @@ fn world_of(
     gpus: std::ops::Range<u32>,
     gpu_gb: Vec<u64>,
     model_gb: std::ops::Range<u64>,
+    drains: bool,
 ) -> impl Strategy<Value = World> {
     let nodes = prop::collection::vec(
         (gpus, prop::sample::select(gpu_gb), prop::sample::select(vec![0u64, 30, 100, 400])),
         node_count,
     );
     let models = prop::collection::vec(model_gb, 1..7);
-    (nodes, models, any::<u64>()).prop_flat_map(|(nodes, models, seed)| {
+    (nodes, models, any::<u64>()).prop_flat_map(move |(nodes, models, seed)| {
         let m = models.len();
         let op = prop_oneof![
             4 => prop::collection::vec((0..m, 0u32..4, prop::bool::weighted(0.2)), 1..4).prop_map(Op::Deploy),
@@ -62,6 +71,13 @@ fn world_of(
             1 => prop::collection::vec((0..m, 1u32..3, 0u64..4, 1u64..4), 0..3).prop_map(Op::Schedule),
             2 => (0u64..3).prop_map(Op::Advance),
         ];
+        let op = match drains {
+            true => {
+                prop_oneof![10 => op, 1 => (0usize..8, any::<bool>()).prop_map(|(n, on)| Op::Drain(n, on))]
+                    .boxed()
+            }
+            false => op.boxed(),
+        };
         (Just(nodes), Just(models), prop::collection::vec(op, 1..25), Just(seed))
             .prop_map(|(nodes, models, ops, seed)| World { nodes, models, ops, seed })
     })
@@ -201,6 +217,12 @@ fn apply(c: &mut Cluster, op: &Op, now: &mut u64, rng: &mut ChaCha8Rng) -> Step 
             step.deploys.push(c.apply_schedule(&schedule, *now, rng));
         }
         Op::Advance(hours) => *now += hours * HOUR + 1,
+        Op::Drain(n, on) => {
+            let ids: Vec<_> = c.nodes().iter().map(|node| node.id().clone()).collect();
+            if !ids.is_empty() {
+                c.set_draining(&ids[n % ids.len()], *on).unwrap();
+            }
+        }
     }
     step
 }
@@ -275,6 +297,35 @@ fn check(w: &World, before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), T
         }
     }
 
+    // Draining nodes take nothing new: whatever is on one was there, at
+    // the same level, before the step (or is gone).
+    for d in after.deployments().values() {
+        let node = c.node(&d.node).expect("deployments are on nodes");
+        if node.draining() {
+            let was = before.deployments().get(&d.replica_id);
+            prop_assert!(
+                was.is_some_and(|b| b.level == d.level && b.node == d.node),
+                "{} is {:?} on draining {}, where it was {:?}",
+                d.name(),
+                d.level,
+                d.node,
+                was.map(|b| (b.level, &b.node))
+            );
+        }
+    }
+    // A model placed in full has its count off the draining nodes.
+    for m in step.deploys.iter().flat_map(|d| &d.models) {
+        if m.replicas.iter().all(|r| r.level != CandidateLevel::CantAccommodate) {
+            prop_assert!(
+                c.count_staying(&m.model_key) >= m.requested as usize,
+                "{} placed in full, yet {} of {} off draining nodes",
+                m.model_key,
+                c.count_staying(&m.model_key),
+                m.requested
+            );
+        }
+    }
+
     // Every placed replica is hot where the outcome says.
     for out in &step.deploys {
         for m in &out.models {
@@ -309,7 +360,7 @@ fn check(w: &World, before: &Snapshot, c: &Cluster, step: &Step) -> Result<(), T
 /// * (b) a non-dedicated deploy of a model outside the tier never leaves a
 ///   replica unplaced when evicting every hotswap replica it may evict
 ///   (every one not dedicated and not kept by the same call) on some node
-///   that admits the model would have made room. The state the replica
+///   that admits the model and is not draining would have made room. The state the replica
 ///   failed in is rebuilt by deploying, from `before` and `rng_before`,
 ///   the batch's models up to that one in `deploy`'s order (largest first,
 ///   then key): the same draws, so the same outcome, which is checked too.
@@ -379,7 +430,7 @@ fn check_tier(
         let size = then.model_size(&failed.model_key).expect("in the catalogue");
         let requires = then.requirement(&failed.model_key);
         for node in then.nodes() {
-            if requires.is_some_and(|r| !r.admits(node.gpu_kind(), node.gpu_memory())) {
+            if node.draining() || requires.is_some_and(|r| !r.admits(node.gpu_kind(), node.gpu_memory())) {
                 continue;
             }
             let Some(shape) = Shape::for_model(then.config(), size, node.gpu_memory()) else { continue };
@@ -583,7 +634,7 @@ proptest! {
         }
         let model = model_key(pick % w.models.len());
         let candidates = c.candidates(&model, dedicated, now);
-        let hot = c.replicas_of(&model, Level::Hot).len() as u32;
+        let hot = c.count_staying(&model) as u32;
         let request = ReplicaRequest { model_key: model, replicas: hot + 1, dedicated };
         let out = c.deploy(&[request], now, &mut rng);
         let placed = out.models[0].replicas.last().unwrap();
@@ -635,7 +686,7 @@ proptest! {
 /// replica went WARM or a WARM entry was dropped for it.
 #[test]
 fn a_model_that_cannot_sleep_takes_no_warm_cache_room() {
-    let strategy = (busy_world(), prop::collection::vec(any::<bool>(), 6), 0usize..25);
+    let strategy = (busy_world_never_draining(), prop::collection::vec(any::<bool>(), 6), 0usize..25);
     let meaningful = run_counting(512, strategy, |(w, sleeps, told)| {
         let mut meaningful = 0;
         let mut c = build(&w);

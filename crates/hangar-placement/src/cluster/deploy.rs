@@ -259,9 +259,13 @@ impl Cluster {
             outcome.replicas = (0..replicas).map(|_| unplaced(Unplaceable::UnknownModel)).collect();
             return outcome;
         };
-        outcome.replicas = self
-            .replicas_of(model, Level::Hot)
+        let hot = self.replicas_of(model, Level::Hot);
+        // A draining node's replicas are leaving: kept from eviction, but
+        // the count is made up on the other nodes.
+        kept.extend(hot.iter().map(|d| d.replica_id));
+        outcome.replicas = hot
             .into_iter()
+            .filter(|d| !self.nodes[self.node_index[&d.node]].draining())
             .map(|d| ReplicaOutcome {
                 replica_id: Some(d.replica_id),
                 node: Some(d.node.clone()),
@@ -272,7 +276,6 @@ impl Cluster {
                 swap: false,
             })
             .collect();
-        kept.extend(outcome.replicas.iter().filter_map(|r| r.replica_id));
         let missing = (replicas as usize).saturating_sub(outcome.replicas.len());
         let swap = self.hotswap.contains(model);
         for i in 0..missing {
@@ -623,17 +626,21 @@ impl Cluster {
         dep
     }
 
-    /// Dedicates the `n` oldest hot replicas of `model` and frees the rest;
-    /// true if any flag changed.
+    /// Dedicates the `n` oldest hot replicas of `model` off draining nodes
+    /// (those on a draining node last: they are leaving) and frees the
+    /// rest; true if any flag changed.
     fn mark_dedicated(&mut self, model: &ModelKey, n: usize) -> bool {
-        let mut hot: Vec<(Millis, ReplicaId, usize)> = self
+        let mut hot: Vec<(bool, Millis, ReplicaId, usize)> = self
             .replicas_of(model, Level::Hot)
             .into_iter()
-            .map(|d| (d.deployed_at_ms, d.replica_id, self.node_index[&d.node]))
+            .map(|d| {
+                let ni = self.node_index[&d.node];
+                (self.nodes[ni].draining(), d.deployed_at_ms, d.replica_id, ni)
+            })
             .collect();
         hot.sort();
         let mut changed = false;
-        for (i, (_, id, ni)) in hot.into_iter().enumerate() {
+        for (i, (_, _, id, ni)) in hot.into_iter().enumerate() {
             changed |= self.nodes[ni].set_dedicated(model, &id, i < n);
         }
         changed
@@ -648,23 +655,26 @@ impl Cluster {
             return Unplaceable::NoMatchingNode { requires: r.to_string() };
         }
         let requires = self.requirement(model);
-        let with_gpus: Vec<(u32, u32)> = self
+        let with_gpus: Vec<(u32, u32, bool)> = self
             .nodes
             .iter()
             .filter_map(|n| {
-                let shape = self.shape_on(requires, size, n)?;
-                Some((shape.gpu_count(), n.gpus().len() as u32))
+                let shape = self.shape_anyway(requires, size, n)?;
+                Some((shape.gpu_count(), n.gpus().len() as u32, n.draining()))
             })
             .collect();
         if with_gpus.is_empty() {
             return Unplaceable::NoGpus;
         }
-        if with_gpus.iter().all(|&(need, have)| need > have) {
+        if with_gpus.iter().all(|&(need, have, _)| need > have) {
             return Unplaceable::TooLarge {
                 size_bytes: size,
                 gpus_needed: with_gpus.iter().map(|w| w.0).min().unwrap_or(0),
                 most_gpus_on_a_node: with_gpus.iter().map(|w| w.1).max().unwrap_or(0),
             };
+        }
+        if with_gpus.iter().all(|&(need, have, draining)| need > have || draining) {
+            return Unplaceable::Draining;
         }
         if self.hotswap.contains(model) {
             Unplaceable::NoSwapRoom

@@ -14,8 +14,9 @@ impl Cluster {
     /// sleep ([`Cluster::set_sleeps`]) and the cache can hold it (dropping
     /// warm entries — non-hotswap ones first, then hotswap ones, each
     /// smallest first — but only if that covers the whole shortfall), else
-    /// cold — a model that cannot sleep without looking at the cache, so no
-    /// WARM entry is dropped for a replica that would be stopped anyway.
+    /// cold — a model that cannot sleep, or a replica on a draining node,
+    /// without looking at the cache, so no WARM entry is dropped for a
+    /// replica that would be stopped anyway.
     /// Appends what happened to `out`.
     pub(super) fn demote(
         &mut self,
@@ -32,7 +33,7 @@ impl Cluster {
         dep.gpu_fraction = None;
         let node_id = node.id().clone();
         let tier = &self.hotswap;
-        let room = if self.sleepless.contains(model) {
+        let room = if self.sleepless.contains(model) || node.draining() {
             None
         } else {
             node.cache_room_for(dep.size_bytes, |m| tier.contains(m))

@@ -12,7 +12,7 @@ use crate::candidate::Shape;
 use crate::config::{BadNode, ClusterConfig, NodeConfig, PlacementConfig};
 use crate::delta::{Part, Snapshot};
 use crate::deployment::{Deployment, Level, NodeId};
-use crate::error::{AddNodeError, ConfigError, ResidencyError, RestoreError, SleepsError};
+use crate::error::{AddNodeError, ConfigError, DrainError, ResidencyError, RestoreError, SleepsError};
 use crate::node::Node;
 use crate::sizing::Requirement;
 
@@ -196,7 +196,22 @@ impl Cluster {
     /// (its [`Cluster::requirement`], looked up once per placement, not
     /// per node) needs on `node`, or `None` if the node cannot host it: too
     /// few GPUs, or not that hardware.
+    /// A draining node hosts nothing new ([`Cluster::set_draining`]).
     pub(crate) fn shape_on(&self, requires: Option<&Requirement>, size: u64, node: &Node) -> Option<Shape> {
+        if node.draining() {
+            return None;
+        }
+        self.shape_anyway(requires, size, node)
+    }
+
+    /// [`Cluster::shape_on`] as if `node` were not draining: what it could
+    /// host, for saying why a model cannot be placed.
+    pub(crate) fn shape_anyway(
+        &self,
+        requires: Option<&Requirement>,
+        size: u64,
+        node: &Node,
+    ) -> Option<Shape> {
         if requires.is_some_and(|r| !r.admits(node.gpu_kind(), node.gpu_memory())) {
             return None;
         }
@@ -450,6 +465,42 @@ impl Cluster {
         let &ni = self.node_index.get(node).ok_or_else(|| ResidencyError::UnknownNode(node.clone()))?;
         self.nodes[ni].set_resident(artifacts);
         Ok(())
+    }
+
+    // ---- draining ----
+
+    /// Marks `node` draining, or not any more. A draining node is no
+    /// candidate for anything new — no replica is created, woken from its
+    /// warm cache or made room for by evicting there — and a replica
+    /// demoted there goes COLD rather than into its warm cache (the node is
+    /// on its way out). What it holds stays until the caller moves it: its
+    /// HOT replicas no longer count towards a model's replicas in
+    /// [`Cluster::deploy`], which places the model's count on the other
+    /// nodes, so the caller can stop the draining node's replicas once
+    /// their replacements serve ([`Cluster::count_staying`]). Like
+    /// residency it is input, not deployment state. An unknown node is an
+    /// error; on error nothing changes.
+    pub fn set_draining(&mut self, node: &NodeId, draining: bool) -> Result<(), DrainError> {
+        let &ni = self.node_index.get(node).ok_or_else(|| DrainError::UnknownNode(node.clone()))?;
+        self.nodes[ni].set_draining(draining);
+        Ok(())
+    }
+
+    /// Whether any node is draining: a driver's shortcut past the work of
+    /// moving replicas off draining nodes.
+    pub fn any_draining(&self) -> bool {
+        self.nodes.iter().any(Node::draining)
+    }
+
+    /// How many HOT replicas of `model` are on nodes that are not draining:
+    /// the count [`Cluster::deploy`] brings up to what it is asked.
+    pub fn count_staying(&self, model: &ModelKey) -> usize {
+        self.by_model.get(model).map_or(0, |ids| {
+            ids.iter()
+                .map(|id| &self.replicas[id])
+                .filter(|loc| loc.level == Level::Hot && !self.nodes[loc.node].draining())
+                .count()
+        })
     }
 
     // ---- engines ----

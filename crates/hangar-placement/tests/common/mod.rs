@@ -97,7 +97,8 @@ pub fn grow_one_checked(
     if candidates.len() != c.nodes().len() {
         return Err(format!("{} candidates for {} nodes", candidates.len(), c.nodes().len()));
     }
-    let hot = c.replicas_of(model, Level::Hot).len() as u32;
+    // One more than it has off draining nodes: what `deploy` counts.
+    let hot = c.count_staying(model) as u32;
     for level in [Level::Hot, Level::Warm] {
         let (counted, listed) = (c.count_of(model, level), c.replicas_of(model, level).len());
         if counted != listed {
