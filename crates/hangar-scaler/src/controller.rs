@@ -50,6 +50,20 @@
 //! ones are placed again on the remaining nodes in the same call, its
 //! WARM ones are gone (COLD).
 //!
+//! # Draining nodes
+//! A node drained on purpose ([`Controller::drain`]: an operator's
+//! command, or its agent leaving) is moved off make-before-break: placement
+//! takes it out of the candidates and stops counting its HOT replicas
+//! (`Cluster::set_draining`), so reconciling places each model's count on
+//! the other nodes while the *leaving* replicas keep serving; its WARM
+//! replicas are let go at once (the node is on its way out). A leaving
+//! replica is stopped once the model's ready replicas would still number
+//! its count without it — ready, as the last observation of the model says
+//! — so a drain never takes a model below what it serves with; a leaving
+//! replica not ready yet goes at once. When no other node has room, the
+//! leaving replicas stay and the model shows as unplaceable, until room
+//! comes or the drain is called off.
+//!
 //! # Weight residency
 //! Which weight artifact each model loads and which artifacts each node
 //! holds resident are facts of the nodes ([`Controller::set_model_artifact`],
@@ -69,8 +83,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
 use hangar_placement::{
-    AddNodeError, Cluster, Deployment, DeploymentDelta, Level, NodeConfig, NodeId, ReplicaRequest,
-    ResidencyError, Restore, Schedule, Snapshot,
+    AddNodeError, Cluster, Deployment, DeploymentDelta, DrainError, Level, NodeConfig, NodeId,
+    ReplicaRequest, ResidencyError, Restore, Schedule, Snapshot,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -320,6 +334,8 @@ impl Controller {
         if let Some(c) = self.models.get_mut(model) {
             c.scaler.observe(now, obs);
             c.in_flight = in_flight.iter().copied().collect();
+            // Which replicas serve is what a leaving one waits on.
+            self.retire_leaving(model);
         }
     }
 
@@ -526,7 +542,7 @@ impl Controller {
         let mut wants = Vec::new();
         for model in short {
             let desired = self.models[&model].scaler.desired();
-            if desired > self.hot(&model) {
+            if desired > self.staying(&model) {
                 wants.push((model, desired));
             }
         }
@@ -581,6 +597,46 @@ impl Controller {
     }
 
     // ---- commands ----------------------------------------------------
+
+    /// Drains `node` (`on`), or calls its drain off: see the module doc,
+    /// "Draining nodes". Draining lets its WARM replicas go and places the
+    /// count of every model it runs on the other nodes (as far as room
+    /// allows); its leaving replicas stop as the observations show their
+    /// replacements ready. Calling it off makes the node a candidate again
+    /// and its replicas count again: a model then above its count gives
+    /// back its least busy replicas. Refused, with nothing changed, for a
+    /// node not in the cluster; the same word twice changes nothing. A
+    /// driver observes the models first, as for any command: a replica is
+    /// ready when the last observation says so.
+    pub fn drain(&mut self, now: Millis, node: &NodeId, on: bool) -> Result<(), DrainError> {
+        if self.cluster.node(node).is_some_and(|n| n.draining() == on) {
+            return Ok(());
+        }
+        self.cluster.set_draining(node, on)?;
+        let held = self.cluster.node(node).expect("just set");
+        let warm: Vec<(ModelKey, ReplicaId)> = held
+            .warm()
+            .values()
+            .flat_map(|m| m.values())
+            .map(|d| (d.model_key.clone(), d.replica_id))
+            .collect();
+        let models: BTreeSet<ModelKey> = held.hot().keys().cloned().collect();
+        if on {
+            let before = self.cluster.snapshot();
+            for (model, id) in warm {
+                let _ = self.cluster.evict_replica(&model, &id);
+                self.forget(&model, id);
+            }
+            self.push_delta(&before);
+        } else {
+            // Its GPUs are candidates again.
+            self.capacity_freed(now);
+        }
+        for model in models {
+            self.reconcile(now, &model);
+        }
+        Ok(())
+    }
 
     /// Holds `model` at its current count.
     pub fn freeze(&mut self, now: Millis, model: &ModelKey) -> Result<(), CommandError> {
@@ -676,6 +732,54 @@ impl Controller {
         self.cluster.count_of(model, Level::Hot) as u32
     }
 
+    /// `model`'s HOT replicas off draining nodes: what its count is made of
+    /// (all of them, at the cost of [`hot`](Self::hot), while no node
+    /// drains).
+    fn staying(&self, model: &ModelKey) -> u32 {
+        match self.cluster.any_draining() {
+            true => self.cluster.count_staying(model) as u32,
+            false => self.hot(model),
+        }
+    }
+
+    /// Stops `model`'s leaving replicas (HOT on a draining node) that its
+    /// count no longer needs: one not ready at once, a ready one while the
+    /// model's ready replicas would still number its count without it —
+    /// the least busy first. Nothing to do, at the cost of one check, while
+    /// no node drains.
+    fn retire_leaving(&mut self, model: &ModelKey) {
+        if !self.cluster.any_draining() {
+            return;
+        }
+        let Some(c) = self.models.get(model) else { return };
+        let mut ready = 0;
+        let mut leaving = Vec::new();
+        for d in self.cluster.replicas_of(model, Level::Hot) {
+            let on_draining = self.cluster.node(&d.node).is_some_and(|n| n.draining());
+            let serves = c.in_flight.get(&d.replica_id).copied();
+            ready += u32::from(serves.is_some());
+            if on_draining {
+                leaving.push((serves.is_some(), serves.unwrap_or(0), d.replica_id));
+            }
+        }
+        if leaving.is_empty() {
+            return;
+        }
+        // Not ready first, then the least busy.
+        leaving.sort_unstable();
+        let desired = c.scaler.desired();
+        let before = self.cluster.snapshot();
+        for (serves, _, id) in leaving {
+            if serves && ready <= desired {
+                break;
+            }
+            ready -= u32::from(serves);
+            let _ = self.cluster.evict_replica(model, &id);
+            self.forget(model, id);
+        }
+        self.push_delta(&before);
+    }
+
     /// Pushes the steps from `before` to the cluster as it is now, if any,
     /// and returns them.
     fn push_delta(&mut self, before: &Snapshot) -> Option<&DeploymentDelta> {
@@ -695,25 +799,26 @@ impl Controller {
     fn reconcile(&mut self, now: Millis, model: &ModelKey) {
         let Some(c) = self.models.get(model) else { return };
         let desired = c.scaler.desired();
+        let hot = self.staying(model);
         if c.blocked.as_ref().is_some_and(|b| b.retry_at > now) {
             // Shrinking is always possible; growing waits for the retry.
-            if desired >= self.hot(model) {
+            if desired >= hot {
+                self.retire_leaving(model);
                 return;
             }
         }
-        let hot = self.hot(model);
         let before = self.cluster.snapshot();
         if desired > hot {
             self.grow(now, &before, &[(model.clone(), desired)]);
         } else if desired < hot {
             let c = &self.models[model];
             // A dedicated window's replicas stay (the scaler's floor keeps
-            // the count at least theirs).
+            // the count at least theirs); leaving ones are not counted.
             let mut hot_replicas: Vec<(u32, ReplicaId)> = self
                 .cluster
                 .replicas_of(model, Level::Hot)
                 .iter()
-                .filter(|d| !d.dedicated)
+                .filter(|d| !d.dedicated && self.cluster.node(&d.node).is_some_and(|n| !n.draining()))
                 .map(|d| (c.in_flight.get(&d.replica_id).copied().unwrap_or(0), d.replica_id))
                 .collect();
             hot_replicas.sort_unstable();
@@ -729,6 +834,7 @@ impl Controller {
         } else if self.models[model].blocked.is_some() {
             self.unblock(now, model);
         }
+        self.retire_leaving(model);
     }
 
     /// Brings each of `wants` (a model, and the hot replicas it should
@@ -872,7 +978,7 @@ impl Controller {
             let no_room = c.blocked.as_ref().is_some_and(|b| b.cause == BlockCause::NoRoom);
             // Counting hot replicas costs a look at each: only for a model
             // that waits for room.
-            let short = waits && no_room && c.scaler.desired() > self.hot(key);
+            let short = waits && no_room && c.scaler.desired() > self.staying(key);
             let c = self.models.get_mut(key).expect("listed");
             if !short {
                 c.starving_since = None;
@@ -890,7 +996,7 @@ impl Controller {
             .filter(|k| **k != starving)
             .filter_map(|k| {
                 let need = self.models[k].scaler.need()?;
-                let surplus = self.hot(k).saturating_sub(need);
+                let surplus = self.staying(k).saturating_sub(need);
                 (surplus > 0).then_some((surplus, k.clone()))
             })
             .max_by_key(|(surplus, k)| (*surplus, std::cmp::Reverse(k.clone())));

@@ -89,6 +89,8 @@ pub struct Cluster {
     /// Bumped when a node joins or leaves: the nodes a snapshot lists are
     /// still the cluster's while it is unchanged.
     membership: u64,
+    /// How many nodes are draining: [`Cluster::any_draining`] in O(1).
+    draining: usize,
     /// The last snapshot, with each node's change count then.
     last_snapshot: SnapshotCache,
 }
@@ -157,6 +159,7 @@ impl Cluster {
             replicas: BTreeMap::new(),
             by_model: BTreeMap::new(),
             membership: 0,
+            draining: 0,
             last_snapshot: SnapshotCache::default(),
         })
     }
@@ -419,6 +422,7 @@ impl Cluster {
         // the rng's tie-breaks among them draw as they did before.
         let node = self.nodes.remove(ni);
         self.membership += 1;
+        self.draining -= usize::from(node.draining());
         let gone: Vec<Deployment> = node.into_deployments().collect();
         for d in &gone {
             self.untrack(&d.model_key, &d.replica_id);
@@ -482,14 +486,17 @@ impl Cluster {
     /// error; on error nothing changes.
     pub fn set_draining(&mut self, node: &NodeId, draining: bool) -> Result<(), DrainError> {
         let &ni = self.node_index.get(node).ok_or_else(|| DrainError::UnknownNode(node.clone()))?;
-        self.nodes[ni].set_draining(draining);
+        if self.nodes[ni].draining() != draining {
+            self.nodes[ni].set_draining(draining);
+            self.draining = if draining { self.draining + 1 } else { self.draining - 1 };
+        }
         Ok(())
     }
 
     /// Whether any node is draining: a driver's shortcut past the work of
-    /// moving replicas off draining nodes.
+    /// moving replicas off draining nodes (O(1)).
     pub fn any_draining(&self) -> bool {
-        self.nodes.iter().any(Node::draining)
+        self.draining > 0
     }
 
     /// How many HOT replicas of `model` are on nodes that are not draining:
@@ -591,6 +598,9 @@ impl Cluster {
             || self.nodes.iter().enumerate().any(|(ni, n)| self.node_index.get(n.id()) != Some(&ni))
         {
             return Err("the node index disagrees with the node list".into());
+        }
+        if self.draining != self.nodes.iter().filter(|n| n.draining()).count() {
+            return Err(format!("{} nodes counted draining, not what the nodes say", self.draining));
         }
         for (ni, node) in self.nodes.iter().enumerate() {
             let mut reserved = vec![0u64; node.gpus().len()];
