@@ -35,7 +35,8 @@ pub struct NodeRecord {
     pub cpu_memory: ByteSize,
     /// The agent's HTTP address (`http://10.0.0.7:9400`).
     pub url: String,
-    /// Leaving (SIGTERM): place nothing new here; its replicas move.
+    /// Leaving (SIGTERM with time to move its replicas): the leader places
+    /// nothing new here and moves its replicas to other nodes.
     #[serde(default)]
     pub draining: bool,
 }

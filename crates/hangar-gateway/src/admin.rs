@@ -20,6 +20,9 @@
 //! - `PUT /admin/models/{key}/hotswap` `{"swappable": false}` (or `true`):
 //!   close a model of the hotswap tier to swapping in — held at 0
 //!   replicas, synchronous requests answered 503 — or open it again.
+//! - `POST /admin/nodes/{node}/drain` (`DELETE` calls it off): nothing new
+//!   is placed on the node and its replicas move to other nodes, each
+//!   stopping there once its replacement serves; 202, the moves follow.
 //!
 //! With API keys configured, only keys marked `admin = true` may call it
 //! (403 for others, 401 without a valid key). The commands take the key
@@ -54,6 +57,7 @@ pub(crate) fn router(server: Server) -> Router {
         .route("/admin/status", get(status))
         .route("/admin/evict", post(evict))
         .route("/admin/models/{*path}", post(model_action).put(model_action))
+        .route("/admin/nodes/{node}/drain", post(drain).delete(drain))
         .with_state(server)
 }
 
@@ -152,8 +156,23 @@ fn placement(deployments: &[Deployment]) -> Vec<Value> {
 fn control_error(e: ControlError) -> ApiError {
     match e {
         ControlError::NotLeader => ApiError::new(StatusCode::CONFLICT, "not_the_leader", e.to_string()),
+        ControlError::UnknownNode(_) => ApiError::not_found(e.to_string()).param("node"),
         e => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", e.to_string()),
     }
+}
+
+/// `POST /admin/nodes/{node}/drain` drains the node, `DELETE` calls the
+/// drain off: 202 once the controller (or, on a fleet, Redis) has it.
+async fn drain(
+    State(server): State<Server>,
+    method: Method,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+) -> Result<Response, ApiError> {
+    admin(&server, &headers)?;
+    let on = method == Method::POST;
+    server.drain_node(&node, on).await.map_err(control_error)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"node": node, "draining": on}))).into_response())
 }
 
 /// `POST /admin/models/{key}/scaling`.

@@ -19,6 +19,9 @@
 //! - `hangar:scaling-overrides`: each model an operator froze or pinned
 //!   (a hash, model → JSON [`ScalingOverride`]), also the operator's
 //!   intent, which each new leader applies again.
+//! - `hangar:draining`: the nodes an operator drained (a set): the leader
+//!   moves their replicas elsewhere and places nothing new there, until
+//!   the operator calls the drain off.
 
 use std::time::Duration;
 
@@ -140,6 +143,19 @@ impl FleetState {
     /// The hotswap models an operator closed to swapping in.
     pub fn closed_hotswap(&self) -> Result<std::collections::BTreeSet<String>, RedisError> {
         self.members(&format!("{PREFIX}:hotswap-closed"), None)
+    }
+
+    /// Records that an operator drained (`true`) node `node`, or called
+    /// the drain off.
+    pub fn drain_node(&self, node: &str, draining: bool) -> Result<(), RedisError> {
+        let set = format!("{PREFIX}:draining");
+        let verb = if draining { "SADD" } else { "SREM" };
+        self.redis.run(|c| redis::cmd(verb).arg(&set).arg(node).query::<()>(c))
+    }
+
+    /// The nodes an operator drained.
+    pub fn drained_nodes(&self) -> Result<std::collections::BTreeSet<String>, RedisError> {
+        self.members(&format!("{PREFIX}:draining"), None)
     }
 
     /// Whether `key` is of type `want` (or absent: `false`), its type read
@@ -367,5 +383,21 @@ mod tests {
             .run(|c| redis::cmd("SET").arg(format!("{PREFIX}:unavailable")).arg("[1]").query::<()>(c))
             .unwrap();
         assert_eq!(fleet.gates().unwrap(), (Unavailable::new(), closed));
+    }
+
+    #[test]
+    fn drained_nodes_read_back_and_a_key_of_another_type_reads_as_none() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let fleet = FleetState::new(redis.clone());
+        assert!(fleet.drained_nodes().unwrap().is_empty());
+        fleet.drain_node("n1", true).unwrap();
+        fleet.drain_node("n2", true).unwrap();
+        fleet.drain_node("n2", false).unwrap();
+        assert_eq!(fleet.drained_nodes().unwrap(), ["n1".to_owned()].into());
+        redis.run(|c| redis::cmd("DEL").arg(format!("{PREFIX}:draining")).query::<()>(c)).unwrap();
+        redis.run(|c| redis::cmd("SET").arg(format!("{PREFIX}:draining")).arg("x").query::<()>(c)).unwrap();
+        assert!(fleet.drained_nodes().unwrap().is_empty(), "named in the log and read as none");
+        fleet.drain_node("n1", true).unwrap_err();
     }
 }

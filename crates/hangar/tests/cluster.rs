@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::fleet::{agent, agent_with_memory, status, wait_ready, Agent};
+use common::fleet::{agent, agent_with_args, agent_with_memory, ready, status, wait_ready, Agent};
 use common::predictions::{client, create_with_webhook, get, post, receiver, wait_terminal, Receiver};
 use common::{serve_in, Serve};
 use hangar_redis::LocalRedis;
@@ -664,4 +664,114 @@ weights = "{}"
     }
     assert_eq!(resident(g, &first), [artifact]);
     assert!(resident(g, other).is_empty(), "{other} read weights it never ran");
+}
+
+/// `POST` (or `DELETE`) `/admin/nodes/{node}/drain` on `gateway`: its
+/// status.
+fn drain(gateway: &str, node: &str, on: bool) -> u16 {
+    let url = format!("{gateway}/admin/nodes/{node}/drain");
+    let request = if on { client().post(url) } else { client().delete(url) };
+    request.send().map(|r| r.status().as_u16()).unwrap_or(0)
+}
+
+/// Whether `gateway` shows node `node` draining.
+fn shown_draining(gateway: &str, node: &str) -> bool {
+    let nodes = status(gateway)["nodes"].as_array().unwrap().clone();
+    nodes.into_iter().find(|n| n["name"] == node).unwrap()["draining"] == true
+}
+
+/// Samples, every 50 ms until `done`, how many replicas of `model`
+/// `gateway` routes to; returns the fewest seen.
+fn fewest_ready_while(gateway: &str, model: &str, done: impl Fn() -> bool) -> usize {
+    let mut fewest = usize::MAX;
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(60), "not done in a minute: {}", status(gateway));
+        fewest = fewest.min(ready(gateway).iter().filter(|(m, _)| m == model).count());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fewest
+}
+
+/// Draining moves a node's replicas make-before-break. One model of one
+/// replica whose engine takes 1.5 s to start, two nodes. An operator
+/// drains the replica's node: the replica is started on the other node
+/// and the first stops only once it serves — the gateway routes to a
+/// replica at every moment (a replica stopped first would leave none for
+/// 1.5 s), every request is answered 200, and the node shows `draining`
+/// until the drain is called off. Then the other node's agent gets
+/// SIGTERM with `--move-s`: it drains itself the same way, and exits once
+/// its replica runs on the first node again. An unknown node is 404.
+#[test]
+fn a_drained_node_hands_its_replicas_over_before_they_stop() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let models = r#"
+[[models]]
+key = "t/a"
+engine = { kind = "mock", preset = "fast", startup_delay_ms = 1500 }
+size = "10GB"
+min_replicas = 1
+max_replicas = 1
+"#;
+    let config = fleet_config_of(&redis, models);
+    let path = dir.path().join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
+    let mut agents: Vec<Agent> = ["n0", "n1"]
+        .iter()
+        .map(|name| agent_with_args(dir.path(), &path, &redis.url(), name, 1, "80GB", &["--move-s", "30"]))
+        .collect();
+    wait_leader(std::slice::from_ref(&gateway), "at the start");
+    let g = gateway.url.clone();
+    let first = wait_ready(&g, &[("t/a", 1)], None)[0].1.clone();
+    let other = if first == "n0" { "n1" } else { "n0" }.to_owned();
+    assert_eq!(drain(&g, "nope", true), 404);
+
+    // Requests all along, from another thread.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answers = Arc::new(Mutex::new(HashMap::<u16, usize>::new()));
+    let load = {
+        let (g, stop, answers) = (g.clone(), stop.clone(), answers.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                *answers.lock().unwrap().entry(chat(&g, "t/a")).or_default() += 1;
+            }
+        })
+    };
+
+    assert_eq!(drain(&g, &first, true), 202);
+    let moved = || ready(&g).iter().any(|(m, n)| m == "t/a" && *n == other) && ready(&g).len() == 1;
+    assert_eq!(fewest_ready_while(&g, "t/a", moved), 1, "no replica served at some moment of the move");
+    assert!(shown_draining(&g, &first));
+    assert_eq!(drain(&g, &first, false), 202);
+    let t = Instant::now();
+    while shown_draining(&g, &first) {
+        assert!(t.elapsed() < Duration::from_secs(5), "{first} still shown draining");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let leaving = agents.iter().position(|a| a.name == other).unwrap();
+    agents[leaving].signal(rustix::process::Signal::TERM);
+    let back = || ready(&g).iter().any(|(m, n)| m == "t/a" && *n == first) && ready(&g).len() == 1;
+    assert_eq!(
+        fewest_ready_while(&g, "t/a", back),
+        1,
+        "no replica served at some moment of the agent's leaving"
+    );
+    let t = Instant::now();
+    let exited = loop {
+        if let Some(status) = agents[leaving].exited() {
+            break status;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the leaving agent did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exited.success(), "{exited}");
+    assert!(agents[leaving].log().contains("drained: every replica moved"), "{}", agents[leaving].log());
+
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    let answers = answers.lock().unwrap().clone();
+    assert_eq!(answers.keys().copied().collect::<Vec<u16>>(), [200], "{answers:?}");
 }

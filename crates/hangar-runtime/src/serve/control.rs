@@ -24,7 +24,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use hangar_core::{Millis, ModelKey, ReplicaId};
-use hangar_placement::{Deployment, Level, NodeConfig, NodeId, Restore};
+use hangar_placement::{Deployment, DrainError, Level, NodeConfig, NodeId, Restore};
 use hangar_scaler::{Action, CommandError, ControlLoop, Controller, Observation, ReplicaCounts, StartTier};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -64,6 +64,9 @@ pub(crate) enum Command {
     /// A started replica of the model loaded this weight artifact (fleet
     /// mode, the leader).
     ModelArtifact(ModelKey, String),
+    /// Drain a node (`on`), or call its drain off: an operator's command on
+    /// a single machine (with its `reply`), the view's on a fleet's leader.
+    Drain { node: NodeId, on: bool, reply: Option<oneshot::Sender<Result<(), DrainError>>> },
 }
 
 /// An operator's scaling command for one model
@@ -114,6 +117,10 @@ pub enum ControlError {
     /// was changed.
     #[error("cannot record the command in the fleet's Redis, nothing changed: {0}")]
     Unrecorded(String),
+    /// A node no live agent registered (on a fleet), or not in the
+    /// configuration (on a single machine).
+    #[error("there is no node `{0}`: `GET /admin/status` lists the nodes")]
+    UnknownNode(String),
 }
 
 impl ControlHandle {
@@ -176,6 +183,21 @@ impl ControlHandle {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Evict { model: model.clone(), replica, reply });
         Ok(rx.await.map_err(|_| ControlError::Stopped)??)
+    }
+
+    /// Drains `node` (`on`) or calls its drain off, and waits for the
+    /// controller to take it (not for the replicas to move: they follow in
+    /// the background).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the command to be carried out whole.
+    pub async fn drain(&self, node: &NodeId, on: bool) -> Result<(), ControlError> {
+        if !self.is_active() {
+            return Err(ControlError::NotLeader);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Drain { node: node.clone(), on, reply: Some(reply) });
+        rx.await.map_err(|_| ControlError::Stopped)?.map_err(|_| ControlError::UnknownNode(node.to_string()))
     }
 
     /// Every model's scaling state and deployments (none where no
@@ -383,6 +405,20 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
         Command::Resident(node, artifacts) => {
             // A node lost since its report was read: nothing to prefer.
             let _ = control.controller_mut().set_resident(&node, artifacts);
+        }
+        Command::Drain { node, on, reply } => {
+            // Which replicas are ready decides which leaving ones may stop.
+            for model in fleet.models() {
+                observe_now(fleet.as_ref(), control, now, &model);
+            }
+            let result = control.controller_mut().drain(now, &node, on);
+            match &result {
+                Ok(()) => tracing::info!(node = %node, draining = on, "node drain set"),
+                Err(e) => tracing::warn!(node = %node, "cannot drain: {e}"),
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
         }
         Command::ModelArtifact(model, artifact) => {
             if let Err(e) = control.controller_mut().set_model_artifact(&model, Some(artifact)) {

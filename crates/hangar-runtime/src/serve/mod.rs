@@ -106,7 +106,8 @@ pub struct NodeStatus {
     pub gpu_kind: Option<String>,
     /// Its agent's address (a fleet's node).
     pub url: Option<String>,
-    /// Leaving the fleet: nothing new is placed on it.
+    /// Draining: nothing new is placed on it, and its replicas move to
+    /// other nodes (an operator drained it, or its agent is leaving).
     pub draining: bool,
     /// The weight artifacts it holds resident, by its agent's last report
     /// (a fleet's node; empty on a single machine, where every node shares
@@ -115,15 +116,20 @@ pub struct NodeStatus {
 }
 
 impl NodeStatus {
-    /// A fleet's node, as its agent registered it and last reported.
-    pub(crate) fn registered(r: &hangar_core::NodeRecord, report: Option<&hangar_core::NodeReport>) -> Self {
+    /// A fleet's node, as its agent registered it and last reported, and
+    /// whether it drains (its record says so, or an operator's word).
+    pub(crate) fn registered(
+        r: &hangar_core::NodeRecord,
+        report: Option<&hangar_core::NodeReport>,
+        draining: bool,
+    ) -> Self {
         NodeStatus {
             name: r.name.clone(),
             gpus: r.gpus,
             gpu_memory: r.gpu_memory.bytes(),
             gpu_kind: r.gpu_kind.clone(),
             url: Some(r.url.clone()),
-            draining: r.draining,
+            draining,
             resident: report.map(|r| r.artifacts.clone()).unwrap_or_default(),
         }
     }
@@ -393,6 +399,40 @@ impl Server {
             Ok(())
         });
         apply.await.expect("setting the hotswap gate does not panic")
+    }
+
+    /// Drains node `node` (`on`: nothing new is placed there and its
+    /// replicas move to other nodes, each stopping there once its
+    /// replacement serves), or calls the drain off (`POST` / `DELETE
+    /// /admin/nodes/{node}/drain`). The node must be one `/admin/status`
+    /// lists. On a fleet the drain is recorded in Redis (leader only,
+    /// nothing changed if it cannot be), and the leader's view carries it
+    /// out within a refresh — as it does for an agent that leaves — and
+    /// every later leader too; on a single machine the controller takes it
+    /// at once. The replicas move in the background.
+    ///
+    /// # Cancel safety
+    /// Carried out whole in a task of its own: a caller that leaves
+    /// changes nothing of what happens.
+    pub async fn drain_node(&self, node: &str, on: bool) -> Result<(), ControlError> {
+        let known = self.nodes().iter().any(|n| n.name == node);
+        let id: hangar_placement::NodeId =
+            node.parse().ok().filter(|_| known).ok_or_else(|| ControlError::UnknownNode(node.to_owned()))?;
+        let server = self.clone();
+        let apply = tokio::spawn(async move {
+            if server.inner.fleet.get().is_some() {
+                let name = id.to_string();
+                return server.record_in_fleet(move |fleet| fleet.drain_node(&name, on)).await;
+            }
+            server.control().drain(&id, on).await?;
+            for n in
+                server.inner.nodes.lock().expect("nodes lock").iter_mut().filter(|n| n.name == id.as_str())
+            {
+                n.draining = on;
+            }
+            Ok(())
+        });
+        apply.await.expect("a drain does not panic")
     }
 
     /// On a fleet's gateway, writes an operator's command to Redis with

@@ -22,7 +22,8 @@ use super::serve::{config_dir, resolve_engine_paths};
 /// single `hangar serve` does — and reports them. The first output line is
 /// `agent NAME listening on http://ADDR` (GET /health, GET /status, GET
 /// /metrics).
-/// SIGTERM leaves the fleet, drains, and stops every engine.
+/// SIGTERM leaves the fleet (with `--move-s`, once its replicas moved to
+/// other nodes), drains, and stops every engine.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// The fleet's configuration file: the models this node can run, and
@@ -68,6 +69,12 @@ pub struct Args {
     /// How long requests in flight get to finish after SIGTERM, seconds.
     #[arg(long, default_value_t = 5)]
     drain_s: u64,
+    /// How long SIGTERM waits, seconds, for the leader to move this node's
+    /// replicas to other nodes before leaving (each stops here once its
+    /// replacement serves); 0 leaves at once, and the leader places them
+    /// again as a lost node's.
+    #[arg(long, default_value_t = 0)]
+    move_s: u64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -129,7 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             served = server.with_graceful_shutdown(shutdown_signal()) => { served?; false }
             () = agent.replaced() => true,
         };
-        agent.shutdown(Duration::from_secs(args.drain_s)).await;
+        agent.shutdown(Duration::from_secs(args.drain_s), Duration::from_secs(args.move_s)).await;
         if replaced {
             anyhow::bail!("another agent took the node name `{name}`; this one stopped");
         }

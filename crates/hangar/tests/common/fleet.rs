@@ -88,10 +88,24 @@ pub fn agent_with_memory(
     gpus: u32,
     gpu_memory: &str,
 ) -> Agent {
+    agent_with_args(dir, config, redis, name, gpus, gpu_memory, &[])
+}
+
+/// [`agent_with_memory`] with more flags (`--move-s 30`).
+pub fn agent_with_args(
+    dir: &Path,
+    config: &Path,
+    redis: &str,
+    name: &str,
+    gpus: u32,
+    gpu_memory: &str,
+    more: &[&str],
+) -> Agent {
     let log = dir.join(format!("agent-{name}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["agent", "--config", config.to_str().unwrap(), "--redis", redis, "--name", name])
         .args(["--gpus", &gpus.to_string(), "--gpu-memory", gpu_memory, "--virtual-gpus", "--drain-s", "1"])
+        .args(more)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

@@ -21,8 +21,12 @@
 //! awake engine's own count of the requests it runs or holds (its
 //! gauges) as often. The replicas' health checks run here.
 //!
-//! On SIGTERM it drains: it leaves the registry at once (the leader places
-//! its replicas elsewhere without waiting for the TTL), stops reporting
+//! On SIGTERM it leaves. Given time to move its replicas (`--move-s`), it
+//! first drains: its record says `draining`, the leader places its
+//! replicas on other nodes, and each stops here (its requests finished)
+//! once its replacement serves — until nothing runs here, or the time is
+//! up. Then it leaves the registry at once (the leader places what still
+//! runs here elsewhere without waiting for the TTL), stops reporting
 //! (gateways stop sending it new requests), gives requests in flight
 //! `drain` to finish, then stops its engines. If another agent takes its
 //! name — this one was silent past the TTL and replaced — it stops.
@@ -67,6 +71,9 @@ pub struct Agent {
     /// The weight-store artifacts the node holds resident, as its store
     /// daemon last said (reported with the replicas).
     resident: std::sync::Mutex<Vec<String>>,
+    /// Leaving: the record says `draining`, so the leader moves the
+    /// node's replicas elsewhere.
+    draining: std::sync::atomic::AtomicBool,
     /// Stops the loops.
     stop: CancellationToken,
     /// Cancelled when another agent took the node's name.
@@ -126,6 +133,7 @@ impl Agent {
             driver,
             foreign: std::sync::Mutex::default(),
             resident: std::sync::Mutex::default(),
+            draining: std::sync::atomic::AtomicBool::new(false),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
         });
@@ -184,7 +192,7 @@ impl Agent {
                     let me = me.clone();
                     async move {
                         axum::Json(serde_json::json!({
-                            "node": me.record,
+                            "node": me.record(),
                             "report": me.report(),
                             "replicas": me.driver.replicas(),
                             "gpus": me.driver.nodes().get(&me.record.name),
@@ -212,9 +220,24 @@ impl Agent {
         self.replaced.cancelled().await
     }
 
-    /// Leaves the fleet: out of the registry and the reports at once,
-    /// then `drain` for requests in flight, then every engine stopped.
-    pub async fn shutdown(&self, drain: Duration) {
+    /// The node's record as it registers now: `draining` once it leaves.
+    fn record(&self) -> NodeRecord {
+        let draining = self.draining.load(std::sync::atomic::Ordering::Relaxed);
+        NodeRecord { draining, ..self.record.clone() }
+    }
+
+    /// Leaves the fleet. With `move_for` (not zero), the node drains first:
+    /// its record says `draining`, and it keeps following the leader —
+    /// which places its replicas on other nodes and stops each here once
+    /// its replacement serves — until it runs nothing, for `move_for` at
+    /// most. Then it leaves: out of the registry and the reports at once,
+    /// `drain` for requests in flight on whatever still runs here (the
+    /// leader places those again as a lost node's), then every engine
+    /// stopped.
+    pub async fn shutdown(&self, drain: Duration, move_for: Duration) {
+        if !move_for.is_zero() && !self.replaced.is_cancelled() {
+            self.move_replicas(move_for).await;
+        }
         self.stop.cancel();
         let (registry, fleet, record) = (self.registry.clone(), self.fleet.clone(), self.record.clone());
         let left = tokio::task::spawn_blocking(move || {
@@ -229,14 +252,37 @@ impl Agent {
                 tracing::warn!(node = %self.node, "could not leave the registry ({e}); it lapses in {NODE_TTL:?}")
             }
         }
-        if !self.replaced.is_cancelled() {
+        if !self.replaced.is_cancelled() && !self.driver.replicas().is_empty() {
             tokio::time::sleep(drain).await;
         }
         self.driver.shutdown().await;
     }
 
+    /// Drains the node: says so in its record at once, then waits, for
+    /// `limit` at most, until the leader has moved every replica away.
+    async fn move_replicas(&self, limit: Duration) {
+        self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (registry, record) = (self.registry.clone(), self.record());
+        let said = tokio::task::spawn_blocking(move || registry.heartbeat(&record)).await.expect("no panic");
+        if let Err(e) = said {
+            tracing::warn!(node = %self.node, "cannot say the node drains ({e}); the heartbeats go on trying");
+        }
+        let running = self.driver.replicas().len();
+        tracing::info!(node = %self.node, running, "draining: waiting up to {limit:?} for the leader to move the replicas");
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.driver.replicas().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
+        match self.driver.replicas().len() {
+            0 => tracing::info!(node = %self.node, "drained: every replica moved"),
+            left => {
+                tracing::warn!(node = %self.node, left, "not every replica moved in {limit:?}: leaving anyway")
+            }
+        }
+    }
+
     fn heartbeat(self: Arc<Self>) {
-        match self.registry.heartbeat(&self.record) {
+        match self.registry.heartbeat(&self.record()) {
             Ok(Heartbeat::Renewed) => {}
             Ok(Heartbeat::Reregistered) => {
                 tracing::warn!(node = %self.node, "registered again (Redis had lost the registration)")

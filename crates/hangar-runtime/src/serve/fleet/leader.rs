@@ -107,6 +107,8 @@ struct ToldWeights {
     resident: BTreeMap<String, Vec<String>>,
     /// Model → the artifact its replicas load.
     artifacts: BTreeMap<ModelKey, String>,
+    /// Members told draining.
+    draining: BTreeSet<String>,
 }
 
 impl Tenure {
@@ -141,7 +143,10 @@ impl Tenure {
         };
         self.runs.lock().expect("runs lock").insert(record.name.clone(), record.agent.clone());
         self.desired.lock().expect("desired lock").set(&record.name, DesiredState::default());
-        self.told.lock().expect("told lock").resident.remove(&record.name);
+        let mut told = self.told.lock().expect("told lock");
+        told.resident.remove(&record.name);
+        told.draining.remove(&record.name);
+        drop(told);
         let running = report.map(|r| running(&node.id, r)).unwrap_or_default();
         self.inner.control.send(Command::NodeJoined(node, running));
     }
@@ -151,7 +156,10 @@ impl Tenure {
     pub(crate) fn lose(&self, node: &str) {
         self.runs.lock().expect("runs lock").remove(node);
         self.desired.lock().expect("desired lock").remove(node);
-        self.told.lock().expect("told lock").resident.remove(node);
+        let mut told = self.told.lock().expect("told lock");
+        told.resident.remove(node);
+        told.draining.remove(node);
+        drop(told);
         self.writer.forget(node);
         if let Ok(id) = node.parse() {
             self.inner.control.send(Command::NodeLost(id));
@@ -168,6 +176,22 @@ impl Tenure {
         let Ok(id) = node.parse() else { return };
         told.resident.insert(node.to_owned(), artifacts.to_vec());
         self.inner.control.send(Command::Resident(id, artifacts.iter().cloned().collect()));
+    }
+
+    /// Member `node` should drain (`on`: its agent is leaving, or an
+    /// operator drained it) or not: the controller is told when that
+    /// changed.
+    pub(crate) fn draining(&self, node: &str, on: bool) {
+        let mut told = self.told.lock().expect("told lock");
+        if told.draining.contains(node) == on {
+            return;
+        }
+        let Ok(id) = node.parse() else { return };
+        match on {
+            true => told.draining.insert(node.to_owned()),
+            false => told.draining.remove(node),
+        };
+        self.inner.control.send(Command::Drain { node: id, on, reply: None });
     }
 
     /// A started replica of `model` loaded `artifact`: the controller is

@@ -23,7 +23,10 @@
 //! (COLD, or WARM when it woke), one that failed, one that went cold, one
 //! placed long ago that its node never took up, and the weight artifacts
 //! each node holds resident and each model loads (placement's
-//! tie-breaker).
+//! tie-breaker). A node drains while its record says so (its agent is
+//! leaving) or an operator drained it (`hangar:draining`, read every
+//! refresh): every gateway shows it, and the leader tells its controller
+//! when a member's drain changes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -181,8 +184,19 @@ impl View {
             routed.retain(|id, s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id));
         }
         route(&inner, &routed);
+        // An agent leaving drains its node, as does an operator's word.
+        let drained = self.fleet.drained_nodes().map_err(|e| e.to_string())?;
+        let draining: HashSet<&str> = nodes
+            .values()
+            .filter(|r| r.draining || drained.contains(&r.name))
+            .map(|r| r.name.as_str())
+            .collect();
         if let Some(tenure) = self.leadership.current() {
             self.keep_level(&inner, &tenure, &nodes, &memory.reports, &seen, &silent, &memory.seen);
+            // After the joins: a node is drained as a member.
+            for name in nodes.keys().filter(|n| tenure.member(n).is_some()) {
+                tenure.draining(name, draining.contains(name.as_str()));
+            }
             tenure.publish_unavailable();
             memory.mirrored = None;
         } else {
@@ -194,7 +208,10 @@ impl View {
         // `/admin/status` shows of a node, the controller knows.
         *inner.nodes.lock().expect("nodes lock") = nodes
             .values()
-            .map(|r| super::super::NodeStatus::registered(r, memory.reports.get(&r.name)))
+            .map(|r| {
+                let report = memory.reports.get(&r.name);
+                super::super::NodeStatus::registered(r, report, draining.contains(r.name.as_str()))
+            })
             .collect();
         let ever: HashMap<ReplicaId, bool> = memory.seen.iter().map(|(id, (_, ever))| (*id, *ever)).collect();
         memory.seen = seen
