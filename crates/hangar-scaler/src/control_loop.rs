@@ -12,7 +12,10 @@
 //! was told and what it decided ([`ControlLoop::recording`]), which is how
 //! a test checks that two drivers drive alike.
 
+use std::collections::BTreeSet;
+
 use hangar_core::{Millis, ModelKey, ReplicaId};
+use hangar_placement::NodeId;
 
 use crate::controller::{Action, Controller};
 use crate::observation::Observation;
@@ -64,6 +67,15 @@ pub enum Input {
         took_ms: Millis,
         /// Whether its engine can sleep.
         sleeps: bool,
+    },
+    /// A node holds these weight artifacts resident now.
+    Resident {
+        /// When.
+        at: Millis,
+        /// The node.
+        node: NodeId,
+        /// The artifacts.
+        artifacts: BTreeSet<String>,
     },
     /// A scaler changed a model's count.
     Decided {
@@ -166,6 +178,14 @@ impl ControlLoop {
     ) {
         self.note(|| Input::Ready { at: now, model: model.clone(), tier, took_ms, sleeps });
         self.controller.handle_ready(now, model, tier, took_ms, sleeps);
+    }
+
+    /// `node` holds `artifacts` resident now
+    /// ([`Controller::set_resident`]); a node no longer in the cluster is
+    /// passed over.
+    pub fn set_resident(&mut self, now: Millis, node: &NodeId, artifacts: BTreeSet<String>) {
+        self.note(|| Input::Resident { at: now, node: node.clone(), artifacts: artifacts.clone() });
+        let _ = self.controller.set_resident(node, artifacts);
     }
 
     /// Takes what is due at `now` (call after observing every model when

@@ -658,6 +658,9 @@ scaling = { policy = "replicate" }
                     let sleeps = *sleeps;
                     facts.push((*at, Command::Ready { model: model.clone(), tier: *tier, took, sleeps }));
                 }
+                Input::Resident { at, node, artifacts } => {
+                    facts.push((*at, Command::Resident(node.clone(), artifacts.clone())));
+                }
                 Input::Decided { .. } => expected.push(input.clone()),
             }
         }
@@ -691,7 +694,7 @@ scaling = { policy = "replicate" }
     fn input_at(input: &Input) -> Millis {
         match input {
             Input::Observed { at, .. } | Input::Waiting { at, .. } | Input::Ready { at, .. } => *at,
-            Input::Decided { at, .. } => *at,
+            Input::Resident { at, .. } | Input::Decided { at, .. } => *at,
         }
     }
 }

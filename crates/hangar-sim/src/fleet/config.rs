@@ -239,7 +239,12 @@ impl FleetConfig {
     /// The controller of this fleet, every model on its own scaling policy
     /// or on `policy` (`sim compare`): what a simulation of it drives.
     pub fn controller(&self, policy: Option<&ScalingConfig>) -> Result<hangar_scaler::Controller, String> {
-        let cluster = hangar_placement::Cluster::new(self.cluster()).map_err(|e| e.to_string())?;
+        let mut cluster = hangar_placement::Cluster::new(self.cluster()).map_err(|e| e.to_string())?;
+        // A simulated model's weights are an artifact of its own, named by
+        // its key: a node where a load of it finished holds it resident.
+        for m in &self.models {
+            cluster.set_model_artifact(&m.key, Some(m.key.to_string())).map_err(|e| e.to_string())?;
+        }
         let specs = self
             .models
             .iter()

@@ -1027,7 +1027,13 @@ impl Fleet<'_> {
         if tier == StartTier::Cold && !self.cached.contains(&(r.node.clone(), m)) {
             // The weights read for this load are now in the node's page
             // cache; a start beside it before this moment read the disk.
-            self.cached.insert((r.node.clone(), m));
+            // Placement is told, as a live agent tells it what its store
+            // holds: among equal nodes it prefers this one for the model.
+            let node = r.node.clone();
+            self.cached.insert((node.clone(), m));
+            let held = self.cached.range((node.clone(), 0)..=(node.clone(), usize::MAX));
+            let artifacts = held.map(|(_, m)| self.models[*m].key.to_string()).collect();
+            self.control.set_resident(ms(now), &node, artifacts);
         }
         self.report.cold_start(m, tier, self.cfg.models[m].hotswap, took);
         self.account_replica(now, slot);
