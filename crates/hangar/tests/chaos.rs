@@ -5,8 +5,9 @@
 //! Three short random seeds (chosen so that together they stop an agent
 //! past its TTL, kill engines, the leader and an agent restarted at once,
 //! and make one leave and rejoin), the Redis targets asserted exactly on a
-//! dedicated schedule — Redis paused under load, then down for 6 s — and a
-//! test of the checker itself: an engine process no agent owns must be
+//! dedicated schedule — Redis paused under load, then down for 6 s — two
+//! nodes drained by an operator under load, and a test of the checker
+//! itself: an engine process no agent owns must be
 //! found as a ghost. A
 //! failing case prints the report, which names every finding and the
 //! schedule (so the seed replays: `hangar bench chaos --seed N --minutes
@@ -65,6 +66,25 @@ fn chaos_seed_29() {
 #[test]
 fn chaos_seed_35() {
     random_seed(35);
+}
+
+/// An operator drains each of two nodes in turn under the mixed load, the
+/// leader killed between the two: every replica moves make-before-break,
+/// and the checker holds the fleet to everything it holds it to under
+/// faults — no request or prediction lost, none run twice (a drain is no
+/// excuse for a re-run), no GPU over-committed, engines == placed
+/// replicas once calm.
+#[test]
+fn nodes_drained_under_load_lose_nothing() {
+    let schedule = Schedule::fixed(vec![
+        Step { gap_ms: 3_000, fault: Fault::NodeDrain { agent: 0, ms: 12_000 } },
+        Step { gap_ms: 3_000, fault: Fault::LeaderKill { restart_after_ms: 1_000 } },
+        Step { gap_ms: 5_000, fault: Fault::NodeDrain { agent: 1, ms: 12_000 } },
+    ]);
+    let Some(report) = run(0, Duration::ZERO, Some(schedule)) else { return };
+    assert_eq!(report.faults.values().sum::<u32>(), 3, "{report}");
+    assert!(report.sync.ok > 0 && report.predictions.accepted > 0, "no load ran:\n{report}");
+    assert!(report.passed(), "{report}");
 }
 
 /// The checker finds what it is there to find: an engine process of the

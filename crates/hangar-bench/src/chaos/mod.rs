@@ -315,6 +315,20 @@ async fn leader(client: &reqwest::Client, fleet: &Fleet) -> Option<usize> {
     None
 }
 
+/// Drains node `node` (`on`) or calls its drain off through the gateway
+/// that leads (waiting for one, 10 s at most): the gateway, or why not.
+async fn drain_node(client: &reqwest::Client, fleet: &Fleet, node: &str, on: bool) -> Result<usize, String> {
+    let g = leader(client, fleet).await.ok_or("no gateway led for 10 s")?;
+    let url = fleet.roster().read().expect("roster").gateways[g].clone().ok_or("the leader is gone")?;
+    let url = format!("{url}/admin/nodes/{node}/drain");
+    let request = if on { client.post(url) } else { client.delete(url) };
+    match request.send().await {
+        Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => Ok(g),
+        Ok(r) => Err(format!("gateway {g} answered {}", r.status())),
+        Err(e) => Err(format!("gateway {g}: {e}")),
+    }
+}
+
 /// Carries out `fault` (step `step`) and returns it as injected, with the
 /// agent starts refused meanwhile.
 async fn inject(
@@ -411,6 +425,20 @@ async fn inject(
             fleet.pause_redis(ms).await?;
             sleep(ms).await;
             fleet.redis_fault(false);
+        }
+        Fault::NodeDrain { agent, ms } => {
+            let node = schedule::agent_name(agent);
+            match drain_node(client, fleet, &node, true).await {
+                Err(why) => done.skipped = Some(why),
+                Ok(g) => {
+                    done.gateway = Some(g);
+                    sleep(ms).await;
+                    done.note = match drain_node(client, fleet, &node, false).await {
+                        Ok(g) => format!("drained through gateway {g}; called off"),
+                        Err(why) => format!("drained; NOT called off: {why}"),
+                    };
+                }
+            }
         }
         Fault::StrayEngine => {
             let pid = fleet.plant_stray_engine()?;

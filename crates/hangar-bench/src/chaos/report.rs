@@ -255,9 +255,10 @@ pub struct RedisFigures {
 pub const FAULT_REACH_MS: u64 = 5_000;
 
 /// Kinds after which docs/cluster.md lets a prediction run again (or fail,
-/// for a model that is not idempotent; or after two losses).
+/// for a model that is not idempotent; or after two losses). A drain is
+/// not one: a leaving replica finishes what it runs before it stops.
 fn disrupts_runs(kind: Kind) -> bool {
-    !kind.is_redis() && kind != Kind::StrayEngine
+    !kind.is_redis() && !matches!(kind, Kind::StrayEngine | Kind::NodeDrain)
 }
 
 impl Records {

@@ -101,6 +101,18 @@ pub enum Fault {
         /// The agent's index.
         agent: usize,
     },
+    /// Not a fault but an operator's act under the same load and checks:
+    /// agent `agent`'s node drained through the leading gateway's admin API
+    /// (its replicas move to the other nodes, each stopping there once its
+    /// replacement serves), the drain called off `ms` later. Never drawn
+    /// at random, so the seeds' schedules stay as documented; a fixed
+    /// schedule's.
+    NodeDrain {
+        /// The agent's index.
+        agent: usize,
+        /// Drained this long, ms.
+        ms: u64,
+    },
     /// Not a fault of the fleet: a test of the checker. An engine process
     /// of the run that no agent started (`hangar engine mock`, a child of
     /// the run itself), left running for the checker's allowance and a
@@ -130,13 +142,15 @@ pub enum Kind {
     RedisPause,
     /// [`Fault::AgentRejoin`].
     AgentRejoin,
+    /// [`Fault::NodeDrain`].
+    NodeDrain,
     /// [`Fault::StrayEngine`].
     StrayEngine,
 }
 
 impl Kind {
     /// Every kind, in the order the figures list them.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::AgentKillAtOnce,
         Kind::AgentKillAfterTtl,
         Kind::GatewayKill,
@@ -146,6 +160,7 @@ impl Kind {
         Kind::RedisDown,
         Kind::RedisPause,
         Kind::AgentRejoin,
+        Kind::NodeDrain,
         Kind::StrayEngine,
     ];
 
@@ -161,6 +176,7 @@ impl Kind {
             Kind::RedisDown => "Redis killed and restarted",
             Kind::RedisPause => "Redis paused (CLIENT PAUSE)",
             Kind::AgentRejoin => "agent SIGTERM and rejoin",
+            Kind::NodeDrain => "node drained by an operator",
             Kind::StrayEngine => "stray engine planted (checker test)",
         }
     }
@@ -184,6 +200,7 @@ impl Fault {
             Fault::RedisDown { .. } => Kind::RedisDown,
             Fault::RedisPause { .. } => Kind::RedisPause,
             Fault::AgentRejoin { .. } => Kind::AgentRejoin,
+            Fault::NodeDrain { .. } => Kind::NodeDrain,
             Fault::StrayEngine => Kind::StrayEngine,
         }
     }
@@ -197,7 +214,10 @@ impl Fault {
             | Fault::GatewayKill { restart_after_ms, .. }
             | Fault::LeaderKill { restart_after_ms } => restart_after_ms,
             Fault::EngineKill { .. } => 0,
-            Fault::AgentStop { ms, .. } | Fault::RedisDown { ms } | Fault::RedisPause { ms } => ms,
+            Fault::AgentStop { ms, .. }
+            | Fault::NodeDrain { ms, .. }
+            | Fault::RedisDown { ms }
+            | Fault::RedisPause { ms } => ms,
             Fault::AgentRejoin { .. } => 2_000,
             Fault::StrayEngine => super::judge::ALLOWANCE_MS + 3_000,
         }
@@ -240,6 +260,9 @@ impl fmt::Display for Fault {
             Fault::RedisPause { ms } => write!(f, "Redis CLIENT PAUSE {ms} ALL"),
             Fault::AgentRejoin { agent } => {
                 write!(f, "SIGTERM agent {}, rejoining under its name", agent_name(*agent))
+            }
+            Fault::NodeDrain { agent, ms } => {
+                write!(f, "drain node {} for {:.1} s", agent_name(*agent), *ms as f64 / 1e3)
             }
             Fault::StrayEngine => {
                 write!(f, "plant an engine process no agent owns (the checker must find it)")
@@ -346,7 +369,7 @@ impl Schedule {
                 Kind::RedisDown => Fault::RedisDown { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
                 Kind::RedisPause => Fault::RedisPause { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
                 Kind::AgentRejoin => Fault::AgentRejoin { agent: rng.random_range(0..agents) },
-                Kind::StrayEngine => unreachable!("never drawn: it has no weight"),
+                Kind::NodeDrain | Kind::StrayEngine => unreachable!("never drawn: it has no weight"),
             };
             let mut gap_ms = rng.random_range(GAP_MIN_MS..=GAP_MAX_MS);
             if kind.is_redis() || after_redis {
@@ -436,7 +459,7 @@ mod tests {
                     }
                     Fault::EngineKill { agent, .. } | Fault::AgentRejoin { agent } => assert!(agent < 3),
                     Fault::LeaderKill { .. } => {}
-                    Fault::StrayEngine => panic!("drawn at random"),
+                    Fault::NodeDrain { .. } | Fault::StrayEngine => panic!("drawn at random"),
                 }
             }
         }
@@ -449,7 +472,7 @@ mod tests {
         for seed in 1..=20 {
             let s = Schedule::random(seed, 30 * 60_000, 3, 2);
             assert!(s.steps.len() >= 100, "seed {seed}: {} faults", s.steps.len());
-            for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::StrayEngine) {
+            for kind in Kind::ALL.into_iter().filter(|k| !matches!(k, Kind::StrayEngine | Kind::NodeDrain)) {
                 assert!(s.steps.iter().any(|st| st.fault.kind() == kind), "seed {seed}: no {kind:?}");
             }
         }
