@@ -135,9 +135,14 @@ impl FleetState {
     /// Records that an operator closed (`true`) or opened the hotswap
     /// model `model` to swapping in.
     pub fn close_hotswap(&self, model: &str, closed: bool) -> Result<(), RedisError> {
-        let set = format!("{PREFIX}:hotswap-closed");
-        let verb = if closed { "SADD" } else { "SREM" };
-        self.redis.run(|c| redis::cmd(verb).arg(&set).arg(model).query::<()>(c))
+        self.mark("hotswap-closed", model, closed)
+    }
+
+    /// Adds `member` to the set `PREFIX:key` (`on`) or takes it out.
+    fn mark(&self, key: &str, member: &str, on: bool) -> Result<(), RedisError> {
+        let set = format!("{PREFIX}:{key}");
+        let verb = if on { "SADD" } else { "SREM" };
+        self.redis.run(|c| redis::cmd(verb).arg(&set).arg(member).query::<()>(c))
     }
 
     /// The hotswap models an operator closed to swapping in.
@@ -148,9 +153,7 @@ impl FleetState {
     /// Records that an operator drained (`true`) node `node`, or called
     /// the drain off.
     pub fn drain_node(&self, node: &str, draining: bool) -> Result<(), RedisError> {
-        let set = format!("{PREFIX}:draining");
-        let verb = if draining { "SADD" } else { "SREM" };
-        self.redis.run(|c| redis::cmd(verb).arg(&set).arg(node).query::<()>(c))
+        self.mark("draining", node, draining)
     }
 
     /// The nodes an operator drained.

@@ -10,16 +10,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::fleet::{agent, agent_with_args, agent_with_memory, ready, status, wait_ready, Agent};
+use common::fleet::{agent, agent_with, ready, status, wait_ready, Agent};
 use common::predictions::{client, create_with_webhook, get, post, receiver, wait_terminal, Receiver};
 use common::{serve_in, Serve};
 use hangar_redis::LocalRedis;
 use serde_json::{json, Value};
 
-/// The fleet's file: two models, `t/a` with two replicas and `t/b` with
-/// one.
-fn fleet_config(redis: &LocalRedis) -> String {
-    let models = r#"
+/// The fleet's models: `t/a` with two replicas and `t/b` with one.
+const FLEET_MODELS: &str = r#"
 [[models]]
 key = "t/a"
 engine = { kind = "mock", preset = "fast" }
@@ -32,8 +30,6 @@ engine = { kind = "mock", preset = "fast" }
 size = "10GB"
 min_replicas = 1
 "#;
-    fleet_config_of(redis, models)
-}
 
 /// A fleet's file on `redis` serving `models` (`[[models]]` entries);
 /// async predictions with a short lease and webhooks to loopback.
@@ -51,6 +47,15 @@ webhook_allow = ["127.0.0.1/32"]
     )
 }
 
+/// [`fleet_config_of`] written to `dir/fleet.toml`: its path (for agents)
+/// and its text (for gateways).
+fn fleet_file(dir: &std::path::Path, redis: &LocalRedis, models: &str) -> (std::path::PathBuf, String) {
+    let config = fleet_config_of(redis, models);
+    let path = dir.join("fleet.toml");
+    std::fs::write(&path, &config).unwrap();
+    (path, config)
+}
+
 struct Fleet {
     gateways: Vec<Serve>,
     agents: Vec<Agent>,
@@ -61,9 +66,7 @@ struct Fleet {
 /// every model's replicas ready on every gateway.
 fn fleet(redis: &LocalRedis, gateways: usize, agents: usize) -> Fleet {
     let dir = tempfile::tempdir().unwrap();
-    let config = fleet_config(redis);
-    let path = dir.path().join("fleet.toml");
-    std::fs::write(&path, &config).unwrap();
+    let (path, config) = fleet_file(dir.path(), redis, FLEET_MODELS);
     let gateways: Vec<Serve> =
         (0..gateways).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
     let agents = (0..agents).map(|i| agent(dir.path(), &path, &redis.url(), &format!("n{i}"), 2)).collect();
@@ -426,11 +429,9 @@ size = "60GB"
 min_replicas = 0
 timeout_s = 600
 "#;
-    let config = fleet_config_of(&redis, model);
-    let path = dir.path().join("fleet.toml");
-    std::fs::write(&path, &config).unwrap();
+    let (path, config) = fleet_file(dir.path(), &redis, model);
     let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
-    let _small = agent_with_memory(dir.path(), &path, &redis.url(), "small", 1, "16GB");
+    let _small = agent_with(dir.path(), &path, &redis.url(), "small", 1, "16GB", &[]);
     wait_leader(std::slice::from_ref(&gateway), "at the start");
     let hooks = receiver(0);
     let body = |hooks: &Receiver| json!({"input": {"prompt": "x", "max_tokens": 4}, "webhook": hooks.url, "webhook_events_filter": ["completed"]});
@@ -532,11 +533,9 @@ size = "4GB"
 min_replicas = 0
 max_replicas = 2
 "#;
-    let config = fleet_config_of(&redis, models);
-    let path = dir.path().join("fleet.toml");
-    std::fs::write(&path, &config).unwrap();
+    let (path, config) = fleet_file(dir.path(), &redis, models);
     let mut gateways: Vec<Serve> = (0..2).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
-    let _node = agent_with_memory(dir.path(), &path, &redis.url(), "small", 2, "16GB");
+    let _node = agent_with(dir.path(), &path, &redis.url(), "small", 2, "16GB", &[]);
     let lead = wait_leader(&gateways, "at the start");
     let follower = gateways[1 - lead].url.clone();
     assert_eq!(chat_answer(&follower, "t/swap").0, 200, "served while open");
@@ -714,13 +713,11 @@ size = "10GB"
 min_replicas = 1
 max_replicas = 1
 "#;
-    let config = fleet_config_of(&redis, models);
-    let path = dir.path().join("fleet.toml");
-    std::fs::write(&path, &config).unwrap();
+    let (path, config) = fleet_file(dir.path(), &redis, models);
     let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
     let mut agents: Vec<Agent> = ["n0", "n1"]
         .iter()
-        .map(|name| agent_with_args(dir.path(), &path, &redis.url(), name, 1, "80GB", &["--move-s", "30"]))
+        .map(|name| agent_with(dir.path(), &path, &redis.url(), name, 1, "80GB", &["--move-s", "30"]))
         .collect();
     wait_leader(std::slice::from_ref(&gateway), "at the start");
     let g = gateway.url.clone();

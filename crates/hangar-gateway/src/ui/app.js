@@ -170,7 +170,13 @@ function renderNodes(status) {
         ),
       );
     }
-    const facts = [node.gpu_kind, node.gpus ? `${node.gpus} × ${gigabytes(node.gpu_memory)}` : null, node.draining ? "draining" : null]
+    const resident = (node.resident || []).length;
+    const facts = [
+      node.gpu_kind,
+      node.gpus ? `${node.gpus} × ${gigabytes(node.gpu_memory)}` : null,
+      node.draining ? "draining" : null,
+      resident ? `weights of ${resident} artifact${resident > 1 ? "s" : ""} resident` : null,
+    ]
       .filter(Boolean)
       .join(" · ");
     cards.push(

@@ -76,23 +76,12 @@ impl Drop for Agent {
 /// the fleet `config` on `redis`, its log in `dir`, and waits for its
 /// first line.
 pub fn agent(dir: &Path, config: &Path, redis: &str, name: &str, gpus: u32) -> Agent {
-    agent_with_memory(dir, config, redis, name, gpus, "80GB")
+    agent_with(dir, config, redis, name, gpus, "80GB", &[])
 }
 
-/// [`agent`] with GPUs of `gpu_memory` each.
-pub fn agent_with_memory(
-    dir: &Path,
-    config: &Path,
-    redis: &str,
-    name: &str,
-    gpus: u32,
-    gpu_memory: &str,
-) -> Agent {
-    agent_with_args(dir, config, redis, name, gpus, gpu_memory, &[])
-}
-
-/// [`agent_with_memory`] with more flags (`--move-s 30`).
-pub fn agent_with_args(
+/// [`agent`] with GPUs of `gpu_memory` each and `more` flags (`--move-s
+/// 30`).
+pub fn agent_with(
     dir: &Path,
     config: &Path,
     redis: &str,
