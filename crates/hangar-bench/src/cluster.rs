@@ -5,8 +5,8 @@
 //!    each doing what a `hangar agent` does — its registry heartbeat every
 //!    2 s and its replicas' report every 250 ms (two replicas each) —
 //!    while one thread does what the leading gateway's view does every
-//!    250 ms: read the live nodes, their reports and every gateway's
-//!    load. The figure is that thread's CPU time over the run as a share
+//!    250 ms: read the live nodes, their reports, every gateway's load
+//!    and the nodes an operator drained. The figure is that thread's CPU time over the run as a share
 //!    of one core (target: under 5 % with 1,000 agents), with its refresh
 //!    time and Redis's own CPU beside it.
 //! 2. **Node loss**: a real fleet on loopback — a private Redis, one
@@ -200,6 +200,7 @@ fn heartbeats(options: &Options) -> Result<Heartbeats, BenchError> {
         let names: Vec<String> = live.iter().map(|n| n.record.name.clone()).collect();
         let reports = fleet.reports(&names).map_err(redis_error)?;
         let _ = fleet.loads().map_err(redis_error)?;
+        let _ = fleet.drained_nodes().map_err(redis_error)?;
         if reports.iter().flatten().count() < options.agents {
             return Err(BenchError::Options("simulated agents' reports went missing".into()));
         }
