@@ -621,13 +621,21 @@ impl Controller {
             .map(|d| (d.model_key.clone(), d.replica_id))
             .collect();
         let models: BTreeSet<ModelKey> = held.hot().keys().cloned().collect();
+        let dedicated = held.hot().values().flat_map(|m| m.values()).any(|d| d.dedicated);
         if on {
             let before = self.cluster.snapshot();
             for (model, id) in warm {
                 let _ = self.cluster.evict_replica(&model, &id);
                 self.forget(&model, id);
             }
-            self.push_delta(&before);
+            if dedicated {
+                // A dedicated window's replicas are replaced dedicated (as
+                // a lost node's are): re-deploying the windows in force
+                // counts only the staying ones and marks those first.
+                self.cluster.apply_schedule(&self.schedule, now, &mut self.rng);
+            }
+            let evicted = self.push_delta(&before).map(evicted).unwrap_or_default();
+            self.lower_preempted(now, evicted);
         } else {
             // Its GPUs are candidates again.
             self.capacity_freed(now);

@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hangar_core::{ByteSize, Millis, ModelKey, ReplicaId};
-use hangar_placement::{Cluster, ClusterConfig, Level, ModelSpec as Size, NodeConfig, NodeId};
+use hangar_placement::{
+    Cluster, ClusterConfig, Level, ModelSpec as Size, NodeConfig, NodeId, Schedule, Window,
+};
 use hangar_scaler::{Action, Bounds, Controller, ModelSpec, Observation, ScalingConfig};
 use proptest::prelude::*;
 
@@ -140,6 +142,35 @@ fn without_room_elsewhere_the_leaving_replica_stays() {
     let actions = drain_actions(&mut c);
     assert!(actions.iter().all(|a| !matches!(a, Action::Apply(_))), "{actions:?}");
     assert_eq!(hot(&c, &m).len(), 2);
+}
+
+/// A dedicated window's replica on a drained node is replaced dedicated,
+/// and the window keeps its count of dedicated replicas throughout.
+#[test]
+fn a_dedicated_replica_is_replaced_dedicated() {
+    let m = key("m0");
+    let mut c = controller(3, 1, 0, &[0], 5);
+    let window = Window { model_key: m.clone(), replicas: 2, start_ms: 0, end_ms: 3_600_000 };
+    c.set_schedule(0, Schedule::new(vec![window]).unwrap());
+    drain_actions(&mut c);
+    let dedicated =
+        |c: &Controller| c.cluster().replicas_of(&m, Level::Hot).iter().filter(|d| d.dedicated).count();
+    assert_eq!(dedicated(&c), 2);
+    let mut ready: BTreeSet<ReplicaId> = hot(&c, &m).into_keys().collect();
+    observe(&mut c, 1_000, &ready);
+    let (old, node) = hot(&c, &m).into_iter().next().unwrap();
+    c.drain(2_000, &node, true).unwrap();
+    drain_actions(&mut c);
+    let new: Vec<ReplicaId> = hot(&c, &m).into_keys().filter(|id| !ready.contains(id)).collect();
+    assert_eq!(new.len(), 1, "{:?}", hot(&c, &m));
+    assert!(c.cluster().deployment(&new[0]).unwrap().dedicated, "the replacement is dedicated");
+    assert_eq!(dedicated(&c), 2, "the leaving one gave its mark to its replacement");
+    ready.insert(new[0]);
+    observe(&mut c, 3_000, &ready);
+    drain_actions(&mut c);
+    assert!(!hot(&c, &m).contains_key(&old));
+    assert_eq!(dedicated(&c), 2);
+    c.cluster().check_invariants().unwrap();
 }
 
 /// WARM replicas on a node that starts draining are let go at once.
