@@ -203,7 +203,8 @@ fn bench_queue_claims_everything_and_an_account_waits_one_claim() {
 }
 
 /// The cluster benchmark measures simulated agents' heartbeats against a
-/// private Redis, and a real fleet losing a node: every figure is there
+/// private Redis, and a real fleet draining a node and losing one: every
+/// figure is there
 /// (their targets are in the printed report, not asserted here).
 #[test]
 fn bench_cluster_reports_heartbeat_load_and_a_node_loss() {
@@ -222,4 +223,7 @@ fn bench_cluster_reports_heartbeat_load_and_a_node_loss() {
     // heartbeat: the dead node was really waited for.
     assert!(n["detected_ms"].as_u64().unwrap() >= 7_000, "{report}");
     assert!(n["replaced_ms"].as_u64().is_some() && n["engine_ms"].as_u64().is_some(), "{report}");
+    // The drain before it moved the replica make-before-break.
+    assert_eq!(n["drain"]["fewest_ready"], 2, "{report}");
+    assert!(n["drain"]["moved_ms"].as_u64().is_some_and(|ms| ms > 0), "{report}");
 }
