@@ -77,6 +77,15 @@ pub enum Input {
         /// The artifacts.
         artifacts: BTreeSet<String>,
     },
+    /// A node drains (`on`), or its drain was called off.
+    Drain {
+        /// When.
+        at: Millis,
+        /// The node.
+        node: NodeId,
+        /// Draining or not.
+        on: bool,
+    },
     /// A scaler changed a model's count.
     Decided {
         /// When.
@@ -186,6 +195,14 @@ impl ControlLoop {
     pub fn set_resident(&mut self, now: Millis, node: &NodeId, artifacts: BTreeSet<String>) {
         self.note(|| Input::Resident { at: now, node: node.clone(), artifacts: artifacts.clone() });
         let _ = self.controller.set_resident(node, artifacts);
+    }
+
+    /// Drains `node` (`on`) or calls its drain off ([`Controller::drain`];
+    /// observe every model first, as for any command); a node no longer in
+    /// the cluster is passed over.
+    pub fn drain(&mut self, now: Millis, node: &NodeId, on: bool) {
+        self.note(|| Input::Drain { at: now, node: node.clone(), on });
+        let _ = self.controller.drain(now, node, on);
     }
 
     /// Takes what is due at `now` (call after observing every model when

@@ -661,6 +661,9 @@ scaling = { policy = "replicate" }
                 Input::Resident { at, node, artifacts } => {
                     facts.push((*at, Command::Resident(node.clone(), artifacts.clone())));
                 }
+                Input::Drain { at, node, on } => {
+                    facts.push((*at, Command::Drain { node: node.clone(), on: *on, reply: None }));
+                }
                 Input::Decided { .. } => expected.push(input.clone()),
             }
         }
@@ -694,7 +697,7 @@ scaling = { policy = "replicate" }
     fn input_at(input: &Input) -> Millis {
         match input {
             Input::Observed { at, .. } | Input::Waiting { at, .. } | Input::Ready { at, .. } => *at,
-            Input::Resident { at, .. } | Input::Decided { at, .. } => *at,
+            Input::Resident { at, .. } | Input::Drain { at, .. } | Input::Decided { at, .. } => *at,
         }
     }
 }

@@ -46,6 +46,25 @@ pub struct FleetConfig {
     /// `hangar serve`.
     #[serde(default = "default_observe")]
     pub observe_ms: Millis,
+    /// Nodes an operator drains during the run (`[[drains]]`), to try a
+    /// maintenance before doing it.
+    #[serde(default)]
+    pub drains: Vec<FleetDrain>,
+}
+
+/// `[[drains]]`: node `node` drained from `from_s` to `to_s` (trace
+/// seconds after the first row; no `to_s`: to the end), as
+/// `POST /admin/nodes/{node}/drain` and its `DELETE` would (docs/sim.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetDrain {
+    /// The node: a group's `{id}-{i}`.
+    pub node: String,
+    /// When the drain begins.
+    pub from_s: f64,
+    /// When it is called off.
+    #[serde(default)]
+    pub to_s: Option<f64>,
 }
 
 /// `count` alike nodes, named `{id}-0` … `{id}-{count-1}`.
@@ -320,6 +339,30 @@ impl FleetConfig {
         }
         if self.observe_ms == 0 {
             return Err(FieldError::new("observe_ms", "must be at least 1"));
+        }
+        let names: std::collections::BTreeSet<String> =
+            self.nodes.iter().flat_map(|g| (0..g.count).map(move |i| format!("{}-{i}", g.id))).collect();
+        for (i, d) in self.drains.iter().enumerate() {
+            let at = format!("drains[{i}]");
+            if !names.contains(&d.node) {
+                let first = names.iter().next().map_or(String::new(), |n| format!(" (such as `{n}`)"));
+                return Err(FieldError::new(
+                    format!("{at}.node"),
+                    format!(
+                        "no node is named `{}`: nodes are named `{{id}}-{{i}}` of their group{first}",
+                        d.node
+                    ),
+                ));
+            }
+            if !(d.from_s.is_finite() && d.from_s >= 0.0) {
+                return Err(FieldError::new(
+                    format!("{at}.from_s"),
+                    format!("{} must be 0 or more", d.from_s),
+                ));
+            }
+            if d.to_s.is_some_and(|t| !(t.is_finite() && t > d.from_s)) {
+                return Err(FieldError::new(format!("{at}.to_s"), "must come after `from_s`"));
+            }
         }
         // Each model alone on the fleet must fit at least one replica, and
         // its `min_replicas`.

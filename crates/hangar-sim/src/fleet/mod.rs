@@ -105,6 +105,8 @@ enum Kind {
     Due,
     /// Take a timeline sample.
     Sample,
+    /// A `[[drains]]` window begins (`true`) or ends.
+    Drain(usize, bool),
 }
 
 type Event = crate::clock::Event<Kind>;
@@ -488,6 +490,14 @@ impl Fleet<'_> {
         if self.opts.sample_ms > 0 {
             self.push(0.0, Kind::Sample);
         }
+        for (i, d) in self.cfg.drains.iter().enumerate() {
+            let at = |s: f64| s * 1000.0 / self.opts.speedup;
+            let (from, to) = (at(d.from_s), d.to_s.map(at));
+            self.push(from, Kind::Drain(i, true));
+            if let Some(to) = to {
+                self.push(to, Kind::Drain(i, false));
+            }
+        }
         while self.more() {
             let Some(now) = self.next_time() else { break };
             while self.heap.peek().is_some_and(|e| e.at == now) {
@@ -592,6 +602,18 @@ impl Fleet<'_> {
                     self.models[m].admission.handle_timeout(ms(now));
                     self.admissions(now, m);
                 }
+            }
+            Kind::Drain(i, on) => {
+                // As the live control task takes a command: every model
+                // observed first (which replicas are ready decides which
+                // leaving ones may stop).
+                for m in 0..self.models.len() {
+                    let (key, obs, in_flight) = self.observation(now, m, 0);
+                    self.control.observe(ms(now), &key, obs, &in_flight);
+                }
+                let node = self.cfg.drains[i].node.parse().expect("validated");
+                self.control.drain(ms(now), &node, on);
+                self.control_due = None;
             }
             Kind::Sample => {
                 self.report.sample(
