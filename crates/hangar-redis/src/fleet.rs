@@ -219,6 +219,17 @@ impl FleetState {
             .collect())
     }
 
+    /// `model`'s recorded scaling override, if any (one that cannot be
+    /// read is named in the log once and read as none).
+    pub fn override_of(&self, model: &str) -> Result<Option<ScalingOverride>, RedisError> {
+        let hash = format!("{PREFIX}:scaling-overrides");
+        if !self.is(&hash, "hash", None)? {
+            return Ok(None);
+        }
+        let json: Option<String> = self.redis.run(|c| redis::cmd("HGET").arg(&hash).arg(model).query(c))?;
+        Ok(self.parse(&format!("{hash} {model}"), json))
+    }
+
     /// What every gateway answers for: the models the leader last wrote
     /// as unavailable (none if it wrote nothing, or something unreadable,
     /// which is named in the log once) and the closed hotswap models — in
@@ -371,11 +382,15 @@ mod tests {
         let overrides: std::collections::BTreeMap<String, ScalingOverride> =
             [("t/a".to_owned(), ScalingOverride::Pin(3)), ("t/b".to_owned(), ScalingOverride::Freeze)].into();
         assert_eq!(fleet.overrides().unwrap(), overrides, "the unreadable one left out");
+        assert_eq!(fleet.override_of("t/a").unwrap(), Some(ScalingOverride::Pin(3)));
+        assert_eq!(fleet.override_of("t/c").unwrap(), None, "released");
+        assert_eq!(fleet.override_of("t/d").unwrap(), None, "unreadable");
         // Keys of another type, written by hand, read as none.
         for key in ["hotswap-closed", "scaling-overrides"] {
             redis.run(|c| redis::cmd("SET").arg(format!("{PREFIX}:{key}")).arg("x").query::<()>(c)).unwrap();
         }
         assert_eq!(fleet.overrides().unwrap(), Default::default());
+        assert_eq!(fleet.override_of("t/a").unwrap(), None);
         assert_eq!(fleet.closed_hotswap().unwrap(), Default::default());
         assert_eq!(fleet.gates().unwrap(), (down.clone(), Default::default()));
         fleet.close_hotswap("t/swap", true).unwrap_err();

@@ -346,7 +346,7 @@ impl Server {
             let model = key.to_string();
             // `Some(what was recorded)` on a fleet.
             let before = server.record_in_fleet(move |fleet| {
-                let before = fleet.overrides()?.remove(&model);
+                let before = fleet.override_of(&model)?;
                 fleet.set_override(&model, record)?;
                 Ok(Some(before))
             });
