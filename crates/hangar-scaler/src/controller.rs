@@ -614,15 +614,15 @@ impl Controller {
         }
         self.cluster.set_draining(node, on)?;
         let held = self.cluster.node(node).expect("just set");
-        let warm: Vec<(ModelKey, ReplicaId)> = held
-            .warm()
-            .values()
-            .flat_map(|m| m.values())
-            .map(|d| (d.model_key.clone(), d.replica_id))
-            .collect();
         let models: BTreeSet<ModelKey> = held.hot().keys().cloned().collect();
-        let dedicated = held.hot().values().flat_map(|m| m.values()).any(|d| d.dedicated);
         if on {
+            let warm: Vec<(ModelKey, ReplicaId)> = held
+                .warm()
+                .values()
+                .flat_map(|m| m.values())
+                .map(|d| (d.model_key.clone(), d.replica_id))
+                .collect();
+            let dedicated = held.hot().values().flat_map(|m| m.values()).any(|d| d.dedicated);
             let before = self.cluster.snapshot();
             for (model, id) in warm {
                 let _ = self.cluster.evict_replica(&model, &id);
@@ -740,14 +740,9 @@ impl Controller {
         self.cluster.count_of(model, Level::Hot) as u32
     }
 
-    /// `model`'s HOT replicas off draining nodes: what its count is made of
-    /// (all of them, at the cost of [`hot`](Self::hot), while no node
-    /// drains).
+    /// `model`'s HOT replicas off draining nodes: what its count is made of.
     fn staying(&self, model: &ModelKey) -> u32 {
-        match self.cluster.any_draining() {
-            true => self.cluster.count_staying(model) as u32,
-            false => self.hot(model),
-        }
+        self.cluster.count_staying(model) as u32
     }
 
     /// Stops `model`'s leaving replicas (HOT on a draining node) that its
@@ -763,10 +758,9 @@ impl Controller {
         let mut ready = 0;
         let mut leaving = Vec::new();
         for d in self.cluster.replicas_of(model, Level::Hot) {
-            let on_draining = self.cluster.node(&d.node).is_some_and(|n| n.draining());
             let serves = c.in_flight.get(&d.replica_id).copied();
             ready += u32::from(serves.is_some());
-            if on_draining {
+            if self.cluster.leaving(d) {
                 leaving.push((serves.is_some(), serves.unwrap_or(0), d.replica_id));
             }
         }
@@ -826,7 +820,7 @@ impl Controller {
                 .cluster
                 .replicas_of(model, Level::Hot)
                 .iter()
-                .filter(|d| !d.dedicated && self.cluster.node(&d.node).is_some_and(|n| !n.draining()))
+                .filter(|d| !d.dedicated && !self.cluster.leaving(d))
                 .map(|d| (c.in_flight.get(&d.replica_id).copied().unwrap_or(0), d.replica_id))
                 .collect();
             hot_replicas.sort_unstable();

@@ -265,7 +265,7 @@ impl Cluster {
         kept.extend(hot.iter().map(|d| d.replica_id));
         outcome.replicas = hot
             .into_iter()
-            .filter(|d| !self.nodes[self.node_index[&d.node]].draining())
+            .filter(|d| !self.leaving(d))
             .map(|d| ReplicaOutcome {
                 replica_id: Some(d.replica_id),
                 node: Some(d.node.clone()),

@@ -499,6 +499,12 @@ impl Cluster {
         self.draining > 0
     }
 
+    /// Whether `d` is *leaving*: HOT on a draining node, where it serves
+    /// until the caller stops it but no longer counts towards its model.
+    pub fn leaving(&self, d: &Deployment) -> bool {
+        d.level == Level::Hot && self.node(&d.node).is_some_and(Node::draining)
+    }
+
     /// How many HOT replicas of `model` are on nodes that are not draining:
     /// the count [`Cluster::deploy`] brings up to what it is asked.
     pub fn count_staying(&self, model: &ModelKey) -> usize {

@@ -95,20 +95,30 @@ pub(crate) struct Tenure {
     /// The unavailable models last written for the other gateways, and
     /// when.
     published: Mutex<Option<(Unavailable, Instant)>>,
-    /// What the controller was last told of the nodes' weights.
-    told: Mutex<ToldWeights>,
+    /// What the controller was last told of the members and the models.
+    told: Mutex<Told>,
 }
 
-/// The weight facts a tenure last sent its controller, so each is sent
-/// when it changes rather than at every refresh of the view.
+/// The facts of the members' reports and records a tenure last sent its
+/// controller (weights resident, each model's artifact, drains), so each
+/// is sent when it changes rather than at every refresh of the view.
 #[derive(Default)]
-struct ToldWeights {
+struct Told {
     /// Member → the artifacts it holds resident.
     resident: BTreeMap<String, Vec<String>>,
     /// Model → the artifact its replicas load.
     artifacts: BTreeMap<ModelKey, String>,
     /// Members told draining.
     draining: BTreeSet<String>,
+}
+
+impl Told {
+    /// Forgets what member `node` was told: a run that joins under its
+    /// name, or none, is told afresh.
+    fn forget(&mut self, node: &str) {
+        self.resident.remove(node);
+        self.draining.remove(node);
+    }
 }
 
 impl Tenure {
@@ -143,10 +153,7 @@ impl Tenure {
         };
         self.runs.lock().expect("runs lock").insert(record.name.clone(), record.agent.clone());
         self.desired.lock().expect("desired lock").set(&record.name, DesiredState::default());
-        let mut told = self.told.lock().expect("told lock");
-        told.resident.remove(&record.name);
-        told.draining.remove(&record.name);
-        drop(told);
+        self.told.lock().expect("told lock").forget(&record.name);
         let running = report.map(|r| running(&node.id, r)).unwrap_or_default();
         self.inner.control.send(Command::NodeJoined(node, running));
     }
@@ -156,10 +163,7 @@ impl Tenure {
     pub(crate) fn lose(&self, node: &str) {
         self.runs.lock().expect("runs lock").remove(node);
         self.desired.lock().expect("desired lock").remove(node);
-        let mut told = self.told.lock().expect("told lock");
-        told.resident.remove(node);
-        told.draining.remove(node);
-        drop(told);
+        self.told.lock().expect("told lock").forget(node);
         self.writer.forget(node);
         if let Ok(id) = node.parse() {
             self.inner.control.send(Command::NodeLost(id));
