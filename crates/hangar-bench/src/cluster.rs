@@ -369,13 +369,9 @@ async fn node_loss(exe: &std::path::Path) -> Result<NodeLoss, BenchError> {
 /// move, sampling how many replicas the gateway routes to meanwhile; then
 /// calls the drain off (nothing moves back).
 async fn drain(client: &reqwest::Client, gateway: &str, node: &str) -> Result<Drain, BenchError> {
-    let command = format!("{gateway}/admin/nodes/{node}/drain");
     let refused = |e: String| BenchError::Options(format!("the drain of {node}: {e}"));
     let started = Instant::now();
-    let answer = client.post(&command).send().await.map_err(|e| refused(e.to_string()))?;
-    if answer.status() != reqwest::StatusCode::ACCEPTED {
-        return Err(refused(format!("answered {}", answer.status())));
-    }
+    set_drain(client, gateway, node, true).await.map_err(refused)?;
     let mut fewest_ready = usize::MAX;
     loop {
         let nodes = placed(client, gateway).await;
@@ -389,11 +385,26 @@ async fn drain(client: &reqwest::Client, gateway: &str, node: &str) -> Result<Dr
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let moved_ms = started.elapsed().as_millis() as u64;
-    let answer = client.delete(&command).send().await.map_err(|e| refused(e.to_string()))?;
-    if answer.status() != reqwest::StatusCode::ACCEPTED {
-        return Err(refused(format!("calling it off answered {}", answer.status())));
-    }
+    set_drain(client, gateway, node, false).await.map_err(|e| refused(format!("calling it off: {e}")))?;
     Ok(Drain { moved_ms, fewest_ready })
+}
+
+/// Drains `node` (`on`) or calls its drain off through `gateway`'s admin
+/// API (`POST` / `DELETE /admin/nodes/{node}/drain`): anything but 202 is
+/// an error saying what came back.
+pub(crate) async fn set_drain(
+    client: &reqwest::Client,
+    gateway: &str,
+    node: &str,
+    on: bool,
+) -> Result<(), String> {
+    let url = format!("{gateway}/admin/nodes/{node}/drain");
+    let request = if on { client.post(url) } else { client.delete(url) };
+    match request.send().await {
+        Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => Ok(()),
+        Ok(r) => Err(format!("{gateway} answered {}", r.status())),
+        Err(e) => Err(format!("{gateway}: {e}")),
+    }
 }
 
 impl fmt::Display for Report {

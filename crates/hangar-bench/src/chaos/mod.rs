@@ -320,13 +320,10 @@ async fn leader(client: &reqwest::Client, fleet: &Fleet) -> Option<usize> {
 async fn drain_node(client: &reqwest::Client, fleet: &Fleet, node: &str, on: bool) -> Result<usize, String> {
     let g = leader(client, fleet).await.ok_or("no gateway led for 10 s")?;
     let url = fleet.roster().read().expect("roster").gateways[g].clone().ok_or("the leader is gone")?;
-    let url = format!("{url}/admin/nodes/{node}/drain");
-    let request = if on { client.post(url) } else { client.delete(url) };
-    match request.send().await {
-        Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => Ok(g),
-        Ok(r) => Err(format!("gateway {g} answered {}", r.status())),
-        Err(e) => Err(format!("gateway {g}: {e}")),
-    }
+    crate::cluster::set_drain(client, &url, node, on)
+        .await
+        .map(|()| g)
+        .map_err(|e| format!("gateway {g}: {e}"))
 }
 
 /// Carries out `fault` (step `step`) and returns it as injected, with the
