@@ -340,12 +340,14 @@ impl FleetConfig {
         if self.observe_ms == 0 {
             return Err(FieldError::new("observe_ms", "must be at least 1"));
         }
-        let names: std::collections::BTreeSet<String> =
-            self.nodes.iter().flat_map(|g| (0..g.count).map(move |i| format!("{}-{i}", g.id))).collect();
+        let cluster = hangar_placement::Cluster::new(self.cluster())
+            .map_err(|e| FieldError::new("nodes", e.to_string()))?;
+        // A drain names a node the fleet has, by placement's own names.
         for (i, d) in self.drains.iter().enumerate() {
             let at = format!("drains[{i}]");
-            if !names.contains(&d.node) {
-                let first = names.iter().next().map_or(String::new(), |n| format!(" (such as `{n}`)"));
+            if d.node.parse().ok().and_then(|id| cluster.node(&id)).is_none() {
+                let first =
+                    cluster.nodes().first().map_or(String::new(), |n| format!(" (such as `{}`)", n.id()));
                 return Err(FieldError::new(
                     format!("{at}.node"),
                     format!(
@@ -366,8 +368,6 @@ impl FleetConfig {
         }
         // Each model alone on the fleet must fit at least one replica, and
         // its `min_replicas`.
-        let cluster = hangar_placement::Cluster::new(self.cluster())
-            .map_err(|e| FieldError::new("nodes", e.to_string()))?;
         for (i, m) in self.models.iter().enumerate() {
             let wanted = m.min_replicas.max(1);
             let room = cluster.room_for(&m.key, wanted, self.seed);
