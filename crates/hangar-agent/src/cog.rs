@@ -24,17 +24,30 @@
 //!   agent starts them) waits for this (or a SIGINT — which it cannot
 //!   receive if it inherited SIGINT ignored) and ignores SIGTERM.
 //!
-//! [`run`] drives one prediction: it receives the webhooks on a loopback
-//! port of its own, turns the cumulative objects into new output items and
-//! log lines ([`Progress`]), and cancels the prediction on the server if
-//! it is dropped before the end.
+//! [`run`] drives one prediction: it receives the webhooks on a port of its
+//! own, turns the cumulative objects into new output items and log lines
+//! ([`Progress`]), and cancels the prediction on the server if it is
+//! dropped before the end.
+//!
+//! The server may be on another machine (a fleet's node): the port is
+//! opened on the address of this machine that the route to the server
+//! leaves from (the local end of that route: `127.0.0.1` for a server on
+//! loopback, this machine's address on the network between them
+//! otherwise), which the server reaches back. Its paths start with a
+//! random token of the run, so only who was told the URL posts to it. A
+//! procedure's run also serves its source archive there
+//! (`GET …/source`, named to the runtime as `procedure_source_url`).
 
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::routing::post;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use rand::Rng;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -243,9 +256,14 @@ pub struct CogJob<'a> {
     pub id: &'a str,
     /// The model's input.
     pub input: &'a Value,
-    /// The job's `context` (a procedure's: its source and the caller's
-    /// credentials), sent as is; none for predictions and trainings.
+    /// The job's `context` (a procedure's: its source's hash and the
+    /// caller's credentials), sent as is but for `procedure_source_url`,
+    /// added when `source` is given; none for predictions and trainings.
     pub context: Option<&'a Value>,
+    /// A file served to the server for the run's length (a procedure's
+    /// source archive), at the URL the context names as
+    /// `procedure_source_url`.
+    pub source: Option<&'a Path>,
 }
 
 /// Runs `job` on its cog server and returns its output; each new output
@@ -263,18 +281,23 @@ pub async fn run(
 ) -> Result<Value, CogError> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let receiver =
-        webhook_receiver(tx).await.map_err(|e| CogError::Failed(format!("no webhook port: {e}")))?;
-    let mut cancel = CancelOnDrop { client: client.clone(), url: None, receiver: Some(receiver) };
-    let url = format!("{}/{}/{}", job.base_url, job.mode.collection(), job.id);
+        webhook_receiver(tx, job.base_url, job.source.map(Path::to_path_buf)).await.map_err(|e| {
+            CogError::Failed(format!("no webhook port for the cog server at {}: {e}", job.base_url))
+        })?;
     let mut body = json!({
         "id": job.id,
         "input": job.input,
-        "webhook": cancel.receiver.as_ref().expect("set above").url,
+        "webhook": receiver.url("webhook"),
         "webhook_events_filter": ["start", "output", "logs", "completed"],
     });
     if let Some(context) = job.context {
         body["context"] = context.clone();
+        if job.source.is_some() {
+            body["context"]["procedure_source_url"] = receiver.url("source").into();
+        }
     }
+    let mut cancel = CancelOnDrop { client: client.clone(), url: None, receiver: Some(receiver) };
+    let url = format!("{}/{}/{}", job.base_url, job.mode.collection(), job.id);
     let body = body.to_string();
     // From here a drop cancels: the PUT may reach the server after all.
     cancel.url = Some(format!("{url}/cancel"));
@@ -405,11 +428,20 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// A loopback HTTP port that passes the prediction objects posted to it
-/// on; it closes when dropped.
+/// The run's own HTTP port: the prediction objects posted to
+/// `/{token}/webhook` are passed on, and `/{token}/source` serves the
+/// run's source file, if it has one. It closes when dropped.
 struct WebhookReceiver {
-    url: String,
+    /// `http://ADDRESS:PORT/TOKEN`.
+    base: String,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl WebhookReceiver {
+    /// The URL of `what` (`webhook`, `source`).
+    fn url(&self, what: &str) -> String {
+        format!("{}/{what}", self.base)
+    }
 }
 
 impl Drop for WebhookReceiver {
@@ -418,16 +450,60 @@ impl Drop for WebhookReceiver {
     }
 }
 
-async fn webhook_receiver(tx: mpsc::UnboundedSender<CogPrediction>) -> std::io::Result<WebhookReceiver> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/webhook", listener.local_addr()?);
-    let app = axum::Router::new().route("/webhook", post(receive)).with_state(tx);
+/// This machine's address that the server at `base_url` reaches it back
+/// on: the local end of the route to it (a UDP socket is connected, which
+/// sends nothing).
+async fn callback_ip(base_url: &str) -> std::io::Result<IpAddr> {
+    let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
+    let url = reqwest::Url::parse(base_url).map_err(|e| invalid(format!("`{base_url}`: {e}")))?;
+    let host = url.host_str().ok_or_else(|| invalid(format!("`{base_url}` names no host")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = url.port_or_known_default().unwrap_or(80);
+    let server = tokio::net::lookup_host((host, port))
+        .await?
+        .next()
+        .ok_or_else(|| invalid(format!("`{host}` resolves to no address")))?;
+    let any: SocketAddr = if server.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+    let probe = std::net::UdpSocket::bind(any)?;
+    probe.connect(server)?;
+    Ok(probe.local_addr()?.ip())
+}
+
+async fn webhook_receiver(
+    tx: mpsc::UnboundedSender<CogPrediction>,
+    base_url: &str,
+    source: Option<PathBuf>,
+) -> std::io::Result<WebhookReceiver> {
+    let listener = tokio::net::TcpListener::bind((callback_ip(base_url).await?, 0)).await?;
+    let token: String = {
+        let mut rng = rand::rng();
+        (0..32).map(|_| char::from_digit(rng.random_range(0..16), 16).expect("a hex digit")).collect()
+    };
+    let base = format!("http://{}/{token}", listener.local_addr()?);
+    let app = axum::Router::new()
+        .route(&format!("/{token}/webhook"), post(receive))
+        .with_state(tx)
+        .route(&format!("/{token}/source"), get(move || serve_source(source.clone())));
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!("the cog webhook port failed: {e}");
         }
     });
-    Ok(WebhookReceiver { url, task })
+    Ok(WebhookReceiver { base, task })
+}
+
+/// The run's source file, whole (a procedure's archive: a few MiB at
+/// most, bounded by `max_archive_bytes`).
+async fn serve_source(source: Option<PathBuf>) -> axum::response::Response {
+    let Some(path) = source else { return (StatusCode::NOT_FOUND, "this run has no source").into_response() };
+    match tokio::task::spawn_blocking(move || std::fs::read(path)).await {
+        Ok(Ok(bytes)) => ([(header::CONTENT_TYPE, "application/gzip")], bytes).into_response(),
+        Ok(Err(e)) => {
+            tracing::warn!("a run's source could not be read: {e}");
+            (StatusCode::GONE, format!("the source is gone from the gateway's cache: {e}")).into_response()
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 async fn receive(State(tx): State<mpsc::UnboundedSender<CogPrediction>>, body: Bytes) -> StatusCode {
@@ -477,6 +553,65 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.status, p.error.as_deref()), (CogStatus::Failed, Some("bad")));
+    }
+
+    /// A cog server that, given a procedure, fetches its source, tries the
+    /// webhook port without its token, then posts `succeeded` with what it
+    /// saw as the output.
+    async fn fetching_server(ip: IpAddr) -> String {
+        async fn put_run(axum::Json(body): axum::Json<Value>) -> StatusCode {
+            tokio::spawn(async move {
+                let c = reqwest::Client::new();
+                let source =
+                    c.get(body["context"]["procedure_source_url"].as_str().unwrap()).send().await.unwrap();
+                let source = String::from_utf8(source.bytes().await.unwrap().to_vec()).unwrap();
+                let hook = reqwest::Url::parse(body["webhook"].as_str().unwrap()).unwrap();
+                let forged = c.post(hook.join("/webhook").unwrap()).json(&json!({"status": "failed"})).send();
+                let forged = forged.await.unwrap().status().as_u16();
+                let output = json!({"source": source, "hook_host": hook.host_str(), "forged": forged,
+                                    "context": body["context"]});
+                c.post(hook).json(&json!({"status": "succeeded", "output": output})).send().await.unwrap();
+            });
+            StatusCode::ACCEPTED
+        }
+        let app = axum::Router::new().route("/procedures/{id}", axum::routing::put(put_run));
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_server_elsewhere_is_given_a_webhook_and_its_source_on_the_address_that_reaches_back() {
+        // This machine's address on its default route, as a fleet's node
+        // would see it (loopback on a machine with no route out).
+        let ip = std::net::UdpSocket::bind("0.0.0.0:0")
+            .and_then(|s| s.connect("198.51.100.1:9").and_then(|()| s.local_addr()))
+            .map_or(IpAddr::from([127, 0, 0, 1]), |a| a.ip());
+        let base = fetching_server(ip).await;
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("source.tar.gz");
+        std::fs::write(&archive, "the archive's bytes").unwrap();
+        let job = CogJob {
+            base_url: &base,
+            mode: CogMode::Procedure,
+            id: "p1",
+            input: &json!({}),
+            context: Some(&json!({"procedure_source_sha256": "abc"})),
+            source: Some(&archive),
+        };
+        let out = run(&reqwest::Client::new(), job, |_, _| {}).await.unwrap();
+        assert_eq!(out["source"], "the archive's bytes");
+        assert_eq!(
+            out["hook_host"],
+            ip.to_string(),
+            "the port is on the address the route to {base} leaves from"
+        );
+        assert_eq!(out["forged"], 404, "a post without the run's token reaches nothing");
+        assert_eq!(out["context"]["procedure_source_sha256"], "abc", "the context is passed on");
+        assert!(out["context"]["procedure_source_url"].as_str().unwrap().ends_with("/source"), "{out}");
+        assert_eq!(callback_ip("http://127.0.0.1:9").await.unwrap(), IpAddr::from([127, 0, 0, 1]));
+        assert!(callback_ip("http://no-such-host.invalid:9").await.is_err());
     }
 
     #[test]

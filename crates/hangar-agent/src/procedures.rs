@@ -10,8 +10,13 @@
 //! placed, health-checked, scaled and stopped as any cog model's.
 //!
 //! A run's `context` ([`crate::cog::CogJob::context`]) carries
-//! `procedure_source_url` (`file://` of the source Hangar fetched, checked
-//! and extracted), `replicate_api_token` and `replicate_api_base_url`.
+//! `procedure_source_url` (where the gateway running it serves the source
+//! archive it fetched and checked, for the run's length:
+//! [`crate::cog::CogJob::source`]), `procedure_source_sha256`,
+//! `replicate_api_token` and `replicate_api_base_url`. The runtime may run
+//! on another node than the gateway: it downloads the archive, checks its
+//! hash and extracts it (tarfile's `data` filter) into a private cache
+//! keyed by that hash, so a replica fetches each source once.
 //! The source's contract: `predict.py` defining `predict(**input)` at its
 //! root (or a `cog.yaml` whose `predict:` names `FILE.py:FUNCTION`); the
 //! return value is the output (an iterator's items stream one by one), what

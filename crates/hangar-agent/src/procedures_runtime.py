@@ -10,14 +10,21 @@ as `python3 -c <this file> --host HOST` with PORT set, by an engine of kind
   {"id", "input", "context", "webhook", "webhook_events_filter"}: 202, then
   the run's state is POSTed to `webhook` on start, output, logs and
   completed. 409 while a run is in progress (one at a time), 400 naming
-  what is missing from `context`.
+  what is missing from `context` or wrong in it.
 - POST /procedures/{id}/cancel: the run's process is terminated; its
   completed webhook says `canceled`.
 - POST /shutdown: the server exits.
 
-`context` carries `procedure_source_url` (a file:// URL of the extracted
-source, which Hangar fetched, checked and cached), `replicate_api_token`
-(a key of the caller's account) and `replicate_api_base_url` (the server).
+`context` carries `procedure_source_url` (where the gateway running the
+procedure serves its source archive, a tar.gz it fetched and checked, for
+the run's length), `procedure_source_sha256` (the archive's SHA-256),
+`replicate_api_token` (a key of the caller's account) and
+`replicate_api_base_url` (the server). The runtime may be on another
+machine than the gateway: it downloads the archive, checks its hash,
+extracts it with tarfile's `data` filter (no absolute paths, no `..`, no
+links out, no devices, no setuid bits) into a cache of its own (a private
+temporary directory removed when it exits) under that hash, and runs every
+later run of the same archive from there.
 
 The contract a procedure's source meets: its root holds `predict.py`
 defining `predict(**input)`, or a `cog.yaml` whose `predict:` line names
@@ -30,14 +37,19 @@ REPLICATE_BASE_URL, OPENAI_API_KEY and OPENAI_BASE_URL set so the official
 clients call models of the same Hangar as the caller.
 """
 
+import atexit
+import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 import time
-import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -97,6 +109,52 @@ except BaseException as e:
 
 LOCK = threading.Lock()
 RUN = {"current": None}
+# The extracted sources, by archive hash: a private directory of this
+# process (set in main), and one lock per hash being prepared.
+CACHE = {"dir": None}
+SOURCE_LOCKS = {}
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class SourceError(Exception):
+    pass
+
+
+def source_dir(url, sha256, log):
+    """The extracted source of the archive `sha256`: from the cache, or
+    downloaded from `url`, checked against the hash and extracted first."""
+    with LOCK:
+        lock = SOURCE_LOCKS.setdefault(sha256, threading.Lock())
+    with lock:
+        dest = os.path.join(CACHE["dir"], sha256)
+        if os.path.isdir(dest):
+            log(f"source {sha256[:12]}: from this runtime's cache\n")
+            return dest
+        tmp = tempfile.mkdtemp(prefix=sha256 + ".partial-", dir=CACHE["dir"])
+        try:
+            archive, digest, size = os.path.join(tmp, "source.tar.gz"), hashlib.sha256(), 0
+            try:
+                with urllib.request.urlopen(url, timeout=60) as answer, open(archive, "wb") as f:
+                    while chunk := answer.read(1 << 20):
+                        digest.update(chunk)
+                        f.write(chunk)
+                        size += len(chunk)
+            except Exception as e:
+                raise SourceError(f"the procedure's source could not be fetched from the gateway: {e}")
+            if digest.hexdigest() != sha256:
+                raise SourceError(f"the procedure's source fetched from the gateway has SHA-256 "
+                                  f"{digest.hexdigest()}, not {sha256}")
+            tree = os.path.join(tmp, "tree")
+            try:
+                with tarfile.open(archive, "r:gz") as t:
+                    t.extractall(tree, filter="data")
+            except (tarfile.TarError, OSError) as e:
+                raise SourceError(f"the procedure's source could not be extracted: {e}")
+            os.rename(tree, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log(f"source {sha256[:12]}: fetched {size} bytes from the gateway, extracted\n")
+        return dest
 
 
 def now():
@@ -142,7 +200,12 @@ class Run:
             except Exception:
                 time.sleep(0.1)
 
-    def run(self, src):
+    def log(self, text):
+        with self.lock:
+            self.logs += text
+        self.send()
+
+    def run(self):
         base = self.context.get("replicate_api_base_url", "")
         token = self.context.get("replicate_api_token", "")
         env = dict(os.environ)
@@ -156,6 +219,15 @@ class Run:
         self.started_at = now()
         self.status = "processing"
         self.send()
+        try:
+            src = source_dir(self.context["procedure_source_url"], self.context["procedure_source_sha256"],
+                             self.log)
+        except SourceError as e:
+            self.finish("failed", error=str(e))
+            return
+        if self.canceled:
+            self.finish("canceled")
+            return
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", CHILD, src, json.dumps(self.input), str(w)],
@@ -183,9 +255,7 @@ class Run:
         reader = threading.Thread(target=read_results, daemon=True)
         reader.start()
         for line in iter(self.proc.stdout.readline, b""):
-            with self.lock:
-                self.logs += line.decode("utf-8", "replace")
-            self.send()
+            self.log(line.decode("utf-8", "replace"))
         self.proc.wait()
         reader.join()
         if self.canceled:
@@ -259,14 +329,14 @@ class Handler(BaseHTTPRequestHandler):
         body = self.body()
         body.setdefault("id", parts[1])
         context = body.get("context") or {}
-        url = context.get("procedure_source_url")
-        if not isinstance(url, str) or not url.startswith("file://"):
-            self.answer(400, {"detail": "context.procedure_source_url must be a file:// URL of the "
-                                        "extracted source"})
+        url, sha256 = context.get("procedure_source_url"), context.get("procedure_source_sha256")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            self.answer(400, {"detail": "context.procedure_source_url must be the http(s) URL the gateway "
+                                        "serves the procedure's source archive at"})
             return
-        src = urllib.parse.unquote(urllib.parse.urlparse(url).path)
-        if not os.path.isdir(src):
-            self.answer(400, {"detail": f"context.procedure_source_url: `{src}` is not a directory"})
+        if not isinstance(sha256, str) or not SHA256.fullmatch(sha256):
+            self.answer(400, {"detail": "context.procedure_source_sha256 must be the archive's SHA-256 "
+                                        "(64 lowercase hex digits)"})
             return
         with LOCK:
             if RUN["current"] is not None:
@@ -275,7 +345,7 @@ class Handler(BaseHTTPRequestHandler):
             run = Run(body)
             RUN["current"] = run
         self.answer(202, {"id": run.id, "status": "starting"})
-        threading.Thread(target=run.run, args=(src,), daemon=True).start()
+        threading.Thread(target=run.run, daemon=True).start()
 
     def do_POST(self):
         parts = self.path.strip("/").split("/")
@@ -300,6 +370,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
+    if not hasattr(tarfile, "data_filter"):
+        sys.exit(f"the procedures runtime needs a Python whose tarfile has the `data` extraction filter "
+                 f"(3.8.17+, 3.9.17+, 3.10.12+, 3.11.4+, 3.12+); {sys.executable} is {sys.version.split()[0]}")
+    CACHE["dir"] = tempfile.mkdtemp(prefix="hangar-procedures-")
+    atexit.register(shutil.rmtree, CACHE["dir"], True)
+    # A SIGTERM ends the process through its exit handlers (the cache goes).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     host = "127.0.0.1"
     args = sys.argv[1:]
     if "--host" in args:

@@ -112,7 +112,7 @@ impl Problem {
     /// with `Retry-After`, naming the store and nothing more: the call
     /// may be repeated, and a create that failed so stored nothing. Any
     /// other failure is 500. The cause goes to the log, never the body.
-    fn store(e: StoreError) -> Self {
+    pub(crate) fn store(e: StoreError) -> Self {
         match e {
             StoreError::Unavailable { store, cause } => {
                 // Not a fault of the server's: the outage itself is
@@ -337,7 +337,7 @@ async fn create_by_model(
     let target = match visible_model(&inner, &account, &owner, &name) {
         Ok(m) => Target::model(m.key.clone()),
         // `replicate.run("owner/name")` of a procedure comes here.
-        Err(problem) => crate::procedures::routes::target(&inner, &account, &owner, &name).ok_or(problem)?,
+        Err(problem) => crate::procedures::routes::target(&inner, &account, &owner, &name)?.ok_or(problem)?,
     };
     let body = parse_body(body)?;
     create(&inner, &headers, &account, target, body).await

@@ -39,14 +39,20 @@ pub struct Job {
 }
 
 /// How a procedure's run is carried out: on a replica of the procedures
-/// runtime, `PUT /procedures/{id}` with `context`.
+/// runtime, `PUT /procedures/{id}` with `context`, the checked archive
+/// `source` served to that replica for the run's length.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProcedureRun {
     /// The runtime model's key (`[predictions.procedures] runtime`).
     pub runtime: String,
-    /// The context sent with it: `procedure_source_url` (`file://` of the
-    /// extracted source), `replicate_api_token` (a key of the caller's
-    /// account), `replicate_api_base_url` (the server's base URL).
+    /// The source archive, checked, in this gateway's cache: the executor
+    /// serves it to the replica (which may be on another node) at the
+    /// `procedure_source_url` it adds to the context.
+    pub source: std::path::PathBuf,
+    /// The context sent with it: `procedure_source_sha256` (the archive's
+    /// hash, which the runtime checks and caches it under),
+    /// `replicate_api_token` (a key of the caller's account),
+    /// `replicate_api_base_url` (the server's base URL).
     pub context: Value,
 }
 

@@ -48,6 +48,11 @@ pub use service::{Capacity, InputRules, Model, Service, ServiceError};
 /// configuration as JSON): 64 hex digits of its SHA-256, stable while the
 /// description is.
 pub fn version_id(description: &str) -> String {
+    sha256_hex(description.as_bytes())
+}
+
+/// 64 hex digits of the SHA-256 of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(description.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -133,12 +133,50 @@ impl Inner {
     }
 }
 
-/// What runs procedures: the registry, the source cache and the runtime
-/// model's key.
+/// How often a gateway drops the cached archives no procedure wants any
+/// more (deleted or expired, through any gateway of the fleet).
+const PRUNE_SOURCES_EVERY: Duration = Duration::from_secs(60);
+
+impl ProcedureState {
+    /// Moves a `procedures.json` of an earlier version into the store,
+    /// then every [`PRUNE_SOURCES_EVERY`] drops the cached archives that no
+    /// procedure of the registry wants at that time.
+    async fn sources_loop(self: Arc<Self>, stop: CancellationToken) {
+        tokio::select! {
+            _ = crate::procedures::adopt_legacy(&self.dir, &self.registry, &self.sources) => {}
+            _ = stop.cancelled() => return,
+        }
+        loop {
+            self.prune_sources();
+            tokio::select! {
+                _ = tokio::time::sleep(PRUNE_SOURCES_EVERY) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Drops the cached archives no live procedure wants (none if the
+    /// registry cannot be read: a store that does not answer is no sign
+    /// the procedures are gone).
+    pub(crate) fn prune_sources(&self) {
+        match self.registry.live_sources(now()) {
+            Ok(live) => {
+                for sha256 in self.sources.cached().into_iter().filter(|s| !live.contains(s)) {
+                    self.sources.forget(&sha256);
+                }
+            }
+            Err(e) => tracing::warn!("procedure sources not pruned: {e}"),
+        }
+    }
+}
+
+/// What runs procedures: the registry, the source cache, the runtime
+/// model's key and the data directory they live in.
 pub(crate) struct ProcedureState {
     pub registry: crate::procedures::Registry,
     pub sources: crate::procedures::Sources,
     pub runtime: String,
+    pub dir: std::path::PathBuf,
 }
 
 pub(crate) struct Inner {
@@ -235,8 +273,8 @@ impl Service {
                 })?;
                 let io = |e: &dyn std::fmt::Display| ServiceError::Config(format!("procedures: {e}"));
                 std::fs::create_dir_all(&dir).map_err(|e| io(&e))?;
-                let registry = crate::procedures::Registry::open(&dir, config.procedures.ephemeral_ttl_s)
-                    .map_err(|e| io(&e))?;
+                let registry =
+                    crate::procedures::Registry::new(store.clone(), config.procedures.ephemeral_ttl_s);
                 let sources = crate::procedures::Sources::open(
                     &dir,
                     config.procedures.limits(),
@@ -244,7 +282,7 @@ impl Service {
                     allow.clone(),
                 )
                 .map_err(|e| io(&e))?;
-                Some(Arc::new(ProcedureState { registry, sources, runtime: runtime.clone() }))
+                Some(Arc::new(ProcedureState { registry, sources, runtime: runtime.clone(), dir }))
             }
         };
         let wake = models
@@ -315,6 +353,9 @@ impl Service {
         tokio::spawn(self.inner.clone().prune_loop());
         tokio::spawn(self.inner.clone().delivery_loop());
         tokio::spawn(self.inner.clone().deployments_loop());
+        if let Some(procedures) = &self.inner.procedures {
+            tokio::spawn(procedures.clone().sources_loop(self.inner.stop.clone()));
+        }
         if self.inner.store.shared() {
             tokio::spawn(self.inner.clone().watch_loop());
         }
@@ -595,10 +636,11 @@ impl Inner {
         }
     }
 
-    /// Runs a procedure's job: its source made ready (fetched, checked and
-    /// extracted, or found in the cache), then the executor runs it on the
-    /// procedures runtime with the context naming the source and the
-    /// caller's credentials. A procedure deleted or expired since the run
+    /// Runs a procedure's job: its source made ready (fetched, held to the
+    /// hash recorded at its creation and checked, or found in the cache),
+    /// then the executor runs it on the procedures runtime, serving it the
+    /// archive, with the context naming its hash and the caller's
+    /// credentials. A procedure deleted or expired since the run
     /// was created, or a source refused, fails the run with that error.
     ///
     /// # Cancel safety
@@ -618,8 +660,11 @@ impl Inner {
             let p =
                 state.registry.runnable(&job.model, now()).map_err(|e| ExecError::Failed(e.to_string()))?;
             sink.log(format!("procedure {}: source {}", p.key(), p.version()));
-            let src =
-                state.sources.prepare(&p.source_url).await.map_err(|e| ExecError::Failed(e.to_string()))?;
+            let archive = state
+                .sources
+                .prepare(&p.source_url, Some(&p.source_sha256))
+                .await
+                .map_err(|e| ExecError::Failed(e.to_string()))?;
             // The caller's credentials: a key of its account (on an open
             // server any token is accepted; the account's name stands in).
             let token = match self.api_keys.key_for(&job.account) {
@@ -632,13 +677,11 @@ impl Inner {
                     )))
                 }
             };
-            let url = url::Url::from_directory_path(&src).map_err(|()| {
-                ExecError::Failed(format!("the source path {} is not absolute", src.display()))
-            })?;
             job.procedure = Some(crate::executor::ProcedureRun {
                 runtime: state.runtime.clone(),
+                source: archive.path,
                 context: serde_json::json!({
-                    "procedure_source_url": url.as_str(),
+                    "procedure_source_sha256": archive.sha256,
                     "replicate_api_token": token,
                     "replicate_api_base_url": self.base_url,
                 }),

@@ -1062,9 +1062,9 @@ fn gateways_survive_a_drain_and_a_machine_loss() {
 }
 
 /// Ingress is denied unless a policy admits it, and the policies admit
-/// what the fleet uses: anyone to the gateways' API port, gateways to the
-/// agents' engines, gateways and agents to Redis's port — nobody else to
-/// Redis.
+/// what the fleet uses: anyone to the gateways' API port, agents to the
+/// gateways' per-run ports, gateways to the agents' engines, gateways and
+/// agents to Redis's port — nobody else to Redis.
 #[test]
 fn network_policies_admit_only_what_the_fleet_uses() {
     let docs = load();
@@ -1128,6 +1128,8 @@ fn network_policies_admit_only_what_the_fleet_uses() {
     }
     assert!(admits(gateway, None, Some("http")), "clients reach the gateways' API");
     assert!(admits(agent, Some(gateway), None), "gateways reach the agents' engines, on any port");
+    assert!(admits(gateway, Some(agent), None), "agents' cog servers reach a run's port on the gateways");
+    assert!(!admits(gateway, None, None), "anyone reaches the gateways on any port");
     assert!(
         admits(redis, Some(gateway), Some("redis")) && admits(redis, Some(agent), Some("redis")),
         "gateways and agents reach Redis"

@@ -5,6 +5,10 @@
 //! procedure that calls a mock model of the same server through both the
 //! OpenAI and the Replicate API as its caller.
 //!
+//! The fleet's case: two gateways on one Redis and an agent running the
+//! runtime; a procedure created through one gateway runs through the
+//! other, the runtime downloading its source from the gateway that runs it.
+//!
 //! Needs `python3` on PATH: without it the test fails, naming it.
 
 mod common;
@@ -146,7 +150,12 @@ fn config() -> String {
 
 /// The configuration, the runtime run by `python`.
 fn config_with(python: &str) -> String {
-    common::one_gpu(&format!(
+    common::one_gpu(&models_with(python))
+}
+
+/// The models, keys and predictions settings, the runtime run by `python`.
+fn models_with(python: &str) -> String {
+    format!(
         r#"
 [[models]]
 key = "t/llm"
@@ -168,13 +177,18 @@ account = "alice"
 key = "sk-bob"
 account = "bob"
 
+[[api_keys]]
+key = "sk-ops"
+account = "ops"
+admin = true
+
 [predictions]
 webhook_allow = ["127.0.0.1/32"]
 
 [predictions.procedures]
 runtime = "hangar/procedures"
 "#
-    ))
+    )
 }
 
 /// Posts JSON as `key`: the status and the JSON answer.
@@ -199,13 +213,18 @@ fn poll_as(url: &str, key: &str) -> Value {
     }
 }
 
-#[test]
-fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_caller() {
+/// Fails, naming it, without `python3` on PATH.
+fn needs_python3() {
     let python = std::process::Command::new("python3").arg("--version").output();
     assert!(
         python.is_ok_and(|o| o.status.success()),
         "python3 is needed on PATH to run the procedures runtime (the test does not skip without it)"
     );
+}
+
+#[test]
+fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_caller() {
+    needs_python3();
     let origin = Origin::start(vec![
         ("/pipe.tar.gz", tar_gz(&[("predict.py", PIPE.as_bytes())])),
         ("/fails.tar.gz", tar_gz(&[("./predict.py", FAILS.as_bytes())])),
@@ -247,6 +266,12 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
     assert_eq!(run["model"], "alice/pipe", "{run}");
     let done = poll_as(run["urls"]["get"].as_str().unwrap(), "sk-alice");
     assert_eq!(done["status"], "succeeded", "{done}");
+    // The runtime downloaded the archive from the gateway and ran it from
+    // its own cache, under the archive's hash (the procedure's version).
+    assert_eq!(done["output"]["cwd"], p["version"], "{done} {p}");
+    let fetched =
+        format!("fetched {} bytes from the gateway", tar_gz(&[("predict.py", PIPE.as_bytes())]).len());
+    assert!(done["logs"].as_str().unwrap().contains(&fetched), "{done}");
     assert_eq!(done["output"]["chat_tokens"], 3, "{done}");
     assert_eq!(done["output"]["prediction"], "succeeded", "{done}");
     assert_eq!(done["output"]["prediction_tokens"], 3, "{done}");
@@ -270,6 +295,7 @@ fn procedures_run_on_the_shared_runtime_and_call_the_servers_models_as_their_cal
     assert_eq!(again["status"], "succeeded", "{again}");
     assert_eq!(again["output"]["chat_tokens"], 2, "{again}");
     assert_eq!(origin.hits("/pipe.tar.gz"), 1, "the source was fetched once");
+    assert!(again["logs"].as_str().unwrap().contains("from this runtime's cache"), "{again}");
 
     // A procedure that raises: the run fails with its error and logs.
     assert_eq!(create("fails", "/fails.tar.gz").0, 201);
@@ -359,4 +385,90 @@ fn the_official_replicate_client_runs_a_procedure_written_with_the_official_clie
     let ended = hooks.one_terminal_each(std::slice::from_ref(&id));
     assert_eq!(ended[&id], "succeeded");
     assert_eq!(origin.hits("/shout.tar.gz"), 1, "fetched once for the creation and both runs");
+}
+
+#[test]
+fn a_fleets_gateways_share_procedures_and_an_agents_runtime_fetches_the_source_from_the_one_running_it() {
+    let Some(redis) = hangar_redis::LocalRedis::for_test() else { return };
+    needs_python3();
+    let pipe = tar_gz(&[("predict.py", PIPE.as_bytes())]);
+    let origin = Origin::start(vec![("/pipe.tar.gz", pipe.clone())]);
+    let dir = tempfile::tempdir().unwrap();
+    let (fleet, a) = common::fleet::gateway(dir.path(), &redis.url(), &models_with("python3"));
+    let b = common::serve_in(tempfile::tempdir().unwrap(), &std::fs::read_to_string(&fleet).unwrap());
+    let _agent = common::fleet::agent(dir.path(), &fleet, &redis.url(), "n0", 1);
+
+    // Created through one gateway, the other knows it at once.
+    let (status, p) = post_as(
+        &format!("{}/v1/procedures", a.url),
+        "sk-alice",
+        &json!({"name": "pipe", "source_url": format!("{}/pipe.tar.gz", origin.url)}),
+        &[],
+    );
+    assert_eq!(status, 201, "{p}");
+    let (status, seen) = get_as(&format!("{}/v1/procedures/alice/pipe", b.url), Some("sk-alice"));
+    assert_eq!((status, &seen["version"]), (200, &p["version"]), "{seen}");
+    let (status, _) = post_as(
+        &format!("{}/v1/procedures", b.url),
+        "sk-alice",
+        &json!({"name": "pipe", "source_url": format!("{}/pipe.tar.gz", origin.url)}),
+        &[],
+    );
+    assert_eq!(status, 409, "one registry: the name is taken on every gateway");
+
+    // Run through the other gateway: the runtime, a replica on the agent's
+    // node, downloads the archive from whichever gateway runs it.
+    let by_model = format!("{}/v1/models/alice/pipe/predictions", b.url);
+    for round in 0..2 {
+        let (status, run) =
+            post_as(&by_model, "sk-alice", &json!({"input": {"prompt": "fleet"}}), &[("Prefer", "wait=60")]);
+        assert_eq!(status, 201, "{run}");
+        let done = poll_as(run["urls"]["get"].as_str().unwrap(), "sk-alice");
+        assert_eq!(done["status"], "succeeded", "round {round}: {done}\n{}", b.log());
+        assert_eq!(
+            (done["output"]["cwd"].as_str(), done["output"]["prediction"].as_str()),
+            (p["version"].as_str(), Some("succeeded")),
+            "{done}"
+        );
+        let logs = done["logs"].as_str().unwrap();
+        let want = if round == 0 {
+            format!("fetched {} bytes from the gateway", pipe.len())
+        } else {
+            "from this runtime's cache".to_owned()
+        };
+        assert!(logs.contains(&want), "round {round}: {logs}");
+    }
+    // The leader's status names each replica's node (the other's, null).
+    let mut nodes = Vec::new();
+    for g in [&a, &b] {
+        let status = common::fleet::status_as(&g.url, Some("sk-ops"));
+        let models = status["models"].as_array().unwrap().clone();
+        let runtime = models.into_iter().find(|m| m["model"] == "hangar/procedures").unwrap();
+        nodes.extend(
+            runtime["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|r| r["node"].as_str().map(str::to_owned)),
+        );
+    }
+    assert!(!nodes.is_empty() && nodes.iter().all(|n| n == "n0"), "the runtime runs on the agent: {nodes:?}");
+    // Each gateway fetches from the origin at most once, and checks what it got
+    // against the hash recorded at creation.
+    assert!((1..=2).contains(&origin.hits("/pipe.tar.gz")), "{}", origin.hits("/pipe.tar.gz"));
+
+    // Deleted through one gateway, it is gone on the other at once.
+    let r = client()
+        .delete(format!("{}/v1/procedures/alice/pipe", b.url))
+        .bearer_auth("sk-alice")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let (status, e) = post_as(
+        &format!("{}/v1/models/alice/pipe/predictions", a.url),
+        "sk-alice",
+        &json!({"input": {}}),
+        &[],
+    );
+    assert_eq!(status, 404, "{e}");
 }

@@ -5,26 +5,31 @@
 //! it), the URL of its source archive (a tar.gz) and whether it is
 //! *ephemeral* — a draft whose source expires [`ProceduresConfig::ephemeral_ttl_s`]
 //! (12 h) after it was created, as Replicate's `EphemeralProcedure` — or
-//! persistent. The [`Registry`] keeps them in `procedures.json` under the
-//! data directory.
+//! persistent. The [`Registry`] keeps them in the prediction store, so
+//! every gateway of a fleet shares them.
 //!
 //! Running one is a prediction of kind [`JobKind::Procedure`](crate::record::JobKind):
 //! it waits in the one shared queue `input:procedure` (Replicate's unified
 //! pipeline queue), and its run first has the source ready ([`Sources`]):
-//! fetched by the server through the webhook destination guard (the same
-//! [`AllowList`] and client as webhooks), cached under a hash of its URL,
-//! extracted once ([`archive`]); then the executor sends it to the runtime
-//! model's replicas (`PUT /procedures/{id}`) with a context naming the
-//! extracted source as a `file://` URL and the caller's credentials. The
-//! API shows the run as a prediction, as Replicate's does.
+//! fetched by the gateway that runs it through the webhook destination
+//! guard (the same [`AllowList`](crate::webhook_target::AllowList) and
+//! client as webhooks), checked against every rule of [`archive`] and
+//! against the hash recorded when the procedure was created, and cached
+//! under that hash; then the executor sends it to a replica of the runtime
+//! model (`PUT /procedures/{id}`), on whatever node it is, with a context
+//! carrying the archive's hash and the caller's credentials, and serves the
+//! archive to that replica for the run's length (`procedure_source_url`,
+//! see `hangar_agent::cog`). The runtime downloads it, checks the hash and
+//! extracts it into its own cache. The API shows the run as a prediction,
+//! as Replicate's does.
 
 pub mod archive;
 pub(crate) mod routes;
 mod source;
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use hangar_core::Millis;
 use serde::{Deserialize, Serialize};
@@ -32,7 +37,9 @@ use serde::{Deserialize, Serialize};
 use hangar_core::FieldError;
 
 pub use archive::{ArchiveError, Limits};
-pub use source::{SourceError, Sources};
+pub use source::{Archive, SourceError, Sources};
+
+use crate::store::{PredictionQueue, StoreError};
 
 /// The seed's lifetime of an ephemeral procedure's source: 12 h.
 pub const DEFAULT_EPHEMERAL_TTL_S: u64 = 12 * 3600;
@@ -123,6 +130,13 @@ pub struct Procedure {
     pub name: String,
     /// Where its source archive is.
     pub source_url: String,
+    /// The SHA-256 of the archive fetched when it was created (64 hex
+    /// digits): every later fetch, by any gateway, must bring the same
+    /// bytes, so all of a fleet runs the source that was checked.
+    /// Empty only in a `procedures.json` of an earlier version, before it
+    /// is moved into the store ([`adopt_legacy`]).
+    #[serde(default)]
+    pub source_sha256: String,
     /// A draft whose source expires.
     pub ephemeral: bool,
     /// When it was created (ms since the Unix epoch).
@@ -135,10 +149,10 @@ impl Procedure {
         format!("{}/{}", self.owner, self.name)
     }
 
-    /// Its version id: a hash of its source URL (a new source, a new
-    /// version).
-    pub fn version(&self) -> String {
-        crate::version_id(&self.source_url)
+    /// Its version id: the SHA-256 of its source archive (a new source, a
+    /// new version).
+    pub fn version(&self) -> &str {
+        &self.source_sha256
     }
 
     /// When an ephemeral procedure's source expires, `ttl_ms` after its
@@ -153,10 +167,13 @@ impl Procedure {
     }
 }
 
-/// Why a procedure could not be found to run.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why the registry could not do what was asked.
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum LookupError {
+pub enum RegistryError {
+    /// A procedure of that name exists for the owner.
+    #[error("procedure `{0}` already exists; delete it first to replace its source")]
+    Exists(String),
     /// None of that name for the account.
     #[error("procedure `{0}` does not exist")]
     NotFound(String),
@@ -170,50 +187,25 @@ pub enum LookupError {
         /// The lifetime, s.
         ttl_s: u64,
     },
+    /// The prediction store did not answer.
+    #[error("the procedures registry could not be read or written: {0}")]
+    Store(#[from] StoreError),
 }
 
-/// Why the registry could not be changed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RegistryError {
-    /// A procedure of that name exists for the owner.
-    #[error("procedure `{0}` already exists; delete it first to replace its source")]
-    Exists(String),
-    /// The registry file could not be read or written (the registry in
-    /// memory is unchanged).
-    #[error("the procedures registry {path} could not be {what}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// `read` or `written`.
-        what: &'static str,
-        /// The cause.
-        source: std::io::Error,
-    },
-}
-
-/// The procedures of every account, kept in a JSON file.
+/// The procedures of every account, kept in the prediction store (SQLite
+/// on one machine, Redis in a fleet): every gateway of a fleet reads and
+/// writes the same registry, and reads it at each use rather than keeping
+/// a copy, so a procedure created or deleted through one gateway is
+/// created or gone on all of them at once.
 pub struct Registry {
-    path: PathBuf,
+    store: Arc<dyn PredictionQueue>,
     ttl_ms: Millis,
-    all: Mutex<BTreeMap<String, Procedure>>,
 }
 
 impl Registry {
-    /// The registry in `dir` (`procedures.json`; none yet: empty).
-    pub fn open(dir: &Path, ttl_s: u64) -> Result<Registry, RegistryError> {
-        let path = dir.join("procedures.json");
-        let shown = path.display().to_string();
-        let all = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice::<Vec<Procedure>>(&bytes)
-                .map_err(|e| RegistryError::Io { path: shown, what: "read", source: e.into() })?
-                .into_iter()
-                .map(|p| (p.key(), p))
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(source) => return Err(RegistryError::Io { path: shown, what: "read", source }),
-        };
-        Ok(Registry { path, ttl_ms: ttl_s.saturating_mul(1000), all: Mutex::new(all) })
+    /// The registry in `store`; ephemeral sources live `ttl_s`.
+    pub fn new(store: Arc<dyn PredictionQueue>, ttl_s: u64) -> Registry {
+        Registry { store, ttl_ms: ttl_s.saturating_mul(1000) }
     }
 
     /// An ephemeral source's lifetime, ms.
@@ -221,50 +213,30 @@ impl Registry {
         self.ttl_ms
     }
 
-    fn save(&self, all: &BTreeMap<String, Procedure>) -> Result<(), RegistryError> {
-        let io =
-            |source| RegistryError::Io { path: self.path.display().to_string(), what: "written", source };
-        let list: Vec<&Procedure> = all.values().collect();
-        let tmp = self.path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&list).expect("procedures serialize")).map_err(io)?;
-        std::fs::rename(&tmp, &self.path).map_err(io)
-    }
-
     /// Adds `p` (refused if its key exists).
-    pub fn create(&self, p: Procedure) -> Result<(), RegistryError> {
-        let mut all = self.all.lock().expect("registry");
-        let key = p.key();
-        if all.contains_key(&key) {
-            return Err(RegistryError::Exists(key));
+    pub fn create(&self, p: &Procedure) -> Result<(), RegistryError> {
+        match self.store.create_procedure(p)? {
+            true => Ok(()),
+            false => Err(RegistryError::Exists(p.key())),
         }
-        let mut next = all.clone();
-        next.insert(key, p);
-        self.save(&next)?;
-        *all = next;
-        Ok(())
     }
 
-    /// Removes `key`; the removed procedure, if it existed.
-    pub fn delete(&self, key: &str) -> Result<Option<Procedure>, RegistryError> {
-        let mut all = self.all.lock().expect("registry");
-        let mut next = all.clone();
-        let Some(gone) = next.remove(key) else { return Ok(None) };
-        self.save(&next)?;
-        *all = next;
-        Ok(Some(gone))
+    /// Removes `key`; whether it existed.
+    pub fn delete(&self, key: &str) -> Result<bool, RegistryError> {
+        Ok(self.store.delete_procedure(key)?)
     }
 
     /// The procedure `key` (whatever its expiry).
-    pub fn get(&self, key: &str) -> Option<Procedure> {
-        self.all.lock().expect("registry").get(key).cloned()
+    pub fn get(&self, key: &str) -> Result<Option<Procedure>, RegistryError> {
+        Ok(self.store.procedure(key)?)
     }
 
     /// The procedure `key` to run at `now`: refused once an ephemeral one's
     /// source expired.
-    pub fn runnable(&self, key: &str, now: Millis) -> Result<Procedure, LookupError> {
-        let p = self.get(key).ok_or_else(|| LookupError::NotFound(key.to_owned()))?;
+    pub fn runnable(&self, key: &str, now: Millis) -> Result<Procedure, RegistryError> {
+        let p = self.get(key)?.ok_or_else(|| RegistryError::NotFound(key.to_owned()))?;
         match p.expires_at(self.ttl_ms) {
-            Some(at) if now >= at => Err(LookupError::Expired {
+            Some(at) if now >= at => Err(RegistryError::Expired {
                 key: key.to_owned(),
                 at: crate::record::rfc3339(at),
                 ttl_s: self.ttl_ms / 1000,
@@ -273,66 +245,171 @@ impl Registry {
         }
     }
 
-    /// Every procedure.
-    pub fn all(&self) -> Vec<Procedure> {
-        self.all.lock().expect("registry").values().cloned().collect()
+    /// Every procedure, by key.
+    pub fn all(&self) -> Result<Vec<Procedure>, RegistryError> {
+        Ok(self.store.procedures()?)
     }
 
     /// `owner`'s procedures, by name.
-    pub fn of(&self, owner: &str) -> Vec<Procedure> {
-        self.all.lock().expect("registry").values().filter(|p| p.owner == owner).cloned().collect()
+    pub fn of(&self, owner: &str) -> Result<Vec<Procedure>, RegistryError> {
+        Ok(self.all()?.into_iter().filter(|p| p.owner == owner).collect())
     }
 
-    /// The ephemeral procedures expired at `now` (their sources to drop).
-    pub fn expired(&self, now: Millis) -> Vec<Procedure> {
-        self.all.lock().expect("registry").values().filter(|p| p.expired(now, self.ttl_ms)).cloned().collect()
+    /// The archives still wanted at `now`: those of procedures whose
+    /// source has not expired.
+    pub fn live_sources(&self, now: Millis) -> Result<BTreeSet<String>, RegistryError> {
+        Ok(self
+            .all()?
+            .into_iter()
+            .filter(|p| !p.expired(now, self.ttl_ms))
+            .map(|p| p.source_sha256)
+            .collect())
+    }
+}
+
+/// The name of the registry file of earlier versions in the data
+/// directory, and what it is renamed to once moved into the store.
+const LEGACY_FILE: &str = "procedures.json";
+const LEGACY_MOVED: &str = "procedures.json.moved";
+
+/// Moves the procedures of a `procedures.json` of an earlier version (each
+/// gateway kept its own) into the store: each one's source is fetched
+/// again to learn its archive's hash, and one that fails is logged,
+/// naming it and why, and left out. The file is then renamed
+/// `procedures.json.moved` (kept for the operator). Nothing to do without
+/// the file.
+///
+/// # Cancel safety
+/// Dropped midway, the procedures moved so far are in the store and the
+/// file keeps its name: the next start moves the rest (those already in
+/// the store are skipped).
+pub async fn adopt_legacy(dir: &Path, registry: &Registry, sources: &Sources) {
+    let path = dir.join(LEGACY_FILE);
+    let legacy: Vec<Procedure> = match std::fs::read(&path) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::error!("{}: not a procedures registry ({e}); left as it is", path.display());
+                return;
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::error!("{} could not be read: {e}", path.display());
+            return;
+        }
+    };
+    for mut p in legacy {
+        match registry.get(&p.key()) {
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(
+                    "procedures from {} not moved: {e}; the next start tries again",
+                    path.display()
+                );
+                return;
+            }
+        }
+        match sources.prepare(&p.source_url, None).await {
+            Ok(archive) => p.source_sha256 = archive.sha256,
+            Err(e) => {
+                tracing::error!(
+                    "procedure `{}` of {} not moved into the store: {e}",
+                    p.key(),
+                    path.display()
+                );
+                continue;
+            }
+        }
+        if let Err(e) = registry.create(&p) {
+            tracing::error!("procedure `{}` of {} not moved into the store: {e}", p.key(), path.display());
+        }
+    }
+    if let Err(e) = std::fs::rename(&path, dir.join(LEGACY_MOVED)) {
+        tracing::error!("{} could not be renamed after its move: {e}", path.display());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::SqliteQueue;
 
     fn procedure(owner: &str, ephemeral: bool, created_at: Millis) -> Procedure {
         Procedure {
             owner: owner.into(),
             name: "pipe".into(),
             source_url: "https://example.com/p.tar.gz".into(),
+            source_sha256: crate::version_id(owner),
             ephemeral,
             created_at,
         }
     }
 
-    #[test]
-    fn an_ephemeral_source_expires_after_its_ttl_on_the_given_clock() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = Registry::open(dir.path(), DEFAULT_EPHEMERAL_TTL_S).unwrap();
-        let t0 = 1_800_000_000_000;
-        r.create(procedure("alice", true, t0)).unwrap();
-        r.create(procedure("bob", false, t0)).unwrap();
-        let ttl = 12 * 3600 * 1000;
-        assert!(r.runnable("alice/pipe", t0 + ttl - 1).is_ok(), "alive a millisecond before");
-        let e = r.runnable("alice/pipe", t0 + ttl).unwrap_err();
-        assert!(matches!(&e, LookupError::Expired { ttl_s: 43_200, .. }), "{e}");
-        assert!(e.to_string().contains("ephemeral procedure `alice/pipe` expired"), "{e}");
-        assert!(r.runnable("bob/pipe", t0 + 100 * ttl).is_ok(), "a persistent one never expires");
-        assert_eq!(r.expired(t0 + ttl).iter().map(Procedure::key).collect::<Vec<_>>(), ["alice/pipe"]);
-        assert_eq!(r.runnable("carol/pipe", t0), Err(LookupError::NotFound("carol/pipe".into())));
+    fn registry(dir: &Path, ttl_s: u64) -> Registry {
+        Registry::new(Arc::new(SqliteQueue::open(dir).unwrap()), ttl_s)
     }
 
     #[test]
-    fn the_registry_survives_a_restart_and_refuses_duplicates() {
+    fn an_ephemeral_source_expires_after_its_ttl_on_the_given_clock() {
         let dir = tempfile::tempdir().unwrap();
-        let r = Registry::open(dir.path(), 60).unwrap();
-        r.create(procedure("alice", false, 5)).unwrap();
-        assert!(
-            matches!(r.create(procedure("alice", true, 6)), Err(RegistryError::Exists(k)) if k == "alice/pipe")
-        );
-        let again = Registry::open(dir.path(), 60).unwrap();
-        assert_eq!(again.get("alice/pipe"), Some(procedure("alice", false, 5)));
-        assert_eq!(again.of("alice").len(), 1);
-        assert!(again.of("bob").is_empty());
-        assert_eq!(again.delete("alice/pipe").unwrap().map(|p| p.owner), Some("alice".into()));
-        assert!(Registry::open(dir.path(), 60).unwrap().get("alice/pipe").is_none());
+        let r = registry(dir.path(), DEFAULT_EPHEMERAL_TTL_S);
+        let t0 = 1_800_000_000_000;
+        r.create(&procedure("alice", true, t0)).unwrap();
+        r.create(&procedure("bob", false, t0)).unwrap();
+        let ttl = 12 * 3600 * 1000;
+        assert!(r.runnable("alice/pipe", t0 + ttl - 1).is_ok(), "alive a millisecond before");
+        let e = r.runnable("alice/pipe", t0 + ttl).unwrap_err();
+        assert!(matches!(&e, RegistryError::Expired { ttl_s: 43_200, .. }), "{e}");
+        assert!(e.to_string().contains("ephemeral procedure `alice/pipe` expired"), "{e}");
+        assert!(r.runnable("bob/pipe", t0 + 100 * ttl).is_ok(), "a persistent one never expires");
+        let live = r.live_sources(t0 + ttl).unwrap();
+        assert_eq!(live, BTreeSet::from([crate::version_id("bob")]), "alice's archive is no longer wanted");
+        assert!(matches!(r.runnable("carol/pipe", t0), Err(RegistryError::NotFound(k)) if k == "carol/pipe"));
+    }
+
+    #[test]
+    fn the_registry_is_the_stores_and_refuses_duplicates() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path(), 60);
+        r.create(&procedure("alice", false, 5)).unwrap();
+        let taken = r.create(&procedure("alice", true, 6));
+        assert!(matches!(taken, Err(RegistryError::Exists(k)) if k == "alice/pipe"));
+        drop(r);
+        let again = registry(dir.path(), 60);
+        assert_eq!(again.get("alice/pipe").unwrap(), Some(procedure("alice", false, 5)));
+        assert_eq!(again.of("alice").unwrap().len(), 1);
+        assert!(again.of("bob").unwrap().is_empty());
+        assert!(again.delete("alice/pipe").unwrap());
+        assert!(!again.delete("alice/pipe").unwrap());
+        assert!(registry(dir.path(), 60).get("alice/pipe").unwrap().is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_procedures_json_of_an_earlier_version_is_moved_into_the_store() {
+        use source::tests::{origin, sources};
+        let archive =
+            archive::tests::tar_gz(&[archive::tests::Entry::File("predict.py", b"def predict(): 1\n")]);
+        let (base, _) = origin(archive.clone()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = procedure("alice", false, 5);
+        old.source_sha256 = String::new();
+        old.source_url = format!("{base}/p.tar.gz");
+        let mut gone = procedure("bob", false, 5);
+        gone.source_url = "http://10.255.255.1/not-allowed.tar.gz".into();
+        let json = serde_json::json!([old, gone]).to_string().replace(",\"source_sha256\":\"\"", "");
+        assert!(!json.contains("source_sha256\":\"\""), "written as an earlier version did");
+        std::fs::write(dir.path().join(LEGACY_FILE), json).unwrap();
+        let r = registry(dir.path(), 60);
+        let s = sources(dir.path(), &["127.0.0.1/32"]);
+        adopt_legacy(dir.path(), &r, &s).await;
+        let moved = r.get("alice/pipe").unwrap().expect("moved");
+        assert_eq!(moved.source_sha256, crate::sha256_hex(&archive));
+        assert!(r.get("bob/pipe").unwrap().is_none(), "its source is refused: left out, logged");
+        assert!(!dir.path().join(LEGACY_FILE).exists() && dir.path().join(LEGACY_MOVED).exists());
+        // Run again (nothing to move), it changes nothing.
+        adopt_legacy(dir.path(), &r, &s).await;
+        assert_eq!(r.all().unwrap(), [moved]);
     }
 }

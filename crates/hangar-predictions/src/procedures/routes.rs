@@ -17,7 +17,7 @@ use axum::Json;
 use hangar_core::AccountId;
 use serde_json::{json, Value};
 
-use super::{LookupError, Procedure, RegistryError, SourceError};
+use super::{Procedure, RegistryError, SourceError};
 use crate::api::{account, create as create_prediction, parse_body, ApiResult, Problem, Target};
 use crate::config::ModelSettings;
 use crate::record::{rfc3339, JobKind};
@@ -36,21 +36,28 @@ fn not_found(key: &str) -> Problem {
     Problem::not_found(format!("procedure `{key}` does not exist"))
 }
 
+/// The procedure `key` if `account` owns it.
+fn find(state: &ProcedureState, account: &AccountId, key: &str) -> Result<Option<Procedure>, Problem> {
+    Ok(state.registry.get(key).map_err(registry_problem)?.filter(|p| p.owner == account.as_str()))
+}
+
 /// `owner/name`'s procedure if `account` owns it.
 fn owned(state: &ProcedureState, account: &AccountId, owner: &str, name: &str) -> Result<Procedure, Problem> {
     let key = format!("{owner}/{name}");
-    match state.registry.get(&key) {
-        Some(p) if p.owner == account.as_str() => Ok(p),
-        _ => Err(not_found(&key)),
-    }
+    find(state, account, &key)?.ok_or_else(|| not_found(&key))
 }
 
 /// The prediction target of `owner/name` if it is a procedure of
-/// `account`'s.
-pub(crate) fn target(inner: &Inner, account: &AccountId, owner: &str, name: &str) -> Option<Target> {
-    let state = inner.procedures.as_ref()?;
-    let p = owned(state, account, owner, name).ok()?;
-    Some(Target { model: p.key(), deployment: None, kind: JobKind::Procedure })
+/// `account`'s; `Ok(None)` if it is none (or procedures are off).
+pub(crate) fn target(
+    inner: &Inner,
+    account: &AccountId,
+    owner: &str,
+    name: &str,
+) -> Result<Option<Target>, Problem> {
+    let Some(state) = inner.procedures.as_ref() else { return Ok(None) };
+    let found = find(state, account, &format!("{owner}/{name}"))?;
+    Ok(found.map(|p| Target { model: p.key(), deployment: None, kind: JobKind::Procedure }))
 }
 
 /// What a prediction of procedure `key` is created with: its key, its
@@ -64,13 +71,11 @@ pub(crate) fn to_run(
     let state = state(inner)?;
     let p = match state.registry.runnable(key, now()) {
         Ok(p) if p.owner == account.as_str() => p,
-        Ok(_) | Err(LookupError::NotFound(_)) => return Err(not_found(key)),
-        Err(e @ LookupError::Expired { .. }) => {
-            return Err(Problem::new(StatusCode::GONE, "Gone", e.to_string()))
-        }
+        Ok(_) | Err(RegistryError::NotFound(_)) => return Err(not_found(key)),
+        Err(e) => return Err(registry_problem(e)),
     };
     let settings = inner.models.get(&state.runtime).map(|m| m.settings).unwrap_or_default();
-    Ok((p.key(), p.version(), settings, false))
+    Ok((p.key(), p.version().to_owned(), settings, false))
 }
 
 /// The API object of a procedure.
@@ -90,21 +95,17 @@ fn procedure_json(inner: &Inner, state: &ProcedureState, p: &Procedure) -> Value
     })
 }
 
-/// Drops the cached sources of ephemeral procedures that expired (the
-/// procedures stay, shown `expired`, until deleted).
-fn prune(state: &ProcedureState) {
-    for p in state.registry.expired(now()) {
-        state.sources.forget(&p.source_url);
-    }
-}
-
 /// `GET /v1/procedures`: the account's procedures.
 pub(crate) async fn list(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> ApiResult {
     let account = account(&inner, &headers)?;
     let state = state(&inner)?;
-    prune(state);
-    let results: Vec<Value> =
-        state.registry.of(account.as_str()).iter().map(|p| procedure_json(&inner, state, p)).collect();
+    let results: Vec<Value> = state
+        .registry
+        .of(account.as_str())
+        .map_err(registry_problem)?
+        .iter()
+        .map(|p| procedure_json(&inner, state, p))
+        .collect();
     Ok(Json(json!({"next": null, "previous": null, "results": results})).into_response())
 }
 
@@ -120,9 +121,10 @@ pub(crate) async fn get(
     Ok(Json(procedure_json(&inner, state, &p)).into_response())
 }
 
-/// `DELETE /v1/procedures/{owner}/{name}`: 204; its cached source is
-/// dropped unless another procedure has the same URL. Runs already queued
-/// fail when they start.
+/// `DELETE /v1/procedures/{owner}/{name}`: 204; its cached archive is
+/// dropped here unless another procedure has the same (the other gateways
+/// of a fleet drop theirs within a minute). Runs already queued fail when
+/// they start.
 pub(crate) async fn delete(
     State(inner): State<Arc<Inner>>,
     Path((owner, name)): Path<(String, String)>,
@@ -132,9 +134,7 @@ pub(crate) async fn delete(
     let state = state(&inner)?;
     let p = owned(state, &account, &owner, &name)?;
     state.registry.delete(&p.key()).map_err(registry_problem)?;
-    if !state.registry.all().iter().any(|o| o.source_url == p.source_url) {
-        state.sources.forget(&p.source_url);
-    }
+    state.prune_sources();
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -157,14 +157,9 @@ pub(crate) async fn run(
 fn registry_problem(e: RegistryError) -> Problem {
     match e {
         RegistryError::Exists(_) => Problem::new(StatusCode::CONFLICT, "Conflict", e.to_string()),
-        e => {
-            tracing::error!("procedures: {e}");
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Internal error",
-                "the procedures registry failed; see the server log",
-            )
-        }
+        RegistryError::NotFound(key) => not_found(&key),
+        RegistryError::Expired { .. } => Problem::new(StatusCode::GONE, "Gone", e.to_string()),
+        RegistryError::Store(e) => Problem::store(e),
     }
 }
 
@@ -223,8 +218,7 @@ pub(crate) async fn create(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(Problem::invalid("ephemeral", "must be a boolean")),
     };
-    let p = Procedure { owner: account.as_str().to_owned(), name, source_url, ephemeral, created_at: now() };
-    let key = p.key();
+    let key = format!("{account}/{name}");
     if inner.models.contains_key(&key) {
         return Err(Problem::new(
             StatusCode::CONFLICT,
@@ -232,11 +226,19 @@ pub(crate) async fn create(
             format!("`{key}` is a model this server serves; name the procedure otherwise"),
         ));
     }
-    if state.registry.get(&key).is_some() {
+    if state.registry.get(&key).map_err(registry_problem)?.is_some() {
         return Err(registry_problem(RegistryError::Exists(key)));
     }
-    state.sources.prepare(&p.source_url).await.map_err(source_problem)?;
-    state.registry.create(p.clone()).map_err(registry_problem)?;
+    let archive = state.sources.prepare(&source_url, None).await.map_err(source_problem)?;
+    let p = Procedure {
+        owner: account.as_str().to_owned(),
+        name,
+        source_url,
+        source_sha256: archive.sha256,
+        ephemeral,
+        created_at: now(),
+    };
+    state.registry.create(&p).map_err(registry_problem)?;
     Ok((StatusCode::CREATED, Json(procedure_json(&inner, state, &p))).into_response())
 }
 

@@ -1,12 +1,14 @@
-//! Procedure sources fetched, cached by a hash of their URL and extracted
-//! once.
+//! Procedure sources: fetched, checked, and cached by the SHA-256 of the
+//! archive.
 //!
-//! The cache is `DIR/sources/HASH/` (HASH: the SHA-256 of the URL), the
-//! extracted source. It is written under a temporary name and renamed into
-//! place once whole, so a directory of that name is always a complete,
-//! checked source and a crash leaves only a temporary one (removed at the
-//! next start). One fetch per URL runs at a time; the others wait for it
-//! and use its result.
+//! The cache is `DIR/sources/SHA256.tar.gz`, archives that passed every
+//! rule of [`archive`] (they were extracted into a scratch directory,
+//! which is then removed: the gateway runs nothing of them, a runtime
+//! replica extracts them again on its own node). An archive is written
+//! under a temporary name and renamed into place once whole, so a file of
+//! that name is always a complete, checked archive and a crash leaves
+//! only a temporary one (removed at the next start). One fetch per URL
+//! runs at a time; the others wait for it and use its result.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -47,6 +49,19 @@ pub enum SourceError {
         /// What is wrong with it.
         source: ArchiveError,
     },
+    /// The URL now serves other bytes than when the procedure was created.
+    #[error(
+        "the archive at source_url `{url}` changed since the procedure was created (its SHA-256 was \
+         {expected}, it is now {found}); create the procedure again to run the new source"
+    )]
+    Changed {
+        /// The URL.
+        url: String,
+        /// The hash recorded at creation.
+        expected: String,
+        /// The hash of what it serves now.
+        found: String,
+    },
     /// The cache directory could not be written.
     #[error("the procedure source cache {path} could not be written: {source}")]
     Cache {
@@ -65,27 +80,39 @@ impl SourceError {
     }
 }
 
+/// A checked archive in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Archive {
+    /// Its SHA-256, 64 hex digits.
+    pub sha256: String,
+    /// Where it is.
+    pub path: PathBuf,
+}
+
 /// The source cache and its fetcher.
 pub struct Sources {
     dir: PathBuf,
     limits: Limits,
     http: reqwest::Client,
     allow: Arc<AllowList>,
-    /// One lock per URL hash being prepared.
+    /// One lock per URL being fetched.
     busy: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     fetches: AtomicU64,
 }
 
-/// The cache key of `url`: 64 hex digits of its SHA-256.
-pub fn key(url: &str) -> String {
-    crate::version_id(url)
+/// Whether `name` is a cached archive's file name: 64 lowercase hex
+/// digits and `.tar.gz`.
+fn cached_name(name: &str) -> Option<&str> {
+    name.strip_suffix(".tar.gz")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
 impl Sources {
     /// The cache in `dir` (`dir/sources`, created), fetching with `http`
     /// (the webhook client, whose resolver vets every address) after
-    /// checking each URL against `allow`. Leftovers of an interrupted
-    /// extraction are removed.
+    /// checking each URL against `allow`. Whatever else is there —
+    /// leftovers of an interrupted fetch, the extracted sources of earlier
+    /// versions — is removed.
     pub fn open(
         dir: &Path,
         limits: Limits,
@@ -96,8 +123,9 @@ impl Sources {
         let cache = |source| SourceError::Cache { path: dir.display().to_string(), source };
         std::fs::create_dir_all(&dir).map_err(cache)?;
         for entry in std::fs::read_dir(&dir).map_err(cache)?.flatten() {
-            if entry.file_name().to_string_lossy().contains(".partial") {
-                let _ = std::fs::remove_dir_all(entry.path());
+            if cached_name(&entry.file_name().to_string_lossy()).is_none() {
+                let path = entry.path();
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
             }
         }
         Ok(Sources { dir, limits, http, allow, busy: Mutex::default(), fetches: AtomicU64::new(0) })
@@ -108,49 +136,79 @@ impl Sources {
         self.fetches.load(Ordering::Relaxed)
     }
 
-    /// Where `url`'s extracted source is (whether or not it is there).
-    pub fn path_of(&self, url: &str) -> PathBuf {
-        self.dir.join(key(url))
+    /// Where the archive of hash `sha256` is (whether or not it is there).
+    pub fn path_of(&self, sha256: &str) -> PathBuf {
+        self.dir.join(format!("{sha256}.tar.gz"))
     }
 
-    /// The extracted source of `url`: from the cache, or fetched, checked
-    /// and extracted into it first.
+    /// The hashes of the archives in the cache.
+    pub fn cached(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| cached_name(&e.file_name().to_string_lossy()).map(str::to_owned))
+            .collect()
+    }
+
+    /// The checked archive of `url`: from the cache when `expected` (the
+    /// hash recorded at the procedure's creation) is there; else fetched,
+    /// held to `expected` if given, checked and cached.
     ///
     /// # Cancel safety
-    /// Dropping the future leaves the cache as it was or with the source
-    /// in place, never a partial source under its name (a temporary
+    /// Dropping the future leaves the cache as it was or with the archive
+    /// in place, never a partial one under its name (a temporary file or
     /// directory may be left until the next start).
-    pub async fn prepare(&self, url: &str) -> Result<PathBuf, SourceError> {
-        let at = self.path_of(url);
-        if at.is_dir() {
-            return Ok(at);
+    pub async fn prepare(&self, url: &str, expected: Option<&str>) -> Result<Archive, SourceError> {
+        let cached = |sha256: &str| {
+            let path = self.path_of(sha256);
+            path.is_file().then(|| Archive { sha256: sha256.to_owned(), path })
+        };
+        if let Some(hit) = expected.and_then(cached) {
+            return Ok(hit);
         }
-        let lock = self.busy.lock().expect("busy table").entry(key(url)).or_default().clone();
+        let lock = self.busy.lock().expect("busy table").entry(url.to_owned()).or_default().clone();
         let _held = lock.lock().await;
-        if at.is_dir() {
-            return Ok(at);
+        if let Some(hit) = expected.and_then(cached) {
+            return Ok(hit);
         }
         let bytes = self.fetch(url).await?;
-        let partial = self.dir.join(format!("{}.partial-{}", key(url), crate::api::new_id()));
-        let cache = |source| SourceError::Cache { path: partial.display().to_string(), source };
-        std::fs::create_dir_all(&partial).map_err(cache)?;
-        let limits = self.limits;
-        let dest = partial.clone();
-        let extracted = tokio::task::spawn_blocking(move || archive::extract(&bytes, &dest, &limits))
-            .await
-            .expect("extraction does not panic");
-        if let Err(source) = extracted {
-            let _ = std::fs::remove_dir_all(&partial);
-            return Err(SourceError::Archive { url: url.to_owned(), source });
+        let sha256 = crate::sha256_hex(&bytes);
+        if let Some(expected) = expected.filter(|e| **e != sha256) {
+            return Err(SourceError::Changed {
+                url: url.to_owned(),
+                expected: expected.to_owned(),
+                found: sha256,
+            });
         }
-        std::fs::rename(&partial, &at).map_err(cache)?;
-        Ok(at)
+        if let Some(hit) = cached(&sha256) {
+            return Ok(hit);
+        }
+        let scratch = self.dir.join(format!("{sha256}.check-{}", crate::api::new_id()));
+        let cache = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| SourceError::Cache { path, source }
+        };
+        std::fs::create_dir_all(&scratch).map_err(cache(&scratch))?;
+        let (limits, dest) = (self.limits, scratch.clone());
+        let (checked, bytes) = tokio::task::spawn_blocking(move || {
+            let checked = archive::extract(&bytes, &dest, &limits);
+            let _ = std::fs::remove_dir_all(&dest);
+            (checked, bytes)
+        })
+        .await
+        .expect("extraction does not panic");
+        checked.map_err(|source| SourceError::Archive { url: url.to_owned(), source })?;
+        let path = self.path_of(&sha256);
+        let partial = self.dir.join(format!("{sha256}.partial-{}", crate::api::new_id()));
+        std::fs::write(&partial, &bytes).map_err(cache(&partial))?;
+        std::fs::rename(&partial, &path).map_err(cache(&path))?;
+        Ok(Archive { sha256, path })
     }
 
-    /// Drops `url`'s cached source (a procedure deleted or expired).
-    pub fn forget(&self, url: &str) {
-        let at = self.path_of(url);
-        if let Err(e) = std::fs::remove_dir_all(&at) {
+    /// Drops the archive of hash `sha256` (no procedure wants it any more).
+    pub fn forget(&self, sha256: &str) {
+        let at = self.path_of(sha256);
+        if let Err(e) = std::fs::remove_file(&at) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!("could not remove the cached procedure source {}: {e}", at.display());
             }
@@ -188,29 +246,37 @@ impl Sources {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::procedures::archive::tests::{tar_gz, Entry, LIMITS};
 
     /// A loopback HTTP server answering every GET with `body`; counts them.
-    async fn origin(body: Vec<u8>) -> (String, Arc<AtomicU64>) {
+    pub(crate) async fn origin(body: Vec<u8>) -> (String, Arc<AtomicU64>) {
+        let body = Arc::new(Mutex::new(body));
+        let (url, hits, _) = origin_changing(body).await;
+        (url, hits)
+    }
+
+    /// [`origin`] whose body the test may change.
+    async fn origin_changing(body: Arc<Mutex<Vec<u8>>>) -> (String, Arc<AtomicU64>, Arc<Mutex<Vec<u8>>>) {
         let hits = Arc::new(AtomicU64::new(0));
         let counted = hits.clone();
+        let served = body.clone();
         let app = axum::Router::new().route(
             "/{*path}",
             axum::routing::get(move || {
                 counted.fetch_add(1, Ordering::Relaxed);
-                let body = body.clone();
+                let body = served.lock().unwrap().clone();
                 async move { body }
             }),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (url, hits)
+        (url, hits, body)
     }
 
-    fn sources(dir: &Path, allow: &[&str]) -> Sources {
+    pub(crate) fn sources(dir: &Path, allow: &[&str]) -> Sources {
         let allow =
             Arc::new(AllowList::parse(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap());
         let http = webhook_target::client(allow.clone(), None).unwrap();
@@ -218,25 +284,52 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_source_is_fetched_once_and_then_served_from_the_cache() {
-        let (base, hits) = origin(tar_gz(&[Entry::File("predict.py", b"def predict(): pass\n")])).await;
+    async fn an_archive_is_fetched_once_checked_and_then_served_from_the_cache_by_its_hash() {
+        let bytes = tar_gz(&[Entry::File("predict.py", b"def predict(): pass\n")]);
+        let (base, hits) = origin(bytes.clone()).await;
         let dir = tempfile::tempdir().unwrap();
         let s = sources(dir.path(), &["127.0.0.1/32"]);
         let url = format!("{base}/p.tar.gz");
-        let first = s.prepare(&url).await.unwrap();
-        assert_eq!(first, dir.path().join("sources").join(key(&url)));
-        assert!(first.join("predict.py").is_file());
-        let second = s.prepare(&url).await.unwrap();
+        let first = s.prepare(&url, None).await.unwrap();
+        assert_eq!(first.sha256, crate::sha256_hex(&bytes));
+        assert_eq!(first.path, dir.path().join("sources").join(format!("{}.tar.gz", first.sha256)));
+        assert_eq!(std::fs::read(&first.path).unwrap(), bytes, "the archive itself, byte for byte");
+        assert_eq!(s.cached(), std::slice::from_ref(&first.sha256), "the scratch extraction is gone");
+        let second = s.prepare(&url, Some(&first.sha256)).await.unwrap();
         assert_eq!(first, second);
         assert_eq!((hits.load(Ordering::Relaxed), s.fetches()), (1, 1), "the second run did not fetch");
-        // A restarted server finds the cache too.
+        // A restarted server finds the cache too, and drops what is not an archive of it.
+        std::fs::create_dir(dir.path().join("sources").join("0123.partial-x")).unwrap();
         let again = sources(dir.path(), &["127.0.0.1/32"]);
-        again.prepare(&url).await.unwrap();
+        again.prepare(&url, Some(&first.sha256)).await.unwrap();
         assert_eq!(hits.load(Ordering::Relaxed), 1);
+        assert_eq!(again.cached(), std::slice::from_ref(&first.sha256));
         // Forgotten, it is fetched again.
-        again.forget(&url);
-        again.prepare(&url).await.unwrap();
+        again.forget(&first.sha256);
+        again.prepare(&url, Some(&first.sha256)).await.unwrap();
         assert_eq!(hits.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn an_origin_serving_other_bytes_than_at_creation_is_refused() {
+        let before = tar_gz(&[Entry::File("predict.py", b"def predict(): 1\n")]);
+        let (base, _, body) = origin_changing(Arc::new(Mutex::new(before.clone()))).await;
+        let dir = tempfile::tempdir().unwrap();
+        let s = sources(dir.path(), &["127.0.0.1/32"]);
+        let url = format!("{base}/p.tar.gz");
+        let created = s.prepare(&url, None).await.unwrap();
+        s.forget(&created.sha256);
+        let after = tar_gz(&[Entry::File("predict.py", b"def predict(): 2\n")]);
+        *body.lock().unwrap() = after.clone();
+        let e = s.prepare(&url, Some(&created.sha256)).await.unwrap_err();
+        assert!(
+            matches!(&e, SourceError::Changed { found, .. } if *found == crate::sha256_hex(&after)),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains(&url) && e.to_string().contains("changed since the procedure was created")
+        );
+        assert!(s.cached().is_empty(), "nothing of it kept");
     }
 
     #[tokio::test]
@@ -244,10 +337,10 @@ mod tests {
         let (base, hits) = origin(tar_gz(&[Entry::File("predict.py", b"")])).await;
         let dir = tempfile::tempdir().unwrap();
         let s = sources(dir.path(), &[]);
-        let e = s.prepare(&format!("{base}/p.tar.gz")).await.unwrap_err();
+        let e = s.prepare(&format!("{base}/p.tar.gz"), None).await.unwrap_err();
         assert!(matches!(e, SourceError::Refused { .. }), "{e}");
         assert_eq!(hits.load(Ordering::Relaxed), 0, "nothing was sent");
-        let e = s.prepare("file:///etc/passwd").await.unwrap_err();
+        let e = s.prepare("file:///etc/passwd", None).await.unwrap_err();
         assert!(matches!(e, SourceError::Refused { .. }), "{e}");
     }
 
@@ -257,11 +350,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = sources(dir.path(), &["127.0.0.1/32"]);
         let url = format!("{base}/bad.tar.gz");
-        let e = s.prepare(&url).await.unwrap_err();
+        let e = s.prepare(&url, None).await.unwrap_err();
         assert!(e.to_string().contains(&url) && e.to_string().contains("`../evil.py` escapes"), "{e}");
         assert_eq!(std::fs::read_dir(dir.path().join("sources")).unwrap().count(), 0);
         let (big, _) = origin(vec![0x1f; (LIMITS.max_archive_bytes + 1) as usize]).await;
-        let e = s.prepare(&format!("{big}/big.tar.gz")).await.unwrap_err();
+        let e = s.prepare(&format!("{big}/big.tar.gz"), None).await.unwrap_err();
         assert!(e.to_string().contains("max_archive_bytes"), "{e}");
     }
 }

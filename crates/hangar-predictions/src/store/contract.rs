@@ -189,6 +189,33 @@ pub(crate) fn deployments_are_compare_and_set_by_release(q: &dyn PredictionQueue
     assert!(q.deployments().unwrap().is_empty());
 }
 
+/// A procedure is created once (a second of its name is refused, the
+/// same write again succeeds), read back by key and in the list, and a
+/// deleted one is gone.
+pub(crate) fn procedures_are_created_once(q: &dyn PredictionQueue) {
+    use crate::procedures::Procedure;
+    let p = Procedure {
+        owner: "acme".into(),
+        name: "pipe".into(),
+        source_url: "https://example.com/p.tar.gz".into(),
+        source_sha256: crate::version_id("archive"),
+        ephemeral: true,
+        created_at: 10,
+    };
+    assert!(q.create_procedure(&p).unwrap());
+    assert!(q.create_procedure(&p).unwrap(), "the same write again (a lost reply) succeeds");
+    let other = Procedure { source_url: "https://example.com/q.tar.gz".into(), ..p.clone() };
+    assert!(!q.create_procedure(&other).unwrap(), "the name is taken");
+    let second = Procedure { owner: "beta".into(), ..p.clone() };
+    assert!(q.create_procedure(&second).unwrap());
+    assert_eq!(q.procedure("acme/pipe").unwrap(), Some(p.clone()));
+    assert_eq!(q.procedure("acme/none").unwrap(), None);
+    assert_eq!(q.procedures().unwrap(), [p, second.clone()]);
+    assert!(q.delete_procedure("acme/pipe").unwrap());
+    assert!(!q.delete_procedure("acme/pipe").unwrap());
+    assert_eq!(q.procedures().unwrap(), [second]);
+}
+
 macro_rules! contract_tests {
     ($open:expr) => {
         contract_tests!(@each $open;
@@ -200,7 +227,8 @@ macro_rules! contract_tests {
             a_rotated_secret_stays_valid_for_the_grace_period_only,
             requeued_records_are_claimed_again,
             a_queued_request_waits_with_the_predictions_and_is_not_listed,
-            deployments_are_compare_and_set_by_release);
+            deployments_are_compare_and_set_by_release,
+            procedures_are_created_once);
     };
     (@each $open:expr; $($name:ident),*) => {
         $(

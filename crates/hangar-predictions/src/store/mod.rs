@@ -35,6 +35,7 @@ pub use self::redis::{RedisQueue, Shards};
 pub use self::sqlite::SqliteQueue;
 pub(crate) use self::watched::Watched;
 use crate::deployments::DeploymentRecord;
+use crate::procedures::Procedure;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::Event;
 
@@ -400,6 +401,20 @@ pub trait PredictionQueue: Send + Sync {
 
     /// Every stored deployment, by name.
     fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError>;
+
+    /// Adds `procedure` under its `owner/name` unless one of that name is
+    /// stored: whether it was written. Repeating a write that was made
+    /// (its reply lost) reports `true`.
+    fn create_procedure(&self, procedure: &Procedure) -> Result<bool, StoreError>;
+
+    /// Removes the procedure `key` (`owner/name`); whether there was one.
+    fn delete_procedure(&self, key: &str) -> Result<bool, StoreError>;
+
+    /// The procedure `key`, if stored.
+    fn procedure(&self, key: &str) -> Result<Option<Procedure>, StoreError>;
+
+    /// Every stored procedure, by key.
+    fn procedures(&self) -> Result<Vec<Procedure>, StoreError>;
 }
 
 /// What [`PredictionQueue::enqueue_async`] returns.
@@ -433,6 +448,11 @@ impl Backend {
             Backend::Redis(redis) => Arc::new(RedisQueue::open(redis.clone(), Shards::default(), lease_ms)?),
         })
     }
+}
+
+/// A stored procedure's JSON read back (`key` names it when it is not one).
+fn parse_procedure(key: &str, body: &str) -> Result<Procedure, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::Corrupt { id: key.to_owned(), what: e.to_string() })
 }
 
 /// Runs `f`, a call that blocks on I/O, in `block_in_place` when on a

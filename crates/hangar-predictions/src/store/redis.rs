@@ -35,9 +35,12 @@ use hangar_redis::redis::{self, Script};
 use hangar_redis::{Redis, PREFIX};
 use sha2::{Digest, Sha256};
 
-use super::{blocking, Cursor, Delivery, Page, PredictionQueue, Recovery, Rotation, StoreError};
+use super::{
+    blocking, parse_procedure, Cursor, Delivery, Page, PredictionQueue, Recovery, Rotation, StoreError,
+};
 use crate::deployments::DeploymentRecord;
 use crate::lifecycle::Status;
+use crate::procedures::Procedure;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::{Event, Filter};
 
@@ -968,6 +971,41 @@ impl PredictionQueue for RedisQueue {
             .collect::<Result<Vec<DeploymentRecord>, _>>()?;
         records.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(records)
+    }
+
+    fn create_procedure(&self, procedure: &Procedure) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(procedure).expect("a procedure serializes");
+        let key = procedure.key();
+        let written: bool =
+            self.with(|c| redis::cmd("HSETNX").arg(Self::key("procedures")).arg(&key).arg(&body).query(c))?;
+        // Not written: another's, or ours with its reply lost.
+        Ok(written || self.procedure_body(&key)?.is_some_and(|stored| stored == body))
+    }
+
+    fn delete_procedure(&self, key: &str) -> Result<bool, StoreError> {
+        let removed: i64 =
+            self.with(|c| redis::cmd("HDEL").arg(Self::key("procedures")).arg(key).query(c))?;
+        Ok(removed == 1)
+    }
+
+    fn procedure(&self, key: &str) -> Result<Option<Procedure>, StoreError> {
+        self.procedure_body(key)?.map(|b| parse_procedure(key, &b)).transpose()
+    }
+
+    fn procedures(&self) -> Result<Vec<Procedure>, StoreError> {
+        let all: Vec<(String, String)> =
+            self.with(|c| redis::cmd("HGETALL").arg(Self::key("procedures")).query(c))?;
+        let mut procedures =
+            all.iter().map(|(key, body)| parse_procedure(key, body)).collect::<Result<Vec<_>, _>>()?;
+        procedures.sort_by_key(Procedure::key);
+        Ok(procedures)
+    }
+}
+
+impl RedisQueue {
+    /// The stored JSON of procedure `key`.
+    fn procedure_body(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.with(|c| redis::cmd("HGET").arg(Self::key("procedures")).arg(key).query(c))
     }
 }
 

@@ -6,9 +6,12 @@ use std::sync::Mutex;
 use hangar_core::Millis;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{blocking, Cursor, Delivery, Page, PredictionQueue, Recovery, Rotation, StoreError};
+use super::{
+    blocking, parse_procedure, Cursor, Delivery, Page, PredictionQueue, Recovery, Rotation, StoreError,
+};
 use crate::deployments::DeploymentRecord;
 use crate::lifecycle::Status;
+use crate::procedures::Procedure;
 use crate::record::{JobKind, Record};
 use crate::webhook_policy::{Event, Filter};
 
@@ -117,6 +120,10 @@ CREATE TABLE IF NOT EXISTS deployments (
     release INTEGER NOT NULL,
     body TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS procedures (
+    key TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
 ";
 
 // Schema history. Every statement of `SCHEMA` is `IF NOT EXISTS`, so
@@ -135,6 +142,9 @@ CREATE TABLE IF NOT EXISTS deployments (
 //   older file and fills both from `predictions`).
 // - v4 (issue 29): `deployments`, those made through the API, each its
 //   JSON ([`DeploymentRecord`]) under its name with its release number.
+// - v5 (issue 31): `procedures`, each its JSON ([`Procedure`]) under its
+//   `owner/name` (before, each server kept them in `procedures.json`,
+//   which the service moves in: `procedures::adopt_legacy`).
 
 const COLUMNS: &str =
     "seq, id, kind, model, version, deployment, account, input, output, logs, error, status, \
@@ -898,6 +908,52 @@ impl PredictionQueue for SqliteQueue {
         rows.map(|row| {
             let (name, body) = row?;
             serde_json::from_str(&body).map_err(|e| StoreError::Corrupt { id: name, what: e.to_string() })
+        })
+        .collect()
+    }
+
+    fn create_procedure(&self, procedure: &Procedure) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(procedure).expect("a procedure serializes");
+        let key = procedure.key();
+        self.write(move |conn| {
+            let stored: Option<String> = conn
+                .prepare_cached("SELECT body FROM procedures WHERE key = ?1")?
+                .query_row([&key], |r| r.get(0))
+                .optional()?;
+            match stored {
+                Some(stored) => Ok(stored == body),
+                None => {
+                    conn.prepare_cached("INSERT INTO procedures (key, body) VALUES (?1, ?2)")?
+                        .execute(params![key, body])?;
+                    Ok(true)
+                }
+            }
+        })
+    }
+
+    fn delete_procedure(&self, key: &str) -> Result<bool, StoreError> {
+        let key = key.to_owned();
+        self.write(move |conn| {
+            Ok(conn.prepare_cached("DELETE FROM procedures WHERE key = ?1")?.execute([key])? > 0)
+        })
+    }
+
+    fn procedure(&self, key: &str) -> Result<Option<Procedure>, StoreError> {
+        let conn = self.conn();
+        let body: Option<String> = conn
+            .prepare_cached("SELECT body FROM procedures WHERE key = ?1")?
+            .query_row([key], |r| r.get(0))
+            .optional()?;
+        body.map(|b| parse_procedure(key, &b)).transpose()
+    }
+
+    fn procedures(&self) -> Result<Vec<Procedure>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT key, body FROM procedures ORDER BY key")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        rows.map(|row| {
+            let (key, body) = row?;
+            parse_procedure(&key, &body)
         })
         .collect()
     }

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 
 use super::{Cursor, Delivery, EnqueueFuture, Page, PredictionQueue, Recovery, Rotation, StoreError};
 use crate::deployments::DeploymentRecord;
+use crate::procedures::Procedure;
 use crate::reachability::Reachability;
 use crate::record::{JobKind, Record};
 
@@ -234,5 +235,21 @@ impl PredictionQueue for Watched {
 
     fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
         self.note(self.store.deployments())
+    }
+
+    fn create_procedure(&self, procedure: &Procedure) -> Result<bool, StoreError> {
+        self.note(self.store.create_procedure(procedure))
+    }
+
+    fn delete_procedure(&self, key: &str) -> Result<bool, StoreError> {
+        self.note(self.store.delete_procedure(key))
+    }
+
+    fn procedure(&self, key: &str) -> Result<Option<Procedure>, StoreError> {
+        self.note(self.store.procedure(key))
+    }
+
+    fn procedures(&self) -> Result<Vec<Procedure>, StoreError> {
+        self.note(self.store.procedures())
     }
 }

@@ -401,7 +401,8 @@ async fn run_on_cog(
 ) -> Result<Value, ExecError> {
     let job = run.job;
     let context = job.procedure.as_ref().map(|p| &p.context);
-    let cog_job = CogJob { base_url: base, mode, id: &job.id, input: &job.input, context };
+    let source = job.procedure.as_ref().map(|p| p.source.as_path());
+    let cog_job = CogJob { base_url: base, mode, id: &job.id, input: &job.input, context, source };
     let mut outputs = Outputs::new(sink, rt, run);
     let progress = |items: Vec<Value>, lines: Vec<String>| {
         items.into_iter().for_each(|i| outputs.output(i));

@@ -123,7 +123,16 @@ pub fn gateway(dir: &Path, redis: &str, models: &str) -> (std::path::PathBuf, su
 
 /// `GET /admin/status` of a gateway.
 pub fn status(gateway: &str) -> Value {
-    reqwest::blocking::get(format!("{gateway}/admin/status")).unwrap().json().unwrap()
+    status_as(gateway, None)
+}
+
+/// [`status`] asked with `key` (an admin's, on a server with keys).
+pub fn status_as(gateway: &str, key: Option<&str>) -> Value {
+    let mut ask = reqwest::blocking::Client::new().get(format!("{gateway}/admin/status"));
+    if let Some(key) = key {
+        ask = ask.bearer_auth(key);
+    }
+    ask.send().unwrap().json().unwrap()
 }
 
 /// Each model's replicas that `gateway` routes to (ready), with their node
