@@ -399,21 +399,15 @@ fn a_fleets_gateways_share_procedures_and_an_agents_runtime_fetches_the_source_f
     let _agent = common::fleet::agent(dir.path(), &fleet, &redis.url(), "n0", 1);
 
     // Created through one gateway, the other knows it at once.
-    let (status, p) = post_as(
-        &format!("{}/v1/procedures", a.url),
-        "sk-alice",
-        &json!({"name": "pipe", "source_url": format!("{}/pipe.tar.gz", origin.url)}),
-        &[],
-    );
+    let create_on = |gateway: &str| {
+        let body = json!({"name": "pipe", "source_url": format!("{}/pipe.tar.gz", origin.url)});
+        post_as(&format!("{gateway}/v1/procedures"), "sk-alice", &body, &[])
+    };
+    let (status, p) = create_on(&a.url);
     assert_eq!(status, 201, "{p}");
     let (status, seen) = get_as(&format!("{}/v1/procedures/alice/pipe", b.url), Some("sk-alice"));
     assert_eq!((status, &seen["version"]), (200, &p["version"]), "{seen}");
-    let (status, _) = post_as(
-        &format!("{}/v1/procedures", b.url),
-        "sk-alice",
-        &json!({"name": "pipe", "source_url": format!("{}/pipe.tar.gz", origin.url)}),
-        &[],
-    );
+    let (status, _) = create_on(&b.url);
     assert_eq!(status, 409, "one registry: the name is taken on every gateway");
 
     // Run through the other gateway: the runtime, a replica on the agent's
