@@ -664,8 +664,17 @@ async fn stream(State(inner): State<Arc<Inner>>, Path(id): Path<String>, headers
     let r = owned(&inner, &id, &account, None)?;
     let live = (!r.status.is_terminal()).then(|| inner.live(&id));
     let changes = live.as_ref().map(|l| l.changed.subscribe());
-    let state =
-        StreamState { inner, id, live, changes, sent: 0, next_id: 0, finished: false, queue: Vec::new() };
+    let state = StreamState {
+        inner,
+        id,
+        live,
+        changes,
+        sent: 0,
+        stored: StoredCursor::default(),
+        next_id: 0,
+        finished: false,
+        queue: Vec::new(),
+    };
     let events = futures::stream::unfold(state, |mut s| async move {
         let e = s.next_event().await?;
         Some((Ok::<_, std::convert::Infallible>(e), s))
@@ -680,6 +689,9 @@ struct StreamState {
     changes: Option<tokio::sync::watch::Receiver<u64>>,
     /// Live events already sent.
     sent: usize,
+    /// What was sent of the stored record's output and logs (a prediction
+    /// another gateway runs, or one that ended before any live event).
+    stored: StoredCursor,
     next_id: u64,
     finished: bool,
     queue: Vec<(String, String)>,
@@ -701,14 +713,26 @@ impl StreamState {
                 return None;
             }
             if let Some(live) = &self.live {
-                let fresh: Vec<(Event, Value)> =
-                    live.state.lock().expect("live state").events[self.sent..].to_vec();
+                // (A run lost and put back starts its events again: fewer
+                // than were sent until it catches up.)
+                let fresh: Vec<(Event, Value)> = live
+                    .state
+                    .lock()
+                    .expect("live state")
+                    .events
+                    .get(self.sent..)
+                    .unwrap_or_default()
+                    .to_vec();
                 self.sent += fresh.len();
                 self.queue.extend(fresh.into_iter().map(|(e, v)| (e.as_str().to_owned(), item_text(&v))));
                 if !self.queue.is_empty() {
                     continue;
                 }
             }
+            // Run here: the live events carry it. Elsewhere: the record,
+            // which the gateway running it saves every half second.
+            let here =
+                self.live.as_ref().is_some_and(|l| l.state.lock().expect("live state").status.is_some());
             let r = match self.inner.store.get(&self.id) {
                 Ok(Some(r)) => r,
                 Err(e) if e.is_unavailable() => {
@@ -725,17 +749,9 @@ impl StreamState {
             };
             if r.status.is_terminal() {
                 self.inner.forget_if_ended(&r);
-                if self.live.is_none() || self.sent == 0 {
-                    // Not followed live (or nothing seen live): replay the record.
-                    let items = match &r.output {
-                        Some(Value::Array(items)) => items.clone(),
-                        Some(v) => vec![v.clone()],
-                        None => Vec::new(),
-                    };
-                    self.queue.extend(items.iter().map(|v| ("output".to_owned(), item_text(v))));
-                    if !r.logs.is_empty() && self.live.is_none() {
-                        self.queue.push(("logs".into(), r.logs.trim_end().to_owned()));
-                    }
+                if self.sent == 0 {
+                    // Nothing seen live: the rest of the record.
+                    self.queue.extend(self.stored.rest(&r, true));
                 }
                 if r.status != Status::Succeeded {
                     self.queue
@@ -750,16 +766,61 @@ impl StreamState {
                 self.finished = true;
                 continue;
             }
+            if !here && r.status == Status::Processing {
+                self.queue.extend(self.stored.rest(&r, false));
+                if !self.queue.is_empty() {
+                    continue;
+                }
+            }
+            // A run elsewhere is read again sooner: its progress comes only
+            // through the store.
+            let poll = if here { Duration::from_secs(1) } else { STORED_POLL };
             match &mut self.changes {
                 Some(rx) => {
                     tokio::select! {
                         _ = rx.changed() => {}
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = tokio::time::sleep(poll) => {}
                     }
                 }
-                None => tokio::time::sleep(Duration::from_secs(1)).await,
+                None => tokio::time::sleep(poll).await,
             }
         }
+    }
+}
+
+/// How often an SSE stream reads the record of a prediction another
+/// gateway runs.
+const STORED_POLL: Duration = Duration::from_millis(250);
+
+/// How much of a stored record's output and logs a stream has sent.
+#[derive(Debug, Default)]
+struct StoredCursor {
+    items: usize,
+    log_bytes: usize,
+}
+
+impl StoredCursor {
+    /// The events for what `r` holds beyond what was sent: each new output
+    /// item, each new whole log line (the last, unfinished one too once
+    /// `ended`). An ended record's output that is not a list is one item.
+    fn rest(&mut self, r: &Record, ended: bool) -> Vec<(String, String)> {
+        let single;
+        let items: &[Value] = match &r.output {
+            Some(Value::Array(items)) => items,
+            Some(v) if ended && self.items == 0 => {
+                single = [v.clone()];
+                &single
+            }
+            _ => &[],
+        };
+        let mut events: Vec<(String, String)> =
+            items.iter().skip(self.items).map(|v| ("output".to_owned(), item_text(v))).collect();
+        self.items = self.items.max(items.len());
+        let fresh = r.logs.get(self.log_bytes..).unwrap_or("");
+        let upto = if ended { fresh.len() } else { fresh.rfind('\n').map_or(0, |i| i + 1) };
+        events.extend(fresh[..upto].lines().map(|line| ("logs".to_owned(), line.to_owned())));
+        self.log_bytes += upto;
+        events
     }
 }
 

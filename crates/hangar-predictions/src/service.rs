@@ -133,6 +133,60 @@ impl Inner {
     }
 }
 
+/// How often a running prediction's output and logs so far are saved to
+/// a shared store, where the other gateways of a fleet read them (a
+/// client's `GET` or SSE stream may reach any of them).
+const PROGRESS_EVERY: Millis = 500;
+
+/// When a running prediction's progress is saved next: at most every
+/// [`PROGRESS_EVERY`] while it has new output or logs, one save at a time
+/// (so an older snapshot never lands after a newer one). Only with a
+/// shared store: on one machine every reader is in this process.
+struct Progress {
+    shared: bool,
+    due: Option<Millis>,
+    saving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn new(shared: bool) -> Self {
+        Progress { shared, due: None, saving: None }
+    }
+
+    /// Takes note of an executor event: output or logs make a save due.
+    fn noted(&mut self, e: &ExecEvent) {
+        if self.shared && self.due.is_none() && matches!(e, ExecEvent::Output(_) | ExecEvent::Log(_)) {
+            self.due = Some(now() + PROGRESS_EVERY);
+        }
+    }
+
+    /// Saves the output and logs so far, in a task of its own (best
+    /// effort: the end writes them whole); with a save still running, it
+    /// tries again a period later.
+    ///
+    /// # Cancel safety
+    /// The save runs to its end whatever becomes of the run; the store
+    /// takes it only while the prediction is `processing`, so one landing
+    /// after the end changes nothing.
+    fn save(&mut self, store: &Arc<dyn PredictionQueue>, id: &str, live: &Live) {
+        if self.saving.as_ref().is_some_and(|s| !s.is_finished()) {
+            self.due = Some(now() + PROGRESS_EVERY);
+            return;
+        }
+        self.due = None;
+        let (output, logs) = {
+            let s = live.state.lock().expect("live state");
+            (Value::Array(s.output.clone()), s.logs.clone())
+        };
+        let (store, id) = (store.clone(), id.to_owned());
+        self.saving = Some(tokio::spawn(async move {
+            if let Err(e) = store.save_progress(&id, &output, &logs) {
+                tracing::debug!(prediction = %id, "progress not saved: {e}");
+            }
+        }));
+    }
+}
+
 /// How often a gateway drops the cached archives no procedure wants any
 /// more (deleted or expired, through any gateway of the fleet).
 const PRUNE_SOURCES_EVERY: Duration = Duration::from_secs(60);
@@ -434,14 +488,19 @@ impl Inner {
         self.live.lock().expect("live table").get(id).cloned()
     }
 
-    /// The record with in-flight output and logs folded in.
+    /// The record with in-flight output and logs folded in: this
+    /// process's own, or on a fleet what the gateway running it saved.
     pub fn current(&self, id: &str) -> Result<Option<Record>, StoreError> {
         let Some(mut r) = self.store.get(id)? else { return Ok(None) };
         if r.status == Status::Processing {
             if let Some(live) = self.live_if_any(id) {
                 let s = live.state.lock().expect("live state");
-                r.output = Some(Value::Array(s.output.clone()));
-                r.logs = s.logs.clone();
+                // Running here (a live entry may only be a reader's, the
+                // run elsewhere: then the store has its progress).
+                if s.status.is_some() {
+                    r.output = Some(Value::Array(s.output.clone()));
+                    r.logs = s.logs.clone();
+                }
             }
         }
         Ok(Some(r))
@@ -567,9 +626,11 @@ impl Inner {
         let mut throttle = Throttle::new(r.webhook_events);
         let mut deadline = deadlines.before_start();
         let mut started = false;
+        let mut progress = Progress::new(self.store.shared());
         loop {
             let wait_deadline = deadline.map(|(at, _)| at.saturating_sub(now()));
             let wait_webhook = throttle.poll_timeout().map(|at| at.saturating_sub(now()));
+            let wait_progress = progress.due.map(|at| at.saturating_sub(now()));
             let sleep = |ms: Option<Millis>| async move {
                 match ms {
                     Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
@@ -594,6 +655,7 @@ impl Inner {
                         self.send_intermediate(&r, &live, event);
                     }
                 }
+                _ = sleep(wait_progress) => progress.save(&self.store, &r.id, &live),
                 result = &mut exec => {
                     // Drain what the executor reported before it returned.
                     while let Ok(e) = events.try_recv() {
@@ -625,6 +687,7 @@ impl Inner {
                     return self.end_durably(&mut r, ending).await;
                 }
                 Some(e) = events.recv() => {
+                    progress.noted(&e);
                     if !self.apply(&mut r, &live, &mut throttle, e, &mut started, &limits, &deadlines, &mut deadline).await? {
                         // It ended elsewhere (canceled while waiting for capacity).
                         exec_cancel.cancel();

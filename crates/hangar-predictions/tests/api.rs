@@ -974,3 +974,108 @@ async fn deployments_are_made_changed_and_removed_by_their_owner() {
     assert_eq!(again.status, StatusCode::NOT_FOUND);
     service.stop();
 }
+
+/// Streams `a` and `b`, waits for the gate to open, then streams `c`;
+/// notes which gateway ran it.
+struct Gated {
+    name: &'static str,
+    ran: Arc<Mutex<Option<&'static str>>>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Executor for Gated {
+    fn execute(&self, _job: Job, sink: Sink, _cancel: CancellationToken) -> ExecFuture {
+        let (name, ran, gate) = (self.name, self.ran.clone(), self.gate.clone());
+        Box::pin(async move {
+            *ran.lock().unwrap() = Some(name);
+            sink.started();
+            sink.output(json!("a"));
+            sink.log("first line");
+            sink.output(json!("b"));
+            let _open = gate.acquire().await.unwrap();
+            sink.output(json!("c"));
+            Ok(json!(["a", "b", "c"]))
+        })
+    }
+}
+
+/// Two gateways on one Redis: a prediction runs on whichever claims it,
+/// and a client of the other — polling `GET` or following the SSE stream —
+/// sees its output while it runs, not only at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prediction_running_on_one_gateway_streams_through_the_other() {
+    let Some(redis) = hangar_redis::LocalRedis::for_test() else { return };
+    let ran = Arc::new(Mutex::new(None));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let start_one = |name: &'static str| {
+        let backend = Backend::Redis(hangar_redis::Redis::connect(&redis.url()).unwrap());
+        let executor = Arc::new(Gated { name, ran: ran.clone(), gate: gate.clone() });
+        let config: PredictionsConfig = serde_json::from_value(json!({"lease_s": 5})).unwrap();
+        Service::start(&backend, config, vec![model("t/open", None)], keys(), executor, "http://127.0.0.1:9")
+            .unwrap()
+    };
+    let gateways = [("one", start_one("one")), ("two", start_one("two"))];
+    let routers: Vec<axum::Router> = gateways.iter().map(|(_, s)| s.router()).collect();
+    let created = call(
+        &routers[0],
+        "POST",
+        "/v1/models/t/open/predictions",
+        Some(ACME),
+        Some(r#"{"input": {"prompt": "hi"}}"#),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    let id = created.body["id"].as_str().unwrap().to_owned();
+    let t = Instant::now();
+    let runner = loop {
+        if let Some(name) = *ran.lock().unwrap() {
+            break name;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let elsewhere = &routers[gateways.iter().position(|(n, _)| *n != runner).unwrap()];
+
+    // Polled through the other gateway: the output so far, still running.
+    let t = Instant::now();
+    loop {
+        let got = call(elsewhere, "GET", &format!("/v1/predictions/{id}"), Some(ACME), None).await;
+        if got.body["output"] == json!(["a", "b"]) {
+            assert_eq!(got.body["status"], "processing", "{:?}", got.body);
+            assert_eq!(got.body["logs"], "first line\n");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no output through the other gateway: {:?}", got.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Followed through the other gateway: `a`, `b` and the log line come
+    // while it runs (the record keeps output and logs apart: the items
+    // first, then the lines); `c` and `done` once the gate opens.
+    let req = Request::get(format!("/v1/predictions/{id}/stream"))
+        .header("authorization", format!("Bearer {ACME}"))
+        .body(Body::empty())
+        .unwrap();
+    let mut body = elsewhere.clone().oneshot(req).await.unwrap().into_body().into_data_stream();
+    let mut text = String::new();
+    let mut next = async || {
+        use futures::StreamExt;
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
+        String::from_utf8(chunk.expect("an event in time").expect("the stream goes on").unwrap().to_vec())
+            .unwrap()
+    };
+    while !(text.contains("data: b") && text.contains("data: first line")) {
+        text.push_str(&next().await);
+    }
+    assert!(!text.contains("data: c") && !text.contains("event: done"), "it is still running: {text}");
+    gate.add_permits(1);
+    while !text.contains("event: done") {
+        text.push_str(&next().await);
+    }
+    let outputs: Vec<&str> =
+        text.split("\n\n").filter(|e| e.contains("event: output")).filter_map(|e| e.lines().last()).collect();
+    assert_eq!(outputs, ["data: a", "data: b", "data: c"], "each item once, in order: {text}");
+    for (_, s) in &gateways {
+        s.stop();
+    }
+}
