@@ -295,6 +295,14 @@ pub async fn run(
         if job.source.is_some() {
             body["context"]["procedure_source_url"] = receiver.url("source").into();
         }
+        // A server listening on every address (`0.0.0.0:8080`, no
+        // `public_url`) is reached from the node at the address its
+        // webhooks go to.
+        if let Some(api) =
+            body["context"]["replicate_api_base_url"].as_str().and_then(|u| on_ip(u, receiver.ip))
+        {
+            body["context"]["replicate_api_base_url"] = api.into();
+        }
     }
     let mut cancel = CancelOnDrop { client: client.clone(), url: None, receiver: Some(receiver) };
     let url = format!("{}/{}/{}", job.base_url, job.mode.collection(), job.id);
@@ -434,6 +442,8 @@ impl Drop for CancelOnDrop {
 struct WebhookReceiver {
     /// `http://ADDRESS:PORT/TOKEN`.
     base: String,
+    /// `ADDRESS`: this machine's, as the server reaches it.
+    ip: IpAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -469,12 +479,25 @@ async fn callback_ip(base_url: &str) -> std::io::Result<IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
+/// `url` with its host made `ip`, if its host is the unspecified address
+/// (`0.0.0.0`, `::`): a listener on every address, named by one of them.
+fn on_ip(url: &str, ip: IpAddr) -> Option<String> {
+    let mut url = reqwest::Url::parse(url).ok()?;
+    let host: IpAddr = url.host_str()?.trim_start_matches('[').trim_end_matches(']').parse().ok()?;
+    if !host.is_unspecified() {
+        return None;
+    }
+    url.set_ip_host(ip).ok()?;
+    Some(url.as_str().trim_end_matches('/').to_owned())
+}
+
 async fn webhook_receiver(
     tx: mpsc::UnboundedSender<CogPrediction>,
     base_url: &str,
     source: Option<PathBuf>,
 ) -> std::io::Result<WebhookReceiver> {
-    let listener = tokio::net::TcpListener::bind((callback_ip(base_url).await?, 0)).await?;
+    let ip = callback_ip(base_url).await?;
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
     let token: String = {
         let mut rng = rand::rng();
         (0..32).map(|_| char::from_digit(rng.random_range(0..16), 16).expect("a hex digit")).collect()
@@ -489,7 +512,7 @@ async fn webhook_receiver(
             tracing::warn!("the cog webhook port failed: {e}");
         }
     });
-    Ok(WebhookReceiver { base, task })
+    Ok(WebhookReceiver { base, ip, task })
 }
 
 /// The run's source file, whole (a procedure's archive: a few MiB at
@@ -612,6 +635,16 @@ mod tests {
         assert!(out["context"]["procedure_source_url"].as_str().unwrap().ends_with("/source"), "{out}");
         assert_eq!(callback_ip("http://127.0.0.1:9").await.unwrap(), IpAddr::from([127, 0, 0, 1]));
         assert!(callback_ip("http://no-such-host.invalid:9").await.is_err());
+    }
+
+    #[test]
+    fn an_api_url_on_every_address_is_named_by_the_address_the_node_reaches() {
+        let ip = IpAddr::from([10, 0, 0, 7]);
+        assert_eq!(on_ip("http://0.0.0.0:8080", ip).as_deref(), Some("http://10.0.0.7:8080"));
+        assert_eq!(on_ip("http://[::]:8080/api", ip).as_deref(), Some("http://10.0.0.7:8080/api"));
+        assert_eq!(on_ip("http://127.0.0.1:8080", ip), None, "a real address stays");
+        assert_eq!(on_ip("https://api.example.com", ip), None);
+        assert_eq!(on_ip("not a url", ip), None);
     }
 
     #[test]

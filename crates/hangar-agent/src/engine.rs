@@ -319,7 +319,7 @@ impl RunningEngine {
                 }
             }
             StopBy::CogShutdown => {
-                let client = reqwest::Client::new();
+                let client = crate::direct_http().build().expect("a plain HTTP client");
                 if cog::shutdown(&client, &self.base_url, grace).await.is_err() {
                     if let Some(pid) = pid {
                         let _ = rustix::process::kill_process(pid, Signal::INT);
@@ -462,6 +462,14 @@ pub async fn launch_cog(
         _ => return Err(LaunchError::NotCog),
     };
     let gpus = if matches!(spec, EngineSpec::Procedures { .. }) { String::new() } else { gpus };
+    // Cog posts its webhooks with `requests`, which honors the
+    // environment's proxy: not for the gateway beside it on loopback.
+    for name in ["NO_PROXY", "no_proxy"] {
+        let set = std::env::var(name).unwrap_or_default();
+        let joined: Vec<&str> =
+            [set.as_str(), "127.0.0.1,localhost,::1"].into_iter().filter(|s| !s.is_empty()).collect();
+        cmd.env(name, joined.join(","));
+    }
     cmd.env("PORT", port.to_string())
         .env("CUDA_VISIBLE_DEVICES", &gpus)
         .stdin(Stdio::null())
@@ -490,7 +498,7 @@ pub async fn launch_cog(
         stop_by: StopBy::CogShutdown,
         logs,
     };
-    let client = reqwest::Client::new();
+    let client = crate::direct_http().build().expect("a plain HTTP client");
     let timeout = Duration::from_secs(*setup_timeout_s);
     let deadline = tokio::time::Instant::now() + timeout;
     let failure = loop {
@@ -593,8 +601,7 @@ async fn ready(
     path: &str,
     timeout: Duration,
 ) -> Result<RunningEngine, LaunchError> {
-    let client =
-        reqwest::Client::builder().timeout(Duration::from_secs(2)).build().expect("a plain HTTP client");
+    let client = crate::direct_http().timeout(Duration::from_secs(2)).build().expect("a plain HTTP client");
     let url = format!("{base_url}{path}");
     let deadline = tokio::time::Instant::now() + timeout;
     loop {

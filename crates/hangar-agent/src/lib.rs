@@ -18,6 +18,16 @@ pub mod log_tail;
 pub mod procedures;
 pub mod weights;
 
+/// An HTTP client builder for Hangar's own traffic — to engines, agents,
+/// gateways' run ports and store peers — which never goes through the
+/// proxy the environment names (`HTTP_PROXY`, `ALL_PROXY`): that proxy is
+/// for the outside world, and an engine on `127.0.0.1` or a pod's IP
+/// behind it is unreachable (a `hangar serve` run with one set never saw
+/// its engines ready).
+pub fn direct_http() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().no_proxy()
+}
+
 /// The fleet's clock: milliseconds since the Unix epoch — when a start
 /// report's start began and ended here, and (through `hangar-runtime`,
 /// which re-exports it) the scores of the registry's and the load index.

@@ -50,6 +50,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,6 +115,9 @@ RUN = {"current": None}
 CACHE = {"dir": None}
 SOURCE_LOCKS = {}
 SHA256 = re.compile(r"[0-9a-f]{64}")
+# The gateway is reached directly: a node's HTTP_PROXY is for the outside
+# world, and would not reach the gateway's run port.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class SourceError(Exception):
@@ -134,7 +138,7 @@ def source_dir(url, sha256, log):
         try:
             archive, digest, size = os.path.join(tmp, "source.tar.gz"), hashlib.sha256(), 0
             try:
-                with urllib.request.urlopen(url, timeout=60) as answer, open(archive, "wb") as f:
+                with DIRECT.open(url, timeout=60) as answer, open(archive, "wb") as f:
                     while chunk := answer.read(1 << 20):
                         digest.update(chunk)
                         f.write(chunk)
@@ -195,7 +199,7 @@ class Run:
             try:
                 req = urllib.request.Request(self.webhook, data=data, method="POST",
                                              headers={"Content-Type": "application/json"})
-                urllib.request.urlopen(req, timeout=10).read()
+                DIRECT.open(req, timeout=10).read()
                 return
             except Exception:
                 time.sleep(0.1)
@@ -214,6 +218,12 @@ class Run:
             "OPENAI_API_KEY": token, "OPENAI_BASE_URL": base.rstrip("/") + "/v1",
             "PYTHONUNBUFFERED": "1",
         })
+        # The clients reach the server directly, whatever proxy the node's
+        # environment names for the outside world.
+        host = urllib.parse.urlparse(base).hostname
+        if host:
+            for name in ("NO_PROXY", "no_proxy"):
+                env[name] = ",".join(filter(None, [env.get(name), host]))
         r, w = os.pipe()
         os.set_inheritable(w, True)
         self.started_at = now()

@@ -167,7 +167,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     // The steady state: the server has exported every adapter ahead of
     // need (a first request right after registering pays its export).
     let exported_ahead_s = exported_ahead(store_dir.path(), names.len(), started).await?;
-    let http = reqwest::Client::new();
+    let http = hangar_agent::direct_http().build().expect("a plain HTTP client");
     let exports = tempfile::tempdir()?;
     let mut fresh = Vec::with_capacity(options.fresh);
     for name in &names[1..] {

@@ -297,7 +297,7 @@ async fn node_loss(exe: &std::path::Path) -> Result<NodeLoss, BenchError> {
         ];
         agents.push((name.clone(), spawn(exe, &args, log(&name)?).await?));
     }
-    let client = reqwest::Client::new();
+    let client = hangar_agent::direct_http().build().expect("a plain HTTP client");
     let until = Instant::now() + Duration::from_secs(60);
     let nodes = loop {
         let nodes = placed(&client, &gateway.url).await;

@@ -203,7 +203,7 @@ pub async fn run(o: &Options) -> Result<Report, ColdstartError> {
     // By key, as `weights = "store:KEY"`: a file source would be hashed
     // again by each fresh store's first import.
     let source = WeightsSource::Store(key);
-    let client = reqwest::Client::new();
+    let client = hangar_agent::direct_http().build().expect("a plain HTTP client");
 
     // The resident store: one daemon kept for the whole bench, primed once.
     let resident = open_store(&root, dir.path(), "resident").await?;

@@ -137,7 +137,7 @@ async fn measure(options: &Options, url: &str) -> Result<Report, BenchError> {
 /// its one account's predictions are claimed in order, so every older one
 /// has then been dequeued too.
 async fn wait_drained(url: &str) -> Result<(), BenchError> {
-    let http = reqwest::Client::new();
+    let http = hangar_agent::direct_http().build().expect("a plain HTTP client");
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let page = http.get(format!("{url}/v1/predictions")).send().await;

@@ -81,7 +81,7 @@ pub async fn replay(
     }
     let server = start_serve_config(hangar_exe, config, "server").await?;
     let base = server.process.base_url.clone();
-    let client = reqwest::Client::builder()
+    let client = hangar_agent::direct_http()
         .pool_idle_timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| BenchError::Options(format!("cannot build an HTTP client: {e}")))?;

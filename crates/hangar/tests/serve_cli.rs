@@ -86,6 +86,18 @@ fn serves_ready_and_cold_models_and_names_bad_requests() {
     assert_eq!(status, 413, "{r}");
 }
 
+/// A proxy in the environment is for the outside world: the server
+/// reaches its engines directly (before, their readiness checks went to
+/// the proxy and the server never answered).
+#[test]
+fn a_proxy_in_the_environment_does_not_stand_between_the_server_and_its_engines() {
+    let s = common::serve_in_env(tempfile::tempdir().unwrap(), CONFIG, &[], &common::DEAD_PROXY);
+    let (status, r) = post(&s.url, None, &chat("t/ready", 3));
+    assert_eq!(status, 200, "{r}");
+    let (status, r) = post(&s.url, None, &chat("t/cold", 2));
+    assert_eq!(status, 200, "a cold start through the same clients: {r}");
+}
+
 /// Replica ids come from the controller's seeded rng; `hangar serve` mixes
 /// a per-process value into the file's `seed`, so a second run of the same
 /// file names its replicas apart from the first run's (logs, metrics and

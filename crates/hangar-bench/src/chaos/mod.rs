@@ -99,7 +99,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let dir = tempfile::Builder::new().prefix("hangar-chaos-").tempdir()?;
     let t0 = Instant::now();
     let mut fleet = Fleet::start(&options.hangar_exe, dir.path(), GATEWAYS, AGENTS, t0).await?;
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("a client");
+    let client = hangar_agent::direct_http().timeout(Duration::from_secs(5)).build().expect("a client");
     wait_whole(&client, &fleet, t0).await?;
     eprintln!("chaos: the fleet is whole at t={:.1} s; load and faults begin", t0.elapsed().as_secs_f64());
 

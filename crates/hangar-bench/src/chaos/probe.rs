@@ -39,7 +39,7 @@ pub async fn run(
     findings: Arc<Mutex<Findings>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(3)).build().expect("a client");
+    let client = hangar_agent::direct_http().timeout(Duration::from_secs(3)).build().expect("a client");
     let mut judge = Judge::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let began = Instant::now();

@@ -137,7 +137,7 @@ pub async fn run(
     t0: Instant,
     stop: Arc<AtomicBool>,
 ) {
-    let client = reqwest::Client::builder()
+    let client = hangar_agent::direct_http()
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(90))
         .build()

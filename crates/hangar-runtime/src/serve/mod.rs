@@ -607,7 +607,7 @@ pub(crate) async fn build(
             (m.key.to_string(), Arc::new(rt))
         })
         .collect::<BTreeMap<_, _>>();
-    let client = reqwest::Client::new();
+    let client = hangar_agent::direct_http().build().expect("a plain HTTP client");
     let adapters = adapter_catalog(config)?;
     if let Some(catalog) = &adapters {
         for rt in models.values().filter(|rt| rt.config.adapters.is_some()) {

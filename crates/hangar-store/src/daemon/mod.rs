@@ -760,7 +760,10 @@ async fn serve(
         epoch: Instant::now(),
         telemetry: Telemetry::new(window),
         announce: tokio::sync::Notify::new(),
+        // Registry and peers are the fleet's own: never through the
+        // environment's proxy (see `hangar_agent::direct_http`).
         http: reqwest::Client::builder()
+            .no_proxy()
             .connect_timeout(Duration::from_secs(2))
             .build()
             .map_err(|e| StoreError::Source { source_name: "http client".into(), reason: e.to_string() })?,

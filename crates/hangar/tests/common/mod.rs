@@ -76,11 +76,26 @@ pub fn serve_in(dir: tempfile::TempDir, config: &str) -> Serve {
 
 /// [`serve_in`] with more arguments for `hangar serve`.
 pub fn serve_in_with(dir: tempfile::TempDir, config: &str, args: &[&str]) -> Serve {
+    serve_in_env(dir, config, args, &[])
+}
+
+/// A proxy that answers nothing, named by every variable HTTP clients
+/// read: what a machine behind a corporate proxy has in its environment.
+pub const DEAD_PROXY: [(&str, &str); 4] = [
+    ("HTTP_PROXY", "http://127.0.0.1:9"),
+    ("http_proxy", "http://127.0.0.1:9"),
+    ("HTTPS_PROXY", "http://127.0.0.1:9"),
+    ("ALL_PROXY", "http://127.0.0.1:9"),
+];
+
+/// [`serve_in_with`] with `envs` set in the server's environment.
+pub fn serve_in_env(dir: tempfile::TempDir, config: &str, args: &[&str], envs: &[(&str, &str)]) -> Serve {
     let path = dir.path().join("serve.toml");
     std::fs::write(&path, config).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_hangar"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
         .args(args)
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
         .spawn()
