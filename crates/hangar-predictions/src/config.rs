@@ -74,6 +74,14 @@ pub struct PredictionsConfig {
     /// Default: none.
     #[serde(default)]
     pub webhook_ca_file: Option<std::path::PathBuf>,
+    /// The HTTP proxy webhooks and procedure sources go through, for a
+    /// network whose only way out is one (`http://proxy.corp:3128`;
+    /// credentials in the URL are sent to it). Every destination is still
+    /// checked, resolved and vetted before the send
+    /// ([`crate::webhook_target::Outbound::check`]). Default: none — and
+    /// never the environment's `HTTP_PROXY`.
+    #[serde(default)]
+    pub webhook_proxy: Option<String>,
     /// Seconds a rotated-out webhook signing secret stays valid (webhooks
     /// carry both signatures meanwhile). Default 86400.
     #[serde(default = "default_secret_grace")]
@@ -260,6 +268,7 @@ impl PredictionsConfig {
         AllowList::parse(&self.webhook_allow).map_err(|e| e.within("webhook_allow"))?;
         self.procedures.validate().map_err(|e| e.within("procedures"))?;
         self.webhook_ca()?;
+        self.webhook_proxy()?;
         let mut names = std::collections::HashSet::new();
         for (i, d) in self.deployments.iter().enumerate() {
             let at = format!("deployments[{i}]");
@@ -291,6 +300,20 @@ impl PredictionsConfig {
     pub fn webhook_ca(&self) -> Result<Option<CaFile>, FieldError> {
         let Some(path) = &self.webhook_ca_file else { return Ok(None) };
         CaFile::load(path).map(Some).map_err(|e| FieldError::new("webhook_ca_file", e.to_string()))
+    }
+
+    /// `webhook_proxy`, parsed and checked, if it is set.
+    pub fn webhook_proxy(&self) -> Result<Option<url::Url>, FieldError> {
+        let Some(proxy) = &self.webhook_proxy else { return Ok(None) };
+        let bad = |why: &str| FieldError::new("webhook_proxy", format!("`{proxy}` {why}"));
+        let url = url::Url::parse(proxy).map_err(|e| bad(&format!("is not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(bad("must be an http:// or https:// proxy URL"));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(bad("names no host"));
+        }
+        Ok(Some(url))
     }
 
     /// The webhook back-off.

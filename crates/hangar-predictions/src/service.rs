@@ -262,7 +262,8 @@ pub(crate) struct Inner {
     lost_once: Mutex<HashSet<String>>,
     wake: HashMap<String, Arc<Notify>>,
     deliveries: Notify,
-    http: reqwest::Client,
+    /// Webhooks and procedure sources go out through it.
+    outbound: webhook_target::Outbound,
     stop: CancellationToken,
 }
 
@@ -298,8 +299,11 @@ impl Service {
                 .map_err(|e| ServiceError::Config(e.within("webhook_allow").to_string()))?,
         );
         let ca = config.webhook_ca().map_err(|e| ServiceError::Config(e.to_string()))?;
-        let http = webhook_target::client(allow.clone(), ca.as_ref())
-            .map_err(|e| ServiceError::Config(format!("webhook TLS: {}", webhook_target::error_chain(&e))))?;
+        let proxy = config.webhook_proxy().map_err(|e| ServiceError::Config(e.to_string()))?;
+        let outbound =
+            webhook_target::Outbound::new(allow.clone(), ca.as_ref(), proxy.as_ref()).map_err(|e| {
+                ServiceError::Config(format!("webhook client: {}", webhook_target::error_chain(&e)))
+            })?;
         let grace_ms = config.webhook_secret_grace_s.saturating_mul(1000);
         let lease_ms = config.lease_s.max(1) * 1000;
         let watched = Arc::new(Watched::new(backend.open(lease_ms, grace_ms, now())?, lease_ms));
@@ -329,13 +333,9 @@ impl Service {
                 std::fs::create_dir_all(&dir).map_err(|e| io(&e))?;
                 let registry =
                     crate::procedures::Registry::new(store.clone(), config.procedures.ephemeral_ttl_s);
-                let sources = crate::procedures::Sources::open(
-                    &dir,
-                    config.procedures.limits(),
-                    http.clone(),
-                    allow.clone(),
-                )
-                .map_err(|e| io(&e))?;
+                let sources =
+                    crate::procedures::Sources::open(&dir, config.procedures.limits(), outbound.clone())
+                        .map_err(|e| io(&e))?;
                 Some(Arc::new(ProcedureState { registry, sources, runtime: runtime.clone(), dir }))
             }
         };
@@ -355,7 +355,7 @@ impl Service {
             api_keys,
             config,
             base_url,
-            http,
+            outbound,
             allow,
             executor,
             procedures,
@@ -865,9 +865,9 @@ impl Inner {
             Ok(s) => s,
             Err(e) => return tracing::error!(prediction = %r.id, "webhook secret: {e}"),
         };
-        let (http, allow) = (self.http.clone(), self.allow.clone());
+        let outbound = self.outbound.clone();
         tokio::spawn(async move {
-            if let Err(e) = post_webhook(&http, &allow, &secrets, &id, &url, body).await {
+            if let Err(e) = post_webhook(&outbound, &secrets, &id, &url, body).await {
                 tracing::debug!(%url, ?event, "intermediate webhook not delivered: {e}");
             }
         });
@@ -1118,7 +1118,7 @@ impl Inner {
                 tokio::spawn(async move {
                     let ok = match me.signing_secrets(&d.account) {
                         Ok(secrets) => {
-                            post_webhook(&me.http, &me.allow, &secrets, &d.id, &d.url, d.body.clone()).await
+                            post_webhook(&me.outbound, &secrets, &d.id, &d.url, d.body.clone()).await
                         }
                         Err(e) => Err(format!("no signing secret: {e}")),
                     };
@@ -1166,18 +1166,18 @@ fn log_store_error(what: &str, e: &StoreError) {
 /// POSTs one webhook signed with each of `secrets`; `Ok` on a 2xx
 /// answer. Anything else fails the attempt: a 3xx too, since redirects
 /// are not followed (they could point anywhere). The destination is
-/// checked again first: reqwest resolves names through the vetting
-/// resolver of [`webhook_target::client`], but connects to IP literals
-/// without asking it.
+/// checked again first ([`webhook_target::Outbound::check`]): reqwest
+/// resolves names through the vetting resolver, but connects to IP
+/// literals without asking it, and through a proxy asks it nothing.
 async fn post_webhook(
-    http: &reqwest::Client,
-    allow: &AllowList,
+    outbound: &webhook_target::Outbound,
     secrets: &[String],
     id: &str,
     url: &str,
     body: String,
 ) -> Result<(), String> {
-    webhook_target::check_url(url, allow).map_err(|e| format!("refused destination: {e}"))?;
+    outbound.check(url).await.map_err(|e| format!("refused destination: {e}"))?;
+    let http = outbound.http();
     let ts = now() / 1000;
     let signature = signing::sign_all(secrets, id, ts, &body);
     let response = http

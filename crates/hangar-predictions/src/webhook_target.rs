@@ -33,7 +33,12 @@
 //! [`check_url`] runs again before each send. The client ([`client`])
 //! follows no redirects (a redirect could point anywhere; a 3xx is a
 //! failed attempt) and uses no proxy from the environment (a proxy would
-//! resolve the name itself, after our check).
+//! resolve the name itself, after our check). A network whose only way
+//! out is a proxy names it in `[predictions] webhook_proxy`: then each
+//! name is resolved and vetted right before the send ([`Outbound::check`])
+//! and the proxy connects — the one gap being a name whose answer changes
+//! between that check and the proxy's own lookup, which the proxy's egress
+//! rules close.
 //!
 //! An `https` webhook is sent over TLS (rustls) and only to a receiver
 //! whose certificate verifies: it must chain to a trusted root — the
@@ -426,23 +431,31 @@ pub fn system_lookup() -> Lookup {
 
 /// reqwest's resolver for webhooks: resolves with a [`Lookup`], then
 /// [`vet_resolved`]; reqwest connects only to the addresses it returns.
+/// The operator's proxy (`webhook_proxy`), the one name it is asked for
+/// when there is one, is not vetted: the operator named it.
 pub struct VettedResolver {
     allow: Arc<AllowList>,
     lookup: Lookup,
+    proxy_host: Option<String>,
 }
 
 impl VettedResolver {
     /// A resolver that vets what `lookup` answers against `allow`.
     pub fn new(allow: Arc<AllowList>, lookup: Lookup) -> Self {
-        VettedResolver { allow, lookup }
+        VettedResolver { allow, lookup, proxy_host: None }
     }
 }
 
 impl reqwest::dns::Resolve for VettedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let (host, allow, lookup) = (name.as_str().to_owned(), self.allow.clone(), self.lookup.clone());
+        let proxy = self.proxy_host.as_deref().is_some_and(|p| p.eq_ignore_ascii_case(&host));
         Box::pin(async move {
             let ips = lookup(host.clone()).await?;
+            if proxy {
+                let addrs: reqwest::dns::Addrs = Box::new(ips.into_iter().map(|ip| SocketAddr::new(ip, 0)));
+                return Ok(addrs);
+            }
             let vetted = vet_resolved(&host, &ips, &allow)?;
             let addrs: reqwest::dns::Addrs = Box::new(vetted.into_iter().map(|ip| SocketAddr::new(ip, 0)));
             Ok(addrs)
@@ -452,9 +465,9 @@ impl reqwest::dns::Resolve for VettedResolver {
 
 /// The HTTP client of webhooks: names resolved through a
 /// [`VettedResolver`] over the system resolver, no redirects followed, no
-/// proxy, 10 s per request; `https` verified against the Mozilla roots
-/// and the CAs of `ca` (see the module doc). Fails only when TLS cannot
-/// be set up with those roots.
+/// proxy from the environment, 10 s per request; `https` verified against
+/// the Mozilla roots and the CAs of `ca` (see the module doc). Fails only
+/// when TLS cannot be set up with those roots.
 pub fn client(allow: Arc<AllowList>, ca: Option<&CaFile>) -> Result<reqwest::Client, reqwest::Error> {
     client_with_lookup(allow, system_lookup(), ca)
 }
@@ -465,17 +478,80 @@ pub fn client_with_lookup(
     lookup: Lookup,
     ca: Option<&CaFile>,
 ) -> Result<reqwest::Client, reqwest::Error> {
-    let mut builder = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_webpki_certs(true)
-        .dns_resolver(Arc::new(VettedResolver::new(allow, lookup)))
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .timeout(Duration::from_secs(10));
-    for der in ca.map(CaFile::certificates).unwrap_or_default() {
-        builder = builder.add_root_certificate(reqwest::Certificate::from_der(der)?);
+    Ok(Outbound::with_lookup(allow, lookup, ca, None)?.http)
+}
+
+/// What webhooks and procedure sources are sent and fetched with: the
+/// [`client`], through the operator's proxy when `[predictions]
+/// webhook_proxy` names one, and the check every URL passes before a send
+/// ([`Outbound::check`]). Cheap to clone.
+#[derive(Clone)]
+pub struct Outbound {
+    http: reqwest::Client,
+    allow: Arc<AllowList>,
+    lookup: Lookup,
+    proxied: bool,
+}
+
+impl Outbound {
+    /// The client of `allow` and `ca`, through `proxy` if given (an
+    /// `http` or `https` URL, checked at load).
+    pub fn new(
+        allow: Arc<AllowList>,
+        ca: Option<&CaFile>,
+        proxy: Option<&Url>,
+    ) -> Result<Self, reqwest::Error> {
+        Self::with_lookup(allow, system_lookup(), ca, proxy)
     }
-    builder.build()
+
+    /// [`Outbound::new`] resolving names with `lookup` (tests give a fake one).
+    pub fn with_lookup(
+        allow: Arc<AllowList>,
+        lookup: Lookup,
+        ca: Option<&CaFile>,
+        proxy: Option<&Url>,
+    ) -> Result<Self, reqwest::Error> {
+        let resolver = VettedResolver {
+            allow: allow.clone(),
+            lookup: lookup.clone(),
+            proxy_host: proxy.and_then(Url::host_str).map(str::to_owned),
+        };
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_webpki_certs(true)
+            .dns_resolver(Arc::new(resolver))
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(10));
+        builder = match proxy {
+            Some(p) => builder.proxy(reqwest::Proxy::all(p.as_str())?),
+            None => builder.no_proxy(),
+        };
+        for der in ca.map(CaFile::certificates).unwrap_or_default() {
+            builder = builder.add_root_certificate(reqwest::Certificate::from_der(der)?);
+        }
+        Ok(Outbound { http: builder.build()?, allow, lookup, proxied: proxy.is_some() })
+    }
+
+    /// The HTTP client.
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Checks `url` right before a send: the policy ([`check_url`]) and,
+    /// through a proxy — which resolves the name itself, so the client's
+    /// resolver never sees it — the name resolved here and vetted
+    /// ([`vet_resolved`]). The proxy may still get another answer for the
+    /// name than this check did (DNS rebinding between the two): its own
+    /// egress rules are the last word there.
+    pub async fn check(&self, url: &str) -> Result<(), Refused> {
+        let Destination::Name(host) = check_url(url, &self.allow)? else { return Ok(()) };
+        if !self.proxied {
+            // The client's resolver vets the name as it connects.
+            return Ok(());
+        }
+        let ips = (self.lookup)(host.clone()).await.map_err(|_| Refused::Unresolved(host.clone()))?;
+        vet_resolved(&host, &ips, &self.allow).map(drop)
+    }
 }
 
 /// Webhook destinations refused without an allow-list entry: the twenty
@@ -689,5 +765,29 @@ mod tests {
             .send()
             .await;
         assert!(accept.await.unwrap(), "the allowed name was connected to");
+    }
+
+    /// Through a proxy the client's resolver never sees the destination's
+    /// name: the check resolves and vets it before the send. Without one
+    /// the resolver does that as it connects.
+    #[tokio::test]
+    async fn through_a_proxy_a_name_is_vetted_before_the_send() {
+        let lookup: Lookup = Arc::new(|host: String| {
+            Box::pin(async move {
+                Ok(match host.as_str() {
+                    "inside.example.com" => vec![IpAddr::from([10, 0, 0, 5])],
+                    _ => vec![IpAddr::from([93, 184, 216, 34])],
+                })
+            })
+        });
+        let proxy = Url::parse("http://proxy.corp:3128").unwrap();
+        let allow = Arc::new(allow(&[]));
+        let proxied = Outbound::with_lookup(allow.clone(), lookup.clone(), None, Some(&proxy)).unwrap();
+        assert!(proxied.check("https://hooks.example.com/x").await.is_ok());
+        let e = proxied.check("https://inside.example.com/x").await.unwrap_err();
+        assert!(matches!(e, Refused::Resolved { .. }), "{e}");
+        assert!(proxied.check("http://10.0.0.1/").await.is_err(), "an inside literal, as ever");
+        let direct = Outbound::with_lookup(allow, lookup, None, None).unwrap();
+        assert!(direct.check("https://inside.example.com/x").await.is_ok(), "left to the resolver");
     }
 }

@@ -1079,3 +1079,81 @@ async fn a_prediction_running_on_one_gateway_streams_through_the_other() {
         s.stop();
     }
 }
+
+/// A forward HTTP proxy on 127.0.0.2 (plain `http` targets, absolute-form
+/// requests, one per connection): forwards each to its target and counts
+/// them.
+async fn forward_proxy() -> (String, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let noted = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else { continue };
+            let noted = noted.clone();
+            tokio::spawn(async move {
+                let mut client = BufReader::new(client);
+                let mut line = String::new();
+                client.read_line(&mut line).await.unwrap();
+                // `POST http://127.0.0.1:PORT/hook HTTP/1.1`
+                let mut words = line.split_whitespace();
+                let (method, target) = (words.next().unwrap().to_owned(), words.next().unwrap().to_owned());
+                noted.lock().unwrap().push(target.clone());
+                let target = url::Url::parse(&target).unwrap();
+                let mut head = format!("{method} {} HTTP/1.1\r\n", target.path());
+                let mut length = 0;
+                loop {
+                    let mut header = String::new();
+                    client.read_line(&mut header).await.unwrap();
+                    if header == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    if !header.to_ascii_lowercase().starts_with("connection:") {
+                        head.push_str(&header);
+                    }
+                }
+                head.push_str("connection: close\r\n\r\n");
+                let mut body = vec![0; length];
+                client.read_exact(&mut body).await.unwrap();
+                let addr = format!("{}:{}", target.host_str().unwrap(), target.port().unwrap());
+                let mut upstream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                upstream.write_all(head.as_bytes()).await.unwrap();
+                upstream.write_all(&body).await.unwrap();
+                let mut answer = Vec::new();
+                upstream.read_to_end(&mut answer).await.unwrap();
+                client.get_mut().write_all(&answer).await.unwrap();
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// With `webhook_proxy` set, webhooks go out through the operator's
+/// proxy (which needs no allow-list entry of its own), signed as ever;
+/// a destination the guard refuses is refused at creation all the same,
+/// and the proxy never sees it.
+#[tokio::test(flavor = "multi_thread")]
+async fn webhooks_go_through_the_configured_proxy_and_the_guard_still_holds() {
+    let (proxy, through) = forward_proxy().await;
+    let (hook, seen) = receiver(None).await;
+    let config = json!({"webhook_allow": ["127.0.0.1/32"], "webhook_proxy": proxy});
+    let s = start(config, vec![model("t/open", None)], keys());
+    let router = s.service.router();
+    create_with_webhook(&router, ACME, &hook).await;
+    let hooks = wait_for(&seen, 1).await;
+    assert!(hooks[0].verifies_with(&secret_of(&router, ACME).await), "signed as without a proxy");
+    assert_eq!(*through.lock().unwrap(), [hook], "the webhook went through the proxy");
+    let refused = json!({"input": {"prompt": "x"}, "webhook": "http://10.0.0.1/hook"}).to_string();
+    let a = call(&router, "POST", "/v1/models/t/open/predictions", Some(ACME), Some(&refused)).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    assert_eq!(through.lock().unwrap().len(), 1);
+    // A proxy that is not an http(s) URL is refused at load, named.
+    let bad: PredictionsConfig = serde_json::from_value(json!({"webhook_proxy": "socks5://p:1080"})).unwrap();
+    let e = bad.validate().unwrap_err();
+    assert!(e.to_string().contains("webhook_proxy") && e.to_string().contains("socks5://p:1080"), "{e}");
+}

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::webhook_target::{self, AllowList};
+use crate::webhook_target::{self, Outbound};
 
 use super::archive::{self, ArchiveError, Limits};
 
@@ -93,8 +93,7 @@ pub struct Archive {
 pub struct Sources {
     dir: PathBuf,
     limits: Limits,
-    http: reqwest::Client,
-    allow: Arc<AllowList>,
+    outbound: Outbound,
     /// One lock per URL being fetched.
     busy: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     fetches: AtomicU64,
@@ -108,17 +107,12 @@ fn cached_name(name: &str) -> Option<&str> {
 }
 
 impl Sources {
-    /// The cache in `dir` (`dir/sources`, created), fetching with `http`
-    /// (the webhook client, whose resolver vets every address) after
-    /// checking each URL against `allow`. Whatever else is there —
+    /// The cache in `dir` (`dir/sources`, created), fetching through
+    /// `outbound` (the webhooks' client and destination guard). Whatever
+    /// else is there —
     /// leftovers of an interrupted fetch, the extracted sources of earlier
     /// versions — is removed.
-    pub fn open(
-        dir: &Path,
-        limits: Limits,
-        http: reqwest::Client,
-        allow: Arc<AllowList>,
-    ) -> Result<Sources, SourceError> {
+    pub fn open(dir: &Path, limits: Limits, outbound: Outbound) -> Result<Sources, SourceError> {
         let dir = dir.join("sources");
         let cache = |source| SourceError::Cache { path: dir.display().to_string(), source };
         std::fs::create_dir_all(&dir).map_err(cache)?;
@@ -128,7 +122,7 @@ impl Sources {
                 let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
             }
         }
-        Ok(Sources { dir, limits, http, allow, busy: Mutex::default(), fetches: AtomicU64::new(0) })
+        Ok(Sources { dir, limits, outbound, busy: Mutex::default(), fetches: AtomicU64::new(0) })
     }
 
     /// How many archives were fetched since the cache was opened.
@@ -217,12 +211,19 @@ impl Sources {
 
     /// The archive at `url`, at most `max_archive_bytes` of it.
     async fn fetch(&self, url: &str) -> Result<Vec<u8>, SourceError> {
-        webhook_target::check_url(url, &self.allow)
+        self.outbound
+            .check(url)
+            .await
             .map_err(|e| SourceError::Refused { url: url.to_owned(), why: e.to_string() })?;
         self.fetches.fetch_add(1, Ordering::Relaxed);
         let failed = |why: String| SourceError::Fetch { url: url.to_owned(), why };
-        let mut answer =
-            self.http.get(url).send().await.map_err(|e| failed(webhook_target::error_chain(&e)))?;
+        let mut answer = self
+            .outbound
+            .http()
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| failed(webhook_target::error_chain(&e)))?;
         if !answer.status().is_success() {
             return Err(failed(format!("the server answered {}", answer.status())));
         }
@@ -277,10 +278,11 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn sources(dir: &Path, allow: &[&str]) -> Sources {
-        let allow =
-            Arc::new(AllowList::parse(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap());
-        let http = webhook_target::client(allow.clone(), None).unwrap();
-        Sources::open(dir, LIMITS, http, allow).unwrap()
+        let allow = Arc::new(
+            webhook_target::AllowList::parse(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap(),
+        );
+        Sources::open(dir, LIMITS, Outbound::new(allow, None, None).unwrap()).unwrap()
     }
 
     #[tokio::test]
