@@ -31,18 +31,9 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// sim` replay's time (`perf`: `clear_page_erms`, docs/sim.md). A run's
 /// footprint matters at its peak, which this raises by about a tenth;
 /// the servers keep the default, their idle memory going back.
-///
-/// And no transparent huge pages: mimalloc asks for them on its arenas,
-/// and each first touch of a 2 MiB stretch then had the kernel zero all
-/// of it (compacting memory first when it had none free): on the 100k
-/// replay 0.21–0.27 s of system time and a 122 MiB peak, against
-/// 0.04–0.06 s and 97 MiB without (docs/sim.md).
 fn keep_freed_memory() {
     // SAFETY: sets one of mimalloc's options, any time, from any thread.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
-    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
-        tracing::debug!("transparent huge pages stay on: {e}");
-    }
 }
 
 /// Hangar: serve many models on a fleet of GPUs, and simulate that fleet.
