@@ -467,7 +467,7 @@ async fn callback_ip(base_url: &str) -> std::io::Result<IpAddr> {
     let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
     let url = reqwest::Url::parse(base_url).map_err(|e| invalid(format!("`{base_url}`: {e}")))?;
     let host = url.host_str().ok_or_else(|| invalid(format!("`{base_url}` names no host")))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = crate::engine::bare_host(host);
     let port = url.port_or_known_default().unwrap_or(80);
     let server = tokio::net::lookup_host((host, port))
         .await?
@@ -483,7 +483,7 @@ async fn callback_ip(base_url: &str) -> std::io::Result<IpAddr> {
 /// (`0.0.0.0`, `::`): a listener on every address, named by one of them.
 fn on_ip(url: &str, ip: IpAddr) -> Option<String> {
     let mut url = reqwest::Url::parse(url).ok()?;
-    let host: IpAddr = url.host_str()?.trim_start_matches('[').trim_end_matches(']').parse().ok()?;
+    let host: IpAddr = crate::engine::bare_host(url.host_str()?).parse().ok()?;
     if !host.is_unspecified() {
         return None;
     }
