@@ -731,8 +731,7 @@ impl StreamState {
             }
             // Run here: the live events carry it. Elsewhere: the record,
             // which the gateway running it saves every half second.
-            let here =
-                self.live.as_ref().is_some_and(|l| l.state.lock().expect("live state").status.is_some());
+            let here = self.live.as_ref().is_some_and(|l| l.state.lock().expect("live state").runs_here());
             let r = match self.inner.store.get(&self.id) {
                 Ok(Some(r)) => r,
                 Err(e) if e.is_unavailable() => {

@@ -126,6 +126,16 @@ pub(crate) struct LiveState {
     pub logs: String,
 }
 
+impl LiveState {
+    /// Whether this process runs the prediction: its run sets `status`
+    /// when it starts, while a live entry made by a reader (`Prefer:
+    /// wait`, an SSE stream) of a prediction another gateway runs keeps
+    /// none — its progress is then the store's.
+    pub fn runs_here(&self) -> bool {
+        self.status.is_some()
+    }
+}
+
 impl Inner {
     /// What runs predictions (and checks their adapters).
     pub(crate) fn executor(&self) -> &dyn Executor {
@@ -495,9 +505,7 @@ impl Inner {
         if r.status == Status::Processing {
             if let Some(live) = self.live_if_any(id) {
                 let s = live.state.lock().expect("live state");
-                // Running here (a live entry may only be a reader's, the
-                // run elsewhere: then the store has its progress).
-                if s.status.is_some() {
+                if s.runs_here() {
                     r.output = Some(Value::Array(s.output.clone()));
                     r.logs = s.logs.clone();
                 }

@@ -69,11 +69,10 @@ pub(crate) fn to_run(
     key: &str,
 ) -> Result<(String, String, ModelSettings, bool), Problem> {
     let state = state(inner)?;
-    let p = match state.registry.runnable(key, now()) {
-        Ok(p) if p.owner == account.as_str() => p,
-        Ok(_) | Err(RegistryError::NotFound(_)) => return Err(not_found(key)),
-        Err(e) => return Err(registry_problem(e)),
-    };
+    let p = state.registry.runnable(key, now()).map_err(registry_problem)?;
+    if p.owner != account.as_str() {
+        return Err(not_found(key));
+    }
     let settings = inner.models.get(&state.runtime).map(|m| m.settings).unwrap_or_default();
     Ok((p.key(), p.version().to_owned(), settings, false))
 }
