@@ -30,7 +30,7 @@
 //! when **any** of its addresses is refused and hands reqwest only the
 //! vetted addresses to connect to — the addresses checked are the ones
 //! used. reqwest does not call a resolver for IP literals, so
-//! [`check_url`] runs again before each send. The client ([`client`])
+//! [`check_url`] runs again before each send. The client ([`Outbound`])
 //! follows no redirects (a redirect could point anywhere; a 3xx is a
 //! failed attempt) and uses no proxy from the environment (a proxy would
 //! resolve the name itself, after our check). A network whose only way
@@ -463,28 +463,13 @@ impl reqwest::dns::Resolve for VettedResolver {
     }
 }
 
-/// The HTTP client of webhooks: names resolved through a
-/// [`VettedResolver`] over the system resolver, no redirects followed, no
-/// proxy from the environment, 10 s per request; `https` verified against
-/// the Mozilla roots and the CAs of `ca` (see the module doc). Fails only
-/// when TLS cannot be set up with those roots.
-pub fn client(allow: Arc<AllowList>, ca: Option<&CaFile>) -> Result<reqwest::Client, reqwest::Error> {
-    client_with_lookup(allow, system_lookup(), ca)
-}
-
-/// [`client`] resolving names with `lookup` (tests give a fake one).
-pub fn client_with_lookup(
-    allow: Arc<AllowList>,
-    lookup: Lookup,
-    ca: Option<&CaFile>,
-) -> Result<reqwest::Client, reqwest::Error> {
-    Ok(Outbound::with_lookup(allow, lookup, ca, None)?.http)
-}
-
-/// What webhooks and procedure sources are sent and fetched with: the
-/// [`client`], through the operator's proxy when `[predictions]
-/// webhook_proxy` names one, and the check every URL passes before a send
-/// ([`Outbound::check`]). Cheap to clone.
+/// What webhooks and procedure sources are sent and fetched with: an HTTP
+/// client whose names are resolved through a [`VettedResolver`], that
+/// follows no redirects and uses no proxy from the environment, 10 s per
+/// request, `https` verified against the Mozilla roots and the CAs of
+/// `ca` (see the module doc) — through the operator's proxy when
+/// `[predictions] webhook_proxy` names one — and the check every URL
+/// passes before a send ([`Outbound::check`]). Cheap to clone.
 #[derive(Clone)]
 pub struct Outbound {
     http: reqwest::Client,
@@ -495,7 +480,8 @@ pub struct Outbound {
 
 impl Outbound {
     /// The client of `allow` and `ca`, through `proxy` if given (an
-    /// `http` or `https` URL, checked at load).
+    /// `http` or `https` URL, checked at load). Fails only when TLS cannot
+    /// be set up with those roots.
     pub fn new(
         allow: Arc<AllowList>,
         ca: Option<&CaFile>,
@@ -752,14 +738,16 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let lookup: Lookup =
             Arc::new(|_host: String| Box::pin(async { Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]) }));
-        let http = client_with_lookup(Arc::new(AllowList::default()), lookup.clone(), None).unwrap();
-        let err = http.get(format!("http://rebind.example:{port}/")).send().await.unwrap_err();
+        let strict =
+            Outbound::with_lookup(Arc::new(AllowList::default()), lookup.clone(), None, None).unwrap();
+        let err = strict.http().get(format!("http://rebind.example:{port}/")).send().await.unwrap_err();
         let chain = error_chain(&err);
         assert!(chain.contains("resolves to 127.0.0.1"), "{chain}");
         // The same name, allowed by name, connects.
-        let open = client_with_lookup(Arc::new(allow(&["rebind.example"])), lookup, None).unwrap();
+        let open = Outbound::with_lookup(Arc::new(allow(&["rebind.example"])), lookup, None, None).unwrap();
         let accept = tokio::spawn(async move { listener.accept().await.is_ok() });
         let _ = open
+            .http()
             .get(format!("http://rebind.example:{port}/"))
             .timeout(Duration::from_millis(300))
             .send()

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hangar_core::{ApiKeys, Principal};
 use hangar_predictions::store::Backend;
-use hangar_predictions::webhook_target::{self, AllowList, Lookup};
+use hangar_predictions::webhook_target::{self, AllowList, Lookup, Outbound};
 use hangar_predictions::{
     signing, ExecFuture, Executor, InputRules, InstanceBounds, Job, Model, ModelSettings, PredictionsConfig,
     Service, ServiceError, Sink,
@@ -746,7 +746,8 @@ async fn the_webhook_client_connects_to_the_vetted_address_and_checks_the_certif
     // The name resolves to loopback, which the allow list opens.
     let lookup: Lookup = Arc::new(|_| Box::pin(async { Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]) }));
     let allow = Arc::new(AllowList::parse(&["127.0.0.1/32".to_owned()]).unwrap());
-    let client = webhook_target::client_with_lookup(allow.clone(), lookup.clone(), Some(&ca_file)).unwrap();
+    let client = Outbound::with_lookup(allow.clone(), lookup.clone(), Some(&ca_file), None).unwrap();
+    let client = client.http();
     let (url, seen, _) = tls_receiver(&ca, &["hooks.example.com"], "hooks.example.com").await;
     let answer = client.post(&url).body("{}").send().await.unwrap();
     assert!(answer.status().is_success(), "{answer:?}");
@@ -761,13 +762,14 @@ async fn the_webhook_client_connects_to_the_vetted_address_and_checks_the_certif
     );
     assert!(elsewhere_seen.lock().unwrap().is_empty());
     // Without the CA file, the default roots do not know the test CA.
-    let default = webhook_target::client_with_lookup(allow, lookup.clone(), None).unwrap();
+    let default = Outbound::with_lookup(allow, lookup.clone(), None, None).unwrap();
+    let default = default.http();
     let e = refusal(default.post(&url).send().await.unwrap_err());
     assert!(e.contains("invalid peer certificate: UnknownIssuer"), "{e}");
     // And a name resolving inside without an allow entry is refused
     // before any connection, https or not.
-    let strict =
-        webhook_target::client_with_lookup(Arc::new(AllowList::default()), lookup, Some(&ca_file)).unwrap();
+    let strict = Outbound::with_lookup(Arc::new(AllowList::default()), lookup, Some(&ca_file), None).unwrap();
+    let strict = strict.http();
     let e = refusal(strict.post(&url).send().await.unwrap_err());
     assert!(e.contains("resolves to 127.0.0.1"), "{e}");
     assert_eq!(seen.lock().unwrap().len(), 1);
