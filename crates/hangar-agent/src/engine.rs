@@ -47,7 +47,7 @@
 //! takes the whole tree, and a Ctrl-C at the terminal reaches only
 //! `hangar`, which stops it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -112,6 +112,12 @@ pub enum EngineSpec {
         /// Seconds `setup()` may take before giving up.
         #[serde(default = "default_setup_timeout")]
         setup_timeout_s: u64,
+        /// Its servers run the model's `train` (cog's `--x-mode train`)
+        /// instead of `predict`: set only on the *trainer* Hangar derives
+        /// from each cog model, whose replicas run that model's trainings
+        /// (docs/predictions.md, "Trainings"); never read from a file.
+        #[serde(skip)]
+        train: bool,
     },
     /// The procedures runtime ([`crate::procedures`]): the embedded Python
     /// server that runs procedures, spoken to as a cog server.
@@ -243,9 +249,6 @@ pub enum LaunchError {
         /// What `setup()` printed, with its traceback.
         logs: String,
     },
-    /// [`launch_cog`] was given an engine that is not `cog`.
-    #[error("the model's engine is not `cog`")]
-    NotCog,
     /// A cog server reported a fatal error before it was ready.
     #[error("the cog server is DEFUNCT")]
     Defunct,
@@ -382,8 +385,23 @@ pub async fn launch_on(
             stop_by: StopBy::Terminate,
             logs: LogTail::default(),
         }),
-        EngineSpec::Cog { .. } => launch_cog(spec, ctx, host, CogMode::Predict).await,
-        EngineSpec::Procedures { .. } => launch_cog(spec, ctx, host, CogMode::Procedure).await,
+        EngineSpec::Cog { dir, python, setup_timeout_s, train } => {
+            let mode = if *train { CogMode::Train } else { CogMode::Predict };
+            let mut cmd = Command::new(python);
+            // The server waits for an explicit shutdown (SIGINT) rather than
+            // exiting when setup fails, so the failure and its logs can be read.
+            cmd.args(["-m", "cog.server.http", "--host", host, "--await-explicit-shutdown", "true"])
+                .args(["--x-mode", mode.arg()])
+                .current_dir(dir);
+            launch_cog(cmd, python, *setup_timeout_s, &ctx.gpus, host).await
+        }
+        EngineSpec::Procedures { python, setup_timeout_s } => {
+            let mut cmd = Command::new(python);
+            cmd.args(["-c", crate::procedures::RUNTIME, "--host", host]);
+            // Procedures run on the CPU: the runtime is shown no GPU
+            // whatever share placement gave its replica.
+            launch_cog(cmd, python, *setup_timeout_s, &[], host).await
+        }
         EngineSpec::Mock { preset, startup_delay_ms, wake_delay_ms, engine_config } => {
             let mut cmd = Command::new(&ctx.hangar_exe);
             cmd.args(["engine", "mock", "--host", host, "--port", "0"])
@@ -430,38 +448,19 @@ pub async fn launch_on(
     }
 }
 
-/// Starts a cog model server for `spec` (a `cog` engine) bound to `host`
-/// (as in [`launch_on`]) in `mode` — a trainer with [`CogMode::Train`] —
-/// and waits until its setup is done.
-pub async fn launch_cog(
-    spec: &EngineSpec,
-    ctx: &LaunchContext,
+/// Starts a cog model server (or the procedures runtime, which speaks its
+/// protocol): `cmd` is the server's command line, run by `python`; it is
+/// shown `gpus` and bound to `host` (as in [`launch_on`]). Waits until its
+/// setup is done.
+async fn launch_cog(
+    mut cmd: Command,
+    python: &Path,
+    setup_timeout_s: u64,
+    gpus: &[u32],
     host: &str,
-    mode: CogMode,
 ) -> Result<RunningEngine, LaunchError> {
-    let host = bare_host(host);
     let port = free_port(host)?;
-    let gpus = ctx.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let (python, setup_timeout_s, mut cmd) = match spec {
-        EngineSpec::Cog { dir, python, setup_timeout_s } => {
-            let mut cmd = Command::new(python);
-            // The server waits for an explicit shutdown (SIGINT) rather than
-            // exiting when setup fails, so the failure and its logs can be read.
-            cmd.args(["-m", "cog.server.http", "--host", host, "--await-explicit-shutdown", "true"])
-                .args(["--x-mode", mode.arg()])
-                .current_dir(dir);
-            (python, setup_timeout_s, cmd)
-        }
-        EngineSpec::Procedures { python, setup_timeout_s } => {
-            let mut cmd = Command::new(python);
-            // Procedures run on the CPU: the runtime is shown no GPU
-            // whatever share placement gave its replica.
-            cmd.args(["-c", crate::procedures::RUNTIME, "--host", host]);
-            (python, setup_timeout_s, cmd)
-        }
-        _ => return Err(LaunchError::NotCog),
-    };
-    let gpus = if matches!(spec, EngineSpec::Procedures { .. }) { String::new() } else { gpus };
+    let gpus = gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     // Cog posts its webhooks with `requests`, which honors the
     // environment's proxy: not for the gateway beside it on loopback.
     for name in ["NO_PROXY", "no_proxy"] {
@@ -499,7 +498,7 @@ pub async fn launch_cog(
         logs,
     };
     let client = crate::direct_http().build().expect("a plain HTTP client");
-    let timeout = Duration::from_secs(*setup_timeout_s);
+    let timeout = Duration::from_secs(setup_timeout_s);
     let deadline = tokio::time::Instant::now() + timeout;
     let failure = loop {
         let child = engine.child.as_mut().expect("the cog server is ours until it is stopped");

@@ -109,6 +109,7 @@ async fn status(State(server): State<Server>, headers: HeaderMap) -> Result<Resp
         let load = rt.processor().load();
         models.push(json!({
             "model": c.key,
+            "trains": c.trains,
             "min_replicas": c.min_replicas,
             "max_replicas": c.max_replicas(),
             "concurrency": c.permits(),

@@ -98,7 +98,8 @@ fn cog_models_serve_predictions_and_trainings() {
     let schema = &model["latest_version"]["openapi_schema"]["components"]["schemas"];
     assert_eq!(schema["Input"]["properties"]["repeat"]["maximum"].as_f64(), Some(10.0), "{model}");
 
-    // A training runs the model's `train` on a trainer of its own.
+    // A training runs the model's `train` on a replica of its trainer,
+    // placed on the node's GPU beside the model's replica.
     let version = model["latest_version"]["id"].as_str().unwrap().to_owned();
     let (status, t) = post(
         &format!("{}/v1/models/examples/cog-echo/versions/{version}/trainings", s.url),
@@ -110,6 +111,15 @@ fn cog_models_serve_predictions_and_trainings() {
     assert_eq!(t["status"], "succeeded", "{t}");
     assert_eq!(t["output"], json!({"words": 8, "vocabulary": 3}), "{t}");
     assert!(t["logs"].as_str().unwrap().contains("epoch 2/2: 4 words"), "{t}");
+    let trainer = trainer_status(&s.url, "examples/cog-echo");
+    assert_eq!(trainer["replicas"][0]["node"], "local", "{trainer}");
+    // No client names the trainer.
+    let (status, e) = post(
+        &format!("{}/v1/models/examples/cog-echo/trainer/predictions", s.url),
+        &json!({"input": {"text": "a"}}),
+        &[],
+    );
+    assert_eq!(status, 404, "{e}");
 
     // A model whose setup fails: its predictions fail with the setup logs.
     let (_, p) = post(
@@ -132,6 +142,57 @@ fn cog_models_serve_predictions_and_trainings() {
     assert_eq!(r.status(), 400);
     let body: Value = r.json().unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("predictions"), "{body}");
+}
+
+/// The entry of `model`'s trainer in `/admin/status`.
+fn trainer_status(url: &str, model: &str) -> Value {
+    let status = get(&format!("{url}/admin/status"));
+    let trainer = status["models"].as_array().unwrap().iter().find(|m| m["trains"] == model).cloned();
+    trainer.unwrap_or_else(|| panic!("no trainer of {model} in {status}"))
+}
+
+#[test]
+fn a_fleets_trainings_run_on_a_trainer_the_leader_places_on_an_agent_and_stops_when_idle() {
+    let Some(redis) = hangar_redis::LocalRedis::for_test() else { return };
+    let python = common::python();
+    let dir = tempfile::tempdir().unwrap();
+    // The gateway has no GPU and the model no replica: only placement can
+    // start the trainer, on the agent's node.
+    let models = common::cog_echo_model(&python).replace("min_replicas = 1", "min_replicas = 0");
+    let (fleet, gateway) = common::fleet::gateway(dir.path(), &redis.url(), &models);
+    let _agent = common::fleet::agent(dir.path(), &fleet, &redis.url(), "n0", 1);
+
+    let model = get(&format!("{}/v1/models/examples/cog-echo", gateway.url));
+    let version = model["latest_version"]["id"].as_str().unwrap().to_owned();
+    let (status, t) = post(
+        &format!("{}/v1/models/examples/cog-echo/versions/{version}/trainings", gateway.url),
+        &json!({"destination": "acme/echo-tuned", "input": {"text": "x y x", "epochs": 1}}),
+        &[],
+    );
+    assert_eq!(status, 201, "{t}");
+    let t = wait_terminal(t["urls"]["get"].as_str().unwrap());
+    assert_eq!(t["status"], "succeeded", "{t}\n{}", gateway.log());
+    assert_eq!(t["output"], json!({"words": 3, "vocabulary": 2}), "{t}");
+    let trainer = trainer_status(&gateway.url, "examples/cog-echo");
+    assert_eq!(trainer["model"], "examples/cog-echo/trainer", "{trainer}");
+    let nodes: Vec<&Value> = trainer["replicas"].as_array().unwrap().iter().map(|r| &r["node"]).collect();
+    assert_eq!(nodes, [&json!("n0")], "{trainer}");
+    assert!(
+        common::fleet::ready(&gateway.url).iter().all(|(m, _)| m != "examples/cog-echo"),
+        "a training starts no replica of the model itself"
+    );
+
+    // Idle, it gives the GPU back (a quiet period of twice its measured
+    // start, at least 5 s).
+    let t0 = Instant::now();
+    while !trainer_status(&gateway.url, "examples/cog-echo")["replicas"].as_array().unwrap().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{}",
+            trainer_status(&gateway.url, "examples/cog-echo")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `hangar serve` whose log the test reads once it has stopped.
@@ -221,8 +282,8 @@ fn regression_stopping_cog_servers_leaves_no_traceback_in_the_log() {
     std::fs::write(broken.path().join("predict.py"), BROKEN).unwrap();
     let mut s = LoggedServe::start(&config(&python, broken.path().to_str().unwrap()));
 
-    // A replica that serves, a trainer started and stopped for one
-    // training, and a server stopped because its setup failed.
+    // A replica that serves, a trainer that ran one training, and a
+    // server stopped because its setup failed.
     let create = format!("{}/v1/models/examples/cog-echo/predictions", s.url);
     let (_, p) = post(&create, &json!({"input": {"prompt": "hi"}}), &[("Prefer", "wait=60")]);
     assert_eq!(p["status"], "succeeded", "{p}");

@@ -230,7 +230,8 @@ impl Server {
     /// Builds the state, starts the controller's task, and returns once
     /// every model with `min_replicas` has a replica ready (or could not
     /// start one, which is logged).
-    pub async fn start(config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
+    pub async fn start(mut config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
+        config.add_trainers();
         let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into(), true).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
         *inner.nodes.lock().expect("nodes lock") = cluster
@@ -262,7 +263,11 @@ impl Server {
     /// asks for the leader lease, running the fleet's controller while it
     /// holds it (docs/cluster.md). Returns at once: replicas appear as
     /// the agents report them.
-    pub async fn start_gateway(config: ServeConfig, redis: hangar_redis::Redis) -> Result<Self, ServeError> {
+    pub async fn start_gateway(
+        mut config: ServeConfig,
+        redis: hangar_redis::Redis,
+    ) -> Result<Self, ServeError> {
+        config.add_trainers();
         let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into(), true).await?;
         let me = format!("gw-{:016x}", rand::random::<u64>());
         inner.gateway.set(me.clone()).expect("a new server");
@@ -313,15 +318,17 @@ impl Server {
 /// running server. A `Server` is a cheap handle (an `Arc`), fit to be a
 /// router's state.
 impl Server {
-    /// Every model served, in key order.
+    /// Every model that has replicas, in key order: the models served and
+    /// their trainers (an operator's view).
     pub fn models(&self) -> impl Iterator<Item = &Arc<ModelRuntime>> {
         self.inner.models.values()
     }
 
     /// The model `key`, if it is served (whether a caller may use it is
-    /// [`ModelRuntime::allows`]).
+    /// [`ModelRuntime::allows`]); never a trainer, which clients do not
+    /// name.
     pub fn model(&self, key: &str) -> Option<&Arc<ModelRuntime>> {
-        self.inner.models.get(key)
+        self.inner.models.get(key).filter(|rt| rt.config.trains.is_none())
     }
 
     /// An operator's scaling command for `rt` (`POST
@@ -824,6 +831,12 @@ fn out_of_capacity(status: axum::http::StatusCode) -> bool {
 }
 
 impl Inner {
+    /// The trainer of `model`, which runs its trainings, if it has one
+    /// (config/trainers.rs).
+    pub(crate) fn trainer_of(&self, model: &ModelRuntime) -> Option<&Arc<ModelRuntime>> {
+        self.models.get(config::trainer_key(&model.config)?.as_str())
+    }
+
     /// Milliseconds since the server started: the controller's clock.
     pub(crate) fn now(&self) -> Millis {
         self.epoch.elapsed().as_millis() as Millis

@@ -1,7 +1,8 @@
 //! Async predictions in `hangar serve`: the [`Executor`] that runs a
 //! prediction through its model's processor and engine — a streamed
 //! completion on OpenAI-style engines, cog's protocol ([`hangar_agent::cog`]) on
-//! `cog` engines, a training on a train-mode cog server of its own, a
+//! `cog` engines, a training on a replica of the model's trainer (a cog
+//! server in train mode, placed as any model's; config/trainers.rs), a
 //! request of the OpenAI routes queued in Workers AI's async mode (its
 //! stored body sent to its path, the answer read whole) — and the start of
 //! the predictions service beside the gateway.
@@ -46,7 +47,6 @@ use crate::events::{
 };
 use crate::processor::{AdmitError, Lease, Patience, Wait};
 use hangar_agent::cog::{self, CogError, CogJob, CogMode};
-use hangar_agent::engine::{launch_cog, LaunchContext};
 
 /// Runs predictions on this server's models.
 struct ServeExecutor {
@@ -125,8 +125,9 @@ impl Executor for ServeExecutor {
     /// in the line — under the status its client gets (the engine's), with
     /// its tokens read as a synchronous request's are.
     ///
-    /// A procedure's run is counted under the procedures runtime's model
-    /// (its replicas ran it); its event names the procedure.
+    /// A procedure's run is counted under the procedures runtime's model,
+    /// a training under the model's trainer (their replicas ran them); the
+    /// event of either names what the client asked for.
     fn ended(&self, record: &Record, code: Option<ErrorCode>) {
         let rt = match record.kind {
             JobKind::Procedure => self
@@ -134,6 +135,7 @@ impl Executor for ServeExecutor {
                 .models
                 .values()
                 .find(|m| matches!(m.config.engine, hangar_agent::engine::EngineSpec::Procedures { .. })),
+            JobKind::Training => self.inner.models.get(&record.model).and_then(|m| self.inner.trainer_of(m)),
             _ => self.inner.models.get(&record.model),
         };
         let Some(rt) = rt else { return };
@@ -274,22 +276,26 @@ async fn complete(inner: &Arc<Inner>, run: &Run<'_>, sink: Sink) -> Result<Value
         .cloned()
         .ok_or_else(|| ExecError::Failed(format!("the model `{key}` is not served")))?;
     match (rt.config.engine.is_cog(), job.kind) {
-        (true, JobKind::Prediction) => predict_on_cog(inner, &rt, run, &sink, CogMode::Predict).await,
-        (true, JobKind::Procedure) => predict_on_cog(inner, &rt, run, &sink, CogMode::Procedure).await,
+        (true, JobKind::Prediction) => on_cog_replica(inner, &rt, run, &sink, CogMode::Predict).await,
+        (true, JobKind::Procedure) => on_cog_replica(inner, &rt, run, &sink, CogMode::Procedure).await,
         (false, JobKind::Procedure) => Err(ExecError::Failed(format!(
             "the procedures runtime `{key}` must be a model whose engine is of kind `procedures`"
         ))),
-        (true, JobKind::Training) => train_on_cog(inner, &rt, run, &sink).await,
+        (_, JobKind::Training) => {
+            let trainer = inner.trainer_of(&rt).ok_or_else(|| {
+                ExecError::Failed(format!(
+                    "the model `{}` runs on an engine that cannot train; trainings need a `cog` engine whose \
+                     cog.yaml names a `train` function",
+                    job.model
+                ))
+            })?;
+            on_cog_replica(inner, trainer, run, &sink, CogMode::Train).await
+        }
         (false, JobKind::Prediction) => complete_on_llm(inner, &rt, run, &sink).await,
         (false, JobKind::Request) => answer_request(inner, &rt, run, &sink).await,
         // Refused at load (`use_async_queue` on a cog engine).
         (true, JobKind::Request) => Err(ExecError::Failed(format!(
             "the model `{}` runs on a cog engine, which serves predictions, not the OpenAI API",
-            job.model
-        ))),
-        (false, JobKind::Training) => Err(ExecError::Failed(format!(
-            "the model `{}` runs on an engine that serves completions and cannot train; trainings need a \
-             `cog` engine whose cog.yaml names a `train` function",
             job.model
         ))),
     }
@@ -344,9 +350,10 @@ struct Asked<'a> {
     adapter: Option<(&'a Adapter, f64)>,
 }
 
-/// Runs a prediction (or, `mode` [`CogMode::Procedure`], a procedure) on
-/// one of the model's cog servers.
-async fn predict_on_cog(
+/// Runs a prediction on one of the model's cog servers — or, by `mode`, a
+/// procedure on the procedures runtime's, or a training on the trainer's
+/// (`rt` is then the trainer, config/trainers.rs).
+async fn on_cog_replica(
     inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
     run: &Run<'_>,
@@ -360,32 +367,6 @@ async fn predict_on_cog(
     run.admitted(rt, &lease, node, sink);
     let result = run_on_cog(&inner.client, &base, mode, rt, run, sink).await;
     drop(lease);
-    result
-}
-
-/// Runs a training on a cog server of its own, started in train mode
-/// beside the model's replicas (trainings run one at a time) and stopped
-/// when it ends.
-async fn train_on_cog(
-    inner: &Arc<Inner>,
-    rt: &Arc<ModelRuntime>,
-    run: &Run<'_>,
-    sink: &Sink,
-) -> Result<Value, ExecError> {
-    let ctx = LaunchContext {
-        model: rt.config.key.to_string(),
-        gpus: Vec::new(),
-        gpu_fraction: 1.0,
-        hangar_exe: inner.hangar_exe.clone(),
-        mock_setup_timeout: Duration::from_secs(600),
-        weights: None,
-    };
-    let trainer = launch_cog(&rt.config.engine, &ctx, &inner.engine_host, CogMode::Train)
-        .await
-        .map_err(|e| ExecError::Failed(format!("the trainer of `{}` did not start: {e}", rt.config.key)))?;
-    sink.started();
-    let result = run_on_cog(&inner.client, &trainer.base_url, CogMode::Train, rt, run, sink).await;
-    trainer.stop(Duration::from_secs(5)).await;
     result
 }
 
@@ -609,7 +590,7 @@ impl Server {
         base_url: &str,
     ) -> Result<Service, ServiceError> {
         let mut models = Vec::new();
-        for rt in self.inner.models.values() {
+        for rt in self.inner.models.values().filter(|rt| rt.config.trains.is_none()) {
             let input = match rt.config.engine.is_cog() {
                 true => InputRules::Own(self.cog_schema(rt).await),
                 false => InputRules::Llm,

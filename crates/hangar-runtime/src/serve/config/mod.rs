@@ -3,9 +3,11 @@
 //! and loading with errors that name the file, line and field ([`load`]).
 
 mod load;
+mod trainers;
 mod validate;
 
 pub use load::ConfigError;
+pub use trainers::trainer_key;
 pub use validate::check_queue_capacity;
 pub use validate::{MAX_DURATION_S, MAX_QUEUE_CAPACITY};
 
@@ -284,6 +286,12 @@ pub struct ModelConfig {
     /// false, so a model's prediction version does not change for it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub use_async_queue: bool,
+    /// On a *trainer* — the model Hangar derives from each cog model to
+    /// run its trainings, `KEY/trainer` — the model it trains; never read
+    /// from a file, and no client may name a trainer (docs/predictions.md,
+    /// "Trainings").
+    #[serde(skip)]
+    pub trains: Option<ModelKey>,
 }
 
 /// One `[[models.adapter_access]]` rule: adapters by name or pattern, and

@@ -105,6 +105,7 @@ impl ServeConfig {
             }
             m.validate().map_err(|e| e.within(&format!("models[{i}]")))?;
         }
+        self.check_trainer_keys()?;
         self.check_api_keys()?;
         if self.events.channel == 0 || self.events.channel > 1 << 20 {
             return Err(FieldError::new(

@@ -106,6 +106,7 @@ impl Agent {
         // this one machine (placement decides where they go).
         config.nodes.clear();
         config.redis = Some(redis.url().to_owned());
+        config.add_trainers();
         let (inner, mut commands) = build(&config, hangar_exe, engine_host, false).await?;
         // No controller runs here (the leader reads the node's report);
         // nothing is sent on its channel, which is drained all the same.
