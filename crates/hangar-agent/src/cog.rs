@@ -17,7 +17,10 @@
 //!   where `output` is the list of items so far for an iterator output and
 //!   `logs` all the logs so far.
 //! - `POST /predictions/{id}/cancel` cancels it (404 if it is not running);
-//!   the `completed` webhook then says `canceled`.
+//!   the `completed` webhook then says `canceled`. A train-mode server
+//!   serves trainings the same way under `/trainings`, but its
+//!   `/trainings/{id}/cancel` is broken in cog 0.16: a training is
+//!   canceled through the predictions route, which every mode serves.
 //! - `POST /shutdown` stops the server: uvicorn stops, the worker process
 //!   running the model is terminated and joined, the process exits 0. A
 //!   server started with `--await-explicit-shutdown true` (as the node
@@ -87,6 +90,19 @@ impl CogMode {
             Self::Predict => "predictions",
             Self::Train => "trainings",
             Self::Procedure => "procedures",
+        }
+    }
+
+    /// Where a job of this mode is canceled: `{collection}/{id}/cancel`,
+    /// except a training's, canceled through `/predictions/{id}/cancel`:
+    /// cog (0.16) answers its own `/trainings/{id}/cancel` with an error and
+    /// never cancels (the route returns the un-awaited coroutine of the
+    /// prediction's), while the prediction's route, served in every mode,
+    /// cancels whatever runs under the id.
+    fn cancel_collection(self) -> &'static str {
+        match self {
+            Self::Train => Self::Predict.collection(),
+            mode => mode.collection(),
         }
     }
 }
@@ -308,7 +324,7 @@ pub async fn run(
     let url = format!("{}/{}/{}", job.base_url, job.mode.collection(), job.id);
     let body = body.to_string();
     // From here a drop cancels: the PUT may reach the server after all.
-    cancel.url = Some(format!("{url}/cancel"));
+    cancel.url = Some(format!("{}/{}/{}/cancel", job.base_url, job.mode.cancel_collection(), job.id));
     loop {
         let answer = client
             .put(&url)

@@ -120,6 +120,12 @@ fn cog_models_serve_predictions_and_trainings() {
         &[],
     );
     assert_eq!(status, 404, "{e}");
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s.url))
+        .json(&common::chat("examples/cog-echo/trainer", 4))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 404, "the OpenAI routes do not know it either");
 
     // A model whose setup fails: its predictions fail with the setup logs.
     let (_, p) = post(
@@ -164,8 +170,20 @@ fn a_fleets_trainings_run_on_a_trainer_the_leader_places_on_an_agent_and_stops_w
 
     let model = get(&format!("{}/v1/models/examples/cog-echo", gateway.url));
     let version = model["latest_version"]["id"].as_str().unwrap().to_owned();
+    let create = format!("{}/v1/models/examples/cog-echo/versions/{version}/trainings", gateway.url);
+
+    // A training canceled while it runs stops on the trainer, which stays
+    // up for the next.
+    let slow = json!({"destination": "acme/echo-tuned", "input": {"text": "x", "epochs": 100, "delay": 0.2}});
+    let (_, t) = post(&create, &slow, &[]);
+    let url = t["urls"]["get"].as_str().unwrap().to_owned();
+    wait_processing(&url);
+    let (status, _) = post(t["urls"]["cancel"].as_str().unwrap(), &json!({}), &[]);
+    assert_eq!(status, 200);
+    assert_eq!(wait_terminal(&url)["status"], "canceled");
+
     let (status, t) = post(
-        &format!("{}/v1/models/examples/cog-echo/versions/{version}/trainings", gateway.url),
+        &create,
         &json!({"destination": "acme/echo-tuned", "input": {"text": "x y x", "epochs": 1}}),
         &[],
     );
