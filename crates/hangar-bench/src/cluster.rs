@@ -320,10 +320,7 @@ async fn node_loss(exe: &std::path::Path) -> Result<NodeLoss, BenchError> {
     let _ = agent.child.wait().await;
     let last_beat: u64 = tokio::task::spawn_blocking(move || {
         index_redis.run(|c| {
-            hangar_redis::redis::cmd("ZSCORE")
-                .arg(format!("{}:nodes", hangar_redis::PREFIX))
-                .arg(&index_name)
-                .query(c)
+            hangar_redis::redis::cmd("ZSCORE").arg(index_redis.key("nodes")).arg(&index_name).query(c)
         })
     })
     .await

@@ -153,7 +153,7 @@ fn sqlite() -> Result<(tempfile::TempDir, Arc<dyn PredictionQueue>), BenchError>
 fn scratch_redis(url: &str) -> Result<Arc<dyn PredictionQueue>, BenchError> {
     let redis = Redis::connect(url).map_err(store_error)?;
     let used: bool = redis
-        .run(|c| hangar_redis::redis::cmd("EXISTS").arg(format!("{}:seq", hangar_redis::PREFIX)).query(c))
+        .run(|c| hangar_redis::redis::cmd("EXISTS").arg(redis.key("seq")).query(c))
         .map_err(store_error)?;
     if used {
         return Err(BenchError::Options(format!(

@@ -29,7 +29,7 @@ use hangar_core::{DesiredState, GatewayLoad, NodeReport};
 use redis::Script;
 use serde::de::DeserializeOwned;
 
-use crate::{Redis, RedisError, PREFIX};
+use crate::{Redis, RedisError};
 
 /// How long a report outlives the last write of its writer.
 pub const REPORT_TTL: Duration = Duration::from_secs(3);
@@ -75,10 +75,6 @@ impl std::fmt::Debug for FleetState {
     }
 }
 
-fn key(kind: &str, name: &str) -> String {
-    format!("{PREFIX}:{kind}:{name}")
-}
-
 fn ttl_ms() -> u64 {
     REPORT_TTL.as_millis() as u64
 }
@@ -102,6 +98,11 @@ impl Named {
 }
 
 impl FleetState {
+    /// `PREFIX:kind:name`.
+    fn key(&self, kind: &str, name: &str) -> String {
+        self.redis.key(&format!("{kind}:{name}"))
+    }
+
     /// The state on `redis`.
     pub fn new(redis: Redis) -> FleetState {
         FleetState {
@@ -126,9 +127,9 @@ impl FleetState {
     }
 
     fn write_as_leader(&self, me: &str, epoch: u64, key: &str, json: &str) -> Result<bool, RedisError> {
-        let written: i64 = self
-            .redis
-            .run(|c| self.write_as_leader.arg(PREFIX).arg(me).arg(epoch).arg(key).arg(json).invoke(c))?;
+        let written: i64 = self.redis.run(|c| {
+            self.redis.script(&self.write_as_leader).arg(me).arg(epoch).arg(key).arg(json).invoke(c)
+        })?;
         Ok(written == 1)
     }
 
@@ -140,14 +141,14 @@ impl FleetState {
 
     /// Adds `member` to the set `PREFIX:key` (`on`) or takes it out.
     fn mark(&self, key: &str, member: &str, on: bool) -> Result<(), RedisError> {
-        let set = format!("{PREFIX}:{key}");
+        let set = self.redis.key(key);
         let verb = if on { "SADD" } else { "SREM" };
         self.redis.run(|c| redis::cmd(verb).arg(&set).arg(member).query::<()>(c))
     }
 
     /// The hotswap models an operator closed to swapping in.
     pub fn closed_hotswap(&self) -> Result<std::collections::BTreeSet<String>, RedisError> {
-        self.members(&format!("{PREFIX}:hotswap-closed"), None)
+        self.members(&self.redis.key("hotswap-closed"), None)
     }
 
     /// Records that an operator drained (`true`) node `node`, or called
@@ -158,7 +159,7 @@ impl FleetState {
 
     /// The nodes an operator drained.
     pub fn drained_nodes(&self) -> Result<std::collections::BTreeSet<String>, RedisError> {
-        self.members(&format!("{PREFIX}:draining"), None)
+        self.members(&self.redis.key("draining"), None)
     }
 
     /// Whether `key` is of type `want` (or absent: `false`), its type read
@@ -191,7 +192,7 @@ impl FleetState {
     /// Records `model`'s scaling override (`None`: the operator released
     /// it).
     pub fn set_override(&self, model: &str, o: Option<ScalingOverride>) -> Result<(), RedisError> {
-        let hash = format!("{PREFIX}:scaling-overrides");
+        let hash = self.redis.key("scaling-overrides");
         match o {
             Some(o) => {
                 let json = serde_json::to_string(&o).expect("an override serializes");
@@ -204,7 +205,7 @@ impl FleetState {
     /// Every model's recorded scaling override (one that cannot be read
     /// is named in the log once and left out).
     pub fn overrides(&self) -> Result<std::collections::BTreeMap<String, ScalingOverride>, RedisError> {
-        let hash = format!("{PREFIX}:scaling-overrides");
+        let hash = self.redis.key("scaling-overrides");
         if !self.is(&hash, "hash", None)? {
             return Ok(Default::default());
         }
@@ -222,7 +223,7 @@ impl FleetState {
     /// `model`'s recorded scaling override, if any (one that cannot be
     /// read is named in the log once and read as none).
     pub fn override_of(&self, model: &str) -> Result<Option<ScalingOverride>, RedisError> {
-        let hash = format!("{PREFIX}:scaling-overrides");
+        let hash = self.redis.key("scaling-overrides");
         if !self.is(&hash, "hash", None)? {
             return Ok(None);
         }
@@ -235,7 +236,7 @@ impl FleetState {
     /// which is named in the log once) and the closed hotswap models — in
     /// one round trip while none is closed.
     pub fn gates(&self) -> Result<(Unavailable, std::collections::BTreeSet<String>), RedisError> {
-        let (key, set) = (format!("{PREFIX}:unavailable"), format!("{PREFIX}:hotswap-closed"));
+        let (key, set) = (self.redis.key("unavailable"), self.redis.key("hotswap-closed"));
         let mut pipe = redis::pipe();
         // MGET reads a key of another type as nil rather than failing.
         pipe.cmd("MGET").arg(&key).cmd("TYPE").arg(&set);
@@ -260,7 +261,7 @@ impl FleetState {
     /// `node`'s desired state, if the leader wrote one (a key that holds
     /// something else is named in the log and read as none).
     pub fn desired(&self, node: &str) -> Result<Option<DesiredState>, RedisError> {
-        let key = key("desired", node);
+        let key = self.key("desired", node);
         // MGET reads a key of another type as nil rather than failing.
         let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&key).query(c))?;
         let json = json.into_iter().next().flatten();
@@ -277,7 +278,12 @@ impl FleetState {
     pub fn report(&self, node: &str, report: &NodeReport) -> Result<(), RedisError> {
         let json = serde_json::to_string(report).expect("a report serializes");
         self.redis.run(|c| {
-            redis::cmd("SET").arg(key("reported", node)).arg(&json).arg("PX").arg(ttl_ms()).query::<()>(c)
+            redis::cmd("SET")
+                .arg(self.key("reported", node))
+                .arg(&json)
+                .arg("PX")
+                .arg(ttl_ms())
+                .query::<()>(c)
         })
     }
 
@@ -286,30 +292,34 @@ impl FleetState {
         if nodes.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<String> = nodes.iter().map(|n| key("reported", n)).collect();
+        let keys: Vec<String> = nodes.iter().map(|n| self.key("reported", n)).collect();
         let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&keys).query(c))?;
-        Ok(nodes.iter().zip(json).map(|(n, j)| self.parse(&key("reported", n), j)).collect())
+        Ok(nodes.iter().zip(json).map(|(n, j)| self.parse(&self.key("reported", n), j)).collect())
     }
 
     /// Forgets a node that is gone: its desired state and its report.
     pub fn forget(&self, node: &str) -> Result<(), RedisError> {
-        self.redis
-            .run(|c| redis::cmd("DEL").arg(key("desired", node)).arg(key("reported", node)).query::<()>(c))
+        self.redis.run(|c| {
+            redis::cmd("DEL").arg(self.key("desired", node)).arg(self.key("reported", node)).query::<()>(c)
+        })
     }
 
     /// Publishes a gateway's load.
     pub fn publish_load(&self, load: &GatewayLoad, now_ms: u64) -> Result<(), RedisError> {
         let json = serde_json::to_string(load).expect("a load serializes");
         let mut pipe = redis::pipe();
-        pipe.cmd("SET").arg(key("load", &load.gateway)).arg(&json).arg("PX").arg(ttl_ms()).ignore();
-        pipe.zadd(format!("{PREFIX}:gateways"), &load.gateway, now_ms).ignore();
+        pipe.cmd("SET").arg(self.key("load", &load.gateway)).arg(&json).arg("PX").arg(ttl_ms()).ignore();
+        pipe.zadd(self.redis.key("gateways"), &load.gateway, now_ms).ignore();
         self.redis.run(|c| pipe.query::<()>(c))
     }
 
     /// Every live gateway's load (gateways silent past the TTL drop out).
     pub fn loads(&self) -> Result<Vec<GatewayLoad>, RedisError> {
-        let entries = self.redis.live_in_index(&format!("{PREFIX}:gateways"), |name| key("load", name))?;
-        Ok(entries.into_iter().filter_map(|(n, json)| self.parse(&key("load", &n), Some(json))).collect())
+        let entries = self.redis.live_in_index(&self.redis.key("gateways"), |name| self.key("load", name))?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|(n, json)| self.parse(&self.key("load", &n), Some(json)))
+            .collect())
     }
 }
 
@@ -324,7 +334,30 @@ mod tests {
     #[test]
     fn only_the_leader_in_its_epoch_writes_desired_state() {
         let Some(server) = LocalRedis::for_test() else { return };
-        let redis = Redis::connect(&server.url()).unwrap();
+        only_the_leader_writes(Redis::connect(&server.url()).unwrap());
+    }
+
+    /// On a cluster too, reports and loads (pipelines, `MGET` of several
+    /// keys) included: every key is in the prefix's slot.
+    #[test]
+    fn on_a_cluster_only_the_leader_writes_and_reports_read_back() {
+        let Some(cluster) = crate::LocalRedisCluster::for_test() else { return };
+        let redis = Redis::connect(&cluster.url()).unwrap();
+        only_the_leader_writes(redis.clone());
+        let fleet = FleetState::new(redis.clone());
+        let report = NodeReport::default();
+        fleet.report("n1", &report).unwrap();
+        fleet.report("n2", &report).unwrap();
+        let names = ["n1".to_owned(), "n3".to_owned(), "n2".to_owned()];
+        assert_eq!(fleet.reports(&names).unwrap(), [Some(report.clone()), None, Some(report)]);
+        let load = GatewayLoad { gateway: "gw-a".into(), ..GatewayLoad::default() };
+        fleet.publish_load(&load, 1).unwrap();
+        assert_eq!(fleet.loads().unwrap(), [load]);
+        let keys: Vec<String> = redis.run(|c| redis::cmd("KEYS").arg("*").query(c)).unwrap();
+        assert!(keys.iter().all(|k| k.starts_with("{hangar}:")), "{keys:?}");
+    }
+
+    fn only_the_leader_writes(redis: Redis) {
         let fleet = FleetState::new(redis.clone());
         let lease = LeaderLease::new(redis, "gw-a", Duration::from_secs(5));
         let Leadership::Leader { epoch, .. } = lease.tick().unwrap() else { panic!("leads") };
@@ -372,11 +405,7 @@ mod tests {
         fleet.set_override("t/c", None).unwrap();
         redis
             .run(|c| {
-                redis::cmd("HSET")
-                    .arg(format!("{PREFIX}:scaling-overrides"))
-                    .arg("t/d")
-                    .arg("{")
-                    .query::<()>(c)
+                redis::cmd("HSET").arg(redis.key("scaling-overrides")).arg("t/d").arg("{").query::<()>(c)
             })
             .unwrap();
         let overrides: std::collections::BTreeMap<String, ScalingOverride> =
@@ -387,19 +416,17 @@ mod tests {
         assert_eq!(fleet.override_of("t/d").unwrap(), None, "unreadable");
         // Keys of another type, written by hand, read as none.
         for key in ["hotswap-closed", "scaling-overrides"] {
-            redis.run(|c| redis::cmd("SET").arg(format!("{PREFIX}:{key}")).arg("x").query::<()>(c)).unwrap();
+            redis.run(|c| redis::cmd("SET").arg(redis.key(key)).arg("x").query::<()>(c)).unwrap();
         }
         assert_eq!(fleet.overrides().unwrap(), Default::default());
         assert_eq!(fleet.override_of("t/a").unwrap(), None);
         assert_eq!(fleet.closed_hotswap().unwrap(), Default::default());
         assert_eq!(fleet.gates().unwrap(), (down.clone(), Default::default()));
         fleet.close_hotswap("t/swap", true).unwrap_err();
-        redis.run(|c| redis::cmd("DEL").arg(format!("{PREFIX}:hotswap-closed")).query::<()>(c)).unwrap();
+        redis.run(|c| redis::cmd("DEL").arg(redis.key("hotswap-closed")).query::<()>(c)).unwrap();
         fleet.close_hotswap("t/swap", true).unwrap();
         // A key written by hand that is not a JSON object reads as none.
-        redis
-            .run(|c| redis::cmd("SET").arg(format!("{PREFIX}:unavailable")).arg("[1]").query::<()>(c))
-            .unwrap();
+        redis.run(|c| redis::cmd("SET").arg(redis.key("unavailable")).arg("[1]").query::<()>(c)).unwrap();
         assert_eq!(fleet.gates().unwrap(), (Unavailable::new(), closed));
     }
 
@@ -413,8 +440,8 @@ mod tests {
         fleet.drain_node("n2", true).unwrap();
         fleet.drain_node("n2", false).unwrap();
         assert_eq!(fleet.drained_nodes().unwrap(), ["n1".to_owned()].into());
-        redis.run(|c| redis::cmd("DEL").arg(format!("{PREFIX}:draining")).query::<()>(c)).unwrap();
-        redis.run(|c| redis::cmd("SET").arg(format!("{PREFIX}:draining")).arg("x").query::<()>(c)).unwrap();
+        redis.run(|c| redis::cmd("DEL").arg(redis.key("draining")).query::<()>(c)).unwrap();
+        redis.run(|c| redis::cmd("SET").arg(redis.key("draining")).arg("x").query::<()>(c)).unwrap();
         assert!(fleet.drained_nodes().unwrap().is_empty(), "named in the log and read as none");
         fleet.drain_node("n1", true).unwrap_err();
     }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use redis::Script;
 
-use crate::{Redis, RedisError, PREFIX};
+use crate::{Redis, RedisError};
 
 /// How long the lease outlives its holder's last renewal.
 pub const LEASE_TTL: Duration = Duration::from_secs(5);
@@ -153,8 +153,9 @@ impl LeaderLease {
         let ttl = self.ttl.as_millis() as u64;
         let asked = Instant::now();
         let settled = self.trouble.lock().expect("trouble lock").is_none_or(|t| t.elapsed() >= self.ttl);
-        let answer: Result<Vec<redis::Value>, RedisError> =
-            self.redis.run(|c| self.tick.arg(PREFIX).arg(&self.me).arg(ttl).arg(u8::from(settled)).invoke(c));
+        let answer: Result<Vec<redis::Value>, RedisError> = self
+            .redis
+            .run(|c| self.redis.script(&self.tick).arg(&self.me).arg(ttl).arg(u8::from(settled)).invoke(c));
         if answer.is_err() || asked.elapsed() > self.period() {
             *self.trouble.lock().expect("trouble lock") = Some(Instant::now());
         }
@@ -177,7 +178,7 @@ impl LeaderLease {
     /// Gives the lease up at once (a gateway stopping on purpose), so
     /// another need not wait for the TTL.
     pub fn resign(&self) -> Result<bool, RedisError> {
-        let n: i64 = self.redis.run(|c| self.resign.arg(PREFIX).arg(&self.me).invoke(c))?;
+        let n: i64 = self.redis.run(|c| self.redis.script(&self.resign).arg(&self.me).invoke(c))?;
         Ok(n == 1)
     }
 }
@@ -190,7 +191,16 @@ mod tests {
     #[test]
     fn one_leader_at_a_time_and_a_silent_one_is_replaced_within_the_ttl() {
         let Some(server) = LocalRedis::for_test() else { return };
-        let redis = Redis::connect(&server.url()).unwrap();
+        one_leader_at_a_time(Redis::connect(&server.url()).unwrap());
+    }
+
+    #[test]
+    fn on_a_cluster_one_leader_at_a_time() {
+        let Some(cluster) = crate::LocalRedisCluster::for_test() else { return };
+        one_leader_at_a_time(Redis::connect(&cluster.url()).unwrap());
+    }
+
+    fn one_leader_at_a_time(redis: Redis) {
         let ttl = Duration::from_millis(300);
         let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
         assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });

@@ -1,12 +1,13 @@
 //! Redis, the distributed substrate of a Hangar fleet.
 //!
 //! Without a `redis` setting Hangar runs on one machine with SQLite; with
-//! one, what must span machines lives in one Redis (7 or later, standalone,
-//! with AOF; Sentinel or a managed Redis for failover): the predictions
-//! queue on Streams, the node [`registry`] (agents' heartbeats), the
-//! leader [`lease`], and the [`fleet`] state (what the leader wants on
-//! each node, what each node and gateway reports). Every key Hangar writes starts with
-//! [`PREFIX`]; `docs/cluster.md` lists them all.
+//! one, what must span machines lives in one Redis (7 or later, with AOF:
+//! standalone, with Sentinel or a managed Redis for failover, or a Redis
+//! Cluster, [`link`]): the predictions queue on Streams, the node
+//! [`registry`] (agents' heartbeats), the leader [`lease`], and the
+//! [`fleet`] state (what the leader wants on each node, what each node and
+//! gateway reports). Every key Hangar writes starts with
+//! [`Redis::prefix`]; `docs/cluster.md` lists them all.
 //!
 //! [`Redis`] is a small pool of blocking connections (the callers are
 //! short synchronous store methods); [`LocalRedis`] starts a private
@@ -26,21 +27,20 @@
 
 pub mod fleet;
 pub mod lease;
+pub mod link;
 pub mod liveness;
 pub mod registry;
 mod server;
 pub mod tls;
 
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use link::Link;
+use link::{Client, Manager};
 pub use redis;
-pub use server::{LocalRedis, ServerError};
-
-/// The first part of every key Hangar writes (`hangar:p:ID`, …).
-pub const PREFIX: &str = "hangar";
+pub use server::{LocalRedis, LocalRedisCluster, ServerError};
 
 /// How long connecting, and any one command, may take before it fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -127,6 +127,8 @@ pub struct Redis {
     url: String,
     /// Where the server is, without credentials (see [`Redis::address`]).
     address: String,
+    /// What every key starts with (see [`Redis::prefix`]).
+    prefix: &'static str,
 }
 
 impl std::fmt::Debug for Redis {
@@ -144,48 +146,7 @@ type Conn = r2d2::PooledConnection<Manager>;
 ///
 /// The message shows the URL [`redacted`].
 pub fn check_url(url: &str) -> Result<(), String> {
-    client(url).map(drop).map_err(|reason| format!("`{}` {reason}", redacted(url)))
-}
-
-/// The client of `url`, or why there is none (a phrase that follows the
-/// URL in a message).
-fn client(url: &str) -> Result<redis::Client, String> {
-    let not_a_url = |e: redis::RedisError| {
-        format!(
-            "is not a Redis URL ({e}); use redis://HOST:PORT/DB (redis://:PASSWORD@HOST:PORT/DB with a \
-             password), rediss://HOST:PORT/DB (TLS, optionally ?{CA_FILE_PARAM}=/path/ca.pem) or \
-             unix:///path/to/socket"
-        )
-    };
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        return redis::Client::open(url).map_err(not_a_url);
-    };
-    let tls = matches!(parsed.scheme(), "rediss" | "valkeys");
-    if tls && parsed.fragment() == Some("insecure") {
-        return Err(format!(
-            "asks for `#insecure`, which would accept any certificate: Hangar always verifies it; \
-             give the CA that signed it with ?{CA_FILE_PARAM}=/path/ca.pem"
-        ));
-    }
-    let (ca_files, others): (Vec<_>, Vec<_>) = parsed
-        .query_pairs()
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .partition(|(k, _)| k == CA_FILE_PARAM);
-    let ca_file = match ca_files.as_slice() {
-        [] => return redis::Client::open(url).map_err(not_a_url),
-        [_] if !tls => return Err(format!("gives `{CA_FILE_PARAM}`, which only a rediss:// (TLS) URL uses")),
-        [(_, path)] => tls::CaFile::load(Path::new(path))
-            .map_err(|e| format!("names a {CA_FILE_PARAM} that cannot be used: {e}"))?,
-        _ => return Err(format!("gives `{CA_FILE_PARAM}` more than once")),
-    };
-    // The redis crate reads the rest of the URL; the CA goes beside it.
-    if others.is_empty() {
-        parsed.set_query(None);
-    } else {
-        parsed.query_pairs_mut().clear().extend_pairs(others);
-    }
-    let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(ca_file.pem().to_vec()) };
-    redis::Client::build_with_tls(parsed.as_str(), certificates).map_err(not_a_url)
+    Client::parse(url).map(drop).map_err(|reason| format!("`{}` {reason}", redacted(url)))
 }
 
 /// `url` with its password replaced by `***` — the userinfo's after its
@@ -223,14 +184,9 @@ impl Redis {
     /// certificate not trusted (`rediss://`), or the server does not
     /// answer within 5 s.
     pub fn connect(url: &str) -> Result<Redis, RedisError> {
-        let client = client(url).map_err(|reason| RedisError::Url { url: redacted(url), reason })?;
+        let client = Client::parse(url).map_err(|reason| RedisError::Url { url: redacted(url), reason })?;
         tls::install_crypto_provider();
-        let address = match client.get_connection_info().addr() {
-            redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
-            redis::ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}"),
-            redis::ConnectionAddr::Unix(path) => format!("unix://{}", path.display()),
-            _ => "redis".to_owned(),
-        };
+        let (address, prefix) = (client.address(url), client.prefix());
         // A dead connection is found when a command on it fails (and is
         // then dropped, `has_broken`), not by a PING before every use,
         // which would double each command's round trip.
@@ -242,7 +198,7 @@ impl Redis {
             .test_on_check_out(false)
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(Manager { client, epoch: epoch.clone() });
-        let redis = Redis { pool, epoch, url: redacted(url), address };
+        let redis = Redis { pool, epoch, url: redacted(url), address, prefix };
         redis.run(|c| redis::cmd("PING").query::<String>(c))?;
         Ok(redis)
     }
@@ -276,10 +232,7 @@ impl Redis {
     /// it failed; on a closed connection it never runs. So a timed-out
     /// call has, as far as anyone can tell afterwards, done nothing —
     /// unless the server ran it in the instant before the timeout.
-    pub fn run<T>(
-        &self,
-        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> Result<T, RedisError> {
+    pub fn run<T>(&self, mut f: impl FnMut(&mut Link) -> redis::RedisResult<T>) -> Result<T, RedisError> {
         let mut conn = self.conn()?;
         match f(&mut conn.conn) {
             Err(e) if e.is_connection_dropped() => {
@@ -324,6 +277,28 @@ impl Redis {
         Ok(live.into_iter().filter_map(|(n, v)| Some((n, v?))).collect())
     }
 
+    /// What every key Hangar writes starts with: `hangar` (`hangar:p:ID`,
+    /// …), or `{hangar}` on a Redis Cluster, where the braces put them all
+    /// in one hash slot ([`link`]).
+    pub fn prefix(&self) -> &'static str {
+        self.prefix
+    }
+
+    /// The key `PREFIX:rest`.
+    pub fn key(&self, rest: &str) -> String {
+        format!("{}:{rest}", self.prefix)
+    }
+
+    /// `script` made ready to run with the key prefix as its `ARGV[1]`
+    /// (the scripts name every key from it) and as its one key, which is
+    /// how a Redis Cluster sends a script to the node of the keys it
+    /// changes. The caller adds the rest of `ARGV`.
+    pub fn script<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(self.prefix).arg(self.prefix);
+        invocation
+    }
+
     /// The server's URL, [`redacted`]: for messages, not for connecting.
     pub fn url(&self) -> &str {
         &self.url
@@ -340,49 +315,6 @@ impl Redis {
     /// `e`, naming this server.
     fn error(&self, source: redis::RedisError) -> RedisError {
         RedisError::Command { url: self.url.clone(), source }
-    }
-}
-
-/// Opens the pool's connections, each with [`IO_TIMEOUT`] on connecting,
-/// reading and writing, so a server that stops answering fails a
-/// command instead of hanging its caller; each tagged with the epoch it
-/// was opened in.
-#[derive(Debug)]
-pub struct Manager {
-    client: redis::Client,
-    /// Bumped when a dropped connection is seen: older ones are retired.
-    epoch: Arc<AtomicU64>,
-}
-
-/// A pooled connection and the epoch it was opened in.
-pub struct Tagged {
-    conn: redis::Connection,
-    epoch: u64,
-    /// A command on it timed out: it is closed instead of going back to
-    /// the pool (see [`Redis::run`]).
-    broken: bool,
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = Tagged;
-    type Error = redis::RedisError;
-
-    fn connect(&self) -> Result<Tagged, redis::RedisError> {
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
-        conn.set_read_timeout(Some(IO_TIMEOUT))?;
-        conn.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(Tagged { conn, epoch, broken: false })
-    }
-
-    fn is_valid(&self, conn: &mut Tagged) -> Result<(), redis::RedisError> {
-        redis::cmd("PING").query::<String>(&mut conn.conn).map(drop)
-    }
-
-    fn has_broken(&self, conn: &mut Tagged) -> bool {
-        conn.broken
-            || conn.epoch != self.epoch.load(Ordering::Relaxed)
-            || !redis::ConnectionLike::is_open(&conn.conn)
     }
 }
 
@@ -423,6 +355,32 @@ mod tests {
         // Past the pause: the server answers again, and never ran the SET.
         let late: Option<String> = redis.run(|c| redis::cmd("GET").arg("late").query(c)).unwrap();
         assert_eq!(late, None);
+    }
+
+    /// On a cluster, the node holding Hangar's slot stopped makes every
+    /// call *unavailable* (retry later), not refused; back, it serves again
+    /// on the same pool, its data kept.
+    #[test]
+    fn a_cluster_whose_node_is_down_is_unavailable_and_serves_once_it_is_back() {
+        let Some(mut cluster) = LocalRedisCluster::for_test() else { return };
+        let redis = Redis::connect(&cluster.url()).unwrap();
+        let key = redis.key("k");
+        redis.run(|c| redis::cmd("SET").arg(&key).arg("v").query::<()>(c)).unwrap();
+        let slot: u16 = redis.run(|c| redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query(c)).unwrap();
+        let holder = (usize::from(slot) / (16384 / 3)).min(2);
+        cluster.nodes()[holder].stop();
+        let down = redis.run(|c| redis::cmd("GET").arg(&key).query::<String>(c)).unwrap_err();
+        assert!(down.is_unavailable(), "{down}");
+        cluster.nodes()[holder].start_again().unwrap();
+        let t = std::time::Instant::now();
+        let back = loop {
+            match redis.run(|c| redis::cmd("GET").arg(&key).query::<String>(c)) {
+                Ok(v) => break v,
+                Err(e) => assert!(e.is_unavailable() && t.elapsed() < Duration::from_secs(30), "{e}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(back, "v");
     }
 
     #[test]

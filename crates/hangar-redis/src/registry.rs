@@ -29,7 +29,7 @@ use std::time::Duration;
 use hangar_core::NodeRecord;
 use redis::Script;
 
-use crate::{Redis, RedisError, PREFIX};
+use crate::{Redis, RedisError};
 
 /// How long an agent may go without a heartbeat before another run may
 /// take its name, and (observed while Redis answers) before the leader
@@ -233,12 +233,12 @@ fn millis(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
-/// The Redis key of node `name`'s registration.
-pub fn node_key(name: &str) -> String {
-    format!("{PREFIX}:node:{name}")
-}
-
 impl Registry {
+    /// The Redis key of node `name`'s registration.
+    fn node_key(&self, name: &str) -> String {
+        self.redis.key(&format!("node:{name}"))
+    }
+
     /// The registry on `redis`: a name whose holder has not beaten for
     /// `ttl` may be taken by another run ([`NODE_TTL`] in production; tests
     /// shorten it).
@@ -268,22 +268,29 @@ impl Registry {
         let (ttl, forget, name, agent) =
             (millis(self.ttl), millis(FORGET_AFTER), &record.name, &record.agent);
         let answer: Vec<String> = self.redis.run(|c| {
-            self.scripts.register.arg(PREFIX).arg(name).arg(agent).arg(&json).arg(ttl).arg(forget).invoke(c)
+            self.redis
+                .script(&self.scripts.register)
+                .arg(name)
+                .arg(agent)
+                .arg(&json)
+                .arg(ttl)
+                .arg(forget)
+                .invoke(c)
         })?;
         match answer.as_slice() {
             [ok] if ok == "1" => Ok(()),
             [ok] if ok == "2" => {
-                tracing::warn!(key = %node_key(name), "the key held something other than a node registration; replaced it");
+                tracing::warn!(key = %self.node_key(name), "the key held something other than a node registration; replaced it");
                 Ok(())
             }
             [_, holder] => {
-                let key = node_key(name);
+                let key = self.node_key(name);
                 let holder: NodeRecord = serde_json::from_str(holder)
                     .map_err(|e| RegistryError::Corrupt { key, why: e.to_string() })?;
                 Err(RegistryError::NameTaken { name: name.clone(), holder: holder.agent, url: holder.url })
             }
             other => Err(RegistryError::Corrupt {
-                key: node_key(name),
+                key: self.node_key(name),
                 why: format!("register answered {other:?}"),
             }),
         }
@@ -295,19 +302,26 @@ impl Registry {
         let (ttl, forget, name, agent) =
             (millis(self.ttl), millis(FORGET_AFTER), &record.name, &record.agent);
         let answer: Vec<String> = self.redis.run(|c| {
-            self.scripts.heartbeat.arg(PREFIX).arg(name).arg(agent).arg(&json).arg(ttl).arg(forget).invoke(c)
+            self.redis
+                .script(&self.scripts.heartbeat)
+                .arg(name)
+                .arg(agent)
+                .arg(&json)
+                .arg(ttl)
+                .arg(forget)
+                .invoke(c)
         })?;
         Ok(match answer.as_slice() {
             [ok] if ok == "1" => Heartbeat::Renewed,
             [ok] if ok == "3" => {
-                tracing::warn!(key = %node_key(name), "the key held something other than a node registration; registered again over it");
+                tracing::warn!(key = %self.node_key(name), "the key held something other than a node registration; registered again over it");
                 Heartbeat::Reregistered
             }
             [_] => Heartbeat::Reregistered,
             [_, holder] => Heartbeat::Taken { holder: holder.clone() },
             other => {
                 return Err(RegistryError::Corrupt {
-                    key: node_key(name),
+                    key: self.node_key(name),
                     why: format!("heartbeat answered {other:?}"),
                 })
             }
@@ -322,7 +336,7 @@ impl Registry {
         let (name, agent, left) = (&record.name, &record.agent, millis(LEFT_FOR));
         let marked: i64 = self
             .redis
-            .run(|c| self.scripts.deregister.arg(PREFIX).arg(name).arg(agent).arg(left).invoke(c))?;
+            .run(|c| self.redis.script(&self.scripts.deregister).arg(name).arg(agent).arg(left).invoke(c))?;
         Ok(marked == 1)
     }
 
@@ -330,8 +344,9 @@ impl Registry {
     /// if run `agent` still holds it (the leader, which declared it dead).
     /// Whether it did: a run that registered meanwhile is left alone.
     pub fn declare_dead(&self, name: &str, agent: &str) -> Result<bool, RegistryError> {
-        let removed: i64 =
-            self.redis.run(|c| self.scripts.declare_dead.arg(PREFIX).arg(name).arg(agent).invoke(c))?;
+        let removed: i64 = self
+            .redis
+            .run(|c| self.redis.script(&self.scripts.declare_dead).arg(name).arg(agent).invoke(c))?;
         Ok(removed == 1)
     }
 
@@ -339,13 +354,14 @@ impl Registry {
     /// (of another type, or with a record that does not parse) — to be
     /// named and skipped, never to stop the reader.
     pub fn registered(&self) -> Result<Registrations, RegistryError> {
-        let rows: Vec<Vec<String>> = self.redis.run(|c| self.scripts.read_all.arg(PREFIX).invoke(c))?;
+        let rows: Vec<Vec<String>> =
+            self.redis.run(|c| self.redis.script(&self.scripts.read_all).invoke(c))?;
         let mut out = Registrations::default();
         for row in rows {
             let [name, kind, agent, record, beat, left] = <[String; 6]>::try_from(row).map_err(|r| {
-                RegistryError::Corrupt { key: format!("{PREFIX}:nodes"), why: format!("read {r:?}") }
+                RegistryError::Corrupt { key: self.redis.key("nodes"), why: format!("read {r:?}") }
             })?;
-            let key = node_key(&name);
+            let key = self.node_key(&name);
             if kind != "hash" {
                 out.bad.push((key, format!("a {kind}, not a node registration (a hash)")));
                 continue;
@@ -392,7 +408,17 @@ mod tests {
     #[test]
     fn a_live_name_is_refused_to_another_run_and_free_once_its_holder_is_silent() {
         let Some(server) = LocalRedis::for_test() else { return };
-        let registry = Registry::new(Redis::connect(&server.url()).unwrap(), Duration::from_millis(300));
+        a_live_name_is_held(Redis::connect(&server.url()).unwrap());
+    }
+
+    #[test]
+    fn on_a_cluster_a_live_name_is_held() {
+        let Some(cluster) = crate::LocalRedisCluster::for_test() else { return };
+        a_live_name_is_held(Redis::connect(&cluster.url()).unwrap());
+    }
+
+    fn a_live_name_is_held(redis: Redis) {
+        let registry = Registry::new(redis, Duration::from_millis(300));
         let a = record("gpu-a", "run-1");
         registry.register(&a).unwrap();
         // The same run registering again (a retry) is fine.

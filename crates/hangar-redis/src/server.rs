@@ -30,6 +30,9 @@ pub enum ServerError {
     /// `CLIENT PAUSE` failed.
     #[error("redis-server: CLIENT PAUSE failed: {0}")]
     Pause(redis::RedisError),
+    /// A `CLUSTER` command that forms a [`LocalRedisCluster`] failed.
+    #[error("redis-server: forming the cluster failed: {0}")]
+    Cluster(redis::RedisError),
     /// It did not answer in time; its log's last lines.
     #[error("redis-server did not answer on {socket} within 10 s; its log ends:\n{log}")]
     NoAnswer {
@@ -49,6 +52,9 @@ pub struct LocalRedis {
     child: Option<Child>,
     /// The loopback port of its TLS listener, if it has one.
     tls_port: Option<u16>,
+    /// Its loopback port, when it is a node of a [`LocalRedisCluster`]
+    /// (whose nodes find each other over TCP; the bus is this + 10000).
+    cluster_port: Option<u16>,
 }
 
 impl LocalRedis {
@@ -67,7 +73,7 @@ impl LocalRedis {
     pub fn start() -> Result<LocalRedis, ServerError> {
         let binary = Self::binary().ok_or(ServerError::NotInstalled)?;
         let dir = tempfile::Builder::new().prefix("hangar-redis-").tempdir()?;
-        let mut server = LocalRedis { dir, binary, child: None, tls_port: None };
+        let mut server = LocalRedis { dir, binary, child: None, tls_port: None, cluster_port: None };
         server.spawn()?;
         Ok(server)
     }
@@ -108,7 +114,7 @@ impl LocalRedis {
         std::fs::write(dir.path().join("tls-ca.pem"), ca.pem())?;
         std::fs::write(dir.path().join("tls-server.pem"), cert)?;
         std::fs::write(dir.path().join("tls-server.key"), key)?;
-        let mut server = LocalRedis { dir, binary, child: None, tls_port: None };
+        let mut server = LocalRedis { dir, binary, child: None, tls_port: None, cluster_port: None };
         let mut tries = 0;
         loop {
             server.tls_port = Some(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
@@ -161,13 +167,19 @@ impl LocalRedis {
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
         let mut command = Command::new(&self.binary);
+        let port = self.cluster_port.unwrap_or(0).to_string();
         command
-            .args(["--port", "0", "--unixsocket"])
+            .args(["--port", &port, "--unixsocket"])
             .arg(&socket)
             .args(["--unixsocketperm", "700", "--dir"])
             .arg(self.dir.path())
             .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--logfile"])
             .arg(self.dir.path().join("redis.log"));
+        if self.cluster_port.is_some() {
+            command
+                .args(["--bind", "127.0.0.1", "--cluster-enabled", "yes", "--cluster-config-file"])
+                .arg(self.dir.path().join("nodes.conf"));
+        }
         if let Some(port) = self.tls_port {
             let file = |name: &str| self.dir.path().join(name);
             command
@@ -280,5 +292,125 @@ impl LocalRedis {
 impl Drop for LocalRedis {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A Redis Cluster of one's own for tests: three `redis-server` nodes in
+/// cluster mode on loopback ports, each holding a third of the hash slots
+/// (no replicas), each with its data in a temporary directory; dropping it
+/// kills them all.
+#[derive(Debug)]
+pub struct LocalRedisCluster {
+    nodes: Vec<LocalRedis>,
+}
+
+impl LocalRedisCluster {
+    /// Starts three nodes, gives each its slots, introduces them and waits
+    /// until every node says the cluster is `ok`.
+    pub fn start() -> Result<LocalRedisCluster, ServerError> {
+        let binary = LocalRedis::binary().ok_or(ServerError::NotInstalled)?;
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(Self::node(&binary)?);
+        }
+        const SLOTS: u16 = 16384;
+        let command = |node: &LocalRedis, args: &[String]| -> Result<String, ServerError> {
+            let client = redis::Client::open(node.url()).map_err(ServerError::Cluster)?;
+            let mut conn = client.get_connection().map_err(ServerError::Cluster)?;
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg(args);
+            cmd.query::<redis::Value>(&mut conn)
+                .map(|v| match v {
+                    redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                    redis::Value::VerbatimString { text, .. } => text,
+                    other => format!("{other:?}"),
+                })
+                .map_err(ServerError::Cluster)
+        };
+        for (i, node) in nodes.iter().enumerate() {
+            let (lo, hi) =
+                (SLOTS / 3 * i as u16, if i == 2 { SLOTS - 1 } else { SLOTS / 3 * (i as u16 + 1) - 1 });
+            command(node, &["ADDSLOTSRANGE".into(), lo.to_string(), hi.to_string()])?;
+        }
+        for other in &nodes[1..] {
+            let port = other.cluster_port.expect("a cluster node has a port");
+            command(&nodes[0], &["MEET".into(), "127.0.0.1".into(), port.to_string()])?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut states = Vec::new();
+            for node in &nodes {
+                states.push(command(node, &["INFO".into()])?);
+            }
+            let ok =
+                |info: &String| info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3");
+            if states.iter().all(ok) {
+                return Ok(LocalRedisCluster { nodes });
+            }
+            if Instant::now() > deadline {
+                return Err(ServerError::NoAnswer {
+                    socket: nodes[0].url(),
+                    log: format!("the cluster did not form within 30 s: {}", states.join(" | ")),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A node on a port the kernel had free a moment before (with its
+    /// bus port, 10000 above it): another port when one was taken
+    /// meanwhile, three at most.
+    fn node(binary: &Path) -> Result<LocalRedis, ServerError> {
+        let mut tries = 0;
+        loop {
+            let port = loop {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+                if port <= u16::MAX - 10_000
+                    && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+                {
+                    break port;
+                }
+            };
+            let dir = tempfile::Builder::new().prefix("hangar-redis-cluster-").tempdir()?;
+            let mut node = LocalRedis {
+                dir,
+                binary: binary.to_owned(),
+                child: None,
+                tls_port: None,
+                cluster_port: Some(port),
+            };
+            tries += 1;
+            match node.spawn() {
+                Err(ServerError::NoAnswer { log, .. }) if log.contains("in use") && tries < 3 => {}
+                done => return done.map(|()| node),
+            }
+        }
+    }
+
+    /// [`LocalRedisCluster::start`] for a test, as [`LocalRedis::for_test`].
+    pub fn for_test() -> Option<LocalRedisCluster> {
+        match LocalRedisCluster::start() {
+            Ok(cluster) => Some(cluster),
+            Err(ServerError::NotInstalled) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: {}", ServerError::NotInstalled);
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The URL clients connect with: `redis+cluster://` and every node.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.cluster_port.expect("a node's port")))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// Its nodes (to read one's keys, or stop one).
+    pub fn nodes(&mut self) -> &mut [LocalRedis] {
+        &mut self.nodes
     }
 }

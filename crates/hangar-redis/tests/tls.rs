@@ -59,15 +59,19 @@ fn rediss_urls_are_checked_at_load() {
         format!("rediss://:secret@10.0.0.5/2?protocol=resp3&ca_file={ca}"),
         "redis://127.0.0.1:6379/0".to_owned(),
         "unix:///run/redis.sock".to_owned(),
+        "rediss+cluster://redis-0.example.com:6380,redis-1.example.com:6380".to_owned(),
+        format!("rediss+cluster://:secret@10.0.0.5:6380,10.0.0.6:6380/0?ca_file={ca}"),
     ] {
         assert_eq!(check_url(&ok), Ok(()), "{ok}");
     }
     for (bad, says) in [
         ("rediss://redis.example.com/0#insecure".to_owned(), "#insecure"),
-        (format!("redis://127.0.0.1/0?ca_file={ca}"), "only a rediss://"),
+        (format!("redis://127.0.0.1/0?ca_file={ca}"), "only a TLS URL (rediss://"),
         ("rediss://h/0?ca_file=ca.pem".to_owned(), "relative path"),
         (format!("rediss://h/0?ca_file={}/nope.pem", dir.path().display()), "cannot read the CA file"),
         (format!("rediss://h/0?ca_file={ca}&ca_file={ca}"), "more than once"),
+        (format!("rediss+cluster://h:6380?ca_file={ca}&ca_file={ca}"), "more than once"),
+        ("rediss+cluster://h:6380?ca_file=ca.pem".to_owned(), "relative path"),
         ("http://cache:6379".to_owned(), "is not a Redis URL"),
     ] {
         let e = check_url(&bad).unwrap_err();

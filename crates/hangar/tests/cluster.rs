@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::fleet::{agent, agent_with, ready, status, wait_ready, Agent};
 use common::predictions::{client, create_with_webhook, get, post, receiver, wait_terminal, Receiver};
 use common::{serve_in, Serve};
-use hangar_redis::LocalRedis;
+use hangar_redis::{LocalRedis, LocalRedisCluster};
 use serde_json::{json, Value};
 
 /// The fleet's models: `t/a` with two replicas and `t/b` with one.
@@ -31,9 +31,10 @@ size = "10GB"
 min_replicas = 1
 "#;
 
-/// A fleet's file on `redis` serving `models` (`[[models]]` entries);
-/// async predictions with a short lease and webhooks to loopback.
-fn fleet_config_of(redis: &LocalRedis, models: &str) -> String {
+/// A fleet's file on the Redis at `redis` (a URL) serving `models`
+/// (`[[models]]` entries); async predictions with a short lease and
+/// webhooks to loopback.
+fn fleet_config_of(redis: &str, models: &str) -> String {
     format!(
         r#"
 redis = "{}"
@@ -43,13 +44,13 @@ async_slots = 4
 lease_s = 2
 webhook_allow = ["127.0.0.1/32"]
 "#,
-        redis.url()
+        redis
     )
 }
 
 /// [`fleet_config_of`] written to `dir/fleet.toml`: its path (for agents)
 /// and its text (for gateways).
-fn fleet_file(dir: &std::path::Path, redis: &LocalRedis, models: &str) -> (std::path::PathBuf, String) {
+fn fleet_file(dir: &std::path::Path, redis: &str, models: &str) -> (std::path::PathBuf, String) {
     let config = fleet_config_of(redis, models);
     let path = dir.join("fleet.toml");
     std::fs::write(&path, &config).unwrap();
@@ -62,18 +63,49 @@ struct Fleet {
     dir: tempfile::TempDir,
 }
 
-/// Redis's fleet: `gateways` gateways and `agents` agents of 2 GPUs,
-/// every model's replicas ready on every gateway.
-fn fleet(redis: &LocalRedis, gateways: usize, agents: usize) -> Fleet {
+/// The fleet on the Redis at `redis` (a URL): `gateways` gateways and
+/// `agents` agents of 2 GPUs, every model's replicas ready on every
+/// gateway.
+fn fleet(redis: &str, gateways: usize, agents: usize) -> Fleet {
     let dir = tempfile::tempdir().unwrap();
     let (path, config) = fleet_file(dir.path(), redis, FLEET_MODELS);
     let gateways: Vec<Serve> =
         (0..gateways).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
-    let agents = (0..agents).map(|i| agent(dir.path(), &path, &redis.url(), &format!("n{i}"), 2)).collect();
+    let agents = (0..agents).map(|i| agent(dir.path(), &path, redis, &format!("n{i}"), 2)).collect();
     for g in &gateways {
         wait_ready(&g.url, &[("t/a", 2), ("t/b", 1)], None);
     }
     Fleet { gateways, agents, dir }
+}
+
+/// The fleet on a Redis Cluster of three nodes (`redis+cluster://`):
+/// replicas placed on the agents, a chat through each gateway, a
+/// prediction created through one and read through the other, and every
+/// key Hangar wrote — the events stream, a single key, aside — in the one
+/// hash slot of `{hangar}`.
+#[test]
+fn a_fleet_runs_on_a_redis_cluster() {
+    let Some(cluster) = LocalRedisCluster::for_test() else { return };
+    let f = fleet(&cluster.url(), 2, 2);
+    for g in &f.gateways {
+        assert_eq!(chat(&g.url, "t/a"), 200);
+    }
+    let hooks = receiver(0);
+    let id = create(&f.gateways[0].url, "t/b", 4, &hooks);
+    let done = wait_terminal(&format!("{}/v1/predictions/{id}", f.gateways[1].url));
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(hooks.one_terminal_each(std::slice::from_ref(&id))[&id], "succeeded");
+    let nodes: std::collections::BTreeSet<String> =
+        ready(&f.gateways[0].url).into_iter().map(|(_, n)| n).collect();
+    assert!(nodes.iter().all(|n| n.starts_with('n')), "{nodes:?}");
+
+    let redis = hangar_redis::Redis::connect(&cluster.url()).unwrap();
+    let keys: Vec<String> = redis.run(|c| hangar_redis::redis::cmd("KEYS").arg("*").query(c)).unwrap();
+    assert!(keys.contains(&format!("{{hangar}}:p:{id}")), "{keys:?}");
+    assert!(keys.contains(&"{hangar}:leader".to_owned()), "{keys:?}");
+    let stray: Vec<&String> =
+        keys.iter().filter(|k| !k.starts_with("{hangar}:") && *k != "hangar:events").collect();
+    assert!(stray.is_empty(), "keys outside the slot: {stray:?}");
 }
 
 /// The gateway that leads now, if one does.
@@ -122,7 +154,7 @@ fn create(gateway: &str, model: &str, tokens: u32, hooks: &Receiver) -> String {
 #[test]
 fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     let Some(redis) = LocalRedis::for_test() else { return };
-    let mut f = fleet(&redis, 2, 1);
+    let mut f = fleet(&redis.url(), 2, 1);
     let lead = leader(&f.gateways).expect("a gateway leads");
     let placed = wait_ready(&f.gateways[lead].url, &[("t/a", 2), ("t/b", 1)], None);
     let path = f.dir.path().join("fleet.toml");
@@ -209,7 +241,7 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
 #[test]
 fn another_gateway_leads_within_the_lease_ttl_when_the_leader_dies() {
     let Some(redis) = LocalRedis::for_test() else { return };
-    let mut f = fleet(&redis, 2, 2);
+    let mut f = fleet(&redis.url(), 2, 2);
     let old = leader(&f.gateways).expect("a gateway leads");
     let other = 1 - old;
     let dead = f.gateways.remove(old);
@@ -242,7 +274,7 @@ fn another_gateway_leads_within_the_lease_ttl_when_the_leader_dies() {
 #[test]
 fn the_fleet_rides_out_a_redis_restart() {
     let Some(redis) = LocalRedis::for_test() else { return };
-    let f = fleet(&redis, 2, 2);
+    let f = fleet(&redis.url(), 2, 2);
     let hooks = receiver(0);
     let restarts = std::thread::spawn(move || {
         let mut redis = redis;
@@ -286,7 +318,7 @@ fn the_fleet_rides_out_a_redis_restart() {
 #[test]
 fn a_leader_stopping_on_purpose_hands_the_lease_over() {
     let Some(redis) = LocalRedis::for_test() else { return };
-    let mut f = fleet(&redis, 2, 1);
+    let mut f = fleet(&redis.url(), 2, 1);
     let old = leader(&f.gateways).expect("a gateway leads");
     let old_id = status(&f.gateways[old].url)["fleet"]["gateway"].as_str().unwrap().to_owned();
     drop(f.gateways.remove(old)); // SIGTERM, and waits for it to exit.
@@ -350,7 +382,7 @@ fn engines_match_placement(gateway: &str, agents: &[Agent]) {
 #[test]
 fn an_agent_killed_and_started_again_under_its_name_runs_only_what_placement_counts() {
     let Some(redis) = LocalRedis::for_test() else { return };
-    let mut f = fleet(&redis, 1, 2);
+    let mut f = fleet(&redis.url(), 1, 2);
     let gw = f.gateways[0].url.clone();
     let placed = wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], None);
     engines_match_placement(&gw, &f.agents);
@@ -382,7 +414,7 @@ fn an_agent_killed_and_started_again_under_its_name_runs_only_what_placement_cou
 #[test]
 fn an_agent_stopped_past_its_ttl_rejoins_without_ghosts() {
     let Some(redis) = LocalRedis::for_test() else { return };
-    let f = fleet(&redis, 1, 3);
+    let f = fleet(&redis.url(), 1, 3);
     let gw = f.gateways[0].url.clone();
     let placed = wait_ready(&gw, &[("t/a", 2), ("t/b", 1)], None);
     let victim = placed[0].1.clone();
@@ -429,7 +461,7 @@ size = "60GB"
 min_replicas = 0
 timeout_s = 600
 "#;
-    let (path, config) = fleet_file(dir.path(), &redis, model);
+    let (path, config) = fleet_file(dir.path(), &redis.url(), model);
     let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
     let _small = agent_with(dir.path(), &path, &redis.url(), "small", 1, "16GB", &[]);
     wait_leader(std::slice::from_ref(&gateway), "at the start");
@@ -533,7 +565,7 @@ size = "4GB"
 min_replicas = 0
 max_replicas = 2
 "#;
-    let (path, config) = fleet_file(dir.path(), &redis, models);
+    let (path, config) = fleet_file(dir.path(), &redis.url(), models);
     let mut gateways: Vec<Serve> = (0..2).map(|_| serve_in(tempfile::tempdir().unwrap(), &config)).collect();
     let _node = agent_with(dir.path(), &path, &redis.url(), "small", 2, "16GB", &[]);
     let lead = wait_leader(&gateways, "at the start");
@@ -627,7 +659,7 @@ weights = "{}"
 "#,
         weights.display()
     );
-    let config = fleet_config_of(&redis, &models);
+    let config = fleet_config_of(&redis.url(), &models);
     let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
     // Each agent's file in a directory of its own: `root = "store"` is
     // then a store of its own.
@@ -713,7 +745,7 @@ size = "10GB"
 min_replicas = 1
 max_replicas = 1
 "#;
-    let (path, config) = fleet_file(dir.path(), &redis, models);
+    let (path, config) = fleet_file(dir.path(), &redis.url(), models);
     let gateway = serve_in(tempfile::tempdir().unwrap(), &config);
     let mut agents: Vec<Agent> = ["n0", "n1"]
         .iter()

@@ -32,7 +32,7 @@ use std::sync::Mutex;
 
 use hangar_core::Millis;
 use hangar_redis::redis::{self, Script};
-use hangar_redis::{Redis, PREFIX};
+use hangar_redis::{Link, Redis};
 use sha2::{Digest, Sha256};
 
 use super::{
@@ -454,15 +454,12 @@ impl RedisQueue {
     /// again on a fresh connection if Redis dropped the first
     /// ([`Redis::run`]): every script here is idempotent or reports a
     /// repeated success.
-    fn with<T>(
-        &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> Result<T, StoreError> {
+    fn with<T>(&self, f: impl FnMut(&mut Link) -> redis::RedisResult<T>) -> Result<T, StoreError> {
         blocking(|| self.redis.run(f).map_err(|e| StoreError::redis(e, self.redis.address())))
     }
 
-    fn key(what: &str) -> String {
-        format!("{PREFIX}:{what}")
+    fn key(&self, what: &str) -> String {
+        self.redis.key(what)
     }
 
     fn forget_claim(&self, id: &str) {
@@ -477,7 +474,7 @@ impl RedisQueue {
         }
         let mut pipe = redis::pipe();
         for id in ids {
-            pipe.hgetall(Self::key(&format!("p:{id}")));
+            pipe.hgetall(self.key(&format!("p:{id}")));
         }
         let rows: Vec<HashMap<String, String>> = self.with(|c| pipe.query(c))?;
         rows.into_iter().filter(|f| !f.is_empty()).map(from_fields).collect()
@@ -580,9 +577,8 @@ impl PredictionQueue for RedisQueue {
             (a, b) => a.or(b),
         };
         let (a, b) = self.shards.of(&r.account);
-        let mut inv = self.scripts.enqueue.prepare_invoke();
-        inv.arg(PREFIX)
-            .arg(&r.id)
+        let mut inv = self.redis.script(&self.scripts.enqueue);
+        inv.arg(&r.id)
             .arg(r.kind.queue(&r.model))
             // The listing it is in: a procedure's run is listed with the
             // predictions (its own `kind` is among the fields).
@@ -626,8 +622,8 @@ impl PredictionQueue for RedisQueue {
         limit: usize,
     ) -> Result<Page, StoreError> {
         let key = match account {
-            Some(a) => Self::key(&format!("list:{}:{a}", kind.as_str())),
-            None => Self::key(&format!("list:{}", kind.as_str())),
+            Some(a) => self.key(&format!("list:{}:{a}", kind.as_str())),
+            None => self.key(&format!("list:{}", kind.as_str())),
         };
         // Newest first below the cursor, or oldest first above it; `(`
         // makes a bound exclusive.
@@ -659,7 +655,7 @@ impl PredictionQueue for RedisQueue {
         _lease_ms: Millis,
     ) -> Result<Option<Record>, StoreError> {
         let got: Option<(String, String, HashMap<String, String>)> =
-            self.with(|c| self.scripts.claim.prepare_invoke().arg(PREFIX).arg(queue).arg(owner).invoke(c))?;
+            self.with(|c| self.redis.script(&self.scripts.claim).arg(queue).arg(owner).invoke(c))?;
         let Some((stream, entry, fields)) = got else { return Ok(None) };
         let record = from_fields(fields)?;
         self.claims
@@ -682,8 +678,8 @@ impl PredictionQueue for RedisQueue {
         if held.is_empty() {
             return Ok(0);
         }
-        let mut inv = self.scripts.heartbeat.prepare_invoke();
-        inv.arg(PREFIX).arg(owner);
+        let mut inv = self.redis.script(&self.scripts.heartbeat);
+        inv.arg(owner);
         for (stream, entry) in &held {
             inv.arg(stream).arg(entry);
         }
@@ -697,18 +693,16 @@ impl PredictionQueue for RedisQueue {
     }
 
     fn start(&self, id: &str, now: Millis, deliveries: &[Delivery]) -> Result<bool, StoreError> {
-        let mut inv = self.scripts.start.prepare_invoke();
-        inv.arg(PREFIX).arg(id).arg(now);
+        let mut inv = self.redis.script(&self.scripts.start);
+        inv.arg(id).arg(now);
         push_deliveries(&mut inv, deliveries);
         self.with(|c| inv.invoke::<i64>(c)).map(|n| n == 1)
     }
 
     fn save_progress(&self, id: &str, output: &serde_json::Value, logs: &str) -> Result<(), StoreError> {
         self.with(|c| {
-            self.scripts
-                .save_progress
-                .prepare_invoke()
-                .arg(PREFIX)
+            self.redis
+                .script(&self.scripts.save_progress)
                 .arg(id)
                 .arg(output.to_string())
                 .arg(logs)
@@ -730,8 +724,8 @@ impl PredictionQueue for RedisQueue {
             ("completed_at", r.completed_at.map(|t| t.to_string())),
         ];
         let (set, del): (Vec<_>, Vec<_>) = values.into_iter().partition(|(_, v)| v.is_some());
-        let mut inv = self.scripts.finish.prepare_invoke();
-        inv.arg(PREFIX).arg(&r.id).arg(r.status.as_str()).arg(r.completed_at.unwrap_or(0)).arg(set.len());
+        let mut inv = self.redis.script(&self.scripts.finish);
+        inv.arg(&r.id).arg(r.status.as_str()).arg(r.completed_at.unwrap_or(0)).arg(set.len());
         for (k, v) in set {
             inv.arg(k).arg(v);
         }
@@ -747,10 +741,8 @@ impl PredictionQueue for RedisQueue {
 
     fn due_deliveries(&self, now: Millis, limit: usize) -> Result<Vec<Delivery>, StoreError> {
         let rows: Vec<HashMap<String, String>> = self.with(|c| {
-            self.scripts
-                .due_deliveries
-                .prepare_invoke()
-                .arg(PREFIX)
+            self.redis
+                .script(&self.scripts.due_deliveries)
                 .arg(now)
                 .arg(limit)
                 .arg(now + DELIVERY_CLAIM_MS)
@@ -778,7 +770,7 @@ impl PredictionQueue for RedisQueue {
 
     fn next_delivery_at(&self) -> Result<Option<Millis>, StoreError> {
         let first: Vec<(String, f64)> = self.with(|c| {
-            redis::cmd("ZRANGE").arg(Self::key("deliveries")).arg(0).arg(0).arg("WITHSCORES").query(c)
+            redis::cmd("ZRANGE").arg(self.key("deliveries")).arg(0).arg(0).arg("WITHSCORES").query(c)
         })?;
         Ok(first.first().map(|(_, at)| *at as Millis))
     }
@@ -789,7 +781,7 @@ impl PredictionQueue for RedisQueue {
         delivered: bool,
         next_at: Option<Millis>,
     ) -> Result<(), StoreError> {
-        let (key, due) = (Self::key(&format!("d:{id}")), Self::key("deliveries"));
+        let (key, due) = (self.key(&format!("d:{id}")), self.key("deliveries"));
         let mut pipe = redis::pipe();
         pipe.atomic();
         match next_at {
@@ -810,7 +802,7 @@ impl PredictionQueue for RedisQueue {
     fn expired_waiting(&self, now: Millis, limit: usize) -> Result<Vec<Record>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             redis::cmd("ZRANGEBYSCORE")
-                .arg(Self::key("expiry"))
+                .arg(self.key("expiry"))
                 .arg("-inf")
                 .arg(now)
                 .arg("LIMIT")
@@ -825,10 +817,8 @@ impl PredictionQueue for RedisQueue {
         // Idle time is Redis's own clock: the lease given at open.
         let sweeper = format!("sweep-{}", std::process::id());
         let ids: Vec<String> = self.with(|c| {
-            self.scripts
-                .sweep
-                .prepare_invoke()
-                .arg(PREFIX)
+            self.redis
+                .script(&self.scripts.sweep)
                 .arg(&sweeper)
                 .arg(self.lease_ms)
                 .arg(self.shards.count)
@@ -840,19 +830,14 @@ impl PredictionQueue for RedisQueue {
     }
 
     fn requeue(&self, id: &str) -> Result<bool, StoreError> {
-        let done =
-            self.with(|c| self.scripts.requeue.prepare_invoke().arg(PREFIX).arg(id).invoke::<i64>(c))? == 1;
+        let done = self.with(|c| self.redis.script(&self.scripts.requeue).arg(id).invoke::<i64>(c))? == 1;
         self.forget_claim(id);
         Ok(done)
     }
 
     fn prune_queue(&self, before: Millis, now: Millis) -> Result<Vec<String>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
-            redis::cmd("ZRANGEBYSCORE")
-                .arg(Self::key("queued"))
-                .arg("-inf")
-                .arg(format!("({before}"))
-                .query(c)
+            redis::cmd("ZRANGEBYSCORE").arg(self.key("queued")).arg("-inf").arg(format!("({before}")).query(c)
         })?;
         if ids.is_empty() {
             return Ok(ids);
@@ -869,7 +854,7 @@ impl PredictionQueue for RedisQueue {
         self.with(|c| {
             let mut pipe = redis::pipe();
             for id in &ids {
-                pipe.zrem(Self::key("queued"), id).ignore();
+                pipe.zrem(self.key("queued"), id).ignore();
             }
             pipe.query::<()>(c)
         })?;
@@ -879,9 +864,8 @@ impl PredictionQueue for RedisQueue {
     fn remove_data(&self, before: Millis) -> Result<usize, StoreError> {
         let mut total = 0;
         loop {
-            let n: usize = self.with(|c| {
-                self.scripts.remove_data.prepare_invoke().arg(PREFIX).arg(before).arg(1000).invoke(c)
-            })?;
+            let n: usize =
+                self.with(|c| self.redis.script(&self.scripts.remove_data).arg(before).arg(1000).invoke(c))?;
             total += n;
             if n < 1000 {
                 return Ok(total);
@@ -895,7 +879,7 @@ impl PredictionQueue for RedisQueue {
         now: Millis,
         create: &dyn Fn() -> String,
     ) -> Result<Vec<String>, StoreError> {
-        let current = Self::key(&format!("secret:{account}"));
+        let current = self.key(&format!("secret:{account}"));
         let mut secret: Option<String> = self.with(|c| redis::cmd("GET").arg(&current).query(c))?;
         if secret.is_none() {
             // Another gateway may create it at the same moment: NX keeps
@@ -906,7 +890,7 @@ impl PredictionQueue for RedisQueue {
             secret = Some(secret.unwrap_or(fresh));
         }
         let old: Vec<String> = self.with(|c| {
-            let old = Self::key(&format!("secret-old:{account}"));
+            let old = self.key(&format!("secret-old:{account}"));
             redis::cmd("ZREVRANGEBYSCORE").arg(old).arg("+inf").arg(format!("({now}")).query(c)
         })?;
         Ok(secret.into_iter().chain(old).collect())
@@ -921,10 +905,8 @@ impl PredictionQueue for RedisQueue {
     ) -> Result<Rotation, StoreError> {
         let (fresh, until) = (create(), now.saturating_add(grace_ms));
         let retired: i64 = self.with(|c| {
-            self.scripts
-                .rotate_secret
-                .prepare_invoke()
-                .arg(PREFIX)
+            self.redis
+                .script(&self.scripts.rotate_secret)
                 .arg(account)
                 .arg(now)
                 .arg(until)
@@ -942,10 +924,8 @@ impl PredictionQueue for RedisQueue {
         let body = serde_json::to_string(deployment).expect("a deployment serializes");
         let expected = expected.map_or_else(String::new, |r| r.to_string());
         let written: i64 = self.with(|c| {
-            self.scripts
-                .put_deployment
-                .prepare_invoke()
-                .arg(PREFIX)
+            self.redis
+                .script(&self.scripts.put_deployment)
                 .arg(&deployment.name)
                 .arg(&expected)
                 .arg(&body)
@@ -956,13 +936,13 @@ impl PredictionQueue for RedisQueue {
 
     fn delete_deployment(&self, name: &str) -> Result<bool, StoreError> {
         let removed: i64 =
-            self.with(|c| redis::cmd("HDEL").arg(Self::key("deployments")).arg(name).query(c))?;
+            self.with(|c| redis::cmd("HDEL").arg(self.key("deployments")).arg(name).query(c))?;
         Ok(removed == 1)
     }
 
     fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
         let all: Vec<(String, String)> =
-            self.with(|c| redis::cmd("HGETALL").arg(Self::key("deployments")).query(c))?;
+            self.with(|c| redis::cmd("HGETALL").arg(self.key("deployments")).query(c))?;
         let mut records = all
             .into_iter()
             .map(|(name, body)| {
@@ -977,14 +957,13 @@ impl PredictionQueue for RedisQueue {
         let body = serde_json::to_string(procedure).expect("a procedure serializes");
         let key = procedure.key();
         let written: bool =
-            self.with(|c| redis::cmd("HSETNX").arg(Self::key("procedures")).arg(&key).arg(&body).query(c))?;
+            self.with(|c| redis::cmd("HSETNX").arg(self.key("procedures")).arg(&key).arg(&body).query(c))?;
         // Not written: another's, or ours with its reply lost.
         Ok(written || self.procedure_body(&key)?.is_some_and(|stored| stored == body))
     }
 
     fn delete_procedure(&self, key: &str) -> Result<bool, StoreError> {
-        let removed: i64 =
-            self.with(|c| redis::cmd("HDEL").arg(Self::key("procedures")).arg(key).query(c))?;
+        let removed: i64 = self.with(|c| redis::cmd("HDEL").arg(self.key("procedures")).arg(key).query(c))?;
         Ok(removed == 1)
     }
 
@@ -994,7 +973,7 @@ impl PredictionQueue for RedisQueue {
 
     fn procedures(&self) -> Result<Vec<Procedure>, StoreError> {
         let all: Vec<(String, String)> =
-            self.with(|c| redis::cmd("HGETALL").arg(Self::key("procedures")).query(c))?;
+            self.with(|c| redis::cmd("HGETALL").arg(self.key("procedures")).query(c))?;
         let mut procedures =
             all.iter().map(|(key, body)| parse_procedure(key, body)).collect::<Result<Vec<_>, _>>()?;
         procedures.sort_by_key(Procedure::key);
@@ -1005,7 +984,7 @@ impl PredictionQueue for RedisQueue {
 impl RedisQueue {
     /// The stored JSON of procedure `key`.
     fn procedure_body(&self, key: &str) -> Result<Option<String>, StoreError> {
-        self.with(|c| redis::cmd("HGET").arg(Self::key("procedures")).arg(key).query(c))
+        self.with(|c| redis::cmd("HGET").arg(self.key("procedures")).arg(key).query(c))
     }
 }
 
@@ -1031,6 +1010,26 @@ mod tests {
     }
 
     contract_tests!(local());
+
+    /// The same contract on a Redis Cluster of three nodes, where every key
+    /// is `{hangar}:…` — one slot, on one node — and each script, pipeline
+    /// and transaction is sent to it.
+    mod on_a_cluster {
+        use hangar_redis::{LocalRedisCluster, Redis};
+
+        use super::super::super::contract::contract_tests;
+        use super::{RedisQueue, Shards};
+
+        fn local() -> Option<(LocalRedisCluster, RedisQueue)> {
+            let cluster = LocalRedisCluster::for_test()?;
+            let redis = Redis::connect(&cluster.url()).unwrap();
+            assert_eq!(redis.prefix(), "{hangar}");
+            let q = RedisQueue::open(redis, Shards::default(), 30_000).unwrap();
+            Some((cluster, q))
+        }
+
+        contract_tests!(local());
+    }
 
     fn of(id: &str, account: &str, t: Millis) -> Record {
         Record { account: account.into(), ..record(id, "a/x", t) }
