@@ -167,7 +167,8 @@ impl LocalRedis {
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
         let mut command = Command::new(&self.binary);
-        let port = self.cluster_port.unwrap_or(0).to_string();
+        // A cluster node over TLS listens on its TLS port only.
+        let port = if self.tls_port.is_some() { 0 } else { self.cluster_port.unwrap_or(0) }.to_string();
         command
             .args(["--port", &port, "--unixsocket"])
             .arg(&socket)
@@ -179,6 +180,11 @@ impl LocalRedis {
             command
                 .args(["--bind", "127.0.0.1", "--cluster-enabled", "yes", "--cluster-config-file"])
                 .arg(self.dir.path().join("nodes.conf"));
+            if self.tls_port.is_some() {
+                // The bus between nodes over TLS too, and the TLS port
+                // announced to clients.
+                command.args(["--tls-cluster", "yes"]);
+            }
         }
         if let Some(port) = self.tls_port {
             let file = |name: &str| self.dir.path().join(name);
@@ -308,10 +314,31 @@ impl LocalRedisCluster {
     /// Starts three nodes, gives each its slots, introduces them and waits
     /// until every node says the cluster is `ok`.
     pub fn start() -> Result<LocalRedisCluster, ServerError> {
+        Self::form(None)
+    }
+
+    /// [`LocalRedisCluster::start`] with every node served over TLS only
+    /// (clients and the bus between nodes), with one certificate for
+    /// `127.0.0.1` and `localhost` from a CA of its own: its
+    /// [`LocalRedisCluster::url`] is `rediss+cluster://…?ca_file=…`.
+    #[cfg(feature = "test-ca")]
+    pub fn start_tls() -> Result<LocalRedisCluster, ServerError> {
+        let ca = crate::tls::TestCa::new("hangar LocalRedisCluster CA");
+        let (cert, key) = ca.issue(&["127.0.0.1", "localhost"]);
+        Self::form(Some(&TlsFiles { ca: ca.pem(), cert, key }))
+    }
+
+    /// [`LocalRedisCluster::start_tls`] for a test, as [`LocalRedis::for_test`].
+    #[cfg(feature = "test-ca")]
+    pub fn for_test_tls() -> Option<LocalRedisCluster> {
+        Self::or_skip(LocalRedisCluster::start_tls())
+    }
+
+    fn form(tls: Option<&TlsFiles>) -> Result<LocalRedisCluster, ServerError> {
         let binary = LocalRedis::binary().ok_or(ServerError::NotInstalled)?;
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            nodes.push(Self::node(&binary)?);
+            nodes.push(Self::node(&binary, tls)?);
         }
         const SLOTS: u16 = 16384;
         let command = |node: &LocalRedis, args: &[String]| -> Result<String, ServerError> {
@@ -360,7 +387,7 @@ impl LocalRedisCluster {
     /// A node on a port the kernel had free a moment before (with its
     /// bus port, 10000 above it): another port when one was taken
     /// meanwhile, three at most.
-    fn node(binary: &Path) -> Result<LocalRedis, ServerError> {
+    fn node(binary: &Path, tls: Option<&TlsFiles>) -> Result<LocalRedis, ServerError> {
         let mut tries = 0;
         loop {
             let port = loop {
@@ -372,11 +399,17 @@ impl LocalRedisCluster {
                 }
             };
             let dir = tempfile::Builder::new().prefix("hangar-redis-cluster-").tempdir()?;
+            if let Some(files) = tls {
+                std::fs::write(dir.path().join("tls-ca.pem"), &files.ca)?;
+                std::fs::write(dir.path().join("tls-server.pem"), &files.cert)?;
+                std::fs::write(dir.path().join("tls-server.key"), &files.key)?;
+            }
+            let tls_port = tls.map(|_| port);
             let mut node = LocalRedis {
                 dir,
                 binary: binary.to_owned(),
                 child: None,
-                tls_port: None,
+                tls_port,
                 cluster_port: Some(port),
             };
             tries += 1;
@@ -389,7 +422,11 @@ impl LocalRedisCluster {
 
     /// [`LocalRedisCluster::start`] for a test, as [`LocalRedis::for_test`].
     pub fn for_test() -> Option<LocalRedisCluster> {
-        match LocalRedisCluster::start() {
+        Self::or_skip(LocalRedisCluster::start())
+    }
+
+    fn or_skip(started: Result<LocalRedisCluster, ServerError>) -> Option<LocalRedisCluster> {
+        match started {
             Ok(cluster) => Some(cluster),
             Err(ServerError::NotInstalled) if std::env::var_os("CI").is_none() => {
                 eprintln!("skipped: {}", ServerError::NotInstalled);
@@ -399,18 +436,31 @@ impl LocalRedisCluster {
         }
     }
 
-    /// The URL clients connect with: `redis+cluster://` and every node.
+    /// The URL clients connect with: `redis+cluster://` and every node, or
+    /// over TLS `rediss+cluster://…?ca_file=` (the CA that issued the
+    /// nodes' certificate).
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self
             .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.cluster_port.expect("a node's port")))
             .collect();
-        format!("redis+cluster://{}", nodes.join(","))
+        match self.nodes[0].ca_file() {
+            Some(ca) => format!("rediss+cluster://{}?ca_file={}", nodes.join(","), ca.display()),
+            None => format!("redis+cluster://{}", nodes.join(",")),
+        }
     }
 
     /// Its nodes (to read one's keys, or stop one).
     pub fn nodes(&mut self) -> &mut [LocalRedis] {
         &mut self.nodes
     }
+}
+
+/// The PEM files of a TLS cluster's nodes: its CA, and the one certificate
+/// and key every node presents.
+struct TlsFiles {
+    ca: String,
+    cert: String,
+    key: String,
 }

@@ -3,7 +3,7 @@
 //! `rediss` URL passes at load.
 
 use hangar_redis::tls::TestCa;
-use hangar_redis::{check_url, redis, LocalRedis, Redis, RedisError};
+use hangar_redis::{check_url, redis, LocalRedis, LocalRedisCluster, Redis, RedisError};
 
 /// `url` with `?ca_file=` the PEM file at `path`.
 fn with_ca(url: &str, path: &std::path::Path) -> String {
@@ -78,4 +78,26 @@ fn rediss_urls_are_checked_at_load() {
         assert!(e.contains(says) && e.contains(&bad), "{bad}: {e}");
         assert!(Redis::connect(&bad).unwrap_err().to_string().contains(says), "{bad}");
     }
+}
+
+/// A Redis Cluster served over TLS only is reached with
+/// `rediss+cluster://…?ca_file=`, the nodes' certificate verified on every
+/// connection the slot map leads to; without the CA it is refused.
+#[test]
+fn a_cluster_over_tls_is_reached_with_its_ca_and_refused_without() {
+    let Some(cluster) = LocalRedisCluster::for_test_tls() else { return };
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://") && url.contains("?ca_file="), "{url}");
+    let redis = Redis::connect(&url).unwrap();
+    assert_eq!(redis.prefix(), "{hangar}");
+    for i in 0..20 {
+        // Keys of every node's slots, not only Hangar's one.
+        let key = format!("k{i}");
+        redis.run(|c| redis::cmd("SET").arg(&key).arg(i).query::<()>(c)).unwrap();
+        let back: i64 = redis.run(|c| redis::cmd("GET").arg(&key).query(c)).unwrap();
+        assert_eq!(back, i);
+    }
+    let without = url.split('?').next().unwrap();
+    let e = Redis::connect(without).unwrap_err().to_string();
+    assert!(e.contains("UnknownIssuer") || e.contains("certificate"), "{e}");
 }
