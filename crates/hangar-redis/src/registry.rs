@@ -234,6 +234,23 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl Registry {
+    /// Runs `script` (registering or renewing) for `record`: name, agent,
+    /// the record, the TTL and how long a left node is kept.
+    fn write_record(&self, script: &Script, record: &NodeRecord) -> Result<Vec<String>, RedisError> {
+        let json = serde_json::to_string(record).expect("a node record serializes");
+        let (ttl, forget) = (millis(self.ttl), millis(FORGET_AFTER));
+        self.redis.run(|c| {
+            self.redis
+                .script(script)
+                .arg(&record.name)
+                .arg(&record.agent)
+                .arg(&json)
+                .arg(ttl)
+                .arg(forget)
+                .invoke(c)
+        })
+    }
+
     /// The Redis key of node `name`'s registration.
     fn node_key(&self, name: &str) -> String {
         self.redis.key(&format!("node:{name}"))
@@ -264,19 +281,8 @@ impl Registry {
     /// clock). A key of another type in its place is replaced, and named
     /// in the log.
     pub fn register(&self, record: &NodeRecord) -> Result<(), RegistryError> {
-        let json = serde_json::to_string(record).expect("a node record serializes");
-        let (ttl, forget, name, agent) =
-            (millis(self.ttl), millis(FORGET_AFTER), &record.name, &record.agent);
-        let answer: Vec<String> = self.redis.run(|c| {
-            self.redis
-                .script(&self.scripts.register)
-                .arg(name)
-                .arg(agent)
-                .arg(&json)
-                .arg(ttl)
-                .arg(forget)
-                .invoke(c)
-        })?;
+        let name = &record.name;
+        let answer = self.write_record(&self.scripts.register, record)?;
         match answer.as_slice() {
             [ok] if ok == "1" => Ok(()),
             [ok] if ok == "2" => {
@@ -298,19 +304,8 @@ impl Registry {
 
     /// Renews `record`'s registration (and updates what it says).
     pub fn heartbeat(&self, record: &NodeRecord) -> Result<Heartbeat, RegistryError> {
-        let json = serde_json::to_string(record).expect("a node record serializes");
-        let (ttl, forget, name, agent) =
-            (millis(self.ttl), millis(FORGET_AFTER), &record.name, &record.agent);
-        let answer: Vec<String> = self.redis.run(|c| {
-            self.redis
-                .script(&self.scripts.heartbeat)
-                .arg(name)
-                .arg(agent)
-                .arg(&json)
-                .arg(ttl)
-                .arg(forget)
-                .invoke(c)
-        })?;
+        let name = &record.name;
+        let answer = self.write_record(&self.scripts.heartbeat, record)?;
         Ok(match answer.as_slice() {
             [ok] if ok == "1" => Heartbeat::Renewed,
             [ok] if ok == "3" => {

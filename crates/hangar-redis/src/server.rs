@@ -43,6 +43,20 @@ pub enum ServerError {
     },
 }
 
+/// What a test does with a server it started: uses it, or — no
+/// `redis-server` installed and this not CI (`CI` set), where a missing
+/// server fails the test instead — skips (`None`, after printing why).
+fn or_skip<T>(started: Result<T, ServerError>) -> Option<T> {
+    match started {
+        Ok(server) => Some(server),
+        Err(ServerError::NotInstalled) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: {}", ServerError::NotInstalled);
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// A running `redis-server` of one's own, with its data in a temporary
 /// directory. Dropping it kills the server and removes the directory.
 #[derive(Debug)]
@@ -82,18 +96,7 @@ impl LocalRedis {
     /// no `redis-server` is installed and this is not CI (`CI` set),
     /// where a missing server fails the test instead.
     pub fn for_test() -> Option<LocalRedis> {
-        Self::or_skip(LocalRedis::start())
-    }
-
-    fn or_skip(started: Result<LocalRedis, ServerError>) -> Option<LocalRedis> {
-        match started {
-            Ok(server) => Some(server),
-            Err(ServerError::NotInstalled) if std::env::var_os("CI").is_none() => {
-                eprintln!("skipped: {}", ServerError::NotInstalled);
-                None
-            }
-            Err(e) => panic!("{e}"),
-        }
+        or_skip(LocalRedis::start())
     }
 
     /// [`LocalRedis::start`], also serving TLS on a free loopback port
@@ -129,7 +132,7 @@ impl LocalRedis {
     /// [`LocalRedis::start_tls`] for a test, as [`LocalRedis::for_test`].
     #[cfg(feature = "test-ca")]
     pub fn for_test_tls() -> Option<LocalRedis> {
-        Self::or_skip(LocalRedis::start_tls())
+        or_skip(LocalRedis::start_tls())
     }
 
     /// The URL of its TLS listener (`rediss://127.0.0.1:PORT`), when it
@@ -331,7 +334,7 @@ impl LocalRedisCluster {
     /// [`LocalRedisCluster::start_tls`] for a test, as [`LocalRedis::for_test`].
     #[cfg(feature = "test-ca")]
     pub fn for_test_tls() -> Option<LocalRedisCluster> {
-        Self::or_skip(LocalRedisCluster::start_tls())
+        or_skip(LocalRedisCluster::start_tls())
     }
 
     fn form(tls: Option<&TlsFiles>) -> Result<LocalRedisCluster, ServerError> {
@@ -422,18 +425,7 @@ impl LocalRedisCluster {
 
     /// [`LocalRedisCluster::start`] for a test, as [`LocalRedis::for_test`].
     pub fn for_test() -> Option<LocalRedisCluster> {
-        Self::or_skip(LocalRedisCluster::start())
-    }
-
-    fn or_skip(started: Result<LocalRedisCluster, ServerError>) -> Option<LocalRedisCluster> {
-        match started {
-            Ok(cluster) => Some(cluster),
-            Err(ServerError::NotInstalled) if std::env::var_os("CI").is_none() => {
-                eprintln!("skipped: {}", ServerError::NotInstalled);
-                None
-            }
-            Err(e) => panic!("{e}"),
-        }
+        or_skip(LocalRedisCluster::start())
     }
 
     /// The URL clients connect with: `redis+cluster://` and every node, or
