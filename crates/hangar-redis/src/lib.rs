@@ -383,6 +383,40 @@ mod tests {
         assert_eq!(back, "v");
     }
 
+    /// The primary holding Hangar's slot killed: calls are unavailable
+    /// while its replica takes over, then the same pool serves from the
+    /// promoted replica, with what was written (and replicated) before.
+    #[test]
+    fn a_cluster_fails_over_and_the_pool_follows_the_promoted_replica() {
+        let Some(mut cluster) = LocalRedisCluster::for_test_with_replicas() else { return };
+        let redis = Redis::connect(&cluster.url()).unwrap();
+        let key = redis.key("k");
+        // A write, and its replica's acknowledgement (one pipeline: both go
+        // to the node of the key's slot).
+        let (acked,): (i64,) = redis
+            .run(|c| redis::pipe().set(&key, "v").ignore().cmd("WAIT").arg(1).arg(5000).query(c))
+            .unwrap();
+        assert_eq!(acked, 1, "the replica has the write");
+        let slot: u16 = redis.run(|c| redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query(c)).unwrap();
+        cluster.nodes()[(usize::from(slot) / (16384 / 3)).min(2)].crash();
+        let t = std::time::Instant::now();
+        let mut failures = 0;
+        let back = loop {
+            match redis.run(|c| redis::cmd("GET").arg(&key).query::<String>(c)) {
+                Ok(v) => break v,
+                Err(e) => {
+                    assert!(e.is_unavailable() && t.elapsed() < Duration::from_secs(60), "{e}");
+                    failures += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(back, "v");
+        assert!(failures > 0, "the kill was seen");
+        // And it takes writes there.
+        redis.run(|c| redis::cmd("SET").arg(&key).arg("w").query::<()>(c)).unwrap();
+    }
+
     #[test]
     fn a_password_never_reaches_a_message() {
         for (url, shown) in [

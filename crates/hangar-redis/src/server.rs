@@ -181,6 +181,7 @@ impl LocalRedis {
             .arg(self.dir.path().join("redis.log"));
         if self.cluster_port.is_some() {
             command
+                .args(["--cluster-node-timeout", "2000"])
                 .args(["--bind", "127.0.0.1", "--cluster-enabled", "yes", "--cluster-config-file"])
                 .arg(self.dir.path().join("nodes.conf"));
             if self.tls_port.is_some() {
@@ -317,7 +318,21 @@ impl LocalRedisCluster {
     /// Starts three nodes, gives each its slots, introduces them and waits
     /// until every node says the cluster is `ok`.
     pub fn start() -> Result<LocalRedisCluster, ServerError> {
-        Self::form(None)
+        Self::form(None, false)
+    }
+
+    /// [`LocalRedisCluster::start`] with a replica for each of the three
+    /// primaries (nodes 3, 4 and 5 replicate 0, 1 and 2), which takes over
+    /// its primary's slots about two seconds after the primary stops
+    /// answering (`cluster-node-timeout` 2000).
+    pub fn start_with_replicas() -> Result<LocalRedisCluster, ServerError> {
+        Self::form(None, true)
+    }
+
+    /// [`LocalRedisCluster::start_with_replicas`] for a test, as
+    /// [`LocalRedis::for_test`].
+    pub fn for_test_with_replicas() -> Option<LocalRedisCluster> {
+        or_skip(LocalRedisCluster::start_with_replicas())
     }
 
     /// [`LocalRedisCluster::start`] with every node served over TLS only
@@ -328,7 +343,7 @@ impl LocalRedisCluster {
     pub fn start_tls() -> Result<LocalRedisCluster, ServerError> {
         let ca = crate::tls::TestCa::new("hangar LocalRedisCluster CA");
         let (cert, key) = ca.issue(&["127.0.0.1", "localhost"]);
-        Self::form(Some(&TlsFiles { ca: ca.pem(), cert, key }))
+        Self::form(Some(&TlsFiles { ca: ca.pem(), cert, key }), false)
     }
 
     /// [`LocalRedisCluster::start_tls`] for a test, as [`LocalRedis::for_test`].
@@ -337,18 +352,19 @@ impl LocalRedisCluster {
         or_skip(LocalRedisCluster::start_tls())
     }
 
-    fn form(tls: Option<&TlsFiles>) -> Result<LocalRedisCluster, ServerError> {
+    fn form(tls: Option<&TlsFiles>, replicas: bool) -> Result<LocalRedisCluster, ServerError> {
         let binary = LocalRedis::binary().ok_or(ServerError::NotInstalled)?;
         let mut nodes = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..if replicas { 6 } else { 3 } {
             nodes.push(Self::node(&binary, tls)?);
         }
         const SLOTS: u16 = 16384;
+        // A command on one node (its Unix socket), its answer as text.
         let command = |node: &LocalRedis, args: &[String]| -> Result<String, ServerError> {
             let client = redis::Client::open(node.url()).map_err(ServerError::Cluster)?;
             let mut conn = client.get_connection().map_err(ServerError::Cluster)?;
-            let mut cmd = redis::cmd("CLUSTER");
-            cmd.arg(args);
+            let mut cmd = redis::cmd(&args[0]);
+            cmd.arg(&args[1..]);
             cmd.query::<redis::Value>(&mut conn)
                 .map(|v| match v {
                     redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
@@ -357,25 +373,43 @@ impl LocalRedisCluster {
                 })
                 .map_err(ServerError::Cluster)
         };
-        for (i, node) in nodes.iter().enumerate() {
+        for (i, node) in nodes.iter().take(3).enumerate() {
             let (lo, hi) =
                 (SLOTS / 3 * i as u16, if i == 2 { SLOTS - 1 } else { SLOTS / 3 * (i as u16 + 1) - 1 });
-            command(node, &["ADDSLOTSRANGE".into(), lo.to_string(), hi.to_string()])?;
+            command(node, &["CLUSTER".into(), "ADDSLOTSRANGE".into(), lo.to_string(), hi.to_string()])?;
         }
         for other in &nodes[1..] {
             let port = other.cluster_port.expect("a cluster node has a port");
-            command(&nodes[0], &["MEET".into(), "127.0.0.1".into(), port.to_string()])?;
+            command(&nodes[0], &["CLUSTER".into(), "MEET".into(), "127.0.0.1".into(), port.to_string()])?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
+        let known = format!("cluster_known_nodes:{}", nodes.len());
+        let mut replicating = !replicas;
         loop {
             let mut states = Vec::new();
             for node in &nodes {
-                states.push(command(node, &["INFO".into()])?);
+                states.push(command(node, &["CLUSTER".into(), "INFO".into()])?);
             }
-            let ok =
-                |info: &String| info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3");
-            if states.iter().all(ok) {
-                return Ok(LocalRedisCluster { nodes });
+            let ok = |info: &String| info.contains("cluster_state:ok") && info.contains(&known);
+            // A replica counts once its primary streams to it.
+            let mut synced = true;
+            if replicating && replicas {
+                for primary in &nodes[..3] {
+                    let info = command(primary, &["INFO".into(), "replication".into()])?;
+                    synced &= info.contains("connected_slaves:1") && info.contains("state=online");
+                }
+            }
+            if states.iter().all(ok) && synced {
+                if replicating {
+                    return Ok(LocalRedisCluster { nodes });
+                }
+                // Every node knows every other: each replica follows its
+                // primary, and the cluster is ok again once they have.
+                for i in 0..3 {
+                    let primary = command(&nodes[i], &["CLUSTER".into(), "MYID".into()])?;
+                    command(&nodes[i + 3], &["CLUSTER".into(), "REPLICATE".into(), primary])?;
+                }
+                replicating = true;
             }
             if Instant::now() > deadline {
                 return Err(ServerError::NoAnswer {
