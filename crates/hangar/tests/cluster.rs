@@ -312,6 +312,75 @@ fn the_fleet_rides_out_a_redis_restart() {
     eprintln!("redis restart under load: 300 sync all 200; {} predictions accepted, all succeeded once; {refused} creates refused while Redis was down", ids.len());
 }
 
+/// The ready replicas' ids through `gateway`, in order.
+fn replica_ids(gateway: &str) -> Vec<String> {
+    let s = status(gateway);
+    let mut ids: Vec<String> = s["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["replicas"].as_array().unwrap().iter())
+        .filter(|r| r["state"] == "ready")
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A fleet on a Redis Cluster with replicas, under load, while the
+/// primary holding Hangar's slot is killed and its replica takes over:
+/// every sync request answered, every accepted prediction succeeds once
+/// (creates refused with 503 while no primary holds the slot), and no
+/// replica restarted — the same engines serve before and after.
+#[test]
+fn the_fleet_rides_out_a_redis_cluster_failover() {
+    let Some(mut cluster) = LocalRedisCluster::for_test_with_replicas() else { return };
+    let f = fleet(&cluster.url(), 2, 2);
+    let before = replica_ids(&f.gateways[0].url);
+    let redis = hangar_redis::Redis::connect(&cluster.url()).unwrap();
+    let slot: u16 = redis
+        .run(|c| hangar_redis::redis::cmd("CLUSTER").arg("KEYSLOT").arg(redis.key("seq")).query(c))
+        .unwrap();
+    let failover = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.nodes()[(usize::from(slot) / (16384 / 3)).min(2)].crash();
+        cluster
+    });
+    let (mut sync_failed, mut ids, mut refused) = (Vec::new(), Vec::new(), 0);
+    let hooks = receiver(0);
+    let t = Instant::now();
+    // Through the failover (2 s to notice, then the election) and past it.
+    while t.elapsed() < Duration::from_secs(12) {
+        let gateway = &f.gateways[ids.len() % 2].url;
+        let s = chat(gateway, "t/a");
+        if s != 200 {
+            sync_failed.push(s);
+        }
+        let (status, p) = create_with_webhook(gateway, "t/b", 8, &hooks);
+        match status {
+            201 => ids.push(p["id"].as_str().unwrap().to_owned()),
+            503 => refused += 1,
+            s => panic!("{s}: {p}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _cluster = failover.join().unwrap();
+    assert!(sync_failed.is_empty(), "sync requests failed: {sync_failed:?}");
+    for (id, status) in hooks.one_terminal_each(&ids) {
+        assert_eq!(status, "succeeded", "{id}");
+    }
+    wait_leader(&f.gateways, "after the failover");
+    for g in &f.gateways {
+        wait_ready(&g.url, &[("t/a", 2), ("t/b", 1)], None);
+    }
+    assert_eq!(replica_ids(&f.gateways[0].url), before, "a replica was restarted");
+    eprintln!(
+        "redis cluster failover under load: sync all 200; {} predictions accepted, all succeeded once; {refused} \
+         creates refused during the failover",
+        ids.len()
+    );
+}
+
 /// A leading gateway stopped on purpose (SIGTERM) gives the lease up on
 /// its way out: when it has exited, the lease is no longer its own, and
 /// the other gateway leads at its next ask instead of after the TTL.
