@@ -113,6 +113,15 @@ fn cog_models_serve_predictions_and_trainings() {
     assert!(t["logs"].as_str().unwrap().contains("epoch 2/2: 4 words"), "{t}");
     let trainer = trainer_status(&s.url, "examples/cog-echo");
     assert_eq!(trainer["replicas"][0]["node"], "local", "{trainer}");
+    // Counted under the trainer, whose replica ran it.
+    let metrics = client().get(format!("{}/metrics", s.url)).send().unwrap().text().unwrap();
+    let counted = metrics.lines().any(|l| {
+        l.starts_with("hangar_requests_total")
+            && l.contains(r#"model="examples/cog-echo/trainer""#)
+            && l.contains(r#"kind="training""#)
+            && l.ends_with(" 1")
+    });
+    assert!(counted, "{metrics}");
     // No client names the trainer.
     let (status, e) = post(
         &format!("{}/v1/models/examples/cog-echo/trainer/predictions", s.url),
