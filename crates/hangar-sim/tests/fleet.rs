@@ -393,6 +393,75 @@ fn the_page_cache_serves_only_loads_that_start_after_one_finished() {
     assert_eq!((m0.cold_starts.ms.min, m0.cold_starts.ms.max), (11_600.0, 18_000.0), "{m0:?}");
 }
 
+/// A second replica of a model on a node where one already runs reads the
+/// weights the node's store holds resident (lease-in-place: 16 GB at the
+/// 25 GB/s of `wake_gbps`, 0.64 s + the boot), not the page cache.
+#[test]
+fn a_replica_beside_a_running_one_leases_its_weights_in_place() {
+    let text = format!(
+        "{ONE_NODE}min_replicas = 1\nmax_replicas = 2\nconcurrency = 1\nscaling = {{ policy = \"hangar\" }}\n"
+    );
+    let cfg = FleetConfig::parse(&text, "fleet.toml").unwrap();
+    // The first replica is up by 18 s; from 30 s four requests a second,
+    // each holding the one permit for about a second, need a second one.
+    let times: Vec<u64> = [0].into_iter().chain((0..240).map(|k| 30_000 + k * 250)).collect();
+    let r = simulate_fleet(&rows(&times, 300), &cfg, &FleetOptions::default(), |_, _| {}).unwrap();
+    let starts = &r.models[0].cold_starts;
+    assert_eq!((starts.cold, starts.warm), (2, 0), "{starts:?}");
+    assert_eq!((starts.ms.min, starts.ms.max), (10_640.0, 18_000.0), "{starts:?}");
+}
+
+/// With peers (`peer_gbps`), a replica moved to a node that never loaded
+/// the model fetches the weights from the node that did; without, it reads
+/// its disk.
+#[test]
+fn a_node_without_the_weights_fetches_them_from_a_peer_when_the_fleet_has_peers() {
+    let base = r#"
+seed = 1
+
+[cold_start]
+disk_gbps = 2.0
+boot_ms = 10000
+
+[[nodes]]
+id = "gpu"
+count = 2
+gpus = 1
+gpu_memory = "80GB"
+
+[[models]]
+key = "synth/m0"
+size = "16GB"
+min_replicas = 1
+max_replicas = 1
+scaling = { policy = "fixed" }
+
+# The replica starts on gpu-0 (gpu-1 drained), and moves to gpu-1,
+# which never loaded the model, when gpu-0 is drained.
+[[drains]]
+node = "gpu-1"
+from_s = 0
+to_s = 30
+
+[[drains]]
+node = "gpu-0"
+from_s = 60
+"#;
+    let starts = |text: &str| {
+        let cfg = FleetConfig::parse(text, "fleet.toml").unwrap();
+        let r = simulate_fleet(&rows(&[0, 120_000], 10), &cfg, &FleetOptions::default(), |_, _| {}).unwrap();
+        let s = &r.models[0].cold_starts;
+        assert_eq!(s.cold, 2, "{s:?}");
+        (s.ms.min, s.ms.max)
+    };
+    assert_eq!(starts(base), (18_000.0, 18_000.0), "both from disk");
+    let with_peers = base.replace("boot_ms = 10000", "boot_ms = 10000\npeer_gbps = 4.0");
+    assert_eq!(starts(&with_peers), (14_000.0, 18_000.0), "16 GB from the peer at 4 GB/s");
+    let e = FleetConfig::parse(&base.replace("boot_ms = 10000", "boot_ms = 10000\npeer_gbps = 0"), "f.toml")
+        .unwrap_err();
+    assert!(e.contains("cold_start.peer_gbps"), "{e}");
+}
+
 /// A replica given back before its load finished leaves nothing WARM: no
 /// WARM time is booked and the next start is a COLD load from disk (the
 /// given-up load put nothing in the page cache either).

@@ -146,8 +146,11 @@ pub struct FleetModel {
     pub hotswap: bool,
 }
 
-/// A replica's start: loading its weights from the tier they are on, then
-/// the engine's boot.
+/// A replica's start: loading its weights from the first tier that holds
+/// them — the node's store memory (another replica of the model runs or
+/// sleeps there: lease-in-place, at `wake_gbps`), the node's page cache
+/// (a load of it finished there), another node's weight store
+/// (`peer_gbps`, when set), the disk — then the engine's boot.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ColdStart {
@@ -156,8 +159,14 @@ pub struct ColdStart {
     /// Weights read from the page cache, GB/s (a node where a load of the
     /// model has finished before).
     pub page_cache_gbps: f64,
-    /// A WARM replica's weights copied back from CPU memory, GB/s.
+    /// A WARM replica's weights copied back from CPU memory, GB/s; also a
+    /// new replica's, copied from the store's resident copy on its node
+    /// while another replica of the model holds it (lease-in-place).
     pub wake_gbps: f64,
+    /// Weights fetched from another node's weight store that holds them
+    /// (the store's peer transfer), GB/s; unset: no peers, as a store
+    /// without a `registry`. A node that fetched them holds them after.
+    pub peer_gbps: Option<f64>,
     /// The engine's own start once weights are in (ms); not paid on a wake.
     pub boot_ms: Millis,
     /// An adapter load's work besides reading its bytes (ms, default
@@ -171,7 +180,14 @@ pub struct ColdStart {
 
 impl Default for ColdStart {
     fn default() -> Self {
-        ColdStart { disk_gbps: 2.0, page_cache_gbps: 10.0, wake_gbps: 25.0, boot_ms: 10_000, adapter_ms: 300 }
+        ColdStart {
+            disk_gbps: 2.0,
+            page_cache_gbps: 10.0,
+            wake_gbps: 25.0,
+            peer_gbps: None,
+            boot_ms: 10_000,
+            adapter_ms: 300,
+        }
     }
 }
 
@@ -330,9 +346,10 @@ impl FleetConfig {
                 .map_err(|e| FieldError::new(format!("{at}.engine"), e.to_string()))?;
         }
         let c = &self.cold_start;
-        for (field, v) in
-            [("disk_gbps", c.disk_gbps), ("page_cache_gbps", c.page_cache_gbps), ("wake_gbps", c.wake_gbps)]
-        {
+        let peer = c.peer_gbps.map(|v| ("peer_gbps", v));
+        let rates =
+            [("disk_gbps", c.disk_gbps), ("page_cache_gbps", c.page_cache_gbps), ("wake_gbps", c.wake_gbps)];
+        for (field, v) in rates.into_iter().chain(peer) {
             if !(v.is_finite() && v > 0.0) {
                 return Err(FieldError::new(format!("cold_start.{field}"), format!("{v} must be above 0")));
             }

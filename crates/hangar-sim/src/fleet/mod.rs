@@ -225,6 +225,10 @@ struct Fleet<'t> {
     /// their page cache). A load still under way, or given up, has put
     /// nothing there yet.
     cached: BTreeSet<(NodeId, usize)>,
+    /// Per model, how many nodes hold its weights (`cached`): a start where
+    /// the node holds none fetches them from a peer, when the fleet has
+    /// peers.
+    cached_nodes: Vec<u32>,
     /// The same for adapters.
     adapters_cached: BTreeSet<(NodeId, AdapterRef)>,
     /// Adapter actions are being carried out (a call that would carry them
@@ -348,6 +352,7 @@ pub fn simulate_fleet_rows(
         by_model: vec![Vec::new(); cfg.models.len()],
         passes: Vec::new(),
         cached: BTreeSet::new(),
+        cached_nodes: vec![0; cfg.models.len()],
         adapters_cached: BTreeSet::new(),
         carrying_adapters: false,
         touched: Vec::new(),
@@ -963,12 +968,11 @@ impl Fleet<'_> {
 
     fn create(&mut self, now: f64, d: &Deployment) {
         let Some(&m) = self.by_key.get(&d.model_key) else { return };
-        let tier_cached = self.cached.contains(&(d.node.clone(), m));
-        let cs = &self.cfg.cold_start;
-        let gbps = if tier_cached { cs.page_cache_gbps } else { cs.disk_gbps };
+        let gbps = self.weights_gbps(&d.node, m);
         // The weights are what loads: the footprint's adapter memory is
         // only set aside.
-        let load_ms = self.cfg.models[m].size.bytes() as f64 / (gbps * 1e9) * 1000.0 + cs.boot_ms as f64;
+        let load_ms = self.cfg.models[m].size.bytes() as f64 / (gbps * 1e9) * 1000.0
+            + self.cfg.cold_start.boot_ms as f64;
         let engine = EngineCore::new(&self.cfg.models[m].engine, no_tables).expect("validate() built one");
         let gpus = self.gpus_of(d);
         let replica = Replica {
@@ -1002,6 +1006,27 @@ impl Fleet<'_> {
         self.report.replica_state(slot, m, now, report::Bucket::Loading, gpus);
         let generation = self.replicas[slot].generation;
         self.push(now + load_ms, Kind::Loaded(slot, generation));
+    }
+
+    /// How fast a new replica of model `m` on `node` reads its weights: from
+    /// the first source the node's weight store would use (docs/store.md,
+    /// "Sources, in order") — its resident copy while another replica of
+    /// the model holds it on the node (running, draining or asleep:
+    /// lease-in-place, at memory speed), the node's page cache once a load
+    /// of the model finished there, a peer that holds them, the disk.
+    fn weights_gbps(&self, node: &NodeId, m: usize) -> f64 {
+        let cs = &self.cfg.cold_start;
+        let resident = self.by_model[m].iter().any(|&slot| {
+            let r = &self.replicas[slot];
+            r.node == *node && matches!(r.state, State::Ready | State::Draining { .. } | State::Warm)
+        });
+        let here = self.cached.contains(&(node.clone(), m));
+        match cs.peer_gbps {
+            _ if resident => cs.wake_gbps,
+            _ if here => cs.page_cache_gbps,
+            Some(peer) if self.cached_nodes[m] > 0 => peer,
+            _ => cs.disk_gbps,
+        }
     }
 
     fn wake(&mut self, now: f64, d: &Deployment) {
@@ -1053,6 +1078,7 @@ impl Fleet<'_> {
             // holds: among equal nodes it prefers this one for the model.
             let node = r.node.clone();
             self.cached.insert((node.clone(), m));
+            self.cached_nodes[m] += 1;
             let held = self.cached.range((node.clone(), 0)..=(node.clone(), usize::MAX));
             let artifacts = held.map(|(_, m)| self.models[*m].key.to_string()).collect();
             self.control.set_resident(ms(now), &node, artifacts);
