@@ -411,17 +411,9 @@ fn a_replica_beside_a_running_one_leases_its_weights_in_place() {
     assert_eq!((starts.ms.min, starts.ms.max), (10_640.0, 18_000.0), "{starts:?}");
 }
 
-/// With peers (`peer_gbps`), a replica moved to a node that never loaded
-/// the model fetches the weights from the node that did; without, it reads
-/// its disk.
-#[test]
-fn a_node_without_the_weights_fetches_them_from_a_peer_when_the_fleet_has_peers() {
-    let base = r#"
+/// Two one-GPU nodes and one 16 GB model held at one replica.
+const TWO_NODES: &str = r#"
 seed = 1
-
-[cold_start]
-disk_gbps = 2.0
-boot_ms = 10000
 
 [[nodes]]
 id = "gpu"
@@ -434,7 +426,20 @@ key = "synth/m0"
 size = "16GB"
 min_replicas = 1
 max_replicas = 1
+concurrency = 8
 scaling = { policy = "fixed" }
+"#;
+
+/// With peers (`peer_gbps`), a replica moved to a node that never loaded
+/// the model fetches the weights from the node that did; without, it reads
+/// its disk.
+#[test]
+fn a_node_without_the_weights_fetches_them_from_a_peer_when_the_fleet_has_peers() {
+    let base = TWO_NODES.to_owned()
+        + r#"
+[cold_start]
+disk_gbps = 2.0
+boot_ms = 10000
 
 # The replica starts on gpu-0 (gpu-1 drained), and moves to gpu-1,
 # which never loaded the model, when gpu-0 is drained.
@@ -454,7 +459,7 @@ from_s = 60
         assert_eq!(s.cold, 2, "{s:?}");
         (s.ms.min, s.ms.max)
     };
-    assert_eq!(starts(base), (18_000.0, 18_000.0), "both from disk");
+    assert_eq!(starts(&base), (18_000.0, 18_000.0), "both from disk");
     let with_peers = base.replace("boot_ms = 10000", "boot_ms = 10000\npeer_gbps = 4.0");
     assert_eq!(starts(&with_peers), (14_000.0, 18_000.0), "16 GB from the peer at 4 GB/s");
     let e = FleetConfig::parse(&base.replace("boot_ms = 10000", "boot_ms = 10000\npeer_gbps = 0"), "f.toml")
@@ -491,23 +496,7 @@ fn a_replica_given_back_mid_load_leaves_nothing_warm() {
 /// and the run records each drain as the controller's input. A drain naming no node is refused with its line.
 #[test]
 fn a_drained_nodes_replica_moves_in_the_simulation_and_nothing_is_lost() {
-    let base = r#"
-seed = 1
-
-[[nodes]]
-id = "gpu"
-count = 2
-gpus = 1
-gpu_memory = "80GB"
-
-[[models]]
-key = "synth/m0"
-size = "16GB"
-min_replicas = 1
-max_replicas = 1
-concurrency = 8
-scaling = { policy = "fixed" }
-"#;
+    let base = TWO_NODES;
     let drains = "\n[[drains]]\nnode = \"gpu-0\"\nfrom_s = 100\nto_s = 200\n\n[[drains]]\nnode = \"gpu-1\"\nfrom_s = 300\n";
     let rows = synth::generate(&SynthConfig {
         requests: 1_000,

@@ -284,32 +284,57 @@ fn the_fleet_rides_out_a_redis_restart() {
         redis.crash_and_restart().unwrap();
         redis
     });
+    let mut rounds = 0;
+    let (ids, refused) = load_through(&f, &hooks, Duration::from_millis(5), || {
+        rounds += 1;
+        rounds <= 300
+    });
+    let _redis = restarts.join().unwrap();
+    all_served_after(&f, &hooks, &ids, "after the restarts");
+    eprintln!("redis restart under load: 300 sync all 200; {} predictions accepted, all succeeded once; {refused} creates refused while Redis was down", ids.len());
+}
+
+/// Chats to `t/a` and predictions of `t/b`, alternately through each of
+/// `f`'s gateways, `pause` apart, while `more()` says so: every chat must
+/// answer 200, a create 201 or — Redis unavailable — 503, never a 500.
+/// Returns the ids accepted and how many creates were refused.
+fn load_through(
+    f: &Fleet,
+    hooks: &Receiver,
+    pause: Duration,
+    mut more: impl FnMut() -> bool,
+) -> (Vec<String>, u32) {
     let (mut sync_failed, mut ids, mut refused) = (Vec::new(), Vec::new(), 0);
-    for i in 0..300 {
-        let gateway = &f.gateways[i % 2].url;
+    let mut i = 0;
+    while more() {
+        let gateway = &f.gateways[i % f.gateways.len()].url;
+        i += 1;
         let s = chat(gateway, "t/a");
         if s != 200 {
             sync_failed.push(s);
         }
-        let (status, p) = create_with_webhook(gateway, "t/b", 8, &hooks);
+        let (status, p) = create_with_webhook(gateway, "t/b", 8, hooks);
         match status {
             201 => ids.push(p["id"].as_str().unwrap().to_owned()),
-            // Redis is down: told to retry, never a 500.
             503 => refused += 1,
             s => panic!("{s}: {p}"),
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(pause);
     }
-    let _redis = restarts.join().unwrap();
     assert!(sync_failed.is_empty(), "sync requests failed: {sync_failed:?}");
-    for (id, status) in hooks.one_terminal_each(&ids) {
+    (ids, refused)
+}
+
+/// After a fault: each of `ids` succeeded once, a gateway leads (failing
+/// naming `when`), and every model has its replicas ready again.
+fn all_served_after(f: &Fleet, hooks: &Receiver, ids: &[String], when: &str) {
+    for (id, status) in hooks.one_terminal_each(ids) {
         assert_eq!(status, "succeeded", "{id}");
     }
-    wait_leader(&f.gateways, "after the restarts");
+    wait_leader(&f.gateways, when);
     for g in &f.gateways {
         wait_ready(&g.url, &[("t/a", 2), ("t/b", 1)], None);
     }
-    eprintln!("redis restart under load: 300 sync all 200; {} predictions accepted, all succeeded once; {refused} creates refused while Redis was down", ids.len());
 }
 
 /// The ready replicas' ids through `gateway`, in order.
@@ -346,33 +371,13 @@ fn the_fleet_rides_out_a_redis_cluster_failover() {
         cluster.nodes()[(usize::from(slot) / (16384 / 3)).min(2)].crash();
         cluster
     });
-    let (mut sync_failed, mut ids, mut refused) = (Vec::new(), Vec::new(), 0);
     let hooks = receiver(0);
     let t = Instant::now();
     // Through the failover (2 s to notice, then the election) and past it.
-    while t.elapsed() < Duration::from_secs(12) {
-        let gateway = &f.gateways[ids.len() % 2].url;
-        let s = chat(gateway, "t/a");
-        if s != 200 {
-            sync_failed.push(s);
-        }
-        let (status, p) = create_with_webhook(gateway, "t/b", 8, &hooks);
-        match status {
-            201 => ids.push(p["id"].as_str().unwrap().to_owned()),
-            503 => refused += 1,
-            s => panic!("{s}: {p}"),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (ids, refused) =
+        load_through(&f, &hooks, Duration::from_millis(20), || t.elapsed() < Duration::from_secs(12));
     let _cluster = failover.join().unwrap();
-    assert!(sync_failed.is_empty(), "sync requests failed: {sync_failed:?}");
-    for (id, status) in hooks.one_terminal_each(&ids) {
-        assert_eq!(status, "succeeded", "{id}");
-    }
-    wait_leader(&f.gateways, "after the failover");
-    for g in &f.gateways {
-        wait_ready(&g.url, &[("t/a", 2), ("t/b", 1)], None);
-    }
+    all_served_after(&f, &hooks, &ids, "after the failover");
     assert_eq!(replica_ids(&f.gateways[0].url), before, "a replica was restarted");
     eprintln!(
         "redis cluster failover under load: sync all 200; {} predictions accepted, all succeeded once; {refused} \
