@@ -426,6 +426,14 @@ mod tests {
             ("unix:///run/redis.sock?db=2&pass=s3cret", "unix:///run/redis.sock?db=2&pass=***"),
             ("redis+unix:///r.sock?pass=s3cret#x", "redis+unix:///r.sock?pass=***#x"),
             ("redis://user@h:6379/0", "redis://user@h:6379/0"),
+            (
+                "redis+cluster://:s3cret@10.0.0.5:7000,10.0.0.6:7000",
+                "redis+cluster://:***@10.0.0.5:7000,10.0.0.6:7000",
+            ),
+            (
+                "rediss+cluster://u:s3cret@h1:6380,h2:6380?ca_file=/ca.pem",
+                "rediss+cluster://u:***@h1:6380,h2:6380?ca_file=/ca.pem",
+            ),
             ("redis://h:6379/0", "redis://h:6379/0"),
             ("not a url", "not a url"),
         ] {
@@ -438,6 +446,9 @@ mod tests {
         assert_eq!(info.get_connection_info().redis_settings().password(), Some("s3cret"));
         let e = check_url("redis://:s3cret@hangar-redis:port/0").unwrap_err();
         assert!(!e.contains("s3cret") && e.contains(":***@"), "{e}");
+        // A cluster's address shows its nodes and nothing of the password.
+        let e = Redis::connect("redis+cluster://:s3cret@127.0.0.1:1,127.0.0.1:2").unwrap_err().to_string();
+        assert!(!e.contains("s3cret") && e.contains(":***@127.0.0.1:1,127.0.0.1:2"), "{e}");
         // Nothing answers on port 1: the error names the server, not the
         // password.
         let e = Redis::connect("redis://:s3cret@127.0.0.1:1/0").unwrap_err().to_string();
