@@ -367,20 +367,29 @@ mod tests {
         let key = redis.key("k");
         redis.run(|c| redis::cmd("SET").arg(&key).arg("v").query::<()>(c)).unwrap();
         let slot: u16 = redis.run(|c| redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query(c)).unwrap();
-        let holder = (usize::from(slot) / (16384 / 3)).min(2);
-        cluster.nodes()[holder].stop();
+        cluster.primary_of(slot).stop();
         let down = redis.run(|c| redis::cmd("GET").arg(&key).query::<String>(c)).unwrap_err();
         assert!(down.is_unavailable(), "{down}");
-        cluster.nodes()[holder].start_again().unwrap();
+        cluster.primary_of(slot).start_again().unwrap();
+        assert_eq!(read_back(&redis, &key, Duration::from_secs(30)).0, "v");
+    }
+
+    /// The string at `key`, read again every 100 ms while every failure is
+    /// *unavailable* (failing the test on any other, or past `limit`), and
+    /// how many reads failed first.
+    fn read_back(redis: &Redis, key: &str, limit: Duration) -> (String, u32) {
         let t = std::time::Instant::now();
-        let back = loop {
-            match redis.run(|c| redis::cmd("GET").arg(&key).query::<String>(c)) {
-                Ok(v) => break v,
-                Err(e) => assert!(e.is_unavailable() && t.elapsed() < Duration::from_secs(30), "{e}"),
+        let mut failures = 0;
+        loop {
+            match redis.run(|c| redis::cmd("GET").arg(key).query::<String>(c)) {
+                Ok(v) => return (v, failures),
+                Err(e) => {
+                    assert!(e.is_unavailable() && t.elapsed() < limit, "{e}");
+                    failures += 1;
+                }
             }
             std::thread::sleep(Duration::from_millis(100));
-        };
-        assert_eq!(back, "v");
+        }
     }
 
     /// The primary holding Hangar's slot killed: calls are unavailable
@@ -398,19 +407,8 @@ mod tests {
             .unwrap();
         assert_eq!(acked, 1, "the replica has the write");
         let slot: u16 = redis.run(|c| redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query(c)).unwrap();
-        cluster.nodes()[(usize::from(slot) / (16384 / 3)).min(2)].crash();
-        let t = std::time::Instant::now();
-        let mut failures = 0;
-        let back = loop {
-            match redis.run(|c| redis::cmd("GET").arg(&key).query::<String>(c)) {
-                Ok(v) => break v,
-                Err(e) => {
-                    assert!(e.is_unavailable() && t.elapsed() < Duration::from_secs(60), "{e}");
-                    failures += 1;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        cluster.primary_of(slot).crash();
+        let (back, failures) = read_back(&redis, &key, Duration::from_secs(60));
         assert_eq!(back, "v");
         assert!(failures > 0, "the kill was seen");
         // And it takes writes there.

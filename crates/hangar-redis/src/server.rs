@@ -305,6 +305,12 @@ impl Drop for LocalRedis {
     }
 }
 
+/// A cluster's hash slots, its primaries, and how many slots each of them
+/// but the last (which takes the rest) is given.
+const SLOTS: u16 = 16384;
+const PRIMARIES: usize = 3;
+const SLOTS_EACH: u16 = SLOTS / PRIMARIES as u16;
+
 /// A Redis Cluster of one's own for tests: three `redis-server` nodes in
 /// cluster mode on loopback ports, each holding a third of the hash slots
 /// (no replicas), each with its data in a temporary directory; dropping it
@@ -355,10 +361,9 @@ impl LocalRedisCluster {
     fn form(tls: Option<&TlsFiles>, replicas: bool) -> Result<LocalRedisCluster, ServerError> {
         let binary = LocalRedis::binary().ok_or(ServerError::NotInstalled)?;
         let mut nodes = Vec::new();
-        for _ in 0..if replicas { 6 } else { 3 } {
+        for _ in 0..if replicas { 2 * PRIMARIES } else { PRIMARIES } {
             nodes.push(Self::node(&binary, tls)?);
         }
-        const SLOTS: u16 = 16384;
         // A command on one node (its Unix socket), its answer as text.
         let command = |node: &LocalRedis, args: &[String]| -> Result<String, ServerError> {
             let client = redis::Client::open(node.url()).map_err(ServerError::Cluster)?;
@@ -373,9 +378,11 @@ impl LocalRedisCluster {
                 })
                 .map_err(ServerError::Cluster)
         };
-        for (i, node) in nodes.iter().take(3).enumerate() {
-            let (lo, hi) =
-                (SLOTS / 3 * i as u16, if i == 2 { SLOTS - 1 } else { SLOTS / 3 * (i as u16 + 1) - 1 });
+        for (i, node) in nodes.iter().take(PRIMARIES).enumerate() {
+            let (lo, hi) = (
+                SLOTS_EACH * i as u16,
+                if i + 1 == PRIMARIES { SLOTS - 1 } else { SLOTS_EACH * (i as u16 + 1) - 1 },
+            );
             command(node, &["CLUSTER".into(), "ADDSLOTSRANGE".into(), lo.to_string(), hi.to_string()])?;
         }
         for other in &nodes[1..] {
@@ -394,7 +401,7 @@ impl LocalRedisCluster {
             // A replica counts once its primary streams to it.
             let mut synced = true;
             if replicating && replicas {
-                for primary in &nodes[..3] {
+                for primary in &nodes[..PRIMARIES] {
                     let info = command(primary, &["INFO".into(), "replication".into()])?;
                     synced &= info.contains("connected_slaves:1") && info.contains("state=online");
                 }
@@ -405,9 +412,9 @@ impl LocalRedisCluster {
                 }
                 // Every node knows every other: each replica follows its
                 // primary, and the cluster is ok again once they have.
-                for i in 0..3 {
+                for i in 0..PRIMARIES {
                     let primary = command(&nodes[i], &["CLUSTER".into(), "MYID".into()])?;
-                    command(&nodes[i + 3], &["CLUSTER".into(), "REPLICATE".into(), primary])?;
+                    command(&nodes[i + PRIMARIES], &["CLUSTER".into(), "REPLICATE".into(), primary])?;
                 }
                 replicating = true;
             }
@@ -480,6 +487,12 @@ impl LocalRedisCluster {
     /// Its nodes (to read one's keys, or stop one).
     pub fn nodes(&mut self) -> &mut [LocalRedis] {
         &mut self.nodes
+    }
+
+    /// The primary it formed with hash slot `slot` (`CLUSTER KEYSLOT`): to
+    /// stop or kill the node holding a key.
+    pub fn primary_of(&mut self, slot: u16) -> &mut LocalRedis {
+        &mut self.nodes[usize::from(slot / SLOTS_EACH).min(PRIMARIES - 1)]
     }
 }
 

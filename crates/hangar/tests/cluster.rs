@@ -368,7 +368,7 @@ fn the_fleet_rides_out_a_redis_cluster_failover() {
         .unwrap();
     let failover = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
-        cluster.nodes()[(usize::from(slot) / (16384 / 3)).min(2)].crash();
+        cluster.primary_of(slot).crash();
         cluster
     });
     let hooks = receiver(0);

@@ -20,13 +20,19 @@ use super::{ModelConfig, ServeConfig};
 /// What a trainer's key adds to its model's.
 const SUFFIX: &str = "/trainer";
 
-/// The key of `model`'s trainer, if `model` has one: a cog model's (not a
-/// trainer's own). `None` for any other engine.
-pub fn trainer_key(model: &ModelConfig) -> Option<ModelKey> {
+/// The name `model`'s trainer would have, if `model` has one: a cog
+/// model's (not a trainer's own). `None` for any other engine.
+fn trainer_name(model: &ModelConfig) -> Option<String> {
     match model.engine {
-        EngineSpec::Cog { train: false, .. } => format!("{}{SUFFIX}", model.key).parse().ok(),
+        EngineSpec::Cog { train: false, .. } => Some(format!("{}{SUFFIX}", model.key)),
         _ => None,
     }
+}
+
+/// The key of `model`'s trainer, if `model` has one (and its name is a
+/// model key, which validation checks).
+pub fn trainer_key(model: &ModelConfig) -> Option<ModelKey> {
+    trainer_name(model)?.parse().ok()
 }
 
 impl ServeConfig {
@@ -34,10 +40,8 @@ impl ServeConfig {
     /// key: too long for one, or taken by a model of the file.
     pub(super) fn check_trainer_keys(&self) -> Result<(), FieldError> {
         for (i, m) in self.models.iter().enumerate() {
-            if !matches!(m.engine, EngineSpec::Cog { train: false, .. }) {
-                continue;
-            }
-            let Some(key) = trainer_key(m) else {
+            let Some(name) = trainer_name(m) else { continue };
+            let Ok(key) = name.parse::<ModelKey>() else {
                 return Err(FieldError::new(
                     format!("models[{i}].key"),
                     format!(
