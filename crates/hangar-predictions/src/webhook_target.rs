@@ -439,13 +439,6 @@ pub struct VettedResolver {
     proxy_host: Option<String>,
 }
 
-impl VettedResolver {
-    /// A resolver that vets what `lookup` answers against `allow`.
-    pub fn new(allow: Arc<AllowList>, lookup: Lookup) -> Self {
-        VettedResolver { allow, lookup, proxy_host: None }
-    }
-}
-
 impl reqwest::dns::Resolve for VettedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let (host, allow, lookup) = (name.as_str().to_owned(), self.allow.clone(), self.lookup.clone());
