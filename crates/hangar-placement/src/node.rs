@@ -56,6 +56,10 @@ pub struct Node {
     /// nothing new is placed here, and what is demoted here goes COLD.
     /// Input, like residency: no invariant covers it.
     draining: bool,
+    /// Suspect ([`Cluster::set_suspect`](crate::Cluster::set_suspect)):
+    /// nothing new is placed here, but nothing moves either. Input, like
+    /// draining.
+    suspect: bool,
     /// Bumped by every change to `hot` or `warm`: a cluster's snapshot
     /// taken at the same counts of every node is still the cluster's.
     changes: u64,
@@ -88,6 +92,7 @@ impl Node {
             min_reservation: [0; MAX_GPUS],
             resident: BTreeSet::new(),
             draining: false,
+            suspect: false,
             changes: 0,
         };
         node.refresh_summary();
@@ -156,6 +161,17 @@ impl Node {
 
     pub(crate) fn set_draining(&mut self, draining: bool) {
         self.draining = draining;
+    }
+
+    /// Whether the node is suspect, as last set by
+    /// [`Cluster::set_suspect`](crate::Cluster::set_suspect) (false until
+    /// then).
+    pub fn suspect(&self) -> bool {
+        self.suspect
+    }
+
+    pub(crate) fn set_suspect(&mut self, suspect: bool) {
+        self.suspect = suspect;
     }
 
     pub(crate) fn max_free(&self) -> u64 {

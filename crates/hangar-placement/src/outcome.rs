@@ -69,7 +69,8 @@ pub enum Unplaceable {
     /// the rest `NoRoom` lists.
     NoSwapRoom,
     /// Every node that could run it, with room or not, is draining
-    /// ([`Cluster::set_draining`](crate::Cluster::set_draining)).
+    /// ([`Cluster::set_draining`](crate::Cluster::set_draining)) or
+    /// suspect ([`Cluster::set_suspect`](crate::Cluster::set_suspect)).
     Draining,
 }
 
@@ -92,7 +93,9 @@ impl fmt::Display for Unplaceable {
                 "no room the hotswap tier may take: the rest is held by models outside the tier, \
                  dedicated replicas or hotswap replicas too young to swap out",
             ),
-            Unplaceable::Draining => f.write_str("every node that could run it is draining"),
+            Unplaceable::Draining => {
+                f.write_str("every node that could run it is draining or not answering (suspect)")
+            }
         }
     }
 }

@@ -409,7 +409,7 @@ fn a_draining_node_takes_nothing_new_and_its_replicas_are_replaced_elsewhere() {
     let request = ReplicaRequest { model_key: model_key(0), replicas: 2, dedicated: false };
     let out = c.deploy(&[request], 0, &mut rng);
     let reason = out.models[0].replicas[1].reason.clone().unwrap();
-    assert_eq!(reason.to_string(), "every node that could run it is draining");
+    assert_eq!(reason.to_string(), "every node that could run it is draining or not answering (suspect)");
     c.set_draining(&first.node, false).unwrap();
     assert!(c.set_draining(&node_id(7), true).is_err(), "an unknown node is refused");
     c.check_invariants().unwrap();

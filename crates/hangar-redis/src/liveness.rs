@@ -13,6 +13,16 @@
 //! Redis or a reader cut off from it concludes nothing, and once Redis
 //! answers again every agent has its whole TTL to beat again.
 //!
+//! A live node may also be *suspect* ([`Liveness::suspect`]): a gateway
+//! found that neither its agent nor any of its engines answers — direct
+//! evidence, unlike a silence in Redis, but not proof (a network path may
+//! have failed). It stays alive (what it runs is not given up before its
+//! TTL) and only hosts nothing new, until a heartbeat written after the
+//! evidence shows its agent runs: the first read after [`Liveness::suspect`]
+//! records the counter, and any higher one clears it
+//! ([`Change::Answers`]). A suspect node that does not beat dies at its TTL
+//! as any other.
+//!
 //! Sans-IO: no clock, no Redis; the same input gives the same output.
 
 use std::collections::BTreeMap;
@@ -67,6 +77,14 @@ pub enum Change {
         /// Its agent run.
         agent: String,
     },
+    /// A suspect node beat after it was suspected: it is not suspect any
+    /// more.
+    Answers {
+        /// The node.
+        name: String,
+        /// Its agent run.
+        agent: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -75,6 +93,20 @@ struct Track {
     beat: u64,
     silent: Millis,
     dead: bool,
+    suspect: Option<Suspicion>,
+}
+
+/// A suspect node's heartbeat counter as the first read after the
+/// evidence saw it (`None` until that read).
+#[derive(Debug, Clone, Copy)]
+struct Suspicion {
+    beat_after: Option<u64>,
+}
+
+impl Track {
+    fn new(agent: &str, beat: u64) -> Self {
+        Track { agent: agent.to_owned(), beat, silent: 0, dead: false, suspect: None }
+    }
 }
 
 /// The liveness of every registered node. See the module doc.
@@ -103,6 +135,25 @@ impl Liveness {
     /// Whether node `name` is alive.
     pub fn is_alive(&self, name: &str) -> bool {
         self.nodes.get(name).is_some_and(|t| !t.dead)
+    }
+
+    /// Whether node `name` is alive but suspect (see the module doc).
+    pub fn is_suspect(&self, name: &str) -> bool {
+        self.nodes.get(name).is_some_and(|t| !t.dead && t.suspect.is_some())
+    }
+
+    /// Node `name` was found not answering — its agent nor any engine —
+    /// before the next read: it is suspect until a heartbeat written after
+    /// that read. Returns whether it became suspect (false: unknown, dead,
+    /// or suspect already, whose first evidence stands).
+    pub fn suspect(&mut self, name: &str) -> bool {
+        match self.nodes.get_mut(name) {
+            Some(t) if !t.dead && t.suspect.is_none() => {
+                t.suspect = Some(Suspicion { beat_after: None });
+                true
+            }
+            _ => false,
+        }
     }
 
     /// How long node `name` has been silent, as observed.
@@ -137,7 +188,7 @@ impl Liveness {
                         }
                         self.nodes.remove(&name);
                     } else {
-                        *track = Track { agent: s.agent.clone(), beat: s.beat, silent: 0, dead: false };
+                        *track = Track::new(&s.agent, s.beat);
                         changes.push(if was_dead {
                             Change::Joined { name, agent: s.agent.clone() }
                         } else {
@@ -156,13 +207,27 @@ impl Liveness {
                     track.silent = 0;
                     if track.dead {
                         track.dead = false;
+                        track.suspect = None;
                         changes.push(Change::Joined { name, agent: track.agent.clone() });
+                    } else if let Some(suspicion) = &mut track.suspect {
+                        match suspicion.beat_after {
+                            // This beat may predate the evidence: the next counts.
+                            None => suspicion.beat_after = Some(s.beat),
+                            Some(_) => {
+                                track.suspect = None;
+                                changes.push(Change::Answers { name, agent: track.agent.clone() });
+                            }
+                        }
                     }
                 }
                 seen => {
+                    if let (Some(suspicion), Some(s)) = (&mut track.suspect, seen) {
+                        suspicion.beat_after.get_or_insert(s.beat);
+                    }
                     track.silent = track.silent.saturating_add(gap);
                     if !track.dead && track.silent >= self.ttl {
                         track.dead = true;
+                        track.suspect = None;
                         changes.push(Change::Died { name: name.clone(), agent: track.agent.clone() });
                     }
                     if track.dead && seen.is_none() {
@@ -175,10 +240,7 @@ impl Liveness {
         // Then registrations not tracked yet.
         let new: Vec<&Seen> = regs.iter().filter(|s| !s.left && !self.nodes.contains_key(&s.name)).collect();
         for s in new {
-            self.nodes.insert(
-                s.name.clone(),
-                Track { agent: s.agent.clone(), beat: s.beat, silent: 0, dead: false },
-            );
+            self.nodes.insert(s.name.clone(), Track::new(&s.agent, s.beat));
             changes.push(Change::Joined { name: s.name.clone(), agent: s.agent.clone() });
         }
         changes
@@ -254,7 +316,85 @@ mod tests {
         assert!(l.is_alive("a"));
     }
 
+    #[test]
+    fn a_suspect_node_is_cleared_by_a_beat_written_after_the_evidence_and_dies_silent() {
+        let mut l = Liveness::new(8_000, 1_000);
+        l.observe(0, &[seen("a", "r1", 1), seen("b", "r1", 1)]);
+        assert!(l.suspect("a") && l.suspect("b"));
+        assert!(!l.suspect("a"), "suspect already");
+        assert!(!l.suspect("nobody"));
+        // The first read after the evidence sees a beat that may have been
+        // written before it: still suspect.
+        assert!(l.observe(250, &[seen("a", "r1", 2), seen("b", "r1", 1)]).is_empty());
+        assert!(l.is_suspect("a") && l.is_suspect("b"));
+        // A beat after that read: `a`'s agent runs.
+        assert_eq!(
+            l.observe(500, &[seen("a", "r1", 3), seen("b", "r1", 1)]),
+            vec![Change::Answers { name: "a".into(), agent: "r1".into() }]
+        );
+        assert!(!l.is_suspect("a") && l.is_suspect("b"));
+        // `b` never beats again: suspect and alive until its TTL, then dead.
+        for t in (750..8_000).step_by(250) {
+            assert!(l.observe(t, &[seen("a", "r1", 3), seen("b", "r1", 1)]).is_empty(), "{t}");
+            assert!(l.is_suspect("b"));
+        }
+        assert_eq!(
+            l.observe(8_000, &[seen("a", "r1", 3), seen("b", "r1", 1)]),
+            vec![Change::Died { name: "b".into(), agent: "r1".into() }]
+        );
+        assert!(!l.is_suspect("b") && !l.suspect("b"));
+        // Another run under `a`'s name is not suspect for the old one.
+        assert!(l.suspect("a"));
+        l.observe(8_250, &[seen("a", "r2", 1)]);
+        assert!(!l.is_suspect("a"));
+    }
+
     proptest! {
+        /// A node suspected at a random moment: one whose agent runs (beats
+        /// every 2 s, at a random phase) is cleared within two heartbeats
+        /// and one read of the evidence; one whose agent died before the
+        /// evidence stays suspect — never cleared — until it dies.
+        #[test]
+        fn only_a_beat_after_the_evidence_clears_a_suspicion(
+            phase in 0u64..2_000,
+            died_before_by in 0u64..2_000,
+            suspected_at in 10_000u64..20_000,
+            alive: bool,
+        ) {
+            let (read_every, beat_every) = (250u64, 2_000u64);
+            let mut l = Liveness::new(8_000, 4 * read_every);
+            let stop = if alive { u64::MAX } else { suspected_at - died_before_by };
+            let mut beats = 0;
+            let mut cleared_at = None;
+            let mut suspected = false;
+            // The evidence lands between two reads, as the view's mailbox
+            // takes it at the start of a refresh.
+            for t in (0..40_000u64).step_by(read_every as usize) {
+                for b in (t.saturating_sub(read_every) + 1)..=t {
+                    if (b + phase) % beat_every == 0 && b < stop {
+                        beats += 1;
+                    }
+                }
+                if !suspected && t >= suspected_at {
+                    prop_assert!(l.suspect("n"));
+                    suspected = true;
+                }
+                for c in l.observe(t, &[seen("n", "r", beats)]) {
+                    if let Change::Answers { .. } = c {
+                        prop_assert!(alive, "a dead agent's node was cleared at {}", t);
+                        cleared_at.get_or_insert(t);
+                    }
+                }
+                if !alive && suspected && l.is_alive("n") {
+                    prop_assert!(l.is_suspect("n"), "cleared at {} with no beat since", t);
+                }
+            }
+            if alive {
+                let at = cleared_at.expect("a beating node was never cleared");
+                prop_assert!(at <= suspected_at + 2 * beat_every + 2 * read_every, "cleared only at {}", at);
+            }
+        }
+
         /// Agents beating every 2 s whenever Redis is up are never declared
         /// dead, whatever the outages; an agent that stops beating while
         /// Redis answers is declared dead within its TTL plus one read.

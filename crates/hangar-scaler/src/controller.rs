@@ -646,6 +646,27 @@ impl Controller {
         Ok(())
     }
 
+    /// Marks `node` suspect (`on`) or calls the suspicion off: its agent
+    /// and engines stopped answering a gateway, which cannot tell yet
+    /// whether the node is gone ([`Cluster::set_suspect`]). While suspect it
+    /// hosts nothing new — a replica found dead there ([`handle_failed`])
+    /// is placed again on another node, not on the one that just lost it —
+    /// and what it holds stays put (if the node is gone,
+    /// [`handle_node_lost`] says so). Calling it off makes the node a
+    /// candidate again, as freed GPUs do. Refused, with nothing changed,
+    /// for a node not in the cluster.
+    ///
+    /// [`handle_failed`]: Controller::handle_failed
+    /// [`handle_node_lost`]: Controller::handle_node_lost
+    pub fn suspect(&mut self, now: Millis, node: &NodeId, on: bool) -> Result<(), DrainError> {
+        let was = self.cluster.node(node).is_some_and(hangar_placement::Node::suspect);
+        self.cluster.set_suspect(node, on)?;
+        if was && !on {
+            self.capacity_freed(now);
+        }
+        Ok(())
+    }
+
     /// Holds `model` at its current count.
     pub fn freeze(&mut self, now: Millis, model: &ModelKey) -> Result<(), CommandError> {
         let decided = self.control(model)?.scaler.freeze(now);

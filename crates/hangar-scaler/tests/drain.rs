@@ -1,7 +1,8 @@
 //! The controller draining nodes: replicas moved make-before-break — a
 //! leaving replica stops only once the model's ready replicas would still
 //! number its count without it — WARM ones let go at once, and nothing new
-//! placed on a draining node.
+//! placed on a draining node. And suspect nodes (agent and engines not
+//! answering a gateway): nothing new placed there, nothing moved off.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -142,6 +143,78 @@ fn without_room_elsewhere_the_leaving_replica_stays() {
     let actions = drain_actions(&mut c);
     assert!(actions.iter().all(|a| !matches!(a, Action::Apply(_))), "{actions:?}");
     assert_eq!(hot(&c, &m).len(), 2);
+}
+
+/// Creates in `actions`, as (replica, node).
+fn creates(actions: &[Action]) -> Vec<(ReplicaId, NodeId)> {
+    actions
+        .iter()
+        .flat_map(|a| match a {
+            Action::Apply(d) => d.create.iter().map(|d| (d.replica_id, d.node.clone())).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+proptest! {
+    /// Two models on two nodes of two GPUs: a replica found dead on a
+    /// suspect node is placed again on the other one whatever the draw
+    /// (the suspect node's freed GPU would fit it as well), and what else
+    /// the suspect node holds stays where it is.
+    #[test]
+    fn a_replica_found_dead_on_a_suspect_node_is_placed_elsewhere(seed in any::<u64>()) {
+        let (m0, m1) = (key("m0"), key("m1"));
+        let mut c = controller(2, 2, 100, &[1, 2], seed);
+        drain_actions(&mut c);
+        let ready: BTreeSet<ReplicaId> = c
+            .cluster()
+            .models()
+            .keys()
+            .flat_map(|m| hot(&c, m).into_keys().collect::<Vec<_>>())
+            .collect();
+        observe(&mut c, 1_000, &ready);
+        let (dead, node) = hot(&c, &m0).into_iter().next().unwrap();
+        let others: BTreeMap<ReplicaId, NodeId> = hot(&c, &m1);
+        c.suspect(2_000, &node, true).unwrap();
+        prop_assert!(drain_actions(&mut c).is_empty(), "a suspicion moves nothing");
+        c.handle_failed(2_000, &m0, dead, "its health check failed", false);
+        let placed = creates(&drain_actions(&mut c));
+        prop_assert_eq!(placed.len(), 1);
+        prop_assert_ne!(&placed[0].1, &node, "placed again on the suspect node");
+        prop_assert_eq!(hot(&c, &m1), others, "the suspect node's other replicas stay");
+        c.cluster().check_invariants().unwrap();
+    }
+}
+
+/// The only node is suspect: a replica found dead there waits (the model
+/// says why), and is placed there again at once when the suspicion is
+/// called off.
+#[test]
+fn a_model_waits_for_its_only_node_to_answer_again() {
+    let m = key("m0");
+    let mut c = controller(1, 1, 0, &[1], 3);
+    drain_actions(&mut c);
+    let (dead, node) = hot(&c, &m).into_iter().next().unwrap();
+    observe(&mut c, 1_000, &BTreeSet::from([dead]));
+    c.suspect(2_000, &node, true).unwrap();
+    c.handle_failed(2_000, &m, dead, "its health check failed", false);
+    let actions = drain_actions(&mut c);
+    let why: Vec<String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Unplaceable { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(creates(&actions).is_empty(), "{actions:?}");
+    assert!(why.iter().any(|r| r.contains("not answering")), "{actions:?}");
+    c.suspect(3_000, &node, false).unwrap();
+    assert_eq!(c.poll_timeout(), 3_000, "the model is retried at once");
+    c.handle_timeout(3_000);
+    let placed = creates(&drain_actions(&mut c));
+    assert_eq!(placed.len(), 1);
+    assert_eq!(placed[0].1, node);
+    assert!(c.suspect(3_000, &"ghost".parse().unwrap(), true).is_err());
 }
 
 /// A dedicated window's replica on a drained node is replaced dedicated,

@@ -148,8 +148,8 @@ fn create(gateway: &str, model: &str, tokens: u32, hooks: &Receiver) -> String {
 /// there is retried while its siblings on the same node are still being
 /// found dead. No prediction is lost or ends
 /// twice, no sync request fails (none streams, so each one cut by the
-/// kill is retried), the dead node's replicas run again on the others,
-/// and a prediction created through one gateway is read and cancelled
+/// kill is retried), the dead node's replicas run again on the others
+/// while it is only suspect (not yet declared dead), and a prediction created through one gateway is read and cancelled
 /// through the other.
 #[test]
 fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
@@ -209,10 +209,19 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     for (id, status) in hooks.one_terminal_each(&ids) {
         assert_eq!(status, "succeeded", "{id}");
     }
-    // The dead node's replicas run again on the others.
+    // The dead node's replicas run again on the others — before its
+    // registration lapses (8 s): the gateways found it not answering, so
+    // none of its replicas was placed on it again.
     let lead = leader(&f.gateways).expect("a gateway leads");
     wait_ready(&f.gateways[lead].url, &[("t/a", 2), ("t/b", 1)], Some(&victim));
     let recovered = killed_at.elapsed();
+    let nodes = status(&f.gateways[lead].url)["nodes"].clone();
+    let dead = nodes.as_array().unwrap().iter().find(|n| n["name"] == victim.as_str());
+    assert!(
+        dead.is_some_and(|n| n["suspect"] == true),
+        "{victim} was not suspect, or was declared dead, before its replicas ran elsewhere \
+         ({recovered:?} after the kill): {nodes}"
+    );
     // Created through one gateway, read and cancelled through the other.
     let id = create(&f.gateways[0].url, "t/b", 100_000, &hooks);
     let t = Instant::now();

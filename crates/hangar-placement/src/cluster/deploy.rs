@@ -660,7 +660,7 @@ impl Cluster {
             .iter()
             .filter_map(|n| {
                 let shape = self.shape_anyway(requires, size, n)?;
-                Some((shape.gpu_count(), n.gpus().len() as u32, n.draining()))
+                Some((shape.gpu_count(), n.gpus().len() as u32, n.draining() || n.suspect()))
             })
             .collect();
         if with_gpus.is_empty() {
@@ -673,7 +673,7 @@ impl Cluster {
                 most_gpus_on_a_node: with_gpus.iter().map(|w| w.1).max().unwrap_or(0),
             };
         }
-        if with_gpus.iter().all(|&(need, have, draining)| need > have || draining) {
+        if with_gpus.iter().all(|&(need, have, leaving)| need > have || leaving) {
             return Unplaceable::Draining;
         }
         if self.hotswap.contains(model) {

@@ -199,15 +199,16 @@ impl Cluster {
     /// (its [`Cluster::requirement`], looked up once per placement, not
     /// per node) needs on `node`, or `None` if the node cannot host it: too
     /// few GPUs, or not that hardware.
-    /// A draining node hosts nothing new ([`Cluster::set_draining`]).
+    /// A draining or suspect node hosts nothing new
+    /// ([`Cluster::set_draining`], [`Cluster::set_suspect`]).
     pub(crate) fn shape_on(&self, requires: Option<&Requirement>, size: u64, node: &Node) -> Option<Shape> {
-        if node.draining() {
+        if node.draining() || node.suspect() {
             return None;
         }
         self.shape_anyway(requires, size, node)
     }
 
-    /// [`Cluster::shape_on`] as if `node` were not draining: what it could
+    /// [`Cluster::shape_on`] as if `node` were neither draining nor suspect: what it could
     /// host, for saying why a model cannot be placed.
     pub(crate) fn shape_anyway(
         &self,
@@ -490,6 +491,21 @@ impl Cluster {
             self.nodes[ni].set_draining(draining);
             self.draining = if draining { self.draining + 1 } else { self.draining - 1 };
         }
+        Ok(())
+    }
+
+    /// Marks `node` suspect (`on`) or not: its agent and engines stopped
+    /// answering the caller, which does not know yet whether the node is
+    /// gone. A suspect node hosts nothing new — a replica found dead there
+    /// is replaced elsewhere, not on the node that just lost it — while
+    /// what it holds stays where it is (unlike [`Cluster::set_draining`],
+    /// nothing is moved and no WARM copy dropped): if the node is gone, the
+    /// caller removes it ([`Cluster::remove_node`]); if it answers again,
+    /// the caller calls the suspicion off. Input, like draining. An unknown
+    /// node is an error; on error nothing changes.
+    pub fn set_suspect(&mut self, node: &NodeId, suspect: bool) -> Result<(), DrainError> {
+        let &ni = self.node_index.get(node).ok_or_else(|| DrainError::UnknownNode(node.clone()))?;
+        self.nodes[ni].set_suspect(suspect);
         Ok(())
     }
 

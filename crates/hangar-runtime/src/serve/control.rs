@@ -67,6 +67,10 @@ pub(crate) enum Command {
     /// Drain a node (`on`), or call its drain off: an operator's command on
     /// a single machine (with its `reply`), the view's on a fleet's leader.
     Drain { node: NodeId, on: bool, reply: Option<oneshot::Sender<Result<(), DrainError>>> },
+    /// A node's agent and engines stopped answering (`on`), or it beat
+    /// again since (fleet mode, the leader): sent before the replicas found
+    /// dead there, so their replacements go elsewhere.
+    Suspect { node: NodeId, on: bool },
 }
 
 /// An operator's scaling command for one model
@@ -418,6 +422,13 @@ fn handle<F: Fleet>(fleet: &Arc<F>, control: &mut ControlLoop, command: Command)
             }
             if let Some(reply) = reply {
                 let _ = reply.send(result);
+            }
+        }
+        Command::Suspect { node, on } => {
+            // A node not (or no longer) a member: what it ran is handled
+            // as it joins or is lost.
+            if let Err(e) = control.controller_mut().suspect(now, &node, on) {
+                tracing::debug!(node = %node, "suspicion not recorded: {e}");
             }
         }
         Command::ModelArtifact(model, artifact) => {

@@ -109,6 +109,10 @@ pub struct NodeStatus {
     /// Draining: nothing new is placed on it, and its replicas move to
     /// other nodes (an operator drained it, or its agent is leaving).
     pub draining: bool,
+    /// Suspect (a fleet's node): its agent and engines stopped answering
+    /// this gateway and it has not beaten since; nothing new is placed on
+    /// it until it does, or it is declared dead.
+    pub suspect: bool,
     /// The weight artifacts it holds resident, by its agent's last report
     /// (a fleet's node; empty on a single machine, where every node shares
     /// one store).
@@ -116,12 +120,14 @@ pub struct NodeStatus {
 }
 
 impl NodeStatus {
-    /// A fleet's node, as its agent registered it and last reported, and
-    /// whether it drains (its record says so, or an operator's word).
+    /// A fleet's node, as its agent registered it and last reported,
+    /// whether it drains (its record says so, or an operator's word) and
+    /// whether it is suspect.
     pub(crate) fn registered(
         r: &hangar_core::NodeRecord,
         report: Option<&hangar_core::NodeReport>,
         draining: bool,
+        suspect: bool,
     ) -> Self {
         NodeStatus {
             name: r.name.clone(),
@@ -130,6 +136,7 @@ impl NodeStatus {
             gpu_kind: r.gpu_kind.clone(),
             url: Some(r.url.clone()),
             draining,
+            suspect,
             resident: report.map(|r| r.artifacts.clone()).unwrap_or_default(),
         }
     }
@@ -214,6 +221,10 @@ pub(crate) struct Inner {
     /// the node is dying).
     /// (With the node that ran it, for a fleet's replica.)
     pub failed: Mutex<std::collections::HashMap<ReplicaId, (Instant, Option<String>)>>,
+    /// Fleet nodes found not answering — their agent nor any engine —
+    /// since the view last took them: it makes them suspect before its next
+    /// read of the registry (see `hangar_redis::liveness`).
+    pub(crate) found_silent: Mutex<Vec<String>>,
     /// The nodes: a single machine's, or the live nodes of a fleet
     /// gateway's last view.
     pub(crate) nodes: Mutex<Vec<NodeStatus>>,
@@ -244,6 +255,7 @@ impl Server {
                 gpu_kind: Some(n.gpu_kind().to_owned()),
                 url: None,
                 draining: false,
+                suspect: false,
                 resident: Vec::new(),
             })
             .collect();
@@ -643,6 +655,7 @@ pub(crate) async fn build(
         stopping: tokio_util::sync::CancellationToken::new(),
         leader_stopped: std::sync::OnceLock::new(),
         failed: Mutex::default(),
+        found_silent: Mutex::default(),
         nodes: Mutex::default(),
         epoch: Instant::now(),
     });

@@ -259,14 +259,20 @@ impl ModelRuntime {
     }
 }
 
+/// How long a health check of a replica (or an agent) another machine
+/// runs may take: it answered at once while it served.
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Inner {
     /// A replica another machine runs stopped answering: at once, its
     /// requests lose their replica (the gateway retries them) and no new
     /// ones go there; it is kept out of routing for a while though its
-    /// node may still report it; on the leader, the controller hears it.
-    pub fn replica_failed(self: &Arc<Self>, rt: &Arc<ModelRuntime>, replica: ReplicaId, why: &str) {
+    /// node may still report it. Returns whether it was routed (false:
+    /// already handled). The controller hears of it apart
+    /// ([`Inner::tell_failed`]), once its node's fate is known.
+    fn unroute(&self, rt: &ModelRuntime, replica: ReplicaId, why: &str) -> bool {
         let Some(failed) = rt.replicas.lock().expect("replica table lock").remove(&replica) else {
-            return; // Already handled.
+            return false;
         };
         {
             let mut recent = self.failed.lock().expect("failed table");
@@ -276,6 +282,11 @@ impl Inner {
         tracing::warn!(replica = %replica_name(&rt.config.key, replica), "replica failed: {why}");
         rt.metrics.replica_failed();
         rt.processor.replica_gone(replica);
+        true
+    }
+
+    /// On the leader, the controller hears that `replica` failed.
+    fn tell_failed(&self, rt: &ModelRuntime, replica: ReplicaId, why: &str) {
         let model = rt.config.key.clone();
         self.control.send(Command::Failed { model, replica, why: why.to_owned(), start_failed: false });
     }
@@ -286,7 +297,7 @@ impl Inner {
     /// A replica this process runs is checked by its node's driver. A dead
     /// replica another machine runs (fleet mode) makes its node suspect:
     /// every other replica there is checked at once, so that a retry does
-    /// not go to a sibling that died with it.
+    /// not go to a sibling that died with it (see [`Inner::probe_node`]).
     pub async fn probe(self: &Arc<Self>, rt: &Arc<ModelRuntime>, replica: ReplicaId) -> bool {
         let here = rt
             .replicas
@@ -297,26 +308,42 @@ impl Inner {
         if let (Some((_, true)), Some(driver)) = (&here, self.driver.get()) {
             return driver.probe(replica).await;
         }
-        let node = match &here {
-            Some((node, _)) => node.clone(),
+        let (node, found) = match here {
+            Some((node, _)) => match self.check_remote(rt, replica).await {
+                Ok(()) => return true,
+                Err(why) if self.unroute(rt, replica, why) => (node, Some((rt, replica, why))),
+                Err(_) => (node, None),
+            },
             // Already failed by another request's probe, which may still
             // be checking its siblings: check them too before answering.
-            None => self.failed.lock().expect("failed table").get(&replica).and_then(|(_, n)| n.clone()),
-        };
-        if here.is_some() {
-            match self.check_remote(rt, replica).await {
-                Ok(()) => return true,
-                Err(why) => self.replica_failed(rt, replica, why),
+            None => {
+                (self.failed.lock().expect("failed table").get(&replica).and_then(|(_, n)| n.clone()), None)
             }
-        }
-        if let Some(node) = node {
-            self.probe_node(&node).await;
+        };
+        match node {
+            Some(node) => self.probe_node(&node, found).await,
+            None => {
+                if let Some((rt, replica, why)) = found {
+                    self.tell_failed(rt, replica, why);
+                }
+            }
         }
         false
     }
 
-    /// Checks every ready replica of `node` at once; the dead are failed.
-    async fn probe_node(self: &Arc<Self>, node: &str) {
+    /// Checks every ready replica of `node` and its agent at once, after
+    /// `found` (a replica there this probe took out of routing, if any)
+    /// did not answer: the dead are taken out of routing as each check
+    /// fails. If nothing there answers — no replica, not the agent — the
+    /// node is suspect, and the controller hears that before it hears of
+    /// the replicas, so it places them again on another node rather than
+    /// on the one that just lost them. A node whose agent answers only
+    /// lost engines.
+    async fn probe_node(
+        self: &Arc<Self>,
+        node: &str,
+        found: Option<(&Arc<ModelRuntime>, ReplicaId, &'static str)>,
+    ) {
         let mut checks = Vec::new();
         for rt in self.models.values() {
             let ids: Vec<ReplicaId> = rt
@@ -331,13 +358,53 @@ impl Inner {
                 .collect();
             for id in ids {
                 checks.push(async move {
-                    if let Err(why) = self.check_remote(rt, id).await {
-                        self.replica_failed(rt, id, why);
+                    match self.check_remote(rt, id).await {
+                        Ok(()) => Ok(()),
+                        Err(why) => Err(self.unroute(rt, id, why).then_some((rt, id, why))),
                     }
                 });
             }
         }
-        futures::future::join_all(checks).await;
+        let agent = self
+            .nodes
+            .lock()
+            .expect("nodes lock")
+            .iter()
+            .find(|n| n.name == node)
+            .and_then(|n| n.url.clone());
+        let agent_answers = async {
+            match agent {
+                Some(url) => self.answers(&format!("{url}/health")).await,
+                // Not a node this gateway knows the agent of: no evidence.
+                None => true,
+            }
+        };
+        let (checked, agent_answers) =
+            futures::future::join(futures::future::join_all(checks), agent_answers).await;
+        let answered = agent_answers || checked.iter().any(Result::is_ok);
+        let dead: Vec<_> =
+            found.into_iter().chain(checked.into_iter().filter_map(|c| c.err().flatten())).collect();
+        if !answered && !dead.is_empty() {
+            tracing::warn!(
+                node,
+                "neither the node's agent nor any of its engines answers: suspect, nothing new goes there \
+                 until it beats again (or its registration lapses)"
+            );
+            self.found_silent.lock().expect("found silent").push(node.to_owned());
+            if let Ok(id) = node.parse() {
+                self.control.send(Command::Suspect { node: id, on: true });
+            }
+        }
+        for (rt, id, why) in dead {
+            self.tell_failed(rt, id, why);
+        }
+    }
+
+    /// Whether `url` answers a GET with a success within the health
+    /// checks' timeout.
+    async fn answers(&self, url: &str) -> bool {
+        let answer = self.client.get(url).timeout(HEALTH_TIMEOUT).send().await;
+        answer.is_ok_and(|r| r.status().is_success())
     }
 
     /// One health check of a replica another machine runs: its `/health`
@@ -350,13 +417,11 @@ impl Inner {
                 _ => return Ok(()),
             }
         };
-        const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
         let healthy = if rt.config.engine.is_cog() {
             // Cog answers 200 whatever its state: read the state.
-            hangar_agent::cog::health(&self.client, &url, TIMEOUT).await.is_ok_and(|h| h.serves())
+            hangar_agent::cog::health(&self.client, &url, HEALTH_TIMEOUT).await.is_ok_and(|h| h.serves())
         } else {
-            let answer = self.client.get(format!("{url}/health")).timeout(TIMEOUT).send().await;
-            answer.is_ok_and(|r| r.status().is_success())
+            self.answers(&format!("{url}/health")).await
         };
         healthy.then_some(()).ok_or("its health check failed")
     }

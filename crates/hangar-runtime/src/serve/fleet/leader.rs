@@ -110,6 +110,8 @@ struct Told {
     artifacts: BTreeMap<ModelKey, String>,
     /// Members told draining.
     draining: BTreeSet<String>,
+    /// Members told suspect.
+    suspect: BTreeSet<String>,
 }
 
 impl Told {
@@ -118,6 +120,7 @@ impl Told {
     fn forget(&mut self, node: &str) {
         self.resident.remove(node);
         self.draining.remove(node);
+        self.suspect.remove(node);
     }
 }
 
@@ -186,16 +189,40 @@ impl Tenure {
     /// operator drained it) or not: the controller is told when that
     /// changed.
     pub(crate) fn draining(&self, node: &str, on: bool) {
-        let mut told = self.told.lock().expect("told lock");
-        if told.draining.contains(node) == on {
-            return;
+        if let Some(id) = self.flip(node, on, |told| &mut told.draining) {
+            self.inner.control.send(Command::Drain { node: id, on, reply: None });
         }
-        let Ok(id) = node.parse() else { return };
+    }
+
+    /// Member `node` is suspect (`on`: its agent and engines stopped
+    /// answering a gateway's probe, and it has not beaten since) or not:
+    /// the controller is told when that changed. (The probe tells it at
+    /// once too, before the replicas it found dead; twice is harmless.)
+    pub(crate) fn suspect(&self, node: &str, on: bool) {
+        if let Some(id) = self.flip(node, on, |told| &mut told.suspect) {
+            self.inner.control.send(Command::Suspect { node: id, on });
+        }
+    }
+
+    /// Records that `node` is (`on`) in the set of members `set` picks;
+    /// its id if that changed what the controller was told.
+    fn flip(
+        &self,
+        node: &str,
+        on: bool,
+        set: impl FnOnce(&mut Told) -> &mut BTreeSet<String>,
+    ) -> Option<NodeId> {
+        let mut told = self.told.lock().expect("told lock");
+        let set = set(&mut told);
+        if set.contains(node) == on {
+            return None;
+        }
+        let id = node.parse().ok()?;
         match on {
-            true => told.draining.insert(node.to_owned()),
-            false => told.draining.remove(node),
+            true => set.insert(node.to_owned()),
+            false => set.remove(node),
         };
-        self.inner.control.send(Command::Drain { node: id, on, reply: None });
+        Some(id)
     }
 
     /// A started replica of `model` loaded `artifact`: the controller is

@@ -151,6 +151,11 @@ impl View {
     fn refresh(&self) -> Result<(), String> {
         let Some(inner) = self.inner.upgrade() else { return Ok(()) };
         let mut memory = self.memory.lock().expect("view lock");
+        // Before the read: the heartbeats it sees are the first after the
+        // evidence.
+        for node in std::mem::take(&mut *inner.found_silent.lock().expect("found silent")) {
+            memory.liveness.suspect(&node);
+        }
         let read = self.read(&mut memory);
         let (nodes, silent) = match read {
             Ok(read) => read,
@@ -191,11 +196,14 @@ impl View {
             .filter(|r| r.draining || drained.contains(&r.name))
             .map(|r| r.name.as_str())
             .collect();
+        let suspect: HashSet<&str> =
+            nodes.keys().filter(|n| memory.liveness.is_suspect(n)).map(String::as_str).collect();
         if let Some(tenure) = self.leadership.current() {
             self.keep_level(&inner, &tenure, &nodes, &memory.reports, &seen, &silent, &memory.seen);
-            // After the joins: a node is drained as a member.
+            // After the joins: a node is drained, or suspect, as a member.
             for name in nodes.keys().filter(|n| tenure.member(n).is_some()) {
                 tenure.draining(name, draining.contains(name.as_str()));
+                tenure.suspect(name, suspect.contains(name.as_str()));
             }
             tenure.publish_unavailable();
             memory.mirrored = None;
@@ -210,7 +218,13 @@ impl View {
             .values()
             .map(|r| {
                 let report = memory.reports.get(&r.name);
-                super::super::NodeStatus::registered(r, report, draining.contains(r.name.as_str()))
+                let name = r.name.as_str();
+                super::super::NodeStatus::registered(
+                    r,
+                    report,
+                    draining.contains(name),
+                    suspect.contains(name),
+                )
             })
             .collect();
         let ever: HashMap<ReplicaId, bool> = memory.seen.iter().map(|(id, (_, ever))| (*id, *ever)).collect();
@@ -262,6 +276,11 @@ impl View {
                     tracing::warn!(node = %name, %old, %new, "another agent run holds the node's name now")
                 }
                 Change::Joined { name, agent } => tracing::info!(node = %name, run = %agent, "node joined"),
+                Change::Answers { name, agent } => tracing::info!(
+                    node = %name,
+                    run = %agent,
+                    "a suspect node beat again: its agent runs, and it takes new replicas again"
+                ),
             }
         }
         let nodes: BTreeMap<String, NodeRecord> = registrations
