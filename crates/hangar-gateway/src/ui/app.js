@@ -175,6 +175,7 @@ function renderNodes(status) {
       node.gpu_kind,
       node.gpus ? `${node.gpus} × ${gigabytes(node.gpu_memory)}` : null,
       node.draining ? "draining" : null,
+      node.suspect ? "suspect: not answering" : null,
       resident ? `weights of ${resident} artifact${resident > 1 ? "s" : ""} resident` : null,
     ]
       .filter(Boolean)
