@@ -357,13 +357,19 @@ pub struct NodeReport {
 }
 
 /// What one gateway sees of each model's demand, published for the
-/// leader, which scales on the sum over every gateway.
+/// leader, which scales on the sum over every gateway — and the replicas
+/// it found dead lately, which the leader, whose controller alone places
+/// their replacements, checks itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GatewayLoad {
     /// The gateway.
     pub gateway: String,
     /// Per model.
     pub models: BTreeMap<ModelKey, ModelLoad>,
+    /// Replicas of other machines this gateway found dead within its
+    /// quarantine (10 s). Absent (a gateway from before this field): none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<ReplicaId>,
 }
 
 /// One model's demand at one gateway: the scaler's inputs that come from

@@ -244,6 +244,41 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     );
 }
 
+/// A node dies while only the follower serves: its requests find the
+/// replicas dead, and the leader — whose controller alone places — takes
+/// the follower's word as a reason to check them itself, so the models are
+/// whole again while the node is only suspect, not after its registration
+/// lapses; every request through the follower answers 200.
+#[test]
+fn the_leader_replaces_what_a_follower_found_dead() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let mut f = fleet(&redis.url(), 2, 1);
+    let lead = leader(&f.gateways).expect("a gateway leads");
+    let follower = f.gateways[1 - lead].url.clone();
+    let path = f.dir.path().join("fleet.toml");
+    for name in ["n1", "n2"] {
+        f.agents.push(agent(f.dir.path(), &path, &redis.url(), name, 2));
+    }
+    let victim = "n0";
+    assert!(ready(&f.gateways[lead].url).iter().all(|(_, node)| node == victim));
+    let killed_at = Instant::now();
+    f.agents.iter_mut().find(|a| a.name == victim).unwrap().kill9();
+    let statuses: Vec<u16> = ["t/a", "t/b", "t/a", "t/b"].iter().map(|m| chat(&follower, m)).collect();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let lead_url = &f.gateways[lead].url;
+    wait_ready(lead_url, &[("t/a", 2), ("t/b", 1)], Some(victim));
+    let recovered = killed_at.elapsed();
+    let nodes = status(lead_url)["nodes"].clone();
+    let dead = nodes.as_array().unwrap().iter().find(|n| n["name"] == victim);
+    assert!(
+        dead.is_some_and(|n| n["suspect"] == true),
+        "the leader did not find {victim} suspect before its registration lapsed ({recovered:?}): {nodes}"
+    );
+    eprintln!(
+        "a follower's word: every model whole {recovered:?} after the kill, {victim} suspect on the leader"
+    );
+}
+
 /// The leading gateway is killed: the other takes the lease within its
 /// TTL and runs the controller — a node lost afterwards has its replicas
 /// placed again by the new leader — while both keep serving.

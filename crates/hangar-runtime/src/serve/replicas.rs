@@ -331,6 +331,20 @@ impl Inner {
         false
     }
 
+    /// Another gateway found `replica` dead: if this one routes to it, it
+    /// is checked here too and, if dead, handled as one a request of this
+    /// gateway found dead — on the leader, its controller hears of it (and
+    /// of its node, if suspect), which it would not from the other gateway.
+    pub(crate) async fn probe_on_word(self: &Arc<Self>, replica: ReplicaId) {
+        let routed = self.models.values().find(|rt| {
+            let table = rt.replicas.lock().expect("replica table lock");
+            table.get(&replica).is_some_and(|r| r.local.is_none() && r.state == ReplicaPhase::Ready)
+        });
+        if let Some(rt) = routed {
+            self.probe(rt, replica).await;
+        }
+    }
+
     /// Checks every ready replica of `node` and its agent at once, after
     /// `found` (a replica there this probe took out of routing, if any)
     /// did not answer: the dead are taken out of routing as each check

@@ -79,6 +79,8 @@ struct Memory {
     /// A follower: the unavailable models last taken from the leader
     /// (`None`: none taken yet, or this gateway led since).
     mirrored: Option<Unavailable>,
+    /// The leader: replicas checked on another gateway's word, and when.
+    checked: HashMap<ReplicaId, Instant>,
 }
 
 /// The view and what it saw last.
@@ -109,6 +111,7 @@ impl View {
             seen: HashMap::new(),
             named: HashSet::new(),
             mirrored: None,
+            checked: HashMap::new(),
         };
         Arc::new(View {
             inner: Arc::downgrade(inner),
@@ -129,12 +132,22 @@ impl View {
                 return;
             }
             let me = self.clone();
-            match tokio::task::spawn_blocking(move || me.refresh()).await.expect("no panic") {
-                Ok(()) if failing => {
+            let refreshed = tokio::task::spawn_blocking(move || me.refresh()).await.expect("no panic");
+            if let (Ok(word), Some(inner)) = (&refreshed, self.inner.upgrade()) {
+                // Only the leader's controller places replacements, and it
+                // hears only this gateway's evidence: a replica another one
+                // found dead is checked here too, apart from the refresh.
+                for replica in word.iter().copied() {
+                    let inner = inner.clone();
+                    tokio::spawn(async move { inner.probe_on_word(replica).await });
+                }
+            }
+            match refreshed {
+                Ok(_) if failing => {
                     tracing::info!("fleet view: Redis answers again");
                     failing = false;
                 }
-                Ok(()) => {}
+                Ok(_) => {}
                 Err(e) if !failing => {
                     tracing::warn!(
                         "fleet view: {e}; routing as before and concluding nothing until Redis answers"
@@ -148,8 +161,10 @@ impl View {
     }
 
     /// One refresh: read, route, keep the leader level, publish the load.
-    fn refresh(&self) -> Result<(), String> {
-        let Some(inner) = self.inner.upgrade() else { return Ok(()) };
+    /// Returns, on the leader, the replicas other gateways found dead that
+    /// it has not checked yet.
+    fn refresh(&self) -> Result<Vec<ReplicaId>, String> {
+        let Some(inner) = self.inner.upgrade() else { return Ok(Vec::new()) };
         let mut memory = self.memory.lock().expect("view lock");
         // Before the read: the heartbeats it sees are the first after the
         // evidence.
@@ -237,11 +252,27 @@ impl View {
             .collect();
         drop(memory);
         self.fleet.publish_load(&load(&inner, &self.me), wall_ms()).map_err(|e| e.to_string())?;
+        let mut word = Vec::new();
         if let Some(tenure) = self.leadership.current() {
-            let others = self.fleet.loads().map_err(|e| e.to_string())?;
-            tenure.set_loads(others.into_iter().filter(|l| l.gateway != self.me).collect());
+            let others: Vec<GatewayLoad> = self
+                .fleet
+                .loads()
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|l| l.gateway != self.me)
+                .collect();
+            word = self.new_word(others.iter().flat_map(|l| l.failed.iter().copied()));
+            tenure.set_loads(others);
         }
-        Ok(())
+        Ok(word)
+    }
+
+    /// Of the replicas other gateways found dead, those not yet checked
+    /// here on their word (each once per [`super::QUARANTINE`]).
+    fn new_word(&self, failed: impl Iterator<Item = ReplicaId>) -> Vec<ReplicaId> {
+        let mut memory = self.memory.lock().expect("view lock");
+        memory.checked.retain(|_, at| at.elapsed() < super::QUARANTINE);
+        failed.filter(|id| memory.checked.insert(*id, Instant::now()).is_none()).collect()
     }
 
     /// Reads the registry and the live nodes' reports. Returns the live
@@ -480,5 +511,13 @@ fn load(inner: &Inner, me: &str) -> GatewayLoad {
             (rt.config.key.clone(), load)
         })
         .collect();
-    GatewayLoad { gateway: me.to_owned(), models }
+    let failed = {
+        let failed = inner.failed.lock().expect("failed table");
+        failed
+            .iter()
+            .filter(|(_, (at, node))| node.is_some() && at.elapsed() < super::QUARANTINE)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    GatewayLoad { gateway: me.to_owned(), models, failed }
 }
