@@ -271,13 +271,21 @@ impl Inner {
     /// already handled). The controller hears of it apart
     /// ([`Inner::tell_failed`]), once its node's fate is known.
     fn unroute(&self, rt: &ModelRuntime, replica: ReplicaId, why: &str) -> bool {
-        let Some(failed) = rt.replicas.lock().expect("replica table lock").remove(&replica) else {
+        let Some(node) =
+            rt.replicas.lock().expect("replica table lock").get(&replica).map(|r| r.node.clone())
+        else {
             return false;
         };
+        // Quarantined before it leaves the table: the view, which checks
+        // the quarantine under the table's lock, cannot put it back between
+        // the two.
         {
             let mut recent = self.failed.lock().expect("failed table");
             recent.retain(|_, (at, _)| at.elapsed() < super::fleet::QUARANTINE);
-            recent.insert(replica, (std::time::Instant::now(), failed.node.clone()));
+            recent.insert(replica, (std::time::Instant::now(), node));
+        }
+        if rt.replicas.lock().expect("replica table lock").remove(&replica).is_none() {
+            return false; // Another probe took it out meanwhile.
         }
         tracing::warn!(replica = %replica_name(&rt.config.key, replica), "replica failed: {why}");
         rt.metrics.replica_failed();

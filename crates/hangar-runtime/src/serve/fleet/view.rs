@@ -465,9 +465,15 @@ fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>) {
                 rt.processor.replica_gone(id);
             }
         }
+        // Read under the table's lock: a replica a probe quarantines after
+        // the view's filter is not put back here (see `Inner::unroute`).
+        let failed = inner.failed.lock().expect("failed table");
         for (id, s) in seen.iter().filter(|(_, s)| s.model == rt.config.key) {
             let state = s.phase;
             let was = table.get(id).map(|r| r.state);
+            if was.is_none() && state == ReplicaPhase::Ready && failed.contains_key(id) {
+                continue;
+            }
             match table.get_mut(id) {
                 Some(r) => {
                     r.state = state;
