@@ -213,15 +213,7 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     // registration lapses (8 s): the gateways found it not answering, so
     // none of its replicas was placed on it again.
     let lead = leader(&f.gateways).expect("a gateway leads");
-    wait_ready(&f.gateways[lead].url, &[("t/a", 2), ("t/b", 1)], Some(&victim));
-    let recovered = killed_at.elapsed();
-    let nodes = status(&f.gateways[lead].url)["nodes"].clone();
-    let dead = nodes.as_array().unwrap().iter().find(|n| n["name"] == victim.as_str());
-    assert!(
-        dead.is_some_and(|n| n["suspect"] == true),
-        "{victim} was not suspect, or was declared dead, before its replicas ran elsewhere \
-         ({recovered:?} after the kill): {nodes}"
-    );
+    let recovered = whole_while_suspect(&f.gateways[lead].url, &victim, killed_at);
     // Created through one gateway, read and cancelled through the other.
     let id = create(&f.gateways[0].url, "t/b", 100_000, &hooks);
     let t = Instant::now();
@@ -242,6 +234,23 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
          with {} replicas; every model whole again {recovered:?} after the kill",
         per_node[&victim]
     );
+}
+
+/// Waits until the leader at `lead` has every model whole off `victim`,
+/// killed at `killed_at`, and checks that it still lists `victim` as
+/// suspect — not yet declared dead, its registration not lapsed (8 s).
+/// Returns how long after the kill the models were whole.
+fn whole_while_suspect(lead: &str, victim: &str, killed_at: Instant) -> Duration {
+    wait_ready(lead, &[("t/a", 2), ("t/b", 1)], Some(victim));
+    let recovered = killed_at.elapsed();
+    let nodes = status(lead)["nodes"].clone();
+    let dead = nodes.as_array().unwrap().iter().find(|n| n["name"] == victim);
+    assert!(
+        dead.is_some_and(|n| n["suspect"] == true),
+        "the leader did not find {victim} suspect, or declared it dead, before its replicas ran elsewhere \
+         ({recovered:?} after the kill): {nodes}"
+    );
+    recovered
 }
 
 /// A node dies while only the follower serves: its requests find the
@@ -265,15 +274,7 @@ fn the_leader_replaces_what_a_follower_found_dead() {
     f.agents.iter_mut().find(|a| a.name == victim).unwrap().kill9();
     let statuses: Vec<u16> = ["t/a", "t/b", "t/a", "t/b"].iter().map(|m| chat(&follower, m)).collect();
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
-    let lead_url = &f.gateways[lead].url;
-    wait_ready(lead_url, &[("t/a", 2), ("t/b", 1)], Some(victim));
-    let recovered = killed_at.elapsed();
-    let nodes = status(lead_url)["nodes"].clone();
-    let dead = nodes.as_array().unwrap().iter().find(|n| n["name"] == victim);
-    assert!(
-        dead.is_some_and(|n| n["suspect"] == true),
-        "the leader did not find {victim} suspect before its registration lapsed ({recovered:?}): {nodes}"
-    );
+    let recovered = whole_while_suspect(&f.gateways[lead].url, victim, killed_at);
     eprintln!(
         "a follower's word: every model whole {recovered:?} after the kill, {victim} suspect on the leader"
     );

@@ -132,22 +132,12 @@ impl View {
                 return;
             }
             let me = self.clone();
-            let refreshed = tokio::task::spawn_blocking(move || me.refresh()).await.expect("no panic");
-            if let (Ok(word), Some(inner)) = (&refreshed, self.inner.upgrade()) {
-                // Only the leader's controller places replacements, and it
-                // hears only this gateway's evidence: a replica another one
-                // found dead is checked here too, apart from the refresh.
-                for replica in word.iter().copied() {
-                    let inner = inner.clone();
-                    tokio::spawn(async move { inner.probe_on_word(replica).await });
-                }
-            }
-            match refreshed {
-                Ok(_) if failing => {
+            match tokio::task::spawn_blocking(move || me.refresh()).await.expect("no panic") {
+                Ok(()) if failing => {
                     tracing::info!("fleet view: Redis answers again");
                     failing = false;
                 }
-                Ok(_) => {}
+                Ok(()) => {}
                 Err(e) if !failing => {
                     tracing::warn!(
                         "fleet view: {e}; routing as before and concluding nothing until Redis answers"
@@ -161,10 +151,8 @@ impl View {
     }
 
     /// One refresh: read, route, keep the leader level, publish the load.
-    /// Returns, on the leader, the replicas other gateways found dead that
-    /// it has not checked yet.
-    fn refresh(&self) -> Result<Vec<ReplicaId>, String> {
-        let Some(inner) = self.inner.upgrade() else { return Ok(Vec::new()) };
+    fn refresh(&self) -> Result<(), String> {
+        let Some(inner) = self.inner.upgrade() else { return Ok(()) };
         let mut memory = self.memory.lock().expect("view lock");
         // Before the read: the heartbeats it sees are the first after the
         // evidence.
@@ -197,13 +185,8 @@ impl View {
                 seen.insert(r.replica, s);
             }
         }
-        let mut routed = seen.clone();
-        {
-            let mut failed = inner.failed.lock().expect("failed table");
-            failed.retain(|_, (at, _)| at.elapsed() < super::QUARANTINE);
-            routed.retain(|id, s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id));
-        }
-        route(&inner, &routed);
+        inner.failed.lock().expect("failed table").retain(|_, (at, _)| at.elapsed() < super::QUARANTINE);
+        route(&inner, &seen);
         // An agent leaving drains its node, as does an operator's word.
         let drained = self.fleet.drained_nodes().map_err(|e| e.to_string())?;
         let draining: HashSet<&str> = nodes
@@ -252,7 +235,6 @@ impl View {
             .collect();
         drop(memory);
         self.fleet.publish_load(&load(&inner, &self.me), wall_ms()).map_err(|e| e.to_string())?;
-        let mut word = Vec::new();
         if let Some(tenure) = self.leadership.current() {
             let others: Vec<GatewayLoad> = self
                 .fleet
@@ -261,10 +243,17 @@ impl View {
                 .into_iter()
                 .filter(|l| l.gateway != self.me)
                 .collect();
-            word = self.new_word(others.iter().flat_map(|l| l.failed.iter().copied()));
+            // Only the leader's controller places replacements, and it hears
+            // only this gateway's evidence: a replica another one found dead
+            // is checked here too, apart from the refresh (which runs on a
+            // blocking thread of the runtime, so it may spawn).
+            for replica in self.new_word(others.iter().flat_map(|l| l.failed.iter().copied())) {
+                let inner = inner.clone();
+                tokio::spawn(async move { inner.probe_on_word(replica).await });
+            }
             tenure.set_loads(others);
         }
-        Ok(word)
+        Ok(())
     }
 
     /// Of the replicas other gateways found dead, those not yet checked
@@ -456,24 +445,26 @@ fn follow_gates(
 
 /// Makes each model's replica table what the nodes report, giving permits
 /// to replicas that became ready and taking them from those that stopped.
+/// A replica this gateway found dead is kept out while quarantined, though
+/// its node may still report it ready.
 fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>) {
     for rt in inner.models.values() {
         let mut table = rt.replicas.lock().expect("replica table lock");
-        let gone: Vec<ReplicaId> = table.keys().filter(|id| !seen.contains_key(id)).copied().collect();
+        // Read under the table's lock: a replica a probe quarantines
+        // meanwhile is not put back (see `Inner::unroute`).
+        let failed = inner.failed.lock().expect("failed table");
+        let routed = |id: &ReplicaId| {
+            seen.get(id).filter(|s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id))
+        };
+        let gone: Vec<ReplicaId> = table.keys().filter(|id| routed(id).is_none()).copied().collect();
         for id in gone {
             if table.remove(&id).is_some_and(|r| r.state == ReplicaPhase::Ready) {
                 rt.processor.replica_gone(id);
             }
         }
-        // Read under the table's lock: a replica a probe quarantines after
-        // the view's filter is not put back here (see `Inner::unroute`).
-        let failed = inner.failed.lock().expect("failed table");
-        for (id, s) in seen.iter().filter(|(_, s)| s.model == rt.config.key) {
+        for (id, s) in seen.iter().filter(|(id, s)| s.model == rt.config.key && routed(id).is_some()) {
             let state = s.phase;
             let was = table.get(id).map(|r| r.state);
-            if was.is_none() && state == ReplicaPhase::Ready && failed.contains_key(id) {
-                continue;
-            }
             match table.get_mut(id) {
                 Some(r) => {
                     r.state = state;
@@ -517,13 +508,10 @@ fn load(inner: &Inner, me: &str) -> GatewayLoad {
             (rt.config.key.clone(), load)
         })
         .collect();
+    // The view pruned the quarantine earlier in this refresh.
     let failed = {
         let failed = inner.failed.lock().expect("failed table");
-        failed
-            .iter()
-            .filter(|(_, (at, node))| node.is_some() && at.elapsed() < super::QUARANTINE)
-            .map(|(id, _)| *id)
-            .collect()
+        failed.iter().filter(|(_, (_, node))| node.is_some()).map(|(id, _)| *id).collect()
     };
     GatewayLoad { gateway: me.to_owned(), models, failed }
 }
