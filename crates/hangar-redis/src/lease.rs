@@ -23,6 +23,15 @@
 //! settled gateway — at most one TTL later than without the rule, and not
 //! at all later when Redis answered throughout.
 //!
+//! Being settled is a claim about the moment the ask *runs*, not the one
+//! it was sent: an ask sent just before Redis stalled (paused, or a
+//! cluster's primary gone while the client retries toward its
+//! replacement) can be held for the whole outage and run first when it
+//! ends, the lease lapsed meanwhile. So a settled ask carries a deadline
+//! in Redis's own clock — a period after it was sent, reckoned from the
+//! server time of this gateway's last answer plus the time since — and
+//! the script counts it settled only before that deadline.
+//!
 //! **Bad data is repaired, and named.** A lease key of the wrong type is
 //! deleted; an epoch that is not an integer is replaced by Redis's clock in
 //! milliseconds (larger than any count of tenures, so the fence still only
@@ -55,15 +64,20 @@ pub enum Leadership {
     },
 }
 
-/// ARGV: prefix, me, ttl ms, settled (1 or 0). Returns {1, epoch, took,
-/// repaired} or {0, holder, repaired} (`repaired`: what was fixed, or
-/// empty); an unsettled ask that finds the lease lapsed but claimed by
-/// another last holder answers {0, that holder, repaired}.
+/// ARGV: prefix, me, ttl ms, settled until (Redis's clock, ms; 0 when
+/// unsettled). Returns {1, epoch, took, repaired, now} or {0, holder,
+/// repaired, now} (`repaired`: what was fixed, or empty; `now`: Redis's
+/// clock, ms); an unsettled ask (or one run past its deadline) that finds
+/// the lease lapsed but claimed by another last holder answers {0, that
+/// holder, repaired, now}.
 const TICK: &str = r#"
 local key = ARGV[1] .. ':leader'
 local ekey = key .. ':epoch'
 local last = key .. ':last'
 local repaired = ''
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local settled = now <= tonumber(ARGV[4])
 for _, k in ipairs({key, ekey, last}) do
   local kind = redis.call('TYPE', k).ok
   if kind ~= 'none' and kind ~= 'string' then
@@ -73,24 +87,23 @@ for _, k in ipairs({key, ekey, last}) do
 end
 local epoch = redis.call('GET', ekey)
 if epoch and not string.match(epoch, '^%d+$') then
-  local t = redis.call('TIME')
-  redis.call('SET', ekey, string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)))
+  redis.call('SET', ekey, string.format('%d', now))
   repaired = repaired .. ekey .. ' held `' .. string.sub(epoch, 1, 40) .. '`, not an integer; '
 end
 local holder = redis.call('GET', key)
 if holder == ARGV[2] then
   redis.call('PEXPIRE', key, ARGV[3])
-  return {1, redis.call('GET', ekey) or '0', 0, repaired}
+  return {1, redis.call('GET', ekey) or '0', 0, repaired, now}
 end
-if holder then return {0, holder, repaired} end
+if holder then return {0, holder, repaired, now} end
 local previous = redis.call('GET', last)
-if previous and previous ~= ARGV[2] and ARGV[4] ~= '1' then return {0, previous, repaired} end
+if previous and previous ~= ARGV[2] and not settled then return {0, previous, repaired, now} end
 redis.call('SET', key, ARGV[2], 'PX', ARGV[3])
 if previous == ARGV[2] and redis.call('GET', ekey) then
-  return {1, redis.call('GET', ekey), 0, repaired}
+  return {1, redis.call('GET', ekey), 0, repaired, now}
 end
 redis.call('SET', last, ARGV[2])
-return {1, redis.call('INCR', ekey), 1, repaired}
+return {1, redis.call('INCR', ekey), 1, repaired, now}
 "#;
 
 /// ARGV: prefix, me. Gives the lease up if held (and the claim to it
@@ -112,6 +125,9 @@ pub struct LeaderLease {
     /// When this gateway's last ask failed or took longer than a period
     /// (Redis down or paused): it is unsettled for a TTL after.
     trouble: Mutex<Option<Instant>>,
+    /// Redis's clock (ms) in this gateway's last answer, and when that
+    /// answer came: what a settled ask's deadline is reckoned from.
+    clock: Mutex<Option<(Instant, u64)>>,
 }
 
 impl std::fmt::Debug for LeaderLease {
@@ -131,6 +147,7 @@ impl LeaderLease {
             tick: Script::new(TICK),
             resign: Script::new(RESIGN),
             trouble: Mutex::new(None),
+            clock: Mutex::new(None),
         }
     }
 
@@ -152,27 +169,54 @@ impl LeaderLease {
     pub fn tick(&self) -> Result<Leadership, RedisError> {
         let ttl = self.ttl.as_millis() as u64;
         let asked = Instant::now();
-        let settled = self.trouble.lock().expect("trouble lock").is_none_or(|t| t.elapsed() >= self.ttl);
-        let answer: Result<Vec<redis::Value>, RedisError> = self
-            .redis
-            .run(|c| self.redis.script(&self.tick).arg(&self.me).arg(ttl).arg(u8::from(settled)).invoke(c));
+        let answer = self.settled_until(asked).and_then(|until| {
+            self.redis.run(|c| self.redis.script(&self.tick).arg(&self.me).arg(ttl).arg(until).invoke(c))
+        });
         if answer.is_err() || asked.elapsed() > self.period() {
             *self.trouble.lock().expect("trouble lock") = Some(Instant::now());
         }
-        let answer = answer?;
+        let answer: Vec<redis::Value> = answer?;
         let text = |v: &redis::Value| redis::from_redis_value::<String>(v.clone()).unwrap_or_default();
         let number = |v: &redis::Value| redis::from_redis_value::<u64>(v.clone()).unwrap_or(0);
-        let repaired = answer.last().map(text).unwrap_or_default();
+        // Every answer ends with what was repaired and Redis's clock.
+        let (leadership, tail) = match answer.as_slice() {
+            [flag, epoch, took, tail @ ..] if number(flag) == 1 => {
+                (Leadership::Leader { epoch: number(epoch), took: number(took) == 1 }, tail)
+            }
+            [_, holder, tail @ ..] => (Leadership::Follower { leader: text(holder) }, tail),
+            _ => (Leadership::Follower { leader: String::new() }, &[][..]),
+        };
+        let (repaired, now) = match tail {
+            [repaired, now] => (text(repaired), number(now)),
+            _ => (String::new(), 0),
+        };
+        if now > 0 {
+            *self.clock.lock().expect("clock lock") = Some((Instant::now(), now));
+        }
         if !repaired.is_empty() {
             tracing::warn!("leader lease: repaired bad data in Redis: {}", repaired.trim_end_matches("; "));
         }
-        Ok(match answer.as_slice() {
-            [flag, epoch, took, _] if number(flag) == 1 => {
-                Leadership::Leader { epoch: number(epoch), took: number(took) == 1 }
+        Ok(leadership)
+    }
+
+    /// The deadline, in Redis's clock (ms), before which an ask sent at
+    /// `asked` counts as settled; 0 while this gateway is unsettled (see
+    /// the module's docs). Before its first answer a gateway asks Redis
+    /// for its clock.
+    fn settled_until(&self, asked: Instant) -> Result<u64, RedisError> {
+        if self.trouble.lock().expect("trouble lock").is_some_and(|t| t.elapsed() < self.ttl) {
+            return Ok(0);
+        }
+        let known = *self.clock.lock().expect("clock lock");
+        let (at, server_ms) = match known {
+            Some(clock) => clock,
+            None => {
+                let (s, us): (u64, u64) = self.redis.run(|c| redis::cmd("TIME").query(c))?;
+                (Instant::now(), s * 1000 + us / 1000)
             }
-            [_, holder, _] => Leadership::Follower { leader: text(holder) },
-            _ => Leadership::Follower { leader: String::new() },
-        })
+        };
+        let since = asked.saturating_duration_since(at);
+        Ok(server_ms + (since + self.period()).as_millis() as u64)
     }
 
     /// Gives the lease up at once (a gateway stopping on purpose), so
@@ -273,6 +317,28 @@ mod tests {
         // takes over.
         std::thread::sleep(ttl + ttl / 5);
         assert_eq!(b.tick().unwrap(), Leadership::Leader { epoch: 2, took: true });
+    }
+
+    /// An ask sent settled just as Redis stalls (`CLIENT PAUSE`, as a
+    /// cluster's slot without a primary holds a retrying client) is held
+    /// for the whole stall and runs when it ends, the lease lapsed
+    /// meanwhile: past its deadline it counts as unsettled, and leaves the
+    /// lease to its last holder, which continues in its epoch.
+    #[test]
+    fn an_ask_held_through_a_stall_leaves_the_lapsed_lease_to_its_last_holder() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let ttl = Duration::from_millis(600);
+        let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });
+        assert_eq!(b.tick().unwrap(), Leadership::Follower { leader: "gw-a".into() });
+        server.pause(Duration::from_millis(1_500)).unwrap();
+        let paused = Instant::now();
+        let held = std::thread::spawn(move || b.tick());
+        let answer = held.join().unwrap().unwrap();
+        assert!(paused.elapsed() >= ttl * 2, "the ask was held past the TTL");
+        assert_eq!(answer, Leadership::Follower { leader: "gw-a".into() });
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: false });
     }
 
     #[test]
