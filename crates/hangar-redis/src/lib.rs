@@ -40,7 +40,7 @@ use std::time::Duration;
 pub use link::Link;
 use link::{Client, Manager};
 pub use redis;
-pub use server::{LocalRedis, LocalRedisCluster, ServerError};
+pub use server::{LocalRedis, LocalRedisCluster, Rejoined, ServerError};
 
 /// How long connecting, and any one command, may take before it fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -91,8 +91,10 @@ impl RedisError {
     /// not connected, the connection dropped, a command timed out (a
     /// server paused with `CLIENT PAUSE` or overloaded), still loading
     /// its data (`LOADING`), busy with a script (`BUSY`), a replica
-    /// being promoted (`MASTERDOWN`, `READONLY`, `TRYAGAIN`) — rather
-    /// than refusing the command itself. The same call may succeed when
+    /// being promoted (`MASTERDOWN`, `READONLY`, `TRYAGAIN`), a primary
+    /// that takes writes only while enough replicas follow it and has too
+    /// few now (`NOREPLICAS`, `min-replicas-to-write`) — rather than
+    /// refusing the command itself. The same call may succeed when
     /// repeated later; callers answer "retry" (HTTP 503) instead of
     /// failing for good. Judged on the error's kind, never its text.
     pub fn is_unavailable(&self) -> bool {
@@ -112,7 +114,7 @@ impl RedisError {
                                 | ServerErrorKind::ReadOnly
                         )
                     )
-                    || source.code() == Some("BUSY")
+                    || matches!(source.code(), Some("BUSY" | "NOREPLICAS"))
             }
         }
     }
@@ -340,6 +342,15 @@ mod tests {
         server.start_again().unwrap();
         let back: String = redis.run(|c| redis::cmd("GET").arg("k").query(c)).unwrap();
         assert_eq!(back, "v", "the AOF kept it, and the pool reconnects by itself");
+        // A primary told to take writes only while a replica follows it,
+        // with none: writes wait for one, reads go on.
+        redis
+            .run(|c| redis::cmd("CONFIG").arg("SET").arg("min-replicas-to-write").arg(1).query::<()>(c))
+            .unwrap();
+        let no_replica = redis.run(|c| redis::cmd("SET").arg("k").arg("w").query::<()>(c)).unwrap_err();
+        assert!(no_replica.is_unavailable(), "{no_replica}");
+        let still: String = redis.run(|c| redis::cmd("GET").arg("k").query(c)).unwrap();
+        assert_eq!(still, "v");
     }
 
     /// A command that times out while the server is paused fails, and
@@ -366,11 +377,11 @@ mod tests {
         let redis = Redis::connect(&cluster.url()).unwrap();
         let key = redis.key("k");
         redis.run(|c| redis::cmd("SET").arg(&key).arg("v").query::<()>(c)).unwrap();
-        let slot: u16 = redis.run(|c| redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query(c)).unwrap();
-        cluster.primary_of(slot).stop();
+        let primary = cluster.primary_for(&key).unwrap();
+        cluster.nodes()[primary].stop();
         let down = redis.run(|c| redis::cmd("GET").arg(&key).query::<String>(c)).unwrap_err();
         assert!(down.is_unavailable(), "{down}");
-        cluster.primary_of(slot).start_again().unwrap();
+        cluster.nodes()[primary].start_again().unwrap();
         assert_eq!(read_back(&redis, &key, Duration::from_secs(30)).0, "v");
     }
 
@@ -406,13 +417,20 @@ mod tests {
             .run(|c| redis::pipe().set(&key, "v").ignore().cmd("WAIT").arg(1).arg(5000).query(c))
             .unwrap();
         assert_eq!(acked, 1, "the replica has the write");
-        let slot: u16 = redis.run(|c| redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query(c)).unwrap();
-        cluster.primary_of(slot).crash();
+        let primary = cluster.primary_for(&key).unwrap();
+        cluster.nodes()[primary].crash();
         let (back, failures) = read_back(&redis, &key, Duration::from_secs(60));
         assert_eq!(back, "v");
         assert!(failures > 0, "the kill was seen");
         // And it takes writes there.
         redis.run(|c| redis::cmd("SET").arg(&key).arg("w").query::<()>(c)).unwrap();
+        // The promoted replica is the slot's primary now; the old primary,
+        // started again, rejoins as its replica.
+        let promoted = cluster.primary_for(&key).unwrap();
+        assert_ne!(promoted, primary);
+        cluster.nodes()[primary].start_again().unwrap();
+        assert_eq!(cluster.wait_rejoined(primary, Duration::from_secs(30)).unwrap(), Rejoined::Replica);
+        assert_eq!(cluster.primary_for(&key).unwrap(), promoted);
     }
 
     #[test]

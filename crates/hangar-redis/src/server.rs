@@ -33,6 +33,9 @@ pub enum ServerError {
     /// A `CLUSTER` command that forms a [`LocalRedisCluster`] failed.
     #[error("redis-server: forming the cluster failed: {0}")]
     Cluster(redis::RedisError),
+    /// A cluster's answer did not say what a test asked of it.
+    #[error("redis-server: the cluster {0}")]
+    ClusterState(String),
     /// It did not answer in time; its log's last lines.
     #[error("redis-server did not answer on {socket} within 10 s; its log ends:\n{log}")]
     NoAnswer {
@@ -364,30 +367,16 @@ impl LocalRedisCluster {
         for _ in 0..if replicas { 2 * PRIMARIES } else { PRIMARIES } {
             nodes.push(Self::node(&binary, tls)?);
         }
-        // A command on one node (its Unix socket), its answer as text.
-        let command = |node: &LocalRedis, args: &[String]| -> Result<String, ServerError> {
-            let client = redis::Client::open(node.url()).map_err(ServerError::Cluster)?;
-            let mut conn = client.get_connection().map_err(ServerError::Cluster)?;
-            let mut cmd = redis::cmd(&args[0]);
-            cmd.arg(&args[1..]);
-            cmd.query::<redis::Value>(&mut conn)
-                .map(|v| match v {
-                    redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-                    redis::Value::VerbatimString { text, .. } => text,
-                    other => format!("{other:?}"),
-                })
-                .map_err(ServerError::Cluster)
-        };
         for (i, node) in nodes.iter().take(PRIMARIES).enumerate() {
             let (lo, hi) = (
                 SLOTS_EACH * i as u16,
                 if i + 1 == PRIMARIES { SLOTS - 1 } else { SLOTS_EACH * (i as u16 + 1) - 1 },
             );
-            command(node, &["CLUSTER".into(), "ADDSLOTSRANGE".into(), lo.to_string(), hi.to_string()])?;
+            command(node, &["CLUSTER", "ADDSLOTSRANGE", &lo.to_string(), &hi.to_string()])?;
         }
         for other in &nodes[1..] {
             let port = other.cluster_port.expect("a cluster node has a port");
-            command(&nodes[0], &["CLUSTER".into(), "MEET".into(), "127.0.0.1".into(), port.to_string()])?;
+            command(&nodes[0], &["CLUSTER", "MEET", "127.0.0.1", &port.to_string()])?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let known = format!("cluster_known_nodes:{}", nodes.len());
@@ -395,14 +384,14 @@ impl LocalRedisCluster {
         loop {
             let mut states = Vec::new();
             for node in &nodes {
-                states.push(command(node, &["CLUSTER".into(), "INFO".into()])?);
+                states.push(command(node, &["CLUSTER", "INFO"])?);
             }
             let ok = |info: &String| info.contains("cluster_state:ok") && info.contains(&known);
             // A replica counts once its primary streams to it.
             let mut synced = true;
             if replicating && replicas {
                 for primary in &nodes[..PRIMARIES] {
-                    let info = command(primary, &["INFO".into(), "replication".into()])?;
+                    let info = command(primary, &["INFO", "replication"])?;
                     synced &= info.contains("connected_slaves:1") && info.contains("state=online");
                 }
             }
@@ -413,8 +402,8 @@ impl LocalRedisCluster {
                 // Every node knows every other: each replica follows its
                 // primary, and the cluster is ok again once they have.
                 for i in 0..PRIMARIES {
-                    let primary = command(&nodes[i], &["CLUSTER".into(), "MYID".into()])?;
-                    command(&nodes[i + PRIMARIES], &["CLUSTER".into(), "REPLICATE".into(), primary])?;
+                    let primary = command(&nodes[i], &["CLUSTER", "MYID"])?;
+                    command(&nodes[i + PRIMARIES], &["CLUSTER", "REPLICATE", &primary])?;
                 }
                 replicating = true;
             }
@@ -489,11 +478,124 @@ impl LocalRedisCluster {
         &mut self.nodes
     }
 
-    /// The primary it formed with hash slot `slot` (`CLUSTER KEYSLOT`): to
-    /// stop or kill the node holding a key.
-    pub fn primary_of(&mut self, slot: u16) -> &mut LocalRedis {
-        &mut self.nodes[usize::from(slot / SLOTS_EACH).min(PRIMARIES - 1)]
+    /// The node that is the primary of `key`'s hash slot now, as the
+    /// cluster's running nodes see it (`CLUSTER NODES`): after a failover,
+    /// the promoted replica. An index into [`LocalRedisCluster::nodes`], so
+    /// that the node can be killed and later started again. While no
+    /// running primary holds the slot (its only primary is down, and no
+    /// replica took over yet), the one that held it.
+    pub fn primary_for(&self, key: &str) -> Result<usize, ServerError> {
+        let mut last = None;
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let slot: u16 = match command(node, &["CLUSTER", "KEYSLOT", key]).map(|s| s.parse()) {
+                Ok(Ok(slot)) => slot,
+                Ok(Err(_)) => return Err(ServerError::ClusterState(format!("gave no slot for `{key}`"))),
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            let table = command(node, &["CLUSTER", "NODES"])?;
+            let holders = primaries_holding(&table, slot);
+            // A running primary first; a failed one only if none runs.
+            let found = holders.iter().find(|(_, failed)| !failed).or(holders.first());
+            let port = found.map(|(port, _)| *port);
+            if let Some(i) = self.nodes.iter().position(|n| port.is_some() && n.cluster_port == port) {
+                return Ok(i);
+            }
+            return Err(ServerError::ClusterState(format!(
+                "names no node of its own as the primary of slot {slot} (`{key}`):\n{table}"
+            )));
+        }
+        Err(last.unwrap_or(ServerError::ClusterState("has no node running".to_owned())))
     }
+
+    /// Waits (`limit` at most) until node `i` — started again after it was
+    /// killed — has its place back: a replica whose link to its primary is
+    /// up (its slot failed over while it was down; it rejoins under the
+    /// promoted replica, which it could replace at the next failover), or
+    /// a primary again (it came back before any replica took over), with
+    /// every running node saying the cluster is `ok`. Returns which.
+    pub fn wait_rejoined(&self, i: usize, limit: Duration) -> Result<Rejoined, ServerError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let info = command(&self.nodes[i], &["INFO", "replication"])?;
+            let role = if info.contains("role:master") {
+                Some(Rejoined::Primary)
+            } else {
+                info.contains("master_link_status:up").then_some(Rejoined::Replica)
+            };
+            let mut ok = true;
+            for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+                ok &= command(node, &["CLUSTER", "INFO"])?.contains("cluster_state:ok");
+            }
+            match role {
+                Some(role) if ok => return Ok(role),
+                _ if Instant::now() > deadline => {
+                    return Err(ServerError::NoAnswer {
+                        socket: self.nodes[i].url(),
+                        log: format!(
+                            "it did not rejoin its cluster within {} s: {}",
+                            limit.as_secs(),
+                            info.replace("\r\n", " ")
+                        ),
+                    })
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+/// What a node of a [`LocalRedisCluster`] started again became.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejoined {
+    /// The primary of its slots again: no replica had taken over.
+    Primary,
+    /// A replica of the one that took its slots over.
+    Replica,
+}
+
+/// A command on one node (its Unix socket), its answer as text.
+fn command(node: &LocalRedis, args: &[&str]) -> Result<String, ServerError> {
+    let client = redis::Client::open(node.url()).map_err(ServerError::Cluster)?;
+    let mut conn = client.get_connection().map_err(ServerError::Cluster)?;
+    let mut cmd = redis::cmd(args[0]);
+    cmd.arg(&args[1..]);
+    cmd.query::<redis::Value>(&mut conn)
+        .map(|v| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            redis::Value::Int(n) => n.to_string(),
+            other => format!("{other:?}"),
+        })
+        .map_err(ServerError::Cluster)
+}
+
+/// The client ports of the primaries that `CLUSTER NODES` says hold
+/// `slot`, each with whether it is marked failed (`fail`, or `fail?`
+/// while the others still vote on it). A line is `ID HOST:PORT@BUS FLAGS
+/// PRIMARY PING PONG EPOCH LINK SLOT…`, a slot a number or `LO-HI`
+/// (`[…]` entries are slots in migration, which a primary does not hold).
+fn primaries_holding(table: &str, slot: u16) -> Vec<(u16, bool)> {
+    let mut out = Vec::new();
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [_, address, flags, _, _, _, _, _, slots @ ..] = fields.as_slice() else { continue };
+        if !flags.split(',').any(|f| f == "master") {
+            continue;
+        }
+        let holds = slots.iter().filter(|s| !s.starts_with('[')).any(|s| {
+            let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+            matches!((lo.parse::<u16>(), hi.parse::<u16>()), (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot))
+        });
+        let port =
+            address.split('@').next().and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| p.parse().ok());
+        if let (true, Some(port)) = (holds, port) {
+            out.push((port, flags.split(',').any(|f| f == "fail" || f == "fail?")));
+        }
+    }
+    out
 }
 
 /// The PEM files of a TLS cluster's nodes: its CA, and the one certificate
@@ -502,4 +604,27 @@ struct TlsFiles {
     ca: String,
     cert: String,
     key: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::primaries_holding;
+
+    #[test]
+    fn the_primaries_holding_a_slot_are_read_from_cluster_nodes() {
+        // After a failover: 7001 failed, 7004 promoted to its slots; a
+        // slot in migration (`[…]`) is not held; a replica holds nothing.
+        let table = "\
+a 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b 127.0.0.1:7001@17001 master,fail - 0 0 2 disconnected
+c 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16383 [5461->-b]
+d 127.0.0.1:7003@17003 slave a 0 0 1 connected
+e 127.0.0.1:7004@17004 master - 0 0 7 connected 5461-10922
+f 127.0.0.1:7005@17005 master,fail? - 0 0 8 connected 12000
+";
+        assert_eq!(primaries_holding(table, 0), vec![(7000, false)]);
+        assert_eq!(primaries_holding(table, 5461), vec![(7004, false)]);
+        assert_eq!(primaries_holding(table, 12000), vec![(7002, false), (7005, true)]);
+        assert_eq!(primaries_holding(table, 16383), vec![(7002, false)]);
+    }
 }

@@ -408,12 +408,10 @@ fn the_fleet_rides_out_a_redis_cluster_failover() {
     let f = fleet(&cluster.url(), 2, 2);
     let before = replica_ids(&f.gateways[0].url);
     let redis = hangar_redis::Redis::connect(&cluster.url()).unwrap();
-    let slot: u16 = redis
-        .run(|c| hangar_redis::redis::cmd("CLUSTER").arg("KEYSLOT").arg(redis.key("seq")).query(c))
-        .unwrap();
+    let primary = cluster.primary_for(&redis.key("seq")).unwrap();
     let failover = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
-        cluster.primary_of(slot).crash();
+        cluster.nodes()[primary].crash();
         cluster
     });
     let hooks = receiver(0);

@@ -1,4 +1,5 @@
-//! The fleet under test: a private Redis with AOF, gateways and agents as
+//! The fleet under test: a private Redis (one server with AOF, or a
+//! cluster, [`super::redis`]), gateways and agents as
 //! child processes of the run, each restartable, and what the other parts
 //! of the run read of them (the [`Roster`]).
 //!
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use hangar_redis::LocalRedis;
+use super::redis::{RedisUnderTest, Topology};
 use rustix::process::{kill_process, Pid, Signal};
 
 use super::schedule::agent_name;
@@ -121,7 +122,7 @@ pub struct Fleet {
     dir: PathBuf,
     config: PathBuf,
     run_id: String,
-    redis: Arc<Mutex<LocalRedis>>,
+    redis: Arc<Mutex<RedisUnderTest>>,
     redis_url: String,
     gateways: Vec<Option<Process>>,
     agents: Vec<Option<Process>>,
@@ -132,17 +133,20 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts Redis, `gateways` gateways and `agents` agents, their logs
-    /// and data in `dir`.
+    /// Starts Redis of `topology`, `gateways` gateways and `agents`
+    /// agents, their logs and data in `dir`.
     pub async fn start(
         exe: &Path,
         dir: &Path,
+        topology: Topology,
         gateways: usize,
         agents: usize,
         t0: Instant,
     ) -> Result<Fleet, BenchError> {
-        let redis =
-            tokio::task::spawn_blocking(LocalRedis::start).await.expect("no panic").map_err(redis_error)?;
+        let redis = tokio::task::spawn_blocking(move || RedisUnderTest::start(topology))
+            .await
+            .expect("no panic")
+            .map_err(redis_error)?;
         let redis_url = redis.url();
         let config = dir.join("fleet.toml");
         std::fs::write(&config, self::config(&redis_url))?;
@@ -324,30 +328,37 @@ impl Fleet {
         self.roster.write().expect("roster").redis_fault = on;
     }
 
-    /// Kills Redis with SIGKILL; it stays down.
-    pub fn crash_redis(&self) {
-        self.redis.lock().expect("redis lock").crash();
+    /// Kills Redis (on a cluster: the primary of Hangar's slot) with
+    /// SIGKILL; it stays down. Returns what was killed, in words.
+    pub async fn crash_redis(&self) -> Result<String, BenchError> {
+        self.with_redis(RedisUnderTest::crash).await
     }
 
-    /// Starts Redis again on its AOF and waits until it answers.
-    pub async fn start_redis(&self) -> Result<(), BenchError> {
+    /// Starts Redis again on its AOF and waits until it answers (on a
+    /// cluster: until the node has its place back). Returns what it
+    /// became, in words.
+    pub async fn start_redis(&self) -> Result<String, BenchError> {
+        self.with_redis(RedisUnderTest::start_again).await
+    }
+
+    /// Pauses every client of Redis (on a cluster: of the primary of
+    /// Hangar's slot) for `ms` (`CLIENT PAUSE ms ALL`), on a connection
+    /// of its own.
+    pub async fn pause_redis(&self, ms: u64) -> Result<(), BenchError> {
+        self.with_redis(move |r| r.pause(Duration::from_millis(ms))).await
+    }
+
+    /// Runs `f` on the Redis under test on a blocking thread (its calls
+    /// wait for servers).
+    async fn with_redis<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut RedisUnderTest) -> Result<T, hangar_redis::ServerError> + Send + 'static,
+    ) -> Result<T, BenchError> {
         let redis = self.redis.clone();
-        tokio::task::spawn_blocking(move || redis.lock().expect("redis lock").start_again())
+        tokio::task::spawn_blocking(move || f(&mut redis.lock().expect("redis lock")))
             .await
             .expect("no panic")
             .map_err(redis_error)
-    }
-
-    /// Pauses every client of Redis for `ms` (`CLIENT PAUSE ms ALL`), on a
-    /// connection of its own.
-    pub async fn pause_redis(&self, ms: u64) -> Result<(), BenchError> {
-        let redis = self.redis.clone();
-        tokio::task::spawn_blocking(move || {
-            redis.lock().expect("redis lock").pause(Duration::from_millis(ms))
-        })
-        .await
-        .expect("no panic")
-        .map_err(redis_error)
     }
 
     /// Starts an engine process of the run that no agent owns (a test of
@@ -400,7 +411,7 @@ impl Fleet {
         for pid in &left {
             signal(Some(*pid), Signal::KILL);
         }
-        self.redis.lock().expect("redis lock").crash();
+        self.redis.lock().expect("redis lock").shut_down();
         left
     }
 }

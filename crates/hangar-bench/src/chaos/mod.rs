@@ -2,7 +2,8 @@
 //! mixed load and a seeded random schedule of faults, with a checker that
 //! runs throughout and at the end.
 //!
-//! The fleet ([`fleet`]): a private `redis-server` with AOF, two gateways
+//! The fleet ([`fleet`]): a private `redis-server` with AOF (or, with
+//! [`Topology::Cluster`], a Redis Cluster whose slot fails over), two gateways
 //! (`hangar serve`), three agents (`hangar agent`, two virtual 80 GB GPUs
 //! each) and four mock models — one of 60 GB, most of a GPU, so two on a
 //! GPU would be an over-commit; kept counts, one that scales and one that
@@ -31,6 +32,7 @@
 mod fleet;
 pub mod judge;
 mod probe;
+mod redis;
 pub mod report;
 pub mod schedule;
 mod traffic;
@@ -46,6 +48,7 @@ use serde_json::Value;
 
 pub use fleet::{config as fleet_config, RUN_ENV};
 pub use judge::{Mismatch, Violation, ALLOWANCE_MS};
+pub use redis::Topology;
 pub use report::{Figure, Report};
 pub use schedule::{Fault, Kind, Schedule, Step};
 
@@ -75,6 +78,8 @@ pub struct Options {
     pub clients: usize,
     /// Requests per second of the load, all clients together.
     pub rate: f64,
+    /// The Redis the fleet runs on.
+    pub redis: Topology,
     /// The `hangar` binary.
     pub hangar_exe: PathBuf,
     /// Keep the processes' logs even when the run passes (a failed run
@@ -98,7 +103,8 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     eprint!("{schedule}");
     let dir = tempfile::Builder::new().prefix("hangar-chaos-").tempdir()?;
     let t0 = Instant::now();
-    let mut fleet = Fleet::start(&options.hangar_exe, dir.path(), GATEWAYS, AGENTS, t0).await?;
+    let mut fleet =
+        Fleet::start(&options.hangar_exe, dir.path(), options.redis, GATEWAYS, AGENTS, t0).await?;
     let client = hangar_agent::direct_http().timeout(Duration::from_secs(5)).build().expect("a client");
     wait_whole(&client, &fleet, t0).await?;
     eprintln!("chaos: the fleet is whole at t={:.1} s; load and faults begin", t0.elapsed().as_secs_f64());
@@ -191,6 +197,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         leftover,
         refused_starts,
         run_ms,
+        topology: options.redis,
     };
     let mut report = records.report(None);
     if options.keep_logs || !report.passed() {
@@ -412,10 +419,13 @@ async fn inject(
         }
         Fault::RedisDown { ms } => {
             fleet.redis_fault(true);
-            fleet.crash_redis();
+            let killed = fleet.crash_redis().await?;
             sleep(ms).await;
-            fleet.start_redis().await?;
+            let back = fleet.start_redis().await?;
             fleet.redis_fault(false);
+            if !killed.is_empty() {
+                done.note = format!("{killed}; {back}");
+            }
         }
         Fault::RedisPause { ms } => {
             fleet.redis_fault(true);

@@ -7,6 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::judge::{Mismatch, Violation};
+use super::redis::Topology;
 use super::schedule::{Kind, Schedule, REDIS_QUIET_MS};
 use super::traffic::{CreateOutcome, CreateRecord, Hooks, SyncOutcome, SyncRecord};
 
@@ -93,6 +94,8 @@ pub struct Records {
     pub refused_starts: u32,
     /// Length of the run, ms.
     pub run_ms: u64,
+    /// The Redis the fleet ran on.
+    pub topology: Topology,
 }
 
 /// One figure beside its target.
@@ -111,6 +114,8 @@ pub struct Figure {
 /// The figures of a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The Redis the fleet ran on.
+    pub topology: Topology,
     /// The schedule.
     pub schedule: Schedule,
     /// Faults injected, by kind.
@@ -637,6 +642,7 @@ impl Records {
             violations: self.violations,
             logs,
             run_s: self.run_ms as f64 / 1e3,
+            topology: self.topology,
         }
     }
 }
@@ -664,9 +670,10 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "hangar bench chaos: {:.0} s, {} faults injected",
+            "hangar bench chaos: {:.0} s, {} faults injected, Redis: {}",
             self.run_s,
-            self.faults.values().sum::<u32>()
+            self.faults.values().sum::<u32>(),
+            self.topology
         )?;
         for (kind, n) in &self.faults {
             writeln!(f, "  {n:>4}  {kind}")?;
@@ -760,6 +767,7 @@ mod tests {
             leftover: Vec::new(),
             refused_starts: 0,
             run_ms: 60_000,
+            topology: Topology::Single,
         }
     }
 

@@ -209,6 +209,11 @@ struct ChaosArgs {
     /// Requests per second of the load, all clients together.
     #[arg(long, default_value_t = 6.0)]
     rate: f64,
+    /// The Redis the fleet runs on: `single` (one server with AOF: a kill
+    /// is an outage) or `cluster` (three primaries with a replica each: a
+    /// kill of the primary of Hangar's slot is a failover).
+    #[arg(long, default_value = "single")]
+    redis: chaos::Topology,
     /// Print the seed's schedule and exit, without running anything.
     #[arg(long)]
     dry_run: bool,
@@ -324,6 +329,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 schedule: None,
                 clients: a.clients,
                 rate: a.rate,
+                redis: a.redis,
                 hangar_exe,
                 keep_logs: a.keep_logs,
             };
