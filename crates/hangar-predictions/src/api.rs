@@ -24,6 +24,7 @@ use hangar_core::{AccountId, ErrorCode};
 use rand::Rng;
 use serde_json::{json, Map, Value};
 
+use crate::idempotency;
 use crate::lifecycle::{parse_cancel_after, Deadlines, Status};
 use crate::llm::{openapi_schema, LlmInput};
 use crate::procedures::routes as procedures;
@@ -40,16 +41,21 @@ pub const PAGE_SIZE: usize = 100;
 
 /// A new random id: 26 characters of `[a-z0-9]`, as Replicate's look.
 pub(crate) fn new_id() -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
-    (0..26).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+    (0..ID_LEN).map(|_| ID_ALPHABET[rng.random_range(0..ID_ALPHABET.len())] as char).collect()
 }
+
+/// The letters of a prediction's id.
+pub(crate) const ID_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+/// The length of a prediction's id.
+pub(crate) const ID_LEN: usize = 26;
 
 /// Seconds a client is told to wait (`Retry-After`) before repeating a
 /// call the store could not serve: about what a Redis restart takes.
 const STORE_RETRY_AFTER_S: u32 = 2;
 
 /// An RFC 7807 problem.
+#[derive(Debug)]
 pub(crate) struct Problem {
     status: StatusCode,
     title: &'static str,
@@ -75,8 +81,14 @@ impl Problem {
         }
     }
 
-    fn bad_request(detail: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(detail: impl Into<String>) -> Self {
         Problem::new(StatusCode::BAD_REQUEST, "Bad request", detail)
+    }
+
+    /// Its HTTP status.
+    #[cfg(test)]
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
     }
 
     /// A 400 naming `field` (a value refused outright, not input to fix).
@@ -494,20 +506,38 @@ pub(crate) async fn create(
         }
     };
     let wait = prefer_wait(headers)?;
+    let idempotency_key = idempotency::key(headers)?;
     let settings =
         target.deployment.as_ref().and_then(|d| inner.deployments.get(d)).map_or(model_settings, |(_, s)| *s);
     let created_at = now();
     let deadlines =
         Deadlines::new(&settings.limits(target.kind == JobKind::Training), created_at, cancel_after);
-    let mut record =
-        Record::starting(new_id(), &key, &version, account.as_str(), input, created_at, deadlines);
+    let id = idempotency_key.as_deref().map_or_else(new_id, |k| idempotency::prediction_id(account, k));
+    let mut record = Record::starting(id, &key, &version, account.as_str(), input, created_at, deadlines);
     record.kind = target.kind;
     record.destination = destination;
     record.deployment = target.deployment;
     record.webhook = webhook;
     record.webhook_events = webhook_events;
     record.stream = stream;
-    inner.create(&mut record).await.map_err(Problem::store)?;
+    let mut replayed = false;
+    match &idempotency_key {
+        None => inner.create(&mut record).await.map_err(Problem::store)?,
+        Some(k) => {
+            // The key's prediction if it exists; else it is created —
+            // and read back, since a create of the same id at once
+            // elsewhere may have been first (the stores keep one).
+            if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
+                replayed = true;
+                record = idempotency::replay(stored, &record, k)?;
+            } else {
+                inner.create(&mut record).await.map_err(Problem::store)?;
+                if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
+                    record = idempotency::replay(stored, &record, k)?;
+                }
+            }
+        }
+    }
     let view = view(headers);
     let mut shown = match wait {
         // The prediction is stored: whatever happens to the wait, the
@@ -533,6 +563,9 @@ pub(crate) async fn create(
         shown.started_at = None;
     }
     let mut r = (StatusCode::CREATED, Json(shown.to_json(&inner.base_url, view))).into_response();
+    if replayed {
+        r.headers_mut().insert(idempotency::REPLAYED, header::HeaderValue::from_static("true"));
+    }
     if let Ok(loc) = header::HeaderValue::from_str(&format!("{}/v1/predictions/{}", inner.base_url, shown.id))
     {
         r.headers_mut().insert(header::LOCATION, loc);

@@ -24,6 +24,7 @@ mod api;
 mod config;
 pub mod deployments;
 mod executor;
+mod idempotency;
 pub mod lifecycle;
 pub mod llm;
 pub mod procedures;

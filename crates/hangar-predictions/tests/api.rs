@@ -1159,3 +1159,83 @@ async fn webhooks_go_through_the_configured_proxy_and_the_guard_still_holds() {
     let e = bad.validate().unwrap_err();
     assert!(e.to_string().contains("webhook_proxy") && e.to_string().contains("socks5://p:1080"), "{e}");
 }
+
+/// A create with an `Idempotency-Key`: its status, whether it was
+/// answered as a replay, and its body.
+async fn create_keyed(
+    router: &axum::Router,
+    api_key: &str,
+    idempotency_key: &str,
+    body: &Value,
+) -> (StatusCode, bool, Value) {
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/models/t/open/predictions")
+        .header("authorization", format!("Bearer {api_key}"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", idempotency_key)
+        .header("prefer", "wait=5")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let r = router.clone().oneshot(req).await.unwrap();
+    let (status, replayed) = (r.status(), r.headers().get("idempotent-replayed").is_some());
+    let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+    (status, replayed, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// Creates repeated with one `Idempotency-Key` make one prediction, run
+/// once: the repeats answer it (201, `Idempotent-Replayed: true`), as it
+/// stands now, and eight sent at once make one too; another request under the key is refused (422) naming the
+/// key and the prediction; another account's same key is its own; a
+/// malformed key is a 400 that stores nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idempotency_key_makes_one_prediction_however_often_it_is_sent() {
+    let s = without_private_model();
+    let router = s.service.router();
+    let body = json!({"input": {"prompt": "x"}});
+    let (status, replayed, first) = create_keyed(&router, ACME, "order-42", &body).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false), "{first}");
+    assert_eq!(first["status"], "succeeded", "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    for _ in 0..3 {
+        let (status, replayed, again) = create_keyed(&router, ACME, "order-42", &body).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, true), "{again}");
+        assert_eq!(again["id"], id.as_str());
+        assert_eq!(again["output"], first["output"]);
+    }
+    let list = call(&router, "GET", "/v1/predictions", Some(ACME), None).await;
+    assert_eq!(list.body["results"].as_array().unwrap().len(), 1, "{:?}", list.body);
+
+    // Eight at once under a new key: one prediction, all eight answer it.
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let (router, body) = (router.clone(), body.clone());
+            tokio::spawn(async move { create_keyed(&router, ACME, "order-43", &body).await })
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for b in burst {
+        let (status, _, p) = b.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{p}");
+        ids.insert(p["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let list = call(&router, "GET", "/v1/predictions", Some(ACME), None).await;
+    assert_eq!(list.body["results"].as_array().unwrap().len(), 2, "{:?}", list.body);
+
+    let other_input = json!({"input": {"prompt": "y"}});
+    let (status, _, refused) = create_keyed(&router, ACME, "order-42", &other_input).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(detail.contains("order-42") && detail.contains(&id), "{detail}");
+
+    let (status, replayed, theirs) = create_keyed(&router, OTHER, "order-42", &body).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false), "{theirs}");
+    assert_ne!(theirs["id"], id.as_str());
+
+    let (status, _, bad) = create_keyed(&router, ACME, "two words", &body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    assert!(bad["detail"].as_str().unwrap().contains("Idempotency-Key"), "{bad}");
+    let list = call(&router, "GET", "/v1/predictions", Some(ACME), None).await;
+    assert_eq!(list.body["results"].as_array().unwrap().len(), 2, "{:?}", list.body);
+}

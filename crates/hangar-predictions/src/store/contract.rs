@@ -31,6 +31,20 @@ pub(crate) fn requeued_records_are_claimed_again(q: &dyn PredictionQueue) {
     assert!(q.claim(&queue, "w2", 2, 10_000).unwrap().is_none());
 }
 
+/// Enqueueing an id that exists changes nothing and answers its
+/// sequence number: the record and its place in the queue are the first
+/// create's, and it is claimed once.
+pub(crate) fn an_id_is_enqueued_once(q: &dyn PredictionQueue) {
+    let first = q.enqueue(&record("p", "a/x", 0)).unwrap();
+    let mut again = record("p", "a/x", 5);
+    again.input = json!({"prompt": "another"});
+    assert_eq!(q.enqueue(&again).unwrap(), first);
+    assert_eq!(q.get("p").unwrap().unwrap().input, json!({"prompt": "hi"}));
+    let queue = JobKind::Prediction.queue("a/x");
+    assert_eq!(q.claim(&queue, "w", 10, 100).unwrap().unwrap().id, "p");
+    assert!(q.claim(&queue, "w", 10, 100).unwrap().is_none(), "queued once");
+}
+
 pub(crate) fn queue_is_ordered_per_model_and_claims_are_exclusive(q: &dyn PredictionQueue) {
     for (i, m) in ["a/x", "b/y", "a/x"].iter().enumerate() {
         q.enqueue(&record(&format!("p{i}"), m, i as Millis)).unwrap();
@@ -220,6 +234,7 @@ macro_rules! contract_tests {
     ($open:expr) => {
         contract_tests!(@each $open;
             queue_is_ordered_per_model_and_claims_are_exclusive,
+            an_id_is_enqueued_once,
             exactly_one_terminal_state,
             pagination_both_ways,
             cordon_query_prune_and_retention,

@@ -247,6 +247,9 @@ pub trait PredictionQueue: Send + Sync {
     /// model's queue, atomically. Returns the record's sequence number.
     /// When this returns, the prediction survives a crash (of this
     /// process; see each implementation for the machine and the server).
+    /// A record whose id exists already is left as it is, and its
+    /// sequence number returned: a create repeated (a retry after a lost
+    /// answer, an `Idempotency-Key`'s) stores and queues one prediction.
     fn enqueue(&self, record: &Record) -> Result<i64, StoreError>;
 
     /// [`PredictionQueue::enqueue`] for async callers (the create path).

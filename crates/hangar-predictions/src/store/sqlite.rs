@@ -290,12 +290,13 @@ fn in_savepoint<T>(
 
 /// Inserts a new record and its queue entry.
 fn insert_new(conn: &Connection, r: &Record) -> Result<i64, StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO predictions (id, kind, model, version, deployment, account, input, status, created_at, \
-         deadline, lifetime_deadline, webhook, webhook_events, stream, destination) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-    )?
-    .execute(params![
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO predictions (id, kind, model, version, deployment, account, input, status, created_at, \
+             deadline, lifetime_deadline, webhook, webhook_events, stream, destination) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) ON CONFLICT (id) DO NOTHING",
+        )?
+        .execute(params![
         r.id,
         r.kind.as_str(),
         r.model,
@@ -312,6 +313,12 @@ fn insert_new(conn: &Connection, r: &Record) -> Result<i64, StoreError> {
         r.stream,
         r.destination,
     ])?;
+    if inserted == 0 {
+        // The id exists (a create repeated): it stays as it is.
+        return Ok(conn
+            .prepare_cached("SELECT seq FROM predictions WHERE id = ?1")?
+            .query_row([&r.id], |row| row.get(0))?);
+    }
     let seq = conn.last_insert_rowid();
     let expires = match (r.deadline, r.lifetime_deadline) {
         (Some(a), Some(b)) => Some(a.min(b)),
