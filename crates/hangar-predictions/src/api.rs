@@ -524,17 +524,19 @@ pub(crate) async fn create(
     match &idempotency_key {
         None => inner.create(&mut record).await.map_err(Problem::store)?,
         Some(k) => {
-            // The key's prediction if it exists; else it is created —
-            // and read back, since a create of the same id at once
-            // elsewhere may have been first (the stores keep one).
+            // A create under the key came first: it must be this request.
             if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
+                idempotency::replay(stored, &record, k)?;
                 replayed = true;
+            }
+            // Stored now, or left as it is (the stores keep one record per
+            // id) — on a durable store, held by its replicas either way,
+            // since the first answer may have been a 503 for want of them.
+            inner.create(&mut record).await.map_err(Problem::store)?;
+            // Read back: a create of the same id at once elsewhere may
+            // have been first.
+            if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
                 record = idempotency::replay(stored, &record, k)?;
-            } else {
-                inner.create(&mut record).await.map_err(Problem::store)?;
-                if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
-                    record = idempotency::replay(stored, &record, k)?;
-                }
             }
         }
     }

@@ -29,6 +29,8 @@ pub const MAX_RETRY_CAP_MS: u64 = 3_600_000;
 pub const MAX_ATTEMPTS: std::ops::RangeInclusive<u32> = 1..=50;
 /// The longest `webhook_secret_grace_s`: 7 days.
 pub const MAX_SECRET_GRACE_S: u64 = 7 * 86_400;
+/// The most `durable_replicas`.
+pub const MAX_DURABLE_REPLICAS: u32 = 16;
 /// The longest `queue_request_wait_ms`: 60 s, the longest `Prefer: wait`.
 pub const MAX_QUEUE_REQUEST_WAIT_MS: u64 = 60_000;
 
@@ -96,6 +98,13 @@ pub struct PredictionsConfig {
     /// 1000.
     #[serde(default = "default_queue_request_wait")]
     pub queue_request_wait_ms: u64,
+    /// On a Redis store: how many of Redis's replicas must hold a create
+    /// before it is answered (`WAIT`, up to a second; else 503 with
+    /// `Retry-After`, to be repeated under an `Idempotency-Key`), so that
+    /// a failover never loses an acknowledged prediction. 0 to
+    /// [`MAX_DURABLE_REPLICAS`]; default 0, the primary's word (docs/cluster.md).
+    #[serde(default)]
+    pub durable_replicas: u32,
     /// `[predictions.procedures]`: procedures, run on the runtime model it
     /// names (docs/predictions.md). Default: off.
     #[serde(default)]
@@ -220,6 +229,12 @@ impl PredictionsConfig {
         }
         if !LEASE_S.contains(&self.lease_s) {
             return Err(err("lease_s", format!("{} s is outside 1 to 3600 s", self.lease_s)));
+        }
+        if self.durable_replicas > MAX_DURABLE_REPLICAS {
+            return Err(err(
+                "durable_replicas",
+                format!("{} is over the limit of {MAX_DURABLE_REPLICAS}", self.durable_replicas),
+            ));
         }
         if !ASYNC_SLOTS.contains(&self.async_slots) {
             return Err(err("async_slots", format!("{} is outside 1 to 1024", self.async_slots)));

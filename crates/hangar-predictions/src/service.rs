@@ -314,9 +314,19 @@ impl Service {
             webhook_target::Outbound::new(allow.clone(), ca.as_ref(), proxy.as_ref()).map_err(|e| {
                 ServiceError::Config(format!("webhook client: {}", webhook_target::error_chain(&e)))
             })?;
+        if config.durable_replicas > 0 && matches!(backend, Backend::Sqlite(_)) {
+            return Err(ServiceError::Config(format!(
+                "predictions.durable_replicas = {} asks Redis replicas to hold each create, but this server \
+                 keeps its predictions in SQLite on its own disk (set `redis` to keep them in Redis)",
+                config.durable_replicas
+            )));
+        }
         let grace_ms = config.webhook_secret_grace_s.saturating_mul(1000);
         let lease_ms = config.lease_s.max(1) * 1000;
-        let watched = Arc::new(Watched::new(backend.open(lease_ms, grace_ms, now())?, lease_ms));
+        let watched = Arc::new(Watched::new(
+            backend.open(lease_ms, grace_ms, now(), config.durable_replicas)?,
+            lease_ms,
+        ));
         let store: Arc<dyn PredictionQueue> = watched.clone();
         let models: BTreeMap<String, Model> = models.into_iter().map(|m| (m.key.clone(), m)).collect();
         let mut deployments = BTreeMap::new();

@@ -783,6 +783,9 @@ async fn start_refuses_an_invalid_configuration() {
         (json!({"webhook_allow": ["10.0.0.0/99"]}), "webhook_allow[0]"),
         (json!({"webhook_ca_file": "/nonexistent/hooks-ca.pem"}), "webhook_ca_file: cannot read the CA file"),
         (json!({"deployments": [{"name": "x", "model": "t/open"}]}), "deployments[0].name"),
+        (json!({"durable_replicas": 17}), "durable_replicas"),
+        // Replicas to hold a create, of a store on the server's own disk.
+        (json!({"durable_replicas": 1}), "durable_replicas = 1 asks Redis replicas"),
     ] {
         let config: PredictionsConfig = serde_json::from_value(config).unwrap();
         let e = Service::start(

@@ -510,6 +510,21 @@ impl LocalRedisCluster {
         Err(last.unwrap_or(ServerError::ClusterState("has no node running".to_owned())))
     }
 
+    /// The running node that replicates node `primary` (`INFO
+    /// replication`: its primary's port), as an index into
+    /// [`LocalRedisCluster::nodes`].
+    pub fn replica_of(&self, primary: usize) -> Result<usize, ServerError> {
+        let port = self.nodes[primary].cluster_port.expect("a cluster node has a port");
+        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| n.child.is_some()) {
+            let info = command(node, &["INFO", "replication"])?;
+            if info.contains("role:slave") && info.lines().any(|l| l.trim() == format!("master_port:{port}"))
+            {
+                return Ok(i);
+            }
+        }
+        Err(ServerError::ClusterState(format!("has no running replica of node {primary}")))
+    }
+
     /// Waits (`limit` at most) until node `i` — started again after it was
     /// killed — has its place back: a replica whose link to its primary is
     /// up (its slot failed over while it was down; it rejoins under the

@@ -435,12 +435,15 @@ pub enum Backend {
 impl Backend {
     /// Opens the store. `lease_ms` is how long a claim lives without a
     /// heartbeat; `grace_ms` how long a retired webhook secret stays
-    /// valid, from `now`.
+    /// valid, from `now`; `durable_replicas` the Redis replicas that must
+    /// hold a create ([`RedisQueue::durable`]; a SQLite store has none:
+    /// `Service::start` refuses to ask it for any).
     pub fn open(
         &self,
         lease_ms: Millis,
         grace_ms: Millis,
         now: Millis,
+        durable_replicas: u32,
     ) -> Result<Arc<dyn PredictionQueue>, StoreError> {
         Ok(match self {
             Backend::Sqlite(dir) => {
@@ -448,7 +451,9 @@ impl Backend {
                 store.retire_shared_webhook_secret(now, grace_ms)?;
                 Arc::new(store)
             }
-            Backend::Redis(redis) => Arc::new(RedisQueue::open(redis.clone(), Shards::default(), lease_ms)?),
+            Backend::Redis(redis) => Arc::new(
+                RedisQueue::open(redis.clone(), Shards::default(), lease_ms)?.durable(durable_replicas),
+            ),
         })
     }
 }

@@ -91,7 +91,15 @@ pub struct RedisQueue {
     /// and is swept back into its queue instead of being renewed forever.
     claims: Mutex<HashMap<String, Held>>,
     scripts: Scripts,
+    /// Replicas that must hold a create before it is acknowledged
+    /// ([`RedisQueue::durable`]); 0: the primary's word.
+    durable_replicas: u32,
 }
+
+/// How long a create waits for its replicas (`WAIT`) before it is
+/// answered as unavailable: a healthy replica acknowledges within a
+/// round trip; one that has not within a second is lagging or gone.
+pub const DURABLE_WAIT_MS: u64 = 1_000;
 
 /// One owner's claims: prediction id → (stream, entry).
 type Held = HashMap<String, (String, String)>;
@@ -155,12 +163,17 @@ end
 
 /// ARGV: P, id, queue, kind, account, expiry ('' for none), created_at,
 /// shard a, shard b, then field/value pairs. Idempotent by id (a retry
-/// after a lost reply returns the first sequence number).
+/// after a lost reply returns the first sequence number); a repeat counts
+/// itself in `P:creates:repeated`, a write, so that a `WAIT` behind it
+/// covers the first create too (a replica's stream is in order).
 const ENQUEUE: &str = r#"
 local id, queue, kind, account = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local pkey = P .. ':p:' .. id
 local seq = redis.call('HGET', pkey, 'seq')
-if seq then return tonumber(seq) end
+if seq then
+  redis.call('INCR', P .. ':creates:repeated')
+  return tonumber(seq)
+end
 local base = P .. ':q:' .. queue
 local a, b = ARGV[8], ARGV[9]
 local shard = a
@@ -430,6 +443,7 @@ impl RedisQueue {
             shards,
             lease_ms,
             claims: Mutex::default(),
+            durable_replicas: 0,
             scripts: Scripts {
                 enqueue: with(ENQUEUE),
                 claim: with(CLAIM),
@@ -446,6 +460,19 @@ impl RedisQueue {
             },
         };
         Ok(queue)
+    }
+
+    /// The store, acknowledging a create only once `replicas` of Redis's
+    /// replicas hold it (`WAIT replicas` in the same pipeline as the
+    /// create, on its node, within [`DURABLE_WAIT_MS`]); a create they did
+    /// not acknowledge in time is [`StoreError::Unavailable`] — stored on
+    /// the primary, perhaps lost at a failover: the client repeats it
+    /// under its `Idempotency-Key`. Redis replicates asynchronously, so
+    /// without this a primary that dies right after answering may take an
+    /// acknowledged create with it.
+    pub fn durable(mut self, replicas: u32) -> RedisQueue {
+        self.durable_replicas = replicas;
+        self
     }
 
     /// Runs `f` on a pooled connection (blocking in place on a tokio
@@ -591,7 +618,31 @@ impl PredictionQueue for RedisQueue {
         for (k, v) in fields(r) {
             inv.arg(k).arg(v);
         }
-        self.with(|c| inv.invoke(c))
+        let wanted = self.durable_replicas;
+        if wanted == 0 {
+            return self.with(|c| inv.invoke(c));
+        }
+        // One pipeline: a cluster sends it whole to the node of its first
+        // command's key, so the `WAIT` is the create's connection's.
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&inv).cmd("WAIT").arg(wanted).arg(DURABLE_WAIT_MS);
+        let (seq, acked): (i64, u32) = self.with(|c| match pipe.query(c) {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                inv.load(c)?;
+                pipe.query(c)
+            }
+            answer => answer,
+        })?;
+        if acked < wanted {
+            return Err(StoreError::Unavailable {
+                store: format!("redis at {}", self.redis.address()),
+                cause: format!(
+                    "prediction {} reached {acked} of the {wanted} replicas it must reach within {DURABLE_WAIT_MS} ms",
+                    r.id
+                ),
+            });
+        }
+        Ok(seq)
     }
 
     fn shared(&self) -> bool {
@@ -1029,6 +1080,34 @@ mod tests {
         }
 
         contract_tests!(local());
+
+        /// `durable(1)` on a cluster whose primary has a replica: a create
+        /// is acknowledged once the replica holds it; with the replica
+        /// down it is stored on the primary but answered unavailable,
+        /// naming the replicas, after `DURABLE_WAIT_MS`; repeated (the
+        /// same id) once the replica is back, it is acknowledged — the
+        /// replica holds it then, the first create included.
+        #[test]
+        fn a_durable_create_is_acknowledged_only_once_a_replica_holds_it() {
+            use super::super::super::contract::record;
+            use super::PredictionQueue;
+            let Some(mut cluster) = LocalRedisCluster::for_test_with_replicas() else { return };
+            let redis = Redis::connect(&cluster.url()).unwrap();
+            let q = RedisQueue::open(redis.clone(), Shards::default(), 30_000).unwrap().durable(1);
+            q.enqueue(&record("p1", "a/x", 0)).unwrap();
+            let primary = cluster.primary_for(&redis.key("seq")).unwrap();
+            let replica = cluster.replica_of(primary).unwrap();
+            cluster.nodes()[replica].crash();
+            let asked = std::time::Instant::now();
+            let e = q.enqueue(&record("p2", "a/x", 1)).unwrap_err();
+            assert!(e.is_unavailable() && e.to_string().contains("p2"), "{e}");
+            assert!(asked.elapsed().as_millis() >= u128::from(super::DURABLE_WAIT_MS));
+            assert!(q.get("p2").unwrap().is_some(), "stored on the primary");
+            cluster.nodes()[replica].start_again().unwrap();
+            cluster.wait_rejoined(replica, std::time::Duration::from_secs(30)).unwrap();
+            let seq = q.enqueue(&record("p2", "a/x", 1)).unwrap();
+            assert_eq!(q.get("p2").unwrap().unwrap().seq, seq, "the same prediction");
+        }
     }
 
     fn of(id: &str, account: &str, t: Millis) -> Record {
