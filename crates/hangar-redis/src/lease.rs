@@ -271,13 +271,20 @@ mod tests {
         assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 3, took: true });
     }
 
+    /// Gateways `gw-a` and `gw-b` asking for a lease of `ttl` on
+    /// `server`, `gw-a` holding it.
+    fn a_leads(server: &LocalRedis, ttl: Duration) -> (LeaderLease, LeaderLease) {
+        let redis = Redis::connect(&server.url()).unwrap();
+        let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
+        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });
+        (a, b)
+    }
+
     #[test]
     fn a_leader_that_lost_redis_for_a_while_keeps_its_epoch_unless_another_took_over() {
         let Some(server) = LocalRedis::for_test() else { return };
-        let redis = Redis::connect(&server.url()).unwrap();
         let ttl = Duration::from_millis(200);
-        let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
-        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });
+        let (a, b) = a_leads(&server, ttl);
         // A could not renew (Redis unreachable) and the lease lapsed; nobody
         // took it: A's next ask continues its tenure.
         std::thread::sleep(ttl * 2);
@@ -296,10 +303,8 @@ mod tests {
     #[test]
     fn after_an_outage_the_last_holder_gets_the_lease_back_before_the_others() {
         let Some(mut server) = LocalRedis::for_test() else { return };
-        let redis = Redis::connect(&server.url()).unwrap();
         let ttl = Duration::from_millis(1_000);
-        let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
-        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });
+        let (a, b) = a_leads(&server, ttl);
         assert_eq!(b.tick().unwrap(), Leadership::Follower { leader: "gw-a".into() });
         server.stop();
         let down = Instant::now();
@@ -327,10 +332,8 @@ mod tests {
     #[test]
     fn an_ask_held_through_a_stall_leaves_the_lapsed_lease_to_its_last_holder() {
         let Some(server) = LocalRedis::for_test() else { return };
-        let redis = Redis::connect(&server.url()).unwrap();
         let ttl = Duration::from_millis(600);
-        let (a, b) = (LeaderLease::new(redis.clone(), "gw-a", ttl), LeaderLease::new(redis, "gw-b", ttl));
-        assert_eq!(a.tick().unwrap(), Leadership::Leader { epoch: 1, took: true });
+        let (a, b) = a_leads(&server, ttl);
         assert_eq!(b.tick().unwrap(), Leadership::Follower { leader: "gw-a".into() });
         server.pause(Duration::from_millis(1_500)).unwrap();
         let paused = Instant::now();

@@ -245,14 +245,27 @@ impl LocalRedis {
 
     /// Stops the server as an operator would (SIGTERM: it flushes its
     /// AOF) and leaves it stopped: clients find nothing on the socket
-    /// until [`LocalRedis::start_again`].
+    /// until [`LocalRedis::start_again`]. Redis refuses a shutdown while
+    /// it writes its first AOF — a replica does right after a sync — and
+    /// ignores that SIGTERM, so it is sent again every half second until
+    /// the server exits, and after 10 s the server is killed.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        let Some(mut child) = self.child.take() else { return };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
             if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
             }
-            let _ = child.wait();
+            let asked = Instant::now();
+            while asked.elapsed() < Duration::from_millis(500) {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// Starts a stopped server again on the same socket and data, and

@@ -1097,7 +1097,7 @@ mod tests {
             q.enqueue(&record("p1", "a/x", 0)).unwrap();
             let primary = cluster.primary_for(&redis.key("seq")).unwrap();
             let replica = cluster.replica_of(primary).unwrap();
-            cluster.nodes()[replica].crash();
+            cluster.nodes()[replica].stop();
             let asked = std::time::Instant::now();
             let e = q.enqueue(&record("p2", "a/x", 1)).unwrap_err();
             assert!(e.is_unavailable() && e.to_string().contains("p2"), "{e}");
