@@ -520,26 +520,13 @@ pub(crate) async fn create(
     record.webhook = webhook;
     record.webhook_events = webhook_events;
     record.stream = stream;
-    let mut replayed = false;
-    match &idempotency_key {
-        None => inner.create(&mut record).await.map_err(Problem::store)?,
-        Some(k) => {
-            // A create under the key came first: it must be this request.
-            if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
-                idempotency::replay(stored, &record, k)?;
-                replayed = true;
-            }
-            // Stored now, or left as it is (the stores keep one record per
-            // id) — on a durable store, held by its replicas either way,
-            // since the first answer may have been a 503 for want of them.
+    let replayed = match &idempotency_key {
+        None => {
             inner.create(&mut record).await.map_err(Problem::store)?;
-            // Read back: a create of the same id at once elsewhere may
-            // have been first.
-            if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
-                record = idempotency::replay(stored, &record, k)?;
-            }
+            false
         }
-    }
+        Some(k) => idempotency::create(inner, &mut record, k).await?,
+    };
     let view = view(headers);
     let mut shown = match wait {
         // The prediction is stored: whatever happens to the wait, the

@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::{Problem, ID_ALPHABET, ID_LEN};
 use crate::record::Record;
+use crate::service::Inner;
 
 /// The request header.
 pub(crate) const HEADER: &str = "idempotency-key";
@@ -87,6 +88,31 @@ pub(crate) fn replay(stored: Record, asked: &Record, key: &str) -> Result<Record
             stored.id
         ),
     ))
+}
+
+/// Creates `record`, whose id is its key's ([`prediction_id`]), unless a
+/// create under `key` came first; either way `record` becomes the stored
+/// prediction. Returns whether one came first (the answer is a replay),
+/// or a 422 if it was another request.
+///
+/// # Cancel safety
+/// Dropping the future may leave the prediction stored, as any create
+/// (`Inner::create`); the client's repeat under the key finds it.
+pub(crate) async fn create(inner: &Inner, record: &mut Record, key: &str) -> Result<bool, Problem> {
+    let first = inner.current(&record.id).map_err(Problem::store)?;
+    if let Some(stored) = &first {
+        replay(stored.clone(), record, key)?;
+    }
+    // Stored now, or left as it is (the stores keep one record per id) —
+    // on a durable store, held by its replicas either way, since the
+    // first create's answer may have been a 503 for want of them.
+    inner.create(record).await.map_err(Problem::store)?;
+    // Read back: a create of the same id at once elsewhere may have been
+    // first.
+    if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
+        *record = replay(stored, record, key)?;
+    }
+    Ok(first.is_some())
 }
 
 #[cfg(test)]
