@@ -61,9 +61,9 @@ pub(crate) fn prediction_id(account: &AccountId, key: &str) -> String {
     digest.iter().take(ID_LEN).map(|b| ID_ALPHABET[usize::from(*b) % ID_ALPHABET.len()] as char).collect()
 }
 
-/// `stored`, the prediction `key` made, if `asked` is the same request;
-/// else a 422 naming the key and the prediction it made.
-pub(crate) fn replay(stored: Record, asked: &Record, key: &str) -> Result<Record, Problem> {
+/// Whether `asked` is the request that made `stored` under `key`: if not,
+/// a 422 naming the key and the prediction it made.
+pub(crate) fn check_same(stored: &Record, asked: &Record, key: &str) -> Result<(), Problem> {
     let same = stored.kind == asked.kind
         && stored.model == asked.model
         && stored.version == asked.version
@@ -76,7 +76,7 @@ pub(crate) fn replay(stored: Record, asked: &Record, key: &str) -> Result<Record
         && stored.stream == asked.stream
         && stored.destination == asked.destination;
     if same {
-        return Ok(stored);
+        return Ok(());
     }
     Err(Problem::new(
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -101,7 +101,7 @@ pub(crate) fn replay(stored: Record, asked: &Record, key: &str) -> Result<Record
 pub(crate) async fn create(inner: &Inner, record: &mut Record, key: &str) -> Result<bool, Problem> {
     let first = inner.current(&record.id).map_err(Problem::store)?;
     if let Some(stored) = &first {
-        replay(stored.clone(), record, key)?;
+        check_same(stored, record, key)?;
     }
     // Stored now, or left as it is (the stores keep one record per id) —
     // on a durable store, held by its replicas either way, since the
@@ -110,7 +110,8 @@ pub(crate) async fn create(inner: &Inner, record: &mut Record, key: &str) -> Res
     // Read back: a create of the same id at once elsewhere may have been
     // first.
     if let Some(stored) = inner.current(&record.id).map_err(Problem::store)? {
-        *record = replay(stored, record, key)?;
+        check_same(&stored, record, key)?;
+        *record = stored;
     }
     Ok(first.is_some())
 }
@@ -144,20 +145,20 @@ mod tests {
     #[test]
     fn a_repeat_is_answered_only_when_it_is_the_same_request() {
         let stored = asked(serde_json::json!({"prompt": "x"}));
-        assert_eq!(replay(stored.clone(), &asked(serde_json::json!({"prompt": "x"})), "k").unwrap().id, "p");
-        let other = replay(stored.clone(), &asked(serde_json::json!({"prompt": "y"})), "k").unwrap_err();
+        assert!(check_same(&stored, &asked(serde_json::json!({"prompt": "x"})), "k").is_ok());
+        let other = check_same(&stored, &asked(serde_json::json!({"prompt": "y"})), "k").unwrap_err();
         assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
         let mut hooked = asked(serde_json::json!({"prompt": "x"}));
         hooked.webhook = Some("https://example.com/hook".into());
-        assert!(replay(stored.clone(), &hooked, "k").is_err(), "another webhook is another request");
+        assert!(check_same(&stored, &hooked, "k").is_err(), "another webhook is another request");
         // Past retention its input is gone; the rest still has to match.
         let mut removed = stored;
         removed.input = serde_json::Value::Null;
         removed.data_removed = true;
-        assert!(replay(removed.clone(), &asked(serde_json::json!({"prompt": "x"})), "k").is_ok());
+        assert!(check_same(&removed, &asked(serde_json::json!({"prompt": "x"})), "k").is_ok());
         let mut elsewhere = asked(serde_json::json!({"prompt": "x"}));
         elsewhere.model = "t/other".into();
-        assert!(replay(removed, &elsewhere, "k").is_err());
+        assert!(check_same(&removed, &elsewhere, "k").is_err());
     }
 
     #[test]

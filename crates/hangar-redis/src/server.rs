@@ -499,7 +499,7 @@ impl LocalRedisCluster {
     /// replica took over yet), the one that held it.
     pub fn primary_for(&self, key: &str) -> Result<usize, ServerError> {
         let mut last = None;
-        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+        for (_, node) in self.running() {
             let slot: u16 = match command(node, &["CLUSTER", "KEYSLOT", key]).map(|s| s.parse()) {
                 Ok(Ok(slot)) => slot,
                 Ok(Err(_)) => return Err(ServerError::ClusterState(format!("gave no slot for `{key}`"))),
@@ -512,8 +512,9 @@ impl LocalRedisCluster {
             let holders = primaries_holding(&table, slot);
             // A running primary first; a failed one only if none runs.
             let found = holders.iter().find(|(_, failed)| !failed).or(holders.first());
-            let port = found.map(|(port, _)| *port);
-            if let Some(i) = self.nodes.iter().position(|n| port.is_some() && n.cluster_port == port) {
+            let ours =
+                found.and_then(|(port, _)| self.nodes.iter().position(|n| n.cluster_port == Some(*port)));
+            if let Some(i) = ours {
                 return Ok(i);
             }
             return Err(ServerError::ClusterState(format!(
@@ -523,12 +524,17 @@ impl LocalRedisCluster {
         Err(last.unwrap_or(ServerError::ClusterState("has no node running".to_owned())))
     }
 
+    /// The nodes that run (not killed or stopped), with their indexes.
+    fn running(&self) -> impl Iterator<Item = (usize, &LocalRedis)> {
+        self.nodes.iter().enumerate().filter(|(_, n)| n.child.is_some())
+    }
+
     /// The running node that replicates node `primary` (`INFO
     /// replication`: its primary's port), as an index into
     /// [`LocalRedisCluster::nodes`].
     pub fn replica_of(&self, primary: usize) -> Result<usize, ServerError> {
         let port = self.nodes[primary].cluster_port.expect("a cluster node has a port");
-        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| n.child.is_some()) {
+        for (i, node) in self.running() {
             let info = command(node, &["INFO", "replication"])?;
             if info.contains("role:slave") && info.lines().any(|l| l.trim() == format!("master_port:{port}"))
             {
@@ -554,7 +560,7 @@ impl LocalRedisCluster {
                 info.contains("master_link_status:up").then_some(Rejoined::Replica)
             };
             let mut ok = true;
-            for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            for (_, node) in self.running() {
                 ok &= command(node, &["CLUSTER", "INFO"])?.contains("cluster_state:ok");
             }
             match role {

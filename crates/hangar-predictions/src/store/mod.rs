@@ -105,10 +105,15 @@ impl StoreError {
     /// ([`hangar_redis::RedisError::is_unavailable`]).
     pub(crate) fn redis(e: hangar_redis::RedisError, address: &str) -> Self {
         if e.is_unavailable() {
-            StoreError::Unavailable { store: format!("redis at {address}"), cause: e.to_string() }
+            StoreError::redis_unavailable(address, e.to_string())
         } else {
             StoreError::Redis(e)
         }
+    }
+
+    /// The Redis store at `address` could not serve, `cause` for the log.
+    pub(crate) fn redis_unavailable(address: &str, cause: String) -> Self {
+        StoreError::Unavailable { store: format!("redis at {address}"), cause }
     }
 
     /// A failed commit of the SQLite writer's batch, for each write in it.

@@ -634,13 +634,13 @@ impl PredictionQueue for RedisQueue {
             answer => answer,
         })?;
         if acked < wanted {
-            return Err(StoreError::Unavailable {
-                store: format!("redis at {}", self.redis.address()),
-                cause: format!(
+            return Err(StoreError::redis_unavailable(
+                self.redis.address(),
+                format!(
                     "prediction {} reached {acked} of the {wanted} replicas it must reach within {DURABLE_WAIT_MS} ms",
                     r.id
                 ),
-            });
+            ));
         }
         Ok(seq)
     }
