@@ -55,6 +55,10 @@ use hangar_store::protocol::{Selection, Source};
 use hangar_store::{directory, ArtifactId, BlobStore, StoreKey};
 use serde::{Deserialize, Serialize};
 
+mod adapter_dirs;
+
+pub use adapter_dirs::{AdapterDirError, ADAPTER_DIR_IDLE};
+
 /// Where a model's weights come from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -322,6 +326,8 @@ pub struct WeightStore {
     imported: Mutex<HashMap<(PathBuf, u64, SystemTime), ArtifactId>>,
     /// The model directories this process materialized, by artifact.
     dirs: Mutex<HashMap<ArtifactId, DirSlot>>,
+    /// The node's adapter directories, as this process knows them.
+    adapter_dirs_known: Mutex<adapter_dirs::Known>,
 }
 
 impl fmt::Debug for WeightStore {
@@ -367,6 +373,7 @@ impl WeightStore {
             _daemon: daemon,
             imported: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            adapter_dirs_known: Mutex::default(),
         };
         store.sweep_model_dirs();
         for (model, source) in models {

@@ -164,7 +164,7 @@ fn report(r: &NodeRecord, i: usize) -> NodeReport {
         start: None,
         instance: None,
     };
-    NodeReport { agent: r.agent.clone(), replicas: vec![replica(0), replica(1)], artifacts: Vec::new() }
+    NodeReport { agent: r.agent.clone(), replicas: vec![replica(0), replica(1)], ..NodeReport::default() }
 }
 
 /// Part 1.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::instance::InstanceReport;
-use crate::{ByteSize, ModelKey, ReplicaId};
+use crate::{AdapterRef, ByteSize, ModelKey, ReplicaId};
 
 /// A machine as its agent registers it, renewed with every heartbeat:
 /// what placement needs to put replicas there, and where to reach it.
@@ -354,6 +354,35 @@ pub struct NodeReport {
     /// before this field, or one without a weight store): none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<String>,
+    /// The digest of the LoRA adapters registered in the node's weight
+    /// store, as its agent last published them ([`NodeAdapters`]): a
+    /// gateway reads the list again only when this changes. Absent: the
+    /// node registers none (or its agent runs no model with adapters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<String>,
+}
+
+/// The LoRA adapters registered in one node's weight store (`hangar store
+/// import-adapter`), as its agent publishes them for the gateways: a
+/// fleet serves every adapter some live node registers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAdapters {
+    /// Names this list; the node's report carries it.
+    pub digest: String,
+    /// The adapters, sorted by name.
+    pub adapters: Vec<RegisteredAdapter>,
+}
+
+/// One adapter a node registers: its name and the artifact the name
+/// points at there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisteredAdapter {
+    /// `BASE:ADAPTER`.
+    pub adapter: AdapterRef,
+    /// The artifact's id (`hg1:…`).
+    pub artifact: String,
+    /// The bytes of its files as an engine loads them.
+    pub bytes: u64,
 }
 
 /// What one gateway sees of each model's demand, published for the

@@ -40,8 +40,8 @@ mod units;
 
 pub use adapter::{parse_model_field, Adapter, AdapterRef, AdapterRefError};
 pub use agent::{
-    DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeRecord, NodeReport, PhaseAt, ReplicaPhase,
-    ReplicaReport, StartPhase, StartReport, StartStatus, WeightsReport,
+    DesiredReplica, DesiredState, GatewayLoad, ModelLoad, NodeAdapters, NodeRecord, NodeReport, PhaseAt,
+    RegisteredAdapter, ReplicaPhase, ReplicaReport, StartPhase, StartReport, StartStatus, WeightsReport,
 };
 pub use auth::{ApiKeys, AuthError, Principal};
 pub use field::FieldError;

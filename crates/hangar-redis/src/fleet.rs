@@ -22,10 +22,15 @@
 //! - `hangar:draining`: the nodes an operator drained (a set): the leader
 //!   moves their replicas elsewhere and places nothing new there, until
 //!   the operator calls the drain off.
+//! - `hangar:adapters:NODE`: the LoRA adapters registered in the node's
+//!   weight store ([`NodeAdapters`]), written by its agent when they
+//!   change, living [`ADAPTERS_TTL`] (kept alive while the agent runs);
+//!   the node's report carries its digest, so a gateway reads the list
+//!   only when it changed.
 
 use std::time::Duration;
 
-use hangar_core::{DesiredState, GatewayLoad, NodeReport};
+use hangar_core::{DesiredState, GatewayLoad, NodeAdapters, NodeReport};
 use redis::Script;
 use serde::de::DeserializeOwned;
 
@@ -33,6 +38,12 @@ use crate::{Redis, RedisError};
 
 /// How long a report outlives the last write of its writer.
 pub const REPORT_TTL: Duration = Duration::from_secs(3);
+
+/// How long a node's adapters outlive the last time its agent kept them
+/// alive: long beside the agent's period (they are a few hundred bytes an
+/// adapter, written only when they change), short enough that a node gone
+/// without leaving does not leave them behind for long.
+pub const ADAPTERS_TTL: Duration = Duration::from_secs(30);
 
 /// Sets `PREFIX:KEY` only while `me` leads in `epoch`. ARGV: prefix, me,
 /// epoch, key (below the prefix), json. 1 written, 0 not the leader.
@@ -297,11 +308,44 @@ impl FleetState {
         Ok(nodes.iter().zip(json).map(|(n, j)| self.parse(&self.key("reported", n), j)).collect())
     }
 
-    /// Forgets a node that is gone: its desired state and its report.
+    /// Forgets a node that is gone: its desired state, its report and its
+    /// adapters.
     pub fn forget(&self, node: &str) -> Result<(), RedisError> {
         self.redis.run(|c| {
-            redis::cmd("DEL").arg(self.key("desired", node)).arg(self.key("reported", node)).query::<()>(c)
+            redis::cmd("DEL")
+                .arg(self.key("desired", node))
+                .arg(self.key("reported", node))
+                .arg(self.key("adapters", node))
+                .query::<()>(c)
         })
+    }
+
+    /// Publishes `node`'s adapters (an agent, when they changed): an empty
+    /// list removes them.
+    pub fn publish_adapters(&self, node: &str, adapters: &NodeAdapters) -> Result<(), RedisError> {
+        let key = self.key("adapters", node);
+        if adapters.adapters.is_empty() {
+            return self.redis.run(|c| redis::cmd("DEL").arg(&key).query::<()>(c));
+        }
+        let json = serde_json::to_string(adapters).expect("adapters serialize");
+        let ttl = ADAPTERS_TTL.as_millis() as u64;
+        self.redis.run(|c| redis::cmd("SET").arg(&key).arg(&json).arg("PX").arg(ttl).query::<()>(c))
+    }
+
+    /// Keeps `node`'s published adapters alive another [`ADAPTERS_TTL`];
+    /// `false` when they are gone (Redis lost them, or they lapsed during
+    /// an outage): the agent publishes them again.
+    pub fn keep_adapters(&self, node: &str) -> Result<bool, RedisError> {
+        let ttl = ADAPTERS_TTL.as_millis() as u64;
+        self.redis.run(|c| redis::cmd("PEXPIRE").arg(self.key("adapters", node)).arg(ttl).query(c))
+    }
+
+    /// `node`'s adapters as its agent last published them (`None`: none,
+    /// lapsed, or a value that does not parse, named in the log once).
+    pub fn adapters(&self, node: &str) -> Result<Option<NodeAdapters>, RedisError> {
+        let key = self.key("adapters", node);
+        let json: Vec<Option<String>> = self.redis.run(|c| redis::cmd("MGET").arg(&key).query(c))?;
+        Ok(self.parse(&key, json.into_iter().next().flatten()))
     }
 
     /// Publishes a gateway's load.
@@ -355,6 +399,41 @@ mod tests {
         assert_eq!(fleet.loads().unwrap(), [load]);
         let keys: Vec<String> = redis.run(|c| redis::cmd("KEYS").arg("*").query(c)).unwrap();
         assert!(keys.iter().all(|k| k.starts_with("{hangar}:")), "{keys:?}");
+    }
+
+    /// A node's adapters read back as published, are kept alive while
+    /// they exist (and not once Redis lost them, which tells the agent to
+    /// publish again), go when the list empties or the node is forgotten,
+    /// and a value that does not parse reads as none.
+    #[test]
+    fn a_nodes_adapters_read_back_until_they_are_withdrawn() {
+        let Some(server) = LocalRedis::for_test() else { return };
+        let redis = Redis::connect(&server.url()).unwrap();
+        let fleet = FleetState::new(redis.clone());
+        let adapters = NodeAdapters {
+            digest: "d1".into(),
+            adapters: vec![hangar_core::RegisteredAdapter {
+                adapter: "t/base:acme/a1".parse().unwrap(),
+                artifact: "hg1:aa:bb".into(),
+                bytes: 42,
+            }],
+        };
+        assert_eq!(fleet.adapters("n1").unwrap(), None);
+        assert!(!fleet.keep_adapters("n1").unwrap());
+        fleet.publish_adapters("n1", &adapters).unwrap();
+        assert_eq!(fleet.adapters("n1").unwrap().as_ref(), Some(&adapters));
+        let ttl: i64 = redis.run(|c| redis::cmd("PTTL").arg(fleet.key("adapters", "n1")).query(c)).unwrap();
+        assert!(ttl > 25_000 && ttl <= ADAPTERS_TTL.as_millis() as i64, "{ttl}");
+        assert!(fleet.keep_adapters("n1").unwrap());
+        fleet.publish_adapters("n1", &NodeAdapters::default()).unwrap();
+        assert_eq!(fleet.adapters("n1").unwrap(), None);
+        fleet.publish_adapters("n1", &adapters).unwrap();
+        fleet.forget("n1").unwrap();
+        assert_eq!(fleet.adapters("n1").unwrap(), None);
+        redis
+            .run(|c| redis::cmd("SET").arg(fleet.key("adapters", "n2")).arg("{not json").query::<()>(c))
+            .unwrap();
+        assert_eq!(fleet.adapters("n2").unwrap(), None);
     }
 
     fn only_the_leader_writes(redis: Redis) {

@@ -90,6 +90,10 @@ pub const BINDING_TENSOR: &str = "file:__hangar_adapter__.json";
 /// The adapter's configuration, required in every adapter directory.
 pub const CONFIG_FILE: &str = "adapter_config.json";
 
+/// Where a node writes the adapter directories its engines load, under
+/// the store's root (`<root>/adapter-dirs/<artifact id>/`).
+pub const EXPORT_DIRS: &str = "adapter-dirs";
+
 /// The weights file imported tensor by tensor (any other file is kept whole).
 pub const SAFETENSORS_FILE: &str = "adapter_model.safetensors";
 
@@ -387,6 +391,17 @@ fn read_binding(index: &CanonicalIndex, data: &[u8]) -> Result<Binding, String> 
     Ok(binding)
 }
 
+/// Whether the artifact `index` (canonical bytes `data`) is the adapter
+/// `adapter`: its binding names it. Else what it is instead, to follow
+/// "artifact ID " in an error.
+pub fn check_binding(index: &CanonicalIndex, data: &[u8], adapter: &AdapterRef) -> Result<(), String> {
+    let binding = read_binding(index, data)?;
+    match binding.adapter() == *adapter {
+        true => Ok(()),
+        false => Err(format!("is bound to adapter {}", binding.adapter())),
+    }
+}
+
 /// Writes the files of the adapter artifact `index`, whose canonical bytes
 /// are `data` (verified by the caller), into the existing directory `dir`,
 /// each synced, not the binding: as the directory artifact it is
@@ -506,13 +521,7 @@ pub enum ExportError {
 /// an error. Marks the artifact used for the disk budget.
 pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Result<PathBuf, ExportError> {
     let (adapter, id) = (&entry.adapter, entry.id);
-    let check = |index: &CanonicalIndex, data: &[u8]| {
-        let binding = read_binding(index, data)?;
-        match binding.adapter() == *adapter {
-            true => Ok(()),
-            false => Err(format!("is bound to adapter {}", binding.adapter())),
-        }
-    };
+    let check = |index: &CanonicalIndex, data: &[u8]| check_binding(index, data, adapter);
     directory::export_with(store, &id, under, CONFIG_FILE, check, write_files).map_err(|e| match e {
         directory::ExportError::Unknown { id } => ExportError::Unknown { adapter: adapter.clone(), id },
         directory::ExportError::NotOnDisk { id } => ExportError::NotOnDisk { adapter: adapter.clone(), id },

@@ -243,7 +243,7 @@ impl Server {
     /// start one, which is logged).
     pub async fn start(mut config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         config.add_trainers();
-        let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into(), true).await?;
+        let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into(), Role::Machine).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
         *inner.nodes.lock().expect("nodes lock") = cluster
             .nodes()
@@ -280,7 +280,7 @@ impl Server {
         redis: hangar_redis::Redis,
     ) -> Result<Self, ServeError> {
         config.add_trainers();
-        let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into(), true).await?;
+        let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into(), Role::Gateway).await?;
         let me = format!("gw-{:016x}", rand::random::<u64>());
         inner.gateway.set(me.clone()).expect("a new server");
         let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
@@ -581,11 +581,28 @@ fn start_events(config: &ServeConfig) -> Result<(EventSink, UsageSource), ServeE
 /// receiving end of the controller's channel. Engines it starts bind to
 /// `engine_host`; with `events`, it writes inference events (a gateway
 /// does, a fleet's agent serves no requests).
+/// What a process [`build`] builds is in a deployment: what it opens and
+/// runs besides its models' lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A single machine: it runs its engines and routes to them; its
+    /// adapters are its weight store's.
+    Machine,
+    /// A fleet's gateway: it routes to the engines the nodes' agents run;
+    /// its adapters are those the nodes register.
+    Gateway,
+    /// A fleet node's agent: it runs engines and routes nothing; it makes
+    /// the directories of the adapters its engines load, so it opens the
+    /// weight store when a model has adapters. It emits no events (the
+    /// gateways do).
+    Agent,
+}
+
 pub(crate) async fn build(
     config: &ServeConfig,
     hangar_exe: PathBuf,
     engine_host: String,
-    events: bool,
+    role: Role,
 ) -> Result<(Arc<Inner>, tokio::sync::mpsc::UnboundedReceiver<control::Command>), ServeError> {
     config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
     let api_keys = ApiKeys::new(
@@ -594,11 +611,11 @@ pub(crate) async fn build(
             .iter()
             .map(|k| (k.key.clone(), Principal { account: k.account.clone(), admin: k.admin })),
     );
-    let weights = open_weight_store(config).await?;
+    let weights = open_weight_store(config, role).await?;
     let mut metrics = Metrics::new();
-    let (events, usage) = match events {
-        true => start_events(config)?,
-        false => (EventSink::disabled(), UsageSource::Off),
+    let (events, usage) = match role {
+        Role::Machine | Role::Gateway => start_events(config)?,
+        Role::Agent => (EventSink::disabled(), UsageSource::Off),
     };
     events.stats().register(metrics.registry_mut());
     let (control, commands) = control::ControlHandle::new();
@@ -627,7 +644,7 @@ pub(crate) async fn build(
         })
         .collect::<BTreeMap<_, _>>();
     let client = hangar_agent::direct_http().build().expect("a plain HTTP client");
-    let adapters = adapter_catalog(config)?;
+    let adapters = adapter_catalog(config, role)?;
     if let Some(catalog) = &adapters {
         for rt in models.values().filter(|rt| rt.config.adapters.is_some()) {
             let driver = adapters::driver(Arc::downgrade(rt), catalog.clone(), client.clone());
@@ -695,11 +712,20 @@ pub(crate) fn control_loop(
     hangar_scaler::ControlLoop::new(controller, control::TICK.as_millis() as Millis, now)
 }
 
-/// The catalog of adapters in the node's weight store, when a model loads
-/// adapters.
-fn adapter_catalog(config: &ServeConfig) -> Result<Option<Arc<adapters::AdapterCatalog>>, ServeError> {
+/// The catalog of the adapters a model may load, when one loads adapters:
+/// the node's weight store's on a single machine, the nodes' on a fleet's
+/// gateway (an agent routes nothing).
+fn adapter_catalog(
+    config: &ServeConfig,
+    role: Role,
+) -> Result<Option<Arc<adapters::AdapterCatalog>>, ServeError> {
     if config.models.iter().all(|m| m.adapters.is_none()) {
         return Ok(None);
+    }
+    match role {
+        Role::Machine => {}
+        Role::Gateway => return Ok(Some(Arc::new(adapters::AdapterCatalog::fleet()))),
+        Role::Agent => return Ok(None),
     }
     let root = config.store.root();
     let store = hangar_store::BlobStore::open(&root).map_err(|e| {
@@ -722,10 +748,11 @@ fn adapter_catalog(config: &ServeConfig) -> Result<Option<Arc<adapters::AdapterC
 }
 
 /// Opens the node's weight store (starting its daemon if none runs) when a
-/// model has `weights`, and checks what can be checked before any replica
+/// model has `weights`, or, on a fleet's agent, adapters, and checks what can be checked before any replica
 /// starts: files readable, keys known.
-async fn open_weight_store(config: &ServeConfig) -> Result<Option<Arc<WeightStore>>, ServeError> {
-    if config.models.iter().all(|m| m.weights.is_none()) {
+async fn open_weight_store(config: &ServeConfig, role: Role) -> Result<Option<Arc<WeightStore>>, ServeError> {
+    let adapter_dirs = role == Role::Agent && config.models.iter().any(|m| m.adapters.is_some());
+    if config.models.iter().all(|m| m.weights.is_none()) && !adapter_dirs {
         return Ok(None);
     }
     let (settings, models) = (config.store.clone(), config.models.clone());

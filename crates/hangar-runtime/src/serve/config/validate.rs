@@ -170,16 +170,6 @@ impl ServeConfig {
     fn check_api_keys(&self) -> Result<(), FieldError> {
         if let Some(url) = &self.redis {
             hangar_redis::check_url(url).map_err(|e| FieldError::new("redis", e))?;
-            // The adapter driver hands an engine a path on the gateway's own
-            // disk: right on one machine, wrong for an engine on another node.
-            if let Some(i) = self.models.iter().position(|m| m.adapters.is_some()) {
-                return Err(FieldError::new(
-                    format!("models[{i}].adapters"),
-                    "LoRA adapters are served on a single machine for now: in a fleet the gateway would hand \
-                     engines on other nodes a path on its own disk (docs/adapters.md, Limits); serve this model \
-                     from a `hangar serve` with `[[nodes]]`",
-                ));
-            }
         }
         self.check_keys()
     }
@@ -559,15 +549,6 @@ mod tests {
         let e = refused(&cog);
         assert_eq!(e.field, "models[0].use_async_queue");
         assert!(e.to_string().contains("predictions"), "{e}");
-    }
-
-    #[test]
-    fn adapters_are_refused_in_a_fleet_naming_why() {
-        let fleet = format!("redis = \"redis://127.0.0.1:6379\"\n{MOCK}adapters = {{}}\n");
-        let config: ServeConfig = toml::from_str(&fleet).unwrap();
-        let e = config.validate().unwrap_err();
-        assert_eq!(e.field, "models[0].adapters");
-        assert!(e.to_string().contains("single machine"), "{e}");
     }
 
     #[test]

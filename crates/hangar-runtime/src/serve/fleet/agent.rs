@@ -16,7 +16,14 @@
 //! cold, and every gateway what each replica is doing. The report also
 //! lists the weight artifacts the node's store holds resident (asked of
 //! its daemon every second), so the leader's placement prefers this node
-//! for a model whose weights it would not have to read again. The gateways hold
+//! for a model whose weights it would not have to read again. When a model
+//! loads LoRA adapters, it publishes the adapters the node's store
+//! registers (`hangar:adapters:NODE`, read every second, written when they
+//! change, the report carrying their digest) — a fleet serves every
+//! adapter some node registers — and makes, on a gateway's asking, the
+//! directory an engine here loads an adapter from (`POST
+//! /v1/adapter-dirs`), fetching the artifact from a peer when this node
+//! does not hold it. The gateways hold
 //! the permits, so the agent's instance monitors are fed by sampling each
 //! awake engine's own count of the requests it runs or holds (its
 //! gauges) as often. The replicas' health checks run here.
@@ -38,14 +45,14 @@ use std::time::Duration;
 use axum::routing::get;
 use hangar_agent::lifecycle::{self, DriverHandle};
 use hangar_core::exposition::Format;
-use hangar_core::{NodeRecord, NodeReport, ReplicaReport};
+use hangar_core::{NodeAdapters, NodeRecord, NodeReport, RegisteredAdapter, ReplicaReport};
 use hangar_placement::NodeId;
 use hangar_redis::fleet::FleetState;
 use hangar_redis::registry::{Heartbeat, Registry, HEARTBEAT_EVERY, NODE_TTL};
 use hangar_redis::Redis;
 use tokio_util::sync::CancellationToken;
 
-use super::super::{build, node, ServeConfig, ServeError};
+use super::super::{build, node, Role, ServeConfig, ServeError};
 
 /// How often the desired state is read.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -54,6 +61,12 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 /// How often the store daemon is asked what it holds resident: a load
 /// takes seconds, and residency only breaks placement's ties.
 const RESIDENCY_EVERY: Duration = Duration::from_secs(1);
+/// How often the store's adapters are read (and their publication kept
+/// alive): a newly registered adapter is served within about this long
+/// and a gateway's refresh.
+const ADAPTERS_EVERY: Duration = Duration::from_secs(1);
+/// How often adapter directories nobody asked for lately are looked for.
+const PRUNE_ADAPTER_DIRS_EVERY: Duration = Duration::from_secs(60);
 
 /// A running node agent.
 pub struct Agent {
@@ -71,6 +84,13 @@ pub struct Agent {
     /// The weight-store artifacts the node holds resident, as its store
     /// daemon last said (reported with the replicas).
     resident: std::sync::Mutex<Vec<String>>,
+    /// The node's store, read for the adapters it registers, when a model
+    /// loads adapters.
+    adapter_store: Option<hangar_store::BlobStore>,
+    /// The digest of the adapters published last (reported with the
+    /// replicas; `None`: none published), and when adapter directories
+    /// were last pruned.
+    adapters: std::sync::Mutex<(Option<String>, std::time::Instant)>,
     /// Leaving: the record says `draining`, so the leader moves the
     /// node's replicas elsewhere.
     draining: std::sync::atomic::AtomicBool,
@@ -107,7 +127,7 @@ impl Agent {
         config.nodes.clear();
         config.redis = Some(redis.url().to_owned());
         config.add_trainers();
-        let (inner, mut commands) = build(&config, hangar_exe, engine_host, false).await?;
+        let (inner, mut commands) = build(&config, hangar_exe, engine_host, Role::Agent).await?;
         // No controller runs here (the leader reads the node's report);
         // nothing is sent on its channel, which is drained all the same.
         tokio::spawn(async move { while commands.recv().await.is_some() {} });
@@ -117,6 +137,16 @@ impl Agent {
         // refresh; they may route to it until then.
         let grace = node::Audience::Gateways { routing_grace: REPORT_EVERY + super::view::VIEW_EVERY * 2 };
         let driver = node::start_driver(&inner, &config, gpus, grace);
+        let adapter_store = match config.models.iter().any(|m| m.adapters.is_some()) {
+            true => Some(hangar_store::BlobStore::open(config.store.root()).map_err(|e| {
+                let root = config.store.root();
+                ServeError::Config(format!(
+                    "models load adapters from the weight store at {}: {e}",
+                    root.display()
+                ))
+            })?),
+            false => None,
+        };
         let registry = Registry::new(redis.clone(), NODE_TTL);
         let (registry, registered) = tokio::task::spawn_blocking(move || {
             let result = registry.register(&record);
@@ -134,6 +164,8 @@ impl Agent {
             driver,
             foreign: std::sync::Mutex::default(),
             resident: std::sync::Mutex::default(),
+            adapters: std::sync::Mutex::new((None, std::time::Instant::now())),
+            adapter_store,
             draining: std::sync::atomic::AtomicBool::new(false),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
@@ -144,6 +176,9 @@ impl Agent {
         tokio::spawn(every(Arc::downgrade(&agent), REPORT_EVERY, Agent::report_now));
         if agent.inner.weights.is_some() {
             tokio::spawn(every(Arc::downgrade(&agent), RESIDENCY_EVERY, Agent::check_residency));
+        }
+        if agent.adapter_store.is_some() {
+            tokio::spawn(every(Arc::downgrade(&agent), ADAPTERS_EVERY, Agent::publish_adapters));
         }
         tokio::spawn(sample_engines(Arc::downgrade(&agent)));
         Ok(agent)
@@ -173,7 +208,8 @@ impl Agent {
             })
             .collect();
         let artifacts = self.resident.lock().expect("resident lock").clone();
-        NodeReport { agent: self.record.agent.clone(), replicas, artifacts }
+        let adapters = self.adapters.lock().expect("adapters lock").0.clone();
+        NodeReport { agent: self.record.agent.clone(), replicas, artifacts, adapters }
     }
 
     /// `GET /health`; `GET /status`: the node's record, its report, and
@@ -181,11 +217,20 @@ impl Agent {
     /// GPUs with their bytes, engine state, process id, capabilities) — what
     /// an operator, or the fault-injection suite's checker, compares with
     /// placement; and `GET /metrics`: the node's replicas by state, their
-    /// starts and failures (docs/observability.md). Like `/status`, it
-    /// needs no key: an agent's port is the fleet's own network's.
+    /// starts and failures (docs/observability.md); and `POST
+    /// /v1/adapter-dirs`, a gateway's asking for the directory an engine
+    /// here loads an adapter from. Like `/status`, they need no key: an
+    /// agent's port is the fleet's own network's.
     pub fn router(self: &Arc<Self>) -> axum::Router {
-        let (me, metrics) = (self.clone(), self.clone());
+        let (me, metrics, dirs) = (self.clone(), self.clone(), self.clone());
         axum::Router::new()
+            .route(
+                "/v1/adapter-dirs",
+                axum::routing::post(move |body: axum::body::Bytes| {
+                    let me = dirs.clone();
+                    async move { me.adapter_dir(&body).await }
+                }),
+            )
             .route("/health", get(|| async { "ok" }))
             .route(
                 "/status",
@@ -308,6 +353,88 @@ impl Agent {
         }
     }
 
+    /// Publishes the adapters the node's store registers when they changed
+    /// since the last publication (and again when Redis lost them), keeps
+    /// the publication alive otherwise, and now and then removes the
+    /// adapter directories nobody asked for lately. A store or Redis that
+    /// cannot be read changes nothing: what was published stands.
+    fn publish_adapters(self: Arc<Self>) {
+        let Some(store) = &self.adapter_store else { return };
+        let now = match hangar_store::adapters::list(store, None) {
+            Ok(list) => node_adapters(list),
+            Err(e) => return tracing::warn!(node = %self.node, "cannot read the store's adapters: {e}"),
+        };
+        let (published, pruned_at) = self.adapters.lock().expect("adapters lock").clone();
+        let digest = (!now.adapters.is_empty()).then(|| now.digest.clone());
+        let name = &self.record.name;
+        let unchanged = published == digest;
+        let kept = match (unchanged, &digest) {
+            (true, None) => Ok(true),
+            (true, Some(_)) => self.fleet.keep_adapters(name),
+            (false, _) => Ok(false),
+        };
+        match kept.and_then(|kept| if kept { Ok(()) } else { self.fleet.publish_adapters(name, &now) }) {
+            Ok(()) => self.adapters.lock().expect("adapters lock").0 = digest,
+            Err(e) => tracing::warn!(node = %self.node, "cannot publish the node's adapters: {e}"),
+        }
+        if let Some(weights) =
+            self.inner.weights.as_ref().filter(|_| pruned_at.elapsed() >= PRUNE_ADAPTER_DIRS_EVERY)
+        {
+            self.adapters.lock().expect("adapters lock").1 = std::time::Instant::now();
+            match weights.prune_adapter_dirs(hangar_agent::weights::ADAPTER_DIR_IDLE) {
+                Ok(0) => {}
+                Ok(removed) => {
+                    tracing::info!(node = %self.node, removed, "removed adapter directories nobody asked for lately")
+                }
+                Err(e) => tracing::warn!(node = %self.node, "pruning adapter directories: {e}"),
+            }
+        }
+    }
+
+    /// `POST /v1/adapter-dirs` `{"adapter": "BASE:ADAPTER", "artifact":
+    /// "hg1:…"}`: the directory an engine on this node loads the adapter
+    /// from, made once (`{"path": …}`); a refusal names what and why.
+    ///
+    /// # Cancel safety
+    /// The directory is made on a blocking thread that finishes if the
+    /// gateway goes away; it is complete or absent, never half written.
+    async fn adapter_dir(&self, body: &[u8]) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let refuse = |status: u16, message: String| {
+            let status = axum::http::StatusCode::from_u16(status).expect("a status");
+            (status, axum::Json(serde_json::json!({"error": {"message": message}}))).into_response()
+        };
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Asked {
+            adapter: String,
+            artifact: String,
+        }
+        let asked: Asked = match serde_json::from_slice(body) {
+            Ok(asked) => asked,
+            Err(e) => return refuse(400, format!("the body is not {{\"adapter\", \"artifact\"}}: {e}")),
+        };
+        let adapter = match asked.adapter.parse::<hangar_core::AdapterRef>() {
+            Ok(adapter) => adapter,
+            Err(e) => return refuse(400, format!("adapter: {e}")),
+        };
+        let id = match asked.artifact.parse::<hangar_store::ArtifactId>() {
+            Ok(id) => id,
+            Err(e) => return refuse(400, format!("artifact `{}`: {e}", asked.artifact)),
+        };
+        let Some(weights) = self.inner.weights.clone() else {
+            return refuse(404, format!("node {} runs no model with adapters", self.node));
+        };
+        let made = tokio::task::spawn_blocking(move || weights.adapter_dir(&adapter, id)).await;
+        match made.expect("making an adapter directory does not panic") {
+            Ok(path) => axum::Json(serde_json::json!({"path": path})).into_response(),
+            Err(e) => {
+                tracing::warn!(node = %self.node, "{e}");
+                refuse(e.status(), e.to_string())
+            }
+        }
+    }
+
     fn report_now(self: Arc<Self>) {
         if let Err(e) = self.fleet.report(&self.record.name, &self.report()) {
             tracing::warn!(node = %self.node, "report failed: {e}");
@@ -332,6 +459,19 @@ impl Agent {
         }
         let _ = self.driver.set_desired(&self.record.name, lifecycle::wanted(&desired.replicas));
     }
+}
+
+/// The adapters `list` as the node publishes them, named by a digest of
+/// the list.
+fn node_adapters(mut list: Vec<hangar_store::adapters::AdapterEntry>) -> NodeAdapters {
+    list.sort_by_key(|e| e.adapter.to_string());
+    let adapters: Vec<RegisteredAdapter> = list
+        .into_iter()
+        .map(|e| RegisteredAdapter { adapter: e.adapter, artifact: e.id.to_string(), bytes: e.bytes })
+        .collect();
+    let json = serde_json::to_vec(&adapters).expect("adapters serialize");
+    let digest = blake3::hash(&json).to_hex()[..16].to_owned();
+    NodeAdapters { digest, adapters }
 }
 
 /// Feeds each replica's instance monitor what its engine says it runs or

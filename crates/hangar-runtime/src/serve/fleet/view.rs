@@ -33,13 +33,14 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use hangar_core::{
-    GatewayLoad, Millis, ModelKey, ModelLoad, NodeRecord, NodeReport, ReplicaId, ReplicaPhase,
+    GatewayLoad, Millis, ModelKey, ModelLoad, NodeAdapters, NodeRecord, NodeReport, ReplicaId, ReplicaPhase,
 };
 use hangar_redis::fleet::{FleetState, Unavailable};
 use hangar_redis::liveness::{Change, Liveness, Seen as Registered};
 use hangar_redis::registry::Registry;
 use hangar_scaler::StartTier;
 
+use super::super::adapters::AdapterCatalog;
 use super::super::control::Command;
 use super::super::replicas::{Replica, Reported};
 use super::super::Inner;
@@ -81,6 +82,10 @@ struct Memory {
     mirrored: Option<Unavailable>,
     /// The leader: replicas checked on another gateway's word, and when.
     checked: HashMap<ReplicaId, Instant>,
+    /// The adapters each live node publishes, as last read, and each
+    /// node's agent URL as last handed to the adapter catalog.
+    adapters: BTreeMap<String, NodeAdapters>,
+    agents: BTreeMap<String, String>,
 }
 
 /// The view and what it saw last.
@@ -112,6 +117,8 @@ impl View {
             named: HashSet::new(),
             mirrored: None,
             checked: HashMap::new(),
+            adapters: BTreeMap::new(),
+            agents: BTreeMap::new(),
         };
         Arc::new(View {
             inner: Arc::downgrade(inner),
@@ -187,6 +194,9 @@ impl View {
         }
         inner.failed.lock().expect("failed table").retain(|_, (at, _)| at.elapsed() < super::QUARANTINE);
         route(&inner, &seen);
+        if let Some(catalog) = &inner.adapters {
+            self.keep_adapters(&mut memory, &nodes, catalog)?;
+        }
         // An agent leaving drains its node, as does an operator's word.
         let drained = self.fleet.drained_nodes().map_err(|e| e.to_string())?;
         let draining: HashSet<&str> = nodes
@@ -252,6 +262,47 @@ impl View {
                 tokio::spawn(async move { inner.probe_on_word(replica).await });
             }
             tenure.set_loads(others);
+        }
+        Ok(())
+    }
+
+    /// Keeps the adapter catalog what the live nodes publish. A node's
+    /// list is read only when its report's digest differs from the list
+    /// held; a list not (or no longer) in Redis under that digest — the
+    /// agent has not written it yet, or Redis lost it and the agent will
+    /// write it again — leaves what was held, as any read that finds
+    /// nothing new.
+    fn keep_adapters(
+        &self,
+        memory: &mut Memory,
+        nodes: &BTreeMap<String, NodeRecord>,
+        catalog: &AdapterCatalog,
+    ) -> Result<(), String> {
+        let held = memory.adapters.len();
+        memory.adapters.retain(|name, _| nodes.contains_key(name));
+        let mut changed = memory.adapters.len() != held;
+        for name in nodes.keys() {
+            let said = memory.reports.get(name).and_then(|r| r.adapters.as_ref());
+            if said == memory.adapters.get(name).map(|a| &a.digest) {
+                continue;
+            }
+            let Some(digest) = said else {
+                changed |= memory.adapters.remove(name).is_some();
+                continue;
+            };
+            if let Some(list) = self.fleet.adapters(name).map_err(|e| e.to_string())? {
+                if list.digest == *digest {
+                    memory.adapters.insert(name.clone(), list);
+                    changed = true;
+                }
+            }
+        }
+        let agents: BTreeMap<String, String> =
+            nodes.iter().map(|(n, r)| (n.clone(), r.url.clone())).collect();
+        if changed || agents != memory.agents {
+            let published = |name: &str| memory.adapters.get(name);
+            catalog.set_fleet(agents.iter().map(|(n, url)| (n.as_str(), url.as_str(), published(n))));
+            memory.agents = agents;
         }
         Ok(())
     }

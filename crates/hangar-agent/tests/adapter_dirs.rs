@@ -1,0 +1,63 @@
+//! A fleet node's adapter directories (`WeightStore::adapter_dir`): the
+//! files of an adapter artifact as it was imported, written once per node,
+//! refused for an artifact that is another adapter or that no source
+//! holds, and removed once nobody asked for them within the idle time.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use hangar_agent::weights::{AdapterDirError, StoreSettings, WeightStore};
+use hangar_core::AdapterRef;
+use hangar_store::{adapters, synth, ArtifactId, BlobStore};
+
+/// The files of a directory, name → bytes.
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
+#[test]
+fn an_adapter_directory_is_written_once_checked_and_pruned_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, root) = (dir.path().join("src"), dir.path().join("store"));
+    let a1: AdapterRef = "t/base:acme/a1".parse().unwrap();
+    synth::synth_adapter_dir(&src, "t/base", 2, 64, 2, 1).unwrap();
+    let id = adapters::import_dir(&BlobStore::open(&root).unwrap(), &src, &a1).unwrap().id;
+    let settings = StoreSettings {
+        root: Some(root.clone()),
+        socket: Some(dir.path().join("store.sock")),
+        ..StoreSettings::default()
+    };
+    let store = WeightStore::open(settings, []).unwrap();
+
+    let path = store.adapter_dir(&a1, id).unwrap();
+    assert_eq!(path, root.join(adapters::EXPORT_DIRS).join(id.file_name()));
+    assert_eq!(files(&path), files(&src), "every file as it was imported");
+    let written = std::fs::metadata(path.join(adapters::CONFIG_FILE)).unwrap().modified().unwrap();
+    assert_eq!(store.adapter_dir(&a1, id).unwrap(), path);
+    let again = std::fs::metadata(path.join(adapters::CONFIG_FILE)).unwrap().modified().unwrap();
+    assert_eq!(written, again, "written once");
+
+    let other: AdapterRef = "t/base:acme/other".parse().unwrap();
+    let e = store.adapter_dir(&other, id).unwrap_err();
+    assert!(matches!(*e, AdapterDirError::NotThisAdapter { .. }), "{e}");
+    assert_eq!(e.status(), 409);
+    assert!(e.to_string().contains("bound to adapter t/base:acme/a1"), "{e}");
+    let unknown: ArtifactId = format!("hg1:{}:{}", "07".repeat(32), "09".repeat(32)).parse().unwrap();
+    let e = store.adapter_dir(&a1, unknown).unwrap_err();
+    assert!(matches!(*e, AdapterDirError::Load { .. }), "{e}");
+    assert!(e.to_string().contains(&unknown.to_string()), "{e}");
+    let left: Vec<_> = std::fs::read_dir(root.join(adapters::EXPORT_DIRS)).unwrap().collect();
+    assert_eq!(left.len(), 1, "a refused directory leaves nothing: {left:?}");
+
+    assert_eq!(store.prune_adapter_dirs(Duration::from_secs(3600)).unwrap(), 0, "asked for just now");
+    assert!(path.is_dir());
+    assert_eq!(store.prune_adapter_dirs(Duration::ZERO).unwrap(), 1);
+    assert!(!path.exists());
+    assert_eq!(store.adapter_dir(&a1, id).unwrap(), path, "written again when asked again");
+    assert_eq!(files(&path), files(&src));
+}

@@ -1,0 +1,200 @@
+//! LoRA adapters on a fleet: a Redis, a store registry, two nodes each
+//! with its own weight store (a `hangar store serve` daemon known to the
+//! registry) and agent, and a gateway. An adapter registered on one node
+//! is served by the replicas of both: the other node's agent fetches it
+//! from its peer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fleet::{agent, wait_ready, Agent};
+use common::predictions::client;
+use common::serve_in;
+use hangar_core::AdapterRef;
+use hangar_redis::LocalRedis;
+use hangar_store::{adapters, ArtifactId, BlobStore};
+use serde_json::{json, Value};
+
+/// A `hangar store` process (the registry or a node's daemon), killed
+/// when dropped, even when the test fails.
+struct StoreProcess(Child);
+
+impl Drop for StoreProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `hangar store ARGS` on the store at `root` and returns it with
+/// its first line.
+fn store(root: &Path, args: &[&str]) -> (StoreProcess, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        .arg("store")
+        .args(args)
+        .env("HANGAR_STORE_ROOT", root)
+        .env_remove("HANGAR_STORE_SOCKET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = StoreProcess(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(!line.is_empty(), "hangar store {args:?} exited before serving");
+    (process, line.trim().to_owned())
+}
+
+/// Registers a small synthetic adapter `adapter` in the store at `root`:
+/// its artifact.
+fn register(root: &Path, adapter: &str, seed: u64) -> ArtifactId {
+    let adapter: AdapterRef = adapter.parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    hangar_store::synth::synth_adapter_dir(dir.path(), adapter.base().as_str(), 2, 64, 2, seed).unwrap();
+    adapters::import_dir(&BlobStore::open(root).unwrap(), dir.path(), &adapter).unwrap().id
+}
+
+/// A chat for `model` through `gateway`: its status and body.
+fn chat(gateway: &str, model: &str) -> (u16, Value) {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let answer = client().post(format!("{gateway}/v1/chat/completions")).json(&body).send().unwrap();
+    (answer.status().as_u16(), answer.json().unwrap_or(Value::Null))
+}
+
+/// Chats for `model` until the answer's status is `want` (10 s at most,
+/// failing with `what`).
+fn until_status(gateway: &str, model: &str, want: u16, what: &str) {
+    let t = Instant::now();
+    loop {
+        let (status, body) = chat(gateway, model);
+        if status == want {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{what}: still {status} {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `POST /v1/adapter-dirs` to the agent at `url`: status and body.
+fn adapter_dir(url: &str, body: &str) -> (u16, Value) {
+    let answer = client()
+        .post(format!("{url}/v1/adapter-dirs"))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .unwrap();
+    (answer.status().as_u16(), answer.json().unwrap_or(Value::Null))
+}
+
+/// The node's adapter directory of `id`, if written.
+fn exported(root: &Path, id: &ArtifactId) -> Option<PathBuf> {
+    let dir = root.join(adapters::EXPORT_DIRS).join(id.file_name());
+    dir.join(adapters::CONFIG_FILE).is_file().then_some(dir)
+}
+
+/// The adapter registered on node n0 only is served through the gateway
+/// on both nodes' replicas (round robin sends requests to each): n1's
+/// agent fetches the artifact from n0's daemon through the registry and
+/// writes the directory its engine loads, the same files as n0's. An
+/// adapter registered on n1 while the fleet runs is served within
+/// seconds, one removed from n0 stops being served, and an unknown one is
+/// a 404. The agent refuses what it is asked wrongly: a body that is not
+/// the request (400), an artifact that is another adapter (409), an
+/// artifact no source holds (502), each naming what.
+#[test]
+fn an_adapter_registered_on_one_node_is_served_on_every_node() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (_registry, line) = store(&dir.path().join("registry"), &["registry", "--listen", "127.0.0.1:0"]);
+    let registry = line.strip_prefix("registry at ").unwrap().to_owned();
+    let roots: Vec<PathBuf> = ["n0", "n1"].iter().map(|n| dir.path().join(n).join("store")).collect();
+    let a1 = register(&roots[0], "t/base:acme/a1", 1);
+    let _daemons: Vec<StoreProcess> = ["n0", "n1"]
+        .iter()
+        .zip(&roots)
+        .map(|(node, root)| {
+            std::fs::create_dir_all(root).unwrap();
+            let socket = root.join("store.sock").display().to_string();
+            let args = ["serve", "--socket", &socket, "--listen", "127.0.0.1:0", "--registry", &registry];
+            let (daemon, line) = store(root, &[&args[..], &["--node", node]].concat());
+            assert!(line.starts_with("serving"), "{line}");
+            daemon
+        })
+        .collect();
+
+    let models = r#"
+[[models]]
+key = "t/base"
+engine = { kind = "mock", preset = "instant" }
+size = "50GB"
+min_replicas = 2
+max_replicas = 2
+router = "round-robin"
+adapters = { slots = 2 }
+"#;
+    let fleet = format!("redis = \"{}\"\n{models}", redis.url());
+    let gateway = serve_in(tempfile::tempdir().unwrap(), &fleet);
+    let agents: Vec<Agent> = ["n0", "n1"]
+        .iter()
+        .zip(&roots)
+        .map(|(name, root)| {
+            let own = dir.path().join(name);
+            let config = own.join("fleet.toml");
+            std::fs::write(&config, format!("{fleet}\n[store]\nroot = \"{}\"\n", root.display())).unwrap();
+            agent(&own, &config, &redis.url(), name, 1)
+        })
+        .collect();
+    let g = gateway.url.as_str();
+    let placed = wait_ready(g, &[("t/base", 2)], None);
+    assert_eq!(placed.iter().filter(|(_, n)| n == "n0").count(), 1, "{placed:?}");
+
+    until_status(g, "t/base:acme/a1", 200, "the adapter n0 registers is served");
+    for _ in 0..6 {
+        let (status, body) = chat(g, "t/base:acme/a1");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["model"], "t/base:acme/a1", "{body}");
+    }
+    let (here, fetched) = (exported(&roots[0], &a1), exported(&roots[1], &a1));
+    let (here, fetched) =
+        (here.expect("n0 loaded it"), fetched.expect("n1 fetched it from n0 and loaded it"));
+    for file in [adapters::CONFIG_FILE, "adapter_model.safetensors"] {
+        assert_eq!(
+            std::fs::read(here.join(file)).unwrap(),
+            std::fs::read(fetched.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+
+    let (status, body) = chat(g, "t/base:acme/nope");
+    assert_eq!(status, 404, "{body}");
+    let a2 = register(&roots[1], "t/base:acme/a2", 2);
+    until_status(g, "t/base:acme/a2", 200, "an adapter registered on n1 meanwhile is served");
+    adapters::remove(&BlobStore::open(&roots[0]).unwrap(), &"t/base:acme/a1".parse().unwrap()).unwrap();
+    until_status(g, "t/base:acme/a1", 404, "an adapter no node registers any more is not served");
+
+    let n0 = &agents[0].url;
+    let (status, body) = adapter_dir(n0, "{\"adapter\": 3}");
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("adapter"), "{body}");
+    let asked = |adapter: &str, id: &ArtifactId| format!(r#"{{"adapter": "{adapter}", "artifact": "{id}"}}"#);
+    let (status, body) = adapter_dir(n0, &asked("t/base:acme/a1", &a2));
+    assert_eq!(status, 409, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&a2.to_string()) && message.contains("bound to adapter t/base:acme/a2"),
+        "{body}"
+    );
+    let unknown: ArtifactId = format!("hg1:{}:{}", "07".repeat(32), "09".repeat(32)).parse().unwrap();
+    let (status, body) = adapter_dir(n0, &asked("t/base:acme/a1", &unknown));
+    assert_eq!(status, 502, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&unknown.to_string()), "{body}");
+    let (status, body) = adapter_dir(n0, &asked("t/base:acme/a2", &a2));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["path"].as_str().map(PathBuf::from), exported(&roots[0], &a2), "{body}");
+    drop(gateway);
+}
