@@ -13,6 +13,7 @@ pub mod capabilities;
 pub mod cog;
 pub mod devices;
 pub mod engine;
+pub mod engine_adapters;
 pub mod lifecycle;
 pub mod log_tail;
 pub mod procedures;

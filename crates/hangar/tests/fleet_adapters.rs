@@ -1,8 +1,9 @@
 //! LoRA adapters on a fleet: a Redis, a store registry, two nodes each
 //! with its own weight store (a `hangar store serve` daemon known to the
-//! registry) and agent, and a gateway. An adapter registered on one node
-//! is served by the replicas of both: the other node's agent fetches it
-//! from its peer.
+//! registry) and agent, and two gateways. An adapter registered on one
+//! node is served by the replicas of both, through either gateway: the
+//! other node's agent fetches it from its peer, and each engine loads it
+//! once for both gateways.
 
 mod common;
 
@@ -80,10 +81,11 @@ fn until_status(gateway: &str, model: &str, want: u16, what: &str) {
     }
 }
 
-/// `POST /v1/adapter-dirs` to the agent at `url`: status and body.
-fn adapter_dir(url: &str, body: &str) -> (u16, Value) {
+/// `POST /v1/replicas/{replica}/adapters/hold` to the agent at `url`:
+/// status and body.
+fn hold(url: &str, replica: &str, body: &str) -> (u16, Value) {
     let answer = client()
-        .post(format!("{url}/v1/adapter-dirs"))
+        .post(format!("{url}/v1/replicas/{replica}/adapters/hold"))
         .header("content-type", "application/json")
         .body(body.to_owned())
         .send()
@@ -97,15 +99,18 @@ fn exported(root: &Path, id: &ArtifactId) -> Option<PathBuf> {
     dir.join(adapters::CONFIG_FILE).is_file().then_some(dir)
 }
 
-/// The adapter registered on node n0 only is served through the gateway
-/// on both nodes' replicas (round robin sends requests to each): n1's
-/// agent fetches the artifact from n0's daemon through the registry and
-/// writes the directory its engine loads, the same files as n0's. An
-/// adapter registered on n1 while the fleet runs is served within
-/// seconds, one removed from n0 stops being served, and an unknown one is
-/// a 404. The agent refuses what it is asked wrongly: a body that is not
-/// the request (400), an artifact that is another adapter (409), an
-/// artifact no source holds (502), each naming what.
+/// The adapter registered on node n0 only is served through both
+/// gateways on both nodes' replicas (round robin sends requests to each):
+/// n1's agent fetches the artifact from n0's daemon through the registry
+/// and writes the directory its engine loads, the same files as n0's, and
+/// each engine loads it once though both gateways' slots load it (a second
+/// load of a name is refused by vLLM and the mock alike, so a gateway
+/// posting its own would fail). An adapter registered on n1 while the
+/// fleet runs is served within seconds, one removed from n0 stops being
+/// served, and an unknown one is a 404. The agent refuses what it is asked
+/// wrongly, naming what: a body that is not a hold (400), a replica it does
+/// not run (404), an artifact that is another adapter or that no source
+/// holds (502).
 #[test]
 fn an_adapter_registered_on_one_node_is_served_on_every_node() {
     let Some(redis) = LocalRedis::for_test() else { return };
@@ -138,7 +143,7 @@ router = "round-robin"
 adapters = { slots = 2 }
 "#;
     let fleet = format!("redis = \"{}\"\n{models}", redis.url());
-    let gateway = serve_in(tempfile::tempdir().unwrap(), &fleet);
+    let gateways: Vec<_> = (0..2).map(|_| serve_in(tempfile::tempdir().unwrap(), &fleet)).collect();
     let agents: Vec<Agent> = ["n0", "n1"]
         .iter()
         .zip(&roots)
@@ -149,16 +154,24 @@ adapters = { slots = 2 }
             agent(&own, &config, &redis.url(), name, 1)
         })
         .collect();
-    let g = gateway.url.as_str();
-    let placed = wait_ready(g, &[("t/base", 2)], None);
+    let urls: Vec<&str> = gateways.iter().map(|g| g.url.as_str()).collect();
+    let placed = wait_ready(urls[0], &[("t/base", 2)], None);
     assert_eq!(placed.iter().filter(|(_, n)| n == "n0").count(), 1, "{placed:?}");
+    wait_ready(urls[1], &[("t/base", 2)], None);
 
-    until_status(g, "t/base:acme/a1", 200, "the adapter n0 registers is served");
-    for _ in 0..6 {
-        let (status, body) = chat(g, "t/base:acme/a1");
+    for g in &urls {
+        until_status(g, "t/base:acme/a1", 200, "the adapter n0 registers is served");
+    }
+    for i in 0..12 {
+        let (status, body) = chat(urls[i % 2], "t/base:acme/a1");
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["model"], "t/base:acme/a1", "{body}");
     }
+    for a in &agents {
+        let loaded = a.log().matches("LoRA adapter loaded name=\"acme/a1\"").count();
+        assert_eq!(loaded, 1, "node {}'s engine loads acme/a1 once for both gateways", a.name);
+    }
+    let g = urls[0];
     let (here, fetched) = (exported(&roots[0], &a1), exported(&roots[1], &a1));
     let (here, fetched) =
         (here.expect("n0 loaded it"), fetched.expect("n1 fetched it from n0 and loaded it"));
@@ -178,23 +191,28 @@ adapters = { slots = 2 }
     until_status(g, "t/base:acme/a1", 404, "an adapter no node registers any more is not served");
 
     let n0 = &agents[0].url;
-    let (status, body) = adapter_dir(n0, "{\"adapter\": 3}");
+    let replica = agents[0].status()["report"]["replicas"][0]["replica"].as_str().unwrap().to_owned();
+    let (status, body) = hold(n0, &replica, "{\"adapter\": 3}");
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("adapter"), "{body}");
-    let asked = |adapter: &str, id: &ArtifactId| format!(r#"{{"adapter": "{adapter}", "artifact": "{id}"}}"#);
-    let (status, body) = adapter_dir(n0, &asked("t/base:acme/a1", &a2));
-    assert_eq!(status, 409, "{body}");
+    let asked = |adapter: &str, id: &ArtifactId| {
+        format!(r#"{{"adapter": "{adapter}", "artifact": "{id}", "gateway": "gw-test"}}"#)
+    };
+    let (status, body) = hold(n0, &"0".repeat(32), &asked("t/base:acme/a2", &a2));
+    assert_eq!(status, 404, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("does not serve on node n0"), "{body}");
+    let (status, body) = hold(n0, &replica, &asked("t/base:acme/other", &a2));
+    assert_eq!(status, 502, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.contains(&a2.to_string()) && message.contains("bound to adapter t/base:acme/a2"),
         "{body}"
     );
     let unknown: ArtifactId = format!("hg1:{}:{}", "07".repeat(32), "09".repeat(32)).parse().unwrap();
-    let (status, body) = adapter_dir(n0, &asked("t/base:acme/a1", &unknown));
+    let (status, body) = hold(n0, &replica, &asked("t/base:acme/nope", &unknown));
     assert_eq!(status, 502, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains(&unknown.to_string()), "{body}");
-    let (status, body) = adapter_dir(n0, &asked("t/base:acme/a2", &a2));
+    let (status, body) = hold(n0, &replica, &asked("t/base:acme/a2", &a2));
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["path"].as_str().map(PathBuf::from), exported(&roots[0], &a2), "{body}");
-    drop(gateway);
+    assert!(exported(&roots[0], &a2).is_some(), "n0 fetched a2 from n1 for its engine");
 }

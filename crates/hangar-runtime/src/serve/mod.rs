@@ -243,7 +243,7 @@ impl Server {
     /// start one, which is logged).
     pub async fn start(mut config: ServeConfig, hangar_exe: PathBuf) -> Result<Self, ServeError> {
         config.add_trainers();
-        let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into(), Role::Machine).await?;
+        let (inner, commands) = build(&config, hangar_exe, DEFAULT_HOST.into(), &Role::Machine).await?;
         let cluster = Cluster::new(config.cluster()).map_err(|e| ServeError::Config(e.to_string()))?;
         *inner.nodes.lock().expect("nodes lock") = cluster
             .nodes()
@@ -280,8 +280,9 @@ impl Server {
         redis: hangar_redis::Redis,
     ) -> Result<Self, ServeError> {
         config.add_trainers();
-        let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into(), Role::Gateway).await?;
         let me = format!("gw-{:016x}", rand::random::<u64>());
+        let role = Role::Gateway(me.clone());
+        let (inner, commands) = build(&config, PathBuf::new(), DEFAULT_HOST.into(), &role).await?;
         inner.gateway.set(me.clone()).expect("a new server");
         let registry = hangar_redis::registry::Registry::new(redis.clone(), hangar_redis::registry::NODE_TTL);
         let state = hangar_redis::fleet::FleetState::new(redis.clone());
@@ -583,14 +584,14 @@ fn start_events(config: &ServeConfig) -> Result<(EventSink, UsageSource), ServeE
 /// does, a fleet's agent serves no requests).
 /// What a process [`build`] builds is in a deployment: what it opens and
 /// runs besides its models' lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Role {
     /// A single machine: it runs its engines and routes to them; its
     /// adapters are its weight store's.
     Machine,
-    /// A fleet's gateway: it routes to the engines the nodes' agents run;
-    /// its adapters are those the nodes register.
-    Gateway,
+    /// A fleet's gateway, by its id (`gw-…`): it routes to the engines the
+    /// nodes' agents run; its adapters are those the nodes register.
+    Gateway(String),
     /// A fleet node's agent: it runs engines and routes nothing; it makes
     /// the directories of the adapters its engines load, so it opens the
     /// weight store when a model has adapters. It emits no events (the
@@ -602,7 +603,7 @@ pub(crate) async fn build(
     config: &ServeConfig,
     hangar_exe: PathBuf,
     engine_host: String,
-    role: Role,
+    role: &Role,
 ) -> Result<(Arc<Inner>, tokio::sync::mpsc::UnboundedReceiver<control::Command>), ServeError> {
     config.validate().map_err(|e| ServeError::Config(e.to_string()))?;
     let api_keys = ApiKeys::new(
@@ -614,7 +615,7 @@ pub(crate) async fn build(
     let weights = open_weight_store(config, role).await?;
     let mut metrics = Metrics::new();
     let (events, usage) = match role {
-        Role::Machine | Role::Gateway => start_events(config)?,
+        Role::Machine | Role::Gateway(_) => start_events(config)?,
         Role::Agent => (EventSink::disabled(), UsageSource::Off),
     };
     events.stats().register(metrics.registry_mut());
@@ -717,14 +718,14 @@ pub(crate) fn control_loop(
 /// gateway (an agent routes nothing).
 fn adapter_catalog(
     config: &ServeConfig,
-    role: Role,
+    role: &Role,
 ) -> Result<Option<Arc<adapters::AdapterCatalog>>, ServeError> {
     if config.models.iter().all(|m| m.adapters.is_none()) {
         return Ok(None);
     }
     match role {
         Role::Machine => {}
-        Role::Gateway => return Ok(Some(Arc::new(adapters::AdapterCatalog::fleet()))),
+        Role::Gateway(me) => return Ok(Some(Arc::new(adapters::AdapterCatalog::fleet(me.clone())))),
         Role::Agent => return Ok(None),
     }
     let root = config.store.root();
@@ -750,8 +751,11 @@ fn adapter_catalog(
 /// Opens the node's weight store (starting its daemon if none runs) when a
 /// model has `weights`, or, on a fleet's agent, adapters, and checks what can be checked before any replica
 /// starts: files readable, keys known.
-async fn open_weight_store(config: &ServeConfig, role: Role) -> Result<Option<Arc<WeightStore>>, ServeError> {
-    let adapter_dirs = role == Role::Agent && config.models.iter().any(|m| m.adapters.is_some());
+async fn open_weight_store(
+    config: &ServeConfig,
+    role: &Role,
+) -> Result<Option<Arc<WeightStore>>, ServeError> {
+    let adapter_dirs = *role == Role::Agent && config.models.iter().any(|m| m.adapters.is_some());
     if config.models.iter().all(|m| m.weights.is_none()) && !adapter_dirs {
         return Ok(None);
     }

@@ -5,11 +5,14 @@
 //! know (at most every [`REFRESH_EVERY`]) or, behind a request it answered
 //! from memory, once what it knows is older than [`STALE_AFTER`]; it
 //! exports each served adapter as the directory an engine loads, ahead of
-//! need. On a fleet's gateway it knows what the live nodes' agents publish
+//! need, and posts each load and unload to the replica's engine. On a
+//! fleet's gateway it knows what the live nodes' agents publish
 //! (`hangar:adapters:NODE`, read by the fleet view when a node's report
 //! says its list changed): the fleet serves every adapter some node
-//! registers, and the replica's agent makes the directory on its own node
-//! ([`AdapterCatalog::directory`]).
+//! registers; a load is this gateway's hold of the adapter on the replica,
+//! asked of the replica's agent, which loads it on its engine (making its
+//! directory on its own disk) unless another gateway's hold has it loaded
+//! already, and an unload is this gateway's release of its hold.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -17,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hangar_core::{AdapterName, AdapterRef, ModelKey, NodeAdapters};
+use hangar_core::{AdapterName, AdapterRef, ModelKey, NodeAdapters, ReplicaId};
 use hangar_store::adapters::AdapterEntry;
 use hangar_store::{ArtifactId, BlobStore};
 
@@ -33,9 +36,9 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// under traffic (a request for an unknown one reads at once).
 pub const STALE_AFTER: Duration = Duration::from_secs(10);
 
-/// How long a gateway waits for an agent to make an adapter's directory:
-/// a fetch from a peer of a few hundred MB, well within a request's time.
-const AGENT_DIR_LIMIT: Duration = Duration::from_secs(120);
+/// How long a gateway waits for an agent's load of an adapter: a fetch
+/// from a peer of a few hundred MB and the engine's load.
+const AGENT_LOAD_LIMIT: Duration = Duration::from_secs(120);
 
 /// The adapters registered where this server serves them from.
 pub struct AdapterCatalog {
@@ -47,9 +50,25 @@ pub struct AdapterCatalog {
 enum Source {
     /// The node's weight store (a single machine).
     Store(LocalStore),
-    /// The fleet's nodes, by their agents' word: each node's agent URL,
-    /// to which the directory of an adapter is asked for.
-    Fleet(Mutex<HashMap<String, String>>),
+    /// The fleet's nodes, by their agents' word.
+    Fleet(Fleet),
+}
+
+/// A fleet gateway's side of the agents.
+struct Fleet {
+    /// This gateway, the holder its agents know it as.
+    gateway: String,
+    /// Each live node's agent URL.
+    agents: Mutex<HashMap<String, String>>,
+}
+
+impl Fleet {
+    /// The agent of the node running a replica.
+    fn agent(&self, node: Option<&str>) -> Result<String, String> {
+        let node = node.ok_or("the replica's node is not known")?;
+        let url = self.agents.lock().expect("agents lock").get(node).cloned();
+        url.ok_or_else(|| format!("node {node} is not a live node of the fleet"))
+    }
 }
 
 /// A single machine's weight store and the directories exported from it.
@@ -105,10 +124,11 @@ impl AdapterCatalog {
         AdapterCatalog { source: Source::Store(local), known: Mutex::new(Known::default()) }
     }
 
-    /// The catalog of a fleet's gateway: empty until the fleet view hands
-    /// it what the nodes publish ([`AdapterCatalog::set_fleet`]).
-    pub fn fleet() -> Self {
-        AdapterCatalog { source: Source::Fleet(Mutex::default()), known: Mutex::new(Known::default()) }
+    /// The catalog of the fleet's gateway `gateway`: empty until the fleet
+    /// view hands it what the nodes publish ([`AdapterCatalog::set_fleet`]).
+    pub fn fleet(gateway: String) -> Self {
+        let fleet = Fleet { gateway, agents: Mutex::default() };
+        AdapterCatalog { source: Source::Fleet(fleet), known: Mutex::new(Known::default()) }
     }
 
     /// Makes the catalog what the live `nodes` publish — each node's agent
@@ -121,7 +141,7 @@ impl AdapterCatalog {
         &self,
         nodes: impl IntoIterator<Item = (&'a str, &'a str, Option<&'a NodeAdapters>)>,
     ) {
-        let Source::Fleet(agents) = &self.source else { return };
+        let Source::Fleet(fleet) = &self.source else { return };
         let mut urls = HashMap::new();
         // Per adapter, per artifact: the nodes registering it, and its bytes.
         let mut votes: BTreeMap<AdapterRef, BTreeMap<String, (Vec<&str>, u64)>> = BTreeMap::new();
@@ -157,7 +177,7 @@ impl AdapterCatalog {
                 }
             }
         }
-        *agents.lock().expect("agents lock") = urls;
+        *fleet.agents.lock().expect("agents lock") = urls;
         self.known.lock().expect("adapter catalog lock").set(entries);
     }
 
@@ -284,30 +304,67 @@ impl AdapterCatalog {
         (found, stale)
     }
 
-    /// The directory the engine of a replica on `node` loads `entry` from.
-    /// On a single machine, exported from the store the first time it is
-    /// asked for (by a request, or ahead of need); on a fleet, made by
-    /// `node`'s agent on its own disk (`POST /v1/adapter-dirs`), which
-    /// fetches the artifact from a peer when that node does not hold it.
+    /// Loads `entry` on the engine at `base` of `replica` (on `node`). On
+    /// a single machine: exported from the store the first time it is
+    /// asked for (by a request, or ahead of need) and posted to the engine
+    /// (vLLM's `/v1/load_lora_adapter`, the adapter's name its
+    /// `lora_name`). On a fleet: held by this gateway on the replica,
+    /// through its node's agent, which answers once the engine has it.
     ///
     /// # Cancel safety
     /// An export runs to its end on a blocking thread (it writes into a
     /// temporary directory and renames it into place, so a half export is
-    /// never seen), as does an agent's once asked; dropping the future
-    /// only loses its answer.
-    pub async fn directory(
+    /// never seen); a hold the agent got stays until released (holds are
+    /// idempotent); dropping the future only loses its answer.
+    pub async fn load(
         self: &Arc<Self>,
         entry: &AdapterEntry,
-        node: Option<&str>,
+        replica: ReplicaId,
+        (base, node): (&str, Option<&str>),
         client: &reqwest::Client,
-    ) -> Result<String, String> {
+    ) -> Result<(), String> {
+        let name = entry.adapter.name().as_str();
         match &self.source {
-            Source::Store(local) => Ok(self.export(local, entry).await?.display().to_string()),
-            Source::Fleet(agents) => {
-                let node = node.ok_or("the replica's node is not known")?;
-                let url = agents.lock().expect("agents lock").get(node).cloned();
-                let url = url.ok_or_else(|| format!("node {node} is not a live node of the fleet"))?;
-                agent_directory(client, &url, node, entry).await
+            Source::Store(local) => {
+                let dir = self.export(local, entry).await?;
+                let body = serde_json::json!({"lora_name": name, "lora_path": dir});
+                post(client, "its engine", base, "/v1/load_lora_adapter", &body).await
+            }
+            Source::Fleet(fleet) => {
+                let agent = fleet.agent(node)?;
+                let path = format!("/v1/replicas/{replica}/adapters/hold");
+                let body = serde_json::json!({
+                    "adapter": entry.adapter, "artifact": entry.id.to_string(), "gateway": fleet.gateway,
+                });
+                post(client, "its node's agent", &agent, &path, &body).await
+            }
+        }
+    }
+
+    /// Unloads `adapter` from the engine at `base` of `replica` (on
+    /// `node`): posted to the engine on a single machine; on a fleet, this
+    /// gateway's hold released through the node's agent, which unloads it
+    /// once no gateway holds it.
+    ///
+    /// # Cancel safety
+    /// One request; dropping the future only loses its answer.
+    pub async fn unload(
+        &self,
+        adapter: &AdapterRef,
+        replica: ReplicaId,
+        (base, node): (&str, Option<&str>),
+        client: &reqwest::Client,
+    ) -> Result<(), String> {
+        match &self.source {
+            Source::Store(_) => {
+                let body = serde_json::json!({"lora_name": adapter.name().as_str()});
+                post(client, "its engine", base, "/v1/unload_lora_adapter", &body).await
+            }
+            Source::Fleet(fleet) => {
+                let agent = fleet.agent(node)?;
+                let path = format!("/v1/replicas/{replica}/adapters/release");
+                let body = serde_json::json!({"adapter": adapter, "gateway": fleet.gateway});
+                post(client, "its node's agent", &agent, &path, &body).await
             }
         }
     }
@@ -331,24 +388,21 @@ impl AdapterCatalog {
     }
 }
 
-/// Asks the agent at `url` (of `node`) for the directory of `entry` on its
-/// node; its refusal, status and message, becomes the load's failure.
-async fn agent_directory(
+/// Posts `body` to `path` of `who` at `base`; an answer that is not a
+/// success fails, naming `who`, the path, the status and the message.
+async fn post(
     client: &reqwest::Client,
-    url: &str,
-    node: &str,
-    entry: &AdapterEntry,
-) -> Result<String, String> {
-    let body = serde_json::json!({"adapter": entry.adapter, "artifact": entry.id.to_string()});
-    let asked =
-        client.post(format!("{url}/v1/adapter-dirs")).json(&body).timeout(AGENT_DIR_LIMIT).send().await;
-    let failed = |why: String| format!("the agent of node {node} could not make its directory: {why}");
-    let answer = asked.map_err(|e| failed(e.to_string()))?;
-    let status = answer.status();
-    let body: serde_json::Value = answer.json().await.map_err(|e| failed(format!("{status}: {e}")))?;
-    match (status.is_success(), body["path"].as_str()) {
-        (true, Some(path)) => Ok(path.to_owned()),
-        _ => Err(failed(format!("{status}: {}", body["error"]["message"].as_str().unwrap_or("no message")))),
+    who: &str,
+    base: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<(), String> {
+    let answer = client.post(format!("{base}{path}")).json(body).timeout(AGENT_LOAD_LIMIT).send().await;
+    match answer.as_ref().is_ok_and(|r| r.status().is_success()) {
+        true => Ok(()),
+        false => {
+            Err(format!("{who} answered {path} with {}", hangar_agent::capabilities::describe(answer).await))
+        }
     }
 }
 
@@ -381,7 +435,7 @@ mod tests {
     /// takes its registrations with it.
     #[tokio::test]
     async fn a_fleet_serves_what_some_node_registers_one_artifact_a_name() {
-        let catalog = Arc::new(AdapterCatalog::fleet());
+        let catalog = Arc::new(AdapterCatalog::fleet("gw-1".into()));
         let find = |a: &'static str| {
             let catalog = catalog.clone();
             async move { catalog.find(&a.parse().unwrap()).await.unwrap() }
@@ -407,10 +461,10 @@ mod tests {
         let tied = find("t/m:a").await.unwrap();
         assert_eq!(tied.id.to_string(), id(1), "one node each now: the lowest id");
 
-        let client = reqwest::Client::new();
-        let e = catalog.directory(&tied, Some("n1"), &client).await.unwrap_err();
+        let (client, replica) = (reqwest::Client::new(), ReplicaId::from_u128(7));
+        let e = catalog.load(&tied, replica, ("http://engine", Some("n1")), &client).await.unwrap_err();
         assert_eq!(e, "node n1 is not a live node of the fleet");
-        let e = catalog.directory(&tied, None, &client).await.unwrap_err();
+        let e = catalog.unload(&tied.adapter, replica, ("http://engine", None), &client).await.unwrap_err();
         assert_eq!(e, "the replica's node is not known");
     }
 }

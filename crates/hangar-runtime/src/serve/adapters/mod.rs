@@ -169,12 +169,11 @@ impl ModelRuntime {
     }
 }
 
-/// The driver that carries out `rt`'s adapter steps: a load has the
-/// adapter's directory made on the replica's node by `catalog` (once per
-/// node) and posts vLLM's `/v1/load_lora_adapter`
-/// to the replica's engine with the adapter's name as its `lora_name`; an
-/// unload posts `/v1/unload_lora_adapter`. Each answer that is not a
-/// success fails the step with the engine's status and message.
+/// The driver that carries out `rt`'s adapter steps through `catalog`
+/// ([`AdapterCatalog::load`], [`AdapterCatalog::unload`]): on a single
+/// machine posted to the replica's engine, on a fleet held and released
+/// through the replica's agent. Each answer that is not a success fails
+/// the step, naming who answered, its status and message.
 pub(crate) fn driver(
     rt: Weak<ModelRuntime>,
     catalog: Arc<AdapterCatalog>,
@@ -186,35 +185,25 @@ pub(crate) fn driver(
             let rt = rt.upgrade().ok_or("the server is stopping")?;
             let (base, node) =
                 rt.replica_route(replica).ok_or_else(|| format!("replica {replica} is not ready"))?;
+            let at = (base.as_str(), node.as_deref());
             let started = Instant::now();
-            let (path, body, loaded) = match &step {
+            let (adapter, loaded, done) = match &step {
                 SlotStep::Load { adapter, .. } => {
                     let entry = match catalog.find(adapter).await? {
                         Ok(entry) => entry,
                         Err(_) => return Err(format!("adapter `{adapter}` is no longer registered")),
                     };
-                    let dir = catalog.directory(&entry, node.as_deref(), &client).await?;
-                    let body = serde_json::json!({"lora_name": adapter.name().as_str(), "lora_path": dir});
-                    ("/v1/load_lora_adapter", body, Some(entry.bytes))
+                    (adapter, Some(entry.bytes), catalog.load(&entry, replica, at, &client).await)
                 }
-                SlotStep::Unload { adapter } => (
-                    "/v1/unload_lora_adapter",
-                    serde_json::json!({"lora_name": adapter.name().as_str()}),
-                    None,
-                ),
+                SlotStep::Unload { adapter } => {
+                    (adapter, None, catalog.unload(adapter, replica, at, &client).await)
+                }
             };
-            let answer = client.post(format!("{base}{path}")).json(&body).send().await;
-            let ok = answer.as_ref().is_ok_and(|r| r.status().is_success());
-            rt.metrics().adapter_step(loaded.is_some(), ok);
-            if !ok {
-                return Err(format!(
-                    "its engine answered {path} with {}",
-                    hangar_agent::capabilities::describe(answer).await
-                ));
-            }
+            rt.metrics().adapter_step(loaded.is_some(), done.is_ok());
+            done?;
             if let Some(bytes) = loaded {
                 rt.adapter_loads.lock().expect("load times lock").measured(bytes, started.elapsed());
-                tracing::info!(model = %rt.config.key, %replica, adapter = %body["lora_name"], ms = started.elapsed().as_millis() as u64, "adapter loaded");
+                tracing::info!(model = %rt.config.key, %replica, %adapter, ms = started.elapsed().as_millis() as u64, "adapter loaded");
             }
             Ok(())
         })

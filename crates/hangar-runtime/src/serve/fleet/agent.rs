@@ -20,10 +20,9 @@
 //! loads LoRA adapters, it publishes the adapters the node's store
 //! registers (`hangar:adapters:NODE`, read every second, written when they
 //! change, the report carrying their digest) — a fleet serves every
-//! adapter some node registers — and makes, on a gateway's asking, the
-//! directory an engine here loads an adapter from (`POST
-//! /v1/adapter-dirs`), fetching the artifact from a peer when this node
-//! does not hold it. The gateways hold
+//! adapter some node registers — and loads and unloads adapters on its
+//! engines as the gateways hold and release them (`agent_adapters`). The
+//! gateways hold
 //! the permits, so the agent's instance monitors are fed by sampling each
 //! awake engine's own count of the requests it runs or holds (its
 //! gauges) as often. The replicas' health checks run here.
@@ -53,6 +52,7 @@ use hangar_redis::Redis;
 use tokio_util::sync::CancellationToken;
 
 use super::super::{build, node, Role, ServeConfig, ServeError};
+use super::agent_adapters::AdapterHolds;
 
 /// How often the desired state is read.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -91,6 +91,9 @@ pub struct Agent {
     /// replicas; `None`: none published), and when adapter directories
     /// were last pruned.
     adapters: std::sync::Mutex<(Option<String>, std::time::Instant)>,
+    /// The engines' adapters, as the gateways hold them, when a model
+    /// loads adapters.
+    holds: Option<Arc<AdapterHolds>>,
     /// Leaving: the record says `draining`, so the leader moves the
     /// node's replicas elsewhere.
     draining: std::sync::atomic::AtomicBool,
@@ -127,7 +130,7 @@ impl Agent {
         config.nodes.clear();
         config.redis = Some(redis.url().to_owned());
         config.add_trainers();
-        let (inner, mut commands) = build(&config, hangar_exe, engine_host, Role::Agent).await?;
+        let (inner, mut commands) = build(&config, hangar_exe, engine_host, &Role::Agent).await?;
         // No controller runs here (the leader reads the node's report);
         // nothing is sent on its channel, which is drained all the same.
         tokio::spawn(async move { while commands.recv().await.is_some() {} });
@@ -147,6 +150,10 @@ impl Agent {
             })?),
             false => None,
         };
+        // The weight store is open whenever a model loads adapters (`Role::Agent`).
+        let holds = adapter_store.as_ref().and(inner.weights.clone()).map(|weights| {
+            Arc::new(AdapterHolds::new(record.name.clone(), driver.clone(), weights, inner.client.clone()))
+        });
         let registry = Registry::new(redis.clone(), NODE_TTL);
         let (registry, registered) = tokio::task::spawn_blocking(move || {
             let result = registry.register(&record);
@@ -166,6 +173,7 @@ impl Agent {
             resident: std::sync::Mutex::default(),
             adapters: std::sync::Mutex::new((None, std::time::Instant::now())),
             adapter_store,
+            holds,
             draining: std::sync::atomic::AtomicBool::new(false),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
@@ -217,18 +225,39 @@ impl Agent {
     /// GPUs with their bytes, engine state, process id, capabilities) — what
     /// an operator, or the fault-injection suite's checker, compares with
     /// placement; and `GET /metrics`: the node's replicas by state, their
-    /// starts and failures (docs/observability.md); and `POST
-    /// /v1/adapter-dirs`, a gateway's asking for the directory an engine
-    /// here loads an adapter from. Like `/status`, they need no key: an
-    /// agent's port is the fleet's own network's.
+    /// starts and failures (docs/observability.md); and the gateways'
+    /// holds and releases of adapters on its replicas
+    /// (`POST /v1/replicas/{replica}/adapters/{hold,release}`,
+    /// `agent_adapters`). Like `/status`, they need no key: an agent's port
+    /// is the fleet's own network's.
     pub fn router(self: &Arc<Self>) -> axum::Router {
-        let (me, metrics, dirs) = (self.clone(), self.clone(), self.clone());
+        use axum::extract::Path;
+        let (me, metrics) = (self.clone(), self.clone());
+        let (hold, release) = (self.holds.clone(), self.holds.clone());
+        let (node, node2) = (self.node.to_string(), self.node.to_string());
         axum::Router::new()
             .route(
-                "/v1/adapter-dirs",
-                axum::routing::post(move |body: axum::body::Bytes| {
-                    let me = dirs.clone();
-                    async move { me.adapter_dir(&body).await }
+                "/v1/replicas/{replica}/adapters/hold",
+                axum::routing::post(move |Path(replica): Path<String>, body: axum::body::Bytes| {
+                    let (holds, node) = (hold.clone(), node.clone());
+                    async move {
+                        match holds {
+                            Some(holds) => holds.hold(&replica, &body).await,
+                            None => no_adapters(&node),
+                        }
+                    }
+                }),
+            )
+            .route(
+                "/v1/replicas/{replica}/adapters/release",
+                axum::routing::post(move |Path(replica): Path<String>, body: axum::body::Bytes| {
+                    let (holds, node) = (release.clone(), node2.clone());
+                    async move {
+                        match holds {
+                            Some(holds) => holds.release(&replica, &body),
+                            None => no_adapters(&node),
+                        }
+                    }
                 }),
             )
             .route("/health", get(|| async { "ok" }))
@@ -355,8 +384,9 @@ impl Agent {
 
     /// Publishes the adapters the node's store registers when they changed
     /// since the last publication (and again when Redis lost them), keeps
-    /// the publication alive otherwise, and now and then removes the
-    /// adapter directories nobody asked for lately. A store or Redis that
+    /// the publication alive otherwise, lets the holds of gateways no
+    /// longer alive go, and now and then removes the adapter directories
+    /// nobody asked for lately. A store or Redis that
     /// cannot be read changes nothing: what was published stands.
     fn publish_adapters(self: Arc<Self>) {
         let Some(store) = &self.adapter_store else { return };
@@ -377,6 +407,16 @@ impl Agent {
             Ok(()) => self.adapters.lock().expect("adapters lock").0 = digest,
             Err(e) => tracing::warn!(node = %self.node, "cannot publish the node's adapters: {e}"),
         }
+        if let Some(holds) = &self.holds {
+            let alive = match self.fleet.loads() {
+                Ok(loads) => Some(loads.into_iter().map(|l| l.gateway).collect()),
+                Err(e) => {
+                    tracing::debug!(node = %self.node, "cannot read which gateways are alive: {e}");
+                    None
+                }
+            };
+            holds.keep_level(alive);
+        }
         if let Some(weights) =
             self.inner.weights.as_ref().filter(|_| pruned_at.elapsed() >= PRUNE_ADAPTER_DIRS_EVERY)
         {
@@ -387,50 +427,6 @@ impl Agent {
                     tracing::info!(node = %self.node, removed, "removed adapter directories nobody asked for lately")
                 }
                 Err(e) => tracing::warn!(node = %self.node, "pruning adapter directories: {e}"),
-            }
-        }
-    }
-
-    /// `POST /v1/adapter-dirs` `{"adapter": "BASE:ADAPTER", "artifact":
-    /// "hg1:…"}`: the directory an engine on this node loads the adapter
-    /// from, made once (`{"path": …}`); a refusal names what and why.
-    ///
-    /// # Cancel safety
-    /// The directory is made on a blocking thread that finishes if the
-    /// gateway goes away; it is complete or absent, never half written.
-    async fn adapter_dir(&self, body: &[u8]) -> axum::response::Response {
-        use axum::response::IntoResponse;
-        let refuse = |status: u16, message: String| {
-            let status = axum::http::StatusCode::from_u16(status).expect("a status");
-            (status, axum::Json(serde_json::json!({"error": {"message": message}}))).into_response()
-        };
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Asked {
-            adapter: String,
-            artifact: String,
-        }
-        let asked: Asked = match serde_json::from_slice(body) {
-            Ok(asked) => asked,
-            Err(e) => return refuse(400, format!("the body is not {{\"adapter\", \"artifact\"}}: {e}")),
-        };
-        let adapter = match asked.adapter.parse::<hangar_core::AdapterRef>() {
-            Ok(adapter) => adapter,
-            Err(e) => return refuse(400, format!("adapter: {e}")),
-        };
-        let id = match asked.artifact.parse::<hangar_store::ArtifactId>() {
-            Ok(id) => id,
-            Err(e) => return refuse(400, format!("artifact `{}`: {e}", asked.artifact)),
-        };
-        let Some(weights) = self.inner.weights.clone() else {
-            return refuse(404, format!("node {} runs no model with adapters", self.node));
-        };
-        let made = tokio::task::spawn_blocking(move || weights.adapter_dir(&adapter, id)).await;
-        match made.expect("making an adapter directory does not panic") {
-            Ok(path) => axum::Json(serde_json::json!({"path": path})).into_response(),
-            Err(e) => {
-                tracing::warn!(node = %self.node, "{e}");
-                refuse(e.status(), e.to_string())
             }
         }
     }
@@ -459,6 +455,14 @@ impl Agent {
         }
         let _ = self.driver.set_desired(&self.record.name, lifecycle::wanted(&desired.replicas));
     }
+}
+
+/// The answer of a node that runs no model with adapters.
+fn no_adapters(node: &str) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let message = format!("node {node} runs no model with adapters");
+    (axum::http::StatusCode::NOT_FOUND, axum::Json(serde_json::json!({"error": {"message": message}})))
+        .into_response()
 }
 
 /// The adapters `list` as the node publishes them, named by a digest of

@@ -12,6 +12,7 @@
 //!   every live node and writes each node's desired state.
 
 mod agent;
+mod agent_adapters;
 pub(crate) mod leader;
 mod view;
 
