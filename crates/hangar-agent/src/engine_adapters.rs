@@ -83,6 +83,19 @@ pub enum State {
     NotHeld(Option<String>),
 }
 
+/// One adapter of an engine as the agent's `/status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AdapterView {
+    /// `BASE:ADAPTER`.
+    pub adapter: AdapterRef,
+    /// Its artifact.
+    pub artifact: String,
+    /// Whether the engine has it (an unload may be under way).
+    pub loaded: bool,
+    /// The gateways holding it.
+    pub holders: Vec<String>,
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     adapter: AdapterRef,
@@ -236,6 +249,20 @@ impl EngineAdapters {
         self.tidy();
     }
 
+    /// Every adapter the engine has or is asked to have, with the
+    /// gateways holding it: what the agent's `/status` shows.
+    pub fn view(&self) -> Vec<AdapterView> {
+        self.entries
+            .values()
+            .map(|e| AdapterView {
+                adapter: e.adapter.clone(),
+                artifact: e.artifact.to_string(),
+                loaded: matches!(e.phase, Phase::Loaded | Phase::Unloading),
+                holders: e.holders.iter().cloned().collect(),
+            })
+            .collect()
+    }
+
     /// The adapters the engine has loaded, by its own word.
     pub fn loaded(&self) -> impl Iterator<Item = &AdapterRef> {
         self.entries
@@ -254,6 +281,41 @@ impl EngineAdapters {
                 || !e.holders.is_empty()
                 || e.failed.is_some()
         });
+    }
+}
+
+/// Which gateways still hold adapters on a node's engines, judged from
+/// reads of Redis's index of live gateways as the fleet's liveness is: a
+/// gateway's absence counts only in reads that answered, so an outage of
+/// Redis (every gateway absent, or no answer at all) takes no hold away.
+#[derive(Debug, Default)]
+pub struct Holders {
+    /// Each gateway known, and how many answered reads in a row missed it.
+    missed: std::collections::HashMap<String, u32>,
+}
+
+impl Holders {
+    /// How many answered reads in a row may miss a gateway before its
+    /// holds go: at a read a second, about ten seconds of answers, past
+    /// the index's own TTL (3 s) and a gateway's restart of its refreshes.
+    pub const MISSED_READS: u32 = 10;
+
+    /// `gateway` holds something: it counts as alive until reads miss it.
+    pub fn heard(&mut self, gateway: &str) {
+        self.missed.entry(gateway.to_owned()).or_insert(0);
+    }
+
+    /// A read of the index answered `alive`; returns the gateways whose
+    /// holds stand ([`EngineAdapters::keep_gateways`]).
+    pub fn read(&mut self, alive: &BTreeSet<String>) -> BTreeSet<String> {
+        for (gateway, missed) in &mut self.missed {
+            *missed = if alive.contains(gateway) { 0 } else { *missed + 1 };
+        }
+        for gateway in alive {
+            self.missed.entry(gateway.clone()).or_insert(0);
+        }
+        self.missed.retain(|_, missed| *missed < Self::MISSED_READS);
+        self.missed.keys().cloned().collect()
     }
 }
 

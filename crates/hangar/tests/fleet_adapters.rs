@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fleet::{agent, wait_ready, Agent};
+use common::fleet::{agent, status, wait_ready, Agent};
 use common::predictions::client;
 use common::serve_in;
 use hangar_core::AdapterRef;
@@ -93,6 +93,22 @@ fn hold(url: &str, replica: &str, body: &str) -> (u16, Value) {
     (answer.status().as_u16(), answer.json().unwrap_or(Value::Null))
 }
 
+/// The gateways holding `adapter` on the node's one replica, by its
+/// agent's `/status`, sorted.
+fn holders(agent: &Agent, adapter: &str) -> Vec<String> {
+    let status = agent.status();
+    let engines = status["adapters"].as_object().cloned().unwrap_or_default();
+    let mut held: Vec<String> = engines
+        .values()
+        .flat_map(|e| e.as_array().cloned().unwrap_or_default())
+        .filter(|a| a["adapter"] == adapter && a["loaded"] == true)
+        .flat_map(|a| a["holders"].as_array().cloned().unwrap_or_default())
+        .map(|h| h.as_str().unwrap().to_owned())
+        .collect();
+    held.sort();
+    held
+}
+
 /// The node's adapter directory of `id`, if written.
 fn exported(root: &Path, id: &ArtifactId) -> Option<PathBuf> {
     let dir = root.join(adapters::EXPORT_DIRS).join(id.file_name());
@@ -154,24 +170,40 @@ adapters = { slots = 2 }
             agent(&own, &config, &redis.url(), name, 1)
         })
         .collect();
-    let urls: Vec<&str> = gateways.iter().map(|g| g.url.as_str()).collect();
-    let placed = wait_ready(urls[0], &[("t/base", 2)], None);
+    let urls: Vec<String> = gateways.iter().map(|g| g.url.clone()).collect();
+    let placed = wait_ready(&urls[0], &[("t/base", 2)], None);
     assert_eq!(placed.iter().filter(|(_, n)| n == "n0").count(), 1, "{placed:?}");
-    wait_ready(urls[1], &[("t/base", 2)], None);
+    wait_ready(&urls[1], &[("t/base", 2)], None);
 
     for g in &urls {
         until_status(g, "t/base:acme/a1", 200, "the adapter n0 registers is served");
     }
     for i in 0..12 {
-        let (status, body) = chat(urls[i % 2], "t/base:acme/a1");
+        let (status, body) = chat(&urls[i % 2], "t/base:acme/a1");
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["model"], "t/base:acme/a1", "{body}");
     }
+    let ids: Vec<String> =
+        urls.iter().map(|g| status(g)["fleet"]["gateway"].as_str().unwrap().to_owned()).collect();
     for a in &agents {
         let loaded = a.log().matches("LoRA adapter loaded name=\"acme/a1\"").count();
         assert_eq!(loaded, 1, "node {}'s engine loads acme/a1 once for both gateways", a.name);
+        let mut both = ids.clone();
+        both.sort();
+        assert_eq!(holders(a, "t/base:acme/a1"), both, "node {}", a.name);
     }
-    let g = urls[0];
+    // A gateway killed outright never releases: its holds go once it has
+    // been gone from Redis's index of gateways past the agent's grace.
+    let mut gateways = gateways;
+    gateways.pop().unwrap().kill9();
+    let t = Instant::now();
+    for a in &agents {
+        while holders(a, "t/base:acme/a1") != ids[..1] {
+            assert!(t.elapsed() < Duration::from_secs(30), "node {}: {:?}", a.name, a.status()["adapters"]);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let g = urls[0].as_str();
     let (here, fetched) = (exported(&roots[0], &a1), exported(&roots[1], &a1));
     let (here, fetched) =
         (here.expect("n0 loaded it"), fetched.expect("n1 fetched it from n0 and loaded it"));

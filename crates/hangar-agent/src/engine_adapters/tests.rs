@@ -90,6 +90,25 @@ fn an_unload_that_fails_is_not_tried_again_until_held_and_released_anew() {
     assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a }));
 }
 
+#[test]
+fn a_gateway_loses_its_holds_only_after_answered_reads_miss_it() {
+    let mut h = Holders::default();
+    h.heard("gw-new");
+    let only = |g: &str| BTreeSet::from([g.to_owned()]);
+    let both = BTreeSet::from(["gw-a".to_owned(), "gw-new".to_owned()]);
+    // A new gateway holds before it is in the index; the index has gw-a.
+    for _ in 0..Holders::MISSED_READS - 1 {
+        assert_eq!(h.read(&only("gw-a")), both);
+    }
+    // Seen once, it starts over; gw-a is missed from now on.
+    assert_eq!(h.read(&only("gw-new")), both);
+    // (Reads that do not answer are not reads: the caller does not call.)
+    for _ in 0..Holders::MISSED_READS - 2 {
+        assert_eq!(h.read(&only("gw-new")), both);
+    }
+    assert_eq!(h.read(&only("gw-new")), only("gw-new"), "gw-a missed by ten answered reads");
+}
+
 /// One thing that happens to the engine's adapters.
 #[derive(Debug, Clone)]
 enum Op {

@@ -220,9 +220,10 @@ impl Agent {
         NodeReport { agent: self.record.agent.clone(), replicas, artifacts, adapters }
     }
 
-    /// `GET /health`; `GET /status`: the node's record, its report, and
-    /// every replica as its lifecycle driver holds it (desired tier and
-    /// GPUs with their bytes, engine state, process id, capabilities) — what
+    /// `GET /health`; `GET /status`: the node's record, its report, every
+    /// replica as its lifecycle driver holds it (desired tier and GPUs with
+    /// their bytes, engine state, process id, capabilities) and each
+    /// engine's adapters with the gateways holding them — what
     /// an operator, or the fault-injection suite's checker, compares with
     /// placement; and `GET /metrics`: the node's replicas by state, their
     /// starts and failures (docs/observability.md); and the gateways'
@@ -271,6 +272,7 @@ impl Agent {
                             "report": me.report(),
                             "replicas": me.driver.replicas(),
                             "gpus": me.driver.nodes().get(&me.record.name),
+                            "adapters": me.holds.as_ref().map(|h| h.view()),
                         }))
                     }
                 }),

@@ -16,27 +16,21 @@
 //! binding is checked: [`WeightStore::adapter_dir`]), then posts vLLM's
 //! `/v1/load_lora_adapter` to the engine; an unload posts
 //! `/v1/unload_lora_adapter`. Every second the holds of gateways that are
-//! no longer alive go — a gateway is alive while its load is in Redis's
-//! index of gateways, or for [`HOLDER_GRACE`] after it last was (or after
-//! its first hold, before it published one) — and the engines of replicas
-//! that no longer run here are forgotten.
+//! no longer alive go — a gateway is alive until ten reads of Redis's
+//! index of gateways in a row that answered missed it ([`Holders`]; a
+//! Redis that does not answer takes no hold away) — and the engines of
+//! replicas that no longer run here are forgotten.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
-use hangar_agent::engine_adapters::{EngineAdapters, Hold, State, Step};
+use hangar_agent::engine_adapters::{AdapterView, EngineAdapters, Hold, Holders, State, Step};
 use hangar_agent::lifecycle::DriverHandle;
 use hangar_agent::weights::WeightStore;
 use hangar_core::{AdapterRef, ReplicaId, ReplicaPhase};
 use hangar_store::ArtifactId;
 use tokio::sync::watch;
-
-/// How long a gateway missing from Redis's index of gateways keeps its
-/// holds: past the index's TTL and a hiccup, so that only a gateway gone
-/// for good (dead, or restarted as another) loses them.
-pub(super) const HOLDER_GRACE: Duration = Duration::from_secs(10);
 
 /// The adapters of every engine on the node.
 pub(super) struct AdapterHolds {
@@ -45,8 +39,8 @@ pub(super) struct AdapterHolds {
     weights: Arc<WeightStore>,
     client: reqwest::Client,
     engines: Mutex<HashMap<ReplicaId, Engine>>,
-    /// When each holding gateway was last known alive.
-    gateways: Mutex<HashMap<String, Instant>>,
+    /// Which gateways' holds stand.
+    gateways: Mutex<Holders>,
     /// Bumped after every step: waiting holds look again.
     stepped: watch::Sender<u64>,
 }
@@ -137,7 +131,7 @@ impl AdapterHolds {
             Err(refused) => return refused.into_response(),
         };
         let artifact = artifact.expect("parsed with an artifact");
-        self.gateways.lock().expect("gateways lock").entry(gateway.clone()).or_insert_with(Instant::now);
+        self.gateways.lock().expect("gateways lock").heard(&gateway);
         let mut stepped = self.stepped.subscribe();
         let held = {
             let mut engines = self.engines.lock().expect("engines lock");
@@ -195,6 +189,12 @@ impl AdapterHolds {
         axum::Json(serde_json::json!({"released": true})).into_response()
     }
 
+    /// Each engine's adapters and who holds them, by replica.
+    pub(super) fn view(&self) -> std::collections::BTreeMap<ReplicaId, Vec<AdapterView>> {
+        let engines = self.engines.lock().expect("engines lock");
+        engines.iter().map(|(id, e)| (*id, e.adapters.view())).collect()
+    }
+
     /// The replica `id` if it serves on this node, else the refusal.
     fn serving(&self, id: &str) -> Result<ReplicaId, Refusal> {
         let replica =
@@ -210,21 +210,15 @@ impl AdapterHolds {
     /// which changes nothing) go, and the engines of replicas no longer
     /// running here are forgotten.
     pub(super) fn keep_level(self: &Arc<Self>, alive: Option<BTreeSet<String>>) {
-        let now = Instant::now();
-        let keep: BTreeSet<String> = {
-            let mut gateways = self.gateways.lock().expect("gateways lock");
-            for gw in alive.iter().flatten() {
-                gateways.insert(gw.clone(), now);
-            }
-            gateways.retain(|_, seen| now.duration_since(*seen) < HOLDER_GRACE);
-            gateways.keys().cloned().collect()
-        };
+        let keep = alive.map(|alive| self.gateways.lock().expect("gateways lock").read(&alive));
         let running: BTreeSet<ReplicaId> = self.driver.replicas().iter().map(|r| r.view.replica).collect();
         let replicas: Vec<ReplicaId> = {
             let mut engines = self.engines.lock().expect("engines lock");
             engines.retain(|id, _| running.contains(id));
-            for engine in engines.values_mut() {
-                engine.adapters.keep_gateways(&keep);
+            if let Some(keep) = &keep {
+                for engine in engines.values_mut() {
+                    engine.adapters.keep_gateways(keep);
+                }
             }
             engines.keys().copied().collect()
         };
