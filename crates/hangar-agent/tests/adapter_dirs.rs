@@ -3,22 +3,14 @@
 //! refused for an artifact that is another adapter or that no source
 //! holds, and removed once nobody asked for them within the idle time.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
+use common::files;
 use hangar_agent::weights::{AdapterDirError, StoreSettings, WeightStore};
 use hangar_core::AdapterRef;
 use hangar_store::{adapters, synth, ArtifactId, BlobStore};
-
-/// The files of a directory, name → bytes.
-fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .map(|e| (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap()))
-        .collect()
-}
 
 #[test]
 fn an_adapter_directory_is_written_once_checked_and_pruned_when_idle() {

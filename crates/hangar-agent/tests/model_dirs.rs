@@ -4,24 +4,17 @@
 //! process holds it too; and weights that are neither a file nor a model
 //! directory refused by name.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::files;
 use hangar_agent::weights::{HandedWeights, StoreSettings, WeightStore, WeightsSource, MODEL_DIRS};
 use hangar_core::ModelKey;
 use hangar_store::client::fresh_replica;
 use hangar_store::{directory, synth, BlobStore};
-
-/// The files of a directory, name → bytes.
-fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .map(|e| (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap()))
-        .collect()
-}
 
 fn dir_of(handed: HandedWeights) -> PathBuf {
     match handed {

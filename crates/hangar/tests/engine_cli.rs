@@ -1,33 +1,18 @@
 //! `hangar engine mock` as a supervisor runs it: a child process on a free
 //! port, read back from its first line, killed at the end.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
 
-/// Kills the child even when the test fails.
-struct Guard(Child);
+use std::process::{Command, Stdio};
 
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{first_line, Killed};
 
-fn spawn(args: &[&str]) -> (Guard, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .args(["engine", "mock", "--port", "0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start hangar");
-    let stdout = child.stdout.take().unwrap();
-    let guard = Guard(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let url = line.trim().strip_prefix("listening on ").expect("the first line names the address").to_owned();
-    (guard, url)
+fn spawn(args: &[&str]) -> (Killed, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hangar"));
+    command.args(["engine", "mock", "--port", "0"]).args(args).stderr(Stdio::null());
+    let (child, line) = first_line(&mut command);
+    let url = line.strip_prefix("listening on ").expect("the first line names the address").to_owned();
+    (child, url)
 }
 
 #[test]

@@ -8,48 +8,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fleet::{agent, status, wait_ready, Agent};
 use common::predictions::client;
-use common::serve_in;
+use common::{serve_in, start_store, Killed};
 use hangar_core::AdapterRef;
 use hangar_redis::LocalRedis;
 use hangar_store::{adapters, ArtifactId, BlobStore};
 use serde_json::{json, Value};
-
-/// A `hangar store` process (the registry or a node's daemon), killed
-/// when dropped, even when the test fails.
-struct StoreProcess(Child);
-
-impl Drop for StoreProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `hangar store ARGS` on the store at `root` and returns it with
-/// its first line.
-fn store(root: &Path, args: &[&str]) -> (StoreProcess, String) {
-    use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
-        .arg("store")
-        .args(args)
-        .env("HANGAR_STORE_ROOT", root)
-        .env_remove("HANGAR_STORE_SOCKET")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let process = StoreProcess(child);
-    let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert!(!line.is_empty(), "hangar store {args:?} exited before serving");
-    (process, line.trim().to_owned())
-}
 
 /// Registers a small synthetic adapter `adapter` in the store at `root`:
 /// its artifact.
@@ -131,18 +98,19 @@ fn exported(root: &Path, id: &ArtifactId) -> Option<PathBuf> {
 fn an_adapter_registered_on_one_node_is_served_on_every_node() {
     let Some(redis) = LocalRedis::for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (_registry, line) = store(&dir.path().join("registry"), &["registry", "--listen", "127.0.0.1:0"]);
+    let (_registry, line) =
+        start_store(&dir.path().join("registry"), &["registry", "--listen", "127.0.0.1:0"]);
     let registry = line.strip_prefix("registry at ").unwrap().to_owned();
     let roots: Vec<PathBuf> = ["n0", "n1"].iter().map(|n| dir.path().join(n).join("store")).collect();
     let a1 = register(&roots[0], "t/base:acme/a1", 1);
-    let _daemons: Vec<StoreProcess> = ["n0", "n1"]
+    let _daemons: Vec<Killed> = ["n0", "n1"]
         .iter()
         .zip(&roots)
         .map(|(node, root)| {
             std::fs::create_dir_all(root).unwrap();
             let socket = root.join("store.sock").display().to_string();
             let args = ["serve", "--socket", &socket, "--listen", "127.0.0.1:0", "--registry", &registry];
-            let (daemon, line) = store(root, &[&args[..], &["--node", node]].concat());
+            let (daemon, line) = start_store(root, &[&args[..], &["--node", node]].concat());
             assert!(line.starts_with("serving"), "{line}");
             daemon
         })

@@ -1,16 +1,12 @@
 //! `hangar store` from the command line: import, ls, stat, get, rm, adapters and bad input.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::{start_store, store, Killed};
 use hangar_store::synth::{model, write_files};
-
-/// `hangar store ARGS` on the store at `root`.
-fn store(root: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hangar"));
-    c.arg("store").args(args).env("HANGAR_STORE_ROOT", root).env_remove("HANGAR_STORE_SOCKET");
-    c
-}
 
 fn hangar(root: &Path, args: &[&str]) -> Output {
     store(root, args).output().expect("hangar runs")
@@ -182,14 +178,6 @@ fn bad_adapter_input_gets_clear_errors() {
 }
 
 /// Kills the spawned daemon even when the test fails.
-struct Serve(std::process::Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn serve_then_get_a_view_and_status_through_the_daemon() {
@@ -199,7 +187,7 @@ fn serve_then_get_a_view_and_status_through_the_daemon() {
     ok(hangar(&root, &["import", files[0].to_str().unwrap(), "--key", "demo/m:v1"]));
     let socket = dir.path().join("d.sock");
     let s = socket.to_str().unwrap();
-    let _serve = Serve(
+    let _serve = Killed(
         Command::new(env!("CARGO_BIN_EXE_hangar"))
             .args(["store", "serve", "--socket", s, "--listen", "127.0.0.1:0", "--budget", "64MiB"])
             .env("HANGAR_STORE_ROOT", &root)
@@ -232,23 +220,6 @@ fn serve_then_get_a_view_and_status_through_the_daemon() {
     assert!(e.contains("unknown key"), "{e}");
 }
 
-/// Starts `hangar store ARGS` on `root` with its stdout piped, killed on
-/// drop; returns it and its first line of output (printed once it serves).
-fn start(root: &Path, args: &[&str]) -> (Serve, String) {
-    use std::io::BufRead;
-    let mut child = store(root, args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let serve = Serve(child);
-    let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert!(!line.is_empty(), "hangar store {args:?} exited before serving");
-    (serve, line.trim().to_owned())
-}
-
 /// Runs `hangar store ARGS` that should exit on its own, waiting at most
 /// 10 s (a hang, not a speed check); killed if it does not.
 fn exits(root: &Path, args: &[&str]) -> Output {
@@ -257,7 +228,7 @@ fn exits(root: &Path, args: &[&str]) -> Output {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut guard = Serve(child);
+    let mut guard = Killed(child);
     let start = std::time::Instant::now();
     let status = loop {
         if let Some(status) = guard.0.try_wait().unwrap() {
@@ -303,7 +274,7 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
     let socket = dir.path().join("d.sock");
     let s = socket.to_str().unwrap();
     let budget = format!("{one}B");
-    let _serve = start(
+    let _serve = start_store(
         &root,
         &["serve", "--socket", s, "--disk-budget", &budget, "--fallback", fallback.to_str().unwrap()],
     );
@@ -336,7 +307,7 @@ fn a_key_whose_bytes_the_disk_budget_dropped_is_listed_and_fetched_again() {
 fn a_second_daemon_under_the_same_node_name_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
-    let (_registry, line) = start(&ra, &["registry", "--listen", "127.0.0.1:0"]);
+    let (_registry, line) = start_store(&ra, &["registry", "--listen", "127.0.0.1:0"]);
     let registry = line.strip_prefix("registry at ").unwrap().to_owned();
     let daemon = |root: &Path| {
         let sock = root.join("d.sock").display().to_string();
@@ -346,7 +317,7 @@ fn a_second_daemon_under_the_same_node_name_is_refused() {
             .collect::<Vec<String>>()
     };
     let args_a = daemon(&ra);
-    let (_a, line) = start(&ra, &args_a.iter().map(String::as_str).collect::<Vec<_>>());
+    let (_a, line) = start_store(&ra, &args_a.iter().map(String::as_str).collect::<Vec<_>>());
     let holder = line.rsplit(' ').next().unwrap().to_owned();
     assert!(holder.starts_with("http://127.0.0.1:"), "{line}");
 
@@ -359,7 +330,7 @@ fn a_second_daemon_under_the_same_node_name_is_refused() {
 
     let mut named = args_b.clone();
     named.extend(["--node".into(), "second".into()]);
-    let (_b, line) = start(&rb, &named.iter().map(String::as_str).collect::<Vec<_>>());
+    let (_b, line) = start_store(&rb, &named.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(line.starts_with("serving"), "{line}");
 }
 
@@ -374,7 +345,7 @@ fn get_no_resident_writes_the_same_bytes_and_leaves_nothing_resident() {
     ok(hangar(&root, &["import", files[0].to_str().unwrap(), "--key", "demo/m:v1"]));
     let socket = dir.path().join("d.sock");
     let s = socket.to_str().unwrap();
-    let _serve = start(&root, &["serve", "--socket", s]);
+    let _serve = start_store(&root, &["serve", "--socket", s]);
     for view in [None, Some("1/2:*.weight=0")] {
         let (daemon, local) = (dir.path().join("daemon"), dir.path().join("local"));
         let mut args =

@@ -17,6 +17,13 @@ fn artifact(k: u8) -> ArtifactId {
     format!("hg1:{}:{}", format!("{k:02x}").repeat(32), "00".repeat(32)).parse().unwrap()
 }
 
+/// `gateway` holds `a` (as artifact 1) on `e`, and its load is done.
+fn loaded(e: &mut EngineAdapters, gateway: &str, a: &AdapterRef) {
+    e.hold(gateway, a, artifact(1));
+    assert!(matches!(e.poll_step(), Some(Step::Load { .. })));
+    e.step_done(Ok(()));
+}
+
 #[test]
 fn two_gateways_share_one_load_and_the_last_release_unloads() {
     let mut e = EngineAdapters::new();
@@ -42,9 +49,7 @@ fn two_gateways_share_one_load_and_the_last_release_unloads() {
 fn a_dead_gateways_holds_go_and_a_failed_load_tells_its_holders() {
     let mut e = EngineAdapters::new();
     let (a, b) = (adapter(0), adapter(1));
-    e.hold("gw-1", &a, artifact(1));
-    e.poll_step();
-    e.step_done(Ok(()));
+    loaded(&mut e, "gw-1", &a);
     e.hold("gw-2", &b, artifact(2));
     e.keep_gateways(&BTreeSet::from(["gw-2".to_owned()]));
     assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a.clone() }), "unloads go first");
@@ -61,9 +66,7 @@ fn a_dead_gateways_holds_go_and_a_failed_load_tells_its_holders() {
 fn a_name_loaded_as_another_artifact_is_refused_until_released() {
     let mut e = EngineAdapters::new();
     let a = adapter(0);
-    e.hold("gw-1", &a, artifact(1));
-    e.poll_step();
-    e.step_done(Ok(()));
+    loaded(&mut e, "gw-1", &a);
     assert_eq!(e.hold("gw-2", &a, artifact(2)), Hold::Conflict { loaded: artifact(1) });
     e.release("gw-1", a.name());
     assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a.clone() }));
@@ -77,9 +80,7 @@ fn a_name_loaded_as_another_artifact_is_refused_until_released() {
 fn an_unload_that_fails_is_not_tried_again_until_held_and_released_anew() {
     let mut e = EngineAdapters::new();
     let a = adapter(0);
-    e.hold("gw-1", &a, artifact(1));
-    e.poll_step();
-    e.step_done(Ok(()));
+    loaded(&mut e, "gw-1", &a);
     e.release("gw-1", a.name());
     e.poll_step();
     e.step_done(Err("engine busy".into()));

@@ -61,6 +61,45 @@ impl Serve {
     }
 }
 
+/// A child process killed (SIGKILL) and reaped when dropped, even when a
+/// test fails: for processes with nothing to stop gracefully.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `command` with its stdout piped (stderr as the command says) and
+/// returns it, owned at once, with its first line trimmed; fails naming
+/// the command if it exits before printing one.
+pub fn first_line(command: &mut Command) -> (Killed, String) {
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let killed = Killed(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(!line.is_empty(), "{command:?} exited before its first line");
+    (killed, line.trim().to_owned())
+}
+
+/// `hangar store ARGS` on the store at `root` (its socket the root's
+/// default, whatever the environment says).
+pub fn store(root: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hangar"));
+    c.arg("store").args(args).env("HANGAR_STORE_ROOT", root).env_remove("HANGAR_STORE_SOCKET");
+    c
+}
+
+/// Starts `hangar store ARGS` that serves (the daemon, the registry) on the
+/// store at `root`, killed when dropped; returns it and its first line of
+/// output (printed once it serves).
+pub fn start_store(root: &Path, args: &[&str]) -> (Killed, String) {
+    first_line(store(root, args).stderr(Stdio::null()))
+}
+
 /// Starts `hangar serve` with `config` on a free loopback port and waits
 /// for its `listening on` line.
 pub fn serve(config: &str) -> Serve {

@@ -232,34 +232,20 @@ impl Agent {
     /// `agent_adapters`). Like `/status`, they need no key: an agent's port
     /// is the fleet's own network's.
     pub fn router(self: &Arc<Self>) -> axum::Router {
-        use axum::extract::Path;
         let (me, metrics) = (self.clone(), self.clone());
-        let (hold, release) = (self.holds.clone(), self.holds.clone());
-        let (node, node2) = (self.node.to_string(), self.node.to_string());
+        let (holds, node) = (self.holds.clone(), self.node.to_string());
         axum::Router::new()
             .route(
-                "/v1/replicas/{replica}/adapters/hold",
-                axum::routing::post(move |Path(replica): Path<String>, body: axum::body::Bytes| {
-                    let (holds, node) = (hold.clone(), node.clone());
-                    async move {
-                        match holds {
-                            Some(holds) => holds.hold(&replica, &body).await,
-                            None => no_adapters(&node),
+                "/v1/replicas/{replica}/adapters/{op}",
+                axum::routing::post(
+                    move |axum::extract::Path((replica, op)): axum::extract::Path<(String, String)>,
+                          body: axum::body::Bytes| {
+                        let (holds, node) = (holds.clone(), node.clone());
+                        async move {
+                            super::agent_adapters::answer(holds.as_ref(), &node, &replica, &op, &body).await
                         }
-                    }
-                }),
-            )
-            .route(
-                "/v1/replicas/{replica}/adapters/release",
-                axum::routing::post(move |Path(replica): Path<String>, body: axum::body::Bytes| {
-                    let (holds, node) = (release.clone(), node2.clone());
-                    async move {
-                        match holds {
-                            Some(holds) => holds.release(&replica, &body),
-                            None => no_adapters(&node),
-                        }
-                    }
-                }),
+                    },
+                ),
             )
             .route("/health", get(|| async { "ok" }))
             .route(
@@ -457,14 +443,6 @@ impl Agent {
         }
         let _ = self.driver.set_desired(&self.record.name, lifecycle::wanted(&desired.replicas));
     }
-}
-
-/// The answer of a node that runs no model with adapters.
-fn no_adapters(node: &str) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let message = format!("node {node} runs no model with adapters");
-    (axum::http::StatusCode::NOT_FOUND, axum::Json(serde_json::json!({"error": {"message": message}})))
-        .into_response()
 }
 
 /// The adapters `list` as the node publishes them, named by a digest of

@@ -75,6 +75,24 @@ fn refuse(status: u16, message: String) -> Response {
     Refusal(status, message).into_response()
 }
 
+/// `POST /v1/replicas/{replica}/adapters/{op}` on the agent of `node`:
+/// a hold or a release on `holds`, the node's engines' adapters (`None`:
+/// it runs no model with adapters, 404).
+pub(super) async fn answer(
+    holds: Option<&Arc<AdapterHolds>>,
+    node: &str,
+    replica: &str,
+    op: &str,
+    body: &[u8],
+) -> Response {
+    match (holds, op) {
+        (None, _) => refuse(404, format!("node {node} runs no model with adapters")),
+        (Some(holds), "hold") => holds.hold(replica, body).await,
+        (Some(holds), "release") => holds.release(replica, body),
+        (Some(_), other) => refuse(404, format!("no adapter operation `{other}` (hold or release)")),
+    }
+}
+
 impl AdapterHolds {
     pub(super) fn new(
         node: String,
@@ -114,14 +132,14 @@ impl AdapterHolds {
         Ok((adapter, artifact, asked.gateway))
     }
 
-    /// `POST /v1/replicas/{replica}/adapters/hold`.
+    /// A hold: `POST /v1/replicas/{replica}/adapters/hold`.
     ///
     /// # Cancel safety
     /// A gateway that goes away while the load runs leaves its hold (a
     /// hold is idempotent: its slots' next load of the adapter finds it)
     /// until it releases the adapter or is no longer alive; the load goes
     /// on in the engine's own task.
-    pub(super) async fn hold(self: &Arc<Self>, replica: &str, body: &[u8]) -> Response {
+    async fn hold(self: &Arc<Self>, replica: &str, body: &[u8]) -> Response {
         let (adapter, artifact, gateway) = match Self::parse(body, true) {
             Ok(asked) => asked,
             Err(refused) => return refused.into_response(),
@@ -173,8 +191,8 @@ impl AdapterHolds {
         }
     }
 
-    /// `POST /v1/replicas/{replica}/adapters/release`.
-    pub(super) fn release(self: &Arc<Self>, replica: &str, body: &[u8]) -> Response {
+    /// A release: `POST /v1/replicas/{replica}/adapters/release`.
+    fn release(self: &Arc<Self>, replica: &str, body: &[u8]) -> Response {
         let (adapter, _, gateway) = match Self::parse(body, false) {
             Ok(asked) => asked,
             Err(refused) => return refused.into_response(),
