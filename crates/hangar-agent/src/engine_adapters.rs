@@ -15,7 +15,14 @@
 //!   idempotent: one gateway holds an adapter once), changed by
 //!   [`hold`](EngineAdapters::hold), [`release`](EngineAdapters::release)
 //!   and [`keep_gateways`](EngineAdapters::keep_gateways) (the holds of
-//!   gateways no longer alive go — a gateway that dies never releases);
+//!   gateways no longer alive go — a gateway that dies never releases).
+//!   A gateway holds through the slots it keeps for the replica, which
+//!   start empty whenever the replica comes back into its routing (after a
+//!   sleep, or a moment out of its view) while the engine keeps what it
+//!   loaded: each hold and release names the slots' *generation*, and the
+//!   first hold from newer slots ends every hold of the older ones (which
+//!   will never release them); a hold or release from older slots than the
+//!   gateway's latest is stale and changes nothing;
 //! - **observed**: what the engine has loaded, changed only by confirmed
 //!   steps ([`step_done`](EngineAdapters::step_done)).
 //!
@@ -52,6 +59,8 @@ pub enum Hold {
         /// The artifact the engine has under the name.
         loaded: ArtifactId,
     },
+    /// From slots older than the gateway's latest on this engine: ignored.
+    Stale,
 }
 
 /// One step for the engine, carried out by the driver, which then calls
@@ -123,6 +132,8 @@ enum Phase {
 #[derive(Debug, Default)]
 pub struct EngineAdapters {
     entries: BTreeMap<AdapterName, Entry>,
+    /// Each holding gateway's latest slots generation on this engine.
+    generations: BTreeMap<String, u64>,
     in_flight: Option<AdapterName>,
     seq: u64,
 }
@@ -133,9 +144,13 @@ impl EngineAdapters {
         Self::default()
     }
 
-    /// `gateway` holds `adapter` (as `artifact`) on this engine, until it
-    /// releases it or is no longer alive.
-    pub fn hold(&mut self, gateway: &str, adapter: &AdapterRef, artifact: ArtifactId) -> Hold {
+    /// `gateway`'s slots of generation `slots` hold `adapter` (as
+    /// `artifact`) on this engine, until they release it, newer slots of
+    /// the gateway hold something here, or the gateway is no longer alive.
+    pub fn hold(&mut self, gateway: &str, slots: u64, adapter: &AdapterRef, artifact: ArtifactId) -> Hold {
+        if !self.newest(gateway, slots) {
+            return Hold::Stale;
+        }
         self.seq += 1;
         let seq = self.seq;
         let entry = self.entries.entry(adapter.name().clone()).or_insert_with(|| Entry {
@@ -167,12 +182,32 @@ impl EngineAdapters {
         }
     }
 
-    /// `gateway` lets `adapter` go; unloaded once nobody holds it.
-    pub fn release(&mut self, gateway: &str, adapter: &AdapterName) {
+    /// `gateway`'s slots of generation `slots` let `adapter` go; unloaded
+    /// once nobody holds it. From older slots: nothing changes.
+    pub fn release(&mut self, gateway: &str, slots: u64, adapter: &AdapterName) {
+        if self.generations.get(gateway) != Some(&slots) {
+            return;
+        }
         if let Some(entry) = self.entries.get_mut(adapter) {
             entry.holders.remove(gateway);
         }
         self.tidy();
+    }
+
+    /// Whether `slots` is `gateway`'s newest generation here, ending the
+    /// holds of its older slots when it is newer than any seen.
+    fn newest(&mut self, gateway: &str, slots: u64) -> bool {
+        match self.generations.get(gateway) {
+            Some(&latest) if slots < latest => false,
+            Some(&latest) if slots == latest => true,
+            _ => {
+                self.generations.insert(gateway.to_owned(), slots);
+                for entry in self.entries.values_mut() {
+                    entry.holders.remove(gateway);
+                }
+                true
+            }
+        }
     }
 
     /// Only the gateways in `alive` hold anything now: the holds of the
@@ -181,6 +216,7 @@ impl EngineAdapters {
         for entry in self.entries.values_mut() {
             entry.holders.retain(|g| alive.contains(g));
         }
+        self.generations.retain(|g, _| alive.contains(g));
         self.tidy();
     }
 

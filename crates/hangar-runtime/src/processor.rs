@@ -67,10 +67,14 @@ impl ProcessorChooser for FirstFree {}
 /// Carries out one adapter step on a replica's engine (vLLM's
 /// `/v1/load_lora_adapter` or `/v1/unload_lora_adapter`), answering why it
 /// failed if it did. Installed by the runtime, which knows engines' URLs
-/// and where adapters' files are.
+/// and where adapters' files are. Called with the replica, the
+/// *generation* of its slots here (new each time the replica becomes
+/// ready: the slots start empty while the engine keeps what it loaded)
+/// and the step.
 pub type AdapterDriver = Arc<
     dyn Fn(
             ReplicaId,
+            u64,
             SlotStep,
         ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
         + Send
@@ -161,6 +165,10 @@ struct State {
     /// Why the last adapter step on a replica failed, for the requests
     /// its load failed.
     step_errors: FxHashMap<ReplicaId, String>,
+    /// The generation of each ready replica's adapter slots, and the last
+    /// one given.
+    slots: FxHashMap<ReplicaId, u64>,
+    slots_given: u64,
     next_id: u64,
     counters: Counters,
     /// The instance monitor of each replica this process runs (none for
@@ -299,7 +307,10 @@ impl Shared {
                 return;
             };
             match action {
-                AdapterAction::Step { on, step } => self.run_step(on, step),
+                AdapterAction::Step { on, step } => {
+                    let slots = state.slots.get(&on).copied().unwrap_or_default();
+                    self.run_step(on, slots, step)
+                }
                 AdapterAction::Answer(SlotEvent::Ready(request)) => state.answer_adapter(request, Ok(())),
                 AdapterAction::Answer(SlotEvent::Failed { request, adapter }) => {
                     let replica = state.admission.holder(request);
@@ -315,9 +326,9 @@ impl Shared {
     /// Spawns the task that carries out `step` on `replica` and reports
     /// how it went. Without a driver (never, once adapters are in use) the
     /// step fails at once.
-    fn run_step(&self, replica: ReplicaId, step: SlotStep) {
+    fn run_step(&self, replica: ReplicaId, slots: u64, step: SlotStep) {
         let me = self.me.clone();
-        let run = self.adapter_driver.get().map(|driver| driver(replica, step));
+        let run = self.adapter_driver.get().map(|driver| driver(replica, slots, step));
         tokio::spawn(async move {
             let done = match run {
                 Some(run) => run.await,
@@ -381,6 +392,8 @@ impl Processor {
             waiters: FxHashMap::default(),
             adapter_waits: FxHashMap::default(),
             step_errors: FxHashMap::default(),
+            slots: FxHashMap::default(),
+            slots_given: 0,
             next_id: 0,
             counters: Counters::default(),
             monitors: FxHashMap::default(),
@@ -399,7 +412,11 @@ impl Processor {
 
     /// A replica is ready with `limit` permits; waiting requests start on it.
     pub fn replica_ready(&self, replica: ReplicaId, limit: u32) {
-        self.shared.with(|s, now| s.admission.replica_ready(now, replica, limit, &mut *s.chooser));
+        self.shared.with(|s, now| {
+            s.slots_given += 1;
+            s.slots.insert(replica, s.slots_given);
+            s.admission.replica_ready(now, replica, limit, &mut *s.chooser)
+        });
     }
 
     /// Installs what carries out adapter steps on replicas' engines; until
@@ -416,6 +433,7 @@ impl Processor {
             let lost = s.admission.replica_gone(now, replica);
             s.chooser.replica_gone(replica);
             s.step_errors.remove(&replica);
+            s.slots.remove(&replica);
             let stranded: Vec<RequestId> = s
                 .adapter_waits
                 .iter()

@@ -33,7 +33,7 @@ struct Engine {
 
 fn driver(engine: &Arc<Engine>, load: Duration) -> AdapterDriver {
     let engine = engine.clone();
-    Arc::new(move |replica, step| {
+    Arc::new(move |replica, _slots, step| {
         let engine = engine.clone();
         Box::pin(async move {
             {

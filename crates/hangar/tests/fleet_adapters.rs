@@ -196,7 +196,7 @@ adapters = { slots = 2 }
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("adapter"), "{body}");
     let asked = |adapter: &str, id: &ArtifactId| {
-        format!(r#"{{"adapter": "{adapter}", "artifact": "{id}", "gateway": "gw-test"}}"#)
+        format!(r#"{{"adapter": "{adapter}", "artifact": "{id}", "gateway": "gw-test", "slots": 1}}"#)
     };
     let (status, body) = hold(n0, &"0".repeat(32), &asked("t/base:acme/a2", &a2));
     assert_eq!(status, 404, "{body}");

@@ -147,6 +147,55 @@ size = "60GB"
     assert_eq!(replicas(&s.url, None, "t/b")[0]["state"], "sleeping");
 }
 
+/// An engine that sleeps keeps the LoRA adapters it loaded (vLLM and the
+/// mock engine alike), while the adapter slots of a replica that slept
+/// start empty when it wakes: the slots' load after the wake must not be
+/// posted to an engine that has the adapter (it refuses "already loaded"),
+/// and is not — the engine's adapters are held per engine. So a request
+/// for the adapter after a sleep and a wake is answered, and the engine
+/// loaded the adapter once.
+#[test]
+fn an_adapter_loaded_before_its_engine_slept_serves_after_it_wakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let adapter: hangar_core::AdapterRef = "t/a:acme/x".parse().unwrap();
+    let src = dir.path().join("src");
+    hangar_store::synth::synth_adapter_dir(&src, "t/a", 2, 64, 2, 1).unwrap();
+    hangar_store::adapters::import_dir(&hangar_store::BlobStore::open(&store).unwrap(), &src, &adapter)
+        .unwrap();
+    let s = serve(&format!(
+        r#"{ONE_GPU_AND_WARM_CACHE}
+[store]
+root = "{}"
+
+[[models]]
+key = "t/a"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "60GB"
+router = "adapter"
+adapters = {{ slots = 2 }}
+
+[[models]]
+key = "t/b"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "60GB"
+"#,
+        store.display()
+    ));
+    let (status, body) = post(&s.url, None, &chat("t/a:acme/x", 2));
+    assert_eq!(status, 200, "{body}");
+    let first = replicas(&s.url, None, "t/a");
+    assert_eq!(post(&s.url, None, &chat("t/b", 2)).0, 200);
+    assert_eq!(replicas(&s.url, None, "t/a")[0]["state"], "sleeping");
+    let (status, body) = post(&s.url, None, &chat("t/a:acme/x", 2));
+    assert_eq!(status, 200, "after the wake: {body}");
+    assert_eq!(body["model"], "t/a:acme/x", "{body}");
+    let a = replicas(&s.url, None, "t/a");
+    assert_eq!((&a[0]["id"], &a[0]["pid"]), (&first[0]["id"], &first[0]["pid"]), "woken, not restarted");
+    let loads = s.log().matches("LoRA adapter loaded name=\"acme/x\"").count();
+    assert_eq!(loads, 1, "the engine kept the adapter through its sleep");
+}
+
 /// An engine without a sleep API (as llama.cpp's server) is stopped when
 /// placement sends its replica to the warm cache — never a WARM replica
 /// whose process keeps its memory — and starts afresh (COLD) when wanted

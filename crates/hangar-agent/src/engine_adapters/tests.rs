@@ -19,7 +19,7 @@ fn artifact(k: u8) -> ArtifactId {
 
 /// `gateway` holds `a` (as artifact 1) on `e`, and its load is done.
 fn loaded(e: &mut EngineAdapters, gateway: &str, a: &AdapterRef) {
-    e.hold(gateway, a, artifact(1));
+    e.hold(gateway, 1, a, artifact(1));
     assert!(matches!(e.poll_step(), Some(Step::Load { .. })));
     e.step_done(Ok(()));
 }
@@ -28,21 +28,41 @@ fn loaded(e: &mut EngineAdapters, gateway: &str, a: &AdapterRef) {
 fn two_gateways_share_one_load_and_the_last_release_unloads() {
     let mut e = EngineAdapters::new();
     let a = adapter(0);
-    assert_eq!(e.hold("gw-1", &a, artifact(1)), Hold::Waiting);
-    assert_eq!(e.hold("gw-2", &a, artifact(1)), Hold::Waiting);
+    assert_eq!(e.hold("gw-1", 1, &a, artifact(1)), Hold::Waiting);
+    assert_eq!(e.hold("gw-2", 1, &a, artifact(1)), Hold::Waiting);
     assert_eq!(e.poll_step(), Some(Step::Load { adapter: a.clone(), artifact: artifact(1) }));
     assert_eq!(e.poll_step(), None, "one step at a time");
     e.step_done(Ok(()));
     assert_eq!(e.poll_step(), None, "loaded once for both");
     assert_eq!(e.state("gw-1", a.name()), State::Ready);
-    assert_eq!(e.hold("gw-1", &a, artifact(1)), Hold::Ready, "a hold is idempotent");
-    e.release("gw-1", a.name());
+    assert_eq!(e.hold("gw-1", 1, &a, artifact(1)), Hold::Ready, "a hold is idempotent");
+    e.release("gw-1", 1, a.name());
     assert_eq!(e.poll_step(), None, "gw-2 still holds it");
     assert_eq!(e.state("gw-1", a.name()), State::NotHeld(None));
-    e.release("gw-2", a.name());
+    e.release("gw-2", 1, a.name());
     assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a.clone() }));
     e.step_done(Ok(()));
     assert_eq!(e.loaded().count(), 0);
+}
+
+#[test]
+fn newer_slots_of_a_gateway_end_the_holds_of_its_older_ones() {
+    let mut e = EngineAdapters::new();
+    let (a, b) = (adapter(0), adapter(1));
+    loaded(&mut e, "gw-1", &a);
+    // The replica left gw-1's routing and came back: its new slots (2) are
+    // empty, the engine still has a.
+    assert_eq!(e.hold("gw-1", 2, &b, artifact(1)), Hold::Waiting);
+    assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a.clone() }), "slots 1 will never release a");
+    e.step_done(Ok(()));
+    assert_eq!(e.hold("gw-1", 1, &a, artifact(1)), Hold::Stale, "from the replaced slots");
+    e.release("gw-1", 1, b.name());
+    assert!(matches!(e.poll_step(), Some(Step::Load { .. })), "a stale release changes nothing");
+    e.step_done(Ok(()));
+    assert_eq!(e.hold("gw-1", 2, &b, artifact(1)), Hold::Ready);
+    // Held again from the newer slots before its unload, an adapter stays.
+    assert_eq!(e.hold("gw-1", 3, &b, artifact(1)), Hold::Ready);
+    assert_eq!(e.poll_step(), None);
 }
 
 #[test]
@@ -50,7 +70,7 @@ fn a_dead_gateways_holds_go_and_a_failed_load_tells_its_holders() {
     let mut e = EngineAdapters::new();
     let (a, b) = (adapter(0), adapter(1));
     loaded(&mut e, "gw-1", &a);
-    e.hold("gw-2", &b, artifact(2));
+    e.hold("gw-2", 1, &b, artifact(2));
     e.keep_gateways(&BTreeSet::from(["gw-2".to_owned()]));
     assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a.clone() }), "unloads go first");
     e.step_done(Ok(()));
@@ -58,7 +78,7 @@ fn a_dead_gateways_holds_go_and_a_failed_load_tells_its_holders() {
     e.step_done(Err("its engine answered 400".into()));
     assert_eq!(e.state("gw-2", b.name()), State::NotHeld(Some("its engine answered 400".into())));
     assert_eq!(e.poll_step(), None, "not tried again until held again");
-    assert_eq!(e.hold("gw-2", &b, artifact(2)), Hold::Waiting);
+    assert_eq!(e.hold("gw-2", 1, &b, artifact(2)), Hold::Waiting);
     assert!(matches!(e.poll_step(), Some(Step::Load { .. })));
 }
 
@@ -67,12 +87,16 @@ fn a_name_loaded_as_another_artifact_is_refused_until_released() {
     let mut e = EngineAdapters::new();
     let a = adapter(0);
     loaded(&mut e, "gw-1", &a);
-    assert_eq!(e.hold("gw-2", &a, artifact(2)), Hold::Conflict { loaded: artifact(1) });
-    e.release("gw-1", a.name());
+    assert_eq!(e.hold("gw-2", 1, &a, artifact(2)), Hold::Conflict { loaded: artifact(1) });
+    e.release("gw-1", 1, a.name());
     assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a.clone() }));
-    assert_eq!(e.hold("gw-2", &a, artifact(2)), Hold::Conflict { loaded: artifact(1) }, "while it unloads");
+    assert_eq!(
+        e.hold("gw-2", 1, &a, artifact(2)),
+        Hold::Conflict { loaded: artifact(1) },
+        "while it unloads"
+    );
     e.step_done(Ok(()));
-    assert_eq!(e.hold("gw-2", &a, artifact(2)), Hold::Waiting);
+    assert_eq!(e.hold("gw-2", 1, &a, artifact(2)), Hold::Waiting);
     assert_eq!(e.poll_step(), Some(Step::Load { adapter: a.clone(), artifact: artifact(2) }));
 }
 
@@ -81,13 +105,13 @@ fn an_unload_that_fails_is_not_tried_again_until_held_and_released_anew() {
     let mut e = EngineAdapters::new();
     let a = adapter(0);
     loaded(&mut e, "gw-1", &a);
-    e.release("gw-1", a.name());
+    e.release("gw-1", 1, a.name());
     e.poll_step();
     e.step_done(Err("engine busy".into()));
     assert_eq!(e.poll_step(), None);
     assert_eq!(e.loaded().count(), 1, "still loaded");
-    assert_eq!(e.hold("gw-1", &a, artifact(1)), Hold::Ready);
-    e.release("gw-1", a.name());
+    assert_eq!(e.hold("gw-1", 1, &a, artifact(1)), Hold::Ready);
+    e.release("gw-1", 1, a.name());
     assert_eq!(e.poll_step(), Some(Step::Unload { adapter: a }));
 }
 
@@ -125,6 +149,11 @@ enum Op {
     Dies {
         gateway: usize,
     },
+    /// The replica left the gateway's routing and came back: its slots
+    /// start anew (a newer generation), the engine keeps what it has.
+    Reset {
+        gateway: usize,
+    },
     /// The driver carries out the step in flight, if any.
     Step {
         ok: bool,
@@ -137,6 +166,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..4usize, 0..6usize).prop_map(|(gateway, adapter)| Op::Hold { gateway, adapter }),
         3 => (0..4usize, 0..6usize).prop_map(|(gateway, adapter)| Op::Release { gateway, adapter }),
         1 => (0..4usize).prop_map(|gateway| Op::Dies { gateway }),
+        1 => (0..4usize).prop_map(|gateway| Op::Reset { gateway }),
         5 => proptest::bool::weighted(0.85).prop_map(|ok| Op::Step { ok }),
     ]
 }
@@ -154,27 +184,46 @@ proptest! {
         let mut engine: BTreeSet<AdapterName> = BTreeSet::new();
         let mut holds: BTreeMap<AdapterName, BTreeSet<String>> = BTreeMap::new();
         let mut alive: BTreeSet<String> = (0..4).map(|g| format!("gw-{g}")).collect();
+        // Each gateway's slots now, and the newest the engine has heard of.
+        let mut slots: BTreeMap<String, u64> = alive.iter().map(|g| (g.clone(), 1)).collect();
+        let mut heard: BTreeMap<String, u64> = BTreeMap::new();
         let mut in_flight: Option<Step> = None;
         for op in ops {
             match op {
                 Op::Hold { gateway, adapter: k } => {
                     let gw = format!("gw-{gateway}");
                     if alive.contains(&gw) {
-                        e.hold(&gw, &adapter(k), artifact(1));
+                        let now = slots[&gw];
+                        if heard.get(&gw).is_none_or(|&h| h < now) {
+                            // The first hold of newer slots ends the older ones'.
+                            for h in holds.values_mut() {
+                                h.remove(&gw);
+                            }
+                            heard.insert(gw.clone(), now);
+                        }
+                        e.hold(&gw, now, &adapter(k), artifact(1));
                         holds.entry(adapter(k).name().clone()).or_default().insert(gw);
                     }
                 }
                 Op::Release { gateway, adapter: k } => {
                     let gw = format!("gw-{gateway}");
-                    e.release(&gw, adapter(k).name());
-                    holds.entry(adapter(k).name().clone()).or_default().remove(&gw);
+                    let now = slots[&gw];
+                    e.release(&gw, now, adapter(k).name());
+                    if heard.get(&gw) == Some(&now) {
+                        holds.entry(adapter(k).name().clone()).or_default().remove(&gw);
+                    }
                 }
                 Op::Dies { gateway } => {
-                    alive.remove(&format!("gw-{gateway}"));
+                    let gw = format!("gw-{gateway}");
+                    alive.remove(&gw);
+                    heard.remove(&gw);
                     e.keep_gateways(&alive);
                     for h in holds.values_mut() {
                         h.retain(|g| alive.contains(g));
                     }
+                }
+                Op::Reset { gateway } => {
+                    *slots.get_mut(&format!("gw-{gateway}")).expect("a gateway") += 1;
                 }
                 Op::Step { ok } => {
                     if let Some(step) = in_flight.take() {

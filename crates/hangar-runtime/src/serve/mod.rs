@@ -205,6 +205,10 @@ pub(crate) struct Inner {
     /// The adapters registered in the node's weight store, when a model
     /// loads adapters.
     pub adapters: Option<Arc<adapters::AdapterCatalog>>,
+    /// The adapters of the engines this process runs, as the adapter
+    /// slots that use them hold them (a single machine's, or a fleet
+    /// node's agent's), when a model loads adapters.
+    pub(crate) adapter_holds: Option<Arc<adapters::engines::AdapterHolds>>,
     /// Cancelled when the server stops on purpose.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
     /// A fleet's gateway: cancelled once its leader task has ended (and
@@ -259,7 +263,12 @@ impl Server {
                 resident: Vec::new(),
             })
             .collect();
-        node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);
+        let driver =
+            node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);
+        if let Some(holds) = &inner.adapter_holds {
+            holds.attach(driver);
+            tokio::spawn(adapters::engines::keep_level_every_second(Arc::downgrade(holds)));
+        }
         // A per-process value mixed into the seed: the replica ids it draws
         // then differ from the last run's (logs, metrics, Redis name them).
         let control = control_loop(&config, config.seed ^ rand::random::<u64>(), &inner, cluster);
@@ -592,11 +601,11 @@ pub(crate) enum Role {
     /// A fleet's gateway, by its id (`gw-…`): it routes to the engines the
     /// nodes' agents run; its adapters are those the nodes register.
     Gateway(String),
-    /// A fleet node's agent: it runs engines and routes nothing; it makes
-    /// the directories of the adapters its engines load, so it opens the
-    /// weight store when a model has adapters. It emits no events (the
-    /// gateways do).
-    Agent,
+    /// A fleet node's agent, by its node's name: it runs engines and
+    /// routes nothing; it makes the directories of the adapters its engines
+    /// load, so it opens the weight store when a model has adapters. It
+    /// emits no events (the gateways do).
+    Agent(String),
 }
 
 pub(crate) async fn build(
@@ -616,7 +625,7 @@ pub(crate) async fn build(
     let mut metrics = Metrics::new();
     let (events, usage) = match role {
         Role::Machine | Role::Gateway(_) => start_events(config)?,
-        Role::Agent => (EventSink::disabled(), UsageSource::Off),
+        Role::Agent(_) => (EventSink::disabled(), UsageSource::Off),
     };
     events.stats().register(metrics.registry_mut());
     let (control, commands) = control::ControlHandle::new();
@@ -645,7 +654,8 @@ pub(crate) async fn build(
         })
         .collect::<BTreeMap<_, _>>();
     let client = hangar_agent::direct_http().build().expect("a plain HTTP client");
-    let adapters = adapter_catalog(config, role)?;
+    let adapter_holds = adapter_holds(config, role, weights.as_ref(), &client)?;
+    let adapters = adapter_catalog(config, role, adapter_holds.clone())?;
     if let Some(catalog) = &adapters {
         for rt in models.values().filter(|rt| rt.config.adapters.is_some()) {
             let driver = adapters::driver(Arc::downgrade(rt), catalog.clone(), client.clone());
@@ -668,6 +678,7 @@ pub(crate) async fn build(
         metrics_key: config.metrics_key.clone(),
         weights,
         adapters,
+        adapter_holds,
         gateway: std::sync::OnceLock::new(),
         fleet: std::sync::OnceLock::new(),
         stopping: tokio_util::sync::CancellationToken::new(),
@@ -719,26 +730,24 @@ pub(crate) fn control_loop(
 fn adapter_catalog(
     config: &ServeConfig,
     role: &Role,
+    holds: Option<Arc<adapters::engines::AdapterHolds>>,
 ) -> Result<Option<Arc<adapters::AdapterCatalog>>, ServeError> {
     if config.models.iter().all(|m| m.adapters.is_none()) {
         return Ok(None);
     }
-    match role {
-        Role::Machine => {}
-        Role::Gateway(me) => return Ok(Some(Arc::new(adapters::AdapterCatalog::fleet(me.clone())))),
-        Role::Agent => return Ok(None),
-    }
-    let root = config.store.root();
-    let store = hangar_store::BlobStore::open(&root).map_err(|e| {
-        ServeError::Config(format!("models load adapters from the weight store at {}: {e}", root.display()))
-    })?;
+    let holds = match (role, holds) {
+        (Role::Machine, Some(holds)) => holds,
+        (Role::Gateway(me), _) => return Ok(Some(Arc::new(adapters::AdapterCatalog::fleet(me.clone())))),
+        _ => return Ok(None),
+    };
+    let store = adapter_store(config)?;
     let models: BTreeMap<ModelKey, ModelConfig> =
         config.models.iter().filter(|m| m.adapters.is_some()).map(|m| (m.key.clone(), m.clone())).collect();
     // What some rule of its base model lets someone use: exported ahead of
     // need.
     let serves =
         move |a: &AdapterRef| models.get(a.base()).is_some_and(|m| m.serves_adapter(a.name().as_str()));
-    let catalog = Arc::new(adapters::AdapterCatalog::new(store, serves));
+    let catalog = Arc::new(adapters::AdapterCatalog::new(store, serves, holds));
     let first = catalog.clone();
     tokio::spawn(async move {
         if let Err(e) = first.read().await {
@@ -748,6 +757,53 @@ fn adapter_catalog(
     Ok(Some(catalog))
 }
 
+/// The node's weight store, read for its adapters.
+pub(crate) fn adapter_store(config: &ServeConfig) -> Result<hangar_store::BlobStore, ServeError> {
+    let root = config.store.root();
+    hangar_store::BlobStore::open(&root).map_err(|e| {
+        ServeError::Config(format!("models load adapters from the weight store at {}: {e}", root.display()))
+    })
+}
+
+/// The adapters of the engines this process runs, when a model loads
+/// adapters: a single machine's, whose directories are exported from its
+/// store, or a fleet node's agent's, made through its store daemon (a
+/// fleet's gateway runs no engine).
+fn adapter_holds(
+    config: &ServeConfig,
+    role: &Role,
+    weights: Option<&Arc<WeightStore>>,
+    client: &reqwest::Client,
+) -> Result<Option<Arc<adapters::engines::AdapterHolds>>, ServeError> {
+    if config.models.iter().all(|m| m.adapters.is_none()) {
+        return Ok(None);
+    }
+    let (place, dirs): (String, adapters::engines::AdapterDirs) = match (role, weights) {
+        (Role::Machine, _) => {
+            let store = adapter_store(config)?;
+            let exports = store.root().join(hangar_store::adapters::EXPORT_DIRS);
+            let dirs = move |adapter: &AdapterRef, id| {
+                let entry = hangar_store::adapters::AdapterEntry {
+                    adapter: adapter.clone(),
+                    id,
+                    bytes: 0,
+                    on_disk: true,
+                };
+                hangar_store::adapters::export_dir(&store, &entry, &exports).map_err(|e| e.to_string())
+            };
+            ("this machine".to_owned(), Box::new(dirs))
+        }
+        (Role::Agent(node), Some(weights)) => {
+            let weights = weights.clone();
+            let dirs =
+                move |adapter: &AdapterRef, id| weights.adapter_dir(adapter, id).map_err(|e| e.to_string());
+            (format!("node {node}"), Box::new(dirs))
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(Arc::new(adapters::engines::AdapterHolds::new(place, dirs, client.clone()))))
+}
+
 /// Opens the node's weight store (starting its daemon if none runs) when a
 /// model has `weights`, or, on a fleet's agent, adapters, and checks what can be checked before any replica
 /// starts: files readable, keys known.
@@ -755,7 +811,7 @@ async fn open_weight_store(
     config: &ServeConfig,
     role: &Role,
 ) -> Result<Option<Arc<WeightStore>>, ServeError> {
-    let adapter_dirs = *role == Role::Agent && config.models.iter().any(|m| m.adapters.is_some());
+    let adapter_dirs = matches!(role, Role::Agent(_)) && config.models.iter().any(|m| m.adapters.is_some());
     if config.models.iter().all(|m| m.weights.is_none()) && !adapter_dirs {
         return Ok(None);
     }

@@ -5,7 +5,9 @@
 //! know (at most every [`REFRESH_EVERY`]) or, behind a request it answered
 //! from memory, once what it knows is older than [`STALE_AFTER`]; it
 //! exports each served adapter as the directory an engine loads, ahead of
-//! need, and posts each load and unload to the replica's engine. On a
+//! need, and holds each adapter a replica's slots load on its engine
+//! through the machine's [`AdapterHolds`] (which loads it unless the engine
+//! has it, and unloads it once released). On a
 //! fleet's gateway it knows what the live nodes' agents publish
 //! (`hangar:adapters:NODE`, read by the fleet view when a node's report
 //! says its list changed): the fleet serves every adapter some node
@@ -24,6 +26,8 @@ use hangar_core::{AdapterName, AdapterRef, ModelKey, NodeAdapters, ReplicaId};
 use hangar_store::adapters::AdapterEntry;
 use hangar_store::{ArtifactId, BlobStore};
 
+use super::engines::AdapterHolds;
+
 /// The least time between two reads of the store's adapters on a request
 /// for one the catalog does not know: a newly registered adapter is served
 /// within about this long, and unknown names cannot make each request read
@@ -35,6 +39,9 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// removed from the store stops being served within about this long
 /// under traffic (a request for an unknown one reads at once).
 pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// The holder a single machine's adapter slots hold adapters as.
+const LOCAL_HOLDER: &str = "local";
 
 /// How long a gateway waits for an agent's load of an adapter: a fetch
 /// from a peer of a few hundred MB and the engine's load.
@@ -74,6 +81,8 @@ impl Fleet {
 /// A single machine's weight store and the directories exported from it.
 struct LocalStore {
     store: BlobStore,
+    /// The machine's engines' adapters.
+    holds: Arc<AdapterHolds>,
     /// Where adapters are exported as directories engines load.
     exports: PathBuf,
     /// Which registered adapters some model of this server serves.
@@ -110,11 +119,17 @@ impl Known {
 impl AdapterCatalog {
     /// The catalog of the store at `store`'s root, exporting adapters under
     /// `<root>/adapter-dirs`; `serves` says which registered adapters some
-    /// model of this server serves (those are exported ahead of need).
-    pub fn new(store: BlobStore, serves: impl Fn(&AdapterRef) -> bool + Send + Sync + 'static) -> Self {
+    /// model of this server serves (those are exported ahead of need);
+    /// `holds`, the machine's engines' adapters.
+    pub(crate) fn new(
+        store: BlobStore,
+        serves: impl Fn(&AdapterRef) -> bool + Send + Sync + 'static,
+        holds: Arc<AdapterHolds>,
+    ) -> Self {
         let exports = store.root().join(hangar_store::adapters::EXPORT_DIRS);
         let local = LocalStore {
             store,
+            holds,
             exports,
             serves: Box::new(serves),
             exported: Mutex::new(HashMap::new()),
@@ -304,67 +319,61 @@ impl AdapterCatalog {
         (found, stale)
     }
 
-    /// Loads `entry` on the engine at `base` of `replica` (on `node`). On
-    /// a single machine: exported from the store the first time it is
-    /// asked for (by a request, or ahead of need) and posted to the engine
-    /// (vLLM's `/v1/load_lora_adapter`, the adapter's name its
-    /// `lora_name`). On a fleet: held by this gateway on the replica,
-    /// through its node's agent, which answers once the engine has it.
+    /// Loads `entry` on `replica`'s engine (on `node`) for the replica's
+    /// slots of generation `slots`: held by this server on it — on a single machine through its [`AdapterHolds`], on
+    /// a fleet through the node's agent — answered once the engine has it
+    /// (at once when it had it: an engine that slept keeps its adapters).
     ///
     /// # Cancel safety
-    /// An export runs to its end on a blocking thread (it writes into a
-    /// temporary directory and renames it into place, so a half export is
-    /// never seen); a hold the agent got stays until released (holds are
-    /// idempotent); dropping the future only loses its answer.
+    /// A hold stays until released (holds are idempotent); dropping the
+    /// future only loses its answer.
     pub async fn load(
         self: &Arc<Self>,
         entry: &AdapterEntry,
-        replica: ReplicaId,
-        (base, node): (&str, Option<&str>),
+        (replica, slots): (ReplicaId, u64),
+        node: Option<&str>,
         client: &reqwest::Client,
     ) -> Result<(), String> {
-        let name = entry.adapter.name().as_str();
         match &self.source {
             Source::Store(local) => {
-                let dir = self.export(local, entry).await?;
-                let body = serde_json::json!({"lora_name": name, "lora_path": dir});
-                post(client, "its engine", base, "/v1/load_lora_adapter", &body).await
+                let held = local.holds.hold(replica, LOCAL_HOLDER, slots, &entry.adapter, entry.id).await;
+                held.map_err(|e| e.to_string())
             }
             Source::Fleet(fleet) => {
                 let agent = fleet.agent(node)?;
                 let path = format!("/v1/replicas/{replica}/adapters/hold");
                 let body = serde_json::json!({
                     "adapter": entry.adapter, "artifact": entry.id.to_string(), "gateway": fleet.gateway,
+                    "slots": slots,
                 });
-                post(client, "its node's agent", &agent, &path, &body).await
+                post(client, &agent, &path, &body).await
             }
         }
     }
 
-    /// Unloads `adapter` from the engine at `base` of `replica` (on
-    /// `node`): posted to the engine on a single machine; on a fleet, this
-    /// gateway's hold released through the node's agent, which unloads it
-    /// once no gateway holds it.
+    /// Unloads `adapter` from `replica`'s engine (on `node`) for the
+    /// replica's slots of generation `slots`: this server's hold released,
+    /// the engine unloading it once nobody holds it.
     ///
     /// # Cancel safety
-    /// One request; dropping the future only loses its answer.
+    /// One request, or none; dropping the future only loses its answer.
     pub async fn unload(
         &self,
         adapter: &AdapterRef,
-        replica: ReplicaId,
-        (base, node): (&str, Option<&str>),
+        (replica, slots): (ReplicaId, u64),
+        node: Option<&str>,
         client: &reqwest::Client,
     ) -> Result<(), String> {
         match &self.source {
-            Source::Store(_) => {
-                let body = serde_json::json!({"lora_name": adapter.name().as_str()});
-                post(client, "its engine", base, "/v1/unload_lora_adapter", &body).await
+            Source::Store(local) => {
+                local.holds.release(replica, LOCAL_HOLDER, slots, adapter.name());
+                Ok(())
             }
             Source::Fleet(fleet) => {
                 let agent = fleet.agent(node)?;
                 let path = format!("/v1/replicas/{replica}/adapters/release");
-                let body = serde_json::json!({"adapter": adapter, "gateway": fleet.gateway});
-                post(client, "its node's agent", &agent, &path, &body).await
+                let body = serde_json::json!({"adapter": adapter, "gateway": fleet.gateway, "slots": slots});
+                post(client, &agent, &path, &body).await
             }
         }
     }
@@ -388,21 +397,21 @@ impl AdapterCatalog {
     }
 }
 
-/// Posts `body` to `path` of `who` at `base`; an answer that is not a
-/// success fails, naming `who`, the path, the status and the message.
+/// Posts `body` to `path` of the agent at `agent`; an answer that is not a
+/// success fails, naming the path, the status and the agent's message.
 async fn post(
     client: &reqwest::Client,
-    who: &str,
-    base: &str,
+    agent: &str,
     path: &str,
     body: &serde_json::Value,
 ) -> Result<(), String> {
-    let answer = client.post(format!("{base}{path}")).json(body).timeout(AGENT_LOAD_LIMIT).send().await;
+    let answer = client.post(format!("{agent}{path}")).json(body).timeout(AGENT_LOAD_LIMIT).send().await;
     match answer.as_ref().is_ok_and(|r| r.status().is_success()) {
         true => Ok(()),
-        false => {
-            Err(format!("{who} answered {path} with {}", hangar_agent::capabilities::describe(answer).await))
-        }
+        false => Err(format!(
+            "its node's agent answered {path} with {}",
+            hangar_agent::capabilities::describe(answer).await
+        )),
     }
 }
 
@@ -462,9 +471,9 @@ mod tests {
         assert_eq!(tied.id.to_string(), id(1), "one node each now: the lowest id");
 
         let (client, replica) = (reqwest::Client::new(), ReplicaId::from_u128(7));
-        let e = catalog.load(&tied, replica, ("http://engine", Some("n1")), &client).await.unwrap_err();
+        let e = catalog.load(&tied, (replica, 1), Some("n1"), &client).await.unwrap_err();
         assert_eq!(e, "node n1 is not a live node of the fleet");
-        let e = catalog.unload(&tied.adapter, replica, ("http://engine", None), &client).await.unwrap_err();
+        let e = catalog.unload(&tied.adapter, (replica, 1), None, &client).await.unwrap_err();
         assert_eq!(e, "the replica's node is not known");
     }
 }

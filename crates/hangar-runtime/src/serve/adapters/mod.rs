@@ -21,6 +21,7 @@
 //! replica's engine.
 
 mod catalog;
+pub(crate) mod engines;
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -170,22 +171,22 @@ impl ModelRuntime {
 }
 
 /// The driver that carries out `rt`'s adapter steps through `catalog`
-/// ([`AdapterCatalog::load`], [`AdapterCatalog::unload`]): on a single
-/// machine posted to the replica's engine, on a fleet held and released
-/// through the replica's agent. Each answer that is not a success fails
-/// the step, naming who answered, its status and message.
+/// ([`AdapterCatalog::load`], [`AdapterCatalog::unload`]): each adapter
+/// held and released on the replica's engine, through the machine's own
+/// [`engines::AdapterHolds`] or, on a fleet, the replica's agent. A hold
+/// that fails fails the step, naming why.
 pub(crate) fn driver(
     rt: Weak<ModelRuntime>,
     catalog: Arc<AdapterCatalog>,
     client: reqwest::Client,
 ) -> AdapterDriver {
-    Arc::new(move |replica: ReplicaId, step: SlotStep| {
+    Arc::new(move |replica: ReplicaId, slots: u64, step: SlotStep| {
         let (rt, catalog, client) = (rt.clone(), catalog.clone(), client.clone());
         Box::pin(async move {
             let rt = rt.upgrade().ok_or("the server is stopping")?;
-            let (base, node) =
+            let (_, node) =
                 rt.replica_route(replica).ok_or_else(|| format!("replica {replica} is not ready"))?;
-            let at = (base.as_str(), node.as_deref());
+            let node = node.as_deref();
             let started = Instant::now();
             let (adapter, loaded, done) = match &step {
                 SlotStep::Load { adapter, .. } => {
@@ -193,10 +194,10 @@ pub(crate) fn driver(
                         Ok(entry) => entry,
                         Err(_) => return Err(format!("adapter `{adapter}` is no longer registered")),
                     };
-                    (adapter, Some(entry.bytes), catalog.load(&entry, replica, at, &client).await)
+                    (adapter, Some(entry.bytes), catalog.load(&entry, (replica, slots), node, &client).await)
                 }
                 SlotStep::Unload { adapter } => {
-                    (adapter, None, catalog.unload(adapter, replica, at, &client).await)
+                    (adapter, None, catalog.unload(adapter, (replica, slots), node, &client).await)
                 }
             };
             rt.metrics().adapter_step(loaded.is_some(), done.is_ok());

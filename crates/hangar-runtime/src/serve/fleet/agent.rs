@@ -51,8 +51,7 @@ use hangar_redis::registry::{Heartbeat, Registry, HEARTBEAT_EVERY, NODE_TTL};
 use hangar_redis::Redis;
 use tokio_util::sync::CancellationToken;
 
-use super::super::{build, node, Role, ServeConfig, ServeError};
-use super::agent_adapters::AdapterHolds;
+use super::super::{adapter_store, build, node, Role, ServeConfig, ServeError};
 
 /// How often the desired state is read.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -91,9 +90,6 @@ pub struct Agent {
     /// replicas; `None`: none published), and when adapter directories
     /// were last pruned.
     adapters: std::sync::Mutex<(Option<String>, std::time::Instant)>,
-    /// The engines' adapters, as the gateways hold them, when a model
-    /// loads adapters.
-    holds: Option<Arc<AdapterHolds>>,
     /// Leaving: the record says `draining`, so the leader moves the
     /// node's replicas elsewhere.
     draining: std::sync::atomic::AtomicBool,
@@ -130,7 +126,8 @@ impl Agent {
         config.nodes.clear();
         config.redis = Some(redis.url().to_owned());
         config.add_trainers();
-        let (inner, mut commands) = build(&config, hangar_exe, engine_host, &Role::Agent).await?;
+        let (inner, mut commands) =
+            build(&config, hangar_exe, engine_host, &Role::Agent(record.name.clone())).await?;
         // No controller runs here (the leader reads the node's report);
         // nothing is sent on its channel, which is drained all the same.
         tokio::spawn(async move { while commands.recv().await.is_some() {} });
@@ -141,19 +138,12 @@ impl Agent {
         let grace = node::Audience::Gateways { routing_grace: REPORT_EVERY + super::view::VIEW_EVERY * 2 };
         let driver = node::start_driver(&inner, &config, gpus, grace);
         let adapter_store = match config.models.iter().any(|m| m.adapters.is_some()) {
-            true => Some(hangar_store::BlobStore::open(config.store.root()).map_err(|e| {
-                let root = config.store.root();
-                ServeError::Config(format!(
-                    "models load adapters from the weight store at {}: {e}",
-                    root.display()
-                ))
-            })?),
+            true => Some(adapter_store(&config)?),
             false => None,
         };
-        // The weight store is open whenever a model loads adapters (`Role::Agent`).
-        let holds = adapter_store.as_ref().and(inner.weights.clone()).map(|weights| {
-            Arc::new(AdapterHolds::new(record.name.clone(), driver.clone(), weights, inner.client.clone()))
-        });
+        if let Some(holds) = &inner.adapter_holds {
+            holds.attach(driver.clone());
+        }
         let registry = Registry::new(redis.clone(), NODE_TTL);
         let (registry, registered) = tokio::task::spawn_blocking(move || {
             let result = registry.register(&record);
@@ -173,7 +163,6 @@ impl Agent {
             resident: std::sync::Mutex::default(),
             adapters: std::sync::Mutex::new((None, std::time::Instant::now())),
             adapter_store,
-            holds,
             draining: std::sync::atomic::AtomicBool::new(false),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
@@ -233,7 +222,7 @@ impl Agent {
     /// is the fleet's own network's.
     pub fn router(self: &Arc<Self>) -> axum::Router {
         let (me, metrics) = (self.clone(), self.clone());
-        let (holds, node) = (self.holds.clone(), self.node.to_string());
+        let (holds, node) = (self.inner.adapter_holds.clone(), self.node.to_string());
         axum::Router::new()
             .route(
                 "/v1/replicas/{replica}/adapters/{op}",
@@ -258,7 +247,7 @@ impl Agent {
                             "report": me.report(),
                             "replicas": me.driver.replicas(),
                             "gpus": me.driver.nodes().get(&me.record.name),
-                            "adapters": me.holds.as_ref().map(|h| h.view()),
+                            "adapters": me.inner.adapter_holds.as_ref().map(|h| h.view()),
                         }))
                     }
                 }),
@@ -395,7 +384,7 @@ impl Agent {
             Ok(()) => self.adapters.lock().expect("adapters lock").0 = digest,
             Err(e) => tracing::warn!(node = %self.node, "cannot publish the node's adapters: {e}"),
         }
-        if let Some(holds) = &self.holds {
+        if let Some(holds) = &self.inner.adapter_holds {
             let alive = match self.fleet.loads() {
                 Ok(loads) => Some(loads.into_iter().map(|l| l.gateway).collect()),
                 Err(e) => {
