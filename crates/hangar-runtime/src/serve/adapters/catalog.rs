@@ -320,9 +320,10 @@ impl AdapterCatalog {
     }
 
     /// Loads `entry` on `replica`'s engine (on `node`) for the replica's
-    /// slots of generation `slots`: held by this server on it — on a single machine through its [`AdapterHolds`], on
-    /// a fleet through the node's agent — answered once the engine has it
-    /// (at once when it had it: an engine that slept keeps its adapters).
+    /// slots of generation `slots`: held by this server on it — on a
+    /// single machine through its [`AdapterHolds`], on a fleet through the
+    /// node's agent — answered once the engine has it (at once when it had
+    /// it: an engine that slept keeps its adapters).
     ///
     /// # Cancel safety
     /// A hold stays until released (holds are idempotent); dropping the
