@@ -160,6 +160,7 @@ fn report(r: &NodeRecord, i: usize) -> NodeReport {
         ready_ms: Some(1_000),
         gpus: vec![n as u32],
         sleeps: true,
+        lora: true,
         failure: None,
         start: None,
         instance: None,

@@ -166,6 +166,13 @@ pub struct ReplicaReport {
     /// true, placement's own assumption.
     #[serde(default = "engine_sleeps_unless_told")]
     pub sleeps: bool,
+    /// Whether its engine loads LoRA adapters at run time (its start probe
+    /// found `/v1/load_lora_adapter`) — meaningful from `Ready` on: a
+    /// gateway refuses a request for an adapter of a model none of whose
+    /// engines can. Absent (an agent from before this field): true, and a
+    /// load the engine cannot do fails then.
+    #[serde(default = "engine_loads_lora_unless_told")]
+    pub lora: bool,
     /// Why it failed, while it is failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
@@ -338,6 +345,10 @@ fn engine_sleeps_unless_told() -> bool {
     true
 }
 
+fn engine_loads_lora_unless_told() -> bool {
+    true
+}
+
 /// Every replica one node runs, reported whole by its agent several
 /// times a second (a replica missing from it is gone).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -428,6 +439,7 @@ mod tests {
         let older = r#"{"replica":"00000000000000000000000000000007","model":"acme/m","phase":"ready"}"#;
         let report: ReplicaReport = serde_json::from_str(older).unwrap();
         assert!(report.sleeps, "a report from before the field: placement's default");
+        assert!(report.lora, "nor does it refuse adapters before trying");
         assert!(report.start.is_none() && report.instance.is_none(), "nor a start report nor a monitor");
         let cannot = ReplicaReport { sleeps: false, ..report };
         let text = serde_json::to_string(&cannot).unwrap();

@@ -116,32 +116,57 @@ fn an_adapter_registered_on_one_node_is_served_on_every_node() {
         })
         .collect();
 
-    let models = r#"
+    // `t/nolora`'s engine has no runtime LoRA API (llama.cpp's server, vLLM
+    // without VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+    let hangar = env!("CARGO_BIN_EXE_hangar");
+    let models = format!(
+        r#"
 [[models]]
 key = "t/base"
-engine = { kind = "mock", preset = "instant" }
+engine = {{ kind = "mock", preset = "instant" }}
 size = "50GB"
 min_replicas = 2
 max_replicas = 2
 router = "round-robin"
-adapters = { slots = 2 }
-"#;
+adapters = {{ slots = 2 }}
+
+[[models]]
+key = "t/nolora"
+engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --host {{host}} --preset instant --model t/nolora --no-lora-api", readiness_path = "/health" }}
+size = "10GB"
+min_replicas = 1
+max_replicas = 1
+adapters = {{}}
+"#
+    );
     let fleet = format!("redis = \"{}\"\n{models}", redis.url());
     let gateways: Vec<_> = (0..2).map(|_| serve_in(tempfile::tempdir().unwrap(), &fleet)).collect();
-    let agents: Vec<Agent> = ["n0", "n1"]
-        .iter()
-        .zip(&roots)
-        .map(|(name, root)| {
-            let own = dir.path().join(name);
-            let config = own.join("fleet.toml");
-            std::fs::write(&config, format!("{fleet}\n[store]\nroot = \"{}\"\n", root.display())).unwrap();
-            agent(&own, &config, &redis.url(), name, 1)
-        })
-        .collect();
+    // Each agent's file names its own store root; n2, which joins once
+    // `t/base` runs on n0 and n1 (one GPU each), takes `t/nolora`.
+    let start = |name: &str| {
+        let own = dir.path().join(name);
+        std::fs::create_dir_all(&own).unwrap();
+        let config = own.join("fleet.toml");
+        let root = own.join("store");
+        std::fs::write(&config, format!("{fleet}\n[store]\nroot = \"{}\"\n", root.display())).unwrap();
+        agent(&own, &config, &redis.url(), name, 1)
+    };
+    let mut agents: Vec<Agent> = ["n0", "n1"].iter().map(|name| start(name)).collect();
     let urls: Vec<String> = gateways.iter().map(|g| g.url.clone()).collect();
     let placed = wait_ready(&urls[0], &[("t/base", 2)], None);
-    assert_eq!(placed.iter().filter(|(_, n)| n == "n0").count(), 1, "{placed:?}");
-    wait_ready(&urls[1], &[("t/base", 2)], None);
+    let base_on_n0 = placed.iter().filter(|(m, n)| m == "t/base" && n == "n0").count();
+    assert_eq!(base_on_n0, 1, "{placed:?}");
+    agents.push(start("n2"));
+    for g in &urls {
+        wait_ready(g, &[("t/base", 2), ("t/nolora", 1)], None);
+    }
+    // Its agent's probe found no LoRA API and said so: refused before it
+    // queues, on a gateway that runs none of the engines.
+    for g in &urls {
+        let (status, body) = chat(g, "t/nolora:acme/a1");
+        assert_eq!(status, 400, "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains("cannot load LoRA adapters"), "{body}");
+    }
 
     for g in &urls {
         until_status(g, "t/base:acme/a1", 200, "the adapter n0 registers is served");
@@ -153,7 +178,7 @@ adapters = { slots = 2 }
     }
     let ids: Vec<String> =
         urls.iter().map(|g| status(g)["fleet"]["gateway"].as_str().unwrap().to_owned()).collect();
-    for a in &agents {
+    for a in &agents[..2] {
         let loaded = a.log().matches("LoRA adapter loaded name=\"acme/a1\"").count();
         assert_eq!(loaded, 1, "node {}'s engine loads acme/a1 once for both gateways", a.name);
         let mut both = ids.clone();
@@ -165,7 +190,7 @@ adapters = { slots = 2 }
     let mut gateways = gateways;
     gateways.pop().unwrap().kill9();
     let t = Instant::now();
-    for a in &agents {
+    for a in &agents[..2] {
         while holders(a, "t/base:acme/a1") != ids[..1] {
             assert!(t.elapsed() < Duration::from_secs(30), "node {}: {:?}", a.name, a.status()["adapters"]);
             std::thread::sleep(Duration::from_millis(200));

@@ -48,6 +48,8 @@ pub(crate) struct Replica {
 pub(crate) struct Reported {
     pub start: Option<StartReport>,
     pub instance: Option<InstanceReport>,
+    /// Its engine loads LoRA adapters at run time, as its agent probed.
+    pub lora: bool,
 }
 
 /// How many start reports a model keeps.
@@ -184,19 +186,22 @@ impl ModelRuntime {
             .collect()
     }
 
-    /// How many replicas are in `state`.
     /// Whether the model's engines cannot load LoRA adapters: its ready
-    /// replicas that this process runs were probed at start, and none can.
-    /// `false` while none is ready (nothing is known yet) and for a fleet's
-    /// remote replicas (their agents probe them).
+    /// replicas were probed at start — by this process, or on a fleet by
+    /// their agents, which report it — and none can. `false` while none is
+    /// ready (nothing is known yet).
     pub(crate) fn lora_refused(&self) -> bool {
         let table = self.replicas.lock().expect("replica table lock");
-        let mut probed =
-            table.values().filter(|r| r.state == ReplicaPhase::Ready).filter_map(|r| r.local.as_ref());
-        let first = probed.next();
-        first.is_some_and(|f| !f.capabilities.lora && probed.all(|r| !r.capabilities.lora))
+        let lora = |r: &Replica| match (&r.local, &r.reported) {
+            (Some(local), _) => Some(local.capabilities.lora),
+            (None, Some(reported)) => Some(reported.lora),
+            (None, None) => None,
+        };
+        let mut probed = table.values().filter(|r| r.state == ReplicaPhase::Ready).filter_map(lora);
+        probed.next().is_some_and(|first| !first && probed.all(|can| !can))
     }
 
+    /// How many replicas are in `state`.
     pub(crate) fn count(&self, state: ReplicaPhase) -> usize {
         self.replicas.lock().expect("replica table lock").values().filter(|r| r.state == state).count()
     }

@@ -195,6 +195,7 @@ impl Agent {
                 ready_ms: r.start.as_ref().map(|s| s.ready_ms),
                 gpus: r.gpus(),
                 sleeps: r.view.sleeps,
+                lora: r.capabilities.lora,
                 failure: r.failure().map(str::to_owned),
                 start: r.start.clone(),
                 instance: self

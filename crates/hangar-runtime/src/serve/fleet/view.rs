@@ -187,7 +187,7 @@ impl View {
                     ready_ms: r.ready_ms,
                     sleeps: r.sleeps,
                     failure: r.failure.clone(),
-                    reported: Reported { start: r.start.clone(), instance: r.instance },
+                    reported: Reported { start: r.start.clone(), instance: r.instance, lora: r.lora },
                 };
                 seen.insert(r.replica, s);
             }
