@@ -160,9 +160,15 @@ adapters = {{}}
     for g in &urls {
         wait_ready(g, &[("t/base", 2), ("t/nolora", 1)], None);
     }
-    // Its agent's probe found no LoRA API and said so: refused before it
-    // queues, on a gateway that runs none of the engines.
+    // Its agent's probe found no LoRA API and said so: shown, and refused
+    // before it queues, on a gateway that runs none of the engines.
     for g in &urls {
+        for m in status(g)["models"].as_array().unwrap() {
+            let lora = m["model"] == "t/base";
+            for r in m["replicas"].as_array().unwrap() {
+                assert_eq!(r["capabilities"]["lora"], lora, "{}: {r}", m["model"]);
+            }
+        }
         let (status, body) = chat(g, "t/nolora:acme/a1");
         assert_eq!(status, 400, "{body}");
         assert!(body["error"]["message"].as_str().unwrap().contains("cannot load LoRA adapters"), "{body}");

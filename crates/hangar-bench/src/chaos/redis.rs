@@ -135,3 +135,19 @@ impl RedisUnderTest {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--redis` takes the two topologies by name, and refuses anything
+    /// else naming the value and the choices.
+    #[test]
+    fn a_topology_is_read_by_name_and_anything_else_is_refused_naming_the_choices() {
+        assert_eq!("single".parse::<Topology>(), Ok(Topology::Single));
+        assert_eq!("cluster".parse::<Topology>(), Ok(Topology::Cluster));
+        let e = "sentinel".parse::<Topology>().unwrap_err();
+        assert_eq!(e, "`sentinel` is no Redis topology; use `single` or `cluster`");
+        assert!("Cluster".parse::<Topology>().is_err(), "names are lowercase, as `--help` lists them");
+    }
+}

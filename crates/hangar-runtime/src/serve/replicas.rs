@@ -249,7 +249,11 @@ impl ModelRuntime {
                     in_flight: self.processor.in_use_on(*id),
                     url: r.base_url.clone(),
                     pid: local.and_then(|l| l.pid),
-                    capabilities: local.map(|l| l.capabilities).unwrap_or_default(),
+                    // A remote replica's: what its agent reports of it.
+                    capabilities: local.map(|l| l.capabilities).unwrap_or_else(|| Capabilities {
+                        lora: r.reported.as_ref().is_some_and(|p| p.lora),
+                        ..Capabilities::default()
+                    }),
                     start: local
                         .and_then(|l| l.start.clone())
                         .or_else(|| r.reported.as_ref().and_then(|p| p.start.clone())),
