@@ -125,6 +125,14 @@ pub(super) struct KnownDir {
     adapter: Option<AdapterRef>,
 }
 
+impl KnownDir {
+    /// A directory first heard of now: asked for now, its binding not
+    /// checked by this process.
+    fn first_seen() -> Arc<Mutex<KnownDir>> {
+        Arc::new(Mutex::new(KnownDir { asked: Instant::now(), adapter: None }))
+    }
+}
+
 impl WeightStore {
     /// Where this node's adapter directories are.
     fn adapter_dirs(&self) -> PathBuf {
@@ -139,8 +147,7 @@ impl WeightStore {
         let (under, socket) = (self.adapter_dirs(), self.settings.socket());
         let known = {
             let mut dirs = self.adapter_dirs_known.lock().expect("adapter directories lock");
-            let fresh = || Arc::new(Mutex::new(KnownDir { asked: Instant::now(), adapter: None }));
-            dirs.entry(id.file_name()).or_insert_with(fresh).clone()
+            dirs.entry(id.file_name()).or_insert_with(KnownDir::first_seen).clone()
         };
         // Held until answered: a prune skips it, a second asking waits.
         let mut known = known.lock().expect("adapter directory lock");
@@ -208,8 +215,7 @@ impl WeightStore {
             if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
-            let fresh = || Arc::new(Mutex::new(KnownDir { asked: Instant::now(), adapter: None }));
-            let known = dirs.entry(name.clone()).or_insert_with(fresh).clone();
+            let known = dirs.entry(name.clone()).or_insert_with(KnownDir::first_seen).clone();
             // Locked: being made or answered now, so asked for now.
             let Ok(known) = known.try_lock() else { continue };
             if known.asked.elapsed() >= idle {

@@ -586,11 +586,6 @@ fn start_events(config: &ServeConfig) -> Result<(EventSink, UsageSource), ServeE
     Ok((sink, source))
 }
 
-/// The state every kind of server shares — models, their processors and
-/// replica tables, keys, metrics, the node's weight store — and the
-/// receiving end of the controller's channel. Engines it starts bind to
-/// `engine_host`; with `events`, it writes inference events (a gateway
-/// does, a fleet's agent serves no requests).
 /// What a process [`build`] builds is in a deployment: what it opens and
 /// runs besides its models' lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -608,6 +603,10 @@ pub(crate) enum Role {
     Agent(String),
 }
 
+/// The state every kind of server shares — models, their processors and
+/// replica tables, keys, metrics, the node's weight store — and the
+/// receiving end of the controller's channel. Engines it starts bind to
+/// `engine_host`; what else it opens and runs is its `role`'s.
 pub(crate) async fn build(
     config: &ServeConfig,
     hangar_exe: PathBuf,
@@ -654,8 +653,14 @@ pub(crate) async fn build(
         })
         .collect::<BTreeMap<_, _>>();
     let client = hangar_agent::direct_http().build().expect("a plain HTTP client");
-    let adapter_holds = adapter_holds(config, role, weights.as_ref(), &client)?;
-    let adapters = adapter_catalog(config, role, adapter_holds.clone())?;
+    // A single machine's adapters are its weight store's: its catalog
+    // reads them there and its engines' directories are exported from it.
+    let machine_store = match role {
+        Role::Machine if config.models.iter().any(|m| m.adapters.is_some()) => Some(adapter_store(config)?),
+        _ => None,
+    };
+    let adapter_holds = adapter_holds(config, role, machine_store.as_ref(), weights.as_ref(), &client);
+    let adapters = adapter_catalog(config, role, machine_store, adapter_holds.clone());
     if let Some(catalog) = &adapters {
         for rt in models.values().filter(|rt| rt.config.adapters.is_some()) {
             let driver = adapters::driver(Arc::downgrade(rt), catalog.clone(), client.clone());
@@ -725,22 +730,22 @@ pub(crate) fn control_loop(
 }
 
 /// The catalog of the adapters a model may load, when one loads adapters:
-/// the node's weight store's on a single machine, the nodes' on a fleet's
-/// gateway (an agent routes nothing).
+/// a single machine's `store`'s, the nodes' on a fleet's gateway (an agent
+/// routes nothing).
 fn adapter_catalog(
     config: &ServeConfig,
     role: &Role,
+    store: Option<hangar_store::BlobStore>,
     holds: Option<Arc<adapters::engines::AdapterHolds>>,
-) -> Result<Option<Arc<adapters::AdapterCatalog>>, ServeError> {
+) -> Option<Arc<adapters::AdapterCatalog>> {
     if config.models.iter().all(|m| m.adapters.is_none()) {
-        return Ok(None);
+        return None;
     }
-    let holds = match (role, holds) {
-        (Role::Machine, Some(holds)) => holds,
-        (Role::Gateway(me), _) => return Ok(Some(Arc::new(adapters::AdapterCatalog::fleet(me.clone())))),
-        _ => return Ok(None),
+    let (store, holds) = match (role, store, holds) {
+        (Role::Machine, Some(store), Some(holds)) => (store, holds),
+        (Role::Gateway(me), ..) => return Some(Arc::new(adapters::AdapterCatalog::fleet(me.clone()))),
+        _ => return None,
     };
-    let store = adapter_store(config)?;
     let models: BTreeMap<ModelKey, ModelConfig> =
         config.models.iter().filter(|m| m.adapters.is_some()).map(|m| (m.key.clone(), m.clone())).collect();
     // What some rule of its base model lets someone use: exported ahead of
@@ -754,7 +759,7 @@ fn adapter_catalog(
             tracing::warn!("reading the weight store's adapters: {e}");
         }
     });
-    Ok(Some(catalog))
+    Some(catalog)
 }
 
 /// The node's weight store, read for its adapters.
@@ -767,20 +772,21 @@ pub(crate) fn adapter_store(config: &ServeConfig) -> Result<hangar_store::BlobSt
 
 /// The adapters of the engines this process runs, when a model loads
 /// adapters: a single machine's, whose directories are exported from its
-/// store, or a fleet node's agent's, made through its store daemon (a
-/// fleet's gateway runs no engine).
+/// `store`, or a fleet node's agent's, made through its store daemon
+/// (`weights`; a fleet's gateway runs no engine).
 fn adapter_holds(
     config: &ServeConfig,
     role: &Role,
+    store: Option<&hangar_store::BlobStore>,
     weights: Option<&Arc<WeightStore>>,
     client: &reqwest::Client,
-) -> Result<Option<Arc<adapters::engines::AdapterHolds>>, ServeError> {
+) -> Option<Arc<adapters::engines::AdapterHolds>> {
     if config.models.iter().all(|m| m.adapters.is_none()) {
-        return Ok(None);
+        return None;
     }
-    let (place, dirs): (String, adapters::engines::AdapterDirs) = match (role, weights) {
-        (Role::Machine, _) => {
-            let store = adapter_store(config)?;
+    let (place, dirs): (String, adapters::engines::AdapterDirs) = match (role, store, weights) {
+        (Role::Machine, Some(store), _) => {
+            let store = store.clone();
             let exports = store.root().join(hangar_store::adapters::EXPORT_DIRS);
             let dirs = move |adapter: &AdapterRef, id| {
                 let entry = hangar_store::adapters::AdapterEntry {
@@ -793,20 +799,20 @@ fn adapter_holds(
             };
             ("this machine".to_owned(), Box::new(dirs))
         }
-        (Role::Agent(node), Some(weights)) => {
+        (Role::Agent(node), _, Some(weights)) => {
             let weights = weights.clone();
             let dirs =
                 move |adapter: &AdapterRef, id| weights.adapter_dir(adapter, id).map_err(|e| e.to_string());
             (format!("node {node}"), Box::new(dirs))
         }
-        _ => return Ok(None),
+        _ => return None,
     };
-    Ok(Some(Arc::new(adapters::engines::AdapterHolds::new(place, dirs, client.clone()))))
+    Some(Arc::new(adapters::engines::AdapterHolds::new(place, dirs, client.clone())))
 }
 
 /// Opens the node's weight store (starting its daemon if none runs) when a
-/// model has `weights`, or, on a fleet's agent, adapters, and checks what can be checked before any replica
-/// starts: files readable, keys known.
+/// model has `weights`, or, on a fleet's agent, adapters, and checks what
+/// can be checked before any replica starts: files readable, keys known.
 async fn open_weight_store(
     config: &ServeConfig,
     role: &Role,

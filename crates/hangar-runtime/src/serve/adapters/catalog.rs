@@ -70,11 +70,32 @@ struct Fleet {
 }
 
 impl Fleet {
-    /// The agent of the node running a replica.
-    fn agent(&self, node: Option<&str>) -> Result<String, String> {
+    /// Asks the agent of `node`, which runs `replica`, to `op` (`hold`,
+    /// `release`) an adapter there for this gateway's slots of generation
+    /// `slots`: `body` names the adapter; an answer that is not a success
+    /// fails, naming the path, the status and the agent's message.
+    async fn ask(
+        &self,
+        client: &reqwest::Client,
+        node: Option<&str>,
+        (replica, slots): (ReplicaId, u64),
+        op: &str,
+        mut body: serde_json::Value,
+    ) -> Result<(), String> {
         let node = node.ok_or("the replica's node is not known")?;
-        let url = self.agents.lock().expect("agents lock").get(node).cloned();
-        url.ok_or_else(|| format!("node {node} is not a live node of the fleet"))
+        let agent = self.agents.lock().expect("agents lock").get(node).cloned();
+        let agent = agent.ok_or_else(|| format!("node {node} is not a live node of the fleet"))?;
+        body["gateway"] = self.gateway.clone().into();
+        body["slots"] = slots.into();
+        let path = format!("/v1/replicas/{replica}/adapters/{op}");
+        let answer = client.post(format!("{agent}{path}")).json(&body).timeout(AGENT_LOAD_LIMIT).send().await;
+        match answer.as_ref().is_ok_and(|r| r.status().is_success()) {
+            true => Ok(()),
+            false => Err(format!(
+                "its node's agent answered {path} with {}",
+                hangar_agent::capabilities::describe(answer).await
+            )),
+        }
     }
 }
 
@@ -341,13 +362,8 @@ impl AdapterCatalog {
                 held.map_err(|e| e.to_string())
             }
             Source::Fleet(fleet) => {
-                let agent = fleet.agent(node)?;
-                let path = format!("/v1/replicas/{replica}/adapters/hold");
-                let body = serde_json::json!({
-                    "adapter": entry.adapter, "artifact": entry.id.to_string(), "gateway": fleet.gateway,
-                    "slots": slots,
-                });
-                post(client, &agent, &path, &body).await
+                let body = serde_json::json!({"adapter": entry.adapter, "artifact": entry.id.to_string()});
+                fleet.ask(client, node, (replica, slots), "hold", body).await
             }
         }
     }
@@ -371,10 +387,8 @@ impl AdapterCatalog {
                 Ok(())
             }
             Source::Fleet(fleet) => {
-                let agent = fleet.agent(node)?;
-                let path = format!("/v1/replicas/{replica}/adapters/release");
-                let body = serde_json::json!({"adapter": adapter, "gateway": fleet.gateway, "slots": slots});
-                post(client, &agent, &path, &body).await
+                let body = serde_json::json!({"adapter": adapter});
+                fleet.ask(client, node, (replica, slots), "release", body).await
             }
         }
     }
@@ -395,24 +409,6 @@ impl AdapterCatalog {
             })
             .await?;
         Ok(dir.clone())
-    }
-}
-
-/// Posts `body` to `path` of the agent at `agent`; an answer that is not a
-/// success fails, naming the path, the status and the agent's message.
-async fn post(
-    client: &reqwest::Client,
-    agent: &str,
-    path: &str,
-    body: &serde_json::Value,
-) -> Result<(), String> {
-    let answer = client.post(format!("{agent}{path}")).json(body).timeout(AGENT_LOAD_LIMIT).send().await;
-    match answer.as_ref().is_ok_and(|r| r.status().is_success()) {
-        true => Ok(()),
-        false => Err(format!(
-            "its node's agent answered {path} with {}",
-            hangar_agent::capabilities::describe(answer).await
-        )),
     }
 }
 

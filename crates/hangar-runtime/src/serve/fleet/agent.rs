@@ -87,9 +87,8 @@ pub struct Agent {
     /// loads adapters.
     adapter_store: Option<hangar_store::BlobStore>,
     /// The digest of the adapters published last (reported with the
-    /// replicas; `None`: none published), and when adapter directories
-    /// were last pruned.
-    adapters: std::sync::Mutex<(Option<String>, std::time::Instant)>,
+    /// replicas; `None`: none published).
+    adapters: std::sync::Mutex<Option<String>>,
     /// Leaving: the record says `draining`, so the leader moves the
     /// node's replicas elsewhere.
     draining: std::sync::atomic::AtomicBool,
@@ -161,7 +160,7 @@ impl Agent {
             driver,
             foreign: std::sync::Mutex::default(),
             resident: std::sync::Mutex::default(),
-            adapters: std::sync::Mutex::new((None, std::time::Instant::now())),
+            adapters: std::sync::Mutex::default(),
             adapter_store,
             draining: std::sync::atomic::AtomicBool::new(false),
             stop: CancellationToken::new(),
@@ -176,6 +175,10 @@ impl Agent {
         }
         if agent.adapter_store.is_some() {
             tokio::spawn(every(Arc::downgrade(&agent), ADAPTERS_EVERY, Agent::publish_adapters));
+        }
+        if agent.inner.adapter_holds.is_some() {
+            tokio::spawn(every(Arc::downgrade(&agent), ADAPTERS_EVERY, Agent::keep_adapter_holds));
+            tokio::spawn(every(Arc::downgrade(&agent), PRUNE_ADAPTER_DIRS_EVERY, Agent::prune_adapter_dirs));
         }
         tokio::spawn(sample_engines(Arc::downgrade(&agent)));
         Ok(agent)
@@ -206,7 +209,7 @@ impl Agent {
             })
             .collect();
         let artifacts = self.resident.lock().expect("resident lock").clone();
-        let adapters = self.adapters.lock().expect("adapters lock").0.clone();
+        let adapters = self.adapters.lock().expect("adapters lock").clone();
         NodeReport { agent: self.record.agent.clone(), replicas, artifacts, adapters }
     }
 
@@ -361,51 +364,60 @@ impl Agent {
     }
 
     /// Publishes the adapters the node's store registers when they changed
-    /// since the last publication (and again when Redis lost them), keeps
-    /// the publication alive otherwise, lets the holds of gateways no
-    /// longer alive go, and now and then removes the adapter directories
-    /// nobody asked for lately. A store or Redis that
-    /// cannot be read changes nothing: what was published stands.
+    /// since the last publication (and again when Redis lost them), and
+    /// keeps the publication alive otherwise. A store or Redis that cannot
+    /// be read changes nothing: what was published stands.
     fn publish_adapters(self: Arc<Self>) {
         let Some(store) = &self.adapter_store else { return };
         let now = match hangar_store::adapters::list(store, None) {
             Ok(list) => node_adapters(list),
             Err(e) => return tracing::warn!(node = %self.node, "cannot read the store's adapters: {e}"),
         };
-        let (published, pruned_at) = self.adapters.lock().expect("adapters lock").clone();
+        let published = self.adapters.lock().expect("adapters lock").clone();
         let digest = (!now.adapters.is_empty()).then(|| now.digest.clone());
         let name = &self.record.name;
-        let unchanged = published == digest;
-        let kept = match (unchanged, &digest) {
-            (true, None) => Ok(true),
-            (true, Some(_)) => self.fleet.keep_adapters(name),
-            (false, _) => Ok(false),
+        let done = match (published == digest, &digest) {
+            (true, None) => Ok(()),
+            // Kept alive; published again if Redis lost it.
+            (true, Some(_)) => self.fleet.keep_adapters(name).and_then(|kept| {
+                if kept {
+                    Ok(())
+                } else {
+                    self.fleet.publish_adapters(name, &now)
+                }
+            }),
+            (false, _) => self.fleet.publish_adapters(name, &now),
         };
-        match kept.and_then(|kept| if kept { Ok(()) } else { self.fleet.publish_adapters(name, &now) }) {
-            Ok(()) => self.adapters.lock().expect("adapters lock").0 = digest,
+        match done {
+            Ok(()) => *self.adapters.lock().expect("adapters lock") = digest,
             Err(e) => tracing::warn!(node = %self.node, "cannot publish the node's adapters: {e}"),
         }
-        if let Some(holds) = &self.inner.adapter_holds {
-            let alive = match self.fleet.loads() {
-                Ok(loads) => Some(loads.into_iter().map(|l| l.gateway).collect()),
-                Err(e) => {
-                    tracing::debug!(node = %self.node, "cannot read which gateways are alive: {e}");
-                    None
-                }
-            };
-            holds.keep_level(alive);
-        }
-        if let Some(weights) =
-            self.inner.weights.as_ref().filter(|_| pruned_at.elapsed() >= PRUNE_ADAPTER_DIRS_EVERY)
-        {
-            self.adapters.lock().expect("adapters lock").1 = std::time::Instant::now();
-            match weights.prune_adapter_dirs(hangar_agent::weights::ADAPTER_DIR_IDLE) {
-                Ok(0) => {}
-                Ok(removed) => {
-                    tracing::info!(node = %self.node, removed, "removed adapter directories nobody asked for lately")
-                }
-                Err(e) => tracing::warn!(node = %self.node, "pruning adapter directories: {e}"),
+    }
+
+    /// Lets the holds of gateways no longer alive go, and forgets the
+    /// engines of replicas that stopped (`AdapterHolds::keep_level`); a
+    /// Redis that cannot be read takes no hold away.
+    fn keep_adapter_holds(self: Arc<Self>) {
+        let Some(holds) = &self.inner.adapter_holds else { return };
+        let alive = match self.fleet.loads() {
+            Ok(loads) => Some(loads.into_iter().map(|l| l.gateway).collect()),
+            Err(e) => {
+                tracing::debug!(node = %self.node, "cannot read which gateways are alive: {e}");
+                None
             }
+        };
+        holds.keep_level(alive);
+    }
+
+    /// Removes the adapter directories nobody asked for lately.
+    fn prune_adapter_dirs(self: Arc<Self>) {
+        let Some(weights) = &self.inner.weights else { return };
+        match weights.prune_adapter_dirs(hangar_agent::weights::ADAPTER_DIR_IDLE) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(node = %self.node, removed, "removed adapter directories nobody asked for lately")
+            }
+            Err(e) => tracing::warn!(node = %self.node, "pruning adapter directories: {e}"),
         }
     }
 
