@@ -12,20 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{agent, status, wait_ready, Agent};
 use common::predictions::client;
-use common::{serve_in, start_store, Killed};
-use hangar_core::AdapterRef;
+use common::{register_adapter, serve_in, start_store, Killed};
 use hangar_redis::LocalRedis;
 use hangar_store::{adapters, ArtifactId, BlobStore};
 use serde_json::{json, Value};
-
-/// Registers a small synthetic adapter `adapter` in the store at `root`:
-/// its artifact.
-fn register(root: &Path, adapter: &str, seed: u64) -> ArtifactId {
-    let adapter: AdapterRef = adapter.parse().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    hangar_store::synth::synth_adapter_dir(dir.path(), adapter.base().as_str(), 2, 64, 2, seed).unwrap();
-    adapters::import_dir(&BlobStore::open(root).unwrap(), dir.path(), &adapter).unwrap().id
-}
 
 /// A chat for `model` through `gateway`: its status and body.
 fn chat(gateway: &str, model: &str) -> (u16, Value) {
@@ -102,7 +92,7 @@ fn an_adapter_registered_on_one_node_is_served_on_every_node() {
         start_store(&dir.path().join("registry"), &["registry", "--listen", "127.0.0.1:0"]);
     let registry = line.strip_prefix("registry at ").unwrap().to_owned();
     let roots: Vec<PathBuf> = ["n0", "n1"].iter().map(|n| dir.path().join(n).join("store")).collect();
-    let a1 = register(&roots[0], "t/base:acme/a1", 1);
+    let a1 = register_adapter(&roots[0], "t/base:acme/a1", 1);
     let _daemons: Vec<Killed> = ["n0", "n1"]
         .iter()
         .zip(&roots)
@@ -216,7 +206,7 @@ adapters = {{}}
 
     let (status, body) = chat(g, "t/base:acme/nope");
     assert_eq!(status, 404, "{body}");
-    let a2 = register(&roots[1], "t/base:acme/a2", 2);
+    let a2 = register_adapter(&roots[1], "t/base:acme/a2", 2);
     until_status(g, "t/base:acme/a2", 200, "an adapter registered on n1 meanwhile is served");
     adapters::remove(&BlobStore::open(&roots[0]).unwrap(), &"t/base:acme/a1".parse().unwrap()).unwrap();
     until_status(g, "t/base:acme/a1", 404, "an adapter no node registers any more is not served");

@@ -158,11 +158,7 @@ size = "60GB"
 fn an_adapter_loaded_before_its_engine_slept_serves_after_it_wakes() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let adapter: hangar_core::AdapterRef = "t/a:acme/x".parse().unwrap();
-    let src = dir.path().join("src");
-    hangar_store::synth::synth_adapter_dir(&src, "t/a", 2, 64, 2, 1).unwrap();
-    hangar_store::adapters::import_dir(&hangar_store::BlobStore::open(&store).unwrap(), &src, &adapter)
-        .unwrap();
+    common::register_adapter(&store, "t/a:acme/x", 1);
     let s = serve(&format!(
         r#"{ONE_GPU_AND_WARM_CACHE}
 [store]
