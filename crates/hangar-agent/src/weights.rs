@@ -328,6 +328,8 @@ pub struct WeightStore {
     dirs: Mutex<HashMap<ArtifactId, DirSlot>>,
     /// The node's adapter directories, as this process knows them.
     adapter_dirs_known: Mutex<adapter_dirs::Known>,
+    /// The adapter directories made ahead of need.
+    adapter_dirs_ahead: Mutex<adapter_dirs::Ahead>,
 }
 
 impl fmt::Debug for WeightStore {
@@ -374,6 +376,7 @@ impl WeightStore {
             imported: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             adapter_dirs_known: Mutex::default(),
+            adapter_dirs_ahead: Mutex::default(),
         };
         store.sweep_model_dirs();
         for (model, source) in models {
@@ -500,7 +503,10 @@ impl WeightStore {
                 let into = client
                     .materialize_into(&selection, &target, 0)
                     .map_err(|e| DirFailure::Load(e.to_string()))?;
-                directory::write_files(&into.index, &target.bytes()[..into.bytes as usize], dir)?;
+                // Cached: a directory found after a restart is removed
+                // (`sweep_model_dirs`), never trusted.
+                let data = &target.bytes()[..into.bytes as usize];
+                directory::write_files(&into.index, data, dir, directory::Durability::Cached)?;
                 directory::make_read_only(dir)?;
                 loaded = Some(into);
                 Ok(())

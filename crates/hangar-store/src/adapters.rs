@@ -71,7 +71,7 @@ use hangar_core::{Adapter, AdapterName, AdapterRef, ByteSize, ModelKey};
 use serde::{Deserialize, Serialize};
 
 use crate::blob::{BlobStore, Member};
-use crate::directory::{self, json_kind, ConfigError, ScanError};
+use crate::directory::{self, json_kind, ConfigError, Durability, ScanError};
 use crate::error::{io_err, StoreError};
 use crate::export::{is_plain_file_name, SafetensorsLayout};
 use crate::format::FILE_TENSOR_PREFIX;
@@ -404,17 +404,22 @@ pub fn check_binding(index: &CanonicalIndex, data: &[u8], adapter: &AdapterRef) 
 
 /// Writes the files of the adapter artifact `index`, whose canonical bytes
 /// are `data` (verified by the caller), into the existing directory `dir`,
-/// each synced, not the binding: as the directory artifact it is
+/// each synced if `durability` says so, not the binding: as the directory artifact it is
 /// ([`directory::write_files`], every file as it was imported). An adapter
 /// imported before adapters were directory artifacts (its artifact has no
 /// manifest) is written as it was then: every whole file under its name,
 /// the other tensors as `adapter_model.safetensors` with the metadata its
 /// binding kept. Returns the paths written, by name.
-pub fn write_files(index: &CanonicalIndex, data: &[u8], dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+pub fn write_files(
+    index: &CanonicalIndex,
+    data: &[u8],
+    dir: &Path,
+    durability: Durability,
+) -> Result<Vec<PathBuf>, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt { what: dir.display().to_string(), reason };
     let binding = read_binding(index, data).map_err(|e| corrupt(format!("the artifact {e}")))?;
     if directory::carries_manifest(index) {
-        return directory::write_files(index, data, dir);
+        return directory::write_files(index, data, dir, durability);
     }
     let mut written = Vec::new();
     let mut tensors = Vec::new();
@@ -434,13 +439,17 @@ pub fn write_files(index: &CanonicalIndex, data: &[u8], dir: &Path) -> Result<Ve
         let path = dir.join(name);
         let file = fs::File::create(&path).map_err(io_err(&path))?;
         file.write_all_at(&data[t.offset as usize..(t.offset + t.len) as usize], 0).map_err(io_err(&path))?;
-        file.sync_data().map_err(io_err(&path))?;
+        if durability == Durability::Synced {
+            file.sync_data().map_err(io_err(&path))?;
+        }
         written.push(path);
     }
     if !tensors.is_empty() {
         let path = dir.join(SAFETENSORS_FILE);
         let file = SafetensorsLayout::new(tensors, binding.metadata).write_file(data, &path)?;
-        file.sync_data().map_err(io_err(&path))?;
+        if durability == Durability::Synced {
+            file.sync_data().map_err(io_err(&path))?;
+        }
         written.push(path);
     }
     written.sort();
@@ -522,7 +531,9 @@ pub enum ExportError {
 pub fn export_dir(store: &BlobStore, entry: &AdapterEntry, under: &Path) -> Result<PathBuf, ExportError> {
     let (adapter, id) = (&entry.adapter, entry.id);
     let check = |index: &CanonicalIndex, data: &[u8]| check_binding(index, data, adapter);
-    directory::export_with(store, &id, under, CONFIG_FILE, check, write_files).map_err(|e| match e {
+    let write =
+        |index: &CanonicalIndex, data: &[u8], dir: &Path| write_files(index, data, dir, Durability::Synced);
+    directory::export_with(store, &id, under, CONFIG_FILE, check, write).map_err(|e| match e {
         directory::ExportError::Unknown { id } => ExportError::Unknown { adapter: adapter.clone(), id },
         directory::ExportError::NotOnDisk { id } => ExportError::NotOnDisk { adapter: adapter.clone(), id },
         directory::ExportError::NotThis { id, what } => {
@@ -626,7 +637,7 @@ mod tests {
         assert!(!directory::carries_manifest(&art.index));
         let out = dir.path().join("out");
         fs::create_dir(&out).unwrap();
-        write_files(&art.index, &art.map_verified().unwrap(), &out).unwrap();
+        write_files(&art.index, &art.map_verified().unwrap(), &out, Durability::Synced).unwrap();
         assert_eq!(fs::read(out.join(CONFIG_FILE)).unwrap(), fs::read(&config).unwrap());
         let (a, b) = (fs::read(out.join(SAFETENSORS_FILE)).unwrap(), fs::read(&weights).unwrap());
         let (a, b) = (

@@ -24,12 +24,12 @@ use crate::index::{CanonicalIndex, IndexEntry};
 pub fn write_artifact(index: &CanonicalIndex, data: &[u8], dir: &Path) -> Result<PathBuf, StoreError> {
     if crate::adapters::carries_binding(index) {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        crate::adapters::write_files(index, data, dir)?;
+        crate::adapters::write_files(index, data, dir, crate::directory::Durability::Synced)?;
         return Ok(dir.to_owned());
     }
     if crate::directory::carries_manifest(index) {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        crate::directory::write_files(index, data, dir)?;
+        crate::directory::write_files(index, data, dir, crate::directory::Durability::Synced)?;
         return Ok(dir.to_owned());
     }
     let Some(name) = index.whole_file().filter(|n| is_plain_file_name(n)) else {

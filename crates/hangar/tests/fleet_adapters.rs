@@ -1,8 +1,9 @@
 //! LoRA adapters on a fleet: a Redis, a store registry, two nodes each
 //! with its own weight store (a `hangar store serve` daemon known to the
 //! registry) and agent, and two gateways. An adapter registered on one
-//! node is served by the replicas of both, through either gateway: the
-//! other node's agent fetches it from its peer, and each engine loads it
+//! node is served by the replicas of both, through either gateway: that
+//! node makes its directory ahead of need, the other node's agent fetches
+//! it from its peer when a request needs it, and each engine loads it
 //! once for both gateways.
 
 mod common;
@@ -164,6 +165,14 @@ adapters = {{}}
         assert!(body["error"]["message"].as_str().unwrap().contains("cannot load LoRA adapters"), "{body}");
     }
 
+    // n0 makes the directory of its own store's adapter ahead of need; n1
+    // fetches it from its peer only once a request needs it.
+    let t = Instant::now();
+    while exported(&roots[0], &a1).is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "n0 made no directory of acme/a1 ahead of need");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(exported(&roots[1], &a1).is_none(), "n1 fetched acme/a1 before any request");
     for g in &urls {
         until_status(g, "t/base:acme/a1", 200, "the adapter n0 registers is served");
     }

@@ -86,6 +86,9 @@ pub struct Agent {
     /// The node's store, read for the adapters it registers, when a model
     /// loads adapters.
     adapter_store: Option<hangar_store::BlobStore>,
+    /// The models that load adapters: the node makes the directories of
+    /// its own store's adapters of these ahead of need.
+    adapter_bases: std::collections::BTreeSet<hangar_core::ModelKey>,
     /// The digest of the adapters published last (reported with the
     /// replicas; `None`: none published).
     adapters: std::sync::Mutex<Option<String>>,
@@ -162,6 +165,12 @@ impl Agent {
             resident: std::sync::Mutex::default(),
             adapters: std::sync::Mutex::default(),
             adapter_store,
+            adapter_bases: config
+                .models
+                .iter()
+                .filter(|m| m.adapters.is_some())
+                .map(|m| m.key.clone())
+                .collect(),
             draining: std::sync::atomic::AtomicBool::new(false),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
@@ -178,6 +187,7 @@ impl Agent {
         }
         if agent.inner.adapter_holds.is_some() {
             tokio::spawn(every(Arc::downgrade(&agent), ADAPTERS_EVERY, Agent::keep_adapter_holds));
+            tokio::spawn(every(Arc::downgrade(&agent), ADAPTERS_EVERY, Agent::make_adapter_dirs_ahead));
             tokio::spawn(every(Arc::downgrade(&agent), PRUNE_ADAPTER_DIRS_EVERY, Agent::prune_adapter_dirs));
         }
         tokio::spawn(sample_engines(Arc::downgrade(&agent)));
@@ -407,6 +417,25 @@ impl Agent {
             }
         };
         holds.keep_level(alive);
+    }
+
+    /// Makes the directories of the adapters the node's own store
+    /// registers for a model that loads adapters ahead of need, so that a
+    /// first request for one pays the engine's load only (a peer's are made
+    /// on demand). A store that cannot be read changes nothing.
+    fn make_adapter_dirs_ahead(self: Arc<Self>) {
+        let (Some(store), Some(weights)) = (&self.adapter_store, &self.inner.weights) else { return };
+        let own: Vec<_> = match hangar_store::adapters::list(store, None) {
+            Ok(list) => list
+                .into_iter()
+                .filter(|e| self.adapter_bases.contains(e.adapter.base()))
+                .map(|e| (e.adapter, e.id))
+                .collect(),
+            Err(e) => return tracing::debug!(node = %self.node, "cannot read the store's adapters: {e}"),
+        };
+        for e in weights.make_adapter_dirs_ahead(&own) {
+            tracing::warn!(node = %self.node, "making an adapter's directory ahead of need: {e}; it is made when a request needs it");
+        }
     }
 
     /// Removes the adapter directories nobody asked for lately.
