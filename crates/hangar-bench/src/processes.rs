@@ -113,6 +113,22 @@ pub(crate) async fn spawn_announcing(
     envs: &[(&str, &str)],
     log: std::fs::File,
 ) -> Result<Process, BenchError> {
+    let (child, line) = spawn_first_line(exe, args, envs, log).await?;
+    match line.split_once("listening on ") {
+        Some((_, url)) => Ok(Process { child, url: url.trim().to_owned() }),
+        None => Err(BenchError::Options(format!("`hangar {}` did not start: {line:?}", args.join(" ")))),
+    }
+}
+
+/// Starts `exe args` as [`spawn_announcing`] does (killed when dropped)
+/// and returns it with its first line of output, trimmed: an error if it
+/// printed none within a minute.
+pub(crate) async fn spawn_first_line(
+    exe: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    log: std::fs::File,
+) -> Result<(tokio::process::Child, String), BenchError> {
     let mut cmd = Command::new(exe);
     cmd.args(args)
         .envs(envs.iter().copied())
@@ -124,9 +140,12 @@ pub(crate) async fn spawn_announcing(
     let mut line = String::new();
     let read =
         tokio::time::timeout(Duration::from_secs(60), BufReader::new(stdout).read_line(&mut line)).await;
-    match (read, line.split_once("listening on ")) {
-        (Ok(Ok(_)), Some((_, url))) => Ok(Process { child, url: url.trim().to_owned() }),
-        _ => Err(BenchError::Options(format!("`hangar {}` did not start: {line:?}", args.join(" ")))),
+    match read {
+        Ok(Ok(n)) if n > 0 => Ok((child, line.trim().to_owned())),
+        _ => Err(BenchError::Options(format!(
+            "`hangar {}` printed nothing within a minute (its log says why)",
+            args.join(" ")
+        ))),
     }
 }
 

@@ -109,7 +109,9 @@ enum Command {
     /// one of each in turn (what the adapter adds at p50 and p99); and
     /// --fresh adapters never asked for, each first loaded straight on the
     /// mock (the engine's own load time), then asked for through the
-    /// gateway (what the request pays beyond that load). See
+    /// gateway (what the request pays beyond that load). With --fleet, the
+    /// same through a fleet: a private Redis, a store registry, two nodes
+    /// each with its store daemon and agent, one gateway. See
     /// docs/adapters.md.
     Adapters(AdaptersArgs),
 }
@@ -126,6 +128,11 @@ struct AdaptersArgs {
     /// 4096: 67 MB at rank 64).
     #[arg(long, default_value_t = 64)]
     rank: usize,
+    /// On a fleet of two nodes behind one gateway (needs `redis-server`):
+    /// a fresh adapter's load includes its directory's making on the
+    /// replica's node, from that node's store or fetched from its peer.
+    #[arg(long)]
+    fleet: bool,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -361,8 +368,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return print(&report, a.json);
         }
         Command::Adapters(a) => {
-            let options =
-                adapters::Options { requests: a.requests, fresh: a.fresh, rank: a.rank, hangar_exe };
+            let options = adapters::Options {
+                requests: a.requests,
+                fresh: a.fresh,
+                rank: a.rank,
+                fleet: a.fleet,
+                hangar_exe,
+            };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(adapters::run(&options))?;
             return print(&report, a.json);
