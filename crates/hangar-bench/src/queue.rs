@@ -1,9 +1,12 @@
 //! `hangar bench queue`: the durable predictions queue on its own, the
 //! embedded SQLite store and the fleet's Redis Streams store side by side
 //! in one run (Redis: a private `redis-server` started for the bench, or
-//! `--redis URL` of a scratch server).
+//! `--redis URL` of a scratch server). With `--durable`, also on a private
+//! Redis Cluster with a replica per primary, without and with
+//! `durable_replicas = 1` (each create acknowledged only once a replica
+//! holds it: `WAIT 1 1000` in the create's pipeline).
 //!
-//! Two figures per backend, in-process, on a fresh store:
+//! Three figures per backend, in-process, on a fresh store:
 //! 1. **Create → claim per second**: producers create predictions (each
 //!    create committed before it returns, up to 256 in flight) while
 //!    `slots` workers claim them; the rate is the predictions over the time
@@ -14,6 +17,10 @@
 //!    are what it waited; with `slots` workers each claim frees one slot,
 //!    so it starts within `ceil((claims before + 1) / slots)` slot waits.
 //!    Target: one.
+//! 3. **Create latency**: [`LATENCY_CREATES`] creates one after another,
+//!    each committed before the next is sent: p50 and p99. What a client
+//!    waits for its `201`, less the HTTP around it — and with
+//!    `durable_replicas` the replica's acknowledgement too.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +30,7 @@ use std::time::Instant;
 use hangar_predictions::lifecycle::Deadlines;
 use hangar_predictions::record::{JobKind, Record};
 use hangar_predictions::store::{PredictionQueue, RedisQueue, Shards, SqliteQueue};
-use hangar_redis::{LocalRedis, Redis, ServerError};
+use hangar_redis::{LocalRedis, LocalRedisCluster, Redis, ServerError};
 use serde::Serialize;
 
 use crate::BenchError;
@@ -32,6 +39,10 @@ use crate::BenchError;
 /// both).
 const THROUGHPUT_MODEL: &str = "bench/throughput";
 const FAIRNESS_MODEL: &str = "bench/fairness";
+const LATENCY_MODEL: &str = "bench/latency";
+
+/// Creates of figure 3.
+pub const LATENCY_CREATES: usize = 2_000;
 
 /// How to run it.
 #[derive(Debug, Clone)]
@@ -47,6 +58,9 @@ pub struct Options {
     /// A scratch Redis to use instead of starting one (it must hold no
     /// Hangar keys).
     pub redis: Option<String>,
+    /// Also on a private Redis Cluster with replicas, without and with
+    /// `durable_replicas = 1`.
+    pub durable: bool,
 }
 
 /// The figures.
@@ -71,6 +85,8 @@ pub struct Report {
     pub claims_before: [usize; 3],
     /// Slot waits before it started: p50, p99, max.
     pub slot_waits: [usize; 3],
+    /// One create at a time, committed before the next: p50 and p99, ms.
+    pub create_ms: [f64; 2],
 }
 
 /// Both backends' figures, SQLite first; Redis's when a server could be
@@ -81,6 +97,11 @@ pub struct Comparison {
     pub reports: Vec<Report>,
     /// Why Redis was not measured, if it was not.
     pub redis_skipped: Option<String>,
+    /// With `--durable`: the cluster without, then with
+    /// `durable_replicas = 1`.
+    pub durable: Vec<Report>,
+    /// Why the durable rows were not measured, if `--durable` asked.
+    pub durable_skipped: Option<String>,
 }
 
 /// Runs both figures on each backend.
@@ -115,7 +136,40 @@ pub async fn run(options: &Options) -> Result<Comparison, BenchError> {
             Err(e) => return Err(BenchError::Options(e.to_string())),
         },
     }
-    Ok(Comparison { reports, redis_skipped })
+    let (mut durable_rows, mut durable_skipped) = (Vec::new(), None);
+    if options.durable {
+        match durable(options).await {
+            Ok(rows) => durable_rows = rows,
+            Err(DurableSkipped(why)) => durable_skipped = Some(why),
+        }
+    }
+    Ok(Comparison { reports, redis_skipped, durable: durable_rows, durable_skipped })
+}
+
+/// Why the durable rows could not be measured.
+struct DurableSkipped(String);
+
+/// The durable rows: a private Redis Cluster with a replica per primary,
+/// measured with `durable_replicas` 0 and then 1, the slot's primary
+/// flushed between the two (every Hangar key is in one slot).
+async fn durable(options: &Options) -> Result<Vec<Report>, DurableSkipped> {
+    let skipped = |e: &dyn fmt::Display| DurableSkipped(e.to_string());
+    let mut cluster = tokio::task::spawn_blocking(LocalRedisCluster::start_with_replicas)
+        .await
+        .expect("starting a cluster does not panic")
+        .map_err(|e| skipped(&e))?;
+    let mut rows = Vec::with_capacity(2);
+    for replicas in [0, 1] {
+        let redis = Redis::connect(&cluster.url()).map_err(|e| skipped(&e))?;
+        let primary = cluster.primary_for(&redis.key("seq")).map_err(|e| skipped(&e))?;
+        let node = Redis::connect(&cluster.nodes()[primary].url()).map_err(|e| skipped(&e))?;
+        node.run(|c| hangar_redis::redis::cmd("FLUSHALL").query::<()>(c)).map_err(|e| skipped(&e))?;
+        let queue =
+            RedisQueue::open(redis, Shards::default(), 60_000).map_err(|e| skipped(&e))?.durable(replicas);
+        let backend = format!("redis cluster (3 primaries, a replica each), durable_replicas = {replicas}");
+        rows.push(measure(backend, Arc::new(queue), options).await.map_err(|e| skipped(&e))?);
+    }
+    Ok(rows)
 }
 
 async fn measure(
@@ -125,6 +179,7 @@ async fn measure(
 ) -> Result<Report, BenchError> {
     let (creates_per_s, create_claim_per_s) = throughput(&queue, options).await?;
     let (claims_before, slot_waits) = fairness(&queue, options).await?;
+    let create_ms = create_latency(&queue).await?;
     Ok(Report {
         backend,
         requests: options.requests,
@@ -135,6 +190,7 @@ async fn measure(
         probes: options.probes,
         claims_before,
         slot_waits,
+        create_ms,
     })
 }
 
@@ -258,6 +314,19 @@ async fn fairness(
     ))
 }
 
+/// Figure 3: [`LATENCY_CREATES`] creates one at a time; p50 and p99, ms.
+async fn create_latency(queue: &Arc<dyn PredictionQueue>) -> Result<[f64; 2], BenchError> {
+    let mut took = Vec::with_capacity(LATENCY_CREATES);
+    for n in 0..LATENCY_CREATES {
+        let sent = Instant::now();
+        queue.enqueue_async(&record(format!("l{n}"), LATENCY_MODEL, "a")).await.map_err(store_error)?;
+        took.push(sent.elapsed().as_secs_f64() * 1000.0);
+    }
+    took.sort_by(f64::total_cmp);
+    let pick = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
+    Ok([pick(0.5), pick(0.99)])
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{}", self.backend)?;
@@ -276,6 +345,11 @@ impl fmt::Display for Report {
             self.probes,
             self.backlog,
             if w99 <= 1 { "meets" } else { "MISSES" }
+        )?;
+        let [c50, c99] = self.create_ms;
+        writeln!(
+            f,
+            "  create latency    {LATENCY_CREATES} creates one at a time: p50 {c50:.3} ms, p99 {c99:.3} ms"
         )
     }
 }
@@ -297,6 +371,21 @@ impl fmt::Display for Comparison {
         }
         if let Some(why) = &self.redis_skipped {
             writeln!(f, "redis streams: not measured: {why}")?;
+        }
+        for r in &self.durable {
+            write!(f, "{r}")?;
+        }
+        if let [fast, durable] = &self.durable[..] {
+            writeln!(
+                f,
+                "durable_replicas = 1 adds to a create: p50 {:+.3} ms, p99 {:+.3} ms; creates/s {:.2}x",
+                durable.create_ms[0] - fast.create_ms[0],
+                durable.create_ms[1] - fast.create_ms[1],
+                durable.creates_per_s / fast.creates_per_s
+            )?;
+        }
+        if let Some(why) = &self.durable_skipped {
+            writeln!(f, "durable_replicas: not measured: {why}")?;
         }
         Ok(())
     }

@@ -45,7 +45,10 @@ enum Command {
     /// directory): predictions created and claimed per second with
     /// --slots claiming workers, and fairness — how many claims a second
     /// account's prediction waits behind another account's backlog of
-    /// --backlog, in claims and in replica-slot waits (p50, p99, max). See
+    /// --backlog, in claims and in replica-slot waits (p50, p99, max) —,
+    /// and the latency of creates sent one at a time; the same on Redis
+    /// Streams side by side, and with --durable on a Redis Cluster with
+    /// replicas, without and with `durable_replicas = 1`. See
     /// docs/predictions.md.
     Queue(QueueArgs),
     /// A fleet's control plane under load and when a node dies.
@@ -196,6 +199,11 @@ struct QueueArgs {
     /// bench, when one is installed.
     #[arg(long)]
     redis: Option<String>,
+    /// Also on a private Redis Cluster with a replica per primary
+    /// (`redis-server` needed), without and with `durable_replicas = 1`:
+    /// what waiting for a replica adds to a create.
+    #[arg(long)]
+    durable: bool,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -362,6 +370,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 backlog: a.backlog,
                 probes: a.probes,
                 redis: a.redis,
+                durable: a.durable,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let report = runtime.block_on(queue::run(&options))?;
