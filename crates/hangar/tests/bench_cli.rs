@@ -202,6 +202,73 @@ fn bench_queue_claims_everything_and_an_account_waits_one_claim() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--slots"));
 }
 
+/// The adapters benchmark measures both figures on one machine and, with
+/// `--fleet`, through a fleet's gateway, where its fresh adapters are
+/// registered in turn on the replica's own node and only on its peer:
+/// each request succeeded (the bench fails on any error), and the report
+/// says which source each fresh adapter had.
+#[test]
+fn bench_adapters_measures_a_machine_and_a_fleet() {
+    let args = ["bench", "adapters", "--requests", "10", "--fresh", "2", "--rank", "1", "--json"];
+    let o = run(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let machine: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(machine["fleet"], false, "{machine}");
+    assert_eq!((machine["base"]["ok"].as_u64(), machine["loaded"]["ok"].as_u64()), (Some(10), Some(10)));
+    assert_eq!(machine["fresh"].as_array().unwrap().len(), 2, "{machine}");
+    assert!(machine["exported_ahead_s"].is_number(), "{machine}");
+    if hangar_redis::LocalRedis::binary().is_none() && std::env::var_os("CI").is_none() {
+        return eprintln!("skipped the fleet: no redis-server");
+    }
+    let o = run(&[&args[..], &["--fleet"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let fleet: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (fleet["fleet"].as_bool(), fleet["exported_ahead_s"].is_null()),
+        (Some(true), true),
+        "{fleet}"
+    );
+    // Registered on n0, then n1: which is "this node" is placement's pick.
+    let mut sources: Vec<&str> =
+        fleet["fresh"].as_array().unwrap().iter().map(|f| f["source"].as_str().unwrap()).collect();
+    sources.sort_unstable();
+    assert_eq!(sources, ["peer", "this-node"], "{fleet}");
+    let by_source: Vec<&str> = fleet["overhead_p50_by_source_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_str().unwrap())
+        .collect();
+    assert_eq!(by_source, ["this-node", "peer"], "{fleet}");
+}
+
+/// The queue benchmark with `--durable` adds a Redis Cluster with a
+/// replica per primary, measured without and with `durable_replicas = 1`;
+/// every backend reports the latency of creates sent one at a time.
+#[test]
+fn bench_queue_durable_measures_a_cluster_without_and_with_replicas_acknowledging() {
+    if hangar_redis::LocalRedis::binary().is_none() && std::env::var_os("CI").is_none() {
+        return eprintln!("skipped: no redis-server");
+    }
+    let args =
+        ["bench", "queue", "--requests", "200", "--backlog", "100", "--probes", "3", "--durable", "--json"];
+    let o = run(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let all: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(all["durable_skipped"].is_null(), "{all}");
+    let backends: Vec<&str> =
+        all["durable"].as_array().unwrap().iter().map(|r| r["backend"].as_str().unwrap()).collect();
+    assert_eq!(backends.len(), 2, "{all}");
+    assert!(
+        backends[0].ends_with("durable_replicas = 0") && backends[1].ends_with("durable_replicas = 1"),
+        "{all}"
+    );
+    for r in all["reports"].as_array().unwrap().iter().chain(all["durable"].as_array().unwrap()) {
+        let [p50, p99] = [0, 1].map(|i| r["create_ms"][i].as_f64().unwrap());
+        assert!(0.0 < p50 && p50 <= p99, "{r}");
+    }
+}
+
 /// The cluster benchmark measures simulated agents' heartbeats against a
 /// private Redis, and a real fleet draining a node and losing one: every
 /// figure is there
