@@ -370,6 +370,13 @@ impl Forward<'_> {
             let admitted = self.rt.processor().admit_with(account.clone(), wait);
             let lease = match admitted.await {
                 Ok(lease) => lease,
+                // Nothing was sent: asked again, the try given back as
+                // for a replica found gone before the send.
+                Err(AdmitError::AdapterReplicaLeft(why)) => {
+                    tracing::info!("{why}: asking for another replica");
+                    tries.replica_dead();
+                    continue;
+                }
                 Err(e) => {
                     let (code, response) = admit_error(&e, timeout_s);
                     return counted(tally, code, response);
@@ -615,7 +622,7 @@ pub(crate) fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Respons
             let message = format!("no replica became free within the request's timeout ({timeout_s} s)");
             (ErrorCode::Timeout, error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None))
         }
-        AdmitError::AdapterFailed(why) => {
+        AdmitError::AdapterFailed(why) | AdmitError::AdapterReplicaLeft(why) => {
             (ErrorCode::ReplicaFailed, error(StatusCode::BAD_GATEWAY, "service_unavailable", why, None))
         }
         AdmitError::AdapterRefused(why) => (

@@ -147,6 +147,12 @@ pub enum AdmitError {
     /// adapter memory, HTTP 400: [`AdmitError::AdapterRefused`]).
     #[error("{0}")]
     AdapterFailed(String),
+    /// The replica the request was granted left while the request's
+    /// adapter was loading there. Nothing was sent to it, so the caller
+    /// asks again (another replica, or this one back); HTTP 502 only if
+    /// it cannot.
+    #[error("{0}")]
+    AdapterReplicaLeft(String),
     /// The request's adapter can never run here (HTTP 400).
     #[error("{0}")]
     AdapterRefused(String),
@@ -427,7 +433,8 @@ impl Processor {
     }
 
     /// A replica is gone; returns the requests that held permits on it.
-    /// Those waiting for their adapter to load there are told it failed.
+    /// Those waiting for their adapter to load there are told so
+    /// ([`AdmitError::AdapterReplicaLeft`]): they ask again.
     pub fn replica_gone(&self, replica: ReplicaId) -> Vec<RequestId> {
         self.shared.with(|s, now| {
             let lost = s.admission.replica_gone(now, replica);
@@ -442,7 +449,7 @@ impl Processor {
                 .collect();
             for request in stranded {
                 let why = format!("replica {replica} left while the request's adapter was loading there");
-                s.answer_adapter(request, Err(AdmitError::AdapterFailed(why)));
+                s.answer_adapter(request, Err(AdmitError::AdapterReplicaLeft(why)));
             }
             lost
         })

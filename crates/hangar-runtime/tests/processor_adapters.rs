@@ -150,7 +150,7 @@ async fn a_caller_that_leaves_during_the_load_gives_its_permit_back_and_the_load
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_replica_that_leaves_during_the_load_fails_the_wait_and_a_deadline_ends_it() {
+async fn a_replica_that_leaves_during_the_load_tells_the_wait_to_ask_again_and_a_deadline_ends_it() {
     let engine = Arc::new(Engine::default());
     let p = processor(2, &engine);
     let a = adapter("acme/a");
@@ -160,7 +160,7 @@ async fn a_replica_that_leaves_during_the_load_fails_the_wait_and_a_deadline_end
     tokio::time::sleep(Duration::from_millis(50)).await;
     p.replica_gone(ReplicaId::from_u128(1));
     let e = waiting.await.unwrap().unwrap_err();
-    assert!(matches!(&e, AdmitError::AdapterFailed(why) if why.contains("left")), "{e:?}");
+    assert!(matches!(&e, AdmitError::AdapterReplicaLeft(why) if why.contains("left")), "{e:?}");
 
     // A load slower than the request's timeout ends in a timeout.
     let slow = Arc::new(Engine::default());

@@ -28,6 +28,10 @@ pub const GPUS: u32 = 2;
 /// Memory of each (virtual) GPU.
 pub const GPU_MEMORY: &str = "80GB";
 
+/// The LoRA adapters of `chaos/pair`, registered in every agent's store
+/// (the same artifacts: the same synthetic bytes).
+pub const ADAPTERS: [&str; 3] = ["chaos/pair:chaos/a0", "chaos/pair:chaos/a1", "chaos/pair:chaos/a2"];
+
 /// How the fleet's models are set: sizes against 80 GB GPUs (`large`
 /// takes most of one, so two engines on a GPU would show as an
 /// over-commit), fixed counts and one that scales from zero, idempotent
@@ -44,13 +48,15 @@ size = "60GB"
 min_replicas = 1
 predictions = {{ idempotent = true }}
 
-# Two replicas, kept.
+# Two replicas, kept; LoRA adapters (`ADAPTERS`, registered in every
+# agent's own store) loaded through each replica's agent.
 [[models]]
 key = "chaos/pair"
 engine = {{ kind = "mock", preset = "fast", startup_delay_ms = 200 }}
 size = "10GB"
 min_replicas = 2
 predictions = {{ idempotent = true }}
+adapters = {{ slots = 2 }}
 
 # One replica, more under load; not idempotent: a prediction whose gateway
 # dies mid-run fails (docs/cluster.md) rather than running again.
@@ -236,14 +242,41 @@ impl Fleet {
         self.gateways.iter().position(|p| p.as_ref().is_some_and(|p| p.url == url))
     }
 
+    /// Agent `a`'s configuration: the fleet's, with a weight store of its
+    /// own (a node's, its daemon run in the agent) in which [`ADAPTERS`]
+    /// are registered; written once, kept across the agent's restarts.
+    fn agent_config(&self, a: usize) -> Result<PathBuf, BenchError> {
+        let own = self.dir.join(format!("{}-store", agent_name(a)));
+        let config = self.dir.join(format!("{}.toml", agent_name(a)));
+        if config.exists() {
+            return Ok(config);
+        }
+        let sources = tempfile::tempdir()?;
+        let store = hangar_store::BlobStore::open(&own)
+            .map_err(|e| BenchError::Failed(format!("agent {a}'s store: {e}")))?;
+        for (seed, adapter) in ADAPTERS.iter().enumerate() {
+            let adapter: hangar_core::AdapterRef = adapter.parse().expect("a valid adapter");
+            let dir = sources.path().join(adapter.name().as_str());
+            let failed =
+                |e: &dyn std::fmt::Display| BenchError::Failed(format!("registering {adapter}: {e}"));
+            hangar_store::synth::synth_adapter_dir(&dir, adapter.base().as_str(), 2, 64, 2, seed as u64)
+                .map_err(|e| failed(&e))?;
+            hangar_store::adapters::import_dir(&store, &dir, &adapter).map_err(|e| failed(&e))?;
+        }
+        let fleet = std::fs::read_to_string(&self.config)?;
+        std::fs::write(&config, format!("{fleet}\n[store]\nroot = \"{}\"\n", own.display()))?;
+        Ok(config)
+    }
+
     /// Starts agent `a` under its name once: an error if it did not
     /// register (its name still held, among others).
     async fn start_agent(&mut self, a: usize) -> Result<(), BenchError> {
         let name = agent_name(a);
+        let config = self.agent_config(a)?;
         let args = [
             "agent",
             "--config",
-            self.config.to_str().expect("a UTF-8 temporary path"),
+            config.to_str().expect("a UTF-8 temporary path"),
             "--redis",
             &self.redis_url,
             "--name",

@@ -170,6 +170,12 @@ pub struct SyncFigures {
     pub cut: usize,
     /// Accepted and never answered, with no kill of their gateway: lost.
     pub lost: usize,
+    /// Of the accepted, those for a LoRA adapter (`BASE:ADAPTER`) not cut
+    /// by their gateway's kill.
+    pub adapter_accepted: usize,
+    /// Those answered anything but 200: a load that failed, or a replica
+    /// that left while its adapter loaded there and no retry.
+    pub adapter_failed: usize,
 }
 
 /// Predictions' figures.
@@ -345,6 +351,18 @@ impl Records {
                 }
             }
             let failed = !matches!(r.outcome, SyncOutcome::Answered { status: 200, .. });
+            if r.model.contains(':') && matches!(r.outcome, SyncOutcome::Answered { .. }) {
+                sync.adapter_accepted += 1;
+                if failed {
+                    sync.adapter_failed += 1;
+                    failures.push(format!(
+                        "adapter request failed: {} at t={:.1} s: {:?}",
+                        r.model,
+                        r.start_ms as f64 / 1e3,
+                        r.outcome
+                    ));
+                }
+            }
             if failed && in_redis(r.start_ms, r.end_ms) && !self.overlaps(r.start_ms, r.end_ms, disrupts_runs)
             {
                 redis.sync_failed += 1;
@@ -558,6 +576,12 @@ impl Records {
                 None,
             ),
             zero("accepted requests lost", sync.lost + p.lost),
+            figure(
+                "adapter requests answered other than 200 (of those answered)",
+                format!("{} of {}", sync.adapter_failed, sync.adapter_accepted),
+                Some("0"),
+                Some(sync.adapter_failed == 0),
+            ),
             zero("predictions without exactly one terminal webhook", p.no_webhook + p.webhooks_twice),
             figure(
                 "predictions run twice (a gateway, node or engine lost meanwhile)",
@@ -808,6 +832,25 @@ mod tests {
         ];
         let report = r.report(None);
         assert_eq!((report.sync.cut, report.sync.lost), (1, 2));
+        assert!(!report.passed());
+    }
+
+    #[test]
+    fn an_adapter_request_answered_other_than_200_fails_the_run() {
+        let mut r = records(vec![fault(Kind::EngineKill, 10_000, 10_000, None)]);
+        let answered = |status| SyncOutcome::Answered { status, body: String::new() };
+        let adapter = |start_ms, outcome| SyncRecord {
+            model: "m/a:acme/x".into(),
+            ..sync(0, start_ms, start_ms + 5, outcome)
+        };
+        r.syncs = vec![adapter(9_000, answered(200)), sync(0, 10_000, 10_005, answered(502))];
+        let report = r.report(None);
+        assert_eq!((report.sync.adapter_accepted, report.sync.adapter_failed), (1, 0));
+        assert!(report.passed(), "a base request's 502 is not an adapter's");
+        let mut r = records(vec![fault(Kind::EngineKill, 10_000, 10_000, None)]);
+        r.syncs = vec![adapter(9_000, answered(200)), adapter(10_000, answered(502))];
+        let report = r.report(None);
+        assert_eq!((report.sync.adapter_accepted, report.sync.adapter_failed), (2, 1));
         assert!(!report.passed());
     }
 

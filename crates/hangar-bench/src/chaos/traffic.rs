@@ -19,9 +19,19 @@ use serde_json::{json, Value};
 use super::fleet::SharedRoster;
 
 /// The models the load asks for, with their weights: `chaos/burst` less
-/// often, so it goes idle, sleeps and is woken.
-pub const MODELS: [(&str, u32); 4] =
-    [("chaos/large", 3), ("chaos/pair", 3), ("chaos/small", 3), ("chaos/burst", 1)];
+/// often, so it goes idle, sleeps and is woken; `chaos/pair`'s adapters
+/// (`BASE:ADAPTER`, sync chats only: the predictions routes name models)
+/// as often as their base, so that its two replicas' agents load and
+/// unload them (2 slots, 3 adapters) under the faults.
+pub const MODELS: [(&str, u32); 7] = [
+    ("chaos/large", 3),
+    ("chaos/pair", 3),
+    ("chaos/small", 3),
+    ("chaos/burst", 1),
+    (super::fleet::ADAPTERS[0], 1),
+    (super::fleet::ADAPTERS[1], 1),
+    (super::fleet::ADAPTERS[2], 1),
+];
 
 /// How a sync request ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -126,7 +136,8 @@ fn excerpt(s: &str) -> String {
 
 /// Runs the load until `stop` is set: `shape.clients` clients, each
 /// sending at `rate / clients` per second (exponential gaps), a sync chat
-/// or a prediction (half each) of a model drawn by [`MODELS`], through a
+/// or a prediction (half each; an adapter's always a chat) of a model
+/// drawn by [`MODELS`], through a
 /// gateway drawn at random. A request to a gateway that is down is
 /// recorded as refused.
 pub async fn run(
@@ -168,7 +179,7 @@ pub async fn run(
                     .map(|(m, _)| *m)
                     .expect("below the total");
                 let tokens = rng.random_range(4..32u32);
-                let sync = rng.random_bool(0.5);
+                let sync = rng.random_bool(0.5) || model.contains(':');
                 let (gateway, url) = {
                     let r = roster.read().expect("roster");
                     let g = rng.random_range(0..r.gateways.len());

@@ -334,6 +334,9 @@ async fn admit(
             Err(AdmitError::QueueFull { .. } | AdmitError::Unavailable { .. }) => {
                 tokio::time::sleep(Duration::from_millis(100)).await
             }
+            // Its replica left while its adapter loaded there; nothing was
+            // sent: it asks again.
+            Err(AdmitError::AdapterReplicaLeft(why)) => tracing::info!("{why}: asking for another replica"),
             Err(e) => return Err(ExecError::Failed(format!("no replica could serve it: {e}"))),
         }
     }
