@@ -259,6 +259,12 @@ pub struct RedisFigures {
     pub lease_moved: usize,
 }
 
+/// A failure line for the sync request `r`: `what`, its model, when it
+/// was sent and how it ended.
+fn failed_sync(what: &str, r: &SyncRecord) -> String {
+    format!("{what}: {} at t={:.1} s: {:?}", r.model, r.start_ms as f64 / 1e3, r.outcome)
+}
+
 /// How long after a fault ends what it took down may still be sent work:
 /// a gateway learns that an engine died from its node's report (the
 /// agent's health check runs every second, reports every 250 ms) or from
@@ -355,23 +361,13 @@ impl Records {
                 sync.adapter_accepted += 1;
                 if failed {
                     sync.adapter_failed += 1;
-                    failures.push(format!(
-                        "adapter request failed: {} at t={:.1} s: {:?}",
-                        r.model,
-                        r.start_ms as f64 / 1e3,
-                        r.outcome
-                    ));
+                    failures.push(failed_sync("adapter request failed", r));
                 }
             }
             if failed && in_redis(r.start_ms, r.end_ms) && !self.overlaps(r.start_ms, r.end_ms, disrupts_runs)
             {
                 redis.sync_failed += 1;
-                failures.push(format!(
-                    "sync request failed during a Redis fault: {} at t={:.1} s: {:?}",
-                    r.model,
-                    r.start_ms as f64 / 1e3,
-                    r.outcome
-                ));
+                failures.push(failed_sync("sync request failed during a Redis fault", r));
             }
         }
         sync.accepted = sync.sent - sync.refused;
