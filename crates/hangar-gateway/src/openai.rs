@@ -377,6 +377,15 @@ impl Forward<'_> {
                     tries.replica_dead();
                     continue;
                 }
+                // Nothing was sent either: another replica is tried while a
+                // try is left (one found dead gives it back, as for a failed
+                // send); the last failure is the answer.
+                Err(AdmitError::AdapterFailed { replica: Some(replica), why }) if tries.any_left() => {
+                    tracing::warn!("{why}: asking for another replica");
+                    self.lost(replica, &mut tries).await;
+                    avoid = Some(replica);
+                    continue;
+                }
                 Err(e) => {
                     let (code, response) = admit_error(&e, timeout_s);
                     return counted(tally, code, response);
@@ -582,6 +591,11 @@ impl Default for Tries {
 }
 
 impl Tries {
+    /// Whether a try is left to take.
+    fn any_left(&self) -> bool {
+        self.left > 0
+    }
+
     /// Takes a try; `false` when none is left.
     fn take(&mut self) -> bool {
         let Some(left) = self.left.checked_sub(1) else { return false };
@@ -622,7 +636,7 @@ pub(crate) fn admit_error(e: &AdmitError, timeout_s: u64) -> (ErrorCode, Respons
             let message = format!("no replica became free within the request's timeout ({timeout_s} s)");
             (ErrorCode::Timeout, error(StatusCode::GATEWAY_TIMEOUT, "timeout", &message, None))
         }
-        AdmitError::AdapterFailed(why) | AdmitError::AdapterReplicaLeft(why) => {
+        AdmitError::AdapterFailed { why, .. } | AdmitError::AdapterReplicaLeft(why) => {
             (ErrorCode::ReplicaFailed, error(StatusCode::BAD_GATEWAY, "service_unavailable", why, None))
         }
         AdmitError::AdapterRefused(why) => (

@@ -143,10 +143,15 @@ pub enum AdmitError {
         reason: String,
     },
     /// The request's adapter could not be loaded on the replica it was
-    /// granted (HTTP 502), or can never be held (larger than a replica's
-    /// adapter memory, HTTP 400: [`AdmitError::AdapterRefused`]).
-    #[error("{0}")]
-    AdapterFailed(String),
+    /// granted (HTTP 502 once no other replica can take it: nothing was
+    /// sent, so a caller may ask again, avoiding that one).
+    #[error("{why}")]
+    AdapterFailed {
+        /// The replica the load failed on, if it still held the request.
+        replica: Option<ReplicaId>,
+        /// What failed.
+        why: String,
+    },
     /// The replica the request was granted left while the request's
     /// adapter was loading there. Nothing was sent to it, so the caller
     /// asks again (another replica, or this one back); HTTP 502 only if
@@ -322,8 +327,8 @@ impl Shared {
                     let replica = state.admission.holder(request);
                     let why = replica.and_then(|r| state.step_errors.get(&r)).map_or("", String::as_str);
                     let on = replica.map(|r| format!(" on replica {r}")).unwrap_or_default();
-                    let message = format!("adapter `{adapter}` could not be loaded{on}: {why}");
-                    state.answer_adapter(request, Err(AdmitError::AdapterFailed(message)));
+                    let why = format!("adapter `{adapter}` could not be loaded{on}: {why}");
+                    state.answer_adapter(request, Err(AdmitError::AdapterFailed { replica, why }));
                 }
             }
         }

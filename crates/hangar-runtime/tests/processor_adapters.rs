@@ -126,7 +126,7 @@ async fn a_failed_load_fails_its_requests_with_the_engines_reason_and_frees_thei
     let p = processor(2, &engine);
     let bad = adapter("acme/bad");
     let e = p.admit_with(acct(), with(&bad)).await.unwrap_err();
-    let AdmitError::AdapterFailed(why) = &e else { panic!("{e:?}") };
+    let AdmitError::AdapterFailed { why, .. } = &e else { panic!("{e:?}") };
     assert!(why.contains("m:acme/bad") && why.contains("the engine could not read acme/bad"), "{why}");
     assert_eq!(p.load().in_use, 0, "the permit went back");
     // The replica still serves other adapters.

@@ -287,6 +287,51 @@ min_replicas = 1
     assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/crash\"} 1"]);
 }
 
+/// A request whose adapter is loading on a replica whose engine dies
+/// meanwhile is not answered 502: nothing was sent to the engine, so it
+/// asks again and is served by the replica started in the dead one's place
+/// (`hangar bench chaos` found adapter requests failed so on a fleet).
+#[test]
+fn a_request_whose_adapters_engine_dies_mid_load_is_served_by_the_next_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    common::register_adapter(&store, "t/a:acme/x", 1);
+    let hangar = env!("CARGO_BIN_EXE_hangar");
+    let s = serve(&format!(
+        r#"{ONE_GPU_AND_WARM_CACHE}
+[store]
+root = "{}"
+
+[[models]]
+key = "t/a"
+engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --preset fast --model t/a --lora-load-ms 1500", readiness_path = "/health" }}
+size = "60GB"
+min_replicas = 1
+adapters = {{ slots = 2 }}
+"#,
+        store.display()
+    ));
+    let before = replicas(&s.url, None, "t/a");
+    let pid = before[0]["pid"].as_u64().unwrap();
+    let url = s.url.clone();
+    let asked = std::thread::spawn(move || post(&url, None, &chat("t/a:acme/x", 2)));
+    // Its permit is held while the adapter loads (1.5 s).
+    eventually("the request waits for its adapter", || {
+        model_status(&s.url, None, "t/a")["permits"]["used"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let (status, body) = asked.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "t/a:acme/x", "{body}");
+    let after = replicas(&s.url, None, "t/a");
+    assert_ne!(after[0]["pid"], before[0]["pid"], "served by the replica started in the dead one's place");
+}
+
 #[test]
 fn a_client_that_leaves_mid_answer_cancels_the_engine_request_and_frees_its_permit() {
     let s = serve(&one_gpu(
