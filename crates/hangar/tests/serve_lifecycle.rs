@@ -290,12 +290,15 @@ min_replicas = 1
 /// A request whose adapter is loading on a replica whose engine dies
 /// meanwhile is not answered 502: nothing was sent to the engine, so it
 /// asks again and is served by the replica started in the dead one's place
-/// (`hangar bench chaos` found adapter requests failed so on a fleet).
+/// (`hangar bench chaos` found adapter requests failed so on a fleet). So
+/// is a queued request (Workers AI's `queueRequest`), which runs through
+/// the predictions' executor.
 #[test]
 fn a_request_whose_adapters_engine_dies_mid_load_is_served_by_the_next_replica() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     common::register_adapter(&store, "t/a:acme/x", 1);
+    common::register_adapter(&store, "t/a:acme/y", 2);
     let hangar = env!("CARGO_BIN_EXE_hangar");
     let s = serve(&format!(
         r#"{ONE_GPU_AND_WARM_CACHE}
@@ -308,28 +311,45 @@ engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --p
 size = "60GB"
 min_replicas = 1
 adapters = {{ slots = 2 }}
+use_async_queue = true
 "#,
         store.display()
     ));
-    let before = replicas(&s.url, None, "t/a");
-    let pid = before[0]["pid"].as_u64().unwrap();
+    // Kills the replica's engine once a request's permit is held while its
+    // adapter loads (1.5 s); the engine's pid.
+    let kill_mid_load = |s: &common::Serve| {
+        eventually("a request waits for its adapter", || {
+            model_status(&s.url, None, "t/a")["permits"]["used"] == 1
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = replicas(&s.url, None, "t/a")[0]["pid"].as_u64().unwrap();
+        let target = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(target, rustix::process::Signal::KILL).unwrap();
+        pid
+    };
     let url = s.url.clone();
     let asked = std::thread::spawn(move || post(&url, None, &chat("t/a:acme/x", 2)));
-    // Its permit is held while the adapter loads (1.5 s).
-    eventually("the request waits for its adapter", || {
-        model_status(&s.url, None, "t/a")["permits"]["used"] == 1
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    let killed = kill_mid_load(&s);
     let (status, body) = asked.join().unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], "t/a:acme/x", "{body}");
     let after = replicas(&s.url, None, "t/a");
-    assert_ne!(after[0]["pid"], before[0]["pid"], "served by the replica started in the dead one's place");
+    assert_ne!(after[0]["pid"], json!(killed), "served by the replica started in the dead one's place");
+
+    let mut queued = chat("t/a:acme/y", 2);
+    queued["options"] = json!({"queueRequest": true});
+    let url = s.url.clone();
+    let asked = std::thread::spawn(move || post(&url, None, &queued));
+    kill_mid_load(&s);
+    let (mut status, mut body) = asked.join().unwrap();
+    let started = std::time::Instant::now();
+    while status == 202 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+        let id = body["request_id"].as_str().unwrap().to_owned();
+        (status, body) = post(&s.url, None, &json!({"model": "t/a:acme/y", "inputs": {"request_id": id}}));
+    }
+    assert_eq!(status, 200, "the queued request ran on the next replica: {body}");
+    assert_eq!(body["model"], "t/a:acme/y", "{body}");
 }
 
 #[test]

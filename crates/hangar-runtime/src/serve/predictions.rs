@@ -310,6 +310,7 @@ async fn complete(inner: &Arc<Inner>, run: &Run<'_>, sink: Sink) -> Result<Value
 /// failed; only a model whose engine does not start fails it. Its logs
 /// (`sink`) show its position in the line while it waits.
 async fn admit(
+    inner: &Arc<Inner>,
     rt: &Arc<ModelRuntime>,
     account: &AccountId,
     asked: Asked<'_>,
@@ -317,7 +318,7 @@ async fn admit(
 ) -> Result<Lease, ExecError> {
     let tell = |position: NonZeroU32| sink.log(Progress::Queued { position: position.get() }.to_string());
     let Asked { prompt, avoid, adapter } = asked;
-    let wait = Wait {
+    let mut wait = Wait {
         patience: Patience::Patient,
         prompt,
         avoid,
@@ -325,6 +326,9 @@ async fn admit(
         adapter,
         ..Wait::default()
     };
+    // A failed adapter load is tried once more, its replica probed first
+    // (out of routing if dead) and avoided: nothing was sent.
+    let mut load_tries = 2;
     loop {
         match rt.processor.admit_with(account.clone(), wait).await {
             Ok(lease) => return Ok(lease),
@@ -337,6 +341,12 @@ async fn admit(
             // Its replica left while its adapter loaded there; nothing was
             // sent: it asks again.
             Err(AdmitError::AdapterReplicaLeft(why)) => tracing::info!("{why}: asking for another replica"),
+            Err(AdmitError::AdapterFailed { replica: Some(replica), why }) if load_tries > 1 => {
+                tracing::warn!("{why}: asking for another replica");
+                load_tries -= 1;
+                inner.probe(rt, replica).await;
+                wait.avoid = Some(replica);
+            }
             Err(e) => return Err(ExecError::Failed(format!("no replica could serve it: {e}"))),
         }
     }
@@ -363,7 +373,7 @@ async fn on_cog_replica(
     sink: &Sink,
     mode: CogMode,
 ) -> Result<Value, ExecError> {
-    let lease = admit(rt, &run.job.account, Asked::default(), sink).await?;
+    let lease = admit(inner, rt, &run.job.account, Asked::default(), sink).await?;
     sink.started();
     let (base, node) =
         rt.replica_route(lease.replica).ok_or_else(|| ExecError::Lost("the replica went away".into()))?;
@@ -436,7 +446,7 @@ async fn send(
     let prompt = prompt.as_ref().map(|(blocks, tokens)| (&blocks[..], *tokens));
     let mut avoid = None;
     loop {
-        let lease = admit(rt, &run.job.account, Asked { prompt, avoid, adapter }, sink).await?;
+        let lease = admit(inner, rt, &run.job.account, Asked { prompt, avoid, adapter }, sink).await?;
         if avoid.is_none() {
             sink.started();
         }
