@@ -12,7 +12,10 @@ use hangar_redis::fleet::FleetState;
 use hangar_redis::{LocalRedis, Redis};
 use hangar_store::BlobStore;
 
-use super::{fresh_figure, loaded_figure, model_extra, register, until_ok, Fresh, Options, Report, Source};
+use super::{
+    exported_ahead, fresh_figure, loaded_figure, model_extra, register, until_ok, Fresh, Options, Report,
+    Source,
+};
 use crate::processes::{address, spawn_announcing, spawn_first_line, Process, MODEL};
 use crate::BenchError;
 
@@ -23,6 +26,9 @@ const NODES: [&str; 2] = ["n0", "n1"];
 /// of them.
 struct Fleet {
     gateway: Process,
+    /// Seconds from the agents' start until each node had made the
+    /// directories of its own store's adapters ahead of need.
+    made_ahead_s: f64,
     /// The one replica's node (an index into [`NODES`]) and engine URL.
     replica: (usize, String),
     /// Each node's store, opened by the bench beside its daemon.
@@ -53,7 +59,7 @@ pub(super) async fn run(options: &Options, names: &[String]) -> Result<Report, B
         })
         .collect();
     let fresh = fresh_figure(&mut client, gateway, engine_url, &fresh, base.p50_ms).await?;
-    Ok(Report::new(true, adapter_bytes, None, (base, loaded), fresh))
+    Ok(Report::new(true, adapter_bytes, fleet.made_ahead_s, (base, loaded), fresh))
 }
 
 impl Fleet {
@@ -64,7 +70,7 @@ impl Fleet {
         let exe = options.hangar_exe.as_path();
         let dir = tempfile::tempdir()?;
         let roots: Vec<PathBuf> = NODES.iter().map(|n| dir.path().join(n).join("store")).collect();
-        let (mut stores, mut adapter_bytes) = (Vec::new(), 0);
+        let (mut stores, mut own_counts, mut adapter_bytes) = (Vec::new(), Vec::new(), 0);
         for (node, root) in roots.iter().enumerate() {
             let own: Vec<(u64, &str)> = names
                 .iter()
@@ -74,6 +80,7 @@ impl Fleet {
                 .collect();
             let (store, bytes) = register(root, &own, options.rank).await?;
             stores.push(store);
+            own_counts.push(own.len());
             adapter_bytes = bytes;
         }
 
@@ -131,6 +138,7 @@ impl Fleet {
         )
         .await?;
         let mut agents = Vec::new();
+        let agents_started = Instant::now();
         for (node, root) in NODES.iter().zip(&roots) {
             let own = dir.path().join(node).join("fleet.toml");
             std::fs::write(&own, format!("{config}\n[store]\nroot = \"{}\"\n", root.display()))?;
@@ -156,8 +164,15 @@ impl Fleet {
         let replica = replica(&agents).await?;
         until_ok(&super::chat(address(&gateway.url)?, MODEL), "the base model through the gateway").await?;
         published(&redis.url(), names.len()).await?;
+        // The steady state, as on one machine: every node has made its own
+        // store's adapters' directories (a peer's are made on demand).
+        let mut made_ahead_s: f64 = 0.0;
+        for (root, &count) in roots.iter().zip(&own_counts) {
+            made_ahead_s = made_ahead_s.max(exported_ahead(root, count, agents_started).await?);
+        }
         let fleet = Fleet {
             gateway,
+            made_ahead_s,
             replica,
             stores,
             _processes: processes,

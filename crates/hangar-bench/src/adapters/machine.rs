@@ -1,10 +1,11 @@
 //! The benchmark on one machine: a weight store, a mock engine and
 //! `hangar serve` in front of it.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{fresh_figure, loaded_figure, model_extra, register, until_ok, Fresh, Options, Report};
+use super::{
+    exported_ahead, fresh_figure, loaded_figure, model_extra, register, until_ok, Fresh, Options, Report,
+};
 use crate::processes::{address, launch_instant_engine, start_serve, MODEL};
 use crate::BenchError;
 
@@ -33,28 +34,5 @@ pub(super) async fn run(options: &Options, names: &[String]) -> Result<Report, B
     let fresh = fresh_figure(&mut client, gateway, &engine.base_url, &fresh, base.p50_ms).await?;
     server.process.stop(Duration::from_secs(5)).await;
     engine.stop(Duration::from_secs(5)).await;
-    Ok(Report::new(false, adapter_bytes, Some(exported_ahead_s), (base, loaded), fresh))
-}
-
-/// Waits until the server has exported all `count` adapters of the store
-/// at `root` ahead of need (a minute at most); the seconds since `since`.
-async fn exported_ahead(root: &Path, count: usize, since: Instant) -> Result<f64, BenchError> {
-    let dirs = root.join("adapter-dirs");
-    let exported = || {
-        std::fs::read_dir(&dirs)
-            .map(|d| {
-                d.filter_map(Result::ok).filter(|e| e.path().join("adapter_config.json").exists()).count()
-            })
-            .unwrap_or(0)
-    };
-    while exported() < count {
-        if since.elapsed() > Duration::from_secs(60) {
-            return Err(BenchError::Failed(format!(
-                "the server exported {} of {count} adapters ahead of need within a minute",
-                exported()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(since.elapsed().as_secs_f64())
+    Ok(Report::new(false, adapter_bytes, exported_ahead_s, (base, loaded), fresh))
 }

@@ -29,11 +29,12 @@
 //!    (`POST /v1/load_lora_adapter` with a directory the bench exports,
 //!    then unloaded again), then a request for it through the gateway. Its
 //!    latency less the engine's load and less a base request's p50 is
-//!    Hangar's overhead. On one machine the target is that the request pays
-//!    only the load, once the server has exported its adapters ahead of
-//!    need, as it does in the background from its start (how long that
-//!    took is reported); on a fleet the overhead is reported by where the
-//!    adapter was registered.
+//!    Hangar's overhead. The target is that the request pays only the
+//!    load, once the adapters were exported ahead of need, as the server
+//!    does in the background from its start (on a fleet each node's agent,
+//!    for its own store's adapters; how long that took is reported); on a
+//!    fleet the overhead is also reported by where the adapter was
+//!    registered, a peer's being made on demand.
 
 mod fleet;
 mod machine;
@@ -91,8 +92,9 @@ pub struct Report {
     pub adapter_bytes: u64,
     /// Seconds from the server's start until it had exported every
     /// adapter ahead of need (what the second figure waits for); on a
-    /// fleet, where agents make directories on demand, none.
-    pub exported_ahead_s: Option<f64>,
+    /// fleet, from the agents' start until each node had made its own
+    /// store's (a peer's are made on demand).
+    pub exported_ahead_s: f64,
     /// Requests for the base model.
     pub base: PathStats,
     /// Requests for an adapter loaded on the replica.
@@ -271,7 +273,7 @@ impl Report {
     fn new(
         fleet: bool,
         adapter_bytes: u64,
-        exported_ahead_s: Option<f64>,
+        exported_ahead_s: f64,
         (base, loaded): (PathStats, PathStats),
         fresh: Vec<FreshLoad>,
     ) -> Report {
@@ -349,6 +351,32 @@ async fn until_ok(target: &Target, what: &str) -> Result<(), BenchError> {
     }
 }
 
+/// Waits until `count` adapters of the store at `root` have their
+/// directories, made ahead of need (by `hangar serve` on one machine, by
+/// the node's agent on a fleet; a minute at most); the seconds since
+/// `since`.
+async fn exported_ahead(root: &Path, count: usize, since: Instant) -> Result<f64, BenchError> {
+    let dirs = root.join("adapter-dirs");
+    let exported = || {
+        std::fs::read_dir(&dirs)
+            .map(|d| {
+                d.filter_map(Result::ok).filter(|e| e.path().join("adapter_config.json").exists()).count()
+            })
+            .unwrap_or(0)
+    };
+    while exported() < count {
+        if since.elapsed() > Duration::from_secs(60) {
+            return Err(BenchError::Failed(format!(
+                "{} of {count} adapters of the store at {} had their directories made ahead of need within a minute",
+                exported(),
+                root.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(since.elapsed().as_secs_f64())
+}
+
 /// The engine's own load of adapter `name`, straight to the mock at `base`
 /// from the directory the store exports under `under` (then unloaded, so
 /// the gateway's request finds it absent), ms.
@@ -418,18 +446,18 @@ impl std::fmt::Display for Report {
             "   added by the adapter: p50 {:+.3} ms, p99 {:+.3} ms   (target: none measurable)",
             self.loaded_added_p50_ms, self.loaded_added_p99_ms
         )?;
-        match self.exported_ahead_s {
-            Some(s) => writeln!(
+        let (count, s) = (self.fresh.len(), self.exported_ahead_s);
+        match self.fleet {
+            false => writeln!(
                 f,
-                "\n2. an adapter that needs a load ({} adapters, each asked for once, after the server exported \
+                "\n2. an adapter that needs a load ({count} adapters, each asked for once, after the server exported \
                  them ahead of need, {s:.1} s after it started):",
-                self.fresh.len(),
             )?,
-            None => writeln!(
+            true => writeln!(
                 f,
-                "\n2. an adapter that needs a load ({} adapters, each asked for once; the replica's agent made \
-                 the directories of its own node's adapters ahead of need, and makes a peer's on demand):",
-                self.fresh.len(),
+                "\n2. an adapter that needs a load ({count} adapters, each asked for once, after each node made \
+                 its own store's adapters' directories ahead of need, {s:.1} s after the agents started; a peer's \
+                 are made on demand):",
             )?,
         }
         let registered = if self.fleet { "registered on" } else { "" };
