@@ -108,6 +108,19 @@ virtual_gpus = true
 cpu_cache = "200GB"
 "#;
 
+/// [`ONE_GPU_AND_WARM_CACHE`] with a weight store (in the temporary
+/// directory returned, removed when dropped) in which each of `adapters`
+/// (`BASE:NAME`) is registered.
+fn with_adapters(adapters: &[&str]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    for (seed, adapter) in adapters.iter().enumerate() {
+        common::register_adapter(&store, adapter, seed as u64 + 1);
+    }
+    let head = format!("{ONE_GPU_AND_WARM_CACHE}\n[store]\nroot = \"{}\"\n", store.display());
+    (dir, head)
+}
+
 #[test]
 fn a_replica_is_reused_evicted_to_the_warm_cache_and_woken_again() {
     let s = serve(&format!(
@@ -156,14 +169,9 @@ size = "60GB"
 /// loaded the adapter once.
 #[test]
 fn an_adapter_loaded_before_its_engine_slept_serves_after_it_wakes() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    common::register_adapter(&store, "t/a:acme/x", 1);
+    let (_store, head) = with_adapters(&["t/a:acme/x"]);
     let s = serve(&format!(
-        r#"{ONE_GPU_AND_WARM_CACHE}
-[store]
-root = "{}"
-
+        r#"{head}
 [[models]]
 key = "t/a"
 engine = {{ kind = "mock", preset = "fast" }}
@@ -175,8 +183,7 @@ adapters = {{ slots = 2 }}
 key = "t/b"
 engine = {{ kind = "mock", preset = "fast" }}
 size = "60GB"
-"#,
-        store.display()
+"#
     ));
     let (status, body) = post(&s.url, None, &chat("t/a:acme/x", 2));
     assert_eq!(status, 200, "{body}");
@@ -295,16 +302,10 @@ min_replicas = 1
 /// the predictions' executor.
 #[test]
 fn a_request_whose_adapters_engine_dies_mid_load_is_served_by_the_next_replica() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    common::register_adapter(&store, "t/a:acme/x", 1);
-    common::register_adapter(&store, "t/a:acme/y", 2);
+    let (_store, head) = with_adapters(&["t/a:acme/x", "t/a:acme/y"]);
     let hangar = env!("CARGO_BIN_EXE_hangar");
     let s = serve(&format!(
-        r#"{ONE_GPU_AND_WARM_CACHE}
-[store]
-root = "{}"
-
+        r#"{head}
 [[models]]
 key = "t/a"
 engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --preset fast --model t/a --lora-load-ms 1500", readiness_path = "/health" }}
@@ -312,8 +313,7 @@ size = "60GB"
 min_replicas = 1
 adapters = {{ slots = 2 }}
 use_async_queue = true
-"#,
-        store.display()
+"#
     ));
     // Kills the replica's engine once a request's permit is held while its
     // adapter loads (1.5 s); the engine's pid.
