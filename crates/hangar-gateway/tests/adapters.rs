@@ -30,10 +30,9 @@ async fn mock(lora_api: bool) -> String {
 /// Registers a small synthetic adapter `BASE:NAME` in the store at `root`.
 fn register(root: &Path, adapter: &str, seed: u64) {
     let store = BlobStore::open(root).unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let adapter: AdapterRef = adapter.parse().unwrap();
-    hangar_store::synth::synth_adapter_dir(dir.path(), adapter.base().as_str(), 2, 64, 2, seed).unwrap();
-    hangar_store::adapters::import_dir(&store, dir.path(), &adapter).unwrap();
+    hangar_store::synth::register_adapter(&store, &adapter, hangar_store::synth::AdapterShape::TINY, seed)
+        .unwrap();
 }
 
 /// `t/m` (adapters, two slots, `private/*` for account `beta` only, the

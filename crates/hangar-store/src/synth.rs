@@ -219,6 +219,47 @@ pub fn synth_adapter_dir(
     Ok(vec![config_path, weights])
 }
 
+/// The size of a synthetic adapter ([`synth_adapter_dir`]): its LoRA
+/// rank, the base model's hidden size, and the layers adapted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdapterShape {
+    /// LoRA rank.
+    pub rank: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Layers.
+    pub layers: usize,
+}
+
+impl AdapterShape {
+    /// A few kilobytes: rank 2, hidden 64, 2 layers.
+    pub const TINY: AdapterShape = AdapterShape { rank: 2, hidden: 64, layers: 2 };
+}
+
+/// Registers in `store` a synthetic adapter `adapter` of `shape`, for
+/// tests and benchmarks: [`synth_adapter_dir`] (its base model's name the
+/// adapter's base, deterministic in `seed`, so the same seed makes the same
+/// artifact in any store) written to a temporary directory, then
+/// [`crate::adapters::import_dir`]. Its import report.
+pub fn register_adapter(
+    store: &crate::BlobStore,
+    adapter: &hangar_core::AdapterRef,
+    shape: AdapterShape,
+    seed: u64,
+) -> Result<crate::adapters::ImportReport, crate::adapters::ImportError> {
+    let synth = || -> Result<tempfile::TempDir, StoreError> {
+        let dir = tempfile::tempdir().map_err(io_err(&std::env::temp_dir()))?;
+        synth_adapter_dir(dir.path(), adapter.base().as_str(), shape.rank, shape.hidden, shape.layers, seed)?;
+        Ok(dir)
+    };
+    let dir = synth().map_err(|e| crate::adapters::ImportError::Store {
+        adapter: adapter.clone(),
+        dir: std::env::temp_dir(),
+        source: Box::new(e),
+    })?;
+    crate::adapters::import_dir(store, dir.path(), adapter)
+}
+
 /// Writes a Hugging Face model directory of a small Llama-style model, as
 /// `huggingface-cli download --local-dir` leaves one, for tests and
 /// benchmarks: `config.json` (`hidden_size` = `hidden`,

@@ -389,3 +389,21 @@ fn exports_of_adapters_no_longer_registered_are_pruned_and_nothing_else() {
     // A directory that does not exist has nothing to prune.
     assert!(adapters::prune_exports(&dir.path().join("none"), &[]).unwrap().is_empty());
 }
+
+/// `synth::register_adapter`, which tests and benchmarks use to fill a
+/// store: the same adapter and seed make the same artifact in any store
+/// (a fleet's nodes must agree on it), another seed another one.
+#[test]
+fn a_synthetic_adapter_registered_with_one_seed_is_one_artifact_everywhere() {
+    use hangar_store::synth::{register_adapter, AdapterShape};
+    let dir = tempfile::tempdir().unwrap();
+    let a = name("t/base:acme/a");
+    let stores: Vec<BlobStore> =
+        ["one", "two"].iter().map(|n| BlobStore::open(dir.path().join(n)).unwrap()).collect();
+    let ids: Vec<_> =
+        stores.iter().map(|s| register_adapter(s, &a, AdapterShape::TINY, 3).unwrap().id).collect();
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(adapters::find(&stores[1], &a).unwrap().unwrap().id, ids[1], "registered under its name");
+    let other = register_adapter(&stores[0], &name("t/base:acme/b"), AdapterShape::TINY, 4).unwrap().id;
+    assert_ne!(other, ids[0]);
+}

@@ -317,14 +317,11 @@ async fn register(
     tokio::task::spawn_blocking(move || {
         let store =
             BlobStore::open(&root).map_err(|e| BenchError::Failed(format!("the bench's store: {e}")))?;
-        let sources = tempfile::tempdir()?;
+        let shape = hangar_store::synth::AdapterShape { rank, hidden: HIDDEN, layers: LAYERS };
         let mut bytes = 0;
         for (seed, name) in &adapters {
-            let dir = sources.path().join(format!("a{seed}"));
-            hangar_store::synth::synth_adapter_dir(&dir, MODEL, rank, HIDDEN, LAYERS, *seed)
-                .map_err(|e| BenchError::Failed(format!("writing a synthetic adapter: {e}")))?;
             let adapter: AdapterRef = format!("{MODEL}:{name}").parse().expect("a valid adapter name");
-            let report = hangar_store::adapters::import_dir(&store, &dir, &adapter)
+            let report = hangar_store::synth::register_adapter(&store, &adapter, shape, *seed)
                 .map_err(|e| BenchError::Failed(format!("registering {adapter}: {e}")))?;
             bytes = report.bytes;
         }

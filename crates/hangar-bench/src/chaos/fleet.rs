@@ -251,17 +251,13 @@ impl Fleet {
         if config.exists() {
             return Ok(config);
         }
-        let sources = tempfile::tempdir()?;
         let store = hangar_store::BlobStore::open(&own)
             .map_err(|e| BenchError::Failed(format!("agent {a}'s store: {e}")))?;
         for (seed, adapter) in ADAPTERS.iter().enumerate() {
             let adapter: hangar_core::AdapterRef = adapter.parse().expect("a valid adapter");
-            let dir = sources.path().join(adapter.name().as_str());
-            let failed =
-                |e: &dyn std::fmt::Display| BenchError::Failed(format!("registering {adapter}: {e}"));
-            hangar_store::synth::synth_adapter_dir(&dir, adapter.base().as_str(), 2, 64, 2, seed as u64)
-                .map_err(|e| failed(&e))?;
-            hangar_store::adapters::import_dir(&store, &dir, &adapter).map_err(|e| failed(&e))?;
+            let shape = hangar_store::synth::AdapterShape::TINY;
+            hangar_store::synth::register_adapter(&store, &adapter, shape, seed as u64)
+                .map_err(|e| BenchError::Failed(format!("registering {adapter} for agent {a}: {e}")))?;
         }
         let fleet = std::fs::read_to_string(&self.config)?;
         std::fs::write(&config, format!("{fleet}\n[store]\nroot = \"{}\"\n", own.display()))?;

@@ -103,11 +103,9 @@ pub fn start_store(root: &Path, args: &[&str]) -> (Killed, String) {
 /// Registers a small synthetic LoRA adapter `adapter` (`BASE:NAME`) in the
 /// weight store at `root`: its artifact.
 pub fn register_adapter(root: &Path, adapter: &str, seed: u64) -> hangar_store::ArtifactId {
-    let adapter: hangar_core::AdapterRef = adapter.parse().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    hangar_store::synth::synth_adapter_dir(dir.path(), adapter.base().as_str(), 2, 64, 2, seed).unwrap();
     let store = hangar_store::BlobStore::open(root).unwrap();
-    hangar_store::adapters::import_dir(&store, dir.path(), &adapter).unwrap().id
+    let shape = hangar_store::synth::AdapterShape::TINY;
+    hangar_store::synth::register_adapter(&store, &adapter.parse().unwrap(), shape, seed).unwrap().id
 }
 
 /// Starts `hangar serve` with `config` on a free loopback port and waits
