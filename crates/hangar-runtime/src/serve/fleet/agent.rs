@@ -89,6 +89,9 @@ pub struct Agent {
     /// The models that load adapters: the node makes the directories of
     /// its own store's adapters of these ahead of need.
     adapter_bases: std::collections::BTreeSet<hangar_core::ModelKey>,
+    /// Those adapters, with their artifacts, as the store listed them at
+    /// the last publication (one read a second serves both chores).
+    own_adapters: std::sync::Mutex<Vec<(hangar_core::AdapterRef, hangar_store::ArtifactId)>>,
     /// The digest of the adapters published last (reported with the
     /// replicas; `None`: none published).
     adapters: std::sync::Mutex<Option<String>>,
@@ -171,6 +174,7 @@ impl Agent {
                 .filter(|m| m.adapters.is_some())
                 .map(|m| m.key.clone())
                 .collect(),
+            own_adapters: std::sync::Mutex::default(),
             draining: std::sync::atomic::AtomicBool::new(false),
             stop: CancellationToken::new(),
             replaced: CancellationToken::new(),
@@ -375,14 +379,22 @@ impl Agent {
 
     /// Publishes the adapters the node's store registers when they changed
     /// since the last publication (and again when Redis lost them), and
-    /// keeps the publication alive otherwise. A store or Redis that cannot
-    /// be read changes nothing: what was published stands.
+    /// keeps the publication alive otherwise; keeps those of the models
+    /// that load adapters for [`Agent::make_adapter_dirs_ahead`]. A store
+    /// or Redis that cannot be read changes nothing: what was published
+    /// stands.
     fn publish_adapters(self: Arc<Self>) {
         let Some(store) = &self.adapter_store else { return };
-        let now = match hangar_store::adapters::list(store, None) {
-            Ok(list) => node_adapters(list),
+        let list = match hangar_store::adapters::list(store, None) {
+            Ok(list) => list,
             Err(e) => return tracing::warn!(node = %self.node, "cannot read the store's adapters: {e}"),
         };
+        *self.own_adapters.lock().expect("own adapters lock") = list
+            .iter()
+            .filter(|e| self.adapter_bases.contains(e.adapter.base()))
+            .map(|e| (e.adapter.clone(), e.id))
+            .collect();
+        let now = node_adapters(list);
         let published = self.adapters.lock().expect("adapters lock").clone();
         let digest = (!now.adapters.is_empty()).then(|| now.digest.clone());
         let name = &self.record.name;
@@ -420,19 +432,12 @@ impl Agent {
     }
 
     /// Makes the directories of the adapters the node's own store
-    /// registers for a model that loads adapters ahead of need, so that a
-    /// first request for one pays the engine's load only (a peer's are made
-    /// on demand). A store that cannot be read changes nothing.
+    /// registers for a model that loads adapters (as the last publication
+    /// read them) ahead of need, so that a first request for one pays the
+    /// engine's load only (a peer's are made on demand).
     fn make_adapter_dirs_ahead(self: Arc<Self>) {
-        let (Some(store), Some(weights)) = (&self.adapter_store, &self.inner.weights) else { return };
-        let own: Vec<_> = match hangar_store::adapters::list(store, None) {
-            Ok(list) => list
-                .into_iter()
-                .filter(|e| self.adapter_bases.contains(e.adapter.base()))
-                .map(|e| (e.adapter, e.id))
-                .collect(),
-            Err(e) => return tracing::debug!(node = %self.node, "cannot read the store's adapters: {e}"),
-        };
+        let Some(weights) = &self.inner.weights else { return };
+        let own = self.own_adapters.lock().expect("own adapters lock").clone();
         for e in weights.make_adapter_dirs_ahead(&own) {
             tracing::warn!(node = %self.node, "making an adapter's directory ahead of need: {e}; it is made when a request needs it");
         }
