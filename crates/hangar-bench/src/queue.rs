@@ -100,7 +100,8 @@ pub struct Comparison {
     /// With `--durable`: the cluster without, then with
     /// `durable_replicas = 1`.
     pub durable: Vec<Report>,
-    /// Why the durable rows were not measured, if `--durable` asked.
+    /// Why the durable rows were not measured, if `--durable` asked: no
+    /// `redis-server` (any other failure fails the bench).
     pub durable_skipped: Option<String>,
 }
 
@@ -138,36 +139,30 @@ pub async fn run(options: &Options) -> Result<Comparison, BenchError> {
     }
     let (mut durable_rows, mut durable_skipped) = (Vec::new(), None);
     if options.durable {
-        match durable(options).await {
-            Ok(rows) => durable_rows = rows,
-            Err(DurableSkipped(why)) => durable_skipped = Some(why),
+        let started = tokio::task::spawn_blocking(LocalRedisCluster::start_with_replicas);
+        match started.await.expect("starting a cluster does not panic") {
+            Ok(mut cluster) => durable_rows = durable(&mut cluster, options).await?,
+            Err(e @ ServerError::NotInstalled) => durable_skipped = Some(e.to_string()),
+            Err(e) => return Err(BenchError::Options(e.to_string())),
         }
     }
     Ok(Comparison { reports, redis_skipped, durable: durable_rows, durable_skipped })
 }
 
-/// Why the durable rows could not be measured.
-struct DurableSkipped(String);
-
-/// The durable rows: a private Redis Cluster with a replica per primary,
-/// measured with `durable_replicas` 0 and then 1, the slot's primary
-/// flushed between the two (every Hangar key is in one slot).
-async fn durable(options: &Options) -> Result<Vec<Report>, DurableSkipped> {
-    let skipped = |e: &dyn fmt::Display| DurableSkipped(e.to_string());
-    let mut cluster = tokio::task::spawn_blocking(LocalRedisCluster::start_with_replicas)
-        .await
-        .expect("starting a cluster does not panic")
-        .map_err(|e| skipped(&e))?;
+/// The durable rows on `cluster` (a Redis Cluster with a replica per
+/// primary): measured with `durable_replicas` 0 and then 1, the slot's
+/// primary flushed between the two (every Hangar key is in one slot).
+async fn durable(cluster: &mut LocalRedisCluster, options: &Options) -> Result<Vec<Report>, BenchError> {
     let mut rows = Vec::with_capacity(2);
     for replicas in [0, 1] {
-        let redis = Redis::connect(&cluster.url()).map_err(|e| skipped(&e))?;
-        let primary = cluster.primary_for(&redis.key("seq")).map_err(|e| skipped(&e))?;
-        let node = Redis::connect(&cluster.nodes()[primary].url()).map_err(|e| skipped(&e))?;
-        node.run(|c| hangar_redis::redis::cmd("FLUSHALL").query::<()>(c)).map_err(|e| skipped(&e))?;
+        let redis = Redis::connect(&cluster.url()).map_err(store_error)?;
+        let primary = cluster.primary_for(&redis.key("seq")).map_err(store_error)?;
+        let node = Redis::connect(&cluster.nodes()[primary].url()).map_err(store_error)?;
+        node.run(|c| hangar_redis::redis::cmd("FLUSHALL").query::<()>(c)).map_err(store_error)?;
         let queue =
-            RedisQueue::open(redis, Shards::default(), 60_000).map_err(|e| skipped(&e))?.durable(replicas);
+            RedisQueue::open(redis, Shards::default(), 60_000).map_err(store_error)?.durable(replicas);
         let backend = format!("redis cluster (3 primaries, a replica each), durable_replicas = {replicas}");
-        rows.push(measure(backend, Arc::new(queue), options).await.map_err(|e| skipped(&e))?);
+        rows.push(measure(backend, Arc::new(queue), options).await?);
     }
     Ok(rows)
 }
