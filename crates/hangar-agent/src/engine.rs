@@ -334,6 +334,17 @@ impl RunningEngine {
             self.child = None;
             return;
         }
+        self.kill().await;
+    }
+
+    /// Kills the engine at once (SIGKILL; a cog server: its whole process
+    /// group) and reaps it: for an engine that died or stopped answering,
+    /// which a request to stop would only wait on. External engines are
+    /// left alone.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the process is killed when `self` is.
+    pub async fn kill(mut self) {
         self.kill_group();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;

@@ -1,7 +1,7 @@
 //! The replica lifecycle, machine and driver together, against a model of
 //! the world: random sequences of what placement wants (HOT on random
-//! GPUs, WARM, gone), requests, engine crashes, refused sleeps, failed
-//! starts and wakes, and slow engine calls, on a paused clock with fake
+//! GPUs, WARM, gone), requests, engine crashes and hangs, refused sleeps,
+//! failed starts and wakes, and slow engine calls, on a paused clock with fake
 //! engines. After every step the invariants that faults used to tear are
 //! checked:
 //!
@@ -9,9 +9,10 @@
 //!   the GPUs placement wants it on (a crashed one keeps them only until
 //!   its health check finds it);
 //! - engines never over-commit a GPU: the bytes of live engines that hold
-//!   GPU memory (awake, or starting or waking on it) fit every GPU;
-//! - no request is cut except by a crash (a replica leaving service
-//!   drains first).
+//!   GPU memory (awake, or starting or waking on it — hung ones too) fit
+//!   every GPU;
+//! - no request is cut except by a crash or a hang (a replica leaving
+//!   service drains first).
 //!
 //! And once everything settles: every engine is a replica placement
 //! wants (no ghosts), HOT ones awake on their GPUs and serving, WARM ones
@@ -42,6 +43,9 @@ struct Proc {
     gpus: BTreeMap<u32, u64>,
     alive: bool,
     awake: bool,
+    /// Alive but answering nothing (wedged on its GPU): it keeps its GPU
+    /// memory until killed.
+    hung: bool,
     /// Requests running on it.
     in_flight: u32,
 }
@@ -105,7 +109,8 @@ impl Engines for FakeEngines {
         // The process exists (and holds its GPUs) from the start on.
         let index = {
             let mut w = self.0.lock().unwrap();
-            w.procs.push(Proc { replica, gpus: slot.gpus.clone(), alive: true, awake: true, in_flight: 0 });
+            let gpus = slot.gpus.clone();
+            w.procs.push(Proc { replica, gpus, alive: true, awake: true, hung: false, in_flight: 0 });
             w.procs.len() - 1
         };
         tokio::select! {
@@ -136,7 +141,8 @@ impl Engines for FakeEngines {
         tokio::time::sleep(Duration::from_millis(delay)).await;
         let mut w = self.0.lock().unwrap();
         let replica = w.procs[engine.0].replica;
-        if w.refuse_sleep.remove(&replica) || w.sleepless.contains(&replica) || !w.procs[engine.0].alive {
+        let (alive, hung) = (w.procs[engine.0].alive, w.procs[engine.0].hung);
+        if w.refuse_sleep.remove(&replica) || w.sleepless.contains(&replica) || !alive || hung {
             return SleepAnswer::Refused("the fake engine refused".into());
         }
         if w.procs[engine.0].in_flight > 0 {
@@ -151,7 +157,7 @@ impl Engines for FakeEngines {
         tokio::time::sleep(Duration::from_millis(delay)).await;
         let mut w = self.0.lock().unwrap();
         let replica = w.procs[engine.0].replica;
-        if w.fail_wake.remove(&replica) || !w.procs[engine.0].alive {
+        if w.fail_wake.remove(&replica) || !w.procs[engine.0].alive || w.procs[engine.0].hung {
             return Err("the fake engine did not wake".into());
         }
         w.procs[engine.0].awake = true;
@@ -159,28 +165,44 @@ impl Engines for FakeEngines {
     }
 
     async fn stop(&self, _replica: ReplicaId, engine: Arc<FakeEngine>) {
-        let delay = self.0.lock().unwrap().delay.stop;
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-        let mut w = self.0.lock().unwrap();
-        let p = &mut w.procs[engine.0];
-        let cut = if p.alive { p.in_flight } else { 0 };
-        p.alive = false;
-        p.in_flight = 0;
-        w.cut += cut;
+        self.end(engine).await;
+    }
+
+    async fn kill(&self, _replica: ReplicaId, engine: Arc<FakeEngine>) {
+        self.end(engine).await;
     }
 
     async fn busy(&self, engine: &FakeEngine) -> Option<u32> {
         let w = self.0.lock().unwrap();
         let p = &w.procs[engine.0];
-        p.alive.then_some(p.in_flight)
+        (p.alive && !p.hung).then_some(p.in_flight)
     }
 
-    async fn check(&self, engine: &FakeEngine, _awake: bool) -> Health {
-        if self.0.lock().unwrap().procs[engine.0].alive {
-            Health::Ok
-        } else {
-            Health::Exited
+    /// As the real one: an asleep engine's process only, an awake one's
+    /// answer too.
+    async fn check(&self, engine: &FakeEngine, awake: bool) -> Health {
+        let p = &self.0.lock().unwrap().procs[engine.0];
+        match (p.alive, p.hung && awake) {
+            (false, _) => Health::Exited,
+            (true, true) => Health::NoAnswer,
+            (true, false) => Health::Ok,
         }
+    }
+}
+
+impl FakeEngines {
+    /// A stop or a kill, after the stop delay: the process is gone. Requests
+    /// still on an engine that answered are counted cut; a hung engine's
+    /// were lost to the hang.
+    async fn end(&self, engine: Arc<FakeEngine>) {
+        let delay = self.0.lock().unwrap().delay.stop;
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let mut w = self.0.lock().unwrap();
+        let p = &mut w.procs[engine.0];
+        let cut = if p.alive && !p.hung { p.in_flight } else { 0 };
+        p.alive = false;
+        p.in_flight = 0;
+        w.cut += cut;
     }
 }
 
@@ -242,6 +264,11 @@ enum Op {
     Crash {
         r: usize,
     },
+    /// `r`'s engine process hangs: alive, holding its GPUs, answering
+    /// nothing.
+    Hang {
+        r: usize,
+    },
     /// `r`'s next sleep is refused; next start fails; next wake fails.
     RefuseSleep {
         r: usize,
@@ -274,6 +301,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => r.clone().prop_map(|r| Op::Gone { r }),
         4 => (r.clone(), 10u64..3_000).prop_map(|(r, ms)| Op::Request { r, ms }),
         1 => r.clone().prop_map(|r| Op::Crash { r }),
+        1 => r.clone().prop_map(|r| Op::Hang { r }),
         1 => r.clone().prop_map(|r| Op::RefuseSleep { r }),
         1 => r.clone().prop_map(|r| Op::FailStart { r }),
         1 => r.clone().prop_map(|r| Op::FailWake { r }),
@@ -428,6 +456,12 @@ async fn run(ops: Vec<Op>, sleepless: BTreeSet<usize>) -> Result<(), String> {
                     p.in_flight = 0;
                 }
             }
+            Op::Hang { r } => {
+                let mut w = world.lock().unwrap();
+                for p in w.procs.iter_mut().filter(|p| p.replica == id(r) && p.alive) {
+                    p.hung = true;
+                }
+            }
             Op::RefuseSleep { r } => drop(world.lock().unwrap().refuse_sleep.insert(id(r))),
             Op::FailStart { r } => drop(world.lock().unwrap().fail_start.insert(id(r))),
             Op::FailWake { r } => drop(world.lock().unwrap().fail_wake.insert(id(r))),
@@ -512,6 +546,41 @@ fn an_evict_racing_a_wake_never_serves_from_a_sleeping_engine() {
             Op::Wait { ms: 1_000 },
             Op::Hot { r: 1, mask: 0b1, bytes: GPU_BYTES },
             Op::Hot { r: 0, mask: 0b10, bytes: GPU_BYTES },
+        ],
+    ];
+    for ops in seqs {
+        runtime().block_on(run(ops.clone(), BTreeSet::new())).unwrap_or_else(|e| panic!("{ops:?}: {e}"));
+    }
+}
+
+/// A hung engine (alive, answering nothing) keeps its GPU memory until it
+/// is killed: neither its own restart nor another replica placed on its
+/// GPU starts before it is gone, however slow the kill.
+#[test]
+fn a_hung_engine_holds_its_gpus_until_killed() {
+    let slow_stop = Op::Delays { start: 0, sleep: 0, wake: 0, stop: 1_500 };
+    let seqs = [
+        // Restarted in place once killed.
+        vec![
+            slow_stop.clone(),
+            Op::Hot { r: 0, mask: 0b1, bytes: 40 },
+            Op::Hot { r: 2, mask: 0b1, bytes: 40 },
+            Op::Hang { r: 2 },
+            Op::Wait { ms: 2_500 },
+            Op::Wait { ms: 1_500 },
+        ],
+        // Its GPU given to another replica while it is being killed.
+        vec![
+            slow_stop,
+            Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
+            Op::Wait { ms: 500 },
+            Op::Request { r: 0, ms: 2_000 },
+            Op::Hang { r: 0 },
+            Op::Wait { ms: 3_500 },
+            Op::Gone { r: 0 },
+            Op::Hot { r: 1, mask: 0b1, bytes: GPU_BYTES },
+            Op::Wait { ms: 100 },
+            Op::Wait { ms: 1_000 },
         ],
     ];
     for ops in seqs {

@@ -294,6 +294,40 @@ min_replicas = 1
     assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/crash\"} 1"]);
 }
 
+/// An engine that hangs (SIGSTOP: alive, answering nothing, as one wedged
+/// on its GPU) is found by its health checks, killed and replaced; a
+/// request that had received nothing from it is retried on the new
+/// replica (within 10 s here: three failed checks and the restart), not
+/// left to wait out its timeout (504).
+#[test]
+fn a_hung_engine_is_replaced_and_its_waiting_request_retried() {
+    let s = serve(&one_gpu(
+        r#"
+[[models]]
+key = "t/hang"
+engine = { kind = "mock", preset = "default" }
+size = "10GB"
+min_replicas = 1
+"#,
+    ));
+    let before = replicas(&s.url, None, "t/hang");
+    let pid = rustix::process::Pid::from_raw(before[0]["pid"].as_u64().unwrap() as i32).unwrap();
+    let url = s.url.clone();
+    let plain = std::thread::spawn(move || post(&url, None, &chat("t/hang", 50)));
+    eventually("the request runs", || model_status(&s.url, None, "t/hang")["permits"]["used"] == 1);
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+
+    let (status, r) = plain.join().unwrap();
+    // Let the stopped process go whatever happened, so no test leaves it.
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    assert_eq!(status, 200, "the request was retried on the new replica: {r}");
+    assert_eq!(r["usage"]["completion_tokens"], 50);
+    let after = replicas(&s.url, None, "t/hang");
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after[0]["id"], before[0]["id"]);
+    assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/hang\"} 1"]);
+}
+
 /// A request whose adapter is loading on a replica whose engine dies
 /// meanwhile is not answered 502: nothing was sent to the engine, so it
 /// asks again and is served by the replica started in the dead one's place

@@ -115,6 +115,11 @@ pub trait Engines: Send + Sync + 'static {
     /// Stops an engine's process for good (and lets its weights go).
     fn stop(&self, replica: ReplicaId, engine: Arc<Self::Engine>) -> impl Future<Output = ()> + Send;
 
+    /// Kills an engine's process at once and reaps it (and lets its
+    /// weights go): it died or stopped answering, so a request to stop
+    /// would only wait on it.
+    fn kill(&self, replica: ReplicaId, engine: Arc<Self::Engine>) -> impl Future<Output = ()> + Send;
+
     /// Checks an engine: its process, and (when `awake`) its health route.
     fn check(&self, engine: &Self::Engine, awake: bool) -> impl Future<Output = Health> + Send;
 
@@ -165,7 +170,7 @@ impl NodeReplica {
     /// Why it failed, while it is failed.
     pub fn failure(&self) -> Option<&str> {
         match &self.view.engine {
-            Engine::Failed { why, .. } => Some(why),
+            Engine::Failed { why, .. } | Engine::Killing { why, .. } => Some(why),
             _ => None,
         }
     }
@@ -183,6 +188,8 @@ pub fn phase(v: &ReplicaView) -> ReplicaPhase {
         (Engine::Asleep { .. }, _, _) => ReplicaPhase::Sleeping,
         (Engine::Waking { .. }, _, _) => ReplicaPhase::Waking,
         (Engine::Stopping { .. }, _, _) => ReplicaPhase::Stopping,
+        // Failed: the fleet's leader hears it at once, not once it is gone.
+        (Engine::Killing { .. }, _, _) => ReplicaPhase::Failed,
     }
 }
 
@@ -428,13 +435,11 @@ impl<E: Engines, S: Sink> Driver<E, S> {
         }
     }
 
-    /// An engine died or stopped answering: the machine hears it, and its
-    /// process is stopped for good (it may be hung rather than gone).
+    /// An engine died or stopped answering: the machine hears it, and
+    /// asks for its process to be killed ([`Step::Kill`]; it may be hung
+    /// rather than gone, holding its GPUs).
     fn lost(&mut self, now: Millis, replica: ReplicaId, incarnation: u64, why: &str) {
         self.machine.handle_lost(now, replica, incarnation, why);
-        if self.machine.view(replica).is_some_and(|v| !v.engine.has_process()) {
-            self.dispose(replica);
-        }
     }
 
     /// Keeps a started engine and starts watching its health.
@@ -606,11 +611,15 @@ impl<E: Engines, S: Sink> Driver<E, S> {
                     engines.stop(replica, engine).await;
                     (Outcome::Stopped, None)
                 }
+                (Step::Kill, Some(engine)) => {
+                    engines.kill(replica, engine).await;
+                    (Outcome::Stopped, None)
+                }
                 // No engine kept (it died and was disposed of): nothing to
                 // sleep, wake or stop.
                 (Step::Sleep, None) => (Outcome::SleepRefused("its engine is gone".into()), None),
                 (Step::Wake, None) => (Outcome::WakeFailed("its engine is gone".into()), None),
-                (Step::Stop, None) => (Outcome::Stopped, None),
+                (Step::Stop | Step::Kill, None) => (Outcome::Stopped, None),
             };
             let _ =
                 internal.send(Internal::Done { replica, outcome, started: started.map(Box::new), report });

@@ -188,6 +188,14 @@ impl Engines for NodeEngines {
         self.release(replica).await;
     }
 
+    async fn kill(&self, replica: ReplicaId, engine: Arc<LiveEngine>) {
+        let process = engine.process.lock().await.take();
+        if let Some(p) = process {
+            p.kill().await;
+        }
+        self.release(replica).await;
+    }
+
     async fn busy(&self, engine: &LiveEngine) -> Option<u32> {
         if !engine.metrics || engine.process.lock().await.is_none() {
             return None;

@@ -10,7 +10,7 @@
 //!   write changes nothing.
 //! - **observed**, the engine as the node knows it ([`Engine`]): absent,
 //!   starting, awake on a slot, falling asleep, asleep, waking, stopping,
-//!   or failed (waiting out a back-off).
+//!   being killed (it died or hung), or failed (waiting out a back-off).
 //!
 //! After every input the machine picks, per replica, the one next step
 //! that moves observed toward desired and hands it to the driver
@@ -30,7 +30,8 @@
 //!   ([`Output::Unserve`]), before any step that changes the engine.
 //! - **GPUs are never over-committed by engines.** An engine holds its
 //!   slot's bytes from the start of its start or wake until its sleep or
-//!   stop has finished. A start or wake waits until every GPU of its slot
+//!   stop has finished — or, once it died or stopped answering, until its
+//!   process has been killed: a hung engine still holds its GPU memory. A start or wake waits until every GPU of its slot
 //!   has room beside what other engines hold there, so a replica evicted
 //!   from a GPU has finished going before the one placed there starts.
 //! - **A wake onto other GPUs is a restart there.** An engine that slept
@@ -43,7 +44,8 @@
 //!   otherwise (or if the engine refuses) it is stopped, and the
 //!   controller hears it is cold ([`Fact::Cold`]), so placement never
 //!   counts a WARM copy that holds nothing — or GPU memory.
-//! - **Failures back off.** A start that fails, or an engine that dies,
+//! - **Failures back off.** A start that fails, or an engine that dies or
+//!   stops answering (killed at once, [`Step::Kill`]: it would not drain),
 //!   leaves the replica failed: the controller hears it ([`Fact::Failed`])
 //!   and normally replaces it; if it is still wanted HOT the node itself
 //!   starts it again after a back-off of 1 s doubling to 60 s (reset once
@@ -141,6 +143,16 @@ pub enum Engine {
         /// asleep or never started).
         holds: Option<Slot>,
     },
+    /// It died or stopped answering, and its process is being killed: a
+    /// hung engine holds its GPU memory until it is gone. Failed once it
+    /// is.
+    Killing {
+        /// The slot whose memory it holds until gone (`None`: it was
+        /// asleep).
+        holds: Option<Slot>,
+        /// What happened.
+        why: String,
+    },
     /// It did not start, or died; no process.
     Failed {
         /// What happened.
@@ -159,6 +171,7 @@ impl Engine {
                 | Engine::FallingAsleep { .. }
                 | Engine::Waking { .. }
                 | Engine::Stopping { .. }
+                | Engine::Killing { .. }
         )
     }
 
@@ -169,7 +182,7 @@ impl Engine {
             | Engine::Awake { slot }
             | Engine::FallingAsleep { slot }
             | Engine::Waking { slot } => Some(slot),
-            Engine::Stopping { holds } => holds.as_ref(),
+            Engine::Stopping { holds } | Engine::Killing { holds, .. } => holds.as_ref(),
             Engine::Absent | Engine::Asleep { .. } | Engine::Failed { .. } => None,
         }
     }
@@ -200,6 +213,9 @@ pub enum Step {
     /// Let the requests in flight finish (for a while), then stop the
     /// engine process. Never abandoned.
     Stop,
+    /// Kill the engine process at once: it died or stopped answering, so
+    /// nothing in it can finish. Never abandoned.
+    Kill,
 }
 
 /// How a step ended.
@@ -554,6 +570,7 @@ impl Lifecycle {
             // stopped, and started afresh if still wanted.
             (Engine::Waking { slot }, _) => Engine::Stopping { holds: Some(slot) },
             (Engine::Stopping { .. }, _) => Engine::Absent,
+            (Engine::Killing { why, .. }, _) => failed(r, now, why),
             (other, _) => other,
         };
         if matches!(r.engine, Engine::Stopping { .. }) {
@@ -566,8 +583,9 @@ impl Lifecycle {
     }
 
     /// `replica`'s engine of `incarnation` died or stopped answering (a
-    /// health check). Ignored if that engine is no longer the replica's,
-    /// or a step is in flight (the step's own outcome tells).
+    /// health check): it is killed ([`Step::Kill`]), holding its GPUs until
+    /// it is gone, and then failed. Ignored if that engine is no longer the
+    /// replica's, or a step is in flight (the step's own outcome tells).
     pub fn handle_lost(&mut self, now: Millis, replica: ReplicaId, incarnation: u64, why: &str) {
         self.tick(now);
         let Some(r) = self.replicas.get_mut(&replica) else { return };
@@ -578,15 +596,27 @@ impl Lifecycle {
             r.serving = false;
             self.outputs.push_back(Output::Unserve { replica });
         }
-        if matches!(r.engine, Engine::Awake { .. }) {
-            // An engine asleep in the warm cache that dies is only cold
-            // (told when decided below); one that could serve failed.
-            let fact =
-                Fact::Failed { replica, model: r.model.clone(), why: why.to_owned(), start_failed: false };
-            self.outputs.push_back(Output::Fact(fact));
-        }
-        r.engine = failed(r, now, why.to_owned());
+        let holds = match &r.engine {
+            Engine::Awake { slot } => {
+                // An engine asleep in the warm cache that dies is only cold
+                // (told once it is gone); one that could serve failed.
+                let fact = Fact::Failed {
+                    replica,
+                    model: r.model.clone(),
+                    why: why.to_owned(),
+                    start_failed: false,
+                };
+                self.outputs.push_back(Output::Fact(fact));
+                Some(slot.clone())
+            }
+            _ => None,
+        };
+        // Killed, not stopped: a hung engine would not drain, and its GPUs
+        // are not free for another until its process is gone.
+        r.engine = Engine::Killing { holds, why: why.to_owned() };
         r.since = now;
+        r.step_at = now;
+        self.outputs.push_back(Output::Step { replica, incarnation, step: Step::Kill });
         self.decide_all();
     }
 
@@ -712,7 +742,8 @@ impl Lifecycle {
                 Engine::Starting { .. }
                 | Engine::FallingAsleep { .. }
                 | Engine::Waking { .. }
-                | Engine::Stopping { .. },
+                | Engine::Stopping { .. }
+                | Engine::Killing { .. },
             ) => {
                 unreachable!("a step in flight returned above")
             }
