@@ -7,7 +7,8 @@
 //! and make one leave and rejoin), the Redis targets asserted exactly on a
 //! dedicated schedule — Redis paused under load, then down for 6 s; and on
 //! a Redis Cluster, paused, failed over and failed back — two
-//! nodes drained by an operator under load, and a test of the checker
+//! nodes drained by an operator under load, an engine hung on each node
+//! under load, and a test of the checker
 //! itself: an engine process no agent owns must be
 //! found as a ghost. A
 //! failing case prints the report, which names every finding and the
@@ -86,6 +87,24 @@ fn nodes_drained_under_load_lose_nothing() {
         Step { gap_ms: 3_000, fault: Fault::NodeDrain { agent: 0, ms: 12_000 } },
         Step { gap_ms: 3_000, fault: Fault::LeaderKill { restart_after_ms: 1_000 } },
         Step { gap_ms: 5_000, fault: Fault::NodeDrain { agent: 1, ms: 12_000 } },
+    ]);
+    let Some(report) = run(0, Duration::ZERO, Some(schedule)) else { return };
+    assert_eq!(report.faults.values().sum::<u32>(), 3, "{report}");
+    assert!(report.sync.ok > 0 && report.predictions.accepted > 0, "no load ran:\n{report}");
+    assert!(report.passed(), "{report}");
+}
+
+/// An engine hangs (SIGSTOP: alive, answering nothing) on each node in
+/// turn under the mixed load, adapters included: each agent finds its hung
+/// engine by its health checks and kills it (the run fails one left alive
+/// 15 s), the replica's GPUs held until it is gone, and nothing accepted is
+/// lost — sync requests waiting on it retried, predictions run again.
+#[test]
+fn hung_engines_under_load_are_killed_and_lose_nothing() {
+    let schedule = Schedule::fixed(vec![
+        Step { gap_ms: 3_000, fault: Fault::EngineHang { agent: 0, pick: 0 } },
+        Step { gap_ms: 3_000, fault: Fault::EngineHang { agent: 1, pick: 1 } },
+        Step { gap_ms: 3_000, fault: Fault::EngineHang { agent: 2, pick: 2 } },
     ]);
     let Some(report) = run(0, Duration::ZERO, Some(schedule)) else { return };
     assert_eq!(report.faults.values().sum::<u32>(), 3, "{report}");

@@ -297,8 +297,63 @@ fn compare(step: usize, kind: Kind, snapshot: &Snapshot, findings: &Arc<Mutex<Fi
 }
 
 fn kill9(pid: u32) {
+    signal(pid, Signal::KILL);
+}
+
+fn signal(pid: u32, signal: Signal) {
     if let Some(pid) = Pid::from_raw(pid as i32) {
-        let _ = kill_process(pid, Signal::KILL);
+        let _ = kill_process(pid, signal);
+    }
+}
+
+/// How long process `pid` took to be gone (reaped by its parent), if it
+/// went within `within`.
+async fn gone_within(pid: u32, within: Duration) -> Option<Duration> {
+    let (began, proc) = (Instant::now(), std::path::PathBuf::from(format!("/proc/{pid}")));
+    while began.elapsed() < within {
+        if !proc.exists() {
+            return Some(began.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// The `pick`-th (modulo their number) engine process of agent `agent`, in
+/// replica order, from its `/status` (only those that serve if `serving`):
+/// replica, model and pid.
+async fn engine_of(
+    client: &reqwest::Client,
+    fleet: &Fleet,
+    agent: usize,
+    pick: u32,
+    serving: bool,
+) -> Result<(String, String, u32), String> {
+    let status: Option<Value> = match fleet.agent_url(agent) {
+        Some(url) => match client.get(format!("{url}/status")).send().await {
+            Ok(r) => r.json().await.ok(),
+            Err(_) => None,
+        },
+        None => None,
+    };
+    let mut engines: Vec<(String, String, u32)> = status
+        .iter()
+        .flat_map(|s| s["replicas"].as_array().into_iter().flatten())
+        .filter(|r| !serving || r["phase"] == "ready")
+        .filter_map(|r| {
+            let pid = r["pid"].as_u64()? as u32;
+            let v = &r["view"];
+            Some((v["replica"].as_str()?.to_owned(), v["model"].as_str()?.to_owned(), pid))
+        })
+        .collect();
+    engines.sort();
+    match engines.get(pick as usize % engines.len().max(1)) {
+        Some(engine) => Ok(engine.clone()),
+        None => Err(format!(
+            "{} runs no engine{} (or did not answer)",
+            schedule::agent_name(agent),
+            if serving { " that serves" } else { "" }
+        )),
     }
 }
 
@@ -352,6 +407,7 @@ async fn inject(
         gateway: None,
         note: String::new(),
         skipped: None,
+        hung_left: false,
     };
     let mut refused = 0;
     let sleep = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
@@ -383,32 +439,30 @@ async fn inject(
                 fleet.start_gateway(g).await?;
             }
         },
-        Fault::EngineKill { agent, pick } => {
-            let status: Option<Value> = match fleet.agent_url(agent) {
-                Some(url) => match client.get(format!("{url}/status")).send().await {
-                    Ok(r) => r.json().await.ok(),
-                    Err(_) => None,
-                },
-                None => None,
-            };
-            let mut engines: Vec<(String, String, u32)> = status
-                .iter()
-                .flat_map(|s| s["replicas"].as_array().into_iter().flatten())
-                .filter_map(|r| {
-                    let pid = r["pid"].as_u64()? as u32;
-                    let v = &r["view"];
-                    Some((v["replica"].as_str()?.to_owned(), v["model"].as_str()?.to_owned(), pid))
-                })
-                .collect();
-            engines.sort();
-            match engines.get(pick as usize % engines.len().max(1)) {
-                None => {
-                    done.skipped =
-                        Some(format!("{} runs no engine (or did not answer)", schedule::agent_name(agent)))
-                }
-                Some((replica, model, pid)) => {
+        Fault::EngineKill { agent, pick } | Fault::EngineHang { agent, pick } => {
+            // A hung engine is one that serves: an asleep one's health is
+            // its process (docs/serve.md), found hung when it is woken.
+            let serving = matches!(fault, Fault::EngineHang { .. });
+            match engine_of(client, fleet, agent, pick, serving).await {
+                Err(why) => done.skipped = Some(why),
+                Ok((replica, model, pid)) => {
                     done.note = format!("engine pid {pid} of {model}:{replica}");
-                    kill9(*pid);
+                    if matches!(fault, Fault::EngineKill { .. }) {
+                        kill9(pid);
+                    } else {
+                        signal(pid, Signal::STOP);
+                        match gone_within(pid, Duration::from_millis(judge::ALLOWANCE_MS)).await {
+                            Some(took) => {
+                                done.note +=
+                                    &format!("; killed by its agent after {:.1} s", took.as_secs_f64())
+                            }
+                            None => {
+                                done.hung_left = true;
+                                done.note += "; NOT killed by its agent within 15 s (killed by the run)";
+                                kill9(pid);
+                            }
+                        }
+                    }
                 }
             }
         }

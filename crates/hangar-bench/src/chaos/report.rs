@@ -31,6 +31,9 @@ pub struct Injected {
     pub note: String,
     /// Not injected (no leader, no engine to kill), and why.
     pub skipped: Option<String>,
+    /// A hung engine ([`Kind::EngineHang`]) its agent had not killed
+    /// within the checker's allowance (the run then kills it).
+    pub hung_left: bool,
 }
 
 /// A Redis fault's replicas compared before and after.
@@ -610,6 +613,10 @@ impl Records {
             zero("GPU over-commit events (engines)", fleet.over_commit),
             zero("GPU over-commit events (placement)", fleet.placement_over_commit),
             zero("engines outliving their agent", fleet.leftover_engines),
+            zero(
+                "hung engines their agent had not killed within 15 s",
+                self.injected.iter().filter(|f| f.hung_left).count(),
+            ),
             figure("Redis faults", redis.faults.to_string(), None, None),
             figure(
                 "replicas restarted by Redis faults (of the engines running before them)",
@@ -794,7 +801,16 @@ mod tests {
     }
 
     fn fault(kind: Kind, start_ms: u64, end_ms: u64, gateway: Option<usize>) -> Injected {
-        Injected { step: 0, kind, start_ms, end_ms, gateway, note: String::new(), skipped: None }
+        Injected {
+            step: 0,
+            kind,
+            start_ms,
+            end_ms,
+            gateway,
+            note: String::new(),
+            skipped: None,
+            hung_left: false,
+        }
     }
 
     fn sync(gateway: usize, start_ms: u64, end_ms: u64, outcome: SyncOutcome) -> SyncRecord {

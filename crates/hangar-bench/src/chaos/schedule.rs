@@ -77,6 +77,17 @@ pub enum Fault {
         /// Which engine.
         pick: u32,
     },
+    /// SIGSTOP of one engine process of agent `agent`, picked as
+    /// [`Fault::EngineKill`] picks, never continued: a hung engine (alive,
+    /// answering nothing), which its agent must find and kill. Never drawn
+    /// at random, so the seeds' schedules stay as documented; a fixed
+    /// schedule's.
+    EngineHang {
+        /// The agent's index.
+        agent: usize,
+        /// Which engine.
+        pick: u32,
+    },
     /// SIGSTOP of agent `agent`, SIGCONT `ms` later.
     AgentStop {
         /// The agent's index.
@@ -134,6 +145,8 @@ pub enum Kind {
     LeaderKill,
     /// [`Fault::EngineKill`].
     EngineKill,
+    /// [`Fault::EngineHang`].
+    EngineHang,
     /// [`Fault::AgentStop`].
     AgentStop,
     /// [`Fault::RedisDown`].
@@ -150,12 +163,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the figures list them.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::AgentKillAtOnce,
         Kind::AgentKillAfterTtl,
         Kind::GatewayKill,
         Kind::LeaderKill,
         Kind::EngineKill,
+        Kind::EngineHang,
         Kind::AgentStop,
         Kind::RedisDown,
         Kind::RedisPause,
@@ -172,6 +186,7 @@ impl Kind {
             Kind::GatewayKill => "gateway kill -9",
             Kind::LeaderKill => "leader kill -9",
             Kind::EngineKill => "engine kill -9",
+            Kind::EngineHang => "engine hung (SIGSTOP)",
             Kind::AgentStop => "agent SIGSTOP/SIGCONT",
             Kind::RedisDown => "Redis killed and restarted",
             Kind::RedisPause => "Redis paused (CLIENT PAUSE)",
@@ -196,6 +211,7 @@ impl Fault {
             Fault::GatewayKill { .. } => Kind::GatewayKill,
             Fault::LeaderKill { .. } => Kind::LeaderKill,
             Fault::EngineKill { .. } => Kind::EngineKill,
+            Fault::EngineHang { .. } => Kind::EngineHang,
             Fault::AgentStop { .. } => Kind::AgentStop,
             Fault::RedisDown { .. } => Kind::RedisDown,
             Fault::RedisPause { .. } => Kind::RedisPause,
@@ -214,6 +230,8 @@ impl Fault {
             | Fault::GatewayKill { restart_after_ms, .. }
             | Fault::LeaderKill { restart_after_ms } => restart_after_ms,
             Fault::EngineKill { .. } => 0,
+            // Until its agent has killed it: three failed health checks.
+            Fault::EngineHang { .. } => 10_000,
             Fault::AgentStop { ms, .. }
             | Fault::NodeDrain { ms, .. }
             | Fault::RedisDown { ms }
@@ -252,6 +270,13 @@ impl fmt::Display for Fault {
             }
             Fault::EngineKill { agent, pick } => {
                 write!(f, "kill -9 engine #{pick} (mod count) of agent {}", agent_name(*agent))
+            }
+            Fault::EngineHang { agent, pick } => {
+                write!(
+                    f,
+                    "SIGSTOP engine #{pick} (mod count) of agent {}, its agent to kill it",
+                    agent_name(*agent)
+                )
             }
             Fault::AgentStop { agent, ms } => {
                 write!(f, "SIGSTOP agent {} for {:.1} s", agent_name(*agent), *ms as f64 / 1e3)
@@ -369,7 +394,9 @@ impl Schedule {
                 Kind::RedisDown => Fault::RedisDown { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
                 Kind::RedisPause => Fault::RedisPause { ms: rng.random_range(1_000..=REDIS_MAX_MS) },
                 Kind::AgentRejoin => Fault::AgentRejoin { agent: rng.random_range(0..agents) },
-                Kind::NodeDrain | Kind::StrayEngine => unreachable!("never drawn: it has no weight"),
+                Kind::EngineHang | Kind::NodeDrain | Kind::StrayEngine => {
+                    unreachable!("never drawn: it has no weight")
+                }
             };
             let mut gap_ms = rng.random_range(GAP_MIN_MS..=GAP_MAX_MS);
             if kind.is_redis() || after_redis {
@@ -459,7 +486,9 @@ mod tests {
                     }
                     Fault::EngineKill { agent, .. } | Fault::AgentRejoin { agent } => assert!(agent < 3),
                     Fault::LeaderKill { .. } => {}
-                    Fault::NodeDrain { .. } | Fault::StrayEngine => panic!("drawn at random"),
+                    Fault::EngineHang { .. } | Fault::NodeDrain { .. } | Fault::StrayEngine => {
+                        panic!("drawn at random")
+                    }
                 }
             }
         }
