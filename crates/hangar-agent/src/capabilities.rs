@@ -118,6 +118,7 @@ pub async fn describe(answer: Result<reqwest::Response, reqwest::Error>) -> Stri
                 format!("it answered {status}: {body}")
             }
         }
+        Err(e) if e.is_timeout() => "it did not answer in time".into(),
         Err(e) => format!("it could not be reached: {e}"),
     }
 }

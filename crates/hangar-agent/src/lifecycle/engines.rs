@@ -22,6 +22,10 @@ use crate::weights::{LoadedWeights, WeightStore, WeightsSource};
 
 /// How long one health check may take.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a sleep or wake call may take: well beyond moving a large
+/// model's weights between GPU and host memory (140 GB at PCIe speed is
+/// about ten seconds), and an end to a step on an engine that hung.
+const SLEEP_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a mock engine may take to load.
 const MOCK_SETUP_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -60,8 +64,13 @@ impl NodeEngines {
 
     /// `POST {url}{path}` with an empty JSON object: a sleep or wake call
     /// (SGLang's take a body, vLLM's ignore it).
+    /// An engine that does not answer within [`SLEEP_CALL_TIMEOUT`] has
+    /// hung: the call fails, so a sleep is refused (the engine is then
+    /// stopped) and a wake fails (the same), rather than the step waiting
+    /// for ever.
     async fn call(&self, url: &str, path: &str) -> reqwest::Result<reqwest::Response> {
-        self.client.post(format!("{url}{path}")).json(&serde_json::json!({})).send().await
+        let call = self.client.post(format!("{url}{path}")).json(&serde_json::json!({}));
+        call.timeout(SLEEP_CALL_TIMEOUT).send().await
     }
 
     /// Materializes `model`'s weights for `replica`, if it has any.
@@ -259,7 +268,45 @@ fn busy_requests(metrics: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::busy_requests;
+    use super::*;
+
+    /// An engine that accepts connections and never answers (hung).
+    async fn hung_engine() -> (tokio::net::TcpListener, LiveEngine) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let engine = LiveEngine {
+            process: tokio::sync::Mutex::new(None),
+            url: format!("http://{}", listener.local_addr().unwrap()),
+            sleep: Some(SleepApi::Vllm),
+            cog: false,
+            metrics: false,
+            _weights: Mutex::new(None),
+        };
+        (listener, engine)
+    }
+
+    /// A sleep or wake of a hung engine ends (refused, failed) once its
+    /// time is out, so the step ends and the engine is stopped.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_engine_refuses_to_sleep_and_fails_to_wake_in_time() {
+        let (_listener, engine) = hung_engine().await;
+        let engines = NodeEngines::new(
+            BTreeMap::new(),
+            PathBuf::new(),
+            "127.0.0.1".into(),
+            crate::direct_http().build().unwrap(),
+            None,
+        );
+        let began = tokio::time::Instant::now();
+        let answer = tokio::time::timeout(2 * SLEEP_CALL_TIMEOUT, engines.sleep(&engine))
+            .await
+            .expect("the sleep ended");
+        assert_eq!(answer, SleepAnswer::Refused("it did not answer in time".into()));
+        assert!(began.elapsed() >= SLEEP_CALL_TIMEOUT, "ended before its time: {:?}", began.elapsed());
+        let why = tokio::time::timeout(2 * SLEEP_CALL_TIMEOUT, engines.wake(&engine))
+            .await
+            .expect("the wake ended");
+        assert_eq!(why, Err("it did not answer in time".into()));
+    }
 
     #[test]
     fn engines_say_how_busy_they_are_in_their_own_gauges() {
