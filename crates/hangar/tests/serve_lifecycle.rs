@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{chat, one_gpu, post, serve};
+use common::{chat, one_gpu, post, serve, Serve};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 
@@ -249,19 +249,26 @@ size = "60GB"
     assert_eq!(status["replicas"].as_array().unwrap().len(), 1, "{status}");
 }
 
-#[test]
-fn a_crashed_engine_is_replaced_and_its_requests_retried_or_ended() {
-    let s = serve(&one_gpu(
+/// A server on one GPU with one replica of `model` (a mock engine), that
+/// replica as listed, and its engine's process.
+fn one_replica(model: &str) -> (Serve, Value, rustix::process::Pid) {
+    let s = serve(&one_gpu(&format!(
         r#"
 [[models]]
-key = "t/crash"
-engine = { kind = "mock", preset = "default" }
+key = "{model}"
+engine = {{ kind = "mock", preset = "default" }}
 size = "10GB"
 min_replicas = 1
-"#,
-    ));
-    let before = replicas(&s.url, None, "t/crash");
-    let pid = before[0]["pid"].as_u64().unwrap();
+"#
+    )));
+    let replica = replicas(&s.url, None, model).remove(0);
+    let pid = rustix::process::Pid::from_raw(replica["pid"].as_u64().unwrap() as i32).unwrap();
+    (s, replica, pid)
+}
+
+#[test]
+fn a_crashed_engine_is_replaced_and_its_requests_retried_or_ended() {
+    let (s, before, pid) = one_replica("t/crash");
     let url = s.url.clone();
     let plain = std::thread::spawn(move || post(&url, None, &chat("t/crash", 300)));
     let url = s.url.clone();
@@ -273,11 +280,7 @@ min_replicas = 1
     });
     eventually("both requests run", || model_status(&s.url, None, "t/crash")["permits"]["used"] == 2);
     std::thread::sleep(Duration::from_millis(200));
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
 
     let (status, r) = plain.join().unwrap();
     assert_eq!(status, 200, "the non-streaming request was retried on the new replica: {r}");
@@ -289,8 +292,8 @@ min_replicas = 1
 
     let after = replicas(&s.url, None, "t/crash");
     assert_eq!(after.len(), 1, "{after:?}");
-    assert_ne!(after[0]["pid"], before[0]["pid"]);
-    assert_ne!(after[0]["id"], before[0]["id"]);
+    assert_ne!(after[0]["pid"], before["pid"]);
+    assert_ne!(after[0]["id"], before["id"]);
     assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/crash\"} 1"]);
 }
 
@@ -301,17 +304,7 @@ min_replicas = 1
 /// left to wait out its timeout (504).
 #[test]
 fn a_hung_engine_is_replaced_and_its_waiting_request_retried() {
-    let s = serve(&one_gpu(
-        r#"
-[[models]]
-key = "t/hang"
-engine = { kind = "mock", preset = "default" }
-size = "10GB"
-min_replicas = 1
-"#,
-    ));
-    let before = replicas(&s.url, None, "t/hang");
-    let pid = rustix::process::Pid::from_raw(before[0]["pid"].as_u64().unwrap() as i32).unwrap();
+    let (s, before, pid) = one_replica("t/hang");
     let url = s.url.clone();
     let plain = std::thread::spawn(move || post(&url, None, &chat("t/hang", 50)));
     eventually("the request runs", || model_status(&s.url, None, "t/hang")["permits"]["used"] == 1);
@@ -324,7 +317,7 @@ min_replicas = 1
     assert_eq!(r["usage"]["completion_tokens"], 50);
     let after = replicas(&s.url, None, "t/hang");
     assert_eq!(after.len(), 1, "{after:?}");
-    assert_ne!(after[0]["id"], before[0]["id"]);
+    assert_ne!(after[0]["id"], before["id"]);
     assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/hang\"} 1"]);
 }
 

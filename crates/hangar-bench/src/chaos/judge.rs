@@ -8,7 +8,7 @@
 //! # What is checked
 //! - **No GPU over-commit**, on every sample: on each node, the bytes of
 //!   the engines that hold GPU memory (starting, awake, falling asleep,
-//!   waking, or stopping from awake) on each GPU are at most that GPU's
+//!   waking, or stopping or being killed from awake) on each GPU are at most that GPU's
 //!   memory. Placement's own books (the leader's deployments per node and
 //!   GPU) are held to the same bound.
 //! - **Engines == placed replicas** on every node, both ways: every

@@ -167,11 +167,11 @@ fn node(status: &Value, name: &str, pid: u32, processes: Vec<u32>) -> NodeSample
         let engine = &view["engine"];
         let state = engine["state"].as_str().unwrap_or("").to_owned();
         // The slot whose memory it holds (`Engine::holds`): a stopping
-        // engine names it in `holds`, the others in `slot` — asleep ones
-        // hold none.
+        // engine or one being killed names it in `holds`, the others in
+        // `slot` — asleep ones hold none.
         let holds = match state.as_str() {
             "starting" | "awake" | "falling_asleep" | "waking" => gpu_map(&engine["slot"]["gpus"]),
-            "stopping" => gpu_map(&engine["holds"]["gpus"]),
+            "stopping" | "killing" => gpu_map(&engine["holds"]["gpus"]),
             _ => BTreeMap::new(),
         };
         let want = match &view["want"] {
@@ -190,4 +190,35 @@ fn node(status: &Value, name: &str, pid: u32, processes: Vec<u32>) -> NodeSample
         });
     }
     NodeSample { name: name.to_owned(), pid, gpus, engines, processes }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use hangar_agent::lifecycle::{Engine, Slot};
+
+    /// The GPUs an engine holds, read from the agent's own serialization
+    /// of each state (so a state renamed there cannot pass unread here).
+    #[test]
+    fn the_gpus_each_engine_state_holds_are_read_from_the_status() {
+        let slot = Slot { gpus: BTreeMap::from([(1, 40)]), fraction: Some(0.5) };
+        let cases = [
+            (Engine::Awake { slot: slot.clone() }, true),
+            (Engine::Stopping { holds: Some(slot.clone()) }, true),
+            (Engine::Killing { holds: Some(slot.clone()), why: "hung".into() }, true),
+            (Engine::Killing { holds: None, why: "died asleep".into() }, false),
+            (Engine::Asleep { slot: slot.clone() }, false),
+            (Engine::Failed { why: "gone".into(), retry_at: 0 }, false),
+        ];
+        for (engine, holds) in cases {
+            let status = serde_json::json!({
+                "gpus": [80, 80],
+                "replicas": [{"view": {"replica": "r", "model": "m", "engine": engine, "want": null}}],
+            });
+            let sample = super::node(&status, "n", 1, vec![]);
+            let want = if holds { BTreeMap::from([(1, 40)]) } else { BTreeMap::new() };
+            assert_eq!(sample.engines[0].holds, want, "{engine:?}");
+        }
+    }
 }
