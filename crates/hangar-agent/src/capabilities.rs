@@ -57,6 +57,17 @@ impl SleepApi {
             SleepApi::Sglang => "/resume_memory_occupation",
         }
     }
+
+    /// The read-only call that says its state, which it answers asleep
+    /// too (vLLM's asks the engine core): the health check of an engine
+    /// that sleeps, so one that hung asleep is found before a wake needs
+    /// it.
+    pub fn state_path(self) -> &'static str {
+        match self {
+            SleepApi::Vllm => "/is_sleeping",
+            SleepApi::Sglang => "/get_server_info",
+        }
+    }
 }
 
 /// How long one probe may take: an engine that has just answered its

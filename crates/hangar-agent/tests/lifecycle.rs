@@ -16,7 +16,7 @@
 //!
 //! And once everything settles: every engine is a replica placement
 //! wants (no ghosts), HOT ones awake on their GPUs and serving, WARM ones
-//! asleep or stopped.
+//! asleep or stopped, and no hung engine runs, awake or asleep.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -178,11 +178,11 @@ impl Engines for FakeEngines {
         (p.alive && !p.hung).then_some(p.in_flight)
     }
 
-    /// As the real one: an asleep engine's process only, an awake one's
-    /// answer too.
-    async fn check(&self, engine: &FakeEngine, awake: bool) -> Health {
+    /// As the real one: an awake engine's health route, an asleep one's
+    /// state route — a hung engine answers neither.
+    async fn check(&self, engine: &FakeEngine, _awake: bool) -> Health {
         let p = &self.0.lock().unwrap().procs[engine.0];
-        match (p.alive, p.hung && awake) {
+        match (p.alive, p.hung) {
             (false, _) => Health::Exited,
             (true, true) => Health::NoAnswer,
             (true, false) => Health::Ok,
@@ -398,6 +398,9 @@ fn check_settled(world: &World, desired: &Desired, driver: &DriverHandle) -> Res
             },
         }
     }
+    if let Some(p) = world.procs.iter().find(|p| p.alive && p.hung) {
+        return Err(format!("a hung engine was left running: {p:?}"));
+    }
     let ghosts: Vec<&Proc> =
         world.procs.iter().filter(|p| p.alive && !desired.keys().any(|r| id(*r) == p.replica)).collect();
     if !ghosts.is_empty() {
@@ -555,7 +558,8 @@ fn an_evict_racing_a_wake_never_serves_from_a_sleeping_engine() {
 
 /// A hung engine (alive, answering nothing) keeps its GPU memory until it
 /// is killed: neither its own restart nor another replica placed on its
-/// GPU starts before it is gone, however slow the kill.
+/// GPU starts before it is gone, however slow the kill. One that hangs
+/// asleep is found and killed too, before a wake waits on it.
 #[test]
 fn a_hung_engine_holds_its_gpus_until_killed() {
     let slow_stop = Op::Delays { start: 0, sleep: 0, wake: 0, stop: 1_500 };
@@ -581,6 +585,16 @@ fn a_hung_engine_holds_its_gpus_until_killed() {
             Op::Hot { r: 1, mask: 0b1, bytes: GPU_BYTES },
             Op::Wait { ms: 100 },
             Op::Wait { ms: 1_000 },
+        ],
+        // Hung asleep in the warm cache, then wanted back.
+        vec![
+            Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
+            Op::Wait { ms: 1_000 },
+            Op::Warm { r: 0 },
+            Op::Wait { ms: 1_000 },
+            Op::Hang { r: 0 },
+            Op::Wait { ms: 5_000 },
+            Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
         ],
     ];
     for ops in seqs {

@@ -86,10 +86,16 @@ fn assert_metrics(url: &str, lines: &[&str]) {
 }
 
 /// Polls `check` until it holds, failing after ten seconds.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+fn eventually(what: &str, check: impl FnMut() -> bool) {
+    eventually_within(what, Duration::from_secs(10), check)
+}
+
+/// Waits until `check` holds, failing after `limit` (a hang, not a speed
+/// check).
+fn eventually_within(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
     while !check() {
-        assert!(start.elapsed() < Duration::from_secs(10), "timed out waiting until {what}");
+        assert!(start.elapsed() < limit, "timed out waiting until {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -319,6 +325,47 @@ fn a_hung_engine_is_replaced_and_its_waiting_request_retried() {
     assert_eq!(after.len(), 1, "{after:?}");
     assert_ne!(after[0]["id"], before["id"]);
     assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/hang\"} 1"]);
+}
+
+/// An engine that hangs asleep in the warm cache is found by its health
+/// checks (its sleep API's state route) and killed: the replica is cold,
+/// and a request for its model starts a fresh one rather than waiting on a
+/// wake that would never answer.
+#[test]
+fn a_hung_sleeping_engine_is_killed_and_its_model_started_afresh() {
+    let s = serve(&format!(
+        r#"{ONE_GPU_AND_WARM_CACHE}
+[[models]]
+key = "t/a"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "60GB"
+
+[[models]]
+key = "t/b"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "60GB"
+"#
+    ));
+    assert_eq!(post(&s.url, None, &chat("t/a", 2)).0, 200);
+    // t/b's start evicts t/a to the warm cache, where its engine hangs.
+    assert_eq!(post(&s.url, None, &chat("t/b", 2)).0, 200);
+    let a = replicas(&s.url, None, "t/a").remove(0);
+    assert_eq!(a["state"], "sleeping", "{a:?}");
+    let pid = a["pid"].as_u64().unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::STOP,
+    )
+    .unwrap();
+    let proc = std::path::PathBuf::from(format!("/proc/{pid}"));
+    // Three failed checks, each given 2 s, a second apart.
+    eventually_within("the hung sleeping engine is killed", Duration::from_secs(30), || !proc.exists());
+
+    let (status, r) = post(&s.url, None, &chat("t/a", 2));
+    assert_eq!(status, 200, "{r}");
+    let a = replicas(&s.url, None, "t/a");
+    assert_eq!((a.len(), a[0]["state"].as_str()), (1, Some("ready")), "{a:?}");
+    assert_ne!(a[0]["pid"].as_u64(), Some(pid), "a fresh engine, not the hung one");
 }
 
 /// A request whose adapter is loading on a replica whose engine dies

@@ -120,7 +120,9 @@ pub trait Engines: Send + Sync + 'static {
     /// would only wait on it.
     fn kill(&self, replica: ReplicaId, engine: Arc<Self::Engine>) -> impl Future<Output = ()> + Send;
 
-    /// Checks an engine: its process, and (when `awake`) its health route.
+    /// Checks an engine: its process, and its health route when `awake`,
+    /// else its sleep API's state route (one that hung asleep is found
+    /// before a wake needs it).
     fn check(&self, engine: &Self::Engine, awake: bool) -> impl Future<Output = Health> + Send;
 
     /// Requests the engine itself says it is running or holding (`None`:
@@ -700,8 +702,8 @@ async fn put_to_sleep<E: Engines, S: Sink>(
 }
 
 /// Health-checks an engine every [`HEALTH_INTERVAL`] while `watch` lives:
-/// an exit at once, or [`HEALTH_FAILURES`] failed checks in a row of an
-/// awake engine, is reported lost.
+/// an exit at once, or [`HEALTH_FAILURES`] failed checks in a row of a
+/// settled engine (awake or asleep), is reported lost.
 async fn watch_health<E: Engines>(
     engines: Arc<E>,
     engine: Arc<E::Engine>,

@@ -221,9 +221,11 @@ impl Engines for NodeEngines {
                 return Health::Exited;
             }
         }
-        if !awake {
-            return Health::Ok;
-        }
+        let path = match (awake, engine.sleep) {
+            (true, _) => "/health",
+            (false, Some(api)) => api.state_path(),
+            (false, None) => return Health::Ok,
+        };
         if engine.cog {
             // Cog answers 200 whatever its state: read the state.
             return match cog::health(&self.client, &engine.url, HEALTH_TIMEOUT).await {
@@ -231,7 +233,7 @@ impl Engines for NodeEngines {
                 _ => Health::NoAnswer,
             };
         }
-        match self.client.get(format!("{}/health", engine.url)).timeout(HEALTH_TIMEOUT).send().await {
+        match self.client.get(format!("{}{path}", engine.url)).timeout(HEALTH_TIMEOUT).send().await {
             Ok(r) if r.status().is_success() => Health::Ok,
             _ => Health::NoAnswer,
         }
