@@ -352,6 +352,15 @@ size = "60GB"
     let a = replicas(&s.url, None, "t/a").remove(0);
     assert_eq!(a["state"], "sleeping", "{a:?}");
     let pid = a["pid"].as_u64().unwrap();
+    // A sleeping engine that answers passes its checks: still asleep after
+    // more of them than make a failure.
+    std::thread::sleep(Duration::from_secs(5));
+    let still = replicas(&s.url, None, "t/a");
+    assert_eq!(
+        (still[0]["state"].as_str(), still[0]["pid"].as_u64()),
+        (Some("sleeping"), Some(pid)),
+        "{still:?}"
+    );
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(pid as i32).unwrap(),
         rustix::process::Signal::STOP,
