@@ -294,3 +294,38 @@ fn bench_cluster_reports_heartbeat_load_and_a_node_loss() {
     assert_eq!(n["drain"]["fewest_ready"], 2, "{report}");
     assert!(n["drain"]["moved_ms"].as_u64().is_some_and(|ms| ms > 0), "{report}");
 }
+
+/// `hangar bench chaos --schedule FILE` reads faults written out — here an
+/// engine hung and a node drained, which no seed draws — and `--dry-run`
+/// prints them; a bad file is refused naming the file, the step and what
+/// is wrong, before anything runs.
+#[test]
+fn bench_chaos_runs_a_schedule_written_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("faults.toml");
+    std::fs::write(
+        &path,
+        "[[step]]\ngap_ms = 3000\nfault = { kind = \"engine-hang\", agent = 1, pick = 0 }\n\n\
+         [[step]]\ngap_ms = 2000\nfault = { kind = \"node-drain\", agent = 0, ms = 12000 }\n",
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let o = run(&["bench", "chaos", "--schedule", file, "--dry-run"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.starts_with("fixed schedule (2 faults):"), "{out}");
+    assert!(out.contains("SIGSTOP engine #0 (mod count) of agent node-2"), "{out}");
+    assert!(out.contains("drain node node-1 for 12.0 s"), "{out}");
+
+    std::fs::write(
+        &path,
+        "[[step]]\ngap_ms = 3000\nfault = { kind = \"agent-stop\", agent = 5, ms = 1000 }\n",
+    )
+    .unwrap();
+    let o = run(&["bench", "chaos", "--schedule", file, "--dry-run"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("schedule {file}: step 1")) && err.contains("agents are 0 to 2"), "{err}");
+    let o = run(&["bench", "chaos", "--schedule", file, "--minutes", "1"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+}

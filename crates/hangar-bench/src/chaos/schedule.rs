@@ -9,6 +9,10 @@
 //! injected, by a rule the schedule fixes (the `pick`-th engine in replica
 //! order), and logged.
 //!
+//! A schedule may also be written out ([`Schedule::from_toml`], `hangar
+//! bench chaos --schedule FILE`), for the faults no seed draws (an engine
+//! hung, an operator's drain) or a sequence of one's own.
+//!
 //! Faults never overlap: each is injected once the one before has ended
 //! (its process restarted, Redis answering again) and its gap has passed,
 //! so every effect can be traced to one fault. A Redis fault is given
@@ -19,7 +23,7 @@ use std::fmt;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The shortest gap between two faults, ms.
 pub const GAP_MIN_MS: u64 = 2_000;
@@ -40,8 +44,8 @@ pub const AFTER_TTL_MIN_MS: u64 = 9_000;
 pub const AFTER_TTL_MAX_MS: u64 = 15_000;
 
 /// One fault.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Fault {
     /// `kill -9` of agent `agent` (its engines die with it), started again
     /// under its name `restart_after_ms` later. 0 is at once: its
@@ -302,7 +306,8 @@ pub fn agent_name(i: usize) -> String {
 }
 
 /// One fault and the quiet before it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Step {
     /// Quiet after the previous fault ended (or after the fleet was
     /// whole, for the first), ms.
@@ -415,6 +420,46 @@ impl Schedule {
         Schedule { origin: Origin::Seed(seed), steps }
     }
 
+    /// A schedule written out in TOML — `[[step]]` tables of `gap_ms`
+    /// and `fault`, an inline table with the fault's `kind` and fields as
+    /// [`Fault`] names them (kebab-case kinds, snake-case fields) — for a
+    /// fleet of `agents` agents and `gateways` gateways. The error names
+    /// the step and what is wrong with it (the TOML parser's, its line).
+    pub fn from_toml(text: &str, agents: usize, gateways: usize) -> Result<Schedule, String> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct File {
+            step: Vec<Step>,
+        }
+        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        if file.step.is_empty() {
+            return Err("it has no [[step]]".into());
+        }
+        for (i, step) in file.step.iter().enumerate() {
+            let bad = |why: String| Err(format!("step {} ({}): {why}", i + 1, step.fault));
+            let (agent, gateway) = match step.fault {
+                Fault::AgentKill { agent, .. }
+                | Fault::EngineKill { agent, .. }
+                | Fault::EngineHang { agent, .. }
+                | Fault::AgentStop { agent, .. }
+                | Fault::AgentRejoin { agent }
+                | Fault::NodeDrain { agent, .. } => (Some(agent), None),
+                Fault::GatewayKill { gateway, .. } => (None, Some(gateway)),
+                _ => (None, None),
+            };
+            if agent.is_some_and(|a| a >= agents) {
+                return bad(format!("the fleet's agents are 0 to {}", agents - 1));
+            }
+            if gateway.is_some_and(|g| g >= gateways) {
+                return bad(format!("the fleet's gateways are 0 to {}", gateways - 1));
+            }
+            if step.fault.planned_ms() > 10 * 60_000 || step.gap_ms > 10 * 60_000 {
+                return bad("a gap or a fault longer than 10 minutes".into());
+            }
+        }
+        Ok(Schedule::fixed(file.step))
+    }
+
     /// Its planned length, ms: gaps and faults.
     pub fn planned_ms(&self) -> u64 {
         self.steps.iter().map(|s| s.gap_ms + s.fault.planned_ms()).sum()
@@ -457,6 +502,47 @@ mod tests {
             assert_eq!(Schedule::random(seed, 600_000, 3, 2), Schedule::random(seed, 600_000, 3, 2));
         }
         assert_ne!(Schedule::random(1, 600_000, 3, 2), Schedule::random(2, 600_000, 3, 2));
+    }
+
+    #[test]
+    fn a_schedule_is_read_from_toml_and_bad_ones_are_refused_by_step() {
+        let text = r#"
+            [[step]]
+            gap_ms = 3000
+            fault = { kind = "engine-hang", agent = 0, pick = 1 }
+
+            [[step]]
+            gap_ms = 2000
+            fault = { kind = "node-drain", agent = 2, ms = 12000 }
+
+            [[step]]
+            gap_ms = 15000
+            fault = { kind = "redis-pause", ms = 8000 }
+        "#;
+        let s = Schedule::from_toml(text, 3, 2).unwrap();
+        assert_eq!(s.origin, Origin::Fixed);
+        assert_eq!(
+            s.steps,
+            vec![
+                Step { gap_ms: 3_000, fault: Fault::EngineHang { agent: 0, pick: 1 } },
+                Step { gap_ms: 2_000, fault: Fault::NodeDrain { agent: 2, ms: 12_000 } },
+                Step { gap_ms: 15_000, fault: Fault::RedisPause { ms: 8_000 } },
+            ]
+        );
+        let refused = |text: &str| Schedule::from_toml(text, 3, 2).unwrap_err();
+        let one = |fault: &str| format!("[[step]]\ngap_ms = 1000\nfault = {fault}\n");
+        let e = refused(&one(r#"{ kind = "engine-melt", agent = 0 }"#));
+        assert!(e.contains("engine-melt") && e.contains("engine-hang") && e.contains("line 3"), "{e}");
+        let e = refused(&one(r#"{ kind = "agent-stop", agent = 3, ms = 1000 }"#));
+        assert!(e.starts_with("step 1 (SIGSTOP agent node-4") && e.contains("agents are 0 to 2"), "{e}");
+        let e = refused(&one(r#"{ kind = "gateway-kill", gateway = 2, restart_after_ms = 1 }"#));
+        assert!(e.contains("gateways are 0 to 1"), "{e}");
+        let e = refused(&one(r#"{ kind = "engine-kill", agent = 0, pick = 0, ms = 5 }"#));
+        assert!(e.contains("unknown field `ms`"), "{e}");
+        let e = refused(&one(r#"{ kind = "redis-down", ms = 3600000 }"#));
+        assert!(e.contains("longer than 10 minutes"), "{e}");
+        assert!(refused("").contains("step"), "a file without steps");
+        assert_eq!(refused("step = []"), "it has no [[step]]");
     }
 
     #[test]

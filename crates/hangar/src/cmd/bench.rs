@@ -218,6 +218,12 @@ struct ChaosArgs {
     /// How long the schedule runs, minutes (fractions allowed).
     #[arg(long, default_value_t = 5.0)]
     minutes: f64,
+    /// Run the faults written in this TOML file instead of a seed's
+    /// (`[[step]]` tables of `gap_ms` and `fault`; docs/cluster.md), for
+    /// as long as they last; `--seed` still seeds the load. Faults no seed
+    /// draws, such as `engine-hang` and `node-drain`, are only run so.
+    #[arg(long, value_name = "FILE", conflicts_with = "minutes")]
+    schedule: Option<std::path::PathBuf>,
     /// Concurrent clients of the load.
     #[arg(long, default_value_t = 8)]
     clients: usize,
@@ -333,15 +339,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if !(a.minutes.is_finite() && a.minutes > 0.0) {
                 anyhow::bail!("--minutes must be a positive number, not {}", a.minutes);
             }
+            let schedule = match &a.schedule {
+                None => None,
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| anyhow::anyhow!("schedule {}: {e}", path.display()))?;
+                    let schedule = chaos::Schedule::from_toml(&text, chaos::AGENTS, chaos::GATEWAYS)
+                        .map_err(|e| anyhow::anyhow!("schedule {}: {e}", path.display()))?;
+                    Some(schedule)
+                }
+            };
             if a.dry_run {
                 let ms = (a.minutes * 60_000.0) as u64;
-                print!("{}", chaos::Schedule::random(a.seed, ms, chaos::AGENTS, chaos::GATEWAYS));
+                let random = || chaos::Schedule::random(a.seed, ms, chaos::AGENTS, chaos::GATEWAYS);
+                print!("{}", schedule.unwrap_or_else(random));
                 return Ok(());
             }
             let options = chaos::Options {
                 seed: a.seed,
-                duration: std::time::Duration::from_secs_f64(a.minutes * 60.0),
-                schedule: None,
+                duration: match schedule {
+                    Some(_) => std::time::Duration::ZERO,
+                    None => std::time::Duration::from_secs_f64(a.minutes * 60.0),
+                },
+                schedule,
                 clients: a.clients,
                 rate: a.rate,
                 redis: a.redis,
@@ -359,7 +379,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })?;
             print(&report, a.json)?;
             if !report.passed() {
-                anyhow::bail!("the fault-injection run failed its checks (seed {})", a.seed);
+                match &a.schedule {
+                    Some(path) => anyhow::bail!(
+                        "the fault-injection run failed its checks (schedule {}, seed {})",
+                        path.display(),
+                        a.seed
+                    ),
+                    None => anyhow::bail!("the fault-injection run failed its checks (seed {})", a.seed),
+                }
             }
             return Ok(());
         }
