@@ -329,8 +329,8 @@ fn a_hung_engine_is_replaced_and_its_waiting_request_retried() {
 
 /// An engine that hangs asleep in the warm cache is found by its health
 /// checks (its sleep API's state route) and killed: the replica is cold,
-/// and a request for its model starts a fresh one rather than waiting on a
-/// wake that would never answer.
+/// counted as a failure, and a request for its model starts a fresh one
+/// rather than waiting on a wake that would never answer.
 #[test]
 fn a_hung_sleeping_engine_is_killed_and_its_model_started_afresh() {
     let s = serve(&format!(
@@ -375,6 +375,7 @@ size = "60GB"
     let a = replicas(&s.url, None, "t/a");
     assert_eq!((a.len(), a[0]["state"].as_str()), (1, Some("ready")), "{a:?}");
     assert_ne!(a[0]["pid"].as_u64(), Some(pid), "a fresh engine, not the hung one");
+    assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/a\"} 1"]);
 }
 
 /// A request whose adapter is loading on a replica whose engine dies

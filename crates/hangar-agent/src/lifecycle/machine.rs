@@ -273,12 +273,15 @@ pub enum Fact {
         start_failed: bool,
     },
     /// A replica placement wants WARM has no engine kept for it (it could
-    /// not sleep, or there was none): it is cold.
+    /// not sleep, there was none, or it died or hung asleep): it is cold.
     Cold {
         /// The replica.
         replica: ReplicaId,
         /// Its model.
         model: ModelKey,
+        /// Why, if its engine died or hung in the warm cache; `None`: it
+        /// could not sleep, or had no engine.
+        failed: Option<String>,
     },
 }
 
@@ -598,8 +601,8 @@ impl Lifecycle {
         }
         let holds = match &r.engine {
             Engine::Awake { slot } => {
-                // An engine asleep in the warm cache that dies is only cold
-                // (told once it is gone); one that could serve failed.
+                // An engine asleep in the warm cache that dies is only cold;
+                // one that could serve failed.
                 let fact = Fact::Failed {
                     replica,
                     model: r.model.clone(),
@@ -609,7 +612,16 @@ impl Lifecycle {
                 self.outputs.push_back(Output::Fact(fact));
                 Some(slot.clone())
             }
-            _ => None,
+            _ => {
+                // Asleep: the controller hears at once that no engine is
+                // kept for it, and why.
+                if matches!(r.want, Some(Tier::Warm)) {
+                    r.cold_told = true;
+                    let fact = Fact::Cold { replica, model: r.model.clone(), failed: Some(why.to_owned()) };
+                    self.outputs.push_back(Output::Fact(fact));
+                }
+                None
+            }
         };
         // Killed, not stopped: a hung engine would not drain, and its GPUs
         // are not free for another until its process is gone.
@@ -732,7 +744,11 @@ impl Lifecycle {
             (Some(Tier::Warm), Engine::Absent | Engine::Failed { .. }) => {
                 if !r.cold_told {
                     r.cold_told = true;
-                    out.push_back(Output::Fact(Fact::Cold { replica: id, model: r.model.clone() }));
+                    out.push_back(Output::Fact(Fact::Cold {
+                        replica: id,
+                        model: r.model.clone(),
+                        failed: None,
+                    }));
                 }
                 None
             }

@@ -156,8 +156,17 @@ impl Sink for NodeSink {
                 }
                 Command::Failed { model, replica, why, start_failed }
             }
-            Fact::Cold { replica, .. } => {
-                tracing::info!(replica = %replica_name(&model, replica), "no engine kept in the warm cache (it cannot sleep): the replica is cold");
+            Fact::Cold { replica, failed, .. } => {
+                let name = replica_name(&model, replica);
+                match failed {
+                    Some(why) => {
+                        tracing::warn!(replica = %name, "replica failed in the warm cache, now cold: {why}");
+                        rt.metrics.replica_failed();
+                    }
+                    None => {
+                        tracing::info!(replica = %name, "no engine kept in the warm cache (it cannot sleep): the replica is cold")
+                    }
+                }
                 Command::Stopped { model, replica }
             }
         };
