@@ -41,6 +41,8 @@ pub(crate) struct AppState {
     pub metrics: Metrics,
     pub weights: Option<crate::WeightsRead>,
     pub lora: crate::lora::Lora,
+    /// [`crate::MockConfig::fail_while`].
+    pub fail_while: Option<std::path::PathBuf>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -162,6 +164,12 @@ pub(crate) fn parse_ready<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let b = body(b)?;
     s.check_ready()?;
+    if let Some(path) = s.fail_while.as_ref().filter(|p| p.exists()) {
+        return Err(ApiError::internal(format!(
+            "the engine was told to fail while {} exists",
+            path.display()
+        )));
+    }
     openai::parse(&b)
 }
 

@@ -45,6 +45,17 @@ impl ApiError {
         }
     }
 
+    /// 500: the engine failed the request.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "internal_server_error",
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
     /// 503: the engine cannot take requests right now (loading, asleep).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self {

@@ -91,6 +91,11 @@ pub struct MockConfig {
     /// The part of an adapter's load time that does not depend on its size
     /// (building its layers, copying them to the GPU).
     pub lora_load_ms: u64,
+    /// While this file exists, every inference request is answered 500 at
+    /// once while `/health` still answers 200: an engine that fails every
+    /// request without looking dead (a *black hole*), to try what a
+    /// gateway does with one.
+    pub fail_while: Option<std::path::PathBuf>,
 }
 
 /// Default of [`MockConfig::lora_load_bytes_per_s`]: 2 GB/s, an NVMe
@@ -120,6 +125,7 @@ impl MockConfig {
             max_loras: DEFAULT_MAX_LORAS,
             lora_load_bytes_per_s: DEFAULT_LORA_LOAD_BYTES_PER_S,
             lora_load_ms: DEFAULT_LORA_LOAD_MS,
+            fail_while: None,
         }
     }
 }
@@ -172,6 +178,7 @@ pub async fn serve(
         metrics,
         weights: config.weights,
         lora,
+        fail_while: config.fail_while,
     });
     let app = api::router(state, config.max_body_bytes, config.sleep_api, config.lora_api);
     // Streamed tokens are small writes: send each at once (no Nagle).

@@ -272,3 +272,24 @@ async fn a_loading_engine_answers_503() {
     assert_eq!(st, 503);
     assert!(e["error"]["message"].as_str().unwrap().contains("loading"));
 }
+
+/// `--fail-while FILE`: every inference request is answered 500 while the
+/// file exists — `/health` still 200 — and served again once it is gone.
+#[tokio::test]
+async fn while_its_fail_file_exists_every_request_fails_and_health_still_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fail");
+    let s = start_with(|c| c.fail_while = Some(file.clone())).await;
+    let body = json!({"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    assert_eq!(post(&s, "/v1/chat/completions", body.clone()).await.0, 200);
+    std::fs::write(&file, b"").unwrap();
+    let (status, a) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 500, "{a}");
+    assert!(a["error"]["message"].as_str().unwrap().contains("told to fail"), "{a}");
+    let completion = json!({"model": "mock-llm", "prompt": "hi", "max_tokens": 2});
+    assert_eq!(post(&s, "/v1/completions", completion).await.0, 500);
+    let health = reqwest::get(format!("{}/health", s.base)).await.unwrap().status();
+    assert_eq!(health, 200);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(post(&s, "/v1/chat/completions", body).await.0, 200);
+}

@@ -234,6 +234,15 @@ pub trait Chooser {
     /// left unused while a request waits.
     fn refused(&mut self, _now: Millis, _replica: ReplicaId) {}
 
+    /// `replica` answered a request at `now`: with a server error
+    /// (`failed`: an engine's 500, 502 or 504, not a refusal for capacity)
+    /// or not. A chooser may put a replica that fails request after request
+    /// last for a while, as one that refused; it returns how long (ms) when
+    /// this answer made it so, for the driver to say.
+    fn answered(&mut self, _now: Millis, _replica: ReplicaId, _failed: bool) -> Option<Millis> {
+        None
+    }
+
     /// The request is over, served or not; forget it.
     fn done(&mut self, _request: RequestId) {}
 

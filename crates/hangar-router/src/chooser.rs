@@ -23,6 +23,15 @@
 //! request, each paying a failover. The request that was refused is kept
 //! off that replica for its next choice by [`Chooser::avoid`] as well.
 //!
+//! A replica whose engine fails request after request while its health
+//! checks pass (a *black hole*: it answers 500 at once, so it has the
+//! fewest requests in flight and would draw most of them) is put last the
+//! same way: [`FAILING_STREAK`] server errors in a row ([`Chooser::answered`])
+//! put it last for [`FAILING_COOL_DOWN_MS`], doubled by each streak after
+//! up to [`FAILING_COOL_DOWN_MAX_MS`]; an answer that is not a server error
+//! ends the streak and the doubling. Still only an order: when it is the
+//! only free replica it is chosen.
+//!
 //! # Adapters
 //! A request that runs with a LoRA adapter is told to the chooser before
 //! it is submitted ([`ReplicaChooser::hint_adapter`]). When it is given a
@@ -101,6 +110,28 @@ pub fn text_blocks(text: &str, block_chars: u32) -> (Vec<BlockHash>, u32) {
 /// the rotation before a quiet period could matter.
 pub const REFUSAL_COOL_DOWN_MS: Millis = 2_000;
 
+/// Server errors in a row after which a replica is chosen last: more than
+/// a few requests that each fail on their own (a prompt an engine cannot
+/// take) are likely to be.
+pub const FAILING_STREAK: u32 = 5;
+/// How long a replica is first chosen last after a streak of server
+/// errors: 10 s, then twice as long after each streak while no answer
+/// succeeds between.
+pub const FAILING_COOL_DOWN_MS: Millis = 10_000;
+/// The longest a failing replica is chosen last at a time: 5 minutes (an
+/// engine that fails for that long is for an operator to look at).
+pub const FAILING_COOL_DOWN_MAX_MS: Millis = 300_000;
+
+/// A replica's streak of server errors.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    /// Server errors in a row since the streak (or the last cool-down)
+    /// began.
+    errors: u32,
+    /// The cool-down the next full streak earns.
+    cool_down: Millis,
+}
+
 /// One replica's assumed cache: blocks by last use, oldest first out.
 #[derive(Debug, Default)]
 struct Lru {
@@ -125,14 +156,22 @@ pub struct ReplicaChooser {
     adapters: FxHashMap<RequestId, (hangar_core::AdapterRef, u64, f64)>,
     /// Requests a replica refused for want of capacity, and that replica.
     avoid: FxHashMap<RequestId, ReplicaId>,
-    /// Replicas that refused a request for want of capacity, and until
-    /// when they are chosen last.
+    /// Replicas that refused a request for want of capacity, or failed
+    /// [`FAILING_STREAK`] in a row, and until when they are chosen last.
     refusing: FxHashMap<ReplicaId, Millis>,
+    /// Replicas whose last answers were server errors.
+    failing: FxHashMap<ReplicaId, Failing>,
     tick: u64,
     scratch: Vec<WorkerId>,
 }
 
 impl ReplicaChooser {
+    /// Chooses `replica` last until `until`, or longer if it already is.
+    fn put_last(&mut self, replica: ReplicaId, until: Millis) {
+        let last = self.refusing.entry(replica).or_insert(until);
+        *last = (*last).max(until);
+    }
+
     /// A chooser running `policy`; `config` sets the `kv` policy's blocks
     /// (the router's costs count in blocks of `block_chars / 4` estimated
     /// tokens) and weights; `seed` fixes tie-breaking.
@@ -150,6 +189,7 @@ impl ReplicaChooser {
             adapters: FxHashMap::default(),
             avoid: FxHashMap::default(),
             refusing: FxHashMap::default(),
+            failing: FxHashMap::default(),
             tick: 0,
             scratch: Vec::new(),
         }
@@ -300,7 +340,25 @@ impl Chooser for ReplicaChooser {
     }
 
     fn refused(&mut self, now: Millis, replica: ReplicaId) {
-        self.refusing.insert(replica, now.saturating_add(REFUSAL_COOL_DOWN_MS));
+        self.put_last(replica, now.saturating_add(REFUSAL_COOL_DOWN_MS));
+    }
+
+    fn answered(&mut self, now: Millis, replica: ReplicaId, failed: bool) -> Option<Millis> {
+        if !failed {
+            if !self.failing.is_empty() {
+                self.failing.remove(&replica);
+            }
+            return None;
+        }
+        let f = self.failing.entry(replica).or_insert(Failing { errors: 0, cool_down: FAILING_COOL_DOWN_MS });
+        f.errors += 1;
+        if f.errors < FAILING_STREAK {
+            return None;
+        }
+        let cool_down = f.cool_down;
+        *f = Failing { errors: 0, cool_down: (cool_down * 2).min(FAILING_COOL_DOWN_MAX_MS) };
+        self.put_last(replica, now.saturating_add(cool_down));
+        Some(cool_down)
     }
 
     fn done(&mut self, request: RequestId) {
@@ -312,6 +370,7 @@ impl Chooser for ReplicaChooser {
 
     fn replica_gone(&mut self, replica: ReplicaId) {
         self.refusing.remove(&replica);
+        self.failing.remove(&replica);
         if let Some(w) = self.workers.remove(&replica) {
             self.replicas.remove(&w);
             self.caches.remove(&w);
@@ -410,6 +469,64 @@ mod tests {
         assert_eq!(lo.choose(5_500, RequestId(9), &free(&[1, 2])), one);
         lo.replica_gone(two);
         assert!(lo.refusing.is_empty());
+    }
+
+    /// A replica that fails request after request (a black hole, fastest
+    /// of all) is chosen last once it failed a streak, for a cool-down that
+    /// doubles with each streak; an answer that is no server error ends the
+    /// streak and the doubling; a capacity refusal does not shorten it.
+    #[test]
+    fn a_failing_replica_is_chosen_last_after_a_streak_for_a_doubling_while() {
+        let cfg = ApproxKvConfig::default();
+        let (one, two) = (ReplicaId::from_u128(1), ReplicaId::from_u128(2));
+        let mut lo = ReplicaChooser::new(RouterPolicy::LeastOutstanding, &cfg, 0);
+        let mut request = 0;
+        let mut choose = |lo: &mut ReplicaChooser, t: Millis, ids: &[u128]| {
+            request += 1;
+            let chosen = lo.choose(t, RequestId(request), &free(ids));
+            lo.done(RequestId(request));
+            chosen
+        };
+        // Errors broken by a success make no streak.
+        for _ in 0..FAILING_STREAK - 1 {
+            assert_eq!(lo.answered(100, one, true), None);
+        }
+        assert_eq!(lo.answered(100, one, false), None);
+        assert!(lo.refusing.is_empty(), "no streak: not put last");
+        // A streak: last for 10 s.
+        for _ in 0..FAILING_STREAK - 1 {
+            assert_eq!(lo.answered(1_000, one, true), None);
+        }
+        assert_eq!(lo.answered(1_000, one, true), Some(FAILING_COOL_DOWN_MS));
+        for t in 1_001..1_021 {
+            assert_eq!(choose(&mut lo, t, &[1, 2]), two, "at {t}");
+        }
+        assert_eq!(choose(&mut lo, 1_100, &[1]), one, "the only free one is still chosen");
+        // A capacity refusal meanwhile does not cut it short.
+        lo.refused(2_000, one);
+        assert_eq!(choose(&mut lo, 10_999, &[1, 2]), two);
+        assert!((11_000..11_020).any(|t| choose(&mut lo, t, &[1, 2]) == one), "the cool-down is over");
+        // The next streak: twice as long; up to the most.
+        for _ in 0..FAILING_STREAK - 1 {
+            lo.answered(12_000, one, true);
+        }
+        assert_eq!(lo.answered(12_000, one, true), Some(2 * FAILING_COOL_DOWN_MS));
+        assert_eq!(choose(&mut lo, 31_999, &[1, 2]), two);
+        let mut last = 0;
+        for _ in 0..10 {
+            for _ in 0..FAILING_STREAK {
+                last = lo.answered(40_000, one, true).unwrap_or(last);
+            }
+        }
+        assert_eq!(last, FAILING_COOL_DOWN_MAX_MS);
+        // A success ends the doubling: the next streak starts at 10 s again.
+        lo.answered(400_000, one, false);
+        for _ in 0..FAILING_STREAK - 1 {
+            lo.answered(400_000, one, true);
+        }
+        assert_eq!(lo.answered(400_000, one, true), Some(FAILING_COOL_DOWN_MS));
+        lo.replica_gone(one);
+        assert!(lo.failing.is_empty() && lo.refusing.is_empty());
     }
 
     #[test]

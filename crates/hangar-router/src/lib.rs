@@ -66,7 +66,10 @@ use rand_chacha::ChaCha8Rng;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-pub use chooser::{text_blocks, ApproxKvConfig, ReplicaChooser, REFUSAL_COOL_DOWN_MS};
+pub use chooser::{
+    text_blocks, ApproxKvConfig, ReplicaChooser, FAILING_COOL_DOWN_MAX_MS, FAILING_COOL_DOWN_MS,
+    FAILING_STREAK, REFUSAL_COOL_DOWN_MS,
+};
 use hangar_core::AdapterRef;
 use index::{KvIndex, WorkerSet};
 pub use slots::{Acquired, AdapterConfig, AdapterSlots, Holding, SlotEvent, SlotStep, SlotsError};

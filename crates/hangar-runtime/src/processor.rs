@@ -468,6 +468,14 @@ impl Processor {
         self.shared.with(|s, now| s.chooser.refused(now, replica));
     }
 
+    /// `replica` answered a request, with a server error (`failed`) or
+    /// not: the chooser may put a replica that fails request after request
+    /// last for a while ([`hangar_queue::Chooser::answered`]); how long,
+    /// when this answer made it so.
+    pub fn answered(&self, replica: ReplicaId, failed: bool) -> Option<Duration> {
+        self.shared.with(|s, now| s.chooser.answered(now, replica, failed)).map(Duration::from_millis)
+    }
+
     /// Fails every waiting request, patient ones included (e.g. no
     /// replica could be started).
     pub fn fail_waiting(&self, reason: &str) {

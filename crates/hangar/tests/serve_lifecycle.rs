@@ -378,6 +378,47 @@ size = "60GB"
     assert_metrics(&s.url, &["hangar_replica_failures_total{model=\"t/a\"} 1"]);
 }
 
+/// A replica whose engine fails every request while its health checks
+/// pass (a black hole: it answers 500 at once, so least-outstanding would
+/// send it most requests) is chosen last after a streak of server errors:
+/// the requests after go to the replica that serves.
+#[test]
+fn a_replica_that_fails_every_request_is_chosen_last() {
+    let hangar = env!("CARGO_BIN_EXE_hangar");
+    let dir = tempfile::tempdir().unwrap();
+    let fail = dir.path().display();
+    let s = serve(&one_gpu(&format!(
+        r#"
+[[models]]
+key = "t/bh"
+engine = {{ kind = "openai", command = "{hangar} engine mock --port {{port}} --preset fast --model t/bh --fail-while {fail}/fail-{{port}}", readiness_path = "/health" }}
+size = "10GB"
+min_replicas = 2
+"#
+    )));
+    let ready = common::ready_replicas(&s.url, 2);
+    let url = ready[0]["url"].as_str().unwrap_or_else(|| panic!("{ready:?}"));
+    let port = url.rsplit(':').next().unwrap().trim_end_matches('/');
+    std::fs::write(dir.path().join(format!("fail-{port}")), b"").unwrap();
+
+    let (clients, each) = (4, 15);
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..clients)
+            .map(|_| {
+                scope.spawn(|| (0..each).map(|_| post(&s.url, None, &chat("t/bh", 2)).0).collect::<Vec<_>>())
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    });
+    let failed = statuses.iter().filter(|s| **s == 500).count();
+    assert_eq!(failed + statuses.iter().filter(|s| **s == 200).count(), clients * each, "{statuses:?}");
+    // The streak, and at most one more from each other client whose request
+    // was already on its way there when the streak ended.
+    let most = hangar_router::FAILING_STREAK as usize + clients - 1;
+    assert!(failed <= most, "{failed} of {} requests failed (at most {most}): {statuses:?}", statuses.len());
+    assert!(failed >= 1, "the failing replica was never tried: {statuses:?}");
+}
+
 /// A request whose adapter is loading on a replica whose engine dies
 /// meanwhile is not answered 502: nothing was sent to the engine, so it
 /// asks again and is served by the replica started in the dead one's place

@@ -899,10 +899,20 @@ impl ModelRuntime {
     /// Notes the status `replica` answered a request with: out of
     /// capacity, the model's chooser puts it last for a while
     /// ([`hangar_router::REFUSAL_COOL_DOWN_MS`]) — whether or not the
-    /// request then fails over.
+    /// request then fails over; a server error, it counts toward a streak
+    /// that puts it last too ([`hangar_router::FAILING_STREAK`]).
     pub fn answered(&self, replica: ReplicaId, status: axum::http::StatusCode) {
         if out_of_capacity(status) {
             self.processor.refused(replica);
+            return;
+        }
+        if let Some(cool_down) = self.processor.answered(replica, status.is_server_error()) {
+            let streak = hangar_router::FAILING_STREAK;
+            tracing::warn!(
+                replica = %replica_name(&self.config.key, replica),
+                "{streak} requests in a row answered with server errors (the last {status}): chosen last for {} s",
+                cool_down.as_secs()
+            );
         }
     }
 

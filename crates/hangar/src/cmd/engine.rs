@@ -88,6 +88,11 @@ struct MockArgs {
     /// (building its layers, copying them to the GPU).
     #[arg(long, default_value_t = hangar_mock_engine::DEFAULT_LORA_LOAD_MS)]
     lora_load_ms: u64,
+    /// While this file exists, answer every inference request 500 at once
+    /// (`/health` still 200): an engine that fails every request without
+    /// looking dead, to try what the gateway does with one.
+    #[arg(long, value_name = "FILE")]
+    fail_while: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -108,6 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.lora_load_bytes_per_s = std::num::NonZeroU64::new(a.lora_load_bytes_per_s.bytes())
         .context("--lora-load-bytes-per-s must be more than 0")?;
     config.lora_load_ms = a.lora_load_ms;
+    config.fail_while = a.fail_while;
     if let Some(path) = &a.weights {
         config.weights = Some(hangar_mock_engine::weights::read(path)?);
     }
