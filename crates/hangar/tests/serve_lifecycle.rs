@@ -114,6 +114,24 @@ virtual_gpus = true
 cpu_cache = "200GB"
 "#;
 
+/// A server where `t/a` and `t/b` (fast mock engines that sleep, 60 GB
+/// each) take turns on [`ONE_GPU_AND_WARM_CACHE`]'s GPU.
+fn two_models_taking_turns() -> Serve {
+    serve(&format!(
+        r#"{ONE_GPU_AND_WARM_CACHE}
+[[models]]
+key = "t/a"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "60GB"
+
+[[models]]
+key = "t/b"
+engine = {{ kind = "mock", preset = "fast" }}
+size = "60GB"
+"#
+    ))
+}
+
 /// [`ONE_GPU_AND_WARM_CACHE`] with a weight store (in the temporary
 /// directory returned, removed when dropped) in which each of `adapters`
 /// (`BASE:NAME`) is registered.
@@ -129,19 +147,7 @@ fn with_adapters(adapters: &[&str]) -> (tempfile::TempDir, String) {
 
 #[test]
 fn a_replica_is_reused_evicted_to_the_warm_cache_and_woken_again() {
-    let s = serve(&format!(
-        r#"{ONE_GPU_AND_WARM_CACHE}
-[[models]]
-key = "t/a"
-engine = {{ kind = "mock", preset = "fast" }}
-size = "60GB"
-
-[[models]]
-key = "t/b"
-engine = {{ kind = "mock", preset = "fast" }}
-size = "60GB"
-"#
-    ));
+    let s = two_models_taking_turns();
     assert_eq!(post(&s.url, None, &chat("t/a", 2)).0, 200, "cold start");
     let first = replicas(&s.url, None, "t/a");
     assert_eq!(first.len(), 1);
@@ -333,19 +339,7 @@ fn a_hung_engine_is_replaced_and_its_waiting_request_retried() {
 /// rather than waiting on a wake that would never answer.
 #[test]
 fn a_hung_sleeping_engine_is_killed_and_its_model_started_afresh() {
-    let s = serve(&format!(
-        r#"{ONE_GPU_AND_WARM_CACHE}
-[[models]]
-key = "t/a"
-engine = {{ kind = "mock", preset = "fast" }}
-size = "60GB"
-
-[[models]]
-key = "t/b"
-engine = {{ kind = "mock", preset = "fast" }}
-size = "60GB"
-"#
-    ));
+    let s = two_models_taking_turns();
     assert_eq!(post(&s.url, None, &chat("t/a", 2)).0, 200);
     // t/b's start evicts t/a to the warm cache, where its engine hangs.
     assert_eq!(post(&s.url, None, &chat("t/b", 2)).0, 200);
