@@ -31,9 +31,10 @@
 //! - **GPUs are never over-committed by engines.** An engine holds its
 //!   slot's bytes from the start of its start or wake until its sleep or
 //!   stop has finished — or, once it died or stopped answering, until its
-//!   process has been killed: a hung engine still holds its GPU memory. A start or wake waits until every GPU of its slot
-//!   has room beside what other engines hold there, so a replica evicted
-//!   from a GPU has finished going before the one placed there starts.
+//!   process has been killed: a hung engine still holds its GPU memory. A
+//!   start or wake waits until every GPU of its slot has room beside what
+//!   other engines hold there, so a replica evicted from a GPU has
+//!   finished going before the one placed there starts.
 //! - **A wake onto other GPUs is a restart there.** An engine that slept
 //!   on slot S' and is wanted HOT on S ≠ S' (different GPUs or share) is
 //!   stopped and started afresh on S: an engine's process is bound to the
