@@ -64,6 +64,7 @@ impl NodeEngines {
 
     /// `POST {url}{path}` with an empty JSON object: a sleep or wake call
     /// (SGLang's take a body, vLLM's ignore it).
+    ///
     /// An engine that does not answer within [`SLEEP_CALL_TIMEOUT`] has
     /// hung: the call fails, so a sleep is refused (the engine is then
     /// stopped) and a wake fails (the same), rather than the step waiting
@@ -71,6 +72,18 @@ impl NodeEngines {
     async fn call(&self, url: &str, path: &str) -> reqwest::Result<reqwest::Response> {
         let call = self.client.post(format!("{url}{path}")).json(&serde_json::json!({}));
         call.timeout(SLEEP_CALL_TIMEOUT).send().await
+    }
+
+    /// Ends `replica`'s engine process — stopped within `grace`, or killed
+    /// at once (`None`) — and lets its weights go.
+    async fn end(&self, replica: ReplicaId, engine: &LiveEngine, grace: Option<Duration>) {
+        let process = engine.process.lock().await.take();
+        match (process, grace) {
+            (Some(p), Some(grace)) => p.stop(grace).await,
+            (Some(p), None) => p.kill().await,
+            (None, _) => {}
+        }
+        self.release(replica).await;
     }
 
     /// Materializes `model`'s weights for `replica`, if it has any.
@@ -190,19 +203,11 @@ impl Engines for NodeEngines {
     }
 
     async fn stop(&self, replica: ReplicaId, engine: Arc<LiveEngine>) {
-        let process = engine.process.lock().await.take();
-        if let Some(p) = process {
-            p.stop(STOP_GRACE).await;
-        }
-        self.release(replica).await;
+        self.end(replica, &engine, Some(STOP_GRACE)).await;
     }
 
     async fn kill(&self, replica: ReplicaId, engine: Arc<LiveEngine>) {
-        let process = engine.process.lock().await.take();
-        if let Some(p) = process {
-            p.kill().await;
-        }
-        self.release(replica).await;
+        self.end(replica, &engine, None).await;
     }
 
     async fn busy(&self, engine: &LiveEngine) -> Option<u32> {

@@ -187,11 +187,6 @@ impl Engine {
             Engine::Absent | Engine::Asleep { .. } | Engine::Failed { .. } => None,
         }
     }
-
-    /// Whether an engine process exists (or may, mid-step).
-    pub fn has_process(&self) -> bool {
-        !matches!(self, Engine::Absent | Engine::Failed { .. })
-    }
 }
 
 /// What the driver is asked to do for one replica. Exactly one is in

@@ -440,8 +440,8 @@ async fn inject(
             }
         },
         Fault::EngineKill { agent, pick } | Fault::EngineHang { agent, pick } => {
-            // A hung engine is one that serves: an asleep one's health is
-            // its process (docs/serve.md), found hung when it is woken.
+            // A hang under load: an engine that serves (one asleep is found
+            // hung the same way, `serve_lifecycle.rs`'s hung sleeping case).
             let serving = matches!(fault, Fault::EngineHang { .. });
             match engine_of(client, fleet, agent, pick, serving).await {
                 Err(why) => done.skipped = Some(why),
