@@ -43,6 +43,13 @@ pub(crate) struct Replica {
     pub reported: Option<Reported>,
 }
 
+impl Replica {
+    /// Its engine's URL while it is routed to (ready).
+    fn routed_url(&self) -> Option<String> {
+        self.base_url.clone().filter(|_| self.state == ReplicaPhase::Ready)
+    }
+}
+
 /// What a node's report says of a replica beyond its phase.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Reported {
@@ -316,21 +323,27 @@ impl Inner {
     /// every other replica there is checked at once, so that a retry does
     /// not go to a sibling that died with it (see [`Inner::probe_node`]).
     pub async fn probe(self: &Arc<Self>, rt: &Arc<ModelRuntime>, replica: ReplicaId) -> bool {
+        // One read of the table: what is checked is the replica as it was
+        // found here. Read twice, an entry another probe took out between
+        // the reads once looked alive, and the request lost its retry.
         let here = rt
             .replicas
             .lock()
             .expect("replica table lock")
             .get(&replica)
-            .map(|r| (r.node.clone(), r.local.is_some()));
-        if let (Some((_, true)), Some(driver)) = (&here, self.driver.get()) {
+            .map(|r| (r.node.clone(), r.local.is_some(), r.routed_url()));
+        if let (Some((_, true, _)), Some(driver)) = (&here, self.driver.get()) {
             return driver.probe(replica).await;
         }
         let (node, found) = match here {
-            Some((node, _)) => match self.check_remote(rt, replica).await {
+            Some((node, _, Some(url))) => match self.check_remote(rt, &url).await {
                 Ok(()) => return true,
                 Err(why) if self.unroute(rt, replica, why) => (node, Some((rt, replica, why))),
                 Err(_) => (node, None),
             },
+            // Taken out of service since the request was sent: its node
+            // says so, and is not in doubt.
+            Some((_, _, None)) => (None, None),
             // Already failed by another request's probe, which may still
             // be checking its siblings: check them too before answering.
             None => {
@@ -377,19 +390,17 @@ impl Inner {
     ) {
         let mut checks = Vec::new();
         for rt in self.models.values() {
-            let ids: Vec<ReplicaId> = rt
+            let ready: Vec<(ReplicaId, String)> = rt
                 .replicas
                 .lock()
                 .expect("replica table lock")
                 .iter()
-                .filter(|(_, r)| {
-                    r.node.as_deref() == Some(node) && r.state == ReplicaPhase::Ready && r.local.is_none()
-                })
-                .map(|(id, _)| *id)
+                .filter(|(_, r)| r.node.as_deref() == Some(node) && r.local.is_none())
+                .filter_map(|(id, r)| Some((*id, r.routed_url()?)))
                 .collect();
-            for id in ids {
+            for (id, url) in ready {
                 checks.push(async move {
-                    match self.check_remote(rt, id).await {
+                    match self.check_remote(rt, &url).await {
                         Ok(()) => Ok(()),
                         Err(why) => Err(self.unroute(rt, id, why).then_some((rt, id, why))),
                     }
@@ -438,19 +449,12 @@ impl Inner {
         answer.is_ok_and(|r| r.status().is_success())
     }
 
-    /// One health check of a replica another machine runs: its `/health`
-    /// (cog: its state) answers.
-    async fn check_remote(&self, rt: &ModelRuntime, replica: ReplicaId) -> Result<(), &'static str> {
-        let url = {
-            let table = rt.replicas.lock().expect("replica table lock");
-            match table.get(&replica) {
-                Some(Replica { state: ReplicaPhase::Ready, base_url: Some(url), .. }) => url.clone(),
-                _ => return Ok(()),
-            }
-        };
+    /// One health check of a replica another machine runs, at `url`: its
+    /// `/health` (cog: its state) answers.
+    async fn check_remote(&self, rt: &ModelRuntime, url: &str) -> Result<(), &'static str> {
         let healthy = if rt.config.engine.is_cog() {
             // Cog answers 200 whatever its state: read the state.
-            hangar_agent::cog::health(&self.client, &url, HEALTH_TIMEOUT).await.is_ok_and(|h| h.serves())
+            hangar_agent::cog::health(&self.client, url, HEALTH_TIMEOUT).await.is_ok_and(|h| h.serves())
         } else {
             self.answers(&format!("{url}/health")).await
         };
