@@ -8,7 +8,9 @@
 //! each decision. Arrivals are counted, so the rate is known only up to
 //! the noise of a count: `n` arrivals in a window say the rate lies
 //! within `(n ± z·√n) / window` with the confidence `z` standard
-//! deviations give. The `hangar` policy goes up on the lower bound and
+//! deviations give; the mean permit time, a mean of the requests that
+//! finished, is known up to its own noise, which widens the band. The
+//! `hangar` policy goes up on the lower bound and
 //! gives back on the upper one, so a reversal needs the measure to swing
 //! by twice the noise band — which steady traffic, however bursty its
 //! seconds, does not do.
@@ -35,6 +37,8 @@ pub(crate) struct Demand {
     /// The mean permit-milliseconds of a request, last measured (`None`
     /// until a request has finished).
     service_ms: Option<f64>,
+    /// How many requests that mean is of.
+    service_done: u64,
 }
 
 /// Which side of the noise band a bound is on.
@@ -64,6 +68,7 @@ impl Demand {
         let done = last.completions.saturating_sub(first.completions);
         if done > 0 {
             self.service_ms = Some(last.busy_ms.saturating_sub(first.busy_ms) as f64 / done as f64);
+            self.service_done = done;
         }
     }
 
@@ -86,11 +91,23 @@ impl Demand {
     }
 
     /// The permits the traffic of the last `window_ms` needs, at `side`
-    /// of the band `z` standard deviations of its arrival count wide;
-    /// `None` until a request has finished or while less than a third of
-    /// the window has been sampled (too few arrivals to say anything).
+    /// of the band `z` standard deviations of its noise wide — its arrival
+    /// count's and its mean permit time's; `None` until a request has
+    /// finished or while less than a third of the window has been sampled
+    /// (too few arrivals to say anything).
+    ///
+    /// The permit time is a mean of the requests that finished, as noisy
+    /// as their times are spread: taken as exponential (their standard
+    /// deviation their mean), `z / √done` of it. Left out, a mean a few
+    /// percent low on one measure and high on the next reads as a change
+    /// of demand on steady traffic.
     pub fn permits(&self, window_ms: Millis, z: f64, side: Side) -> Option<f64> {
         let service_ms = self.service_ms?;
+        let noise = z / (self.service_done as f64).sqrt();
+        let service_ms = match side {
+            Side::Lower => service_ms * (1.0 - noise).max(0.0),
+            Side::Upper => service_ms * (1.0 + noise),
+        };
         Some(self.rate(window_ms, z, side)? * service_ms)
     }
 
@@ -162,8 +179,9 @@ mod tests {
         assert!((exact - 20.0).abs() < 1e-9, "{exact}");
         let (low, high) =
             (d.permits(60_000, 3.0, Side::Lower).unwrap(), d.permits(60_000, 3.0, Side::Upper).unwrap());
-        // 600 arrivals: ± 3 × √601 ≈ 73.5 of them, ± 2.45 permits.
-        assert!((low - 17.55).abs() < 0.01 && (high - 22.45).abs() < 0.01, "{low} {high}");
+        // 600 arrivals: ± 3 × √601 ≈ 73.5 of them, ± 2.45 permits; and
+        // a permit time of 600 requests, ± 3 / √600 ≈ 12.2 % of it.
+        assert!((low - 15.40).abs() < 0.01 && (high - 25.20).abs() < 0.01, "{low} {high}");
         // A shorter window is noisier.
         let short = d.permits(6_000, 3.0, Side::Upper).unwrap();
         assert!(short > high, "{short} {high}");
