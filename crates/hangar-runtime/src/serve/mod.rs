@@ -907,6 +907,7 @@ impl ModelRuntime {
             return;
         }
         if let Some(cool_down) = self.processor.answered(replica, status.is_server_error()) {
+            self.metrics.failing_streak();
             let streak = hangar_router::FAILING_STREAK;
             tracing::warn!(
                 replica = %replica_name(&self.config.key, replica),

@@ -143,6 +143,7 @@ pub(crate) struct Metrics {
     replica_failures: Family<ModelLabel, Counter>,
     connection_retries: Family<ModelLabel, Counter>,
     capacity_failovers: Family<ModelLabel, Counter>,
+    failing_streaks: Family<ModelLabel, Counter>,
     adapter_steps: Family<AdapterStepLabels, Counter>,
     panics: Counter,
     decisions: Family<DirectionLabels, Counter>,
@@ -174,6 +175,7 @@ impl Metrics {
             replica_failures: Family::default(),
             connection_retries: Family::default(),
             capacity_failovers: Family::default(),
+            failing_streaks: Family::default(),
             adapter_steps: Family::default(),
             panics: Counter::default(),
             decisions: Family::default(),
@@ -253,6 +255,11 @@ impl Metrics {
             "capacity_failovers",
             "Requests a replica refused for want of capacity (429 or 503) and that were sent to another",
             m.capacity_failovers.clone(),
+        );
+        r.register(
+            "failing_streaks",
+            "Times a replica answered requests with server errors so many in a row that it was chosen last for a while",
+            m.failing_streaks.clone(),
         );
         r.register(
             "adapter_steps",
@@ -339,6 +346,7 @@ impl Metrics {
             failures: self.replica_failures.get_or_create(&key).clone(),
             connection_retries: self.connection_retries.get_or_create(&key).clone(),
             capacity_failovers: self.capacity_failovers.get_or_create(&key).clone(),
+            failing_streaks: self.failing_streaks.get_or_create(&key).clone(),
             adapter_steps: self.adapter_steps.clone(),
             up,
             down,
@@ -466,6 +474,7 @@ pub struct ModelMetrics {
     failures: Counter,
     connection_retries: Counter,
     capacity_failovers: Counter,
+    failing_streaks: Counter,
     adapter_steps: Family<AdapterStepLabels, Counter>,
     up: Counter,
     down: Counter,
@@ -573,6 +582,11 @@ impl ModelMetrics {
     /// A request a replica refused for want of capacity went to another.
     pub fn capacity_failover(&self) {
         self.capacity_failovers.inc();
+    }
+
+    /// A replica's server errors in a row put it last for a while.
+    pub(crate) fn failing_streak(&self) {
+        self.failing_streaks.inc();
     }
 
     /// The model loads adapters: its step counters are shown from the
