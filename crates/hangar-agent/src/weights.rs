@@ -34,7 +34,10 @@
 //! engines would need a store-aware loader for it.
 //!
 //! `hangar serve` uses the daemon that serves the store's root, and starts
-//! one in its own process when none answers on the socket. Each replica
+//! one in its own process when none answers on the socket — at start, or
+//! later, when the daemon run apart has died (a replica's start then finds
+//! the socket dead and runs the store itself rather than failing every
+//! start until an operator restarts the daemon). Each replica
 //! holds its materialization as this process's reference (the daemon sees
 //! it through a pidfd), released when the replica stops or this process
 //! exits; the engine's own mapping keeps the memory alive as long as it
@@ -320,8 +323,9 @@ type DirSlot = Arc<Mutex<Option<HeldDir>>>;
 /// The node's weight store as `hangar serve` uses it.
 pub struct WeightStore {
     settings: StoreSettings,
-    /// The daemon this process runs, if none was running.
-    _daemon: Option<DaemonHandle>,
+    /// The daemon this process runs, if none answered on the socket when
+    /// one was needed.
+    daemon: Mutex<Option<DaemonHandle>>,
     /// File weights already imported: `(path, length, mtime)` → artifact.
     imported: Mutex<HashMap<(PathBuf, u64, SystemTime), ArtifactId>>,
     /// The model directories this process materialized, by artifact.
@@ -351,33 +355,18 @@ impl WeightStore {
         models: impl IntoIterator<Item = (&'m ModelKey, &'m WeightsSource)>,
     ) -> Result<Self, WeightsError> {
         let models: Vec<_> = models.into_iter().collect();
-        let socket = settings.socket();
-        let daemon = match StoreClient::connect(&socket) {
-            Ok(_) => None,
-            Err(_) => {
-                let mut cfg = DaemonConfig::new(settings.root(), &socket);
-                cfg.budget = settings.budget.bytes();
-                cfg.disk_budget = settings.disk_budget.map(|b| b.bytes());
-                cfg.registry = settings.registry.clone();
-                cfg.fallback = settings.fallback.clone();
-                let names: Vec<String> = models.iter().map(|(m, _)| m.to_string()).collect();
-                let daemon = DaemonHandle::start(cfg).map_err(|e| WeightsError::Unreachable {
-                    model: names.join(", "),
-                    socket: socket.display().to_string(),
-                    why: e.to_string(),
-                })?;
-                tracing::info!(socket = %socket.display(), root = %settings.root().display(), "weight store daemon started");
-                Some(daemon)
-            }
-        };
         let store = WeightStore {
             settings,
-            _daemon: daemon,
+            daemon: Mutex::new(None),
             imported: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             adapter_dirs_known: Mutex::default(),
             adapter_dirs_ahead: Mutex::default(),
         };
+        if StoreClient::connect(store.settings.socket()).is_err() {
+            let names: Vec<String> = models.iter().map(|(m, _)| m.to_string()).collect();
+            store.run_daemon(&mut store.daemon.lock().expect("store daemon lock"), &names.join(", "))?;
+        }
         store.sweep_model_dirs();
         for (model, source) in models {
             store.check(model, source)?;
@@ -408,12 +397,48 @@ impl WeightStore {
     }
 
     fn client(&self, model: &ModelKey) -> Result<StoreClient, WeightsError> {
+        self.connect(&model.to_string())
+    }
+
+    /// A connection to the daemon on the store's socket; when none answers
+    /// there (the daemon run apart died), one started in this process
+    /// first. `models` are those the connection is for, named by the error.
+    fn connect(&self, models: &str) -> Result<StoreClient, WeightsError> {
         let socket = self.settings.socket();
-        StoreClient::connect(&socket).map_err(|e| WeightsError::Unreachable {
-            model: model.to_string(),
-            socket: socket.display().to_string(),
-            why: e.to_string(),
-        })
+        if let Ok(client) = StoreClient::connect(&socket) {
+            return Ok(client);
+        }
+        let mut daemon = self.daemon.lock().expect("store daemon lock");
+        // Another start may have run one meanwhile.
+        if let Err(e) = StoreClient::connect(&socket) {
+            tracing::warn!(socket = %socket.display(), "the weight store daemon does not answer ({e}): running one in this process");
+            self.run_daemon(&mut daemon, models)?;
+        }
+        StoreClient::connect(&socket).map_err(|e| self.unreachable(models, e.to_string()))
+    }
+
+    /// Starts the store's daemon in this process on its socket (replacing
+    /// one this process ran before, should it have stopped).
+    fn run_daemon(&self, daemon: &mut Option<DaemonHandle>, models: &str) -> Result<(), WeightsError> {
+        drop(daemon.take());
+        let socket = self.settings.socket();
+        let mut cfg = DaemonConfig::new(self.settings.root(), &socket);
+        cfg.budget = self.settings.budget.bytes();
+        cfg.disk_budget = self.settings.disk_budget.map(|b| b.bytes());
+        cfg.registry = self.settings.registry.clone();
+        cfg.fallback = self.settings.fallback.clone();
+        let started = DaemonHandle::start(cfg).map_err(|e| self.unreachable(models, e.to_string()))?;
+        tracing::info!(socket = %socket.display(), root = %self.settings.root().display(), "weight store daemon started");
+        *daemon = Some(started);
+        Ok(())
+    }
+
+    fn unreachable(&self, models: &str, why: String) -> WeightsError {
+        WeightsError::Unreachable {
+            model: models.to_owned(),
+            socket: self.settings.socket().display().to_string(),
+            why,
+        }
     }
 
     fn unknown(&self, model: &ModelKey, key: &StoreKey) -> WeightsError {

@@ -286,3 +286,67 @@ fn a_mock_engine_handed_a_malformed_shard_fails_its_start_naming_the_file() {
     assert!(err.contains(shard.to_str().unwrap()) && err.contains("not a valid safetensors file"), "{err}");
     assert!(o.stdout.is_empty(), "it never listened: {}", String::from_utf8_lossy(&o.stdout));
 }
+
+/// The store daemon run apart (`hangar store serve`) dies while serving:
+/// the next replica start finds its socket dead and runs the store in the
+/// server's own process, rather than failing every start until an
+/// operator restarts the daemon.
+#[test]
+fn a_replica_starts_after_the_store_daemon_run_apart_died() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("src/tiny.Q4.gguf");
+    let hash = weights_file(&file, 100_000);
+    let store = dir.path().join("store");
+    let o = hangar(&[
+        "store",
+        "--root",
+        store.to_str().unwrap(),
+        "import",
+        file.to_str().unwrap(),
+        "--key",
+        "tiny:v1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (mut daemon, line) = common::start_store(&store, &["serve"]);
+    assert!(line.starts_with("serving "), "{line}");
+    let s = serve_in(
+        dir,
+        &with_store(
+            r#"
+[[models]]
+key = "t/w"
+engine = { kind = "mock", preset = "instant" }
+size = "10GB"
+min_replicas = 1
+weights = "store:tiny:v1"
+"#,
+        ),
+    );
+    let first = common::ready_replicas(&s.url, 1);
+    assert!(
+        !s.log().contains("weight store daemon started"),
+        "the daemon run apart was not used: {}",
+        s.log()
+    );
+
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    let pid = first[0]["pid"].as_i64().unwrap_or_else(|| panic!("{first:?}"));
+    let engine = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(engine, rustix::process::Signal::KILL).unwrap();
+    let start = Instant::now();
+    let again = loop {
+        let status: Value =
+            reqwest::blocking::get(format!("{}/admin/status", s.url)).unwrap().json().unwrap();
+        let now = &status["models"][0]["replicas"][0];
+        if now["state"] == "ready" && now["pid"] != first[0]["pid"] {
+            break now.clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no replica started again: {status}\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(engine_weights(&again)["blake3"], hash.as_str());
+    assert!(s.log().contains("the weight store daemon does not answer"), "{}", s.log());
+    let (status, body) = post(&s.url, None, &chat("t/w", 2));
+    assert_eq!(status, 200, "{body}");
+}
