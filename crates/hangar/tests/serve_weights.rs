@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -31,18 +31,13 @@ fn with_store(models: &str) -> String {
     format!("[store]\nroot = \"store\"\n{}", one_gpu(models))
 }
 
-/// What the replica's engine says it read at start.
-fn engine_weights(replica: &Value) -> Value {
-    let url = replica["url"].as_str().unwrap();
-    let models: Value = reqwest::blocking::get(format!("{url}/v1/models")).unwrap().json().unwrap();
-    models["data"][0]["weights"].clone()
-}
-
-#[test]
-fn replicas_load_their_weights_from_the_store_and_the_second_leases_the_first_ones_memory() {
+/// A test directory whose store (`store` in it) holds a stand-in weights
+/// file of `len` bytes as `tiny:v1`: the directory, the store's root and
+/// the bytes' BLAKE3.
+fn store_with_tiny(len: usize) -> (tempfile::TempDir, PathBuf, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("src/tiny.Q4.gguf");
-    let hash = weights_file(&file, (3 << 20) + 5);
+    let hash = weights_file(&file, len);
     let store = dir.path().join("store");
     let o = hangar(&[
         "store",
@@ -54,19 +49,35 @@ fn replicas_load_their_weights_from_the_store_and_the_second_leases_the_first_on
         "tiny:v1",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s = serve_in(
-        dir,
-        &with_store(
-            r#"
+    (dir, store, hash)
+}
+
+/// `hangar serve` in `dir` with `min` replicas of `t/w` on `store:tiny:v1`.
+fn serve_tiny(dir: tempfile::TempDir, min: u32) -> common::Serve {
+    let model = format!(
+        r#"
 [[models]]
 key = "t/w"
-engine = { kind = "mock", preset = "instant" }
+engine = {{ kind = "mock", preset = "instant" }}
 size = "10GB"
-min_replicas = 2
+min_replicas = {min}
 weights = "store:tiny:v1"
-"#,
-        ),
+"#
     );
+    serve_in(dir, &with_store(&model))
+}
+
+/// What the replica's engine says it read at start.
+fn engine_weights(replica: &Value) -> Value {
+    let url = replica["url"].as_str().unwrap();
+    let models: Value = reqwest::blocking::get(format!("{url}/v1/models")).unwrap().json().unwrap();
+    models["data"][0]["weights"].clone()
+}
+
+#[test]
+fn replicas_load_their_weights_from_the_store_and_the_second_leases_the_first_ones_memory() {
+    let (dir, _, hash) = store_with_tiny((3 << 20) + 5);
+    let s = serve_tiny(dir, 2);
     let replicas = common::ready_replicas(&s.url, 2);
     let mut sources: Vec<&str> = Vec::new();
     for r in &replicas {
@@ -293,35 +304,10 @@ fn a_mock_engine_handed_a_malformed_shard_fails_its_start_naming_the_file() {
 /// operator restarts the daemon.
 #[test]
 fn a_replica_starts_after_the_store_daemon_run_apart_died() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("src/tiny.Q4.gguf");
-    let hash = weights_file(&file, 100_000);
-    let store = dir.path().join("store");
-    let o = hangar(&[
-        "store",
-        "--root",
-        store.to_str().unwrap(),
-        "import",
-        file.to_str().unwrap(),
-        "--key",
-        "tiny:v1",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (dir, store, hash) = store_with_tiny(100_000);
     let (mut daemon, line) = common::start_store(&store, &["serve"]);
     assert!(line.starts_with("serving "), "{line}");
-    let s = serve_in(
-        dir,
-        &with_store(
-            r#"
-[[models]]
-key = "t/w"
-engine = { kind = "mock", preset = "instant" }
-size = "10GB"
-min_replicas = 1
-weights = "store:tiny:v1"
-"#,
-        ),
-    );
+    let s = serve_tiny(dir, 1);
     let first = common::ready_replicas(&s.url, 1);
     assert!(
         !s.log().contains("weight store daemon started"),
