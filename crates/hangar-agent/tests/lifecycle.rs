@@ -22,6 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use hangar_agent::capabilities::{Capabilities, SleepApi};
 use hangar_agent::lifecycle::{
     spawn, DriverHandle, Engines, Fact, Health, Sink, SleepAnswer, Slot, StartError, StartReport, Started,
@@ -35,6 +37,10 @@ const NODE: &str = "n0";
 const GPUS: usize = 4;
 const GPU_BYTES: u64 = 80;
 const REPLICAS: usize = 5;
+/// The longest a hung engine may run on: the slowest start it may hang in
+/// (5 s), three failed health checks 1 s apart, the slowest kill (2 s),
+/// and a second's slack for the checks' phase.
+const HUNG_KILLED_WITHIN: Duration = Duration::from_secs(11);
 
 /// One fake engine process.
 #[derive(Debug, Clone)]
@@ -46,6 +52,8 @@ struct Proc {
     /// Alive but answering nothing (wedged on its GPU): it keeps its GPU
     /// memory until killed.
     hung: bool,
+    /// When it hung.
+    hung_at: Option<Instant>,
     /// Requests running on it.
     in_flight: u32,
 }
@@ -110,7 +118,15 @@ impl Engines for FakeEngines {
         let index = {
             let mut w = self.0.lock().unwrap();
             let gpus = slot.gpus.clone();
-            w.procs.push(Proc { replica, gpus, alive: true, awake: true, hung: false, in_flight: 0 });
+            w.procs.push(Proc {
+                replica,
+                gpus,
+                alive: true,
+                awake: true,
+                hung: false,
+                hung_at: None,
+                in_flight: 0,
+            });
             w.procs.len() - 1
         };
         tokio::select! {
@@ -139,6 +155,9 @@ impl Engines for FakeEngines {
     async fn sleep(&self, engine: &FakeEngine) -> SleepAnswer {
         let delay = self.0.lock().unwrap().delay.sleep;
         tokio::time::sleep(Duration::from_millis(delay)).await;
+        if let Some(why) = self.unanswered(engine).await {
+            return SleepAnswer::Refused(why);
+        }
         let mut w = self.0.lock().unwrap();
         let replica = w.procs[engine.0].replica;
         let (alive, hung) = (w.procs[engine.0].alive, w.procs[engine.0].hung);
@@ -155,6 +174,9 @@ impl Engines for FakeEngines {
     async fn wake(&self, engine: &FakeEngine) -> Result<(), String> {
         let delay = self.0.lock().unwrap().delay.wake;
         tokio::time::sleep(Duration::from_millis(delay)).await;
+        if let Some(why) = self.unanswered(engine).await {
+            return Err(why);
+        }
         let mut w = self.0.lock().unwrap();
         let replica = w.procs[engine.0].replica;
         if w.fail_wake.remove(&replica) || !w.procs[engine.0].alive || w.procs[engine.0].hung {
@@ -191,6 +213,29 @@ impl Engines for FakeEngines {
 }
 
 impl FakeEngines {
+    /// A call to a hung engine, as a real one goes: no answer until its
+    /// process is killed (the connection then breaks) or the call's 120 s
+    /// pass. `None` for an engine that answers.
+    async fn unanswered(&self, engine: &FakeEngine) -> Option<String> {
+        let began = Instant::now();
+        loop {
+            let (alive, hung) = {
+                let p = &self.0.lock().unwrap().procs[engine.0];
+                (p.alive, p.hung)
+            };
+            if !hung {
+                return None;
+            }
+            if !alive {
+                return Some("the connection broke".into());
+            }
+            if began.elapsed() >= Duration::from_secs(120) {
+                return Some("it did not answer in time".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// A stop or a kill, after the stop delay: the process is gone. Requests
     /// still on an engine that answered are counted cut; a hung engine's
     /// were lost to the hang.
@@ -373,6 +418,11 @@ fn check_always(world: &World, desired: &Desired) -> Result<(), String> {
     if world.cut > 0 {
         return Err(format!("{} requests cut by a stop", world.cut));
     }
+    let late =
+        world.procs.iter().find(|p| p.alive && p.hung_at.is_some_and(|t| t.elapsed() > HUNG_KILLED_WITHIN));
+    if let Some(p) = late {
+        return Err(format!("a hung engine still runs {HUNG_KILLED_WITHIN:?} after it hung: {p:?}"));
+    }
     Ok(())
 }
 
@@ -461,8 +511,9 @@ async fn run(ops: Vec<Op>, sleepless: BTreeSet<usize>) -> Result<(), String> {
             }
             Op::Hang { r } => {
                 let mut w = world.lock().unwrap();
-                for p in w.procs.iter_mut().filter(|p| p.replica == id(r) && p.alive) {
+                for p in w.procs.iter_mut().filter(|p| p.replica == id(r) && p.alive && !p.hung) {
                     p.hung = true;
+                    p.hung_at = Some(Instant::now());
                 }
             }
             Op::RefuseSleep { r } => drop(world.lock().unwrap().refuse_sleep.insert(id(r))),
@@ -595,6 +646,29 @@ fn a_hung_engine_holds_its_gpus_until_killed() {
             Op::Hang { r: 0 },
             Op::Wait { ms: 5_000 },
             Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
+        ],
+        // Hung as it was being put to sleep (`hangar bench chaos` found it:
+        // the sleep call, never answered, held the engine for its 120 s),
+        // then wanted back while the call still waits.
+        vec![
+            Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
+            Op::Wait { ms: 500 },
+            Op::Warm { r: 0 },
+            Op::Hang { r: 0 },
+            Op::Wait { ms: 500 },
+            Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
+            Op::Wait { ms: 12_000 },
+        ],
+        // Hung as it was being woken.
+        vec![
+            Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
+            Op::Wait { ms: 1_000 },
+            Op::Warm { r: 0 },
+            Op::Wait { ms: 1_000 },
+            Op::Delays { start: 300, sleep: 50, wake: 2_000, stop: 50 },
+            Op::Hot { r: 0, mask: 0b1, bytes: GPU_BYTES },
+            Op::Hang { r: 0 },
+            Op::Wait { ms: 12_000 },
         ],
     ];
     for ops in seqs {

@@ -7,8 +7,8 @@
 //! one task, in the order it arrived, so the machine is never touched by
 //! two tasks at once. Steps run in tasks of their own (each replica has at
 //! most one) and report back on a channel; the engines they started are
-//! kept here, by replica. Each engine that is awake or asleep is
-//! health-checked every second by a watcher of its own, which reports a
+//! kept here, by replica. Each engine that is awake, asleep or on its way
+//! between the two is health-checked every second by a watcher of its own, which reports a
 //! death as an input like any other (stale reports, about an engine the
 //! replica no longer has, are ignored by the machine).
 //!
@@ -702,8 +702,8 @@ async fn put_to_sleep<E: Engines, S: Sink>(
 }
 
 /// Health-checks an engine every [`HEALTH_INTERVAL`] while `watch` lives:
-/// an exit at once, or [`HEALTH_FAILURES`] failed checks in a row of a
-/// settled engine (awake or asleep), is reported lost.
+/// an exit at once, or [`HEALTH_FAILURES`] failed checks in a row of an
+/// engine awake, asleep, or on its way between the two, is reported lost.
 async fn watch_health<E: Engines>(
     engines: Arc<E>,
     engine: Arc<E::Engine>,
@@ -719,10 +719,14 @@ async fn watch_health<E: Engines>(
             () = watch.cancelled() => return,
             () = tokio::time::sleep(HEALTH_INTERVAL) => {}
         }
-        // Only a settled engine is checked: a step's own outcome says how
-        // the engine is while one is in flight.
+        // An engine asleep is checked by its sleep API's state route; one
+        // awake, falling asleep or waking by its health route, which an
+        // engine's API server answers while a sleep or wake call runs
+        // (vLLM's and SGLang's answer it apart from their engine core): a
+        // hung one would otherwise hold its GPUs through the call's 120 s.
+        // Starting and stopping have their own limits.
         let awake = match table.lock().expect("replica table lock").get(&replica).map(|r| &r.view.engine) {
-            Some(Engine::Awake { .. }) => true,
+            Some(Engine::Awake { .. } | Engine::FallingAsleep { .. } | Engine::Waking { .. }) => true,
             Some(Engine::Asleep { .. }) => false,
             _ => continue,
         };

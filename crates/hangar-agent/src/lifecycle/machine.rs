@@ -533,7 +533,10 @@ impl Lifecycle {
     pub fn handle_step_done(&mut self, now: Millis, replica: ReplicaId, outcome: Outcome) {
         self.tick(now);
         let Some(r) = self.replicas.get_mut(&replica) else { return };
-        if !r.engine.in_step() {
+        // Not in a step; or the late outcome of a sleep or wake a kill
+        // overtook (only the kill's own end frees the engine's GPUs).
+        let overtaken = matches!(r.engine, Engine::Killing { .. }) && !matches!(outcome, Outcome::Stopped);
+        if !r.engine.in_step() || overtaken {
             return;
         }
         r.abandoned = false;
@@ -583,42 +586,39 @@ impl Lifecycle {
 
     /// `replica`'s engine of `incarnation` died or stopped answering (a
     /// health check): it is killed ([`Step::Kill`]), holding its GPUs until
-    /// it is gone, and then failed. Ignored if that engine is no longer the
-    /// replica's, or a step is in flight (the step's own outcome tells).
+    /// it is gone, and then failed. A sleep or wake in flight is overtaken:
+    /// a hung engine never answers it, and its late outcome is ignored
+    /// (see [`Lifecycle::handle_step_done`]). Ignored if that engine is no
+    /// longer the replica's, or is starting or stopping (those steps end
+    /// by themselves).
     pub fn handle_lost(&mut self, now: Millis, replica: ReplicaId, incarnation: u64, why: &str) {
         self.tick(now);
         let Some(r) = self.replicas.get_mut(&replica) else { return };
-        if r.incarnation != incarnation || !matches!(r.engine, Engine::Awake { .. } | Engine::Asleep { .. }) {
-            return;
-        }
+        let holds = match &r.engine {
+            _ if r.incarnation != incarnation => return,
+            Engine::Awake { slot } | Engine::FallingAsleep { slot } | Engine::Waking { slot } => {
+                Some(slot.clone())
+            }
+            Engine::Asleep { .. } => None,
+            _ => return,
+        };
         if r.serving {
             r.serving = false;
             self.outputs.push_back(Output::Unserve { replica });
         }
-        let holds = match &r.engine {
-            Engine::Awake { slot } => {
-                // An engine asleep in the warm cache that dies is only cold;
-                // one that could serve failed.
-                let fact = Fact::Failed {
-                    replica,
-                    model: r.model.clone(),
-                    why: why.to_owned(),
-                    start_failed: false,
-                };
-                self.outputs.push_back(Output::Fact(fact));
-                Some(slot.clone())
-            }
-            _ => {
-                // Asleep: the controller hears at once that no engine is
-                // kept for it, and why.
-                if matches!(r.want, Some(Tier::Warm)) {
-                    r.cold_told = true;
-                    let fact = Fact::Cold { replica, model: r.model.clone(), failed: Some(why.to_owned()) };
-                    self.outputs.push_back(Output::Fact(fact));
-                }
-                None
-            }
-        };
+        let asleep = matches!(r.engine, Engine::Asleep { .. } | Engine::FallingAsleep { .. });
+        if asleep && matches!(r.want, Some(Tier::Warm)) {
+            // Asleep in the warm cache, or on its way there: the controller
+            // hears at once that no engine is kept for it, and why.
+            r.cold_told = true;
+            let fact = Fact::Cold { replica, model: r.model.clone(), failed: Some(why.to_owned()) };
+            self.outputs.push_back(Output::Fact(fact));
+        } else if holds.is_some() {
+            // One that serves or was to serve failed.
+            let fact =
+                Fact::Failed { replica, model: r.model.clone(), why: why.to_owned(), start_failed: false };
+            self.outputs.push_back(Output::Fact(fact));
+        }
         // Killed, not stopped: a hung engine would not drain, and its GPUs
         // are not free for another until its process is gone.
         r.engine = Engine::Killing { holds, why: why.to_owned() };
