@@ -283,29 +283,36 @@ impl Inner {
     /// A replica another machine runs stopped answering: at once, its
     /// requests lose their replica (the gateway retries them) and no new
     /// ones go there; it is kept out of routing for a while though its
-    /// node may still report it. Returns whether it was routed (false:
-    /// already handled). The controller hears of it apart
-    /// ([`Inner::tell_failed`]), once its node's fate is known.
+    /// node may still report it. Returns whether this call failed it
+    /// (false: another probe did, or it is not in the table): the caller
+    /// then tells the controller ([`Inner::tell_failed`]), once its
+    /// node's fate is known — exactly one caller per failure.
     fn unroute(&self, rt: &ModelRuntime, replica: ReplicaId, why: &str) -> bool {
         let Some(node) =
             rt.replicas.lock().expect("replica table lock").get(&replica).map(|r| r.node.clone())
         else {
             return false;
         };
-        // Quarantined before it leaves the table: the view, which checks
-        // the quarantine under the table's lock, cannot put it back between
-        // the two.
+        // Whoever quarantines it first failed it. Quarantined before it
+        // leaves the table: the view, which checks the quarantine under the
+        // table's lock, cannot put it back between the two — and may take
+        // it out itself, which must not make it nobody's failure (the
+        // controller would never hear of it).
         {
             let mut recent = self.failed.lock().expect("failed table");
             recent.retain(|_, (at, _)| at.elapsed() < super::fleet::QUARANTINE);
-            recent.insert(replica, (std::time::Instant::now(), node));
+            match recent.entry(replica) {
+                std::collections::hash_map::Entry::Occupied(_) => return false,
+                std::collections::hash_map::Entry::Vacant(v) => v.insert((std::time::Instant::now(), node)),
+            };
         }
-        if rt.replicas.lock().expect("replica table lock").remove(&replica).is_none() {
-            return false; // Another probe took it out meanwhile.
+        // Its permits go with it, unless the view took it out first (and
+        // took them).
+        if rt.replicas.lock().expect("replica table lock").remove(&replica).is_some() {
+            rt.processor.replica_gone(replica);
         }
         tracing::warn!(replica = %replica_name(&rt.config.key, replica), "replica failed: {why}");
         rt.metrics.replica_failed();
-        rt.processor.replica_gone(replica);
         true
     }
 
