@@ -213,6 +213,11 @@ impl View {
                 tenure.draining(name, draining.contains(name.as_str()));
                 tenure.suspect(name, suspect.contains(name.as_str()));
             }
+            // Once the controller knows them suspect: what it placed there
+            // and their agents never took up.
+            for name in &suspect {
+                move_untaken(&inner, &tenure, name, &seen);
+            }
             tenure.publish_unavailable();
             memory.mirrored = None;
         } else {
@@ -467,6 +472,24 @@ impl View {
         }
         for id in seen.keys().filter(|id| seen[id].phase != ReplicaPhase::Pending) {
             tenure.give_up(*id); // Taken up.
+        }
+    }
+}
+
+/// On `node`, found silent (suspect), the replicas placed there that its
+/// agent has not taken up are placed elsewhere at once, not after
+/// [`NEVER_TAKEN_UP`] or the node's death: a node dies over some
+/// milliseconds, so a probe may find some of its engines dead while the
+/// rest and its agent still answer — it is not suspect yet, and the
+/// replacements go back to it (its weights are resident there) — and then
+/// the rest of it is found dead. Nothing is lost by moving a replica that
+/// never started; should the node beat again, it simply does not get it.
+fn move_untaken(inner: &Inner, tenure: &Tenure, node: &str, seen: &HashMap<ReplicaId, Seen>) {
+    for (model, replica) in tenure.placed_before(node, Duration::ZERO) {
+        let pending = seen.get(&replica).is_none_or(|s| s.phase == ReplicaPhase::Pending);
+        if pending && tenure.give_up(replica) {
+            let why = format!("node {node} went silent before it took it up");
+            inner.control.send(Command::Failed { model, replica, why, start_failed: false });
         }
     }
 }
