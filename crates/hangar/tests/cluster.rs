@@ -127,12 +127,21 @@ fn wait_leader(gateways: &[Serve], when: &str) -> usize {
 }
 
 fn chat(gateway: &str, model: &str) -> u16 {
-    client()
+    chat_outcome(gateway, model).0
+}
+
+/// A chat's status and, unless 200, what it said (0 and why when the
+/// request got no answer).
+fn chat_outcome(gateway: &str, model: &str) -> (u16, String) {
+    let sent = client()
         .post(format!("{gateway}/v1/chat/completions"))
         .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}))
-        .send()
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
+        .send();
+    match sent {
+        Ok(r) if r.status() == 200 => (200, String::new()),
+        Ok(r) => (r.status().as_u16(), r.text().unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    }
 }
 
 fn create(gateway: &str, model: &str, tokens: u32, hooks: &Receiver) -> String {
@@ -169,7 +178,7 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     let hooks = Arc::new(receiver(0));
     let urls: Vec<String> = f.gateways.iter().map(|g| g.url.clone()).collect();
     let next = Arc::new(AtomicUsize::new(0));
-    let sync_status: Arc<Mutex<Vec<u16>>> = Arc::default();
+    let sync_status: Arc<Mutex<Vec<(u16, String)>>> = Arc::default();
     let ids: Arc<Mutex<Vec<String>>> = Arc::default();
     let clients: Vec<_> = (0..8)
         .map(|_| {
@@ -183,8 +192,8 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
                 let gateway = &urls[(i / 2) % 2];
                 let model = if i % 3 == 0 { "t/b" } else { "t/a" };
                 if i % 2 == 0 {
-                    let s = chat(gateway, model);
-                    sync_status.lock().unwrap().push(s);
+                    let (s, said) = chat_outcome(gateway, model);
+                    sync_status.lock().unwrap().push((s, format!("{model} through {gateway}: {said}")));
                 } else {
                     let id = create(gateway, model, 16, &hooks);
                     ids.lock().unwrap().push(id);
@@ -197,11 +206,17 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     }
     let killed_at = Instant::now();
     f.agents.iter_mut().find(|a| a.name == victim).unwrap().kill9();
+    // Watched from the kill on, under the load: how long the rest of the
+    // test takes says nothing of when the models were whole again.
+    let recovery = {
+        let (lead, victim) = (f.gateways[lead].url.clone(), victim.clone());
+        std::thread::spawn(move || whole_while_suspect(&lead, &victim, killed_at))
+    };
     for c in clients {
         c.join().unwrap();
     }
     let sync_status = sync_status.lock().unwrap().clone();
-    let failed: Vec<&u16> = sync_status.iter().filter(|s| **s != 200).collect();
+    let failed: Vec<&(u16, String)> = sync_status.iter().filter(|(s, _)| *s != 200).collect();
     assert!(failed.is_empty(), "{} of {} sync requests failed: {failed:?}", failed.len(), sync_status.len());
     let ids = ids.lock().unwrap().clone();
     assert_eq!(ids.len(), 500);
@@ -212,8 +227,8 @@ fn a_fleet_loses_nothing_when_a_node_dies_under_load() {
     // The dead node's replicas run again on the others — before its
     // registration lapses (8 s): the gateways found it not answering, so
     // none of its replicas was placed on it again.
-    let lead = leader(&f.gateways).expect("a gateway leads");
-    let recovered = whole_while_suspect(&f.gateways[lead].url, &victim, killed_at);
+    let recovered =
+        recovery.join().expect("the models were whole again while the victim was suspect (above)");
     // Created through one gateway, read and cancelled through the other.
     let id = create(&f.gateways[0].url, "t/b", 100_000, &hooks);
     let t = Instant::now();
