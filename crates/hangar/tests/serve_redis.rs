@@ -172,8 +172,10 @@ fn a_gateway_killed_mid_run_loses_no_prediction() {
     let (a, b) = (serve(&config), serve(&config));
     let hooks = receiver(0);
     let mut ids = Vec::new();
+    // 200 tokens each: running them must not outpace creating them (with
+    // 40, a slow moment in CI saw all 300 end before the kill).
     for i in 0..300 {
-        let (status, p) = create(if i % 2 == 0 { &a } else { &b }, "t/fast", 40, &hooks);
+        let (status, p) = create(if i % 2 == 0 { &a } else { &b }, "t/fast", 200, &hooks);
         assert_eq!(status, 201, "{p}");
         ids.push(p["id"].as_str().unwrap().to_owned());
     }
