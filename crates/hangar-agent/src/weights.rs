@@ -383,7 +383,7 @@ impl WeightStore {
                     why: e.to_string(),
                 })
             }
-            WeightsSource::Store(key) => match self.client(model)?.resolve_key(key) {
+            WeightsSource::Store(key) => match self.connect(&model.to_string())?.resolve_key(key) {
                 Err(ClientError::UnknownKey(_)) if self.settings.local_only() => {
                     Err(self.unknown(model, key))
                 }
@@ -394,10 +394,6 @@ impl WeightStore {
                 Ok(_) => Ok(()),
             },
         }
-    }
-
-    fn client(&self, model: &ModelKey) -> Result<StoreClient, WeightsError> {
-        self.connect(&model.to_string())
     }
 
     /// A connection to the daemon on the store's socket; when none answers
@@ -479,7 +475,7 @@ impl WeightStore {
         replica: ReplicaId,
     ) -> Result<LoadedWeights, WeightsError> {
         let started = Instant::now();
-        let mut client = self.client(model)?;
+        let mut client = self.connect(&model.to_string())?;
         let selection = match source {
             WeightsSource::Store(key) => {
                 let id = client.resolve_key(key).map_err(|e| match e {

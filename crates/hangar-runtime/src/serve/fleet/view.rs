@@ -213,10 +213,20 @@ impl View {
                 tenure.draining(name, draining.contains(name.as_str()));
                 tenure.suspect(name, suspect.contains(name.as_str()));
             }
-            // Once the controller knows them suspect: what it placed there
-            // and their agents never took up.
+            // Once the controller knows them suspect: what it placed on a
+            // suspect node and its agent has not taken up is placed
+            // elsewhere at once, not after NEVER_TAKEN_UP or the node's
+            // death. A node dies over some milliseconds, so a probe may find
+            // some of its engines dead while the rest and its agent still
+            // answer — it is not suspect yet, and the replacements go back
+            // to it (its weights are resident there) — and then the rest of
+            // it is found dead. Nothing is lost by moving a replica that
+            // never started; should the node beat again, it does not get it.
             for name in &suspect {
-                move_untaken(&inner, &tenure, name, &seen);
+                for (model, replica) in give_up_untaken(&tenure, name, Duration::ZERO, &seen) {
+                    let why = format!("node {name} went silent before it took it up");
+                    inner.control.send(Command::Failed { model, replica, why, start_failed: false });
+                }
             }
             tenure.publish_unavailable();
             memory.mirrored = None;
@@ -462,12 +472,9 @@ impl View {
         // lost with Redis, no room left on its GPUs); placement must not
         // count on it forever.
         for name in nodes.keys().filter(|n| !silent.contains(*n)) {
-            for (model, replica) in tenure.placed_before(name, NEVER_TAKEN_UP) {
-                let pending = seen.get(&replica).is_none_or(|s| s.phase == ReplicaPhase::Pending);
-                if pending && tenure.give_up(replica) {
-                    let why = format!("node {name} did not take it up in {NEVER_TAKEN_UP:?}");
-                    inner.control.send(Command::Failed { model, replica, why, start_failed: true });
-                }
+            for (model, replica) in give_up_untaken(tenure, name, NEVER_TAKEN_UP, seen) {
+                let why = format!("node {name} did not take it up in {NEVER_TAKEN_UP:?}");
+                inner.control.send(Command::Failed { model, replica, why, start_failed: true });
             }
         }
         for id in seen.keys().filter(|id| seen[id].phase != ReplicaPhase::Pending) {
@@ -476,22 +483,19 @@ impl View {
     }
 }
 
-/// On `node`, found silent (suspect), the replicas placed there that its
-/// agent has not taken up are placed elsewhere at once, not after
-/// [`NEVER_TAKEN_UP`] or the node's death: a node dies over some
-/// milliseconds, so a probe may find some of its engines dead while the
-/// rest and its agent still answer — it is not suspect yet, and the
-/// replacements go back to it (its weights are resident there) — and then
-/// the rest of it is found dead. Nothing is lost by moving a replica that
-/// never started; should the node beat again, it simply does not get it.
-fn move_untaken(inner: &Inner, tenure: &Tenure, node: &str, seen: &HashMap<ReplicaId, Seen>) {
-    for (model, replica) in tenure.placed_before(node, Duration::ZERO) {
-        let pending = seen.get(&replica).is_none_or(|s| s.phase == ReplicaPhase::Pending);
-        if pending && tenure.give_up(replica) {
-            let why = format!("node {node} went silent before it took it up");
-            inner.control.send(Command::Failed { model, replica, why, start_failed: false });
-        }
-    }
+/// The replicas this leader placed on `node` more than `limit` ago that
+/// its agent has not taken up (not reported, or pending), each given up
+/// here — so once — for the caller to tell the controller.
+fn give_up_untaken(
+    tenure: &Tenure,
+    node: &str,
+    limit: Duration,
+    seen: &HashMap<ReplicaId, Seen>,
+) -> Vec<(ModelKey, ReplicaId)> {
+    let untaken = tenure.placed_before(node, limit).into_iter().filter(|(_, replica)| {
+        seen.get(replica).is_none_or(|s| s.phase == ReplicaPhase::Pending) && tenure.give_up(*replica)
+    });
+    untaken.collect()
 }
 
 /// A follower answers for each model as the leader does: a model the
