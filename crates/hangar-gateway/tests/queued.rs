@@ -215,6 +215,18 @@ fn metric(server: &Server, series: &str) -> u64 {
     value.map_or(0, |v| v.parse().unwrap_or_else(|_| panic!("{series} {v}")))
 }
 
+/// Waits (a bounded poll) until `series` reads `n`: a prediction's end is
+/// stored, and so answered to a follow-up, a moment before it is counted.
+async fn until_counted(server: &Server, series: &str, n: u64) {
+    for _ in 0..500 {
+        if metric(server, series) == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(server, series), n, "{series}");
+}
+
 /// Every event written so far, the sink flushed first.
 async fn events(server: &Server, dir: &Path) -> Vec<InferenceEvent> {
     let sink = server.events().clone();
@@ -357,10 +369,11 @@ async fn a_slow_answer_is_a_202_then_the_follow_up_answers_it_and_only_to_its_ac
     let (status, answer) = until_ended(&s.router, "t/async", &failing).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "the engine's status: {answer}");
     assert_eq!(answer["error"]["message"], "the prompt is refused", "the engine's body: {answer}");
-    let series =
-        |name: &str, labels: &str| metric(&s.server, &format!("{name}{{model=\"t/async\",{labels}}}"));
-    assert_eq!(series("hangar_requests_total", "kind=\"prediction\",status=\"400\""), 1);
-    assert_eq!(series("hangar_errors_total", "kind=\"prediction\",code=\"engine_error\""), 1);
+    let name = |name: &str, labels: &str| format!("{name}{{model=\"t/async\",{labels}}}");
+    let series = |n: &str, labels: &str| metric(&s.server, &name(n, labels));
+    until_counted(&s.server, &name("hangar_requests_total", "kind=\"prediction\",status=\"400\""), 1).await;
+    until_counted(&s.server, &name("hangar_errors_total", "kind=\"prediction\",code=\"engine_error\""), 1)
+        .await;
     assert_eq!(series("hangar_requests_total", "kind=\"prediction\",status=\"200\""), 1);
     // The two refusals of the mode's fields are counted as synchronous
     // requests refused; the polls not at all.
