@@ -27,12 +27,27 @@ pub(crate) struct Upstream {
     fresh: Client1,
 }
 
+/// How long an answer may be silent before its connection's host is
+/// asked, by a keep-alive probe, whether it is still there (and how often
+/// after): with [`ConnectionPool::unacked_timeout_ms`], a host that stops
+/// acknowledging while an engine streams nothing is found as one that
+/// stops acknowledging a request.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+
 /// The clients of a model whose pool is `pool`, with `TCP_NODELAY` so
-/// small streamed frames are not held back by Nagle's algorithm.
+/// small streamed frames are not held back by Nagle's algorithm, and
+/// bounds that find a replica's host gone or cut off in seconds, not at
+/// each request's deadline: the connect timeout, and keep-alive probes
+/// with `TCP_USER_TIMEOUT` (neither costs the request path anything: they
+/// are socket options set once per connection).
 pub(crate) fn upstream(pool: &ConnectionPool) -> Upstream {
     let client = |idle: Duration, max_idle: usize| {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_millis(pool.connect_timeout_ms)));
+        connector.set_keepalive(Some(KEEPALIVE_EVERY));
+        connector.set_keepalive_interval(Some(KEEPALIVE_EVERY));
+        connector.set_tcp_user_timeout(Some(Duration::from_millis(pool.unacked_timeout_ms)));
         Client::builder(TokioExecutor::new())
             .pool_idle_timeout(idle)
             .pool_max_idle_per_host(max_idle)
@@ -113,4 +128,63 @@ fn connection_lost(e: &hyper_util::client::legacy::Error) -> bool {
         source = s.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Sends to a listener whose accept queue is full, which drops the
+    /// SYNs of new connections as a host cut off from the gateway does,
+    /// and checks the send fails as a connect, on the pooled client and
+    /// on the fresh one, well before the kernel's two minutes of SYN
+    /// retries.
+    async fn fails_to_connect(pool: ConnectionPool) {
+        let listener = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        listener.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        listener.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap().as_socket().unwrap();
+        // The one connection a backlog of 0 holds, never accepted.
+        let _queued = std::net::TcpStream::connect(addr).unwrap();
+        let up = upstream(&pool);
+        let mut retried = false;
+        let sent = tokio::time::timeout(
+            Duration::from_secs(20),
+            up.send(&format!("http://{addr}/v1/chat/completions"), Bytes::from_static(b"{}"), || {
+                retried = true
+            }),
+        )
+        .await
+        .expect("the connect gave up within its bound, not after the kernel's SYN retries");
+        match sent {
+            Err(SendError::Failed(e)) => assert!(e.is_connect(), "{e:?}"),
+            other => panic!("expected a failed connect, got {other:?}"),
+        }
+        assert!(retried, "the pooled client's failed connect is tried once more on a fresh one");
+    }
+
+    #[tokio::test]
+    async fn a_host_that_answers_no_connection_fails_it_within_the_connect_timeout() {
+        // The longest unacked bound, which would end the SYNs' retries too.
+        fails_to_connect(ConnectionPool {
+            connect_timeout_ms: 200,
+            unacked_timeout_ms: 600_000,
+            ..Default::default()
+        })
+        .await;
+    }
+
+    /// `TCP_USER_TIMEOUT` bounds a SYN left unacknowledged as it bounds a
+    /// request: that it ends the connect shows the socket carries it.
+    #[tokio::test]
+    async fn the_unacked_bound_is_set_on_the_replicas_connections() {
+        fails_to_connect(ConnectionPool {
+            connect_timeout_ms: 60_000,
+            unacked_timeout_ms: 1_000,
+            ..Default::default()
+        })
+        .await;
+    }
 }

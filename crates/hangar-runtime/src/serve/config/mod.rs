@@ -356,11 +356,29 @@ pub struct ConnectionPool {
     pub idle_timeout_ms: u64,
     /// The most idle connections kept per replica. Default 64.
     pub max_idle: usize,
+    /// A connection to a replica not made within this many ms fails, and
+    /// the request is tried on another replica. On a working network a
+    /// connection is made in well under a millisecond; a node cut off from
+    /// the gateway answers nothing, and without this bound the request
+    /// would wait out its deadline. Default 2000.
+    pub connect_timeout_ms: u64,
+    /// A connection whose replica's host has acknowledged nothing for this
+    /// many ms is closed (the socket's `TCP_USER_TIMEOUT`; while an answer
+    /// is silent, keep-alive probes go out every second for the host to
+    /// acknowledge). A slow engine's host still acknowledges: only a host
+    /// that is gone or cut off trips it, and the request, if nothing of
+    /// its answer came yet, is tried on another replica. Default 5000.
+    pub unacked_timeout_ms: u64,
 }
 
 impl Default for ConnectionPool {
     fn default() -> Self {
-        ConnectionPool { idle_timeout_ms: 2_000, max_idle: 64 }
+        ConnectionPool {
+            idle_timeout_ms: 2_000,
+            max_idle: 64,
+            connect_timeout_ms: 2_000,
+            unacked_timeout_ms: 5_000,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use hangar_core::FieldError;
 use hangar_placement::{Cluster, ConfigError as PlacementError};
 
-use super::{ModelConfig, ServeConfig};
+use super::{ConnectionPool, ModelConfig, ServeConfig};
 use hangar_agent::engine::EngineSpec;
 
 /// The longest duration any `*_s` setting may hold: 30 days. It keeps
@@ -53,6 +53,26 @@ fn seconds(field: &str, value: u64, min: u64) -> Result<(), FieldError> {
         ));
     }
     Ok(())
+}
+
+impl ConnectionPool {
+    fn validate(&self) -> Result<(), FieldError> {
+        if !(1..=60_000).contains(&self.connect_timeout_ms) {
+            return Err(FieldError::new(
+                "connect_timeout_ms",
+                format!("{} is out of range: 1 to 60000 ms", self.connect_timeout_ms),
+            ));
+        }
+        // Keep-alive probes go out every second: a bound below it would
+        // close a silent answer's connection before its host was asked.
+        if !(1_000..=600_000).contains(&self.unacked_timeout_ms) {
+            return Err(FieldError::new(
+                "unacked_timeout_ms",
+                format!("{} is out of range: 1000 to 600000 ms", self.unacked_timeout_ms),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ServeConfig {
@@ -312,6 +332,7 @@ impl ModelConfig {
                  use the predictions API (POST /v1/models/{key}/predictions), which queues them already",
             ));
         }
+        self.connections.validate().map_err(|e| e.within("connections"))?;
         if self.kv.block_chars == 0 {
             return Err(FieldError::new("kv.block_chars", "must be at least 1"));
         }
@@ -587,6 +608,11 @@ mod tests {
         assert!(e.contains("idle_timeout") && e.contains("idle_timeout_ms"), "{e}");
         let e = pool("max_idle = -1").unwrap_err().to_string();
         assert!(e.contains("max_idle"), "{e}");
+        let e = pool("connect_timeout_ms = 0").unwrap().validate().unwrap_err();
+        assert_eq!(e.field, "models[0].connections.connect_timeout_ms");
+        assert!(e.to_string().contains("1 to 60000 ms"), "{e}");
+        let e = pool("unacked_timeout_ms = 500").unwrap().validate().unwrap_err();
+        assert_eq!(e.field, "models[0].connections.unacked_timeout_ms");
     }
 
     #[test]
