@@ -11,7 +11,8 @@
 # when the script ends. The gateways run as `nobody`; node-3's agent and
 # engines answer on 127.0.0.2, and a policy-routing rule drops nobody's
 # packets to that address for PARTITION_S seconds (20) while sync chats go
-# through both gateways at 20 a second. Prints what the first gateway
+# through both gateways at 20 a second; mid-way, the model they use is
+# pinned at one replica more. Prints what the first gateway
 # shows every 2 s, the answers' status codes, the longest answer, and the
 # gateways' warnings. Needs root (a namespace, `ip rule`), `setpriv`,
 # `redis-server`, `curl` and `python3`.
@@ -28,9 +29,9 @@ if [ -z "${HANGAR_PARTITION_NETNS:-}" ]; then
 fi
 ip link set lo up
 hangar="$HANGAR"
-config="$repo/examples/fleet-local.toml"
 partition_s="${PARTITION_S:-20}"
 work="$(mktemp -d)"
+config="$work/fleet.toml"
 chmod 755 "$work"
 pids=()
 stop() {
@@ -40,6 +41,9 @@ stop() {
     rm -rf "$work"
 }
 trap stop EXIT INT TERM
+# examples/fleet-local.toml, with room for one more replica of demo/chat-small.
+sed 's/^min_replicas = 2$/min_replicas = 2\nmax_replicas = 3/' "$repo/examples/fleet-local.toml" >"$config"
+grep -q '^max_replicas = 3$' "$config" || { echo "examples/fleet-local.toml changed: update this script" >&2; exit 1; }
 
 redis-server --port 0 --unixsocket "$work/redis.sock" --unixsocketperm 777 --dir "$work" \
     --save "" --logfile "$work/redis.log" &
@@ -71,8 +75,9 @@ try:
     s = json.load(sys.stdin)
 except ValueError as e:
     sys.exit("status unreadable: %s" % e)
-print(" | ".join(m["model"] + " " + ",".join(sorted("%s:%s" % (r.get("node"), r.get("state"))
-      for r in m["replicas"])) for m in s["models"]))'
+suspect = [n["name"] for n in s["nodes"] if n.get("suspect")]
+print(" | ".join([m["model"] + " " + ",".join(sorted("%s:%s" % (r.get("node"), r.get("state"))
+      for r in m["replicas"])) for m in s["models"]] + ["suspect: " + (",".join(suspect) or "none")]))'
 }
 echo "before: $(status)"
 requests=$(( (partition_s + 25) * 20 ))
@@ -93,7 +98,17 @@ ip rule del pref 0
 ip route add blackhole 127.0.0.2/32 table 100
 ip rule add pref 100 uidrange "$(id -u nobody)-$(id -u nobody)" to 127.0.0.2/32 lookup 100
 echo "$(date +%T) partitioned: the gateways reach nothing on node-3"
-for _ in $(seq $((partition_s / 2))); do sleep 2; echo "$(date +%T) $(status)"; done
+for i in $(seq $((partition_s / 2))); do
+    sleep 2
+    echo "$(date +%T) $(status)"
+    if [ "$i" = 4 ]; then
+        # One replica more, while node-3 — whose GPUs are free now — beats
+        # but cannot be reached: it must go elsewhere.
+        echo "$(date +%T) demo/chat-small pinned at 3 replicas: $(curl -s -m 5 -X POST \
+            localhost:8081/admin/models/demo/chat-small/scaling -H 'content-type: application/json' \
+            -d '{"action": "pin", "replicas": 3}')"
+    fi
+done
 ip rule del pref 100
 echo "$(date +%T) healed"
 for _ in $(seq 5); do sleep 2; echo "$(date +%T) $(status)"; done

@@ -17,11 +17,15 @@
 //! found that neither its agent nor any of its engines answers — direct
 //! evidence, unlike a silence in Redis, but not proof (a network path may
 //! have failed). It stays alive (what it runs is not given up before its
-//! TTL) and only hosts nothing new, until a heartbeat written after the
-//! evidence shows its agent runs: the first read after [`Liveness::suspect`]
-//! records the counter, and any higher one clears it
-//! ([`Change::Answers`]). A suspect node that does not beat dies at its TTL
-//! as any other.
+//! TTL) and only hosts nothing new, until its agent is shown to run and to
+//! be reachable again. A heartbeat written after the evidence shows it
+//! runs: the first read after [`Liveness::suspect`] records the counter,
+//! and any higher one makes the node *beating*. A beating node is one to
+//! check ([`Liveness::to_reach`]): only when its agent answers the gateway
+//! ([`Liveness::reached`]) is the suspicion cleared ([`Change::Answers`]).
+//! A node that beats but does not answer is cut off from the gateway by a
+//! network fault, and stays suspect however long it beats. A suspect node
+//! that does not beat dies at its TTL as any other.
 //!
 //! Sans-IO: no clock, no Redis; the same input gives the same output.
 
@@ -77,8 +81,8 @@ pub enum Change {
         /// Its agent run.
         agent: String,
     },
-    /// A suspect node beat after it was suspected: it is not suspect any
-    /// more.
+    /// A suspect node beat after it was suspected, and its agent answered
+    /// the gateway since: it is not suspect any more.
     Answers {
         /// The node.
         name: String,
@@ -97,10 +101,11 @@ struct Track {
 }
 
 /// A suspect node's heartbeat counter as the first read after the
-/// evidence saw it (`None` until that read).
+/// evidence saw it (`None` until that read), and whether it beat since.
 #[derive(Debug, Clone, Copy)]
 struct Suspicion {
     beat_after: Option<u64>,
+    beating: bool,
 }
 
 impl Track {
@@ -149,11 +154,30 @@ impl Liveness {
     pub fn suspect(&mut self, name: &str) -> bool {
         match self.nodes.get_mut(name) {
             Some(t) if !t.dead && t.suspect.is_none() => {
-                t.suspect = Some(Suspicion { beat_after: None });
+                t.suspect = Some(Suspicion { beat_after: None, beating: false });
                 true
             }
             _ => false,
         }
+    }
+
+    /// The suspect nodes that beat after the evidence: their agents run,
+    /// and whether the gateway reaches them is to be checked.
+    pub fn to_reach(&self) -> impl Iterator<Item = &str> {
+        self.nodes
+            .iter()
+            .filter(|(_, t)| !t.dead && t.suspect.is_some_and(|s| s.beating))
+            .map(|(n, _)| n.as_str())
+    }
+
+    /// The agent of node `name` answered the gateway, checked because
+    /// [`to_reach`](Self::to_reach) listed it: the suspicion is cleared.
+    /// `None` when it was not listed (not suspect, or not beating yet: an
+    /// answer then may predate the evidence).
+    pub fn reached(&mut self, name: &str) -> Option<Change> {
+        let t = self.nodes.get_mut(name).filter(|t| !t.dead && t.suspect.is_some_and(|s| s.beating))?;
+        t.suspect = None;
+        Some(Change::Answers { name: name.to_owned(), agent: t.agent.clone() })
     }
 
     /// How long node `name` has been silent, as observed.
@@ -213,10 +237,7 @@ impl Liveness {
                         match suspicion.beat_after {
                             // This beat may predate the evidence: the next counts.
                             None => suspicion.beat_after = Some(s.beat),
-                            Some(_) => {
-                                track.suspect = None;
-                                changes.push(Change::Answers { name, agent: track.agent.clone() });
-                            }
+                            Some(_) => suspicion.beating = true,
                         }
                     }
                 }
@@ -317,22 +338,27 @@ mod tests {
     }
 
     #[test]
-    fn a_suspect_node_is_cleared_by_a_beat_written_after_the_evidence_and_dies_silent() {
+    fn a_suspect_node_is_cleared_by_a_beat_after_the_evidence_then_an_answer_and_dies_silent() {
         let mut l = Liveness::new(8_000, 1_000);
         l.observe(0, &[seen("a", "r1", 1), seen("b", "r1", 1)]);
         assert!(l.suspect("a") && l.suspect("b"));
         assert!(!l.suspect("a"), "suspect already");
         assert!(!l.suspect("nobody"));
         // The first read after the evidence sees a beat that may have been
-        // written before it: still suspect.
+        // written before it: still suspect, and not to check yet.
         assert!(l.observe(250, &[seen("a", "r1", 2), seen("b", "r1", 1)]).is_empty());
         assert!(l.is_suspect("a") && l.is_suspect("b"));
-        // A beat after that read: `a`'s agent runs.
-        assert_eq!(
-            l.observe(500, &[seen("a", "r1", 3), seen("b", "r1", 1)]),
-            vec![Change::Answers { name: "a".into(), agent: "r1".into() }]
-        );
+        assert_eq!(l.to_reach().count(), 0);
+        assert_eq!(l.reached("a"), None, "an answer may predate the evidence");
+        // A beat after that read: `a`'s agent runs; whether this gateway
+        // reaches it is to be checked, and until it answers it is suspect.
+        assert!(l.observe(500, &[seen("a", "r1", 3), seen("b", "r1", 1)]).is_empty());
+        assert_eq!(l.to_reach().collect::<Vec<_>>(), ["a"]);
+        assert!(l.is_suspect("a"));
+        assert_eq!(l.reached("a"), Some(Change::Answers { name: "a".into(), agent: "r1".into() }));
+        assert_eq!(l.reached("a"), None, "cleared once");
         assert!(!l.is_suspect("a") && l.is_suspect("b"));
+        assert_eq!(l.to_reach().count(), 0);
         // `b` never beats again: suspect and alive until its TTL, then dead.
         for t in (750..8_000).step_by(250) {
             assert!(l.observe(t, &[seen("a", "r1", 3), seen("b", "r1", 1)]).is_empty(), "{t}");
@@ -349,17 +375,38 @@ mod tests {
         assert!(!l.is_suspect("a"));
     }
 
+    #[test]
+    fn a_node_that_beats_but_never_answers_stays_suspect_however_long_it_beats() {
+        // A network fault between the gateway and the node: Redis sees
+        // its heartbeats, the gateway reaches nothing there.
+        let mut l = Liveness::new(8_000, 1_000);
+        l.observe(0, &[seen("a", "r1", 1)]);
+        assert!(l.suspect("a"));
+        for (i, t) in (250..60_000).step_by(250).enumerate() {
+            assert!(l.observe(t, &[seen("a", "r1", 2 + i as u64 / 8)]).is_empty(), "{t}");
+            assert!(l.is_alive("a") && l.is_suspect("a"), "{t}");
+        }
+        assert_eq!(l.to_reach().collect::<Vec<_>>(), ["a"]);
+        // The path heals: the next check answers.
+        assert!(l.reached("a").is_some());
+        assert!(!l.is_suspect("a"));
+    }
+
     proptest! {
         /// A node suspected at a random moment: one whose agent runs (beats
-        /// every 2 s, at a random phase) is cleared within two heartbeats
-        /// and one read of the evidence; one whose agent died before the
-        /// evidence stays suspect — never cleared — until it dies.
+        /// every 2 s, at a random phase) and answers the gateway's checks
+        /// (each read, as the view checks what `to_reach` lists) is cleared
+        /// within two heartbeats and one read of the evidence; one whose
+        /// agent died before the evidence, or that beats but answers no
+        /// check (cut off from the gateway), stays suspect — never cleared
+        /// — while it is alive.
         #[test]
-        fn only_a_beat_after_the_evidence_clears_a_suspicion(
+        fn only_a_beat_after_the_evidence_and_an_answer_clear_a_suspicion(
             phase in 0u64..2_000,
             died_before_by in 0u64..2_000,
             suspected_at in 10_000u64..20_000,
             alive: bool,
+            reachable: bool,
         ) {
             let (read_every, beat_every) = (250u64, 2_000u64);
             let mut l = Liveness::new(8_000, 4 * read_every);
@@ -380,16 +427,22 @@ mod tests {
                     suspected = true;
                 }
                 for c in l.observe(t, &[seen("n", "r", beats)]) {
-                    if let Change::Answers { .. } = c {
-                        prop_assert!(alive, "a dead agent's node was cleared at {}", t);
+                    prop_assert!(!matches!(c, Change::Answers { .. }), "cleared by a read alone at {}", t);
+                }
+                // The view checks what is listed; a running agent on a
+                // working path answers.
+                let listed: Vec<String> = l.to_reach().map(str::to_owned).collect();
+                for n in listed {
+                    if alive && reachable {
+                        prop_assert!(l.reached(&n).is_some());
                         cleared_at.get_or_insert(t);
                     }
                 }
-                if !alive && suspected && l.is_alive("n") {
-                    prop_assert!(l.is_suspect("n"), "cleared at {} with no beat since", t);
+                if !(alive && reachable) && suspected && l.is_alive("n") {
+                    prop_assert!(l.is_suspect("n"), "cleared at {} with no beat and answer since", t);
                 }
             }
-            if alive {
+            if alive && reachable {
                 let at = cleared_at.expect("a beating node was never cleared");
                 prop_assert!(at <= suspected_at + 2 * beat_every + 2 * read_every, "cleared only at {}", at);
             }

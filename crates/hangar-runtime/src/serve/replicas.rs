@@ -451,7 +451,7 @@ impl Inner {
 
     /// Whether `url` answers a GET with a success within the health
     /// checks' timeout.
-    async fn answers(&self, url: &str) -> bool {
+    pub(crate) async fn answers(&self, url: &str) -> bool {
         let answer = self.client.get(url).timeout(HEALTH_TIMEOUT).send().await;
         answer.is_ok_and(|r| r.status().is_success())
     }

@@ -54,6 +54,10 @@ const NEVER_TAKEN_UP: Duration = Duration::from_secs(30);
 /// How often the view is refreshed.
 pub(crate) const VIEW_EVERY: Duration = Duration::from_millis(250);
 
+/// How often the agent of a suspect node that beats again is checked
+/// while it does not answer this gateway.
+const REACH_EVERY: Duration = Duration::from_secs(1);
+
 /// One replica as the last refresh saw it.
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
@@ -86,6 +90,9 @@ struct Memory {
     /// node's agent URL as last handed to the adapter catalog.
     adapters: BTreeMap<String, NodeAdapters>,
     agents: BTreeMap<String, String>,
+    /// Suspect nodes that beat again: when each was last checked, and
+    /// whether it was named as cut off from this gateway.
+    reach: HashMap<String, (Instant, bool)>,
 }
 
 /// The view and what it saw last.
@@ -119,6 +126,7 @@ impl View {
             checked: HashMap::new(),
             adapters: BTreeMap::new(),
             agents: BTreeMap::new(),
+            reach: HashMap::new(),
         };
         Arc::new(View {
             inner: Arc::downgrade(inner),
@@ -153,7 +161,68 @@ impl View {
                 }
                 Err(_) => {}
             }
+            for (node, agent) in self.to_reach() {
+                tokio::spawn(self.clone().reach(node, agent));
+            }
             tokio::time::sleep(VIEW_EVERY).await;
+        }
+    }
+
+    /// The suspect nodes that beat again and are due a check of their
+    /// agent, each with its agent's URL if this gateway knows it.
+    fn to_reach(&self) -> Vec<(String, Option<String>)> {
+        let Some(inner) = self.inner.upgrade() else { return Vec::new() };
+        let mut memory = self.memory.lock().expect("view lock");
+        let memory = &mut *memory;
+        let listed: HashSet<&str> = memory.liveness.to_reach().collect();
+        memory.reach.retain(|n, _| listed.contains(n.as_str()));
+        let due: Vec<String> = listed
+            .into_iter()
+            .filter(|n| memory.reach.get(*n).is_none_or(|(at, _)| at.elapsed() >= REACH_EVERY))
+            .map(str::to_owned)
+            .collect();
+        let nodes = inner.nodes.lock().expect("nodes lock");
+        due.into_iter()
+            .map(|n| {
+                let named = memory.reach.get(&n).is_some_and(|(_, named)| *named);
+                memory.reach.insert(n.clone(), (Instant::now(), named));
+                let agent = nodes.iter().find(|s| s.name == n).and_then(|s| s.url.clone());
+                (n, agent)
+            })
+            .collect()
+    }
+
+    /// Checks the agent of suspect node `node`, which beats again: if it
+    /// answers (or this gateway knows no agent to ask, so only the beat
+    /// can tell), the suspicion is cleared. A node that beats and does not
+    /// answer is cut off from this gateway by a network fault: it stays
+    /// suspect, and hosts nothing new, until it answers.
+    ///
+    /// # Cancel safety
+    /// The memory is changed only after the check, in one locked step.
+    async fn reach(self: Arc<Self>, node: String, agent: Option<String>) {
+        let answers = match (&agent, self.inner.upgrade()) {
+            (Some(url), Some(inner)) => inner.answers(&format!("{url}/health")).await,
+            (None, Some(_)) => true,
+            (_, None) => return,
+        };
+        let mut memory = self.memory.lock().expect("view lock");
+        if !answers {
+            if let Some((_, named @ false)) = memory.reach.get_mut(&node) {
+                *named = true;
+                tracing::warn!(
+                    node,
+                    "a suspect node beats in Redis, but its agent does not answer this gateway: a network \
+                     path between them has failed; it stays suspect, and nothing new goes there, until it answers"
+                );
+            }
+        } else if let Some(Change::Answers { name, agent }) = memory.liveness.reached(&node) {
+            memory.reach.remove(&node);
+            tracing::info!(
+                node = %name,
+                run = %agent,
+                "a suspect node beat again and its agent answers: it takes new replicas again"
+            );
         }
     }
 
@@ -362,11 +431,7 @@ impl View {
                     tracing::warn!(node = %name, %old, %new, "another agent run holds the node's name now")
                 }
                 Change::Joined { name, agent } => tracing::info!(node = %name, run = %agent, "node joined"),
-                Change::Answers { name, agent } => tracing::info!(
-                    node = %name,
-                    run = %agent,
-                    "a suspect node beat again: its agent runs, and it takes new replicas again"
-                ),
+                Change::Answers { .. } => unreachable!("only `Liveness::reached` clears a suspicion"),
             }
         }
         let nodes: BTreeMap<String, NodeRecord> = registrations
