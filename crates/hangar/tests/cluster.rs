@@ -354,6 +354,61 @@ fn the_fleet_rides_out_a_redis_restart() {
     eprintln!("redis restart under load: 300 sync all 200; {} predictions accepted, all succeeded once; {refused} creates refused while Redis was down", ids.len());
 }
 
+/// Redis comes back empty (run without persistence, or `FLUSHALL`) under
+/// sync load through both gateways: the registrations, reports, desired
+/// states and the lease are gone at once. A registration gone while Redis
+/// answers is silence, not death: every gateway keeps its routes, the
+/// leader (whichever takes the lease again) keeps or adopts every node and
+/// what it runs, and the agents register again at their next beat. No
+/// sync request fails, and the same replicas — the same engine processes —
+/// serve afterwards.
+#[test]
+fn the_fleet_rides_out_redis_losing_its_data() {
+    let Some(redis) = LocalRedis::for_test() else { return };
+    let f = fleet(&redis.url(), 2, 2);
+    let engines = |gateway: &str| -> Vec<(String, Value)> {
+        let s = status(gateway);
+        let mut e: Vec<(String, Value)> = s["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["replicas"].as_array().unwrap().iter())
+            .filter(|r| r["state"] == "ready")
+            .map(|r| (r["id"].as_str().unwrap().to_owned(), r["pid"].clone()))
+            .collect();
+        e.sort_by(|a, b| a.0.cmp(&b.0));
+        e
+    };
+    let before = engines(&f.gateways[0].url);
+    assert_eq!(before.len(), 3, "{before:?}");
+    let url = redis.url();
+    let flush = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let redis = hangar_redis::Redis::connect(&url).unwrap();
+        redis.run(|c| hangar_redis::redis::cmd("FLUSHALL").query::<()>(c)).unwrap();
+    });
+    let mut failed = Vec::new();
+    let t = Instant::now();
+    let mut i = 0;
+    // The agents beat every 2 s: load until well past their next beat.
+    while t.elapsed() < Duration::from_secs(5) {
+        let (status, body) = chat_outcome(&f.gateways[i % 2].url, "t/a");
+        if status != 200 {
+            failed.push(format!("{:?} after the start: {status} {body}", t.elapsed()));
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    flush.join().unwrap();
+    assert!(failed.is_empty(), "{} of {i} sync requests failed: {failed:?}", failed.len());
+    wait_leader(&f.gateways, "after Redis lost its data");
+    for g in &f.gateways {
+        wait_ready(&g.url, &[("t/a", 2), ("t/b", 1)], None);
+        assert_eq!(engines(&g.url), before, "the same replicas and engine processes serve afterwards");
+    }
+    eprintln!("redis lost its data under load: {i} sync requests all 200, the same 3 engines serving");
+}
+
 /// Chats to `t/a` and predictions of `t/b`, alternately through each of
 /// `f`'s gateways, `pause` apart, while `more()` says so: every chat must
 /// answer 200, a create 201 or — Redis unavailable — 503, never a 500.

@@ -10,7 +10,9 @@
 //! nothing**: routing stays as it was, and no node's silence grows while
 //! Redis does not answer. A live node whose report is missing for a moment
 //! (Redis restarted, the report's TTL passed) keeps the routes of its last
-//! report until the node is declared dead.
+//! report until the node is declared dead, and one whose registration is
+//! missing (Redis lost its data) its last record: that is silence, counted
+//! towards its death, not death.
 //!
 //! A follower answers for each model as the leader does: it takes the
 //! leader's word on which models are unavailable (503 with the leader's
@@ -75,6 +77,8 @@ struct Seen {
 /// What the view keeps between refreshes.
 struct Memory {
     liveness: Liveness,
+    /// Each live node's last registration record.
+    records: BTreeMap<String, NodeRecord>,
     /// Each live node's last report of its present run.
     reports: BTreeMap<String, NodeReport>,
     /// Every replica as last seen, and whether it ever served.
@@ -119,6 +123,7 @@ impl View {
             // A gap between two reads counts at most four periods: a gateway
             // that was stopped itself does not blame the nodes for it.
             liveness: Liveness::new(ttl, 4 * VIEW_EVERY.as_millis() as Millis),
+            records: BTreeMap::new(),
             reports: BTreeMap::new(),
             seen: HashMap::new(),
             named: HashSet::new(),
@@ -434,12 +439,24 @@ impl View {
                 Change::Answers { .. } => unreachable!("only `Liveness::reached` clears a suspicion"),
             }
         }
-        let nodes: BTreeMap<String, NodeRecord> = registrations
+        let mut nodes: BTreeMap<String, NodeRecord> = registrations
             .nodes
             .into_iter()
             .filter(|r| memory.liveness.is_alive(&r.record.name) && !r.left)
             .map(|r| (r.record.name.clone(), r.record))
             .collect();
+        // A registration gone while Redis answers (Redis lost its data; the
+        // agent registers again at its next beat) is silence, not death: a
+        // node still alive keeps its last record — its routes, its place
+        // among the leader's members — until it is declared dead.
+        for (name, agent) in memory.liveness.alive() {
+            if let Some(record) =
+                memory.records.get(name).filter(|r| r.agent == agent && !nodes.contains_key(name))
+            {
+                nodes.insert(name.to_owned(), record.clone());
+            }
+        }
+        memory.records.clone_from(&nodes);
         let names: Vec<String> = nodes.keys().cloned().collect();
         let reports = self.fleet.reports(&names).map_err(|e| e.to_string())?;
         let mut silent = HashSet::new();
