@@ -3,19 +3,21 @@
 # node's agent still beats in Redis and its engines still run, but no
 # packet from a gateway reaches it (docs/cluster.md, "Faults").
 #
-#   sudo scripts/fleet-partition.sh           # HANGAR names the binary (default: a release build)
+#   sudo scripts/fleet-partition.sh             # both gateways cut off from node-3
+#   sudo CUT=follower scripts/fleet-partition.sh  # only the gateway that does not lead
 #
-# The fleet of scripts/fleet-local.sh (a private Redis on a Unix socket,
-# two gateways, three agents) runs in a network namespace of its own, so
-# the routing rule that makes the partition, and everything else, is gone
-# when the script ends. The gateways run as `nobody`; node-3's agent and
-# engines answer on 127.0.0.2, and a policy-routing rule drops nobody's
-# packets to that address for PARTITION_S seconds (20) while sync chats go
-# through both gateways at 20 a second; mid-way, the model they use is
-# pinned at one replica more. Prints what the first gateway
-# shows every 2 s, the answers' status codes, the longest answer, and the
-# gateways' warnings. Needs root (a namespace, `ip rule`), `setpriv`,
-# `redis-server`, `curl` and `python3`.
+# HANGAR names the binary (default: a release build). The fleet of
+# scripts/fleet-local.sh (a private Redis on a Unix socket, two gateways,
+# three agents) runs in a network namespace of its own, so the routing
+# rule that makes the partition, and everything else, is gone when the
+# script ends. The gateways run as `nobody` and `daemon`; node-3's agent
+# and engines answer on 127.0.0.2, and a policy-routing rule drops the
+# cut-off gateways' packets to that address for PARTITION_S seconds (20)
+# while sync chats go through both gateways at 20 a second; mid-way, the
+# model they use is pinned at one replica more. Prints what the first
+# gateway shows every 2 s, the answers' status codes, the longest answer,
+# and the gateways' warnings. Needs root (a namespace, `ip rule`),
+# `setpriv`, `redis-server`, `curl` and `python3`.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -z "${HANGAR_PARTITION_NETNS:-}" ]; then
@@ -30,6 +32,8 @@ fi
 ip link set lo up
 hangar="$HANGAR"
 partition_s="${PARTITION_S:-20}"
+cut="${CUT:-all}"
+[ "$cut" = all ] || [ "$cut" = follower ] || { echo "CUT is all or follower, not $cut" >&2; exit 1; }
 work="$(mktemp -d)"
 config="$work/fleet.toml"
 chmod 755 "$work"
@@ -50,9 +54,12 @@ redis-server --port 0 --unixsocket "$work/redis.sock" --unixsocketperm 777 --dir
 pids+=($!)
 for _ in $(seq 50); do [ -S "$work/redis.sock" ] && break; sleep 0.1; done
 redis="unix://$work/redis.sock"
+# Each gateway runs as a user of its own, so a rule can cut one or both.
+users=(nobody daemon)
 for g in 1 2; do
-    mkdir "$work/gateway-$g" && chown nobody "$work/gateway-$g"
-    (cd "$work/gateway-$g" && exec setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    user="${users[$((g - 1))]}"
+    mkdir "$work/gateway-$g" && chown "$user" "$work/gateway-$g"
+    (cd "$work/gateway-$g" && exec setpriv --reuid="$user" --regid=nogroup --clear-groups \
         "$hangar" serve --config "$config" --redis "$redis" --listen "127.0.0.1:808$g" \
         >"$work/gateway-$g.out" 2>"$work/gateway-$g.log") &
     pids+=($!)
@@ -96,8 +103,17 @@ sleep 5
 ip rule add pref 200 lookup local
 ip rule del pref 0
 ip route add blackhole 127.0.0.2/32 table 100
-ip rule add pref 100 uidrange "$(id -u nobody)-$(id -u nobody)" to 127.0.0.2/32 lookup 100
-echo "$(date +%T) partitioned: the gateways reach nothing on node-3"
+if [ "$cut" = follower ]; then
+    leads=$(curl -s -m 2 localhost:8081/admin/status | python3 -c 'import json,sys; print(json.load(sys.stdin)["fleet"]["leading"])')
+    cut_off=("${users[1]}")
+    [ "$leads" = True ] || cut_off=("${users[0]}")
+else
+    cut_off=("${users[@]}")
+fi
+for user in "${cut_off[@]}"; do
+    ip rule add pref 100 uidrange "$(id -u "$user")-$(id -u "$user")" to 127.0.0.2/32 lookup 100
+done
+echo "$(date +%T) partitioned: ${cut_off[*]} (CUT=$cut) reach nothing on node-3"
 for i in $(seq $((partition_s / 2))); do
     sleep 2
     echo "$(date +%T) $(status)"
@@ -109,7 +125,7 @@ for i in $(seq $((partition_s / 2))); do
             -d '{"action": "pin", "replicas": 3}')"
     fi
 done
-ip rule del pref 100
+while ip rule del pref 100 2>/dev/null; do :; done
 echo "$(date +%T) healed"
 for _ in $(seq 5); do sleep 2; echo "$(date +%T) $(status)"; done
 wait "$load"

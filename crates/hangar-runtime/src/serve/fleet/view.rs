@@ -267,7 +267,9 @@ impl View {
             }
         }
         inner.failed.lock().expect("failed table").retain(|_, (at, _)| at.elapsed() < super::QUARANTINE);
-        route(&inner, &seen);
+        let suspect: HashSet<&str> =
+            nodes.keys().filter(|n| memory.liveness.is_suspect(n)).map(String::as_str).collect();
+        route(&inner, &seen, &suspect);
         if let Some(catalog) = &inner.adapters {
             self.keep_adapters(&mut memory, &nodes, catalog)?;
         }
@@ -278,8 +280,6 @@ impl View {
             .filter(|r| r.draining || drained.contains(&r.name))
             .map(|r| r.name.as_str())
             .collect();
-        let suspect: HashSet<&str> =
-            nodes.keys().filter(|n| memory.liveness.is_suspect(n)).map(String::as_str).collect();
         if let Some(tenure) = self.leadership.current() {
             self.keep_level(&inner, &tenure, &nodes, &memory.reports, &seen, &silent, &memory.seen);
             // After the joins: a node is drained, or suspect, as a member.
@@ -606,15 +606,21 @@ fn follow_gates(
 /// Makes each model's replica table what the nodes report, giving permits
 /// to replicas that became ready and taking them from those that stopped.
 /// A replica this gateway found dead is kept out while quarantined, though
-/// its node may still report it ready.
-fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>) {
+/// its node may still report it ready, and so is every replica of a node
+/// this gateway holds suspect: a node cut off from this gateway alone (the
+/// leader reaches it, so its replicas stay placed) would otherwise cost a
+/// request its retry each time a quarantine lapsed.
+fn route(inner: &Inner, seen: &HashMap<ReplicaId, Seen>, suspect: &HashSet<&str>) {
     for rt in inner.models.values() {
         let mut table = rt.replicas.lock().expect("replica table lock");
         // Read under the table's lock: a replica a probe quarantines
         // meanwhile is not put back (see `Inner::unroute`).
         let failed = inner.failed.lock().expect("failed table");
         let routed = |id: &ReplicaId| {
-            seen.get(id).filter(|s| s.phase != ReplicaPhase::Ready || !failed.contains_key(id))
+            seen.get(id).filter(|s| {
+                s.phase != ReplicaPhase::Ready
+                    || !(failed.contains_key(id) || suspect.contains(s.node.as_str()))
+            })
         };
         let gone: Vec<ReplicaId> = table.keys().filter(|id| routed(id).is_none()).copied().collect();
         for id in gone {
