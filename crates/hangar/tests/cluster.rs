@@ -265,6 +265,17 @@ fn whole_while_suspect(lead: &str, victim: &str, killed_at: Instant) -> Duration
         "the leader did not find {victim} suspect, or declared it dead, before its replicas ran elsewhere \
          ({recovered:?} after the kill): {nodes}"
     );
+    // What an operator's alert reads: the leader leads, and holds one of
+    // its live nodes suspect.
+    let metrics = client().get(format!("{lead}/metrics")).send().unwrap().text().unwrap();
+    let live = nodes.as_array().unwrap().len();
+    for line in ["hangar_leader 1".to_owned(), format!("hangar_nodes{{state=\"live\"}} {live}")] {
+        assert!(metrics.lines().any(|l| l == line), "no `{line}` in the leader's /metrics:\n{metrics}");
+    }
+    assert!(
+        metrics.lines().any(|l| l == "hangar_nodes{state=\"suspect\"} 1"),
+        "the leader's /metrics does not count {victim} suspect:\n{metrics}"
+    );
     recovered
 }
 

@@ -263,6 +263,7 @@ impl Server {
                 resident: Vec::new(),
             })
             .collect();
+        inner.metrics.nodes(cluster.nodes().len(), 0, 0, true);
         let driver =
             node::start_driver(&inner, &config, node::node_gpus(&cluster), node::Audience::Controller);
         if let Some(holds) = &inner.adapter_holds {

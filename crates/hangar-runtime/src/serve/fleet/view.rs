@@ -280,7 +280,9 @@ impl View {
             .filter(|r| r.draining || drained.contains(&r.name))
             .map(|r| r.name.as_str())
             .collect();
-        if let Some(tenure) = self.leadership.current() {
+        let tenure = self.leadership.current();
+        inner.metrics.nodes(nodes.len(), suspect.len(), draining.len(), tenure.is_some());
+        if let Some(tenure) = tenure {
             self.keep_level(&inner, &tenure, &nodes, &memory.reports, &seen, &silent, &memory.seen);
             // After the joins: a node is drained, or suspect, as a member.
             for name in nodes.keys().filter(|n| tenure.member(n).is_some()) {

@@ -98,6 +98,11 @@ struct ReplicaStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeStateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TierLabels {
     model: String,
     tier: &'static str,
@@ -146,6 +151,13 @@ pub(crate) struct Metrics {
     failing_streaks: Family<ModelLabel, Counter>,
     adapter_steps: Family<AdapterStepLabels, Counter>,
     panics: Counter,
+    /// The nodes this server places on (a fleet gateway: the live nodes
+    /// of its view), and of them those it holds suspect and those
+    /// draining.
+    nodes: Family<NodeStateLabel, Gauge>,
+    /// 1 while this server runs the controller: always on one machine, on
+    /// a fleet while its gateway holds the lease.
+    leader: Gauge,
     decisions: Family<DirectionLabels, Counter>,
     unplaceable: Family<ModelLabel, Gauge>,
     queue_wait: Histograms<KindLabels>,
@@ -178,6 +190,8 @@ impl Metrics {
             failing_streaks: Family::default(),
             adapter_steps: Family::default(),
             panics: Counter::default(),
+            nodes: Family::default(),
+            leader: Gauge::default(),
             decisions: Family::default(),
             unplaceable: Family::default(),
             queue_wait: latency(),
@@ -267,6 +281,18 @@ impl Metrics {
             m.adapter_steps.clone(),
         );
         r.register(
+            "nodes",
+            "The nodes this server places on (a fleet gateway: the live nodes it sees), and of them those it \
+             holds suspect — agent and engines not answering it — and those draining",
+            m.nodes.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this server runs the controller: always on one machine, on a fleet while its gateway \
+             holds the lease",
+            m.leader.clone(),
+        );
+        r.register(
             "http_panics",
             "Requests whose handler panicked (answered 500 and logged with the request id)",
             m.panics.clone(),
@@ -318,6 +344,16 @@ impl Metrics {
     /// sink's).
     pub fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
+    }
+
+    /// The nodes this server places on — how many it sees live, how many
+    /// of them it holds suspect and how many are draining — and whether
+    /// it runs the controller.
+    pub(crate) fn nodes(&self, live: usize, suspect: usize, draining: usize, leader: bool) {
+        for (state, n) in [("live", live), ("suspect", suspect), ("draining", draining)] {
+            self.nodes.get_or_create(&NodeStateLabel { state }).set(n as i64);
+        }
+        self.leader.set(i64::from(leader));
     }
 
     /// The counter of handlers that panicked, for the guard to bump.
