@@ -149,13 +149,16 @@ impl Liveness {
 
     /// Node `name` was found not answering — its agent nor any engine —
     /// before the next read: it is suspect until a heartbeat written after
-    /// that read. Returns whether it became suspect (false: unknown, dead,
-    /// or suspect already, whose first evidence stands).
+    /// that read, and then an answer of its agent. Returns whether it
+    /// became suspect (false: unknown, dead, or suspect already). New
+    /// evidence against a suspect node asks for a beat after it again, so
+    /// that no check begun before it clears the suspicion.
     pub fn suspect(&mut self, name: &str) -> bool {
         match self.nodes.get_mut(name) {
-            Some(t) if !t.dead && t.suspect.is_none() => {
+            Some(t) if !t.dead => {
+                let became = t.suspect.is_none();
                 t.suspect = Some(Suspicion { beat_after: None, beating: false });
-                true
+                became
             }
             _ => false,
         }
@@ -373,6 +376,24 @@ mod tests {
         assert!(l.suspect("a"));
         l.observe(8_250, &[seen("a", "r2", 1)]);
         assert!(!l.is_suspect("a"));
+    }
+
+    #[test]
+    fn new_evidence_voids_a_check_begun_before_it() {
+        let mut l = Liveness::new(8_000, 1_000);
+        l.observe(0, &[seen("a", "r1", 1)]);
+        assert!(l.suspect("a"));
+        l.observe(250, &[seen("a", "r1", 2)]);
+        l.observe(500, &[seen("a", "r1", 3)]);
+        assert_eq!(l.to_reach().collect::<Vec<_>>(), ["a"], "a check begins");
+        // A request finds the node dead again while the check runs.
+        assert!(!l.suspect("a"), "suspect already");
+        assert_eq!(l.reached("a"), None, "the check predates the evidence");
+        assert_eq!(l.to_reach().count(), 0);
+        // A beat after the new evidence, and a check after it, clear it.
+        assert!(l.observe(750, &[seen("a", "r1", 4)]).is_empty());
+        assert!(l.observe(1_000, &[seen("a", "r1", 5)]).is_empty());
+        assert!(l.reached("a").is_some());
     }
 
     #[test]
