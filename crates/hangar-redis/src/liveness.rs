@@ -22,7 +22,7 @@
 //! runs: the first read after [`Liveness::suspect`] records the counter,
 //! and any higher one makes the node *beating*. A beating node is one to
 //! check ([`Liveness::to_reach`]): only when its agent answers the gateway
-//! ([`Liveness::reached`]) is the suspicion cleared ([`Change::Answers`]).
+//! ([`Liveness::reached`]) is the suspicion cleared.
 //! A node that beats but does not answer is cut off from the gateway by a
 //! network fault, and stays suspect however long it beats. A suspect node
 //! that does not beat dies at its TTL as any other.
@@ -76,14 +76,6 @@ pub enum Change {
     },
     /// A node's agent left on purpose.
     Left {
-        /// The node.
-        name: String,
-        /// Its agent run.
-        agent: String,
-    },
-    /// A suspect node beat after it was suspected, and its agent answered
-    /// the gateway since: it is not suspect any more.
-    Answers {
         /// The node.
         name: String,
         /// Its agent run.
@@ -174,13 +166,14 @@ impl Liveness {
     }
 
     /// The agent of node `name` answered the gateway, checked because
-    /// [`to_reach`](Self::to_reach) listed it: the suspicion is cleared.
-    /// `None` when it was not listed (not suspect, or not beating yet: an
-    /// answer then may predate the evidence).
-    pub fn reached(&mut self, name: &str) -> Option<Change> {
+    /// [`to_reach`](Self::to_reach) listed it: the suspicion is cleared,
+    /// and the node's agent run returned. `None` when it was not listed
+    /// (not suspect, or not beating yet: an answer then may predate the
+    /// evidence).
+    pub fn reached(&mut self, name: &str) -> Option<&str> {
         let t = self.nodes.get_mut(name).filter(|t| !t.dead && t.suspect.is_some_and(|s| s.beating))?;
         t.suspect = None;
-        Some(Change::Answers { name: name.to_owned(), agent: t.agent.clone() })
+        Some(&t.agent)
     }
 
     /// How long node `name` has been silent, as observed.
@@ -358,7 +351,7 @@ mod tests {
         assert!(l.observe(500, &[seen("a", "r1", 3), seen("b", "r1", 1)]).is_empty());
         assert_eq!(l.to_reach().collect::<Vec<_>>(), ["a"]);
         assert!(l.is_suspect("a"));
-        assert_eq!(l.reached("a"), Some(Change::Answers { name: "a".into(), agent: "r1".into() }));
+        assert_eq!(l.reached("a"), Some("r1"));
         assert_eq!(l.reached("a"), None, "cleared once");
         assert!(!l.is_suspect("a") && l.is_suspect("b"));
         assert_eq!(l.to_reach().count(), 0);
@@ -447,8 +440,9 @@ mod tests {
                     prop_assert!(l.suspect("n"));
                     suspected = true;
                 }
-                for c in l.observe(t, &[seen("n", "r", beats)]) {
-                    prop_assert!(!matches!(c, Change::Answers { .. }), "cleared by a read alone at {}", t);
+                l.observe(t, &[seen("n", "r", beats)]);
+                if suspected && cleared_at.is_none() && l.is_alive("n") {
+                    prop_assert!(l.is_suspect("n"), "cleared by a read alone at {}", t);
                 }
                 // The view checks what is listed; a running agent on a
                 // working path answers.

@@ -176,7 +176,6 @@ impl View {
     /// The suspect nodes that beat again and are due a check of their
     /// agent, each with its agent's URL if this gateway knows it.
     fn to_reach(&self) -> Vec<(String, Option<String>)> {
-        let Some(inner) = self.inner.upgrade() else { return Vec::new() };
         let mut memory = self.memory.lock().expect("view lock");
         let memory = &mut *memory;
         let listed: HashSet<&str> = memory.liveness.to_reach().collect();
@@ -186,12 +185,11 @@ impl View {
             .filter(|n| memory.reach.get(*n).is_none_or(|(at, _)| at.elapsed() >= REACH_EVERY))
             .map(str::to_owned)
             .collect();
-        let nodes = inner.nodes.lock().expect("nodes lock");
         due.into_iter()
             .map(|n| {
                 let named = memory.reach.get(&n).is_some_and(|(_, named)| *named);
                 memory.reach.insert(n.clone(), (Instant::now(), named));
-                let agent = nodes.iter().find(|s| s.name == n).and_then(|s| s.url.clone());
+                let agent = memory.records.get(&n).map(|r| r.url.clone());
                 (n, agent)
             })
             .collect()
@@ -221,13 +219,13 @@ impl View {
                      path between them has failed; it stays suspect, and nothing new goes there, until it answers"
                 );
             }
-        } else if let Some(Change::Answers { name, agent }) = memory.liveness.reached(&node) {
-            memory.reach.remove(&node);
+        } else if let Some(run) = memory.liveness.reached(&node) {
             tracing::info!(
-                node = %name,
-                run = %agent,
+                node,
+                run,
                 "a suspect node beat again and its agent answers: it takes new replicas again"
             );
+            memory.reach.remove(&node);
         }
     }
 
@@ -438,7 +436,6 @@ impl View {
                     tracing::warn!(node = %name, %old, %new, "another agent run holds the node's name now")
                 }
                 Change::Joined { name, agent } => tracing::info!(node = %name, run = %agent, "node joined"),
-                Change::Answers { .. } => unreachable!("only `Liveness::reached` clears a suspicion"),
             }
         }
         let mut nodes: BTreeMap<String, NodeRecord> = registrations
